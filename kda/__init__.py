@@ -1,0 +1,15 @@
+"""KDA from zero to one: chunkwise linear-attention kernels in TileLang, level by level.
+
+Public functions (``[B, T, H, D]`` tensors, like flash-linear-attention):
+
+* ``linear_attention(q, k, v, ...)``         level 1, ``S <- S + k v^T``
+* ``decay_attention(q, k, v, alpha, ...)``   level 2, ``S <- a S + k v^T``
+
+On CUDA tensors they run TileLang kernels (``pip install kda[gpu]``); on CPU tensors a
+plain PyTorch chunked path. References live in ``kda.reference``.
+"""
+
+from kda.ops import decay_attention, linear_attention
+
+__version__ = "0.1.0"
+__all__ = ["linear_attention", "decay_attention", "__version__"]

@@ -1,0 +1,81 @@
+"""Timing on the GPU and the peers we compare with (fla). Used by the GPU snippets.
+
+Timing: CUDA events through ``triton.testing.do_bench`` (it flushes the L2 between
+runs), median of many runs after warm-up. Benchmarks are scripts and recorded results;
+nothing here is asserted in tests.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+
+def median_ms(fn, warmup_ms: int = 100, rep_ms: int = 500) -> float:
+    """Median latency of ``fn()`` in milliseconds; ``fn`` is called once first to warm up."""
+    import triton.testing
+
+    fn()
+    torch.cuda.synchronize()
+    return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+
+
+def random_qkv(B, T, H, DK, DV, dtype=torch.bfloat16, device="cuda", seed=0):
+    """Inputs like a model's after its projections: unit-variance q, k, v."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    q = torch.randn(B, T, H, DK, generator=g, device=device).to(dtype)
+    k = torch.randn(B, T, H, DK, generator=g, device=device).to(dtype)
+    v = torch.randn(B, T, H, DV, generator=g, device=device).to(dtype)
+    return q, k, v
+
+
+def fla_available() -> bool:
+    try:
+        import fla  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def fla_linear_attention(q, k, v, scale):
+    """fla's level-1 peer: ``chunk_linear_attn(normalize=False)`` (fla calls chunk_simple_gla)."""
+    from fla.ops.linear_attn import chunk_linear_attn
+
+    return chunk_linear_attn(q, k, v, scale=scale, normalize=False)[0]
+
+
+def fla_decay_attention(q, k, v, alpha, scale):
+    """fla's level-2 peer: ``chunk_simple_gla`` with ``g_gamma = log(alpha)`` per head."""
+    from fla.ops.simple_gla import chunk_simple_gla
+
+    H = q.shape[2]
+    a = torch.as_tensor(alpha, dtype=torch.float64).expand(H)
+    g_gamma = torch.log(a).to(device=q.device, dtype=torch.float32)
+    return chunk_simple_gla(q, k, v, g_gamma=g_gamma, scale=scale)[0]
+
+
+def versions() -> dict:
+    """Versions of what a GPU record depends on."""
+    import importlib.metadata as md
+
+    out = {"torch": torch.__version__, "cuda": torch.version.cuda}
+    for name in ("triton", "tilelang", "fla-core", "flash-qla"):
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def gpu_name() -> str:
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+
+def fmt_ms(x: float) -> str:
+    return "n/a" if x is None or math.isnan(x) else f"{x:.3f}"
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "") not in ("", "0")

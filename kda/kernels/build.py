@@ -1,0 +1,74 @@
+"""Compiling TileLang programs: the target, a per-process cache, and the ptxas report.
+
+tilelang 0.1.15 rejects target strings such as ``"cuda -arch=sm_90a"``; a dict works.
+Without a GPU and without a target it would pick sm_50 and another GEMM path, so the
+CPU tests always name ``SM90A``.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+SM90A = {"kind": "cuda", "arch": "sm_90a"}
+
+
+def device_target() -> dict:
+    """The target of the current CUDA device (``sm_90a`` on Hopper), else ``SM90A``."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return dict(SM90A)
+    major, minor = torch.cuda.get_device_capability()
+    arch = f"sm_{major}{minor}" + ("a" if major == 9 else "")
+    return {"kind": "cuda", "arch": arch}
+
+
+def _key(target: dict) -> tuple:
+    return tuple(sorted(target.items()))
+
+
+@functools.lru_cache(maxsize=None)
+def _compile(program_fn, target_key: tuple, out_idx: tuple, pass_configs: tuple, params: tuple):
+    import tilelang
+
+    program = program_fn(**dict(params))
+    return tilelang.compile(program, out_idx=list(out_idx) or None, target=dict(target_key),
+                            pass_configs=dict(pass_configs) or None)
+
+
+def compile_program(program_fn, out_idx, target: dict | None = None, pass_configs: dict | None = None,
+                    **params):
+    """Compile ``program_fn(**params)`` once per process for ``target`` (default: the GPU's)."""
+    target = device_target() if target is None else target
+    return _compile(program_fn, _key(target), tuple(out_idx), tuple(sorted((pass_configs or {}).items())),
+                    tuple(sorted(params.items())))
+
+
+_PTXAS_USED = re.compile(r"Used (\d+) registers")
+_PTXAS_SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+def ptxas_report(kernel, arch: str = "sm_90a") -> dict:
+    """Registers, stack and spills of a compiled kernel, read from ``ptxas -v``.
+
+    On warp-specialised kernels the count is the ``setmaxnreg`` ceiling of the consumer
+    warpgroup, not the pressure; spills are what to watch.
+    """
+    ptxas = shutil.which("ptxas") or "/usr/local/cuda/bin/ptxas"
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = Path(tmp) / "kernel.ptx"
+        ptx.write_text(kernel._get_ptx())
+        res = subprocess.run([ptxas, f"-arch={arch}", "-v", str(ptx), "-o", str(Path(tmp) / "k.cubin")],
+                             capture_output=True, text=True, check=True)
+    text = res.stdout + res.stderr
+    regs = _PTXAS_USED.search(text)
+    spill = _PTXAS_SPILL.search(text)
+    if regs is None or spill is None:
+        raise RuntimeError(f"unexpected ptxas output:\n{text}")
+    return {"registers": int(regs.group(1)), "stack_bytes": int(spill.group(1)),
+            "spill_store_bytes": int(spill.group(2)), "spill_load_bytes": int(spill.group(3))}

@@ -1,0 +1,124 @@
+"""The public functions: validate, then run the TileLang kernel (CUDA) or the chunked path (CPU).
+
+Conventions (as in fla): tensors are ``[B, T, H, D]``; the state is ``[B, H, DK, DV]`` in
+float32; ``q`` is multiplied by ``scale``, which defaults to ``DK ** -0.5`` as in fla's
+``chunk_linear_attn`` and ``chunk_simple_gla``. Pass ``scale=1.0`` for the unscaled
+recurrence of the articles.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kda import validate
+from kda.reference import level1 as ref1
+from kda.reference import level2 as ref2
+
+CHUNK_SIZE = 64
+
+
+def _kernel_config(DV: int) -> dict:
+    # A narrower value stripe means more blocks (B*H*DV/block_dv) for the 132 SMs and
+    # fewer state registers, at the price of re-reading Q and K once per stripe.
+    return {"chunk_size": CHUNK_SIZE, "block_dv": 32, "num_stages": 2, "threads": 128}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return {torch.float16: "float16", torch.bfloat16: "bfloat16"}[dtype]
+
+
+# Tests set this to fill every output with NaN before a launch, so that an element the
+# kernel fails to write shows up as NaN instead of as stale memory.
+poison_outputs = False
+
+
+def _new_output(shape, dtype, device):
+    if poison_outputs:
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _run_kernel(program_fn, q, k, v, extra, scale, h0, output_final_state):
+    """Compile (once per head sizes, dtype and config) and launch a sequence-in-loop kernel."""
+    from kda.kernels.build import compile_program
+
+    B, T, H, DK = q.shape
+    DV = v.shape[-1]
+    with_state = h0 is not None or output_final_state
+    kernel = compile_program(program_fn, out_idx=(), DK=DK, DV=DV, dtype=_dtype_name(q.dtype),
+                             with_state=with_state, **_kernel_config(DV))
+    q, k, v = (x.contiguous() for x in (q, k, v))
+    o = _new_output((B, T, H, DV), q.dtype, q.device)
+    with torch.cuda.device(q.device):
+        if not with_state:
+            kernel(q, k, v, *extra, scale, o)
+            return o, None
+        if h0 is None:
+            h0 = torch.zeros(B, H, DK, DV, dtype=torch.float32, device=q.device)
+        ht = _new_output((B, H, DK, DV), torch.float32, q.device)
+        kernel(q, k, v, *extra, scale, h0.to(torch.float32).contiguous(), o, ht)
+        return o, ht
+
+
+def _finish(o, final, output_final_state):
+    return (o, final) if output_final_state else o
+
+
+# --8<-- [start:linear_attention]
+def linear_attention(q, k, v, scale=None, initial_state=None, output_final_state=False):
+    """Causal linear attention without normalisation: ``S_t = S_{t-1} + k_t v_t^T``,
+    ``o_t = S_t^T (scale * q_t)``.
+
+    Args:
+        q, k: ``[B, T, H, DK]``; v: ``[B, T, H, DV]``. fp16 or bf16 on CUDA (DK, DV in
+            {64, 128}); any float dtype and size on the CPU.
+        scale: multiplies ``q``; ``None`` means ``DK ** -0.5`` (fla's default).
+        initial_state: optional ``[B, H, DK, DV]`` state before the first token.
+        output_final_state: also return the float32 state after the last token.
+
+    Returns:
+        ``o`` of shape ``[B, T, H, DV]`` in the dtype of ``q``, or ``(o, final_state)``
+        when ``output_final_state`` is true. Same function as fla's
+        ``chunk_linear_attn(..., normalize=False)``.
+    """
+    B, T, H, DK, DV = validate.check_qkv(q, k, v)
+    scale = validate.check_scale(scale, DK)
+    h0 = validate.check_initial_state(initial_state, B, H, DK, DV, q.device)
+    if q.device.type == "cuda":
+        from kda.kernels import level1 as kernels
+
+        o, final = _run_kernel(kernels.seq_in_loop, q, k, v, (), scale, h0, output_final_state)
+    else:
+        o, final = ref1.chunked(q.double() * scale, k, v, CHUNK_SIZE, h0, output_final_state)
+        o, final = o.to(q.dtype), (final.float() if final is not None else None)
+    return _finish(o, final, output_final_state)
+# --8<-- [end:linear_attention]
+
+
+# --8<-- [start:decay_attention]
+def decay_attention(q, k, v, alpha, scale=None, initial_state=None, output_final_state=False):
+    """Linear attention with a constant decay per head: ``S_t = a S_{t-1} + k_t v_t^T``,
+    ``o_t = S_t^T (scale * q_t)`` (RetNet / Lightning Attention form).
+
+    Args:
+        alpha: the decay ``a`` in (0, 1], a number or a tensor ``[H]`` (one per head).
+            fla writes the same thing as ``g_gamma = log(alpha)`` in ``chunk_simple_gla``.
+        q, k, v, scale, initial_state, output_final_state: as in ``linear_attention``.
+
+    Returns:
+        ``o [B, T, H, DV]``, or ``(o, final_state)`` when ``output_final_state`` is true.
+    """
+    B, T, H, DK, DV = validate.check_qkv(q, k, v)
+    a = validate.check_alpha(alpha, H, q.device)
+    scale = validate.check_scale(scale, DK)
+    h0 = validate.check_initial_state(initial_state, B, H, DK, DV, q.device)
+    if q.device.type == "cuda":
+        from kda.kernels import level2 as kernels
+
+        log2_alpha = torch.log2(a).to(torch.float32)
+        o, final = _run_kernel(kernels.seq_in_loop, q, k, v, (log2_alpha,), scale, h0, output_final_state)
+    else:
+        o, final = ref2.chunked(q.double() * scale, k, v, a, CHUNK_SIZE, h0, output_final_state)
+        o, final = o.to(q.dtype), (final.float() if final is not None else None)
+    return _finish(o, final, output_final_state)
+# --8<-- [end:decay_attention]

@@ -1,0 +1,102 @@
+"""Levels 1-2 kernels on the GPU against the float64 references (marked ``gpu``)."""
+
+import zlib
+
+import pytest
+import torch
+
+import kda
+from kda.metrics import rel_l2
+from kda.reference import level1 as ref1
+from kda.reference import level2 as ref2
+
+pytestmark = pytest.mark.gpu
+
+TOL = {torch.float16: 1e-3, torch.bfloat16: 5e-3}
+# (B, T, H, DK, DV): tails (T not a multiple of 64), a single token, DK != DV
+SHAPES = [(2, 200, 3, 64, 128), (1, 64, 2, 128, 64), (3, 1, 2, 64, 64), (1, 1000, 4, 128, 128),
+          (2, 129, 1, 128, 128), (1, 4096, 2, 64, 64)]
+
+
+def inputs(shape, dtype, seed):
+    B, T, H, DK, DV = shape
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(B, T, H, DK, generator=g, device="cuda").to(dtype)
+    k = torch.randn(B, T, H, DK, generator=g, device="cuda").to(dtype)
+    v = torch.randn(B, T, H, DV, generator=g, device="cuda").to(dtype)
+    h0 = torch.randn(B, H, DK, DV, generator=g, device="cuda")
+    return q, k, v, h0
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_linear_attention_kernel(shape, dtype, poisoned):
+    q, k, v, _ = inputs(shape, dtype, seed=zlib.crc32(repr(shape).encode()))
+    scale = shape[3] ** -0.5
+    o = kda.linear_attention(q, k, v)
+    ref, _ = ref1.chunked(q.double() * scale, k, v)
+    err = rel_l2(o, ref)
+    assert err <= TOL[dtype], f"rel L2 {err:.2e} for {shape} {dtype}"
+    assert torch.equal(o, kda.linear_attention(q, k, v)), "two runs differ"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("alpha", [1.0, 0.99, 0.9, 0.5, "per_head"])
+def test_decay_attention_kernel(shape, dtype, alpha, poisoned):
+    q, k, v, _ = inputs(shape, dtype, seed=zlib.crc32(repr((shape, alpha)).encode()))
+    if alpha == "per_head":
+        alpha = torch.linspace(0.3, 1.0, shape[2])
+    scale = shape[3] ** -0.5
+    o = kda.decay_attention(q, k, v, alpha)
+    ref, _ = ref2.chunked(q.double() * scale, k, v, alpha)
+    err = rel_l2(o, ref)
+    assert err <= TOL[dtype], f"rel L2 {err:.2e} for {shape} {dtype} alpha={alpha}"
+    assert torch.equal(o, kda.decay_attention(q, k, v, alpha)), "two runs differ"
+
+
+@pytest.mark.parametrize("level", [1, 2])
+@pytest.mark.parametrize("shape", [(2, 200, 3, 64, 128), (1, 130, 2, 128, 64)])
+def test_states_in_and_out(level, shape, poisoned):
+    """initial_state and output_final_state, tails included (the tail decays by a^L, not a^C)."""
+    dtype = torch.bfloat16
+    q, k, v, h0 = inputs(shape, dtype, seed=7)
+    if level == 1:
+        o, ht = kda.linear_attention(q, k, v, scale=1.0, initial_state=h0, output_final_state=True)
+        ref, ref_ht = ref1.recurrent(q, k, v, h0, True)
+    else:
+        o, ht = kda.decay_attention(q, k, v, 0.95, scale=1.0, initial_state=h0, output_final_state=True)
+        ref, ref_ht = ref2.recurrent(q, k, v, 0.95, h0, True)
+    assert rel_l2(o, ref) <= TOL[dtype]
+    assert rel_l2(ht, ref_ht) <= TOL[dtype]
+    # final state alone (no initial state) also works
+    fn = kda.linear_attention if level == 1 else (lambda *a, **kw: kda.decay_attention(*a[:3], 0.95, **kw))
+    _, ht0 = fn(q, k, v, scale=1.0, output_final_state=True)
+    ref_ht0 = (ref1.recurrent(q, k, v, None, True) if level == 1 else ref2.recurrent(q, k, v, 0.95, None, True))[1]
+    assert rel_l2(ht0, ref_ht0) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(2, 200, 3, 64, 128), (1, 64 * 9 + 5, 2, 128, 128)])
+def test_seq_in_grid_kernel(shape, dtype):
+    """The teaching kernel computes the same function (output poisoned before the launch)."""
+    from kda.kernels import level1 as k1
+    from kda.kernels.build import compile_program
+
+    B, T, H, DK, DV = shape
+    q, k, v, _ = inputs(shape, dtype, seed=3)
+    kernel = compile_program(k1.seq_in_grid, out_idx=(), DK=DK, DV=DV,
+                             dtype={torch.float16: "float16", torch.bfloat16: "bfloat16"}[dtype])
+    o = torch.full((B, T, H, DV), float("nan"), dtype=dtype, device="cuda")
+    kernel(q, k, v, o)
+    err = rel_l2(o, ref1.seq_in_grid(q, k, v)[0])
+    assert err <= TOL[dtype], f"rel L2 {err:.2e}"
+
+
+def test_extreme_alpha_no_nan(poisoned):
+    """A decay so strong that a^(C-1) underflows: weights go to zero, never inf * 0."""
+    q, k, v, _ = inputs((1, 300, 2, 64, 64), torch.bfloat16, seed=5)
+    o = kda.decay_attention(q, k, v, torch.tensor([1e-30, 1e-3]))
+    assert torch.isfinite(o).all()
+    ref, _ = ref2.chunked(q.double() * 64 ** -0.5, k, v, torch.tensor([1e-30, 1e-3]))
+    assert rel_l2(o, ref) <= TOL[torch.bfloat16]
