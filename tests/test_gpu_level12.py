@@ -100,3 +100,15 @@ def test_extreme_alpha_no_nan(poisoned):
     assert torch.isfinite(o).all()
     ref, _ = ref2.chunked(q.double() * 64 ** -0.5, k, v, torch.tensor([1e-30, 1e-3]))
     assert rel_l2(o, ref) <= TOL[torch.bfloat16]
+
+
+def test_cuda_rejects_what_the_kernels_do_not_support():
+    q, k, v, _ = inputs((1, 10, 1, 64, 64), torch.float16, seed=1)
+    with pytest.raises(ValueError, match=r"DK \(last dim of q, k\) must be one of \(64, 128\)"):
+        kda.linear_attention(q[..., :32], k[..., :32], v)
+    with pytest.raises(ValueError, match=r"DV \(last dim of v\) must be one of \(64, 128\)"):
+        kda.linear_attention(q, k, v[..., :48])
+    with pytest.raises(ValueError, match="float16 or bfloat16 on CUDA"):
+        kda.linear_attention(q.float(), k.float(), v.float())
+    with pytest.raises(ValueError, match="device of q"):
+        kda.linear_attention(q, k.cpu(), v)

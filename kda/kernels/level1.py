@@ -21,7 +21,15 @@ ACCUM = "float32"
 
 
 # --8<-- [start:seq_in_grid]
-def seq_in_grid(DK, DV, chunk_size=64, num_stages=2, threads=128, dtype="float16"):
+def seq_in_grid(DK, DV, chunk_size=64, num_stages=2, threads=128, dtype="float16",
+                own_chunk_buffers=True):
+    """Teaching kernel; run-time arguments ``Q, K, V, O``.
+
+    ``own_chunk_buffers=False`` is the article's version, which loads the block's own chunk
+    back into the pipelined ``K_s``/``V_s``. With tilelang 0.1.15 on sm_90a that compiles
+    only with ``num_stages <= 1``; with 2 the warp-specialisation pass stops at
+    "Versioned buffer load escaped pipeline stage context".
+    """
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     C = chunk_size
 
@@ -36,8 +44,11 @@ def seq_in_grid(DK, DV, chunk_size=64, num_stages=2, threads=128, dtype="float16
             Q_s = T.alloc_shared([C, DK], dtype)
             K_s = T.alloc_shared([C, DK], dtype)        # streamed by the pipeline
             V_s = T.alloc_shared([C, DV], dtype)
-            K_cur = T.alloc_shared([C, DK], dtype)      # the block's own chunk
-            V_cur = T.alloc_shared([C, DV], dtype)
+            if own_chunk_buffers:
+                K_cur = T.alloc_shared([C, DK], dtype)  # the block's own chunk
+                V_cur = T.alloc_shared([C, DV], dtype)
+            else:
+                K_cur, V_cur = K_s, V_s                 # as in the article
             S_s = T.alloc_shared([DK, DV], dtype)       # state cast down to feed the MMA
             O_s = T.alloc_shared([C, DV], dtype)
             S_f = T.alloc_fragment([DK, DV], ACCUM)
@@ -58,7 +69,7 @@ def seq_in_grid(DK, DV, chunk_size=64, num_stages=2, threads=128, dtype="float16
             T.gemm(Q_s, S_s, acc_o, clear_accum=True)
 
             # (3) intra-chunk term: O += tril(Q_c K_c^T) V_c. The pipelined K_s/V_s are
-            # multi-buffered and may not be read after the loop: load into K_cur/V_cur.
+            # multi-buffered (one copy per stage), so the chunk goes to K_cur/V_cur.
             T.copy(K[bz, bx * C:(bx + 1) * C, by, :], K_cur)
             T.copy(V[bz, bx * C:(bx + 1) * C, by, :], V_cur)
             T.gemm(Q_s, K_cur, A, transpose_B=True, clear_accum=True)

@@ -1,0 +1,89 @@
+"""The public functions: the CPU path, and a clear ValueError for every kind of bad input."""
+
+import math
+
+import pytest
+import torch
+
+import kda
+from kda.metrics import rel_l2
+from kda.reference import level1 as ref1
+from kda.reference import level2 as ref2
+
+
+def qkv(B=2, T=70, H=3, DK=8, DV=6, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(B, T, H, DK, generator=g).to(dtype) for _ in range(2))
+    return q, k, torch.randn(B, T, H, DV, generator=g).to(dtype)
+
+
+def test_linear_attention_cpu_matches_reference():
+    q, k, v = qkv()
+    o = kda.linear_attention(q, k, v)
+    assert o.shape == (2, 70, 3, 6) and o.dtype == torch.float32
+    assert rel_l2(o, ref1.recurrent(q.double() * 8 ** -0.5, k, v)[0]) < 1e-6
+
+
+def test_decay_attention_cpu_with_states():
+    q, k, v = qkv(dtype=torch.bfloat16)
+    h0 = torch.randn(2, 3, 8, 6)
+    o, ht = kda.decay_attention(q, k, v, torch.tensor([0.5, 0.9, 1.0]), scale=1.0, initial_state=h0,
+                                output_final_state=True)
+    ref, ref_ht = ref2.recurrent(q, k, v, torch.tensor([0.5, 0.9, 1.0]), h0, True)
+    assert o.dtype == torch.bfloat16 and ht.dtype == torch.float32
+    assert rel_l2(o, ref) < 5e-3 and rel_l2(ht, ref_ht) < 1e-6
+
+
+def test_default_scale_is_fla_default():
+    q, k, v = qkv()
+    assert torch.allclose(kda.linear_attention(q, k, v), kda.linear_attention(q, k, v, scale=8 ** -0.5))
+
+
+def raises(match, fn, *args, **kwargs):
+    with pytest.raises(ValueError, match=match):
+        fn(*args, **kwargs)
+
+
+def test_bad_shapes_and_types():
+    q, k, v = qkv()
+    raises(r"q must be 4-D", kda.linear_attention, q[0], k, v)
+    raises(r"q must be a torch.Tensor", kda.linear_attention, q.numpy(), k, v)
+    raises(r"k must have the shape of q", kda.linear_attention, q, k[:, :-1], v)
+    raises(r"v must be \[B, T, H, DV\]", kda.linear_attention, q, k, v[:, :, :2])
+    raises(r"k must have the dtype of q", kda.linear_attention, q, k.double(), v)
+    raises(r"q, k, v must be a floating dtype", kda.linear_attention, q.int(), k.int(), v.int())
+    raises(r"no empty dimension", kda.linear_attention, q[:, :0], k[:, :0], v[:, :0])
+    raises(r"device of q", kda.linear_attention, q, k.to("meta"), v)
+
+
+def test_bad_scale_and_state():
+    q, k, v = qkv()
+    for scale in (0.0, -1.0, math.inf, math.nan, True, "1"):
+        raises(r"scale must be a finite positive number", kda.linear_attention, q, k, v, scale=scale)
+    raises(r"initial_state must have shape \[B, H, DK, DV\] = \(2, 3, 8, 6\)", kda.linear_attention, q, k, v,
+           initial_state=torch.zeros(2, 3, 6, 8))
+    raises(r"initial_state must be a tensor", kda.linear_attention, q, k, v, initial_state=[0.0])
+    raises(r"initial_state must be a floating tensor", kda.linear_attention, q, k, v,
+           initial_state=torch.zeros(2, 3, 8, 6, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("alpha,match", [
+    (0.0, r"alpha must lie in \(0, 1\]"), (1.5, r"alpha must lie in \(0, 1\]"), (-0.2, r"alpha must lie in \(0, 1\]"),
+    (math.nan, "alpha must be finite"), (math.inf, "alpha must be finite"), (True, "alpha must be a number"),
+    (torch.tensor([0.5, 0.5]), r"alpha must have shape \[H\] = \[3\]"),
+    (torch.tensor([0.5, 1.2, 0.5]), r"alpha must lie in \(0, 1\]"),
+    (torch.tensor([1, 1, 1]), "alpha must be a number in \\(0, 1\\] or a floating tensor"),
+    (torch.full((3, 1), 0.5), "alpha must be a number in \\(0, 1\\] or a floating tensor"),
+    ("0.5", "alpha must be a number"),
+])
+def test_bad_alpha(alpha, match):
+    q, k, v = qkv()
+    raises(match, kda.decay_attention, q, k, v, alpha)
+
+
+def test_cuda_only_checks_are_documented():
+    """Head sizes and dtypes the kernels support are stated where the check lives."""
+    from kda import validate
+
+    assert validate.KERNEL_HEAD_SIZES == (64, 128)
+    assert validate.KERNEL_DTYPES == (torch.float16, torch.bfloat16)

@@ -1,0 +1,79 @@
+"""Every float64 reference agrees with the token recurrence; the structural mistakes do not."""
+
+import pytest
+import torch
+
+from kda.metrics import rel_l2
+from kda.reference import level1 as ref1
+from kda.reference import level2 as ref2
+
+EPS = 1e-12   # float64 agreement (observed ~1e-16; the margin covers long sums)
+# (B, T, H, DK, DV, chunk, block_dv): tails, a single token, T shorter than a chunk, DK != DV
+SHAPES = [(2, 37, 3, 8, 12, 8, 4), (1, 1, 2, 4, 4, 4, 4), (2, 64, 1, 16, 8, 16, 8), (1, 50, 2, 6, 10, 64, 3),
+          (3, 33, 2, 5, 7, 4, 7)]
+
+
+def inputs(B, T, H, DK, DV, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(B, T, H, DK, generator=g, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(B, T, H, DV, generator=g, dtype=torch.float64)
+    h0 = torch.randn(B, H, DK, DV, generator=g, dtype=torch.float64)
+    return q, k, v, h0
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_level1_forms_agree(shape):
+    B, T, H, DK, DV, C, bdv = shape
+    q, k, v, h0 = inputs(B, T, H, DK, DV)
+    o_a, s_a = ref1.recurrent(q, k, v, h0, True)
+    for o, s in [ref1.chunked(q, k, v, C, h0, True), ref1.seq_in_grid(q, k, v, C, h0, True),
+                 ref1.seq_in_loop(q, k, v, C, bdv, h0, True)]:
+        assert rel_l2(o, o_a) < EPS and rel_l2(s, s_a) < EPS
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("alpha", [0.9, 1.0, 0.3, "per_head"])
+def test_level2_forms_agree(shape, alpha):
+    B, T, H, DK, DV, C, bdv = shape
+    q, k, v, h0 = inputs(B, T, H, DK, DV, seed=1)
+    if alpha == "per_head":
+        alpha = torch.linspace(0.2, 1.0, H, dtype=torch.float64)
+    o_a, s_a = ref2.recurrent(q, k, v, alpha, h0, True)
+    for o, s in [ref2.chunked(q, k, v, alpha, C, h0, True), ref2.chunked(q, k, v, alpha, C, h0, True, "factorized"),
+                 ref2.seq_in_grid(q, k, v, alpha, C, h0, True), ref2.seq_in_loop(q, k, v, alpha, C, bdv, h0, True)]:
+        assert rel_l2(o, o_a) < EPS and rel_l2(s, s_a) < EPS
+
+
+def test_tail_state_decays_by_real_length():
+    """The last chunk is shorter: carrying a^C instead of a^L would show in the final state."""
+    q, k, v, h0 = inputs(1, 70, 1, 4, 4)
+    _, s_a = ref2.recurrent(q, k, v, 0.8, h0, True)
+    _, s_b = ref2.chunked(q, k, v, 0.8, 64, h0, True)
+    assert rel_l2(s_b, s_a) < EPS
+
+
+def test_alpha_one_is_level1():
+    q, k, v, h0 = inputs(2, 45, 2, 6, 5)
+    assert rel_l2(ref2.chunked(q, k, v, 1.0, 16, h0)[0], ref1.recurrent(q, k, v, h0)[0]) < EPS
+
+
+def test_per_token_matrix_form():
+    q, k, v, _ = inputs(2, 40, 3, 5, 6)
+    alpha_t = 0.85 + 0.149 * torch.rand(2, 40, 3, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    o, gamma = ref2.parallel_form(q, k, v, alpha_t)
+    assert rel_l2(o, ref2.recurrent(q, k, v, alpha_t)[0]) < EPS
+    assert gamma.max() <= 1.0 and torch.equal(gamma, gamma.tril())
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_structural_mistakes_are_large(seed):
+    q, k, v, _ = inputs(2, 128, 2, 16, 16, seed)
+    a = ref1.recurrent(q, k, v)[0]
+    assert rel_l2(ref1.chunked(q, k, v, 16, shift=False)[0], a) > 0.1
+    assert rel_l2(ref1.seq_in_loop(q, k, v, 16, 8, update_first=True)[0], a) > 0.1
+
+
+def test_bad_intra_form():
+    q, k, v, _ = inputs(1, 4, 1, 2, 2)
+    with pytest.raises(ValueError, match="intra"):
+        ref2.chunked(q, k, v, 0.5, 4, intra="ratios")

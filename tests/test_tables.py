@@ -1,0 +1,94 @@
+"""The articles' printed numbers, recomputed by kda.tables, within the precision they were printed."""
+
+import math
+
+import pytest
+
+from kda.tables import level1 as t1
+from kda.tables import level2 as t2
+
+
+def test_level1_agreement_structure():
+    t = t1.agreement()
+    errs = dict(zip(t.column("comparison"), t.column("rel L2")))
+    assert all(e < 1e-15 for name, e in errs.items() if "without" not in name)
+    assert errs["B without the right shift vs A"] > 0.1          # article: 7.78e-1 on its inputs
+
+
+def test_level1_seq_in_loop_table():
+    t = t1.seq_in_loop_agreement()
+    errs = t.column("rel L2 vs A")
+    assert all(e < 1e-15 for e in errs[:3])                         # article: 5.60e-16
+    assert errs[3] > 0.1                                            # article: 6.98e-1
+
+
+# article 000 section 6.3, D = 64, BC = 64: N -> (redundancy, step 1, ideal, FA, ratio, ideal ratio)
+LEDGER = {512: (3.5, 0.015, 0.017, 0.034, 0.438, 0.500), 2048: (15.5, 0.260, 0.067, 0.537, 0.484, 0.125),
+          8192: (63.5, 4.261, 0.268, 8.590, 0.496, 0.031), 16384: (127.5, 17.113, 0.537, 34.360, 0.498, 0.016),
+          65536: (511.5, 274.609, 2.147, 549.756, 0.500, 0.004)}
+
+
+def test_flop_ledger_matches_article():
+    for row in t1.flop_ledger().rows:
+        N, _, red, grid, ideal, fa, r1, r2 = row
+        want = LEDGER[N]
+        assert red == want[0]
+        for got, printed in zip((grid / 1e9, ideal / 1e9, fa / 1e9, r1, r2), want[1:]):
+            assert round(got, 3) == printed
+
+
+def test_chunk_size_and_out_of_grid_tables():
+    assert t1.chunk_size_choice().column("D/(2 BC)") == [1.0, 0.5, 0.25, 0.125]
+    t = t1.sequence_out_of_grid()
+    # article section 6.4.2: the in-loop column is the state updates alone, 0.067 ... 0.537 GFLOP
+    assert [round(x / 1e9, 3) for x in t.column("seq-in-loop state updates, GFLOP")] == [0.067, 0.134, 0.268, 0.537]
+    assert t.column("ratio") == [63.5, 127.5, 255.5, 511.5]
+    assert t1.fused_or_split().column("MiB") == [512, 512]           # article: h is 512 MiB
+
+
+def test_level2_agreement_and_degeneration():
+    errs = t2.agreement().column("rel L2")
+    assert all(e < 1e-15 for e in errs)                              # article: 1.6e-16 .. 2.0e-16
+    assert float(t2.per_token().rows[0][1]) < 1e-15                  # article: 2.03e-16
+
+
+# article 002 section 3: alpha -> (a^-31, a^-63, a^-127, fp16 bound, fp32 bound)
+OVERFLOW = {0.99: (1.37, 1.88, 3.58, 1103, 8827), 0.95: (4.90, 25.3, 675, 216, 1729),
+            0.90: (26.2, 763, 6.47e5, 105, 842), 0.80: (1.01e3, 1.27e6, 2.03e12, 49, 397),
+            0.50: (2.15e9, 9.22e18, 1.70e38, 15, 127)}
+
+
+def test_overflow_table_matches_article():
+    for a, p31, p63, p127, n16, n32 in t2.overflow().rows:
+        want = OVERFLOW[round(a, 2)]
+        for got, printed in zip((p31, p63, p127), want[:3]):
+            assert math.isclose(got, printed, rel_tol=5e-3)          # printed to 3 digits
+        assert (n16, n32) == want[3:]
+
+
+def test_fp16_single_chunk_nan_cells():
+    t = t2.fp16_single_chunk(trials=5)
+    for a, ratio, factor, _ in t.rows:
+        assert 3e-4 < ratio < 6e-4                                    # article: 4.1e-4 .. 4.6e-4
+        if a <= 0.8:
+            assert math.isnan(factor)                                 # article: NaN
+        else:
+            assert 3e-4 < factor < 6e-4
+
+
+def test_gamma_range_and_underflow():
+    t = t2.gamma_range()
+    assert t.column("max") == [1.0, 1.0, 1.0] and t.column("share underflowed to 0") == [0.0, 0.0, 0.0]
+    for got, printed in zip(t.column("smallest nonzero"), (2.79e-1, 1.55e-6, 5.88e-39)):
+        assert math.isclose(got, printed, rel_tol=1e-2)
+    # the article calls 5.88e-39 a normal fp32 number; it is below fp32's smallest normal
+    assert t.column("fp32 class of the smallest")[2] == "subnormal"
+    classes = {row[0]: (row[2], row[4]) for row in t2.fp16_underflow().rows}
+    assert classes[0.9] == ("normal", "subnormal") and classes[0.8] == ("subnormal", "underflows to 0")
+    assert classes[0.5] == ("underflows to 0", "underflows to 0")
+
+
+@pytest.mark.parametrize("alpha,printed", [(0.999, 6904), (0.99, 687), (0.95, 135), (0.9, 66), (0.5, 10)])
+def test_memory_length(alpha, printed):
+    rows = {row[0]: row[2] for row in t2.memory_length().rows}
+    assert round(rows[alpha]) == printed
