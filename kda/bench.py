@@ -46,13 +46,11 @@ def fla_linear_attention(q, k, v, scale):
     return chunk_linear_attn(q, k, v, scale=scale, normalize=False)[0]
 
 
-def fla_decay_attention(q, k, v, alpha, scale):
-    """fla's level-2 peer: ``chunk_simple_gla`` with ``g_gamma = log(alpha)`` per head."""
+def fla_decay_attention(q, k, v, g_gamma, scale):
+    """fla's level-2 peer: ``chunk_simple_gla`` with ``g_gamma [H]`` = log of the per-head decay
+    (a float32 tensor on the device, prepared once, as a model would hold it)."""
     from fla.ops.simple_gla import chunk_simple_gla
 
-    H = q.shape[2]
-    a = torch.as_tensor(alpha, dtype=torch.float64).expand(H)
-    g_gamma = torch.log(a).to(device=q.device, dtype=torch.float32)
     return chunk_simple_gla(q, k, v, g_gamma=g_gamma, scale=scale)[0]
 
 

@@ -109,13 +109,13 @@ def decay_attention(q, k, v, alpha, scale=None, initial_state=None, output_final
         ``o [B, T, H, DV]``, or ``(o, final_state)`` when ``output_final_state`` is true.
     """
     B, T, H, DK, DV = validate.check_qkv(q, k, v)
-    a = validate.check_alpha(alpha, H, q.device)
+    a = validate.check_alpha(alpha, H)
     scale = validate.check_scale(scale, DK)
     h0 = validate.check_initial_state(initial_state, B, H, DK, DV, q.device)
     if q.device.type == "cuda":
         from kda.kernels import level2 as kernels
 
-        log2_alpha = torch.log2(a).to(torch.float32)
+        log2_alpha = torch.log2(a).to(q.device, torch.float32)
         o, final = _run_kernel(kernels.seq_in_loop, q, k, v, (log2_alpha,), scale, h0, output_final_state)
     else:
         o, final = ref2.chunked(q.double() * scale, k, v, a, CHUNK_SIZE, h0, output_final_state)

@@ -70,8 +70,8 @@ def check_initial_state(initial_state, B: int, H: int, DK: int, DV: int, device)
     return initial_state
 
 
-def check_alpha(alpha, H: int, device) -> torch.Tensor:
-    """A number or ``[H]`` values in (0, 1], finite. Returns float64 ``[H]`` on ``device``."""
+def check_alpha(alpha, H: int) -> torch.Tensor:
+    """A number or ``[H]`` values in (0, 1], finite. Returns float64 ``[H]`` on the CPU."""
     if isinstance(alpha, bool):
         raise ValueError(f"alpha must be a number in (0, 1] or a tensor [H] of such numbers, got {alpha!r}")
     if isinstance(alpha, numbers.Real):
@@ -88,4 +88,4 @@ def check_alpha(alpha, H: int, device) -> torch.Tensor:
     if (a <= 0).any() or (a > 1).any():
         bad = a[(a <= 0) | (a > 1)][0].item()
         raise ValueError(f"alpha must lie in (0, 1] (a decay factor), got {bad!r}")
-    return a.to(device)
+    return a

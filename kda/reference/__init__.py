@@ -1,5 +1,2 @@
-"""Float64 PyTorch references, one module per level (CPU or GPU tensors)."""
-
-from kda.reference import level1, level2
-
-__all__ = ["level1", "level2"]
+"""Float64 PyTorch references, one module per level (CPU or GPU tensors):
+``kda.reference.level1``, ``kda.reference.level2``. Import the level you need."""

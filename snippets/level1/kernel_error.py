@@ -1,0 +1,54 @@
+# snippet: gpu
+"""Both level-1 kernels against the float64 reference on the H200: fresh random inputs, tails
+(T not a multiple of 64), DK != DV, both dtypes; outputs poisoned with NaN before each launch.
+Then the error of every chunk along one long sequence (saved for the plot below)."""
+import torch
+
+from kda import ops
+from kda.ops import linear_attention
+from kda.kernels import level1 as kernels
+from kda.kernels.build import compile_program
+from kda.metrics import rel_l2
+from kda.reference import level1 as ref
+from kda.site.runtime import save_data
+from kda.tables import Table, sci
+
+ops.poison_outputs = True
+torch.manual_seed(0)
+NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+def grid_kernel(q, k, v):
+    kernel = compile_program(kernels.seq_in_grid, (), DK=q.shape[-1], DV=v.shape[-1],
+                             dtype={torch.float16: "float16", torch.bfloat16: "bfloat16"}[q.dtype])
+    o = torch.full(v.shape, float("nan"), dtype=v.dtype, device=v.device)
+    kernel(q, k, v, o)
+    return o
+
+table = Table(["B, T, H, DK, DV", "dtype", "seq_in_loop rel L2", "seq_in_grid rel L2", "NaN or inf"],
+              formats=[None, None, sci, sci, None])
+for B, T, H, DK, DV in [(2, 1000, 4, 128, 128), (1, 4133, 8, 64, 64), (3, 2000, 2, 128, 64), (1, 77, 16, 64, 128)]:
+    for dtype in (torch.float16, torch.bfloat16):
+        q, k, v = (torch.randn(B, T, H, d, device="cuda").to(dtype) for d in (DK, DK, DV))
+        expected, _ = ref.chunked(q, k, v)
+        fused = linear_attention(q, k, v, scale=1.0)
+        grid = grid_kernel(q, k, v)
+        bad = not (torch.isfinite(fused).all() and torch.isfinite(grid).all())
+        table.rows.append([f"{B}, {T}, {H}, {DK}, {DV}", NAMES[dtype], rel_l2(fused, expected),
+                           rel_l2(grid, expected), "yes" if bad else "no"])
+print(table)
+
+# error of each chunk along one sequence: does it grow with the chunk index?
+B, T, H, D, C = 1, 32768, 4, 128, 64
+profile = {}
+for dtype in (torch.float16, torch.bfloat16):
+    q, k, v = (torch.randn(B, T, H, D, device="cuda").to(dtype) for _ in range(3))
+    expected, _ = ref.chunked(q, k, v)
+    fused = linear_attention(q, k, v, scale=1.0).double()
+    diff = (fused - expected).reshape(B, T // C, C, H, D).pow(2).sum(dim=(0, 2, 3, 4)).sqrt()
+    norm = expected.reshape(B, T // C, C, H, D).pow(2).sum(dim=(0, 2, 3, 4)).sqrt()
+    profile[NAMES[dtype]] = (diff / norm).tolist()
+save_data({"chunk_size": C, "T": T, "per_chunk_rel_l2": profile})
+print(f"\nPer-chunk error along T = {T} (H = {H}, D = {D}): first chunk, middle, last")
+print("\n| dtype | chunk 0 | chunk %d | chunk %d |\n|---|---|---|---|" % (T // C // 2, T // C - 1))
+for name, errs in profile.items():
+    print(f"| {name} | {sci(errs[0])} | {sci(errs[len(errs) // 2])} | {sci(errs[-1])} |")

@@ -1,0 +1,17 @@
+# snippet: cpu uses=snippets/level1/latency.py
+"""Latency against T from the H200 record of latency.py, log-log."""
+import matplotlib.pyplot as plt
+
+from kda.site.runtime import figure, recorded_data
+
+rows = recorded_data("snippets/level1/latency.py")["rows"]
+T = [r["T"] for r in rows]
+fig, ax = plt.subplots(figsize=(6, 3.6))
+for key, label, style in [("seq_in_grid", "kda seq_in_grid", "o-"), ("fla", "fla chunk_linear_attn", "s--"),
+                          ("kda", "kda fused (seq_in_loop)", "^-"), ("floor", "hardware floor", ":")]:
+    ax.loglog(T, [r[key] for r in rows], style, label=label)
+ax.set_xlabel("T (B = 1, H = 32, D = 128, bf16)")
+ax.set_ylabel("latency (ms)")
+ax.grid(True, which="both", alpha=0.3)
+ax.legend()
+figure(fig, "latency-vs-t", "level-1 latency against T on the H200")

@@ -1,0 +1,14 @@
+# snippet: cpu
+"""Registers, stack and spills of the level-1 kernels, from ptxas -v for sm_90a (bf16)."""
+from kda.kernels import level1
+from kda.kernels.build import SM90A, compile_program, ptxas_report
+from kda.tables import Table
+
+table = Table(["kernel", "DK x DV", "registers", "stack bytes", "spill stores", "spill loads"])
+for name, fn, params in [("seq_in_grid", level1.seq_in_grid, {}),
+                         ("seq_in_loop (block_dv 32)", level1.seq_in_loop, {"block_dv": 32})]:
+    for dk, dv in [(64, 64), (128, 128)]:
+        r = ptxas_report(compile_program(fn, (), target=SM90A, DK=dk, DV=dv, dtype="bfloat16", **params))
+        table.rows.append([name, f"{dk} x {dv}", r["registers"], r["stack_bytes"], r["spill_store_bytes"],
+                           r["spill_load_bytes"]])
+print(table)

@@ -1,0 +1,15 @@
+# snippet: cpu uses=snippets/level2/kernel_error.py
+"""Plot of the per-chunk error recorded on the H200 by kernel_error.py."""
+import matplotlib.pyplot as plt
+
+from kda.site.runtime import figure, recorded_data
+
+data = recorded_data("snippets/level2/kernel_error.py")
+fig, ax = plt.subplots(figsize=(6, 3.4))
+for alpha, errs in data["per_chunk_rel_l2"].items():
+    ax.semilogy(range(len(errs)), errs, label=f"alpha = {alpha}", lw=0.8)
+ax.set_xlabel(f"chunk index (chunk = {data['chunk_size']} tokens, {data['dtype']})")
+ax.set_ylabel("relative L2 error of the chunk")
+ax.grid(True, which="both", alpha=0.3)
+ax.legend()
+figure(fig, "error-vs-chunk", "per-chunk error of the decay kernel")
