@@ -7,9 +7,6 @@ nothing here is asserted in tests.
 
 from __future__ import annotations
 
-import math
-import os
-
 import torch
 
 
@@ -29,14 +26,6 @@ def random_qkv(B, T, H, DK, DV, dtype=torch.bfloat16, device="cuda", seed=0):
     k = torch.randn(B, T, H, DK, generator=g, device=device).to(dtype)
     v = torch.randn(B, T, H, DV, generator=g, device=device).to(dtype)
     return q, k, v
-
-
-def fla_available() -> bool:
-    try:
-        import fla  # noqa: F401
-    except Exception:
-        return False
-    return True
 
 
 def fla_linear_attention(q, k, v, scale):
@@ -65,15 +54,3 @@ def versions() -> dict:
         except md.PackageNotFoundError:
             out[name] = None
     return out
-
-
-def gpu_name() -> str:
-    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-
-
-def fmt_ms(x: float) -> str:
-    return "n/a" if x is None or math.isnan(x) else f"{x:.3f}"
-
-
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "") not in ("", "0")

@@ -30,3 +30,19 @@ def poisoned(monkeypatch):
     import kda.ops
 
     monkeypatch.setattr(kda.ops, "poison_outputs", True)
+
+
+@pytest.fixture(scope="session")
+def built_site(tmp_path_factory):
+    """The whole site, both languages, built once with ``mkdocs build --strict``."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    site = tmp_path_factory.mktemp("site")
+    res = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site)], cwd=root,
+                         capture_output=True, text=True, env=dict(os.environ, NO_MKDOCS_2_WARNING="1"))
+    assert res.returncode == 0, "mkdocs build --strict failed:\n" + res.stderr[-4000:]
+    return site

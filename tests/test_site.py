@@ -1,0 +1,143 @@
+"""The site: the strict build of both languages, language parity, and the three ways a page
+can lose its numbers (a snippet that raises, a missing GPU record, a stale one)."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from kda.site import snippets as sn
+
+ROOT = Path(__file__).resolve().parents[1]
+MARKER = re.compile(r"^<!--\s*snippet:.*-->\s*$", re.MULTILINE)
+INCLUDE = re.compile(r'^--8<-- ".*"\s*$', re.MULTILINE)
+
+
+def mkdocs_build(config: Path, site_dir: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config), "-d", str(site_dir)],
+                          cwd=config.parent, capture_output=True, text=True, env=env)
+
+
+def test_strict_build_of_both_languages(built_site):
+    for page in ("index.html", "level1/index.html", "level1-playground/index.html"):
+        assert (built_site / page).is_file() and (built_site / "en" / page).is_file()
+    assert (built_site / "sitemap.xml").is_file() and (built_site / "en" / "sitemap.xml").is_file()
+
+
+def test_pages_show_outputs_and_provenance(built_site):
+    for lang in ("", "en/"):
+        page = (built_site / lang / "level1" / "index.html").read_text(encoding="utf-8")
+        assert page.count('class="kda-output"') == len(MARKER.findall((ROOT / "docs" / (lang or "zh/") / "level1.md")
+                                                                       .read_text(encoding="utf-8")))
+        assert "kda-provenance" in page and "NVIDIA H200" in page
+        assert "not measured yet" not in page.lower() and "stale" not in page.lower()
+
+
+def twins():
+    zh = ROOT / "docs" / "zh"
+    return [(p, ROOT / "docs" / "en" / p.relative_to(zh)) for p in sorted(zh.rglob("*")) if p.suffix in (".md", ".ipynb")]
+
+
+@pytest.mark.parametrize("zh,en", twins(), ids=[p.name for p, _ in twins()])
+def test_every_page_has_an_english_twin_with_the_same_code_and_outputs(zh, en):
+    assert en.is_file(), f"{en} is missing"
+    if zh.suffix == ".ipynb":
+        code = [[c["source"] for c in json.loads(p.read_text())["cells"] if c["cell_type"] == "code"] for p in (zh, en)]
+        assert code[0] == code[1]
+        return
+    a, b = zh.read_text(encoding="utf-8"), en.read_text(encoding="utf-8")
+    assert MARKER.findall(a) == MARKER.findall(b), "snippet markers differ"
+    assert INCLUDE.findall(a) == INCLUDE.findall(b), "included code differs"
+    fences = re.compile(r"^```.*$", re.MULTILINE)
+    assert fences.findall(a) == fences.findall(b), "code fences differ"
+    assert a.count("\n|") == b.count("\n|"), "table rows differ"
+
+
+def test_gpu_records_match_the_code():
+    """Every committed GPU record belongs to a snippet and matches its current source hash."""
+    for snippet in sn.discover(ROOT):
+        if snippet.where == "gpu":
+            state, record, digest = sn.record_status(snippet)
+            assert state == "ok", f"{snippet.path}: record {state} (current hash {digest}); run python -m kda.site run --gpu"
+            for key in ("device", "driver", "cuda", "torch", "triton", "tilelang", "fla-core", "commit", "date"):
+                assert record["provenance"].get(key), f"{snippet.path}: provenance lacks {key}"
+
+
+# --- the failure modes, on a small site of their own ------------------------------------------
+
+MINI_CONFIG = """\
+site_name: t
+docs_dir: docs/zh
+theme: {{name: material, language: zh, font: false}}
+hooks: [{hooks}]
+markdown_extensions: [admonition, md_in_html, tables, pymdownx.superfences]
+extra: {{kda: {{language: zh}}}}
+"""
+
+
+@pytest.fixture
+def mini_site(tmp_path):
+    (tmp_path / "docs" / "zh").mkdir(parents=True)
+    (tmp_path / "snippets").mkdir()
+    (tmp_path / "mkdocs.yml").write_text(MINI_CONFIG.format(hooks=ROOT / "kda" / "site" / "hooks.py"))
+
+    def make(snippet_source: str, name: str = "probe.py"):
+        (tmp_path / "snippets" / name).write_text(textwrap.dedent(snippet_source))
+        (tmp_path / "docs" / "zh" / "index.md").write_text(f"# t\n\n<!-- snippet: snippets/{name} -->\n")
+        return sn.load(tmp_path, f"snippets/{name}")
+
+    make.root = tmp_path
+    return make
+
+
+def test_a_snippet_that_raises_fails_the_strict_build(mini_site, tmp_path):
+    mini_site("# snippet: cpu\nraise RuntimeError('boom')\n")
+    res = mkdocs_build(tmp_path / "mkdocs.yml", tmp_path / "site")
+    assert res.returncode != 0
+    assert "snippets/probe.py raised" in res.stderr and "RuntimeError: boom" in res.stderr
+    assert "(page index.md)" in res.stderr
+
+
+def test_a_missing_gpu_record_fails_the_strict_build(mini_site, tmp_path):
+    mini_site("# snippet: gpu\nprint('| a |\\n|---|\\n| 1 |')\n")
+    res = mkdocs_build(tmp_path / "mkdocs.yml", tmp_path / "site")
+    assert res.returncode != 0
+    assert "GPU record missing for snippet snippets/probe.py (page index.md)" in res.stderr
+
+
+def _record(snippet, digest):
+    result = sn.Result(output="| a |\n|---|\n| 1 |\n", data=None, seconds=1.0)
+    info = {"device": "NVIDIA H200", "date": "2026-01-01 00:00 UTC", "commit": "0" * 40, "torch": "x"}
+    return sn.write_record(snippet, result, digest, info, snippet.root / "results" / "gpu")
+
+
+def test_a_stale_gpu_record_fails_the_strict_build(mini_site, tmp_path):
+    snippet = mini_site("# snippet: gpu\nprint('| a |\\n|---|\\n| 1 |')\n")
+    _record(snippet, "0123456789abcdef")
+    res = mkdocs_build(tmp_path / "mkdocs.yml", tmp_path / "site")
+    assert res.returncode != 0
+    assert "GPU record stale for snippet snippets/probe.py (page index.md)" in res.stderr
+    page = (tmp_path / "site" / "index.html").read_text(encoding="utf-8")
+    assert "记录已过期" in page            # the page says so too (non-strict builds keep going)
+
+
+def test_a_current_gpu_record_is_injected_with_its_provenance(mini_site, tmp_path):
+    snippet = mini_site("# snippet: gpu\nprint('| a |\\n|---|\\n| 1 |')\n")
+    _record(snippet, sn.source_hash(snippet))
+    res = mkdocs_build(tmp_path / "mkdocs.yml", tmp_path / "site")
+    assert res.returncode == 0, res.stderr
+    page = (tmp_path / "site" / "index.html").read_text(encoding="utf-8")
+    assert "kda-provenance" in page and "NVIDIA H200" in page and "<table>" in page
+
+
+def test_hash_follows_the_package_imports(mini_site):
+    snippet = mini_site("# snippet: gpu\nfrom kda.reference import level1\n")
+    files = {p.relative_to(ROOT / "kda").as_posix() for p in sn.kda_closure(snippet.file.read_text())}
+    assert {"reference/level1.py", "reference/_common.py"} <= files
+    assert "ops.py" not in files and not any(f.startswith("site/") for f in files)
