@@ -1,0 +1,84 @@
+"""``python -m kda.site``: run snippets and write GPU records, or show their status.
+
+    python -m kda.site run --gpu              run every GPU snippet, write results/gpu/*.json
+    python -m kda.site run --gpu --stale      only the GPU snippets whose record is missing or stale
+    python -m kda.site run --cpu              run the CPU snippets into the build cache
+    python -m kda.site status                 every snippet: where it runs, hash, record state
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from kda.site import snippets as sn
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _status(args) -> int:
+    bad = 0
+    for s in sn.discover(ROOT):
+        if s.where == "gpu":
+            state, record, digest = sn.record_status(s, device=args.device)
+            bad += state != "ok"
+            print(f"gpu  {state:8s} {digest}  {s.path}")
+        else:
+            print(f"cpu  {'-':8s} {sn.source_hash(s)}  {s.path}")
+    return 1 if bad else 0
+
+
+def _run(args) -> int:
+    where = "gpu" if args.gpu else "cpu"
+    todo = [s for s in sn.discover(ROOT) if s.where == where and (not args.only or args.only in s.path)]
+    if where == "gpu" and args.stale:
+        todo = [s for s in todo if sn.record_status(s, device=args.device)[0] != "ok"]
+    info = sn.provenance(args.commit) if where == "gpu" else None
+    if where == "gpu" and info["device"] == "cpu":
+        print("no CUDA device: GPU snippets need one", file=sys.stderr)
+        return 2
+    failures = 0
+    start = time.time()
+    print(f"{len(todo)} {where.upper()} snippet(s)" + (f" on {info['device']}" if info else ""), flush=True)
+    for i, s in enumerate(todo, 1):
+        print(f"[{i}/{len(todo)}] {s.path} ...", end=" ", flush=True)
+        try:
+            if where == "gpu":
+                digest = sn.source_hash(s)
+                result = sn.run(s, timeout=args.timeout)
+                path = sn.write_record(s, result, digest, info)
+                print(f"{result.seconds:.1f} s -> {path.relative_to(ROOT)}", flush=True)
+            else:
+                result, hit = sn.cached_run(s, ROOT / ".cache" / "kda-site")
+                print("cached" if hit else f"{result.seconds:.1f} s", flush=True)
+        except sn.SnippetError as e:
+            failures += 1
+            print("FAILED", flush=True)
+            print("    " + str(e).replace("\n", "\n    "), flush=True)
+    print(f"done in {time.time() - start:.0f} s, {failures} failed", flush=True)
+    return 1 if failures else 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kda.site", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run snippets")
+    kind = run.add_mutually_exclusive_group(required=True)
+    kind.add_argument("--gpu", action="store_true", help="GPU snippets: write records with provenance")
+    kind.add_argument("--cpu", action="store_true", help="CPU snippets: fill the build cache")
+    run.add_argument("--stale", action="store_true", help="GPU: only missing or stale records")
+    run.add_argument("--only", help="only snippets whose path contains this text")
+    run.add_argument("--commit", help="git commit to record (when the GPU machine has no .git)")
+    run.add_argument("--timeout", type=float, default=900, help="seconds per snippet")
+    run.add_argument("--device", default=sn.DEFAULT_DEVICE)
+    status = sub.add_parser("status", help="list snippets and the state of their GPU records")
+    status.add_argument("--device", default=sn.DEFAULT_DEVICE)
+    args = parser.parse_args(argv)
+    return _status(args) if args.command == "status" else _run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""MkDocs hooks of the site (``hooks:`` in mkdocs.yml).
+
+* ``<!-- snippet: snippets/x/y.py -->`` on a line of its own becomes the snippet's code and,
+  under it, its output: run now (CPU, cached by source hash) or read from its GPU record
+  (with a one-line provenance note). A snippet that raises, a missing GPU record and a
+  stale one are logged as warnings, which ``mkdocs build --strict`` turns into a failure;
+  the page says so visibly either way. ``code=hide`` shows the output only.
+* ``docs/assets`` is shared by both languages; notebooks are executed here (cached by
+  source hash) so that mkdocs-jupyter only renders them.
+* The Chinese build (the original, ``docs/zh``) builds the English edition (``docs/en``)
+  into ``<site>/en`` when it is done, with the overrides in ``extra.kda.english``: one
+  ``mkdocs build`` gives both, each with its own search index and sitemap (which the
+  language switcher reads to stay on the same page).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import html
+import logging
+import re
+from pathlib import Path
+
+from mkdocs.structure.files import File
+from mkdocs.utils import get_relative_url
+
+from kda.site import snippets as sn
+
+log = logging.getLogger("mkdocs.plugins.kda_site")
+
+MARKER = re.compile(r"^<!--\s*snippet:\s*(\S+)([^>]*?)-->[ \t]*$", re.MULTILINE)
+FIGURE = re.compile(r"FIGURE\(([^)]+)\)")
+
+TEXT = {
+    "zh": {"missing": "尚未测量（not measured yet）", "stale": "记录已过期（stale）", "error": "代码段运行失败",
+           "recorded": "GPU 记录", "missing_body": "这一段需要 GPU，还没有与当前代码相符的记录。",
+           "stale_body": "记录之后代码改过：记录的源码哈希是 {old}，现在是 {new}。下面是旧记录的输出。",
+           "rerun": "在 GPU 机器上运行 `python -m kda.site run --gpu` 重新测量。"},
+    "en": {"missing": "Not measured yet", "stale": "Stale record", "error": "Snippet failed",
+           "recorded": "GPU record", "missing_body": "This snippet needs a GPU and has no record that matches the current code.",
+           "stale_body": "The code changed after this record: recorded source hash {old}, now {new}. The old output follows.",
+           "rerun": "Run `python -m kda.site run --gpu` on a GPU machine to measure again."},
+}
+
+_state: dict = {}
+
+
+def _lang(config) -> str:
+    return config["extra"].get("kda", {}).get("language", "en")
+
+
+def on_config(config):
+    root = Path(config.config_file_path).resolve().parent
+    kda_extra = config["extra"].get("kda", {})
+    _state.clear()
+    _state.update(root=root, cache=root / ".cache" / "kda-site", records=root / "results" / "gpu",
+                  device=kda_extra.get("gpu_device", sn.DEFAULT_DEVICE), figures={}, lang=_lang(config),
+                  results={}, ran=[], hits=0)
+    return config
+
+
+def on_files(files, config):
+    root = _state["root"]
+    assets = root / "docs" / "assets"
+    docs_dir = Path(config["docs_dir"]).resolve()
+    if assets.is_dir() and assets.resolve().parent != docs_dir:
+        for path in sorted(assets.rglob("*")):
+            if path.is_file():
+                files.append(File(path.relative_to(root / "docs").as_posix(), str(root / "docs"),
+                                  config["site_dir"], config["use_directory_urls"]))
+    for file in files:
+        if file.src_uri.endswith(".ipynb"):
+            executed = _executed_notebook(Path(file.abs_src_path))
+            if executed is not None:
+                file.abs_src_path = str(executed)
+    # run (or load) every snippet the pages name now, so that their figures are files of
+    # the build and links to them are checked like any other
+    for file in list(files.documentation_pages()):
+        for match in MARKER.finditer(Path(file.abs_src_path).read_text(encoding="utf-8")):
+            _prepare(match.group(1), file.src_uri)
+    for dest, blob in _state["figures"].items():
+        files.append(File.generated(config, dest, content=blob))
+    return files
+
+
+def _prepare(path: str, page_uri: str) -> None:
+    """Run or load one snippet once per build; the outcome waits in ``_state["results"]``."""
+    if path in _state["results"]:
+        return
+    outcome: dict = {}
+    try:
+        snippet = sn.load(_state["root"], path)
+        outcome["snippet"] = snippet
+        if snippet.where == "cpu":
+            result, hit = sn.cached_run(snippet, _state["cache"], _state["records"])
+            outcome["result"] = result
+            if hit:
+                _state["hits"] += 1
+            else:
+                _state["ran"].append(path)
+            for name, blob in result.figures.items():
+                _state["figures"][f"figures/{snippet.slug}/{name}"] = blob
+        else:
+            outcome["status"] = sn.record_status(snippet, _state["records"], _state["device"])
+    except sn.SnippetError as e:
+        outcome["error"] = e
+    _state["results"][path] = outcome
+
+
+def _executed_notebook(path: Path) -> Path | None:
+    """Run the notebook top to bottom (cached by its source and the kda modules it imports)."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    nb = nbformat.read(path, as_version=4)
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    h = hashlib.sha256(path.read_bytes())
+    for file in sn.kda_closure(code):
+        h.update(file.read_bytes())
+    out = _state["cache"] / "notebooks" / f"{path.stem}-{path.parent.name}-{h.hexdigest()[:16]}.ipynb"
+    if out.exists():
+        return out
+    try:
+        NotebookClient(nb, timeout=600, kernel_name="python3",
+                       resources={"metadata": {"path": str(_state["root"])}}).execute()
+    except CellExecutionError as e:
+        log.warning(f"notebook {path.relative_to(_state['root'])} raised while executing: {str(e).splitlines()[-1]}")
+        return None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for old in out.parent.glob(f"{path.stem}-{path.parent.name}-*.ipynb"):
+        old.unlink()
+    nbformat.write(nb, out)
+    return out
+
+
+def _notice(kind: str, title: str, body: str) -> str:
+    return f'!!! {kind} "{title}"\n\n' + "\n".join("    " + line for line in body.splitlines()) + "\n"
+
+
+def _code_block(snippet: sn.Snippet) -> str:
+    source = snippet.file.read_text(encoding="utf-8").rstrip("\n")
+    return f'```python title="{snippet.path}"\n{source}\n```\n'
+
+
+def _place_figures(output: str, snippet: sn.Snippet, page) -> str:
+    """``FIGURE(name.png)`` -> a path relative to the page's source, which MkDocs checks."""
+    return FIGURE.sub(lambda m: get_relative_url(f"figures/{snippet.slug}/{m.group(1)}", page.file.src_uri), output)
+
+
+def _expand(match, page) -> str:
+    t = TEXT[_state["lang"]]
+    path, options = match.group(1), match.group(2)
+    where = f"(page {page.file.src_uri})"
+    outcome = _state["results"][path]
+    if "error" in outcome and "snippet" not in outcome:
+        log.warning(f"{outcome['error']} {where}")
+        return _notice("failure", t["error"], str(outcome["error"]))
+    snippet = outcome["snippet"]
+    parts = [] if "code=hide" in options else [_code_block(snippet)]
+    if "error" in outcome:
+        log.warning(f"{outcome['error']} {where}")
+        return "\n".join(parts + [_notice("failure", t["error"], f"```text\n{outcome['error']}\n```")])
+    if snippet.where == "cpu":
+        output = _place_figures(outcome["result"].output, snippet, page)
+        return "\n".join(parts + ['<div class="kda-output" markdown>\n\n' + output + "\n\n</div>\n"])
+
+    status, record, digest = outcome["status"]
+    if status == "missing":
+        log.warning(f"GPU record missing for snippet {path} {where}: run python -m kda.site run --gpu")
+        return "\n".join(parts + [_notice("failure", t["missing"], t["missing_body"] + "\n\n" + t["rerun"])])
+    body = '<div class="kda-output" markdown>\n\n' + _place_figures(record["output"], snippet, page) + "\n\n</div>\n"
+    note = f'<p class="kda-provenance">{t["recorded"]}: {html.escape(sn.provenance_line(record))}</p>\n'
+    if status == "stale":
+        log.warning(f"GPU record stale for snippet {path} {where}: recorded hash {record['source_hash']}, "
+                    f"current {digest}; run python -m kda.site run --gpu")
+        parts.append(_notice("warning", t["stale"], t["stale_body"].format(old=record["source_hash"], new=digest)
+                             + "\n\n" + t["rerun"]))
+    return "\n".join(parts + [body, note])
+
+
+def on_page_markdown(markdown, page, config, files):
+    return MARKER.sub(lambda m: _expand(m, page), markdown)
+
+
+def on_post_build(config):
+    log.info(f"kda snippets: {len(_state['ran'])} run, {_state['hits']} from cache")
+    english = config["extra"].get("kda", {}).get("english")
+    if _lang(config) == "zh" and english:
+        _build_english(config, english)
+
+
+def _build_english(config, overrides: dict):
+    """Build the English edition into ``<site_dir>/en`` from the same mkdocs.yml."""
+    from mkdocs.commands.build import build
+    from mkdocs.config import load_config
+
+    import yaml
+
+    with open(config.config_file_path, encoding="utf-8") as f:
+        user = yaml.safe_load(f)                         # mkdocs.yml as written
+    theme = dict(user.get("theme", {}), **overrides.get("theme", {}))
+    plugins = copy.deepcopy(user.get("plugins", []))
+    for i, plugin in enumerate(plugins):
+        name = plugin if isinstance(plugin, str) else next(iter(plugin))
+        if name in overrides.get("plugins", {}):
+            plugins[i] = {name: overrides["plugins"][name]}
+    extra = copy.deepcopy(user.get("extra", {}))
+    extra["kda"] = dict(extra["kda"], language="en", english=None)
+    en = load_config(config_file=config.config_file_path, strict=config["strict"],
+                     docs_dir=str(_state["root"] / overrides["docs_dir"]),
+                     site_dir=str(Path(config["site_dir"]) / "en"),
+                     site_name=overrides.get("site_name", config["site_name"]),
+                     site_url=config["site_url"] + "en/" if config["site_url"] else None,
+                     nav=overrides.get("nav"), theme=theme, plugins=plugins, extra=extra)
+    build(en)

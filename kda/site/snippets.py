@@ -1,0 +1,273 @@
+"""Snippets: small programs whose printed Markdown appears under their code on a page.
+
+A snippet is a Python file under ``snippets/`` whose first line says where it runs::
+
+    # snippet: cpu
+    # snippet: gpu
+    # snippet: cpu uses=snippets/level1/latency.py     (reads that snippet's recorded data)
+
+It prints Markdown (tables, text, ``runtime.figure`` images) to stdout. CPU snippets run
+while the site builds and are cached by their source hash; GPU snippets run through
+``python -m kda.site run --gpu`` on a GPU machine, which writes one record per snippet and
+device under ``results/gpu/``; the build injects the record and checks its hash.
+
+The source hash covers the snippet, every ``kda`` module it imports (followed through the
+package's own imports, function bodies included) and the records it ``uses``.
+"""
+
+from __future__ import annotations
+
+import ast
+import datetime
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HEADER = re.compile(r"^#\s*snippet:\s*(cpu|gpu)\b(.*)$")
+DEFAULT_DEVICE = "nvidia-h200"
+
+
+class SnippetError(Exception):
+    """A snippet that cannot be run or shown; the message names the snippet."""
+
+
+@dataclass
+class Snippet:
+    root: Path            # the project root (where mkdocs.yml is)
+    path: str             # relative to root, e.g. "snippets/level1/agreement.py"
+    where: str            # "cpu" or "gpu"
+    uses: list[str] = field(default_factory=list)
+
+    @property
+    def file(self) -> Path:
+        return self.root / self.path
+
+    @property
+    def slug(self) -> str:
+        return re.sub(r"[^A-Za-z0-9_.-]", "-", self.path.removeprefix("snippets/").removesuffix(".py"))
+
+
+def load(root: Path, path: str) -> Snippet:
+    file = Path(root) / path
+    if not file.is_file():
+        raise SnippetError(f"snippet {path} does not exist")
+    first = file.read_text(encoding="utf-8").splitlines()[:1]
+    m = HEADER.match(first[0]) if first else None
+    if m is None:
+        raise SnippetError(f"snippet {path} must start with '# snippet: cpu' or '# snippet: gpu'")
+    uses = re.findall(r"uses=(\S+)", m.group(2))
+    return Snippet(Path(root), path, m.group(1), uses)
+
+
+def discover(root: Path) -> list[Snippet]:
+    return [load(root, p.relative_to(root).as_posix()) for p in sorted((Path(root) / "snippets").rglob("*.py"))
+            if not p.name.startswith("_")]
+
+
+# --- hashing -------------------------------------------------------------------------------
+
+def _imported_modules(source: str, package: str | None) -> set[str]:
+    """The modules an ``import`` anywhere in ``source`` names. ``from X import Y`` names the
+    module ``X.Y`` when there is one, else ``X`` (``Y`` is an attribute of ``X``)."""
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level and package:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                names.add(sub if _module_file(sub) is not None else base)
+    return names
+
+
+def _module_file(name: str) -> Path | None:
+    if name != "kda" and not name.startswith("kda."):
+        return None
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+        return None
+    return Path(spec.origin)
+
+
+def kda_closure(source: str) -> list[Path]:
+    """The files of the ``kda`` modules ``source`` imports by name, transitively.
+
+    A package's ``__init__`` counts only where it is imported by name (``import kda``), not
+    for every submodule, so that exporting a new level does not invalidate the records of
+    the old ones. ``kda.site`` (this plumbing) is left out: it formats, it does not measure.
+    """
+    seen: dict[str, Path] = {}
+    todo = list(_imported_modules(source, None))
+    while todo:
+        name = todo.pop()
+        if name in seen or name == "kda.site" or name.startswith("kda.site."):
+            continue
+        file = _module_file(name)
+        if file is None:
+            continue
+        seen[name] = file
+        package = name if file.name == "__init__.py" else name.rpartition(".")[0]
+        todo.extend(_imported_modules(file.read_text(encoding="utf-8"), package))
+    return sorted(set(seen.values()))
+
+
+def source_hash(snippet: Snippet, records_dir: Path | None = None, device: str = DEFAULT_DEVICE) -> str:
+    h = hashlib.sha256()
+    source = snippet.file.read_text(encoding="utf-8")
+    h.update(b"snippet\0" + source.encode())
+    for file in kda_closure(source):
+        rel = file.as_posix().rsplit("/kda/", 1)[-1]
+        h.update(f"\0kda/{rel}\0".encode() + file.read_bytes())
+    for used in snippet.uses:
+        record = record_path(load(snippet.root, used), records_dir, device)
+        h.update(f"\0uses {used}\0".encode() + (record.read_bytes() if record.exists() else b"missing"))
+    return h.hexdigest()[:16]
+
+
+# --- running -------------------------------------------------------------------------------
+
+@dataclass
+class Result:
+    output: str                 # Markdown; figures as FIGURE(name.png) placeholders
+    data: object = None         # JSON-able data the snippet saved (runtime.save_data)
+    figures: dict = field(default_factory=dict)   # name -> bytes
+    seconds: float = 0.0
+
+
+def run(snippet: Snippet, timeout: float | None = None, env: dict | None = None) -> Result:
+    """Run the snippet in a fresh interpreter from the project root."""
+    with tempfile.TemporaryDirectory(prefix="kda-snippet-") as out:
+        child_env = dict(os.environ, **(env or {}))
+        child_env["KDA_SNIPPET_OUT"] = out
+        child_env["PYTHONPATH"] = os.pathsep.join([str(snippet.root)] + [p for p in [child_env.get("PYTHONPATH")] if p])
+        child_env.setdefault("MPLBACKEND", "Agg")
+        start = time.time()
+        try:
+            proc = subprocess.run([sys.executable, str(snippet.file)], cwd=snippet.root, env=child_env,
+                                  capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            raise SnippetError(f"snippet {snippet.path} did not finish within {timeout} s") from e
+        seconds = time.time() - start
+        if proc.returncode != 0:
+            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
+            raise SnippetError(f"snippet {snippet.path} raised (exit {proc.returncode}):\n{tail}")
+        data_file = Path(out) / "data.json"
+        data = json.loads(data_file.read_text()) if data_file.exists() else None
+        figures = {p.name: p.read_bytes() for p in Path(out).glob("*.png")}
+        return Result(proc.stdout, data, figures, seconds)
+
+
+# --- CPU cache -----------------------------------------------------------------------------
+
+def cached_run(snippet: Snippet, cache_dir: Path, records_dir: Path | None = None) -> tuple[Result, bool]:
+    """Run a CPU snippet unless an output for its current hash is cached. Returns (result, hit)."""
+    digest = source_hash(snippet, records_dir)
+    entry = Path(cache_dir) / f"{snippet.slug}-{digest}"
+    meta = entry / "result.json"
+    if meta.exists():
+        stored = json.loads(meta.read_text())
+        figures = {name: (entry / name).read_bytes() for name in stored["figures"]}
+        return Result(stored["output"], stored["data"], figures, stored["seconds"]), True
+    result = run(snippet, env={"KDA_RECORDS_DIR": str(records_dir)} if records_dir else None)
+    for old in Path(cache_dir).glob(f"{snippet.slug}-*"):
+        shutil.rmtree(old, ignore_errors=True)
+    entry.mkdir(parents=True, exist_ok=True)
+    for name, blob in result.figures.items():
+        (entry / name).write_bytes(blob)
+    meta.write_text(json.dumps({"output": result.output, "data": result.data, "figures": sorted(result.figures),
+                                "seconds": result.seconds}))
+    return result, False
+
+
+# --- GPU records ---------------------------------------------------------------------------
+
+def record_path(snippet: Snippet, records_dir: Path | None = None, device: str = DEFAULT_DEVICE) -> Path:
+    records_dir = Path(records_dir) if records_dir else snippet.root / "results" / "gpu"
+    return records_dir / f"{snippet.slug}.{device}.json"
+
+
+def device_slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def provenance(commit: str | None = None) -> dict:
+    """Where and with what a record was made."""
+    import torch
+
+    from kda.bench import versions
+
+    info = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    if torch.cuda.is_available():
+        info["device"] = torch.cuda.get_device_name()
+        try:
+            smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=30)
+            info["driver"] = smi.stdout.strip().splitlines()[0] if smi.returncode == 0 else None
+        except (OSError, subprocess.TimeoutExpired, IndexError):
+            info["driver"] = None
+    else:
+        info["device"] = "cpu"
+    info.update(versions())
+    if commit is None:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                    timeout=30).stdout.strip() or None
+        except OSError:
+            commit = None
+    info["commit"] = commit
+    return info
+
+
+def write_record(snippet: Snippet, result: Result, digest: str, info: dict, records_dir: Path | None = None) -> Path:
+    if result.figures:
+        raise SnippetError(f"GPU snippet {snippet.path} made figures; record data and plot in a CPU snippet")
+    path = record_path(snippet, records_dir, device_slug(info["device"]))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"snippet": snippet.path, "source_hash": digest, "output": result.output, "data": result.data,
+              "seconds": round(result.seconds, 1), "provenance": info}
+    path.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return path
+
+
+def read_record(snippet: Snippet, records_dir: Path | None = None, device: str = DEFAULT_DEVICE) -> dict | None:
+    path = record_path(snippet, records_dir, device)
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+
+
+def record_status(snippet: Snippet, records_dir: Path | None = None, device: str = DEFAULT_DEVICE):
+    """``("ok" | "stale" | "missing", record or None, current hash)``."""
+    digest = source_hash(snippet, records_dir, device)
+    record = read_record(snippet, records_dir, device)
+    if record is None:
+        return "missing", None, digest
+    return ("ok" if record["source_hash"] == digest else "stale"), record, digest
+
+
+def provenance_line(record: dict) -> str:
+    p = record["provenance"]
+    parts = [p.get("device", "?")]
+    if p.get("driver"):
+        parts.append(f"driver {p['driver']}")
+    if p.get("cuda"):
+        parts.append(f"CUDA {p['cuda']}")
+    for name in ("torch", "triton", "tilelang", "fla-core", "flash-qla"):
+        if p.get(name):
+            parts.append(f"{name} {p[name]}")
+    commit = (p.get("commit") or "unknown")[:10]
+    return f"{', '.join(parts)}; commit {commit}; {p.get('date', '?')}; source hash {record['source_hash']}"
