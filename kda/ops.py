@@ -8,6 +8,8 @@ recurrence of the articles.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from kda import validate
@@ -60,6 +62,13 @@ def _run_kernel(program_fn, q, k, v, extra, scale, h0, output_final_state):
         return o, ht
 
 
+@functools.lru_cache(maxsize=64)
+def _log2_alpha_on(values: tuple, device: str) -> torch.Tensor:
+    """``log2(alpha)`` as the kernel reads it, copied to the device once per set of decays:
+    a copy from pageable host memory on every call would make the host wait for the GPU."""
+    return torch.log2(torch.tensor(values, dtype=torch.float64)).to(device, torch.float32)
+
+
 def _finish(o, final, output_final_state):
     return (o, final) if output_final_state else o
 
@@ -103,6 +112,8 @@ def decay_attention(q, k, v, alpha, scale=None, initial_state=None, output_final
     Args:
         alpha: the decay ``a`` in (0, 1], a number or a tensor ``[H]`` (one per head).
             fla writes the same thing as ``g_gamma = log(alpha)`` in ``chunk_simple_gla``.
+            The values are checked on the host: pass a float or a CPU tensor (a CUDA
+            tensor works, but reading it back waits for the GPU on every call).
         q, k, v, scale, initial_state, output_final_state: as in ``linear_attention``.
 
     Returns:
@@ -115,7 +126,7 @@ def decay_attention(q, k, v, alpha, scale=None, initial_state=None, output_final
     if q.device.type == "cuda":
         from kda.kernels import level2 as kernels
 
-        log2_alpha = torch.log2(a).to(q.device, torch.float32)
+        log2_alpha = _log2_alpha_on(tuple(a.tolist()), str(q.device))
         o, final = _run_kernel(kernels.seq_in_loop, q, k, v, (log2_alpha,), scale, h0, output_final_state)
     else:
         o, final = ref2.chunked(q.double() * scale, k, v, a, CHUNK_SIZE, h0, output_final_state)

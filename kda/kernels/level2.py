@@ -32,13 +32,15 @@ def seq_in_loop(DK, DV, chunk_size=64, block_dv=32, num_stages=2, threads=128,
     NV = T.ceildiv(DV, block_dv)
 
     @T.macro
-    def decay_state(V_s, Vw_s, S_f, lg, L):
-        """``S = a^L S``, and the value rows weighted by ``a^(L-1-r)`` for ``S += K^T Vw``."""
-        for i, j in T.Parallel(DK, block_dv):
-            S_f[i, j] = S_f[i, j] * T.exp2(lg * L)                 # place 3, carry side
-        for r, j in T.Parallel(C, block_dv):                       # place 2; rows past L
-            Vw_s[r, j] = T.if_then_else(                           # are padding: never
-                r < L, V_s[r, j] * T.exp2(lg * (L - 1 - r)), 0.0)  # exp2 of a positive
+    def decay_state(V_s, Vw_s, S_f, W_key, carry, lg, L):
+        """``S = a^L S``, and the value rows weighted by ``a^(L-1-r)`` for ``S += K^T Vw``.
+        Full chunks use the tables; only a tail chunk (L < C) computes exp2 here."""
+        for i, j in T.Parallel(DK, block_dv):                    # place 3, carry side
+            S_f[i, j] = S_f[i, j] * T.if_then_else(L == C, carry, T.exp2(lg * L))
+        for r, j in T.Parallel(C, block_dv):                     # place 2; rows past L are
+            Vw_s[r, j] = T.if_then_else(                         # padding: never exp2 of a
+                L == C, V_s[r, j] * W_key[r, j],                 # positive number
+                T.if_then_else(r < L, V_s[r, j] * T.exp2(lg * (L - 1 - r)), 0.0))
 
     @T.macro
     def chunk_loop(Q, K, V, O, log2_alpha, scale, S_f, bb, bh, dv0):
@@ -51,13 +53,22 @@ def seq_in_loop(DK, DV, chunk_size=64, block_dv=32, num_stages=2, threads=128,
         acc_o = T.alloc_fragment([C, block_dv], ACCUM)
         A = T.alloc_fragment([C, C], ACCUM)
         A_cast = T.alloc_fragment([C, C], dtype)
-        Gamma = T.alloc_fragment([C, C], ACCUM)
+        # The weights depend on positions inside a chunk only: tables built once per block,
+        # so that the chunk loop multiplies and never calls exp2 (except on a tail chunk).
+        Gamma = T.alloc_fragment([C, C], ACCUM)          # place 1: scale * a^(i-j), j <= i
+        W_query = T.alloc_fragment([C, block_dv], ACCUM)  # place 3: scale * a^(i+1)
+        W_key = T.alloc_fragment([C, block_dv], ACCUM)    # place 2: a^(C-1-r)
         lg = T.alloc_local([1], ACCUM)
+        carry = T.alloc_local([1], ACCUM)                 # place 3: a^C
         lg[0] = log2_alpha[bh]
-        # place 1: Gamma[i, j] = a^(i-j) depends on (i - j) only, so build it once per
-        # block, evaluated only where j <= i (never a^(negative) = huge, then * 0 = NaN)
+        carry[0] = T.exp2(lg[0] * C)
+        # Gamma only where j <= i: a^(negative) would be huge, and huge * 0 = NaN
         for i, j in T.Parallel(C, C):
-            Gamma[i, j] = T.if_then_else(j <= i, T.exp2(lg[0] * (i - j)), 0.0)
+            Gamma[i, j] = T.if_then_else(j <= i, scale * T.exp2(lg[0] * (i - j)), 0.0)
+        for i, j in T.Parallel(C, block_dv):
+            W_query[i, j] = scale * T.exp2(lg[0] * (i + 1))
+        for r, j in T.Parallel(C, block_dv):
+            W_key[r, j] = T.exp2(lg[0] * (C - 1 - r))
 
         for c in T.Pipelined(T.ceildiv(S, C), num_stages=num_stages):
             L = T.min(C, S - c * C)                      # real length of this chunk
@@ -66,7 +77,7 @@ def seq_in_loop(DK, DV, chunk_size=64, block_dv=32, num_stages=2, threads=128,
             T.copy(V[bb, c * C:(c + 1) * C, bh, dv0:dv0 + block_dv], V_s)
             T.copy(S_f, S_s)                             # the state before this chunk
             if overlap_gemms:
-                decay_state(V_s, Vw_s, S_f, lg[0], L)
+                decay_state(V_s, Vw_s, S_f, W_key, carry[0], lg[0], L)
                 # Only the last GEMM waits (for all three). It must be one that reads Q_s
                 # and K_s: tilelang 0.1.15 hands a pipelined buffer back to the producer
                 # right after its last GEMM is issued, waited for or not.
@@ -76,21 +87,19 @@ def seq_in_loop(DK, DV, chunk_size=64, block_dv=32, num_stages=2, threads=128,
             else:
                 T.gemm(Q_s, S_s, acc_o, clear_accum=True)
                 T.gemm(Q_s, K_s, A, transpose_B=True, clear_accum=True)
-            # inter-chunk term: (Q S_prev) * a^(i+1)            (place 3, read side)
+            # inter-chunk term: scale * (Q S_prev) * a^(i+1)     (place 3, read side)
             for i, j in T.Parallel(C, block_dv):
-                acc_o[i, j] = acc_o[i, j] * T.exp2(lg[0] * (i + 1))
-            # intra-chunk term: (Q K^T * Gamma) V                (place 1)
+                acc_o[i, j] = acc_o[i, j] * W_query[i, j]
+            # intra-chunk term: scale * (Q K^T * Gamma) V         (place 1)
             for i, j in T.Parallel(C, C):
                 A[i, j] = A[i, j] * Gamma[i, j]
             T.copy(A, A_cast)
             T.gemm(A_cast, V_s, acc_o)
-            for i, j in T.Parallel(C, block_dv):
-                acc_o[i, j] = acc_o[i, j] * scale
             T.copy(acc_o, O_s)
             T.copy(O_s, O[bb, c * C:(c + 1) * C, bh, dv0:dv0 + block_dv])
             if not overlap_gemms:
                 # after the write-back: first S = a^L S, then S += K^T (w V)
-                decay_state(V_s, Vw_s, S_f, lg[0], L)
+                decay_state(V_s, Vw_s, S_f, W_key, carry[0], lg[0], L)
                 T.gemm(K_s, Vw_s, S_f, transpose_A=True)
 
     if not with_state:
