@@ -14,6 +14,7 @@ CASES = [
     ("level2", "seq_in_loop", dict(DK=128, DV=128, dtype="bfloat16")),
     ("level2", "seq_in_loop", dict(DK=128, DV=64, dtype="float16", with_state=True)),
     ("level2", "seq_in_loop", dict(DK=128, DV=128, dtype="bfloat16", overlap_gemms=False)),
+    ("level2", "seq_in_loop", dict(DK=128, DV=128, dtype="bfloat16", weight_tables=True)),
 ]
 
 

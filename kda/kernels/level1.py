@@ -86,7 +86,7 @@ def seq_in_grid(DK, DV, chunk_size=64, num_stages=2, threads=128, dtype="float16
 
 
 # --8<-- [start:seq_in_loop]
-def seq_in_loop(DK, DV, chunk_size=64, block_dv=32, num_stages=2, threads=128,
+def seq_in_loop(DK, DV, chunk_size=64, block_dv=32, num_stages=3, threads=128,
                 dtype="bfloat16", with_state=False, overlap_gemms=True):
     """Fused forward. Arguments at run time: ``Q, K, V, scale`` (+ ``h0``), then the
     outputs ``O`` (+ ``ht``, the fp32 final state ``[B, H, DK, DV]``).

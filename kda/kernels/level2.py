@@ -22,10 +22,14 @@ ACCUM = "float32"
 
 
 # --8<-- [start:seq_in_loop]
-def seq_in_loop(DK, DV, chunk_size=64, block_dv=32, num_stages=2, threads=128,
-                dtype="bfloat16", with_state=False, overlap_gemms=True):
+def seq_in_loop(DK, DV, chunk_size=64, block_dv=32, num_stages=3, threads=128,
+                dtype="bfloat16", with_state=False, overlap_gemms=True, weight_tables=False):
     """Arguments at run time: ``Q, K, V, log2_alpha [H], scale`` (+ ``h0``), then the
     outputs ``O`` (+ ``ht``). ``overlap_gemms`` as in ``kda.kernels.level1.seq_in_loop``.
+
+    ``Gamma`` (``C x C``) is always a table built once per block. ``weight_tables=True``
+    also tabulates the query and key weights and ``a^C``, so that a full chunk calls no
+    ``exp2`` at all; the default computes those ``2 C block_dv + 1`` values per chunk.
     """
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     C = chunk_size
@@ -33,14 +37,20 @@ def seq_in_loop(DK, DV, chunk_size=64, block_dv=32, num_stages=2, threads=128,
 
     @T.macro
     def decay_state(V_s, Vw_s, S_f, W_key, carry, lg, L):
-        """``S = a^L S``, and the value rows weighted by ``a^(L-1-r)`` for ``S += K^T Vw``.
-        Full chunks use the tables; only a tail chunk (L < C) computes exp2 here."""
-        for i, j in T.Parallel(DK, block_dv):                    # place 3, carry side
-            S_f[i, j] = S_f[i, j] * T.if_then_else(L == C, carry, T.exp2(lg * L))
-        for r, j in T.Parallel(C, block_dv):                     # place 2; rows past L are
-            Vw_s[r, j] = T.if_then_else(                         # padding: never exp2 of a
-                L == C, V_s[r, j] * W_key[r, j],                 # positive number
-                T.if_then_else(r < L, V_s[r, j] * T.exp2(lg * (L - 1 - r)), 0.0))
+        """``S = a^L S``, and the value rows weighted by ``a^(L-1-r)`` for ``S += K^T Vw``."""
+        if weight_tables:   # tables for full chunks; only a tail chunk (L < C) calls exp2
+            for i, j in T.Parallel(DK, block_dv):
+                S_f[i, j] = S_f[i, j] * T.if_then_else(L == C, carry, T.exp2(lg * L))
+            for r, j in T.Parallel(C, block_dv):
+                Vw_s[r, j] = T.if_then_else(
+                    L == C, V_s[r, j] * W_key[r, j],
+                    T.if_then_else(r < L, V_s[r, j] * T.exp2(lg * (L - 1 - r)), 0.0))
+        else:
+            for i, j in T.Parallel(DK, block_dv):                 # place 3, carry side
+                S_f[i, j] = S_f[i, j] * T.exp2(lg * L)
+            for r, j in T.Parallel(C, block_dv):                  # place 2; rows past L are
+                Vw_s[r, j] = T.if_then_else(                      # padding: never exp2 of
+                    r < L, V_s[r, j] * T.exp2(lg * (L - 1 - r)), 0.0)   # a positive number
 
     @T.macro
     def chunk_loop(Q, K, V, O, log2_alpha, scale, S_f, bb, bh, dv0):
@@ -53,8 +63,6 @@ def seq_in_loop(DK, DV, chunk_size=64, block_dv=32, num_stages=2, threads=128,
         acc_o = T.alloc_fragment([C, block_dv], ACCUM)
         A = T.alloc_fragment([C, C], ACCUM)
         A_cast = T.alloc_fragment([C, C], dtype)
-        # The weights depend on positions inside a chunk only: tables built once per block,
-        # so that the chunk loop multiplies and never calls exp2 (except on a tail chunk).
         Gamma = T.alloc_fragment([C, C], ACCUM)          # place 1: scale * a^(i-j), j <= i
         W_query = T.alloc_fragment([C, block_dv], ACCUM)  # place 3: scale * a^(i+1)
         W_key = T.alloc_fragment([C, block_dv], ACCUM)    # place 2: a^(C-1-r)
@@ -62,13 +70,15 @@ def seq_in_loop(DK, DV, chunk_size=64, block_dv=32, num_stages=2, threads=128,
         carry = T.alloc_local([1], ACCUM)                 # place 3: a^C
         lg[0] = log2_alpha[bh]
         carry[0] = T.exp2(lg[0] * C)
-        # Gamma only where j <= i: a^(negative) would be huge, and huge * 0 = NaN
+        # Gamma depends on (i - j) only: build it once per block, and only where j <= i
+        # (a^(negative) would be huge, and huge * 0 = NaN)
         for i, j in T.Parallel(C, C):
             Gamma[i, j] = T.if_then_else(j <= i, scale * T.exp2(lg[0] * (i - j)), 0.0)
-        for i, j in T.Parallel(C, block_dv):
-            W_query[i, j] = scale * T.exp2(lg[0] * (i + 1))
-        for r, j in T.Parallel(C, block_dv):
-            W_key[r, j] = T.exp2(lg[0] * (C - 1 - r))
+        if weight_tables:
+            for i, j in T.Parallel(C, block_dv):
+                W_query[i, j] = scale * T.exp2(lg[0] * (i + 1))
+            for r, j in T.Parallel(C, block_dv):
+                W_key[r, j] = T.exp2(lg[0] * (C - 1 - r))
 
         for c in T.Pipelined(T.ceildiv(S, C), num_stages=num_stages):
             L = T.min(C, S - c * C)                      # real length of this chunk
@@ -88,8 +98,12 @@ def seq_in_loop(DK, DV, chunk_size=64, block_dv=32, num_stages=2, threads=128,
                 T.gemm(Q_s, S_s, acc_o, clear_accum=True)
                 T.gemm(Q_s, K_s, A, transpose_B=True, clear_accum=True)
             # inter-chunk term: scale * (Q S_prev) * a^(i+1)     (place 3, read side)
-            for i, j in T.Parallel(C, block_dv):
-                acc_o[i, j] = acc_o[i, j] * W_query[i, j]
+            if weight_tables:
+                for i, j in T.Parallel(C, block_dv):
+                    acc_o[i, j] = acc_o[i, j] * W_query[i, j]
+            else:
+                for i, j in T.Parallel(C, block_dv):
+                    acc_o[i, j] = acc_o[i, j] * (scale * T.exp2(lg[0] * (i + 1)))
             # intra-chunk term: scale * (Q K^T * Gamma) V         (place 1)
             for i, j in T.Parallel(C, C):
                 A[i, j] = A[i, j] * Gamma[i, j]
