@@ -127,10 +127,11 @@ def decay_attention(q, k, v, alpha, scale=None, initial_state=None, output_final
     if q.device.type == "cuda":
         from kda.kernels import level2 as kernels
 
-        log2_alpha = _log2_alpha_on(tuple(a.tolist()), str(q.device))
+        log2_alpha = _log2_alpha_on(a, str(q.device))
         o, final = _run_kernel(kernels.seq_in_loop, q, k, v, (log2_alpha,), scale, h0, output_final_state)
     else:
-        o, final = ref2.chunked(q.double() * scale, k, v, a, CHUNK_SIZE, h0, output_final_state)
+        o, final = ref2.chunked(q.double() * scale, k, v, torch.tensor(a, dtype=torch.float64), CHUNK_SIZE, h0,
+                                output_final_state)
         o, final = o.to(q.dtype), (final.float() if final is not None else None)
     return _finish(o, final, output_final_state)
 # --8<-- [end:decay_attention]
