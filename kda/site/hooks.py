@@ -208,6 +208,8 @@ def _build_english(config, overrides: dict):
             plugins[i] = {name: overrides["plugins"][name]}
     extra = copy.deepcopy(user.get("extra", {}))
     extra["kda"] = dict(extra["kda"], language="en", english=None)
+    if "alternate" in overrides:
+        extra["alternate"] = overrides["alternate"]
     en = load_config(config_file=config.config_file_path, strict=config["strict"],
                      docs_dir=str(_state["root"] / overrides["docs_dir"]),
                      site_dir=str(Path(config["site_dir"]) / "en"),

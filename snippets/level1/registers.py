@@ -1,8 +1,12 @@
 # snippet: cpu
 """Registers, stack and spills of the level-1 kernels, from ptxas -v for sm_90a (bf16)."""
+import tilelang
+
 from kda.kernels import level1
 from kda.kernels.build import SM90A, compile_program, ptxas_report
 from kda.tables import Table
+
+tilelang.set_log_level("WARNING")   # its INFO lines go to stdout, which is this page's output
 
 table = Table(["kernel", "DK x DV", "registers", "stack bytes", "spill stores", "spill loads"])
 for name, fn, params in [("seq_in_grid", level1.seq_in_grid, {}),

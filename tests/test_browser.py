@@ -1,0 +1,121 @@
+"""The built site in a real browser (Playwright driving Debian's chromium) on 127.0.0.1:
+math rendered by the site's own KaTeX, the language switch, Chinese search, measurement tables,
+no console error and no request to any other host."""
+
+import functools
+import http.server
+import shutil
+import threading
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+playwright = pytest.importorskip("playwright.sync_api")
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+PAGES = ["", "level1/", "level1-playground/", "en/", "en/level1/", "en/level1-playground/"]
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def server(built_site):
+    handler = functools.partial(QuietHandler, directory=str(built_site))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/"
+    httpd.shutdown()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with playwright.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+class Visit:
+    """A page with every console error and every request to another host recorded."""
+
+    def __init__(self, browser, url):
+        self.errors, self.foreign, self.fonts = [], [], []
+        self.page = browser.new_page()
+        self.page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("response", lambda r: r.url.endswith(".woff2") and self.fonts.append((r.url, r.status)))
+        self.page.route("**/*", self._route)
+        self.page.goto(url, wait_until="networkidle")
+
+    def _route(self, route):
+        if urlparse(route.request.url).hostname != "127.0.0.1":
+            self.foreign.append(route.request.url)
+            return route.abort()
+        return route.continue_()
+
+
+@pytest.mark.parametrize("path", PAGES)
+def test_page_loads_clean_and_offline(browser, server, path):
+    visit = Visit(browser, server + path)
+    assert visit.errors == [], f"console errors on /{path}: {visit.errors}"
+    assert visit.foreign == [], f"requests to other hosts from /{path}: {visit.foreign}"
+    visit.page.close()
+
+
+@pytest.mark.parametrize("path,at_least", [("level1/", 50), ("en/level1/", 50), ("level1-playground/", 2),
+                                           ("en/level1-playground/", 2)])
+def test_math_is_rendered_with_local_fonts(browser, server, path, at_least):
+    visit = Visit(browser, server + path)
+    page = visit.page
+    assert page.locator(".katex").count() >= at_least
+    raw = page.evaluate("""() => [...document.querySelectorAll('.arithmatex')]
+        .filter(e => !e.querySelector('.katex')).map(e => e.textContent)""")
+    assert raw == [], f"math left as TeX: {raw[:3]}"
+    text = page.locator("article").inner_text()
+    assert "\\(" not in text and "$$" not in text
+    assert page.evaluate("async () => { await document.fonts.ready; return document.fonts.check('16px KaTeX_Main'); }")
+    assert visit.fonts and all(status == 200 for _, status in visit.fonts), visit.fonts
+    assert all(urlparse(url).hostname == "127.0.0.1" for url, _ in visit.fonts)
+    page.close()
+
+
+@pytest.mark.parametrize("path,target", [("level1/", "en/level1/"), ("en/level1/", "level1/")])
+def test_language_switch_reaches_the_twin_page(browser, server, path, target):
+    page = Visit(browser, server + path).page
+    lang = "en" if target.startswith("en/") else "zh"
+    page.hover(".md-select")                                  # opens the language menu
+    page.locator(f'.md-select a[hreflang="{lang}"]').first.click()
+    page.wait_for_url(server + target)
+    assert page.url == server + target
+    page.close()
+
+
+@pytest.mark.parametrize("word", ["寄存器", "恒等式", "精度"])
+def test_chinese_search_finds_words_inside_sentences(browser, server, word):
+    page = Visit(browser, server + "level1/").page
+    page.locator("input.md-search__input").fill(word)
+    page.wait_for_selector(".md-search-result__item")
+    links = page.eval_on_selector_all(".md-search-result__item a", "els => els.map(e => e.getAttribute('href'))")
+    assert any("level1" in (href or "") for href in links), f"{word}: {links}"
+    page.close()
+
+
+@pytest.mark.parametrize("path", ["level1/", "en/level1/"])
+def test_measurement_tables_are_filled(browser, server, path):
+    page = Visit(browser, server + path).page
+    tables = page.locator(".kda-output table")
+    assert tables.count() >= 10
+    for i in range(tables.count()):
+        cells = tables.nth(i).locator("tbody td").all_inner_texts()
+        assert cells and all(c.strip() for c in cells), f"empty cell in table {i} of /{path}"
+    assert page.locator(".kda-provenance").count() == 2      # the two H200 records of the chapter
+    assert page.locator(".kda-output img").count() == 3      # FLOPs, error and latency plots
+    for img in page.locator(".kda-output img").all():
+        assert img.evaluate("e => e.complete && e.naturalWidth > 0")
+    page.close()
