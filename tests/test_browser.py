@@ -73,7 +73,8 @@ def test_page_loads_clean_and_offline(browser, server, path):
 def test_math_is_rendered_with_local_fonts(browser, server, path, at_least):
     visit = Visit(browser, server + path)
     page = visit.page
-    assert page.locator(".katex").count() >= at_least
+    # rendering runs at DOMContentLoaded; on a busy machine give it time before counting
+    page.wait_for_function(f"() => document.querySelectorAll('.katex').length >= {at_least}", timeout=20000)
     raw = page.evaluate("""() => [...document.querySelectorAll('.arithmatex')]
         .filter(e => !e.querySelector('.katex')).map(e => e.textContent)""")
     assert raw == [], f"math left as TeX: {raw[:3]}"

@@ -77,3 +77,46 @@ def test_bad_intra_form():
     q, k, v, _ = inputs(1, 4, 1, 2, 2)
     with pytest.raises(ValueError, match="intra"):
         ref2.chunked(q, k, v, 0.5, 4, intra="ratios")
+
+
+# --- level 0: the gated delta rule, its WY form and the chunk affine map ----------------------
+
+from kda.reference import level0 as ref0  # noqa: E402
+
+
+def delta_inputs(B, T, H, DK, DV, scalar_gate=False, strength=0.3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, v = (torch.randn(B, T, H, d, generator=g, dtype=torch.float64) for d in (DK, DV))
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, DK, generator=g, dtype=torch.float64), dim=-1)
+    gate_shape = (B, T, H) if scalar_gate else (B, T, H, DK)
+    gate = -strength * torch.rand(*gate_shape, generator=g, dtype=torch.float64)
+    beta = torch.rand(B, T, H, generator=g, dtype=torch.float64)
+    h0 = torch.randn(B, H, DK, DV, generator=g, dtype=torch.float64)
+    return q, k, v, gate, beta, h0
+
+
+def test_forward_substitution_matches_solve_triangular():
+    g = torch.Generator().manual_seed(3)
+    L = torch.eye(32, dtype=torch.float64) + torch.randn(5, 32, 32, generator=g, dtype=torch.float64).tril(-1) / 6
+    B = torch.randn(5, 32, 7, generator=g, dtype=torch.float64)
+    expected = torch.linalg.solve_triangular(L, B, upper=False, unitriangular=True)
+    assert rel_l2(ref0.forward_substitution(L, B), expected) < EPS
+
+
+@pytest.mark.parametrize("scalar_gate", [False, True], ids=["kda", "gdn"])
+@pytest.mark.parametrize("T,C", [(70, 16), (16, 16), (5, 64), (130, 64)])
+def test_gated_delta_chunked_matches_recurrence(scalar_gate, T, C):
+    q, k, v, gate, beta, h0 = delta_inputs(2, T, 3, 8, 6, scalar_gate)
+    o_a, s_a = ref0.recurrent(q, k, v, gate, beta, h0, True)
+    o_b, s_b = ref0.chunked(q, k, v, gate, beta, C, h0, True)
+    assert rel_l2(o_b, o_a) < EPS and rel_l2(s_b, s_a) < EPS
+
+
+def test_chunk_affine_map_and_composition():
+    q, k, v, gate, beta, h0 = delta_inputs(1, 40, 2, 8, 4, strength=2.0)
+    per_chunk = lambda s: [x[:, s].transpose(1, 2) for x in (k, v, gate)] + [beta[:, s].transpose(1, 2)]
+    first = ref0.chunk_affine(*per_chunk(slice(0, 20)))
+    second = ref0.chunk_affine(*per_chunk(slice(20, 40)))
+    M, B = ref0.compose(first, second)
+    _, s_ref = ref0.recurrent(q, k, v, gate, beta, h0, True)
+    assert rel_l2(M @ h0 + B, s_ref) < EPS
