@@ -16,7 +16,8 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-PAGES = ["", "level1/", "level1-playground/", "en/", "en/level1/", "en/level1-playground/"]
+CHAPTERS = ["math/", "level1/", "level2/", "benchmarks/"]
+PAGES = [lang + page for lang in ("", "en/") for page in ["", "level1-playground/"] + CHAPTERS]
 
 
 class QuietHandler(http.server.SimpleHTTPRequestHandler):
@@ -68,7 +69,8 @@ def test_page_loads_clean_and_offline(browser, server, path):
     visit.page.close()
 
 
-@pytest.mark.parametrize("path,at_least", [("level1/", 50), ("en/level1/", 50), ("level1-playground/", 2),
+@pytest.mark.parametrize("path,at_least", [("math/", 50), ("level1/", 50), ("level2/", 50), ("en/math/", 50),
+                                           ("en/level1/", 50), ("en/level2/", 50), ("level1-playground/", 2),
                                            ("en/level1-playground/", 2)])
 def test_math_is_rendered_with_local_fonts(browser, server, path, at_least):
     visit = Visit(browser, server + path)
@@ -107,16 +109,21 @@ def test_chinese_search_finds_words_inside_sentences(browser, server, word):
     page.close()
 
 
-@pytest.mark.parametrize("path", ["level1/", "en/level1/"])
+# page -> (output tables at least, GPU records on it, figures)
+FILLED = {"level1/": (10, 2, 3), "level2/": (12, 2, 3), "benchmarks/": (2, 1, 1), "math/": (8, 0, 0)}
+
+
+@pytest.mark.parametrize("path", [lang + page for lang in ("", "en/") for page in FILLED])
 def test_measurement_tables_are_filled(browser, server, path):
+    tables_at_least, records, figures = FILLED[path.removeprefix("en/")]
     page = Visit(browser, server + path).page
     tables = page.locator(".kda-output table")
-    assert tables.count() >= 10
+    assert tables.count() >= tables_at_least
     for i in range(tables.count()):
         cells = tables.nth(i).locator("tbody td").all_inner_texts()
         assert cells and all(c.strip() for c in cells), f"empty cell in table {i} of /{path}"
-    assert page.locator(".kda-provenance").count() == 2      # the two H200 records of the chapter
-    assert page.locator(".kda-output img").count() == 3      # FLOPs, error and latency plots
+    assert page.locator(".kda-provenance").count() == records
+    assert page.locator(".kda-output img").count() == figures
     for img in page.locator(".kda-output img").all():
         assert img.evaluate("e => e.complete && e.naturalWidth > 0")
     page.close()

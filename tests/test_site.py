@@ -24,19 +24,28 @@ def mkdocs_build(config: Path, site_dir: Path) -> subprocess.CompletedProcess:
                           cwd=config.parent, capture_output=True, text=True, env=env)
 
 
+CHAPTERS = ["math", "level1", "level2", "benchmarks"]
+
+
 def test_strict_build_of_both_languages(built_site):
-    for page in ("index.html", "level1/index.html", "level1-playground/index.html"):
+    for page in ["index.html", "level1-playground/index.html"] + [f"{c}/index.html" for c in CHAPTERS]:
         assert (built_site / page).is_file() and (built_site / "en" / page).is_file()
     assert (built_site / "sitemap.xml").is_file() and (built_site / "en" / "sitemap.xml").is_file()
 
 
-def test_pages_show_outputs_and_provenance(built_site):
-    for lang in ("", "en/"):
-        page = (built_site / lang / "level1" / "index.html").read_text(encoding="utf-8")
-        assert page.count('class="kda-output"') == len(MARKER.findall((ROOT / "docs" / (lang or "zh/") / "level1.md")
-                                                                       .read_text(encoding="utf-8")))
-        assert "kda-provenance" in page and "NVIDIA H200" in page
-        assert "not measured yet" not in page.lower() and "stale" not in page.lower()
+@pytest.mark.parametrize("chapter", CHAPTERS)
+@pytest.mark.parametrize("lang", ["zh", "en"])
+def test_pages_show_outputs_and_provenance(built_site, chapter, lang):
+    """One output block per snippet marker, one provenance line per GPU snippet, no notice."""
+    source = (ROOT / "docs" / lang / f"{chapter}.md").read_text(encoding="utf-8")
+    paths = re.findall(r"<!--\s*snippet:\s*(\S+)", source)
+    gpu = [p for p in paths if sn.load(ROOT, p).where == "gpu"]
+    page = (built_site / ("" if lang == "zh" else "en") / chapter / "index.html").read_text(encoding="utf-8")
+    assert page.count('class="kda-output"') == len(paths)
+    assert page.count('class="kda-provenance"') == len(gpu)
+    assert "NVIDIA H200" in page or not gpu
+    for notice in ("not measured yet", "stale record", "记录已过期", "snippet failed", "代码段运行失败"):
+        assert notice not in page.lower()
 
 
 def twins():

@@ -92,3 +92,19 @@ def test_gamma_range_and_underflow():
 def test_memory_length(alpha, printed):
     rows = {row[0]: row[2] for row in t2.memory_length().rows}
     assert round(rows[alpha]) == printed
+
+
+def test_worked_examples_of_article_002():
+    """Section 2.2: alpha = 0.5, C = 4 gives gamma = (0.5, 0.25, 0.125, 0.0625) and Gamma[4, 1] = 0.125;
+    for alpha = 0.9 the full D has 1.111, 1.235, 1.372 above the diagonal."""
+    import torch
+
+    from kda.reference.level2 import decay_weights
+
+    gamma = torch.cumprod(torch.full((4,), 0.5, dtype=torch.float64), 0)
+    assert gamma.tolist() == [0.5, 0.25, 0.125, 0.0625]
+    Gamma, *_ = decay_weights(torch.tensor([0.5], dtype=torch.float64), 4, torch.tensor([4]))
+    assert Gamma[0, 3, 0].item() == 0.125 and Gamma[0, 0, 3].item() == 0.0
+    g9 = torch.cumprod(torch.full((4,), 0.9, dtype=torch.float64), 0)
+    D = g9[:, None] / g9[None, :]
+    assert [round(D[0, j].item(), 3) for j in (1, 2, 3)] == [1.111, 1.235, 1.372]

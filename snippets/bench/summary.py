@@ -1,0 +1,35 @@
+# snippet: cpu uses=snippets/level1/latency.py uses=snippets/level2/latency.py uses=snippets/bench/sdpa.py
+"""Every kernel of the package against its fla peer on the H200 (bf16, B = 1, H = 32, D = 128),
+from the recorded GPU results: milliseconds, ratio, and the fraction of the hardware floor
+(HBM bytes / 4.3 TB/s, FLOPs / 686 TFLOP/s); causal softmax attention (SDPA) for context."""
+import matplotlib.pyplot as plt
+
+from kda.site.runtime import figure, recorded_data
+from kda.tables import Table
+
+level1 = recorded_data("snippets/level1/latency.py")["rows"]
+level2 = recorded_data("snippets/level2/latency.py")["rows"]
+sdpa = {r["T"]: r["sdpa"] for r in recorded_data("snippets/bench/sdpa.py")["rows"]}
+
+table = Table(["level", "kda kernel", "fla peer", "T", "kda (ms)", "fla (ms)", "fla / kda", "kda at % of floor",
+               "SDPA causal (ms)", "SDPA / kda"],
+              formats=[None, None, None, None, "{:.3f}", "{:.3f}", "{:.2f}x", "{:.0%}", "{:.3f}", "{:.1f}x"])
+for level, name, peer, rows in [(1, "linear_attention", "chunk_linear_attn", level1),
+                                (2, "decay_attention", "chunk_simple_gla(g_gamma)", level2)]:
+    for r in rows:
+        table.rows.append([level, name, peer, r["T"], r["kda"], r["fla"], r["fla"] / r["kda"], r["floor"] / r["kda"],
+                           sdpa[r["T"]], sdpa[r["T"]] / r["kda"]])
+print(table)
+
+T = [r["T"] for r in level1]
+fig, ax = plt.subplots(figsize=(6.4, 4))
+ax.loglog(T, [sdpa[t] for t in T], "o:", label="causal softmax attention (SDPA)")
+for rows, level, style in [(level1, 1, "-"), (level2, 2, "--")]:
+    ax.loglog(T, [r["fla"] for r in rows], "s" + style, label=f"fla, level {level}")
+    ax.loglog(T, [r["kda"] for r in rows], "^" + style, label=f"kda, level {level}")
+ax.loglog(T, [r["floor"] for r in level1], "k:", label="floor of the linear kernels")
+ax.set_xlabel("T (B = 1, H = 32, D = 128, bf16)")
+ax.set_ylabel("latency (ms)")
+ax.grid(True, which="both", alpha=0.3)
+ax.legend(fontsize=8)
+figure(fig, "latency-all", "latency of every kernel against T on the H200")
