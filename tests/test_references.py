@@ -120,3 +120,48 @@ def test_chunk_affine_map_and_composition():
     M, B = ref0.compose(first, second)
     _, s_ref = ref0.recurrent(q, k, v, gate, beta, h0, True)
     assert rel_l2(M @ h0 + B, s_ref) < EPS
+
+
+# --- level 3: per-token gates, scalar and per channel ---------------------------------------
+
+from kda.reference import level3 as ref3  # noqa: E402
+
+
+def gated_inputs(B, T, H, DK, DV, scalar, strength, seed=0):
+    q, k, v, _ = inputs(B, T, H, DK, DV, seed)
+    g = torch.Generator().manual_seed(seed + 10)
+    shape = (B, T, H) if scalar else (B, T, H, DK)
+    gate = -strength * torch.rand(*shape, generator=g, dtype=torch.float64)
+    h0 = torch.randn(B, H, DK, DV, generator=g, dtype=torch.float64)
+    return q, k, v, gate, h0
+
+
+@pytest.mark.parametrize("scalar", [True, False], ids=["scalar", "per_channel"])
+@pytest.mark.parametrize("strength", [0.01, 1.0, 20.0])
+@pytest.mark.parametrize("shape", [(2, 37, 3, 8, 12, 16, 4), (1, 70, 2, 6, 10, 64, 3), (1, 1, 1, 4, 4, 16, 4)])
+def test_level3_forms_agree(scalar, strength, shape):
+    """Mild to extreme gates (down to -20 per step): every form agrees, nothing overflows."""
+    B, T, H, DK, DV, C, bdv = shape
+    q, k, v, gate, h0 = gated_inputs(B, T, H, DK, DV, scalar, strength)
+    o_a, s_a = ref3.recurrent(q, k, v, gate, h0, True)
+    for o, s in [ref3.chunked(q, k, v, gate, C, h0, True), ref3.seq_in_grid(q, k, v, gate, C, h0, True),
+                 ref3.seq_in_loop(q, k, v, gate, C, bdv, h0, True, subchunk=4)]:
+        assert torch.isfinite(o).all() and torch.isfinite(s).all()
+        assert rel_l2(o, o_a) < EPS and rel_l2(s, s_a) < EPS
+
+
+def test_level3_constant_gate_is_level2():
+    q, k, v, _ = inputs(2, 50, 2, 6, 5)
+    gate = torch.full((2, 50, 2), torch.log(torch.tensor(0.9, dtype=torch.float64)).item(), dtype=torch.float64)
+    assert rel_l2(ref3.chunked(q, k, v, gate, 16)[0], ref2.recurrent(q, k, v, 0.9)[0]) < EPS
+
+
+@pytest.mark.parametrize("C,sub", [(64, 16), (32, 8), (16, 16)])
+def test_subchunk_scores_match_pairwise_without_overflow(C, sub):
+    g = torch.Generator().manual_seed(5)
+    Qc, Kc = (torch.randn(2, C, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    G = torch.cumsum(-20 * torch.rand(2, C, 8, generator=g, dtype=torch.float64), dim=-2)   # strong gates
+    got = ref3.intra_by_subchunks(Qc, Kc, G, sub)
+    want = ref3.pairwise_scores(Qc, Kc, G)
+    assert torch.isfinite(got).all()
+    assert (got - want).abs().max() <= 1e-12 * want.abs().max()
