@@ -78,13 +78,13 @@ def on_files(files, config):
     # the build and links to them are checked like any other
     for file in list(files.documentation_pages()):
         for match in MARKER.finditer(Path(file.abs_src_path).read_text(encoding="utf-8")):
-            _prepare(match.group(1), file.src_uri)
+            _prepare(match.group(1))
     for dest, blob in _state["figures"].items():
         files.append(File.generated(config, dest, content=blob))
     return files
 
 
-def _prepare(path: str, page_uri: str) -> None:
+def _prepare(path: str) -> None:
     """Run or load one snippet once per build; the outcome waits in ``_state["results"]``."""
     if path in _state["results"]:
         return

@@ -5,7 +5,7 @@ one-hot inputs, next to the cumulative-product formula gamma_4 / gamma_r."""
 import torch
 
 from kda.reference import level2 as ref
-from kda.tables import Table, sci
+from kda.tables import Table
 
 a = torch.tensor([0.9, 0.8, 0.7, 0.6], dtype=torch.float64)      # a_1 .. a_4
 gamma = torch.cumprod(a, 0)                                        # gamma_r = a_1 ... a_r
