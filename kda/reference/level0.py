@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from kda.reference._common import as_f64, start_state
+from kda.reference.level3 import pairwise_scores, per_channel
 
 # --8<-- [start:forward_substitution]
 def forward_substitution(L: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
@@ -28,16 +29,11 @@ def forward_substitution(L: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
 # --8<-- [end:forward_substitution]
 
 
-def _gate(g: torch.Tensor, dk: int) -> torch.Tensor:
-    """Scalar gates ``[..., T, H]`` (GDN) become per-channel ``[..., T, H, DK]``."""
-    return g[..., None].expand(*g.shape, dk) if g.dim() == 3 else g
-
-
 # --8<-- [start:recurrent]
 def recurrent(q, k, v, g, beta, initial_state=None, output_final_state=False):
     """The gated delta rule token by token (KDA; GDN with a scalar ``g``)."""
     q, k, v, beta = as_f64(q, k, v, beta)
-    g = _gate(g.to(torch.float64), k.shape[-1])
+    g = per_channel(g.to(torch.float64), k.shape[-1])
     S = start_state(q, v, initial_state)
     o = torch.empty(*v.shape, dtype=torch.float64, device=v.device)
     for t in range(q.shape[1]):
@@ -59,12 +55,8 @@ def chunk_wy(k, v, g, beta):
     number). ``U = (I + A)^-1 diag(beta) V`` and ``W = (I + A)^-1 diag(beta) (K e^G)``.
     """
     G = torch.cumsum(g, dim=-2)                                               # [..., C, DK]
-    C = k.shape[-2]
-    below = torch.ones(C, C, dtype=torch.bool, device=k.device).tril(-1)
-    diff = torch.where(below[..., None], G[..., :, None, :] - G[..., None, :, :], 0.0)   # G_i - G_j
-    A = beta[..., :, None] * torch.einsum("...id,...jd,...ijd->...ij", k, k, torch.exp(diff))
-    A = torch.where(below, A, 0.0)
-    eye = torch.eye(C, dtype=k.dtype, device=k.device)
+    A = beta[..., :, None] * pairwise_scores(k, k, G, include_diagonal=False)
+    eye = torch.eye(k.shape[-2], dtype=k.dtype, device=k.device)
     U = forward_substitution(eye + A, beta[..., None] * v)
     W = forward_substitution(eye + A, beta[..., None] * k * torch.exp(G))
     return U, W, G
@@ -95,7 +87,7 @@ def compose(first, second):
 def chunked(q, k, v, g, beta, chunk_size=64, initial_state=None, output_final_state=False):
     """The chunkwise algorithm: per chunk, the WY form, the output, then ``S = M S + B``."""
     q, k, v, beta = as_f64(q, k, v, beta)
-    g = _gate(g.to(torch.float64), k.shape[-1])
+    g = per_channel(g.to(torch.float64), k.shape[-1])
     B_, T, H, DK = q.shape
     heads = lambda x: x.transpose(1, 2)                                      # [B, H, T, ...]
     q, k, v, g, beta = heads(q), heads(k), heads(v), heads(g), beta.transpose(1, 2)
@@ -105,11 +97,7 @@ def chunked(q, k, v, g, beta, chunk_size=64, initial_state=None, output_final_st
         c = slice(s, min(s + chunk_size, T))
         U, W, G = chunk_wy(k[:, :, c], v[:, :, c], g[:, :, c], beta[:, :, c])
         new = U - W @ S                                                       # beta * residuals
-        C = G.shape[-2]
-        upto = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
-        diff = torch.where(upto[..., None], G[..., :, None, :] - G[..., None, :, :], 0.0)
-        scores = torch.einsum("...id,...jd,...ijd->...ij", q[:, :, c], k[:, :, c], torch.exp(diff))
-        scores = torch.where(upto, scores, 0.0)                               # j <= i, diagonal included
+        scores = pairwise_scores(q[:, :, c], k[:, :, c], G)                   # j <= i, diagonal included
         out[:, :, c] = (q[:, :, c] * torch.exp(G)) @ S + scores @ new
         K_dec = k[:, :, c] * torch.exp(G[..., -1:, :] - G)
         S = torch.exp(G[..., -1, :])[..., None] * S + K_dec.transpose(-1, -2) @ new

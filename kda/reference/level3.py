@@ -56,70 +56,66 @@ def pairwise_scores(Qc, Kc, G, include_diagonal=True):
 # --8<-- [end:weights]
 
 
-# --8<-- [start:chunked]
-def chunked(q, k, v, g, chunk_size=64, initial_state=None, output_final_state=False):
-    """(B) Per chunk: read-out ``(Q e^G) S``, intra ``pairwise(Q, K, G) V``, then
-    ``S = diag(e^{G_L}) S + (K e^{G_L - G})^T V``."""
-    T = q.shape[1]
+def carry_state(S, K, V, G):
+    """The state after one chunk: ``diag(e^{G_last}) S + (K e^{G_last - G})^T V``, with the keys
+    decayed to the chunk's end (``K``, ``V``, ``G`` are one chunk, ``[..., C, D]``)."""
+    G_last = G[..., -1:, :]
+    return torch.exp(G_last[..., 0, :])[..., None] * S + (K * torch.exp(G_last - G)).transpose(-1, -2) @ V
+
+
+def _chunks(q, k, v, g, chunk_size):
+    """Inputs as float64 chunks ``[B, H, NC, C, D]`` and the chunk-local gates ``G``."""
     q, k, v = as_f64(q, k, v)
     g = per_channel(g.to(torch.float64), k.shape[-1])
-    Qc, Kc, Vc = (to_chunks(x, chunk_size) for x in (q, k, v))
-    G = chunk_gates(g, chunk_size)
+    return (*(to_chunks(x, chunk_size) for x in (q, k, v)), chunk_gates(g, chunk_size))
+
+
+# --8<-- [start:chunked]
+def chunked(q, k, v, g, chunk_size=64, initial_state=None, output_final_state=False):
+    """(B) Per chunk: read-out ``(Q e^G) S``, intra ``pairwise(Q, K, G) V``, then carry the state."""
+    Qc, Kc, Vc, G = _chunks(q, k, v, g, chunk_size)
     S = start_state(q, v, initial_state)
     out = []
     for c in range(Qc.shape[2]):
-        Gc, Gl = G[:, :, c], G[:, :, c, -1:]
-        inter = (Qc[:, :, c] * torch.exp(Gc)) @ S
-        intra = pairwise_scores(Qc[:, :, c], Kc[:, :, c], Gc) @ Vc[:, :, c]
-        out.append(inter + intra)
-        K_end = Kc[:, :, c] * torch.exp(Gl - Gc)                    # keys decayed to the chunk end
-        S = torch.exp(Gl[..., 0, :])[..., None] * S + K_end.transpose(-1, -2) @ Vc[:, :, c]
-    return from_chunks(torch.stack(out, dim=2), T), (S if output_final_state else None)
+        Q, K, V, Gc = Qc[:, :, c], Kc[:, :, c], Vc[:, :, c], G[:, :, c]
+        out.append((Q * torch.exp(Gc)) @ S + pairwise_scores(Q, K, Gc) @ V)
+        S = carry_state(S, K, V, Gc)
+    return from_chunks(torch.stack(out, dim=2), q.shape[1]), (S if output_final_state else None)
 # --8<-- [end:chunked]
 
 
 def seq_in_grid(q, k, v, g, chunk_size=64, initial_state=None, output_final_state=False):
     """(C) Block ``bx`` rebuilds its prefix state from the chunks before it."""
-    T = q.shape[1]
-    q, k, v = as_f64(q, k, v)
-    g = per_channel(g.to(torch.float64), k.shape[-1])
-    Qc, Kc, Vc = (to_chunks(x, chunk_size) for x in (q, k, v))
-    G = chunk_gates(g, chunk_size)
+    Qc, Kc, Vc, G = _chunks(q, k, v, g, chunk_size)
     h0 = start_state(q, v, initial_state)
 
     def prefix(n):
         S = h0.clone()
         for c in range(n):
-            Gl = G[:, :, c, -1:]
-            S = torch.exp(Gl[..., 0, :])[..., None] * S + (Kc[:, :, c] * torch.exp(Gl - G[:, :, c])).transpose(-1, -2) @ Vc[:, :, c]
+            S = carry_state(S, Kc[:, :, c], Vc[:, :, c], G[:, :, c])
         return S
 
     out = [(Qc[:, :, bx] * torch.exp(G[:, :, bx])) @ prefix(bx)
            + pairwise_scores(Qc[:, :, bx], Kc[:, :, bx], G[:, :, bx]) @ Vc[:, :, bx] for bx in range(Qc.shape[2])]
-    return from_chunks(torch.stack(out, dim=2), T), (prefix(Qc.shape[2]) if output_final_state else None)
+    return from_chunks(torch.stack(out, dim=2), q.shape[1]), (prefix(Qc.shape[2]) if output_final_state else None)
 
 
 def seq_in_loop(q, k, v, g, chunk_size=64, block_dv=32, initial_state=None, output_final_state=False,
                 subchunk=16):
     """(D) Value stripes in the grid, chunks in a loop, intra scores by sub-chunks."""
-    T = q.shape[1]
-    q, k, v = as_f64(q, k, v)
-    g = per_channel(g.to(torch.float64), k.shape[-1])
-    Qc, Kc, Vc = (to_chunks(x, chunk_size) for x in (q, k, v))
-    G = chunk_gates(g, chunk_size)
+    Qc, Kc, Vc, G = _chunks(q, k, v, g, chunk_size)
     h0 = start_state(q, v, initial_state)
-    o = torch.empty(*Qc.shape[:4], Vc.shape[-1], dtype=torch.float64, device=q.device)
+    o = torch.empty(*Qc.shape[:4], Vc.shape[-1], dtype=torch.float64, device=Qc.device)
     final = torch.empty_like(h0)
     for dv0 in range(0, Vc.shape[-1], block_dv):
         dv = slice(dv0, min(dv0 + block_dv, Vc.shape[-1]))
         S = h0[..., dv].clone()
         for c in range(Qc.shape[2]):
-            Gc, Gl = G[:, :, c], G[:, :, c, -1:]
-            scores = intra_by_subchunks(Qc[:, :, c], Kc[:, :, c], Gc, subchunk)
-            o[:, :, c, :, dv] = (Qc[:, :, c] * torch.exp(Gc)) @ S + scores @ Vc[:, :, c, :, dv]
-            S = torch.exp(Gl[..., 0, :])[..., None] * S + (Kc[:, :, c] * torch.exp(Gl - Gc)).transpose(-1, -2) @ Vc[:, :, c, :, dv]
+            Q, K, V, Gc = Qc[:, :, c], Kc[:, :, c], Vc[:, :, c, :, dv], G[:, :, c]
+            o[:, :, c, :, dv] = (Q * torch.exp(Gc)) @ S + intra_by_subchunks(Q, K, Gc, subchunk) @ V
+            S = carry_state(S, K, V, Gc)
         final[..., dv] = S
-    return from_chunks(o, T), (final if output_final_state else None)
+    return from_chunks(o, q.shape[1]), (final if output_final_state else None)
 
 
 # --8<-- [start:subchunks]
