@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from kda.reference._common import as_f64, from_chunks, start_state, to_chunks
+from kda.reference._common import as_f64, chunk_lengths, from_chunks, start_state, to_chunks
 
 
 def per_channel(g: torch.Tensor, dk: int) -> torch.Tensor:
@@ -141,3 +141,39 @@ def intra_by_subchunks(Qc, Kc, G, subchunk=16):
         scores[..., I, I] = pairwise_scores(Qc[..., I, :], Kc[..., I, :], G[..., I, :])
     return scores
 # --8<-- [end:subchunks]
+
+
+# --8<-- [start:kernel_mimic]
+LOG2_E = 1.4426950408889634
+
+
+def prepare(q, k, g, scale=1.0, chunk_size=64, subchunk=16):
+    """What ``kda.kernels.level3.chunk_prepare`` writes, in float64 and chunk layout:
+    ``Qw = scale Q 2^G``, ``Kw = K 2^(G_last - G)`` (zero past the real length), the state
+    decay ``2^G_last`` per chunk, and ``A = scale * intra scores`` by sub-chunks, with ``G``
+    the chunk-local cumsum of ``g`` in log2 units."""
+    q, k = as_f64(q, k)
+    g = per_channel(g.to(torch.float64), k.shape[-1])
+    Qc, Kc = to_chunks(q, chunk_size), to_chunks(k, chunk_size)
+    G = chunk_gates(g * LOG2_E, chunk_size)                      # log2 units
+    lengths = chunk_lengths(q.shape[1], chunk_size, G.device)
+    real = (torch.arange(chunk_size, device=G.device) < lengths[:, None])[..., None]   # [NC, C, 1]
+    G_last = G[..., -1:, :]
+    Qw = scale * Qc * torch.exp2(G)
+    Kw = torch.where(real, Kc * torch.exp2(G_last - G), 0.0)
+    A = scale * intra_by_subchunks(Qc, Kc, G / LOG2_E, subchunk)   # the same numbers in base e
+    return Qw, Kw, torch.exp2(G_last[..., 0, :]), A
+
+
+def kernel_mimic(q, k, v, g, scale=1.0, chunk_size=64, initial_state=None, output_final_state=False):
+    """The two-stage per-channel pipeline: ``prepare``, then per chunk ``O = Qw S + A V``
+    and ``S = diag(decay) S + Kw^T V``."""
+    Qw, Kw, decay, A = prepare(q, k, g, scale, chunk_size)
+    Vc = to_chunks(v.to(torch.float64), chunk_size)
+    S = start_state(q, v, initial_state)
+    out = []
+    for c in range(Vc.shape[2]):
+        out.append(Qw[:, :, c] @ S + A[:, :, c] @ Vc[:, :, c])
+        S = decay[:, :, c, :, None] * S + Kw[:, :, c].transpose(-1, -2) @ Vc[:, :, c]
+    return from_chunks(torch.stack(out, dim=2), q.shape[1]), (S if output_final_state else None)
+# --8<-- [end:kernel_mimic]

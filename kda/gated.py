@@ -1,0 +1,112 @@
+"""Level 3 public function: linear attention with a per-token gate (scalar or per channel).
+
+Same conventions as ``kda.ops`` (``[B, T, H, D]`` tensors, float32 ``[B, H, DK, DV]`` states,
+``scale`` defaulting to ``DK ** -0.5``); on CUDA the TileLang kernels of
+``kda.kernels.level3``, on the CPU the chunked float64 reference.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kda import ops, validate
+from kda.reference import level3 as ref3
+
+GATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_gates(g, B: int, T: int, H: int, DK: int, device, check_values: bool = True) -> bool:
+    """``g`` is the log of a decay: ``[B, T, H]`` (scalar per head) or ``[B, T, H, DK]`` (per
+    key channel), finite and ``<= 0``. Returns ``True`` for per-channel gates.
+
+    The value check reads one flag back from the device, which waits for the GPU;
+    ``check_values=False`` skips it for callers that produce ``g`` with a bounded function
+    (``logsigmoid``, ``-softplus``), and then a bad value gives a wrong result, not an error.
+    """
+    if not isinstance(g, torch.Tensor):
+        raise ValueError(f"g must be a tensor [B, T, H] or [B, T, H, DK], got {type(g).__name__}")
+    if tuple(g.shape) not in ((B, T, H), (B, T, H, DK)):
+        raise ValueError(f"g must have shape [B, T, H] = {(B, T, H)} (scalar gate) or [B, T, H, DK] = "
+                         f"{(B, T, H, DK)} (per-channel gate), got {validate._shape(g)}")
+    if g.device != device:
+        raise ValueError(f"g must be on the device of q ({device}), got {g.device}")
+    allowed = GATE_DTYPES if device.type == "cuda" else validate.CPU_DTYPES
+    if g.dtype not in allowed:
+        raise ValueError(f"g must be one of {allowed} here, got {g.dtype}")
+    if check_values:
+        low, high = torch.stack(torch.aminmax(g)).tolist()   # one pass; NaN reaches both
+        if not (low > float("-inf") and high <= 0):
+            bad = g[~((g <= 0) & (g > float("-inf")))].flatten()[0].item()
+            raise ValueError(f"g must be finite and <= 0 (the natural log of a decay in (0, 1]), "
+                             f"found {bad!r}; pass check_gates=False only for gates known to be in range")
+    return g.dim() == 4
+
+
+def _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state):
+    """Scalar gate: cumsum kernel, then the fused pass. Per-channel gate: the parallel
+    prepare kernel, then the sequential pass."""
+    from kda.kernels import level3 as kernels
+    from kda.kernels.build import compile_program
+
+    B, T, H, DK = q.shape
+    DV = v.shape[-1]
+    C = ops.KERNEL_CONFIG["chunk_size"]
+    dtype, gate_dtype = ops._dtype_name(q.dtype), str(g.dtype).removeprefix("torch.")
+    loop_config = {key: ops.KERNEL_CONFIG[key] for key in ("chunk_size", "block_dv", "num_stages", "threads")}
+    with_state = h0 is not None or output_final_state
+    q, k, v, g = (x.contiguous() for x in (q, k, v, g))
+    with torch.cuda.device(q.device):
+        if not per_channel:
+            cumsum = compile_program(kernels.chunk_cumsum, (), D=1, chunk_size=C, gate_dtype=gate_dtype)
+            G = torch.empty(B, H, -(-T // C) * C, dtype=torch.float32, device=q.device)
+            cumsum(g.view(B, T, H, 1), G.view(*G.shape, 1))
+            inputs = (q, k, v, G, scale)
+            seq = compile_program(kernels.seq_in_loop_scalar, (), DK=DK, DV=DV, dtype=dtype,
+                                  with_state=with_state, **loop_config)
+        else:
+            prep = compile_program(kernels.chunk_prepare, (), DK=DK, chunk_size=C, dtype=dtype, gate_dtype=gate_dtype)
+            Qw, Kw = ops._new_output(q.shape, q.dtype, q.device), ops._new_output(k.shape, k.dtype, k.device)
+            decay = ops._new_output((B, H, -(-T // C), DK), torch.float32, q.device)
+            A = ops._new_output((B, T, H, C), q.dtype, q.device)
+            prep(q, k, g, scale, Qw, Kw, decay, A)
+            inputs = (Qw, Kw, A, decay, v)
+            seq = compile_program(kernels.seq_in_loop_per_channel, (), DK=DK, DV=DV, dtype=dtype,
+                                  with_state=with_state, **loop_config)
+        o = ops._new_output((B, T, H, DV), q.dtype, q.device)
+        if not with_state:
+            seq(*inputs, o)
+            return o, None
+        if h0 is None:
+            h0 = torch.zeros(B, H, DK, DV, dtype=torch.float32, device=q.device)
+        ht = ops._new_output((B, H, DK, DV), torch.float32, q.device)
+        seq(*inputs, h0.to(torch.float32).contiguous(), o, ht)
+        return o, ht
+
+
+# --8<-- [start:gated_attention]
+def gated_attention(q, k, v, g, scale=None, initial_state=None, output_final_state=False, check_gates=True):
+    """Linear attention with a data-dependent decay per token: ``S_t = diag(exp g_t) S_{t-1}
+    + k_t v_t^T``, ``o_t = S_t^T (scale * q_t)``.
+
+    Args:
+        g: the log decay, ``<= 0`` and finite. ``[B, T, H]``: one gate per token and head
+            (Mamba2 / GDN style; fla ``chunk_simple_gla(g=...)``). ``[B, T, H, DK]``: one
+            gate per key channel (GLA / KDA style; fla ``chunk_gla(g=...)``). float32,
+            bfloat16 or float16 on CUDA; the kernels sum it in float32.
+        check_gates: check that ``g`` is finite and ``<= 0`` (one read-back from the GPU).
+        q, k, v, scale, initial_state, output_final_state: as in ``linear_attention``.
+
+    Returns:
+        ``o [B, T, H, DV]``, or ``(o, final_state)`` when ``output_final_state`` is true.
+    """
+    B, T, H, DK, DV = validate.check_qkv(q, k, v)
+    per_channel = check_gates(g, B, T, H, DK, q.device, check_values=check_gates)
+    scale = validate.check_scale(scale, DK)
+    h0 = validate.check_initial_state(initial_state, B, H, DK, DV, q.device)
+    if q.device.type == "cuda":
+        o, final = _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state)
+    else:
+        o, final = ref3.chunked(q.double() * scale, k, v, g, ops.CHUNK_SIZE, h0, output_final_state)
+        o, final = o.to(q.dtype), (final.float() if final is not None else None)
+    return ops._finish(o, final, output_final_state)
+# --8<-- [end:gated_attention]

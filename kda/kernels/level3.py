@@ -1,0 +1,361 @@
+"""Level 3 TileLang kernels: per-token gates, ``S_t = diag(exp g_t) S_{t-1} + k_t v_t^T``.
+
+Every weight is ``exp2`` of a difference of chunk-local cumulative gates ``G`` (log2 units,
+``G = cumsum(g) / ln 2`` inside each chunk) taken so that the argument is never positive.
+
+* ``chunk_cumsum``: ``g [B, T, H, D]`` (``D = 1`` for a scalar gate) -> ``G [B, H, T_pad, D]``
+  float32, each chunk contiguous for the kernels that read it.
+* Scalar gate (``g [B, T, H]``): ``seq_in_loop_scalar``, the level-2 kernel with the decay
+  table rebuilt per chunk from ``G``.
+* Per-channel gate (``g [B, T, H, DK]``): two stages.
+  ``chunk_prepare`` runs over all chunks at once (no state involved): the cumsum, the
+  weighted queries and keys the state pass needs, the per-chunk state decay, and the
+  intra-chunk scores ``A`` by 16-row sub-chunks (GEMMs with a reference point between
+  sub-chunks, pairwise ``exp2`` on the diagonal sub-chunks), safe for any ``g <= 0``.
+  ``seq_in_loop_per_channel`` then walks the chunks like level 1 with three GEMMs.
+
+Mirrors ``kda.reference.level3`` (``prepare`` and ``kernel_mimic``).
+"""
+
+# No `from __future__ import annotations` here: T.prim_func reads the annotations.
+import math
+
+import tilelang.language as T
+
+ACCUM = "float32"
+LOG2_E = 1.0 / math.log(2.0)
+
+
+# --8<-- [start:helpers]
+def real(condition):
+    """1.0 where ``condition`` holds, else 0.0, as a select: a mask multiplied in keeps the
+    loop free of branches (a branch per element costs the latency of its loads and exp2)."""
+    return T.if_then_else(condition, 1.0, 0.0)
+
+
+def decay_factor(log2_decay):
+    """``2^x`` clamped to ``x <= 0``: where the caller masks an element out, ``x`` may be
+    positive, and ``2^x`` could overflow to ``inf`` (and ``inf * 0`` is NaN)."""
+    return T.exp2(T.min(log2_decay, 0.0))
+def tf32_nearest(x):
+    """``x`` rounded to the nearest tf32 number (11 significant bits; Veltkamp's split).
+    The tensor cores would drop the low 13 bits instead, a bias that adds up in the sums."""
+    c = T.call_extern(ACCUM, "__fmul_rn", x, T.float32(8193.0))   # 2^13 + 1, rounded: must not
+    return c - (c - x)                                              # be fused into an FMA
+# --8<-- [end:helpers]
+
+
+# --8<-- [start:cumsum]
+@T.macro
+def gates_to_log2_cumsum(g_s, G_s, L, C, D):
+    """``G_s = cumsum(g_s) / ln 2`` down the chunk; rows past the real length ``L`` count as
+    0, so the cumulative gate stays flat over the padding of a tail chunk."""
+    for i, d in T.Parallel(C, D):
+        G_s[i, d] = T.Cast(ACCUM, g_s[i, d]) * LOG2_E * real(i < L)
+    T.cumsum(G_s, dim=0)
+
+
+def chunk_cumsum(D, chunk_size=64, gate_dtype="float32", threads=128):
+    """``g [B, T, H, D]`` -> chunk-local cumulative gates in log2 units, ``G [B, H, T_pad, D]``
+    with ``T_pad`` the length rounded up to whole chunks (TMA wants 16-byte row strides)."""
+    B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
+    C = chunk_size
+
+    @T.prim_func
+    def main(g: T.Tensor([B, S, H, D], gate_dtype), G: T.Tensor([B, H, T.ceildiv(S, C) * C, D], ACCUM)):
+        with T.Kernel(T.ceildiv(S, C), B * H, threads=threads) as (c, bbh):
+            g_s = T.alloc_shared([C, D], gate_dtype)
+            G_s = T.alloc_shared([C, D], ACCUM)
+            T.copy(g[bbh // H, c * C:(c + 1) * C, bbh % H, :], g_s)
+            gates_to_log2_cumsum(g_s, G_s, T.min(C, S - c * C), C, D)
+            T.copy(G_s, G[bbh // H, bbh % H, c * C:(c + 1) * C, :])
+
+    return main
+# --8<-- [end:cumsum]
+
+
+# --8<-- [start:seq_in_loop_scalar]
+def seq_in_loop_scalar(DK, DV, chunk_size=64, block_dv=32, num_stages=3, threads=128,
+                       dtype="bfloat16", with_state=False):
+    """Scalar gate. Arguments at run time: ``Q, K, V, G [B, H, T_pad]`` (``chunk_cumsum``),
+    ``scale`` (+ ``h0``), then ``O`` (+ ``ht``). Level 2's three weight places with
+    ``a^(i-j)`` replaced by ``2^(G_i - G_j)``: the intra table is per chunk now."""
+    B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
+    C = chunk_size
+    NV = T.ceildiv(DV, block_dv)
+
+    @T.macro
+    def chunk_loop(Q, K, V, G, O, scale, S_f, bb, bh, dv0):
+        Q_s = T.alloc_shared([C, DK], dtype)
+        K_s = T.alloc_shared([C, DK], dtype)
+        V_s = T.alloc_shared([C, block_dv], dtype)
+        G_s = T.alloc_shared([C], ACCUM)
+        Vw_s = T.alloc_shared([C, block_dv], dtype)       # V rows weighted by 2^(G_last - G_r)
+        S_s = T.alloc_shared([DK, block_dv], dtype)
+        O_s = T.alloc_shared([C, block_dv], dtype)
+        w_query = T.alloc_shared([C], ACCUM)              # scale * 2^G_i
+        acc_o = T.alloc_fragment([C, block_dv], ACCUM)
+        A = T.alloc_fragment([C, C], ACCUM)
+        A_cast = T.alloc_fragment([C, C], dtype)
+        g_last = T.alloc_local([1], ACCUM)
+
+        for c in T.Pipelined(T.ceildiv(S, C), num_stages=num_stages):
+            L = T.min(C, S - c * C)
+            T.copy(Q[bb, c * C:(c + 1) * C, bh, :], Q_s)
+            T.copy(K[bb, c * C:(c + 1) * C, bh, :], K_s)
+            T.copy(V[bb, c * C:(c + 1) * C, bh, dv0:dv0 + block_dv], V_s)
+            T.copy(G[bb, bh, c * C:(c + 1) * C], G_s)
+            T.copy(S_f, S_s)                               # the state before this chunk
+            g_last[0] = G_s[L - 1]
+            for i in T.Parallel(C):
+                w_query[i] = scale * T.exp2(G_s[i])
+            for i, j in T.Parallel(DK, block_dv):          # S = 2^G_last S
+                S_f[i, j] = S_f[i, j] * T.exp2(g_last[0])
+            for r, j in T.Parallel(C, block_dv):           # keys decayed to the chunk end,
+                Vw_s[r, j] = V_s[r, j] * T.exp2(g_last[0] - G_s[r]) * real(r < L)   # on V rows
+            T.gemm(K_s, Vw_s, S_f, transpose_A=True, annotations={"wg_wait": -1})
+            T.gemm(Q_s, S_s, acc_o, clear_accum=True, annotations={"wg_wait": -1})
+            T.gemm(Q_s, K_s, A, transpose_B=True, clear_accum=True)
+            for i, j in T.Parallel(C, block_dv):
+                acc_o[i, j] = acc_o[i, j] * w_query[i]
+            for i, j in T.Parallel(C, C):
+                A[i, j] = A[i, j] * decay_factor(G_s[i] - G_s[j]) * T.if_then_else(j <= i, scale, 0.0)
+            T.copy(A, A_cast)
+            T.gemm(A_cast, V_s, acc_o)
+            T.copy(acc_o, O_s)
+            T.copy(O_s, O[bb, c * C:(c + 1) * C, bh, dv0:dv0 + block_dv])
+
+    if not with_state:
+        @T.prim_func
+        def main(
+            Q: T.Tensor([B, S, H, DK], dtype),
+            K: T.Tensor([B, S, H, DK], dtype),
+            V: T.Tensor([B, S, H, DV], dtype),
+            G: T.Tensor([B, H, T.ceildiv(S, C) * C], ACCUM),
+            scale: T.float32,
+            O: T.Tensor([B, S, H, DV], dtype),
+        ):
+            with T.Kernel(NV, B * H, threads=threads) as (bv, bbh):
+                S_f = T.alloc_fragment([DK, block_dv], ACCUM)
+                T.clear(S_f)
+                chunk_loop(Q, K, V, G, O, scale, S_f, bbh // H, bbh % H, bv * block_dv)
+    else:
+        @T.prim_func
+        def main(
+            Q: T.Tensor([B, S, H, DK], dtype),
+            K: T.Tensor([B, S, H, DK], dtype),
+            V: T.Tensor([B, S, H, DV], dtype),
+            G: T.Tensor([B, H, T.ceildiv(S, C) * C], ACCUM),
+            scale: T.float32,
+            h0: T.Tensor([B, H, DK, DV], ACCUM),
+            O: T.Tensor([B, S, H, DV], dtype),
+            ht: T.Tensor([B, H, DK, DV], ACCUM),
+        ):
+            with T.Kernel(NV, B * H, threads=threads) as (bv, bbh):
+                bb, bh, dv0 = bbh // H, bbh % H, bv * block_dv
+                S_f = T.alloc_fragment([DK, block_dv], ACCUM)
+                T.copy(h0[bb, bh, :, dv0:dv0 + block_dv], S_f)
+                chunk_loop(Q, K, V, G, O, scale, S_f, bb, bh, dv0)
+                T.copy(S_f, ht[bb, bh, :, dv0:dv0 + block_dv])
+
+    return main
+# --8<-- [end:seq_in_loop_scalar]
+
+
+# --8<-- [start:chunk_prepare]
+# Largest gate span (log2 units) inside one diagonal sub-chunk for the GEMM path: the key
+# factor 2^span and the query factor 2^-span must stay normal fp32 numbers next to bf16
+# inputs (|x| in about [2^-10, 2^3]): 96 leaves 20 binades of room on either side.
+DIAGONAL_SPAN_MAX = 96.0
+
+
+def chunk_prepare(DK, chunk_size=64, subchunk=16, dtype="bfloat16", gate_dtype="float32", threads=256):
+    """Per-channel gate, every chunk in parallel. Arguments at run time: ``Q, K, g, scale``,
+    then the outputs
+
+    * ``Qw = scale * Q * 2^G`` and ``Kw = K * 2^(G_last - G)`` (``[B, T, H, DK]``, dtype),
+    * ``decay = 2^G_last`` per chunk (``[B, H, NC, DK]`` float32),
+    * ``A [B, T, H, C]`` (dtype): ``scale * sum_d q_id k_jd 2^(G_id - G_jd)`` for ``j <= i``.
+
+    ``A`` by sub-chunks of ``subchunk`` rows; ``G_ref`` is the gate just before a query
+    sub-chunk (0 for the first), a point in the past of every score it serves.
+
+    * Off the diagonal (key rows ``j`` before the query sub-chunk): ``2^(G_i - G_j) =
+      2^(G_i - G_ref) * 2^(G_ref - G_j)``, both factors <= 1, so one GEMM per query
+      sub-chunk of two weighted operands: safe for any ``g <= 0``.
+    * On the diagonal the key factor ``2^(G_ref - G_j)`` is >= 1. While the gate falls by
+      at most ``DIAGONAL_SPAN_MAX`` across the sub-chunk, both factors are normal float32
+      numbers and one tf32 GEMM serves all four diagonal blocks. A chunk where some
+      sub-chunk falls further sums its diagonal scores pairwise instead, with the
+      difference taken before ``exp2`` as the reference does: slower, exact for any gate.
+    """
+    B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
+    C, BC = chunk_size, subchunk
+    NC = T.ceildiv(S, C)
+    NS = C // BC
+
+    @T.prim_func
+    def main(
+        Q: T.Tensor([B, S, H, DK], dtype),
+        K: T.Tensor([B, S, H, DK], dtype),
+        g: T.Tensor([B, S, H, DK], gate_dtype),
+        scale: T.float32,
+        Qw: T.Tensor([B, S, H, DK], dtype),
+        Kw: T.Tensor([B, S, H, DK], dtype),
+        decay: T.Tensor([B, H, NC, DK], ACCUM),
+        A_out: T.Tensor([B, S, H, C], dtype),
+    ):
+        with T.Kernel(NC, B * H, threads=threads) as (c, bbh):
+            bb, bh, t0 = bbh // H, bbh % H, c * C
+            L = T.min(C, S - t0)
+            Q_s = T.alloc_shared([C, DK], dtype)
+            K_s = T.alloc_shared([C, DK], dtype)
+            g_s = T.alloc_shared([C, DK], gate_dtype)
+            G_s = T.alloc_shared([C, DK], ACCUM)
+            Qr_s = T.alloc_shared([C, DK], dtype)          # weighted operands, reused:
+            Kr_s = T.alloc_shared([C, DK], dtype)          # Qw/Kw first, then per sub-chunk
+            Qd_s = T.alloc_shared([C, DK], ACCUM)          # diagonal blocks (tf32 GEMM)
+            Kd_s = T.alloc_shared([C, DK], ACCUM)
+            span_s = T.alloc_shared([NS, DK], ACCUM)
+            A_s = T.alloc_shared([C, C], dtype)
+            A = T.alloc_fragment([C, C], ACCUM)
+            A_diag = T.alloc_fragment([C, C], ACCUM)
+            A_pair = T.alloc_fragment([C, BC], ACCUM)
+            span = T.alloc_fragment([NS], ACCUM)
+            too_steep = T.alloc_shared([1], "int32")
+
+            T.copy(Q[bb, t0:t0 + C, bh, :], Q_s)
+            T.copy(K[bb, t0:t0 + C, bh, :], K_s)
+            T.copy(g[bb, t0:t0 + C, bh, :], g_s)
+            gates_to_log2_cumsum(g_s, G_s, L, C, DK)
+
+            # what the state pass reads
+            for i, d in T.Parallel(C, DK):
+                Qr_s[i, d] = Q_s[i, d] * scale * T.exp2(G_s[i, d])
+                Kr_s[i, d] = K_s[i, d] * T.exp2(G_s[C - 1, d] - G_s[i, d]) * real(i < L)
+            for d in T.Parallel(DK):
+                decay[bb, bh, c, d] = T.exp2(G_s[C - 1, d])
+            T.copy(Qr_s, Qw[bb, t0:t0 + C, bh, :])
+            T.copy(Kr_s, Kw[bb, t0:t0 + C, bh, :])
+
+            # off-diagonal sub-chunk blocks: one GEMM per query sub-chunk
+            T.clear(A)
+            for I in T.unroll(1, NS):
+                i0 = I * BC
+                for i, d in T.Parallel(C, DK):
+                    Qr_s[i, d] = Q_s[i, d] * decay_factor(G_s[i, d] - G_s[i0 - 1, d]) * real((i >= i0) & (i < i0 + BC))
+                    Kr_s[i, d] = K_s[i, d] * decay_factor(G_s[i0 - 1, d] - G_s[i, d]) * real(i < i0)
+                T.gemm(Qr_s, Kr_s, A, transpose_B=True)
+
+            # diagonal blocks: how far the gate falls inside each sub-chunk
+            for s, d in T.Parallel(NS, DK):
+                span_s[s, d] = T.if_then_else(s > 0, G_s[s * BC - 1, d], 0.0) - G_s[s * BC + BC - 1, d]
+            T.reduce_max(span_s, span, dim=1)
+            too_steep[0] = 0
+            for s in T.Parallel(NS):
+                if span[s] > DIAGONAL_SPAN_MAX:
+                    too_steep[0] = 1
+            for i, j in T.Parallel(C, C):
+                A_s[i, j] = A[i, j] * scale
+            if too_steep[0] == 0:
+                for i, d in T.Parallel(C, DK):              # G_ref: the row before the sub-chunk
+                    G_ref = G_s[T.max((i // BC) * BC - 1, 0), d] * real(i >= BC)
+                    Qd_s[i, d] = tf32_nearest(Q_s[i, d] * T.exp2(G_s[i, d] - G_ref))
+                    Kd_s[i, d] = tf32_nearest(K_s[i, d] * T.exp2(T.min(G_ref - G_s[i, d], DIAGONAL_SPAN_MAX)))
+                T.gemm(Qd_s, Kd_s, A_diag, transpose_B=True, clear_accum=True)
+                for i, j in T.Parallel(C, C):              # keep the diagonal blocks only; the
+                    if j // BC == i // BC:                 # mma layout differs from A's, so the
+                        A_s[i, j] = T.if_then_else(j <= i, A_diag[i, j] * scale, 0.0)  # merge is in shared
+            else:
+                # A_pair[i, jj] pairs row i with row (i // BC) * BC + jj of its own sub-chunk
+                T.clear(A_pair)
+                for d in T.serial(DK):
+                    for i, jj in T.Parallel(C, BC):
+                        j = (i // BC) * BC + jj
+                        A_pair[i, jj] += (T.Cast(ACCUM, Q_s[i, d]) * T.Cast(ACCUM, K_s[j, d])
+                                          * decay_factor(G_s[i, d] - G_s[j, d]) * real(j <= i))
+                for i, jj in T.Parallel(C, BC):
+                    A_s[i, (i // BC) * BC + jj] = A_pair[i, jj] * scale
+            T.copy(A_s, A_out[bb, t0:t0 + C, bh, :])
+
+    return main
+# --8<-- [end:chunk_prepare]
+
+
+# --8<-- [start:seq_in_loop_per_channel]
+def seq_in_loop_per_channel(DK, DV, chunk_size=64, block_dv=32, num_stages=3, threads=128,
+                            dtype="bfloat16", with_state=False):
+    """Per-channel gate, the sequential pass over the outputs of ``chunk_prepare``.
+    Arguments at run time: ``Qw, Kw, A, decay, V`` (+ ``h0``), then ``O`` (+ ``ht``).
+
+    Per chunk: ``O = Qw S + A V``, then ``S = diag(decay) S + Kw^T V``. The scale is
+    already in ``Qw`` and ``A``. Each GEMM is waited for: the three read different
+    pipelined buffers, and tilelang 0.1.15 releases a buffer to the producer once its
+    last GEMM is issued (see ``kda.kernels.level1``), so none may be left in flight.
+    """
+    B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
+    C = chunk_size
+    NV = T.ceildiv(DV, block_dv)
+    NC = T.ceildiv(S, C)
+
+    @T.macro
+    def chunk_loop(Qw, Kw, A, decay, V, O, S_f, bb, bh, dv0):
+        Qw_s = T.alloc_shared([C, DK], dtype)
+        Kw_s = T.alloc_shared([C, DK], dtype)
+        A_s = T.alloc_shared([C, C], dtype)
+        V_s = T.alloc_shared([C, block_dv], dtype)
+        decay_s = T.alloc_shared([DK], ACCUM)
+        S_s = T.alloc_shared([DK, block_dv], dtype)
+        O_s = T.alloc_shared([C, block_dv], dtype)
+        acc_o = T.alloc_fragment([C, block_dv], ACCUM)
+
+        for c in T.Pipelined(T.ceildiv(S, C), num_stages=num_stages):
+            T.copy(Qw[bb, c * C:(c + 1) * C, bh, :], Qw_s)
+            T.copy(Kw[bb, c * C:(c + 1) * C, bh, :], Kw_s)
+            T.copy(A[bb, c * C:(c + 1) * C, bh, :], A_s)
+            T.copy(V[bb, c * C:(c + 1) * C, bh, dv0:dv0 + block_dv], V_s)
+            T.copy(decay[bb, bh, c, :], decay_s)
+            T.copy(S_f, S_s)                               # the state before this chunk
+            T.gemm(Qw_s, S_s, acc_o, clear_accum=True)
+            T.gemm(A_s, V_s, acc_o)
+            for i, j in T.Parallel(DK, block_dv):
+                S_f[i, j] = S_f[i, j] * decay_s[i]
+            T.gemm(Kw_s, V_s, S_f, transpose_A=True)
+            T.copy(acc_o, O_s)
+            T.copy(O_s, O[bb, c * C:(c + 1) * C, bh, dv0:dv0 + block_dv])
+
+    if not with_state:
+        @T.prim_func
+        def main(
+            Qw: T.Tensor([B, S, H, DK], dtype),
+            Kw: T.Tensor([B, S, H, DK], dtype),
+            A: T.Tensor([B, S, H, C], dtype),
+            decay: T.Tensor([B, H, NC, DK], ACCUM),
+            V: T.Tensor([B, S, H, DV], dtype),
+            O: T.Tensor([B, S, H, DV], dtype),
+        ):
+            with T.Kernel(NV, B * H, threads=threads) as (bv, bbh):
+                S_f = T.alloc_fragment([DK, block_dv], ACCUM)
+                T.clear(S_f)
+                chunk_loop(Qw, Kw, A, decay, V, O, S_f, bbh // H, bbh % H, bv * block_dv)
+    else:
+        @T.prim_func
+        def main(
+            Qw: T.Tensor([B, S, H, DK], dtype),
+            Kw: T.Tensor([B, S, H, DK], dtype),
+            A: T.Tensor([B, S, H, C], dtype),
+            decay: T.Tensor([B, H, NC, DK], ACCUM),
+            V: T.Tensor([B, S, H, DV], dtype),
+            h0: T.Tensor([B, H, DK, DV], ACCUM),
+            O: T.Tensor([B, S, H, DV], dtype),
+            ht: T.Tensor([B, H, DK, DV], ACCUM),
+        ):
+            with T.Kernel(NV, B * H, threads=threads) as (bv, bbh):
+                bb, bh, dv0 = bbh // H, bbh % H, bv * block_dv
+                S_f = T.alloc_fragment([DK, block_dv], ACCUM)
+                T.copy(h0[bb, bh, :, dv0:dv0 + block_dv], S_f)
+                chunk_loop(Qw, Kw, A, decay, V, O, S_f, bb, bh, dv0)
+                T.copy(S_f, ht[bb, bh, :, dv0:dv0 + block_dv])
+
+    return main
+# --8<-- [end:seq_in_loop_per_channel]

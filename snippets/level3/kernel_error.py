@@ -1,0 +1,72 @@
+# snippet: gpu
+"""The level-3 kernels against the float64 reference on the H200: both gate forms, both dtypes,
+gates from mild to extreme, a tail (T = 1000 is 15 chunks and 40 tokens), DK != DV, an initial
+state, outputs poisoned with NaN before every launch. Then short sequences, where the diagonal
+scores (and so the tf32 GEMM of the per-channel path) carry most of the output."""
+import torch
+
+from kda import ops
+from kda.gated import gated_attention
+from kda.metrics import rel_l2
+from kda.reference import level3 as ref
+from kda.tables import Table, sci
+
+ops.poison_outputs = True
+torch.manual_seed(0)
+NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+SUBCHUNK, SPAN_MAX = 16, 96.0     # kda.kernels.level3: diagonal sub-chunk rows and span bound (log2)
+
+
+def gates(kind, shape):
+    """Log decays: near 0; logsigmoid of a normal (GLA's gate); uniform down to -20 per step;
+    runs of 37 steps at -20 between runs at -0.01."""
+    if kind == "mild":
+        return -0.05 * torch.rand(shape, device="cuda")
+    if kind == "logsigmoid":
+        return torch.nn.functional.logsigmoid(torch.randn(shape, device="cuda"))
+    if kind == "uniform to -20":
+        return -20 * torch.rand(shape, device="cuda")
+    steps = torch.arange(shape[1], device="cuda").view(1, -1, *[1] * (len(shape) - 2))
+    return torch.where(steps // 37 % 3 == 0, -20.0, -0.01).expand(shape).contiguous()
+
+
+def steep_share(g, C=64):
+    """Share of chunks whose per-channel diagonal scores take the pairwise path: some sub-chunk
+    where the gate falls by more than SPAN_MAX (log2 units) from the row before it to its end."""
+    B, T, H, D = g.shape
+    G = ref.chunk_gates(g.double() / torch.log(torch.tensor(2.0)), C)         # [B, H, NC, C, D]
+    before = torch.cat([torch.zeros_like(G[..., :1, :]), G[..., SUBCHUNK - 1:-1:SUBCHUNK, :]], dim=-2)
+    span = before - G[..., SUBCHUNK - 1::SUBCHUNK, :]
+    return (span.amax(dim=(-1, -2)) > SPAN_MAX).double().mean().item()
+
+
+B, T, H, DK, DV = 2, 1000, 4, 128, 64
+table = Table(["gate", "form", "dtype", "rel L2 o", "rel L2 final state", "chunks on the pairwise path",
+               "NaN or inf"], formats=[None, None, None, sci, sci, "{:.0%}", None])
+for kind in ("mild", "logsigmoid", "uniform to -20", "runs of -20"):
+    for form in ("scalar", "per channel"):
+        g = gates(kind, (B, T, H) if form == "scalar" else (B, T, H, DK))
+        for dtype in (torch.float16, torch.bfloat16):
+            q, k = (torch.randn(B, T, H, DK, device="cuda").to(dtype) for _ in range(2))
+            v = torch.randn(B, T, H, DV, device="cuda").to(dtype)
+            h0 = torch.randn(B, H, DK, DV, device="cuda")
+            o, ht = gated_attention(q, k, v, g, initial_state=h0, output_final_state=True)
+            expected, expected_ht = ref.chunked(q.double() * DK ** -0.5, k, v, g, initial_state=h0,
+                                                output_final_state=True)
+            share = steep_share(g) if form == "per channel" else "-"
+            table.rows.append([kind, form, NAMES[dtype], rel_l2(o, expected), rel_l2(ht, expected_ht), share,
+                               "no" if torch.isfinite(o).all() and torch.isfinite(ht).all() else "yes"])
+print(f"B, T, H, DK, DV = {B}, {T}, {H}, {DK}, {DV}; scale = DK^-0.5; initial state N(0, 1)\n")
+print(table)
+
+short = Table(["T", "gate", "form", "dtype", "rel L2 o"], formats=[None, None, None, None, sci])
+for T_short in (1, 16, 65):
+    for dtype in (torch.float16, torch.bfloat16):
+        for form in ("scalar", "per channel"):
+            g = gates("logsigmoid", (1, T_short, H) if form == "scalar" else (1, T_short, H, DK))
+            q, k, v = (torch.randn(1, T_short, H, DK, device="cuda").to(dtype) for _ in range(3))
+            o = gated_attention(q, k, v, g)
+            short.rows.append([T_short, "logsigmoid", form, NAMES[dtype],
+                               rel_l2(o, ref.recurrent(q.double() * DK ** -0.5, k, v, g)[0])])
+print("\nShort sequences (B = 1, H = 4, D = 128), against the token recurrence:\n")
+print(short)

@@ -1,0 +1,86 @@
+# snippet: gpu
+"""Level-3 latency on the H200 at B = 1, T = 32768, H = 32, D = 128, bf16, float32 gates drawn
+as logsigmoid of a normal (GLA's gate): kda.gated_attention against fla's chunk_simple_gla (scalar
+g) and chunk_gla (per-channel g) on the same inputs in one process, then each kda stage alone."""
+import torch
+
+from kda.gated import check_gates, gated_attention
+from kda import ledger
+from kda.bench import median_ms, random_qkv
+from kda.kernels import level3 as kernels
+from kda.kernels.build import compile_program
+from kda.metrics import rel_l2
+from kda.site.runtime import save_data
+from kda.tables import Table, sci
+from fla.ops.gla import chunk_gla
+from fla.ops.simple_gla import chunk_simple_gla
+
+B, T, H, D, C = 1, 32768, 32, 128, 64
+SCALE = D ** -0.5
+q, k, v = random_qkv(B, T, H, D, D, seed=3)
+gen = torch.Generator(device="cuda").manual_seed(4)
+g_scalar = torch.nn.functional.logsigmoid(torch.randn(B, T, H, generator=gen, device="cuda"))
+g_channel = torch.nn.functional.logsigmoid(torch.randn(B, T, H, D, generator=gen, device="cuda"))
+
+runs = {
+    "scalar": {
+        "kda": lambda: gated_attention(q, k, v, g_scalar),
+        "kda, check_gates=False": lambda: gated_attention(q, k, v, g_scalar, check_gates=False),
+        "fla": lambda: chunk_simple_gla(q, k, v, g=g_scalar, scale=SCALE)[0],
+    },
+    "per channel": {
+        "kda": lambda: gated_attention(q, k, v, g_channel),
+        "kda, check_gates=False": lambda: gated_attention(q, k, v, g_channel, check_gates=False),
+        "fla": lambda: chunk_gla(q, k, v, g=g_channel, scale=SCALE)[0],
+    },
+}
+peers = {"scalar": "chunk_simple_gla(g)", "per channel": "chunk_gla"}
+table = Table(["gate", "fla peer", "kda (ms)", "kda, check_gates=False (ms)", "fla (ms)", "fla / kda",
+               "floor (ms)", "kda at % of floor", "rel L2 kda vs fla"],
+              formats=[None, None, "{:.3f}", "{:.3f}", "{:.3f}", "{:.2f}x", "{:.3f}", "{:.0%}", sci])
+rows = []
+for form, fns in runs.items():
+    g = g_scalar if form == "scalar" else g_channel
+    agreement = rel_l2(fns["kda"](), fns["fla"]().double())
+    t = {name: median_ms(fn) for name, fn in fns.items()}
+    nbytes = ledger.forward_min_bytes(B, T, H, D, D) + g.numel() * g.element_size()   # + the gates, read once
+    floor = ledger.floor_seconds(ledger.forward_flops(B, T, H, D, D, C), nbytes) * 1e3
+    table.rows.append([form, peers[form], t["kda"], t["kda, check_gates=False"], t["fla"], t["fla"] / t["kda"],
+                       floor, floor / t["kda"], agreement])
+    rows.append(dict(form=form, peer=peers[form], T=T, kda=t["kda"], kda_unchecked=t["kda, check_gates=False"],
+                     fla=t["fla"], floor=floor))
+print(table)
+
+# each stage alone, on the same inputs
+NC = T // C
+cumsum = compile_program(kernels.chunk_cumsum, (), D=1, chunk_size=C, gate_dtype="float32")
+scalar_pass = compile_program(kernels.seq_in_loop_scalar, (), DK=D, DV=D, dtype="bfloat16")
+prepare = compile_program(kernels.chunk_prepare, (), DK=D, chunk_size=C, dtype="bfloat16", gate_dtype="float32")
+channel_pass = compile_program(kernels.seq_in_loop_per_channel, (), DK=D, DV=D, dtype="bfloat16")
+G = torch.empty(B, H, T, device="cuda")
+o = torch.empty_like(v)
+Qw, Kw = torch.empty_like(q), torch.empty_like(k)
+decay = torch.empty(B, H, NC, D, device="cuda")
+A = torch.empty(B, T, H, C, dtype=q.dtype, device="cuda")
+g_steep = g_channel * 30          # logsigmoid * 30: some sub-chunk of most chunks falls by > 96 (log2)
+stages = Table(["gate", "stage", "what it does", "ms"], formats=[None, None, None, "{:.3f}"])
+for form, name, what, fn in [
+    ("scalar", "check_gates", "min and max of g, read back to the host",
+     lambda: check_gates(g_scalar, B, T, H, D, q.device)),
+    ("scalar", "chunk_cumsum", "G = chunk-local cumsum of g / ln 2",
+     lambda: cumsum(g_scalar.view(B, T, H, 1), G.view(B, H, T, 1))),
+    ("scalar", "seq_in_loop_scalar", "the fused pass over the chunks", lambda: scalar_pass(q, k, v, G, SCALE, o)),
+    ("per channel", "check_gates", "min and max of g, read back to the host",
+     lambda: check_gates(g_channel, B, T, H, D, q.device)),
+    ("per channel", "chunk_prepare", "cumsum, Qw, Kw, decay, A (tf32 diagonal blocks)",
+     lambda: prepare(q, k, g_channel, SCALE, Qw, Kw, decay, A)),
+    ("per channel", "chunk_prepare, steep gates", "the same with logsigmoid * 30 (pairwise diagonal)",
+     lambda: prepare(q, k, g_steep, SCALE, Qw, Kw, decay, A)),
+    ("per channel", "seq_in_loop_per_channel", "the pass over the chunks: Qw S + A V, state update",
+     lambda: channel_pass(Qw, Kw, A, decay, v, o)),
+]:
+    stages.rows.append([form, name, what, median_ms(fn)])
+print("\nEach stage alone (same inputs):\n")
+print(stages)
+save_data({"B": B, "H": H, "D": D, "rows": rows,
+           "stages": [dict(form=r[0], stage=r[1], ms=r[3]) for r in stages.rows]})
