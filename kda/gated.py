@@ -15,7 +15,7 @@ from kda.reference import level3 as ref3
 GATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def check_gates(g, B: int, T: int, H: int, DK: int, device, check_values: bool = True) -> bool:
+def validate_gates(g, B: int, T: int, H: int, DK: int, device, check_values: bool = True) -> bool:
     """``g`` is the log of a decay: ``[B, T, H]`` (scalar per head) or ``[B, T, H, DK]`` (per
     key channel), finite and ``<= 0``. Returns ``True`` for per-channel gates.
 
@@ -100,7 +100,7 @@ def gated_attention(q, k, v, g, scale=None, initial_state=None, output_final_sta
         ``o [B, T, H, DV]``, or ``(o, final_state)`` when ``output_final_state`` is true.
     """
     B, T, H, DK, DV = validate.check_qkv(q, k, v)
-    per_channel = check_gates(g, B, T, H, DK, q.device, check_values=check_gates)
+    per_channel = validate_gates(g, B, T, H, DK, q.device, check_values=check_gates)
     scale = validate.check_scale(scale, DK)
     h0 = validate.check_initial_state(initial_state, B, H, DK, DV, q.device)
     if q.device.type == "cuda":

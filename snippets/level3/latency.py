@@ -4,7 +4,7 @@ as logsigmoid of a normal (GLA's gate): kda.gated_attention against fla's chunk_
 g) and chunk_gla (per-channel g) on the same inputs in one process, then each kda stage alone."""
 import torch
 
-from kda.gated import check_gates, gated_attention
+from kda.gated import gated_attention, validate_gates
 from kda import ledger
 from kda.bench import median_ms, random_qkv
 from kda.kernels import level3 as kernels
@@ -65,13 +65,13 @@ A = torch.empty(B, T, H, C, dtype=q.dtype, device="cuda")
 g_steep = g_channel * 30          # logsigmoid * 30: some sub-chunk of most chunks falls by > 96 (log2)
 stages = Table(["gate", "stage", "what it does", "ms"], formats=[None, None, None, "{:.3f}"])
 for form, name, what, fn in [
-    ("scalar", "check_gates", "min and max of g, read back to the host",
-     lambda: check_gates(g_scalar, B, T, H, D, q.device)),
+    ("scalar", "validate_gates", "min and max of g, read back to the host",
+     lambda: validate_gates(g_scalar, B, T, H, D, q.device)),
     ("scalar", "chunk_cumsum", "G = chunk-local cumsum of g / ln 2",
      lambda: cumsum(g_scalar.view(B, T, H, 1), G.view(B, H, T, 1))),
     ("scalar", "seq_in_loop_scalar", "the fused pass over the chunks", lambda: scalar_pass(q, k, v, G, SCALE, o)),
-    ("per channel", "check_gates", "min and max of g, read back to the host",
-     lambda: check_gates(g_channel, B, T, H, D, q.device)),
+    ("per channel", "validate_gates", "min and max of g, read back to the host",
+     lambda: validate_gates(g_channel, B, T, H, D, q.device)),
     ("per channel", "chunk_prepare", "cumsum, Qw, Kw, decay, A (tf32 diagonal blocks)",
      lambda: prepare(q, k, g_channel, SCALE, Qw, Kw, decay, A)),
     ("per channel", "chunk_prepare, steep gates", "the same with logsigmoid * 30 (pairwise diagonal)",
