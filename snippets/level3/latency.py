@@ -2,6 +2,7 @@
 """Level-3 latency on the H200 at B = 1, T = 32768, H = 32, D = 128, bf16, float32 gates drawn
 as logsigmoid of a normal (GLA's gate): kda.gated_attention against fla's chunk_simple_gla (scalar
 g) and chunk_gla (per-channel g) on the same inputs in one process, then each kda stage alone."""
+import tilelang
 import torch
 
 from kda.gated import gated_attention, validate_gates
@@ -15,6 +16,7 @@ from kda.tables import Table, sci
 from fla.ops.gla import chunk_gla
 from fla.ops.simple_gla import chunk_simple_gla
 
+tilelang.set_log_level("ERROR")   # its cache notices go to stdout, which is this page's output
 B, T, H, D, C = 1, 32768, 32, 128, 64
 SCALE = D ** -0.5
 q, k, v = random_qkv(B, T, H, D, D, seed=3)
