@@ -87,3 +87,36 @@ def test_cuda_only_checks_are_documented():
 
     assert validate.KERNEL_HEAD_SIZES == (64, 128)
     assert validate.KERNEL_DTYPES == (torch.float16, torch.bfloat16)
+
+
+def test_gated_attention_cpu_both_gate_forms():
+    from kda.reference import level3 as ref3
+
+    q, k, v = qkv()
+    h0 = torch.randn(2, 3, 8, 6)
+    for shape in ((2, 70, 3), (2, 70, 3, 8)):
+        g = -torch.rand(shape)
+        o, ht = kda.gated_attention(q, k, v, g, initial_state=h0, output_final_state=True)
+        ref_o, ref_ht = ref3.recurrent(q.double() * 8 ** -0.5, k, v, g, h0, True)
+        assert o.dtype == q.dtype and ht.dtype == torch.float32
+        assert rel_l2(o, ref_o) < 1e-5 and rel_l2(ht, ref_ht) < 1e-5
+
+
+@pytest.mark.parametrize("g,match", [
+    (torch.full((2, 70, 3), 0.1), r"g must be finite and <= 0"),
+    (torch.full((2, 70, 3, 8), float("nan")), r"g must be finite and <= 0"),
+    (torch.full((2, 70, 3), float("-inf")), r"g must be finite and <= 0"),
+    (torch.zeros(2, 70, 4), r"g must have shape \[B, T, H\] = \(2, 70, 3\)"),
+    (torch.zeros(2, 70, 3, 7), r"\[B, T, H, DK\] = \(2, 70, 3, 8\)"),
+    (torch.zeros(2, 70, 3, dtype=torch.int32), r"g must be one of"),
+    ([0.0], r"g must be a tensor"),
+])
+def test_bad_gates(g, match):
+    q, k, v = qkv()
+    raises(match, kda.gated_attention, q, k, v, g)
+
+
+def test_unchecked_gates_skip_only_the_value_check():
+    q, k, v = qkv()
+    kda.gated_attention(q, k, v, torch.full((2, 70, 3), 0.1), check_gates=False)   # no error: the caller's promise
+    raises(r"g must have shape", kda.gated_attention, q, k, v, torch.zeros(2, 70, 4), check_gates=False)

@@ -15,7 +15,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-CHAPTERS = ["math/", "level1/", "level2/", "benchmarks/"]
+CHAPTERS = ["math/", "level1/", "level2/", "level3/", "benchmarks/"]
 PAGES = [lang + page for lang in ("", "en/") for page in ["", "level1-playground/"] + CHAPTERS]
 
 
@@ -68,8 +68,9 @@ def test_page_loads_clean_and_offline(browser, server, path):
     visit.page.close()
 
 
-@pytest.mark.parametrize("path,at_least", [("math/", 50), ("level1/", 50), ("level2/", 50), ("en/math/", 50),
-                                           ("en/level1/", 50), ("en/level2/", 50), ("level1-playground/", 2),
+@pytest.mark.parametrize("path,at_least", [("math/", 50), ("level1/", 50), ("level2/", 50), ("level3/", 40),
+                                           ("en/math/", 50), ("en/level1/", 50), ("en/level2/", 50),
+                                           ("en/level3/", 40), ("level1-playground/", 2),
                                            ("en/level1-playground/", 2)])
 def test_math_is_rendered_with_local_fonts(browser, server, path, at_least):
     visit = Visit(browser, server + path)
@@ -109,7 +110,8 @@ def test_chinese_search_finds_words_inside_sentences(browser, server, word):
 
 
 # page -> (output tables at least, GPU records on it, figures)
-FILLED = {"level1/": (10, 2, 3), "level2/": (12, 2, 3), "benchmarks/": (2, 1, 1), "math/": (8, 0, 0)}
+FILLED = {"level1/": (10, 2, 3), "level2/": (12, 2, 3), "level3/": (10, 2, 1), "benchmarks/": (2, 1, 1),
+          "math/": (8, 0, 0)}
 
 
 @pytest.mark.parametrize("path", [lang + page for lang in ("", "en/") for page in FILLED])

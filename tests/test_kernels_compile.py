@@ -15,6 +15,14 @@ CASES = [
     ("level2", "seq_in_loop", dict(DK=128, DV=64, dtype="float16", with_state=True)),
     ("level2", "seq_in_loop", dict(DK=128, DV=128, dtype="bfloat16", overlap_gemms=False)),
     ("level2", "seq_in_loop", dict(DK=128, DV=128, dtype="bfloat16", weight_tables=True)),
+    ("level3", "chunk_cumsum", dict(D=1)),
+    ("level3", "chunk_cumsum", dict(D=128, gate_dtype="bfloat16")),
+    ("level3", "seq_in_loop_scalar", dict(DK=128, DV=128, dtype="bfloat16")),
+    ("level3", "seq_in_loop_scalar", dict(DK=64, DV=128, dtype="float16", with_state=True)),
+    ("level3", "chunk_prepare", dict(DK=128, dtype="bfloat16", gate_dtype="float32")),
+    ("level3", "chunk_prepare", dict(DK=64, dtype="float16", gate_dtype="float16")),
+    ("level3", "seq_in_loop_per_channel", dict(DK=128, DV=128, dtype="bfloat16")),
+    ("level3", "seq_in_loop_per_channel", dict(DK=128, DV=64, dtype="float16", with_state=True)),
 ]
 
 

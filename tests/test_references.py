@@ -165,3 +165,26 @@ def test_subchunk_scores_match_pairwise_without_overflow(C, sub):
     want = ref3.pairwise_scores(Qc, Kc, G)
     assert torch.isfinite(got).all()
     assert (got - want).abs().max() <= 1e-12 * want.abs().max()
+
+
+@pytest.mark.parametrize("scalar", [True, False], ids=["scalar", "per_channel"])
+@pytest.mark.parametrize("strength", [0.01, 1.0, 20.0])
+@pytest.mark.parametrize("T", [1, 64, 70, 200])
+def test_level3_kernel_mimic_matches_recurrence(scalar, strength, T):
+    """The two-stage form the kernels compute (prepare in log2 units, then the pass), tails included."""
+    q, k, v, gate, h0 = gated_inputs(2, T, 2, 16, 8, scalar, strength)
+    o_a, s_a = ref3.recurrent(q * 0.5, k, v, gate, h0, True)
+    o, s = ref3.kernel_mimic(q, k, v, gate, 0.5, 64, h0, True)
+    assert torch.isfinite(o).all() and torch.isfinite(s).all()
+    assert rel_l2(o, o_a) < EPS and rel_l2(s, s_a) < EPS
+
+
+def test_level3_prepare_weights_never_exceed_one():
+    """Qw / scale, Kw and the chunk decay are the inputs times factors in (0, 1]; padding rows are zero."""
+    q, k, _, gate, _ = gated_inputs(1, 100, 2, 8, 4, False, 20.0)
+    Qw, Kw, decay, _ = ref3.prepare(q, k, gate, 1.0)
+    Qc, Kc = (torch.nn.functional.pad(x, (0, 0, 0, 0, 0, 28)).permute(0, 2, 1, 3).reshape(1, 2, 2, 64, 8)
+              for x in (q, k))
+    assert (Qw.abs() <= Qc.abs()).all() and (Kw.abs() <= Kc.abs()).all()
+    assert (decay <= 1).all() and (decay >= 0).all()
+    assert (Kw[:, :, 1, 36:] == 0).all()          # the tail chunk has 36 real rows

@@ -108,3 +108,30 @@ def test_worked_examples_of_article_002():
     g9 = torch.cumprod(torch.full((4,), 0.9, dtype=torch.float64), 0)
     D = g9[:, None] / g9[None, :]
     assert [round(D[0, j].item(), 3) for j in (1, 2, 3)] == [1.111, 1.235, 1.372]
+
+
+def test_level3_factorization_limits():
+    """The factorized intra scores fail where e^((C-1)|g|) leaves the operand's range: fp32 and bf16
+    together, fp16 far earlier, and halving C roughly doubles the gate it survives."""
+    from kda.tables import level3 as t3
+
+    table = t3.factorization_limits()
+    limit = {(row[0], row[1]): row[2] for row in table.rows}
+    assert limit[(64, "fp32")] == pytest.approx(-1.366, abs=0.01)           # the math chapter's bound
+    assert limit[(64, "bf16")] == pytest.approx(limit[(64, "fp32")], abs=0.01)
+    assert -0.2 < limit[(64, "fp16")] < -0.1
+    for dtype in ("fp32", "fp16"):
+        assert limit[(32, dtype)] == pytest.approx(2 * limit[(64, dtype)], rel=0.05)
+    for row in table.rows:                     # where it fails, the key factor is near the format's top
+        top = {"fp32": 3.4e38, "bf16": 3.4e38, "fp16": 65504.0}[row[1]]
+        assert top / 1e3 < row[4] * 10 and row[4] < top * 10
+
+
+def test_level3_strong_gates_and_diagonal_path():
+    from kda.tables import level3 as t3
+
+    rows = t3.strong_gates().rows
+    assert all(math.isnan(r[1]) and math.isnan(r[2]) for r in rows if r[0] <= -5)
+    assert all(r[3] < 1e-12 for r in rows)
+    share = {r[0]: r[3] for r in t3.diagonal_path_share(96.0, T=1024, H=2).rows}
+    assert share["logsigmoid(x) (GLA)"] == 0 and share["uniform in [-20, 0]"] == 1

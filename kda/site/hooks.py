@@ -144,8 +144,15 @@ def _code_block(snippet: sn.Snippet) -> str:
     return f'```python title="{snippet.path}"\n{source}\n```\n'
 
 
+# tilelang logs its kernel-cache notices to stdout ("2026-01-01 00:00:00  [TileLang:..."): they
+# stay in the records and caches but are not part of what a snippet shows
+LIBRARY_LOG = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d +\[TileLang:.*\n?", re.MULTILINE)
+
+
 def _place_figures(output: str, snippet: sn.Snippet, page) -> str:
-    """``FIGURE(name.png)`` -> a path relative to the page's source, which MkDocs checks."""
+    """``FIGURE(name.png)`` -> a path relative to the page's source, which MkDocs checks; and
+    library log lines dropped."""
+    output = LIBRARY_LOG.sub("", output)
     return FIGURE.sub(lambda m: get_relative_url(f"figures/{snippet.slug}/{m.group(1)}", page.file.src_uri), output)
 
 

@@ -1,5 +1,6 @@
-# snippet: cpu uses=snippets/level1/latency.py uses=snippets/level2/latency.py uses=snippets/bench/sdpa.py
-"""Every kernel of the package against its fla peer on the H200 (bf16, B = 1, H = 32, D = 128),
+# snippet: cpu uses=snippets/level1/latency.py uses=snippets/level2/latency.py uses=snippets/level3/latency.py uses=snippets/bench/sdpa.py
+"""Every kernel of the package against its fla peer on the H200 (bf16, B = 1, H = 32, D = 128;
+level 3 at T = 32768 only, float32 gates),
 from the recorded GPU results: milliseconds, ratio, and the fraction of the hardware floor
 (HBM bytes / 4.3 TB/s, FLOPs / 686 TFLOP/s); causal softmax attention (SDPA) for context."""
 import matplotlib.pyplot as plt
@@ -9,6 +10,7 @@ from kda.tables import Table
 
 level1 = recorded_data("snippets/level1/latency.py")["rows"]
 level2 = recorded_data("snippets/level2/latency.py")["rows"]
+level3 = recorded_data("snippets/level3/latency.py")["rows"]
 sdpa = {r["T"]: r["sdpa"] for r in recorded_data("snippets/bench/sdpa.py")["rows"]}
 
 table = Table(["level", "kda kernel", "fla peer", "T", "kda (ms)", "fla (ms)", "fla / kda", "kda at % of floor",
@@ -19,6 +21,9 @@ for level, name, peer, rows in [(1, "linear_attention", "chunk_linear_attn", lev
     for r in rows:
         table.rows.append([level, name, peer, r["T"], r["kda"], r["fla"], r["fla"] / r["kda"], r["floor"] / r["kda"],
                            sdpa[r["T"]], sdpa[r["T"]] / r["kda"]])
+for r in level3:                                  # one length, both gate forms
+    table.rows.append([3, f"gated_attention, {r['form']} g", r["peer"], r["T"], r["kda"], r["fla"],
+                       r["fla"] / r["kda"], r["floor"] / r["kda"], sdpa[r["T"]], sdpa[r["T"]] / r["kda"]])
 print(table)
 
 T = [r["T"] for r in level1]
@@ -28,6 +33,9 @@ for rows, level, style in [(level1, 1, "-"), (level2, 2, "--")]:
     ax.loglog(T, [r["fla"] for r in rows], "s" + style, label=f"fla, level {level}")
     ax.loglog(T, [r["kda"] for r in rows], "^" + style, label=f"kda, level {level}")
 ax.loglog(T, [r["floor"] for r in level1], "k:", label="floor of the linear kernels")
+for r, marker in zip(level3, ("D", "P")):
+    ax.loglog([r["T"]], [r["kda"]], marker, label=f"kda, level 3 ({r['form']} g)")
+    ax.loglog([r["T"]], [r["fla"]], marker, mfc="none", label=f"fla {r['peer']}")
 ax.set_xlabel("T (B = 1, H = 32, D = 128, bf16)")
 ax.set_ylabel("latency (ms)")
 ax.grid(True, which="both", alpha=0.3)

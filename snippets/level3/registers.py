@@ -1,0 +1,31 @@
+# snippet: cpu
+"""Registers and spills of the level-3 kernels, compiled for sm_90a (DK = DV = 128, C = 64,
+bf16 inputs, float32 gates). Warp-specialised kernels launch 256 threads: 128 TMA producers and
+128 consumers."""
+import re
+
+import tilelang
+
+from kda.kernels import level3
+from kda.kernels.build import SM90A, compile_program, ptxas_report
+from kda.kernels.registers import consumer_budget
+from kda.tables import Table
+
+tilelang.set_log_level("WARNING")   # its INFO lines go to stdout, which is this page's output
+
+
+table = Table(["kernel", "grid", "threads", "ptxas registers", "spill stores (bytes)",
+               "consumer: smallest budget without spills"])
+for name, fn, params, grid in [
+    ("chunk_cumsum", level3.chunk_cumsum, dict(D=1), "(NC, B*H)"),
+    ("seq_in_loop_scalar", level3.seq_in_loop_scalar, dict(DK=128, DV=128), "(DV/32, B*H)"),
+    ("chunk_prepare", level3.chunk_prepare, dict(DK=128), "(NC, B*H)"),
+    ("seq_in_loop_per_channel", level3.seq_in_loop_per_channel, dict(DK=128, DV=128), "(DV/32, B*H)"),
+]:
+    kernel = compile_program(fn, (), target=SM90A, **params)
+    r = ptxas_report(kernel)
+    budget = consumer_budget(kernel)["smallest_without_spills"]
+    threads = re.search(r"__launch_bounds__[(](\d+)", kernel.get_kernel_source()).group(1)
+    table.rows.append([name, grid, threads, r["registers"], r["spill_store_bytes"],
+                       budget if budget is not None else "not warp-specialised"])
+print(table)
