@@ -188,3 +188,56 @@ def test_level3_prepare_weights_never_exceed_one():
     assert (Qw.abs() <= Qc.abs()).all() and (Kw.abs() <= Kc.abs()).all()
     assert (decay <= 1).all() and (decay >= 0).all()
     assert (Kw[:, :, 1, 36:] == 0).all()          # the tail chunk has 36 real rows
+
+
+# --- level 4: the delta rule (WY / UT form) ---------------------------------------------------
+
+from kda.reference import level4 as ref4  # noqa: E402
+from kda.reference._common import to_chunks  # noqa: E402
+
+
+def delta_rule_inputs(B, T, H, DK, DV, seed=0, normalize=True):
+    q, k, v, _ = inputs(B, T, H, DK, DV, seed)
+    g = torch.Generator().manual_seed(seed + 20)
+    if normalize:
+        k = ref4.l2_normalize(k)
+    beta = torch.rand(B, T, H, generator=g, dtype=torch.float64)
+    h0 = torch.randn(B, H, DK, DV, generator=g, dtype=torch.float64)
+    return q, k, v, beta, h0
+
+
+@pytest.mark.parametrize("T,C", [(1, 16), (37, 16), (64, 64), (130, 64), (200, 32)])
+def test_level4_forms_agree(T, C):
+    q, k, v, beta, h0 = delta_rule_inputs(2, T, 3, 16, 8)
+    o_a, s_a = ref4.recurrent(q, k, v, beta, h0, True)
+    for o, s in [ref4.chunked(q, k, v, beta, C, h0, True), ref4.kernel_mimic(q, k, v, beta, 1.0, C, h0, True)]:
+        assert rel_l2(o, o_a) < EPS and rel_l2(s, s_a) < EPS
+
+
+def test_level4_is_level0_without_gate():
+    """The gated delta rule of level 0 with g = 0 is this level's delta rule."""
+    q, k, v, beta, h0 = delta_rule_inputs(1, 70, 2, 8, 6)
+    o0, s0 = ref0.recurrent(q, k, v, torch.zeros(1, 70, 2), beta, h0, True)
+    o4, s4 = ref4.recurrent(q, k, v, beta, h0, True)
+    assert rel_l2(o4, o0) < EPS and rel_l2(s4, s0) < EPS
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_blocked_inverse_matches_solve_triangular(normalize):
+    q, k, v, beta, _ = delta_rule_inputs(2, 128, 2, 32, 8, seed=3, normalize=normalize)
+    Kc = to_chunks(k, 64)
+    bc = to_chunks(beta[..., None], 64)[..., 0]
+    A = ref4.scaled_kkt(Kc, bc)
+    eye = torch.eye(64, dtype=torch.float64)
+    want = torch.linalg.solve_triangular(eye + A, eye.expand(A.shape), upper=False, unitriangular=True)
+    for got in (ref4.invert_unit_lower(A), ref4.invert_unit_lower_blocked(A, 16)):
+        assert rel_l2(got, want) < 1e-12
+
+
+def test_level4_beta_zero_keeps_the_state_and_beta_one_writes_v():
+    """b = 0: nothing is written. b = 1 with a unit key: S^T k equals v right after the step."""
+    q, k, v, _, h0 = delta_rule_inputs(1, 5, 1, 8, 4)
+    _, s = ref4.recurrent(q, k, v, torch.zeros(1, 5, 1), h0, True)
+    assert torch.equal(s, h0)
+    _, s = ref4.recurrent(q[:, :1], k[:, :1], v[:, :1], torch.ones(1, 1, 1), h0, True)
+    assert torch.allclose(torch.einsum("bhk,bhkv->bhv", k[:, 0], s), v[:, 0], atol=1e-12)
