@@ -5,13 +5,15 @@ Public functions (``[B, T, H, D]`` tensors, like flash-linear-attention):
 * ``linear_attention(q, k, v, ...)``         level 1, ``S <- S + k v^T``
 * ``decay_attention(q, k, v, alpha, ...)``   level 2, ``S <- a S + k v^T``
 * ``gated_attention(q, k, v, g, ...)``       level 3, ``S <- diag(exp g_t) S + k v^T``
+* ``delta_rule(q, k, v, beta, ...)``         level 4, ``S <- S + b k (v - S^T k)^T``
 
 On CUDA tensors they run TileLang kernels (``pip install kda[gpu]``); on CPU tensors a
 plain PyTorch chunked path. References live in ``kda.reference``.
 """
 
+from kda.delta import delta_rule
 from kda.gated import gated_attention
 from kda.ops import decay_attention, linear_attention
 
 __version__ = "0.1.0"
-__all__ = ["linear_attention", "decay_attention", "gated_attention", "__version__"]
+__all__ = ["linear_attention", "decay_attention", "gated_attention", "delta_rule", "__version__"]

@@ -120,3 +120,28 @@ def test_unchecked_gates_skip_only_the_value_check():
     q, k, v = qkv()
     kda.gated_attention(q, k, v, torch.full((2, 70, 3), 0.1), check_gates=False)   # no error: the caller's promise
     raises(r"g must have shape", kda.gated_attention, q, k, v, torch.zeros(2, 70, 4), check_gates=False)
+
+
+def test_delta_rule_cpu_matches_recurrence():
+    from kda.reference import level4 as ref4
+
+    q, k, v = qkv()
+    beta = torch.rand(2, 70, 3)
+    h0 = torch.randn(2, 3, 8, 6)
+    o, ht = kda.delta_rule(q, k, v, beta, initial_state=h0, output_final_state=True, use_qk_l2norm=True)
+    qn, kn = ref4.l2_normalize(q.double()), ref4.l2_normalize(k.double())
+    ref_o, ref_ht = ref4.recurrent(qn * 8 ** -0.5, kn, v, beta, h0, True)
+    assert rel_l2(o, ref_o) < 1e-5 and rel_l2(ht, ref_ht) < 1e-5
+
+
+@pytest.mark.parametrize("beta,match", [
+    (torch.full((2, 70, 3), 1.5), r"beta must lie in \[0, 1\]"),
+    (torch.full((2, 70, 3), -0.1), r"beta must lie in \[0, 1\]"),
+    (torch.full((2, 70, 3), float("nan")), r"beta must lie in \[0, 1\]"),
+    (torch.zeros(2, 70), r"beta must have shape \[B, T, H\] = \(2, 70, 3\)"),
+    (torch.zeros(2, 70, 3, dtype=torch.int64), r"beta must be a floating tensor"),
+    (0.5, r"beta must be a tensor"),
+])
+def test_bad_beta(beta, match):
+    q, k, v = qkv()
+    raises(match, kda.delta_rule, q, k, v, beta)

@@ -1,0 +1,90 @@
+"""Level 4 public function: the delta rule, ``S_t = (I - b_t k_t k_t^T) S_{t-1} + b_t k_t v_t^T``.
+
+Conventions as in ``kda.ops``. On CUDA the three stages of ``kda.kernels.level4`` (not yet
+measured on a GPU; the GPU tests in ``tests/test_gpu_level4.py`` are the check), on the CPU the
+chunked float64 reference.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kda import ops, validate
+from kda.reference import level4 as ref4
+
+
+def validate_beta(beta, B: int, T: int, H: int, device, check_values: bool = True) -> None:
+    """``beta [B, T, H]``, floating, on the device of ``q``, every value in ``[0, 1]``."""
+    if not isinstance(beta, torch.Tensor):
+        raise ValueError(f"beta must be a tensor [B, T, H], got {type(beta).__name__}")
+    if tuple(beta.shape) != (B, T, H):
+        raise ValueError(f"beta must have shape [B, T, H] = {(B, T, H)}, got {validate._shape(beta)}")
+    if beta.device != device:
+        raise ValueError(f"beta must be on the device of q ({device}), got {beta.device}")
+    if not beta.is_floating_point():
+        raise ValueError(f"beta must be a floating tensor, got {beta.dtype}")
+    if check_values:
+        low, high = torch.stack(torch.aminmax(beta.float())).tolist()   # NaN reaches both
+        if not (low >= 0 and high <= 1):
+            raise ValueError(f"beta must lie in [0, 1] (the step size of the delta rule), found values in "
+                             f"[{low!r}, {high!r}]")
+
+
+def _run_kernels(q, k, v, beta, scale, h0, output_final_state):
+    from kda.kernels import level4 as kernels
+    from kda.kernels.build import compile_program
+
+    B, T, H, DK = q.shape
+    DV = v.shape[-1]
+    C = ops.CHUNK_SIZE
+    dtype = ops._dtype_name(q.dtype)
+    q, k, v = (x.contiguous() for x in (q, k, v))
+    beta = beta.to(torch.float32).contiguous()
+    with torch.cuda.device(q.device):
+        wy = compile_program(kernels.chunk_wy, (), DK=DK, DV=DV, chunk_size=C, dtype=dtype)
+        state = compile_program(kernels.state_pass, (), DK=DK, DV=DV, chunk_size=C, dtype=dtype)
+        output = compile_program(kernels.chunk_output, (), DK=DK, DV=DV, chunk_size=C, dtype=dtype)
+        W, U = ops._new_output(k.shape, k.dtype, k.device), ops._new_output(v.shape, v.dtype, v.device)
+        Ainv = torch.empty(B, T, H, C, dtype=torch.float32, device=q.device)
+        wy(k, v, beta, W, U, Ainv)
+        h = ops._new_output((B, -(-T // C), H, DK, DV), q.dtype, q.device)
+        v_new = ops._new_output(v.shape, v.dtype, v.device)
+        ht = ops._new_output((B, H, DK, DV), torch.float32, q.device)
+        if h0 is None:
+            h0 = torch.zeros(B, H, DK, DV, dtype=torch.float32, device=q.device)
+        state(k, W, U, h0.to(torch.float32).contiguous(), h, v_new, ht)
+        o = ops._new_output((B, T, H, DV), q.dtype, q.device)
+        output(q, k, h, v_new, scale, o)
+    return o, (ht if output_final_state else None)
+
+
+# --8<-- [start:delta_rule]
+def delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state=False,
+               use_qk_l2norm=False, check_beta=True):
+    """The delta rule: ``S_t = S_{t-1} + b_t k_t (v_t - S_{t-1}^T k_t)^T``, ``o_t = S_t^T (scale q_t)``.
+
+    Args:
+        beta: ``[B, T, H]``, the step size per token and head, in ``[0, 1]``.
+        use_qk_l2norm: L2-normalize ``q`` and ``k`` over the head dimension first (fla's
+            ``use_qk_l2norm_in_kernel``); with unit keys and ``b <= 1`` every step is a
+            contraction, which is what keeps the state bounded.
+        check_beta: check the values of ``beta`` (one read-back from the GPU).
+        q, k, v, scale, initial_state, output_final_state: as in ``kda.linear_attention``.
+
+    Returns:
+        ``o [B, T, H, DV]``, or ``(o, final_state)`` when ``output_final_state`` is true.
+        Same function as fla's ``chunk_delta_rule``.
+    """
+    B, T, H, DK, DV = validate.check_qkv(q, k, v)
+    validate_beta(beta, B, T, H, q.device, check_values=check_beta)
+    scale = validate.check_scale(scale, DK)
+    h0 = validate.check_initial_state(initial_state, B, H, DK, DV, q.device)
+    if use_qk_l2norm:
+        q, k = (ref4.l2_normalize(x.float()).to(x.dtype) for x in (q, k))
+    if q.device.type == "cuda":
+        o, final = _run_kernels(q, k, v, beta, scale, h0, output_final_state)
+    else:
+        o, final = ref4.chunked(q.double() * scale, k, v, beta, ops.CHUNK_SIZE, h0, output_final_state)
+        o, final = o.to(q.dtype), (final.float() if final is not None else None)
+    return ops._finish(o, final, output_final_state)
+# --8<-- [end:delta_rule]
