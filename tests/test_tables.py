@@ -135,3 +135,13 @@ def test_level3_strong_gates_and_diagonal_path():
     assert all(r[3] < 1e-12 for r in rows)
     share = {r[0]: r[3] for r in t3.diagonal_path_share(96.0, T=1024, H=2).rows}
     assert share["logsigmoid(x) (GLA)"] == 0 and share["uniform in [-20, 0]"] == 1
+
+
+def test_level4_solve_conditioning():
+    """Unit keys keep I + A well conditioned (the inverse's entries stay at most 1); raw keys do not."""
+    from kda.tables import level4 as t4
+
+    rows = {r[0]: r for r in t4.solve_conditioning(chunks=8).rows}
+    assert rows["L2-normalized"][2] < 10 and rows["L2-normalized"][3] <= 1 + 1e-9
+    assert rows["L2-normalized"][4] < 1e-6
+    assert rows["raw N(0, 1)"][2] > 1e6
