@@ -45,7 +45,7 @@ def factorization_limits(tolerance: float = 1e-2) -> Table:
     """For each chunk size and operand dtype, the weakest constant gate ``g`` per step at which
     the single-GEMM factorization fails (inf/NaN, or a relative error above ``tolerance``),
     found by bisection on ``|g|``; and the decay ``e^g`` it corresponds to."""
-    table = Table(["C", "operands", "fails from g =", "decay e^g per step", "key factor e^((C-1) abs(g)) there"],
+    table = Table(["C", "operands", "fails from g =", "decay e^g per step", "key factor e^(C abs(g)) there"],
                   formats=[None, None, "{:.3f}", "{:.3f}", sci])
     for C in (64, 32, 16):
         q, k = _inputs(C)
@@ -57,7 +57,7 @@ def factorization_limits(tolerance: float = 1e-2) -> Table:
                     hi = mid
                 else:
                     lo = mid
-            table.rows.append([C, name, -hi, math.exp(-hi), math.exp((C - 1) * hi)])
+            table.rows.append([C, name, -hi, math.exp(-hi), math.exp(C * hi)])
     return table
 # --8<-- [end:factorization_limits]
 
