@@ -5,7 +5,9 @@ Public functions (``[B, T, H, D]`` tensors, like flash-linear-attention):
 * ``linear_attention(q, k, v, ...)``         level 1, ``S <- S + k v^T``
 * ``decay_attention(q, k, v, alpha, ...)``   level 2, ``S <- a S + k v^T``
 * ``gated_attention(q, k, v, g, ...)``       level 3, ``S <- diag(exp g_t) S + k v^T``
-* ``delta_rule(q, k, v, beta, ...)``         level 4, ``S <- S + b k (v - S^T k)^T``
+* ``delta_rule(q, k, v, beta, ...)``         level 4, ``S <- S + b k (v - S^T k)^T`` (kernels not yet
+  checked on a GPU)
+* ``chunk_kda`` / ``chunk_gated_delta_rule``  level 5, fla-shaped; CPU path only so far
 
 On CUDA tensors they run TileLang kernels (``pip install kda[gpu]``); on CPU tensors a
 plain PyTorch chunked path. References live in ``kda.reference``.
@@ -13,7 +15,9 @@ plain PyTorch chunked path. References live in ``kda.reference``.
 
 from kda.delta import delta_rule
 from kda.gated import gated_attention
+from kda.gated_delta import chunk_gated_delta_rule, chunk_kda
 from kda.ops import decay_attention, linear_attention
 
 __version__ = "0.1.0"
-__all__ = ["linear_attention", "decay_attention", "gated_attention", "delta_rule", "__version__"]
+__all__ = ["linear_attention", "decay_attention", "gated_attention", "delta_rule", "chunk_kda",
+           "chunk_gated_delta_rule", "__version__"]
