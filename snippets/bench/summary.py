@@ -4,6 +4,7 @@ level 3 at T = 32768 only, float32 gates),
 from the recorded GPU results: milliseconds, ratio, and the fraction of the hardware floor
 (HBM bytes / 4.3 TB/s, FLOPs / 686 TFLOP/s); causal softmax attention (SDPA) for context."""
 import matplotlib.pyplot as plt
+from matplotlib.ticker import NullFormatter
 
 from kda.site.runtime import figure, recorded_data
 from kda.tables import Table
@@ -36,6 +37,8 @@ ax.loglog(T, [r["floor"] for r in level1], "k:", label="floor of the linear kern
 for r, marker in zip(level3, ("D", "P")):
     ax.loglog([r["T"]], [r["kda"]], marker, label=f"kda, level 3 ({r['form']} g)")
     ax.loglog([r["T"]], [r["fla"]], marker, mfc="none", label=f"fla {r['peer']}")
+ax.set_xticks(T, [str(t) for t in T])             # the measured lengths; matplotlib's minor
+ax.xaxis.set_minor_formatter(NullFormatter())     # labels would overlap
 ax.set_xlabel("T (B = 1, H = 32, D = 128, bf16)")
 ax.set_ylabel("latency (ms)")
 ax.grid(True, which="both", alpha=0.3)

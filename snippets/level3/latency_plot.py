@@ -19,8 +19,10 @@ for form, parts in bars:
     row = next(r for r in record["rows"] if r["form"] == form)
     left = 0.0
     for stage, label in parts:
-        ax.barh(y, stages[(form, stage)], left=left, color=colors[label], edgecolor="white")
-        ax.text(left + stages[(form, stage)] / 2, y, label, ha="center", va="center", fontsize=7)
+        ax.barh(y, stages[(form, stage)], left=left, color=colors[label], edgecolor="white",
+                label=label if (form, label) != ("per channel", "check") else None)
+        if stages[(form, stage)] > 0.4:                # label the wide segments; the legend has all
+            ax.text(left + stages[(form, stage)] / 2, y, label, ha="center", va="center", fontsize=7)
         left += stages[(form, stage)]
     labels.append(f"kda, {form}")
     ax.barh(y + 1, row["fla"], color="#2ca02c")
@@ -30,5 +32,6 @@ for form, parts in bars:
 ax.set_yticks(range(len(labels)), labels, fontsize=8)
 ax.set_xlabel("ms (B = 1, T = 32768, H = 32, D = 128, bf16; dotted: hardware floors)")
 ax.invert_yaxis()
+ax.legend(fontsize=7, loc="upper right")
 ax.grid(True, axis="x", alpha=0.3)
 figure(fig, "stages", "level-3 latency by stage against fla on the H200")
