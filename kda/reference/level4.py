@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from kda.reference._common import as_f64, from_chunks, start_state, to_chunks
+from kda.reference._common import as_f64, causal_mask, from_chunks, start_state, to_chunks
+from kda.reference.level0 import forward_substitution
 
 
 def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -45,13 +46,10 @@ def scaled_kkt(Kc, beta_c):
 
 
 def invert_unit_lower(A):
-    """``(I + A)^-1`` for strictly lower ``A [..., C, C]`` by forward substitution, row by row:
-    row ``i`` of the inverse is ``e_i - sum_{j<i} A_ij (row j)``."""
-    C = A.shape[-1]
-    Tinv = torch.eye(C, dtype=A.dtype, device=A.device).expand(A.shape).clone()
-    for i in range(1, C):
-        Tinv[..., i, :] = Tinv[..., i, :] - (A[..., i, :i, None] * Tinv[..., :i, :]).sum(-2)
-    return Tinv
+    """``(I + A)^-1`` for strictly lower ``A [..., C, C]``: level 0's forward substitution with
+    the identity on the right, so row ``i`` of the inverse is ``e_i - sum_{j<i} A_ij (row j)``."""
+    eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
+    return forward_substitution(eye + A, eye.expand(A.shape))
 
 
 def invert_unit_lower_blocked(A, block=16):
@@ -95,8 +93,7 @@ def state_pass(Kc, W, U, h0):
 
 def chunk_output(Qc, Kc, snapshots, v_new):
     """``O = Q S_enter + tril(Q K^T) (U - W S_enter)`` per chunk (every chunk independent)."""
-    C = Qc.shape[-2]
-    causal = torch.ones(C, C, dtype=torch.bool, device=Qc.device).tril()
+    causal = causal_mask(Qc.shape[-2], Qc.device)
     return Qc @ snapshots + torch.where(causal, Qc @ Kc.transpose(-1, -2), 0.0) @ v_new
 # --8<-- [end:stages]
 
@@ -117,8 +114,7 @@ def chunked(q, k, v, beta, chunk_size=64, initial_state=None, output_final_state
         Q, K, V, b = Qc[:, :, c], Kc[:, :, c], Vc[:, :, c], beta_c[:, :, c]
         W, U = wy(invert_unit_lower(scaled_kkt(K, b)), K, V, b)
         new = U - W @ S
-        causal = torch.ones(Q.shape[-2], Q.shape[-2], dtype=torch.bool, device=Q.device).tril()
-        out.append(Q @ S + torch.where(causal, Q @ K.transpose(-1, -2), 0.0) @ new)
+        out.append(chunk_output(Q, K, S, new))
         S = S + K.transpose(-1, -2) @ new
     return from_chunks(torch.stack(out, dim=2), q.shape[1]), (S if output_final_state else None)
 # --8<-- [end:chunked]

@@ -7,6 +7,7 @@ import math
 import torch
 
 from kda.reference import level3 as ref
+from kda.reference._common import causal_mask
 from kda.tables import Table, sci
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -25,8 +26,7 @@ def factorized_scores(q, k, G, dtype):
     causal mask. ``G`` is the chunk-local cumulative gate (natural log)."""
     qw = (q * torch.exp(G)).to(dtype).double()
     kw = (k * torch.exp(-G)).to(dtype).double()
-    C = G.shape[-2]
-    return torch.where(torch.ones(C, C, dtype=torch.bool).tril(), qw @ kw.transpose(-1, -2), 0.0)
+    return torch.where(causal_mask(G.shape[-2], G.device), qw @ kw.transpose(-1, -2), 0.0)
 
 
 def _factorized_error(g, C, dtype, q, k) -> float:

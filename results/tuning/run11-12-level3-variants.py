@@ -1,4 +1,5 @@
 """Variants of the level-3 kernels at the headline shape, timed side by side."""
+# (as run: `l3var` = run11-level3-variants-kernel.py, `l2var.l2_branchfree` = kda/kernels/level2.py with run12-level2-branchfree.diff applied)
 import json, os, sys, time, traceback
 sys.path.insert(0, os.path.join(os.getcwd(), ".scratch"))
 import torch
