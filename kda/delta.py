@@ -1,8 +1,7 @@
 """Level 4 public function: the delta rule, ``S_t = (I - b_t k_t k_t^T) S_{t-1} + b_t k_t v_t^T``.
 
-Conventions as in ``kda.ops``. On CUDA the three stages of ``kda.kernels.level4`` once they have
-passed ``tests/test_gpu_level4.py`` (see ``CUDA_KERNELS_CHECKED``); on the CPU the chunked
-float64 reference.
+Conventions as in ``kda.ops``. On CUDA two kernels of ``kda.kernels.level4``: ``chunk_wy`` and
+the fused ``state_output_pass``; on the CPU the chunked float64 reference.
 """
 
 from __future__ import annotations
@@ -36,6 +35,7 @@ def validate_beta(beta, B: int, T: int, H: int, device, check_values: bool = Tru
 
 
 def _run_kernels(q, k, v, beta, scale, h0, output_final_state):
+    """``chunk_wy`` (all chunks at once), then ``state_output_pass`` (sequential, fused output)."""
     from kda.kernels import level4 as kernels
     from kda.kernels.build import compile_program
 
@@ -47,19 +47,14 @@ def _run_kernels(q, k, v, beta, scale, h0, output_final_state):
     beta = beta.to(torch.float32).contiguous()
     with torch.cuda.device(q.device):
         wy = compile_program(kernels.chunk_wy, (), DK=DK, DV=DV, chunk_size=C, dtype=dtype)
-        state = compile_program(kernels.state_pass, (), DK=DK, DV=DV, chunk_size=C, dtype=dtype)
-        output = compile_program(kernels.chunk_output, (), DK=DK, DV=DV, chunk_size=C, dtype=dtype)
+        fused = compile_program(kernels.state_output_pass, (), DK=DK, DV=DV, chunk_size=C, dtype=dtype)
         W, U = ops._new_output(k.shape, k.dtype, k.device), ops._new_output(v.shape, v.dtype, v.device)
-        Ainv = torch.empty(B, T, H, C, dtype=torch.float32, device=q.device)
-        wy(k, v, beta, W, U, Ainv)
-        h = ops._new_output((B, -(-T // C), H, DK, DV), q.dtype, q.device)
-        v_new = ops._new_output(v.shape, v.dtype, v.device)
-        ht = ops._new_output((B, H, DK, DV), torch.float32, q.device)
+        wy(k, v, beta, W, U)
         if h0 is None:
             h0 = torch.zeros(B, H, DK, DV, dtype=torch.float32, device=q.device)
-        state(k, W, U, h0.to(torch.float32).contiguous(), h, v_new, ht)
         o = ops._new_output((B, T, H, DV), q.dtype, q.device)
-        output(q, k, h, v_new, scale, o)
+        ht = ops._new_output((B, H, DK, DV), torch.float32, q.device)
+        fused(q, k, W, U, h0.to(torch.float32).contiguous(), scale, o, ht)
     return o, (ht if output_final_state else None)
 
 

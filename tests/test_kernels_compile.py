@@ -24,7 +24,8 @@ CASES = [
     ("level3", "seq_in_loop_per_channel", dict(DK=128, DV=128, dtype="bfloat16")),
     ("level3", "seq_in_loop_per_channel", dict(DK=128, DV=64, dtype="float16", with_state=True)),
     ("level4", "chunk_wy", dict(DK=128, DV=128, dtype="bfloat16")),
-    ("level4", "chunk_wy", dict(DK=64, DV=128, dtype="float16")),
+    ("level4", "chunk_wy", dict(DK=64, DV=128, dtype="float16", merge="substitution", write_inverse=True)),
+    ("level4", "state_output_pass", dict(DK=128, DV=128, dtype="bfloat16")),
     ("level4", "state_pass", dict(DK=128, DV=128, dtype="bfloat16")),
     ("level4", "chunk_output", dict(DK=128, DV=64, dtype="float16")),
 ]

@@ -230,7 +230,8 @@ def test_blocked_inverse_matches_solve_triangular(normalize):
     A = ref4.scaled_kkt(Kc, bc)
     eye = torch.eye(64, dtype=torch.float64)
     want = torch.linalg.solve_triangular(eye + A, eye.expand(A.shape), upper=False, unitriangular=True)
-    for got in (ref4.invert_unit_lower(A), ref4.invert_unit_lower_blocked(A, 16)):
+    for got in (ref4.invert_unit_lower(A), ref4.invert_unit_lower_blocked(A, 16),
+                ref4.invert_unit_lower_products(A, 16)):
         assert rel_l2(got, want) < 1e-12
 
 

@@ -1,35 +1,35 @@
 """Level 4 TileLang kernels: the delta rule, one function per stage.
 
 1. ``chunk_wy``: per chunk and all chunks at once, ``A = tril(diag(b) K K^T, -1)``, the inverse
-   ``(I + A)^-1`` (``solve_unit_lower``: 16 x 16 diagonal blocks by forward substitution, then
-   block forward substitution), and ``W = (I + A)^-1 diag(b) K``, ``U = (I + A)^-1 diag(b) V``.
+   ``(I + A)^-1`` (``invert_diagonal_blocks``: 16 x 16 diagonal blocks by forward substitution;
+   then ``merge_by_products``, four tf32 GEMMs, or ``merge_by_substitution``, block forward
+   substitution on the CUDA cores), and ``W = (I + A)^-1 diag(b) K``, ``U = (I + A)^-1 diag(b) V``.
 2. ``state_pass``: sequence in a loop, grid over (value stripes, B*H), state in registers; per
    chunk it writes the entering state (the snapshot the output stage reads) and the corrected
    values ``U - W S``, then ``S += K^T (U - W S)``.
 3. ``chunk_output``: all chunks at once, ``O = scale (Q S_enter + tril(Q K^T) (U - W S_enter))``.
 
-Mirrors ``kda.reference.level4`` (``kernel_mimic`` and its stages). Not yet run on a GPU.
+``state_output_pass`` is stages 2 and 3 fused (what ``kda.delta_rule`` runs). Mirrors
+``kda.reference.level4`` (``kernel_mimic`` and its stages).
 """
 
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
 import tilelang.language as T
 
+from kda.kernels.level3 import real, tf32_nearest
+
 ACCUM = "float32"
 
 
-# --8<-- [start:solve_unit_lower]
+# --8<-- [start:invert_diagonal_blocks]
 @T.macro
-def solve_unit_lower(A_s, Tinv_s, X_s, C, block):
-    """``Tinv_s = (I + A_s)^-1`` for strictly lower ``A_s [C, C]`` (float32, shared).
-
-    The diagonal ``block x block`` blocks are independent: row ``r`` of block ``I`` is
-    ``e_r - sum_{j<r} A_rj (row j)``, one row per step for all blocks at once. Below the
-    diagonal, block ``(I, J)`` needs the blocks ``(K, J)`` with ``J <= K < I``: by distance
-    ``d = I - J``, ``X = sum_K A_IK T_KJ`` and then ``T_IJ = -T_II X``.
-    """
+def invert_diagonal_blocks(A_s, Tinv_s, C, block):
+    """``Tinv_s`` = the inverse of the block-diagonal part of ``I + A_s`` (``A_s [C, C]`` strictly
+    lower, float32, shared): the ``block x block`` diagonal blocks are independent, and row ``r``
+    of block ``I`` is ``e_r - sum_{j<r} A_rj (row j)``, one row per step for all blocks at once."""
     n = C // block
     for i, j in T.Parallel(C, C):
-        Tinv_s[i, j] = T.if_then_else(i == j, 1.0, 0.0)
+        Tinv_s[i, j] = real(i == j)
     # the next loop runs on n * block threads only, and tilelang 0.1.15 then syncs just those:
     # make every thread's writes of A_s and Tinv_s visible first
     T.sync_threads()
@@ -40,6 +40,17 @@ def solve_unit_lower(A_s, Tinv_s, X_s, C, block):
             for j in T.serial(r):
                 acc += A_s[I * block + r, I * block + j] * Tinv_s[I * block + j, I * block + c]
             Tinv_s[I * block + r, I * block + c] = Tinv_s[I * block + r, I * block + c] - acc
+    T.sync_threads()
+# --8<-- [end:invert_diagonal_blocks]
+
+
+# --8<-- [start:merge_by_substitution]
+@T.macro
+def merge_by_substitution(A_s, Tinv_s, C, block):
+    """The blocks below the diagonal by block forward substitution on the CUDA cores, in
+    float32: by distance ``d = I - J``, ``X = sum_K A_IK T_KJ``, then ``T_IJ = -T_II X``."""
+    n = C // block
+    X_s = T.alloc_shared([n - 1, block, block], ACCUM)
     for d in T.unroll(1, n):
         for p, r, c in T.Parallel(n - d, block, block):   # block (I, J) = (p + d, p)
             acc = T.alloc_var(ACCUM)
@@ -53,62 +64,109 @@ def solve_unit_lower(A_s, Tinv_s, X_s, C, block):
             for m in T.serial(block):
                 acc += Tinv_s[(p + d) * block + r, (p + d) * block + m] * X_s[p, m, c]
             Tinv_s[(p + d) * block + r, p * block + c] = -acc
-# --8<-- [end:solve_unit_lower]
+# --8<-- [end:merge_by_substitution]
+
+
+# --8<-- [start:merge_by_products]
+@T.macro
+def merge_by_products(A_s, Tinv_s, C, block):
+    """The blocks below the diagonal from four tf32 GEMMs of the whole chunk (4 blocks of 16):
+    ``M = D A_off``, ``(I + A)^-1 = (I - M)(I + M^2) D`` (``kda.reference.level4.
+    invert_unit_lower_products``). tf32 wgmma reads both operands K-major, so every right
+    operand is stored transposed; operands are rounded to the nearest tf32 number."""
+    Bt_s = T.alloc_shared([C, C], ACCUM)        # right operands, transposed
+    Dt_s = T.alloc_shared([C, C], ACCUM)        # D transposed
+    F = T.alloc_fragment([C, C], ACCUM)
+    Y = T.alloc_fragment([C, C], ACCUM)
+    for i, j in T.Parallel(C, C):
+        Bt_s[j, i] = tf32_nearest(A_s[i, j] * real(i // block > j // block))    # A_off^T
+        Dt_s[j, i] = tf32_nearest(Tinv_s[i, j])
+        Tinv_s[i, j] = tf32_nearest(Tinv_s[i, j])
+    T.gemm(Tinv_s, Bt_s, F, transpose_B=True, clear_accum=True)               # M = D A_off
+    for i, j in T.Parallel(C, C):
+        A_s[i, j] = tf32_nearest(F[i, j])
+        Bt_s[j, i] = tf32_nearest(F[i, j])
+    T.gemm(A_s, Bt_s, F, transpose_B=True, clear_accum=True)                  # M^2
+    for i, j in T.Parallel(C, C):
+        Tinv_s[i, j] = tf32_nearest(F[i, j] + real(i == j))
+    T.gemm(Tinv_s, Dt_s, Y, transpose_B=True, clear_accum=True)               # Y = (I + M^2) D
+    for i, j in T.Parallel(C, C):
+        Bt_s[j, i] = tf32_nearest(Y[i, j])
+    T.gemm(A_s, Bt_s, F, transpose_B=True, clear_accum=True)                  # M Y
+    for i, j in T.Parallel(C, C):
+        Tinv_s[i, j] = Y[i, j] - F[i, j]                                        # (I - M) Y
+# --8<-- [end:merge_by_products]
 
 
 # --8<-- [start:chunk_wy]
-def chunk_wy(DK, DV, chunk_size=64, block=16, dtype="bfloat16", threads=128):
+def chunk_wy(DK, DV, chunk_size=64, block=16, dtype="bfloat16", threads=128, merge="products",
+             write_inverse=False):
     """Arguments at run time: ``K [B, T, H, DK]``, ``V [B, T, H, DV]``, ``beta [B, T, H]``
-    (float32), then the outputs ``W [B, T, H, DK]``, ``U [B, T, H, DV]`` (dtype) and
-    ``Ainv [B, T, H, C]`` (float32, for checking the solve alone)."""
+    (float32), then the outputs ``W [B, T, H, DK]``, ``U [B, T, H, DV]`` (dtype) and, with
+    ``write_inverse``, ``Ainv [B, T, H, C]`` (float32, to check the solve alone).
+    ``merge``: ``"products"`` (tensor cores, tf32) or ``"substitution"`` (CUDA cores, float32)."""
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     C = chunk_size
-    n = C // block
+    assert merge == "substitution" or C == 4 * block, "merge='products' is written for 4 blocks"
 
-    @T.prim_func
-    def main(
-        K: T.Tensor([B, S, H, DK], dtype),
-        V: T.Tensor([B, S, H, DV], dtype),
-        beta: T.Tensor([B, S, H], ACCUM),
-        W: T.Tensor([B, S, H, DK], dtype),
-        U: T.Tensor([B, S, H, DV], dtype),
-        Ainv: T.Tensor([B, S, H, C], ACCUM),
-    ):
-        with T.Kernel(T.ceildiv(S, C), B * H, threads=threads) as (c, bbh):
-            bb, bh, t0 = bbh // H, bbh % H, c * C
-            L = T.min(C, S - t0)
-            K_s = T.alloc_shared([C, DK], dtype)
-            V_s = T.alloc_shared([C, DV], dtype)
-            beta_s = T.alloc_shared([C], ACCUM)
-            Kb_s = T.alloc_shared([C, DK], dtype)          # diag(b) K
-            Vb_s = T.alloc_shared([C, DV], dtype)          # diag(b) V
-            A_s = T.alloc_shared([C, C], ACCUM)
-            Tinv_s = T.alloc_shared([C, C], ACCUM)
-            X_s = T.alloc_shared([n - 1, block, block], ACCUM)
-            Tcast_s = T.alloc_shared([C, C], dtype)
-            KK = T.alloc_fragment([C, C], ACCUM)
-            W_f = T.alloc_fragment([C, DK], ACCUM)
-            U_f = T.alloc_fragment([C, DV], ACCUM)
+    @T.macro
+    def body(K, V, beta, W, U, Ainv, c, bb, bh):
+        t0 = c * C
+        L = T.min(C, S - t0)
+        K_s = T.alloc_shared([C, DK], dtype)
+        V_s = T.alloc_shared([C, DV], dtype)
+        beta_s = T.alloc_shared([C], ACCUM)
+        A_s = T.alloc_shared([C, C], ACCUM)
+        Tinv_s = T.alloc_shared([C, C], ACCUM)
+        Tb_s = T.alloc_shared([C, C], dtype)               # (I + A)^-1 diag(b), cast
+        KK = T.alloc_fragment([C, C], ACCUM)
+        W_f = T.alloc_fragment([C, DK], ACCUM)
+        U_f = T.alloc_fragment([C, DV], ACCUM)
 
-            T.copy(K[bb, t0:t0 + C, bh, :], K_s)
-            T.copy(V[bb, t0:t0 + C, bh, :], V_s)
-            for i in T.Parallel(C):                        # padding rows: b = 0, nothing written
-                beta_s[i] = T.if_then_else(i < L, beta[bb, t0 + T.min(i, L - 1), bh], 0.0)
-            T.gemm(K_s, K_s, KK, transpose_B=True, clear_accum=True)
-            for i, j in T.Parallel(C, C):
-                A_s[i, j] = KK[i, j] * beta_s[i] * T.if_then_else(j < i, 1.0, 0.0)
-            solve_unit_lower(A_s, Tinv_s, X_s, C, block)
+        T.copy(K[bb, t0:t0 + C, bh, :], K_s)
+        T.copy(V[bb, t0:t0 + C, bh, :], V_s)
+        for i in T.Parallel(C):                            # padding rows: b = 0
+            beta_s[i] = T.if_then_else(i < L, beta[bb, t0 + T.min(i, L - 1), bh], 0.0)
+        T.gemm(K_s, K_s, KK, transpose_B=True, clear_accum=True)
+        for i, j in T.Parallel(C, C):
+            A_s[i, j] = KK[i, j] * beta_s[i] * real(j < i)
+        invert_diagonal_blocks(A_s, Tinv_s, C, block)
+        if merge == "products":
+            merge_by_products(A_s, Tinv_s, C, block)
+        else:
+            merge_by_substitution(A_s, Tinv_s, C, block)
+        if write_inverse:
             T.copy(Tinv_s, Ainv[bb, t0:t0 + C, bh, :])
-            for i, j in T.Parallel(C, C):
-                Tcast_s[i, j] = Tinv_s[i, j]
-            for i, d in T.Parallel(C, DK):
-                Kb_s[i, d] = K_s[i, d] * beta_s[i]
-            for i, d in T.Parallel(C, DV):
-                Vb_s[i, d] = V_s[i, d] * beta_s[i]
-            T.gemm(Tcast_s, Kb_s, W_f, clear_accum=True)
-            T.gemm(Tcast_s, Vb_s, U_f, clear_accum=True)
-            T.copy(W_f, W[bb, t0:t0 + C, bh, :])
-            T.copy(U_f, U[bb, t0:t0 + C, bh, :])
+        for i, j in T.Parallel(C, C):                      # W = T diag(b) K = (T diag(b)) K
+            Tb_s[i, j] = Tinv_s[i, j] * beta_s[j]
+        T.gemm(Tb_s, K_s, W_f, clear_accum=True)
+        T.gemm(Tb_s, V_s, U_f, clear_accum=True)
+        T.copy(W_f, W[bb, t0:t0 + C, bh, :])
+        T.copy(U_f, U[bb, t0:t0 + C, bh, :])
+
+    if write_inverse:
+        @T.prim_func
+        def main(
+            K: T.Tensor([B, S, H, DK], dtype),
+            V: T.Tensor([B, S, H, DV], dtype),
+            beta: T.Tensor([B, S, H], ACCUM),
+            W: T.Tensor([B, S, H, DK], dtype),
+            U: T.Tensor([B, S, H, DV], dtype),
+            Ainv: T.Tensor([B, S, H, C], ACCUM),
+        ):
+            with T.Kernel(T.ceildiv(S, C), B * H, threads=threads) as (c, bbh):
+                body(K, V, beta, W, U, Ainv, c, bbh // H, bbh % H)
+    else:
+        @T.prim_func
+        def main(
+            K: T.Tensor([B, S, H, DK], dtype),
+            V: T.Tensor([B, S, H, DV], dtype),
+            beta: T.Tensor([B, S, H], ACCUM),
+            W: T.Tensor([B, S, H, DK], dtype),
+            U: T.Tensor([B, S, H, DV], dtype),
+        ):
+            with T.Kernel(T.ceildiv(S, C), B * H, threads=threads) as (c, bbh):
+                body(K, V, beta, W, U, None, c, bbh // H, bbh % H)
 
     return main
 # --8<-- [end:chunk_wy]
@@ -194,7 +252,7 @@ def chunk_output(DK, DV, chunk_size=64, block_dv=64, threads=128, dtype="bfloat1
             T.gemm(Q_s, h_s, acc, clear_accum=True)
             T.gemm(Q_s, K_s, QK, transpose_B=True, clear_accum=True)
             for i, j in T.Parallel(C, C):
-                QK[i, j] = QK[i, j] * T.if_then_else(j <= i, 1.0, 0.0)
+                QK[i, j] = QK[i, j] * real(j <= i)
             T.copy(QK, QK_cast)
             T.gemm(QK_cast, Vn_s, acc)
             for i, j in T.Parallel(C, block_dv):
@@ -203,3 +261,64 @@ def chunk_output(DK, DV, chunk_size=64, block_dv=64, threads=128, dtype="bfloat1
 
     return main
 # --8<-- [end:chunk_output]
+
+
+# --8<-- [start:state_output_pass]
+def state_output_pass(DK, DV, chunk_size=64, block_dv=32, num_stages=3, threads=128, dtype="bfloat16"):
+    """``state_pass`` and ``chunk_output`` fused: the output of a chunk is made while its entering
+    state is in registers, so neither the snapshots nor ``U - W S`` go through HBM. Arguments at
+    run time: ``Q, K, W [B, T, H, DK]``, ``U [B, T, H, DV]``, ``h0 [B, H, DK, DV]`` (float32),
+    ``scale``, then the outputs ``O [B, T, H, DV]`` (dtype) and ``ht`` (float32)."""
+    B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
+    C = chunk_size
+
+    @T.prim_func
+    def main(
+        Q: T.Tensor([B, S, H, DK], dtype),
+        K: T.Tensor([B, S, H, DK], dtype),
+        W: T.Tensor([B, S, H, DK], dtype),
+        U: T.Tensor([B, S, H, DV], dtype),
+        h0: T.Tensor([B, H, DK, DV], ACCUM),
+        scale: T.float32,
+        O: T.Tensor([B, S, H, DV], dtype),
+        ht: T.Tensor([B, H, DK, DV], ACCUM),
+    ):
+        with T.Kernel(T.ceildiv(DV, block_dv), B * H, threads=threads) as (bv, bbh):
+            bb, bh, dv0 = bbh // H, bbh % H, bv * block_dv
+            Q_s = T.alloc_shared([C, DK], dtype)
+            K_s = T.alloc_shared([C, DK], dtype)
+            W_s = T.alloc_shared([C, DK], dtype)
+            U_s = T.alloc_shared([C, block_dv], dtype)
+            S_s = T.alloc_shared([DK, block_dv], dtype)
+            Vn_s = T.alloc_shared([C, block_dv], dtype)
+            O_s = T.alloc_shared([C, block_dv], dtype)
+            S_f = T.alloc_fragment([DK, block_dv], ACCUM)
+            WS = T.alloc_fragment([C, block_dv], ACCUM)
+            acc_o = T.alloc_fragment([C, block_dv], ACCUM)
+            QK = T.alloc_fragment([C, C], ACCUM)
+            QK_cast = T.alloc_fragment([C, C], dtype)
+            T.copy(h0[bb, bh, :, dv0:dv0 + block_dv], S_f)
+            for c in T.Pipelined(T.ceildiv(S, C), num_stages=num_stages):
+                T.copy(Q[bb, c * C:(c + 1) * C, bh, :], Q_s)
+                T.copy(K[bb, c * C:(c + 1) * C, bh, :], K_s)
+                T.copy(W[bb, c * C:(c + 1) * C, bh, :], W_s)
+                T.copy(U[bb, c * C:(c + 1) * C, bh, dv0:dv0 + block_dv], U_s)
+                T.copy(S_f, S_s)
+                # tilelang 0.1.15 hands a pipelined buffer back to the producer once its last
+                # GEMM is issued, waited for or not: each buffer's last GEMM waits
+                T.gemm(W_s, S_s, WS, clear_accum=True)
+                T.gemm(Q_s, S_s, acc_o, clear_accum=True, annotations={"wg_wait": -1})
+                T.gemm(Q_s, K_s, QK, transpose_B=True, clear_accum=True)
+                for i, j in T.Parallel(C, block_dv):
+                    Vn_s[i, j] = U_s[i, j] - WS[i, j]
+                for i, j in T.Parallel(C, C):
+                    QK_cast[i, j] = QK[i, j] * real(j <= i)
+                T.gemm(QK_cast, Vn_s, acc_o, annotations={"wg_wait": -1})
+                T.gemm(K_s, Vn_s, S_f, transpose_A=True)
+                for i, j in T.Parallel(C, block_dv):
+                    O_s[i, j] = acc_o[i, j] * scale
+                T.copy(O_s, O[bb, c * C:(c + 1) * C, bh, dv0:dv0 + block_dv])
+            T.copy(S_f, ht[bb, bh, :, dv0:dv0 + block_dv])
+
+    return main
+# --8<-- [end:state_output_pass]

@@ -71,6 +71,30 @@ def invert_unit_lower_blocked(A, block=16):
     return Tinv
 
 
+def invert_unit_lower_products(A, block=16):
+    """The same inverse with the blocks below the diagonal from matrix products of the whole
+    chunk (tensor-core GEMMs in a kernel) instead of block by block. With ``D`` the inverse of
+    the block-diagonal part (diagonal blocks by forward substitution) and ``A_off`` the blocks
+    below the diagonal, ``I + A = D^-1 (I + M)`` with ``M = D A_off``. ``M`` is zero on and above
+    the block diagonal, so ``M^n = 0`` for ``n`` blocks and ``(I + M)^-1 = I - M + M^2 - ...``
+    ``= (I - M)(I + M^2)(I + M^4)...``: for 4 blocks, ``(I + A)^-1 = (I - M)(I + M^2) D``."""
+    C = A.shape[-1]
+    n = C // block
+    assert n * block == C, "C must be a multiple of the block size"
+    block_of = torch.arange(C, device=A.device) // block
+    on_diagonal = block_of[:, None] == block_of[None, :]
+    D = torch.zeros_like(A)
+    for I in range(n):
+        rows = slice(I * block, (I + 1) * block)
+        D[..., rows, rows] = invert_unit_lower(A[..., rows, rows])
+    M = D @ torch.where(on_diagonal, 0.0, A)
+    Tinv, factor = D, -M
+    for _ in range((n - 1).bit_length()):       # times (I + (-M)^(2^j)), until the power is 0
+        Tinv = Tinv + factor @ Tinv
+        factor = factor @ factor
+    return Tinv
+
+
 def wy(Tinv, Kc, Vc, beta_c):
     """``W = T diag(b) K`` and ``U = T diag(b) V``: with them the chunk's corrected values
     (``b_i`` times the residuals ``v_i - S_i^T k_i``) are ``U - W S`` for the entering state ``S``."""
