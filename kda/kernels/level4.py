@@ -99,12 +99,13 @@ def merge_by_products(A_s, Tinv_s, C, block):
 
 
 # --8<-- [start:chunk_wy]
-def chunk_wy(DK, DV, chunk_size=64, block=16, dtype="bfloat16", threads=128, merge="products",
+def chunk_wy(DK, DV, chunk_size=64, block=16, dtype="bfloat16", threads=128, merge="substitution",
              write_inverse=False):
     """Arguments at run time: ``K [B, T, H, DK]``, ``V [B, T, H, DV]``, ``beta [B, T, H]``
     (float32), then the outputs ``W [B, T, H, DK]``, ``U [B, T, H, DV]`` (dtype) and, with
     ``write_inverse``, ``Ainv [B, T, H, C]`` (float32, to check the solve alone).
-    ``merge``: ``"products"`` (tensor cores, tf32) or ``"substitution"`` (CUDA cores, float32)."""
+    ``merge``: ``"substitution"`` (CUDA cores, float32) or ``"products"`` (tensor cores, tf32;
+    slower on the H200, see the level-4 chapter)."""
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     C = chunk_size
     assert merge == "substitution" or C == 4 * block, "merge='products' is written for 4 blocks"
@@ -141,8 +142,10 @@ def chunk_wy(DK, DV, chunk_size=64, block=16, dtype="bfloat16", threads=128, mer
             Tb_s[i, j] = Tinv_s[i, j] * beta_s[j]
         T.gemm(Tb_s, K_s, W_f, clear_accum=True)
         T.gemm(Tb_s, V_s, U_f, clear_accum=True)
-        T.copy(W_f, W[bb, t0:t0 + C, bh, :])
-        T.copy(U_f, U[bb, t0:t0 + C, bh, :])
+        T.copy(W_f, K_s)                                   # through shared: whole-row stores
+        T.copy(U_f, V_s)
+        T.copy(K_s, W[bb, t0:t0 + C, bh, :])
+        T.copy(V_s, U[bb, t0:t0 + C, bh, :])
 
     if write_inverse:
         @T.prim_func
@@ -154,8 +157,8 @@ def chunk_wy(DK, DV, chunk_size=64, block=16, dtype="bfloat16", threads=128, mer
             U: T.Tensor([B, S, H, DV], dtype),
             Ainv: T.Tensor([B, S, H, C], ACCUM),
         ):
-            with T.Kernel(T.ceildiv(S, C), B * H, threads=threads) as (c, bbh):
-                body(K, V, beta, W, U, Ainv, c, bbh // H, bbh % H)
+            with T.Kernel(T.ceildiv(S, C), H, B, threads=threads) as (c, bh, bb):
+                body(K, V, beta, W, U, Ainv, c, bb, bh)
     else:
         @T.prim_func
         def main(
@@ -165,8 +168,8 @@ def chunk_wy(DK, DV, chunk_size=64, block=16, dtype="bfloat16", threads=128, mer
             W: T.Tensor([B, S, H, DK], dtype),
             U: T.Tensor([B, S, H, DV], dtype),
         ):
-            with T.Kernel(T.ceildiv(S, C), B * H, threads=threads) as (c, bbh):
-                body(K, V, beta, W, U, None, c, bbh // H, bbh % H)
+            with T.Kernel(T.ceildiv(S, C), H, B, threads=threads) as (c, bh, bb):
+                body(K, V, beta, W, U, None, c, bb, bh)
 
     return main
 # --8<-- [end:chunk_wy]
@@ -191,8 +194,8 @@ def state_pass(DK, DV, chunk_size=64, block_dv=32, num_stages=2, threads=128, dt
         V_new: T.Tensor([B, S, H, DV], dtype),
         ht: T.Tensor([B, H, DK, DV], ACCUM),
     ):
-        with T.Kernel(T.ceildiv(DV, block_dv), B * H, threads=threads) as (bv, bbh):
-            bb, bh, dv0 = bbh // H, bbh % H, bv * block_dv
+        with T.Kernel(T.ceildiv(DV, block_dv), H, B, threads=threads) as (bv, bh, bb):
+            dv0 = bv * block_dv
             K_s = T.alloc_shared([C, DK], dtype)
             W_s = T.alloc_shared([C, DK], dtype)
             U_s = T.alloc_shared([C, block_dv], dtype)
@@ -225,6 +228,7 @@ def chunk_output(DK, DV, chunk_size=64, block_dv=64, threads=128, dtype="bfloat1
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     C = chunk_size
     NC = T.ceildiv(S, C)
+    NV = DV // block_dv
 
     @T.prim_func
     def main(
@@ -235,8 +239,10 @@ def chunk_output(DK, DV, chunk_size=64, block_dv=64, threads=128, dtype="bfloat1
         scale: T.float32,
         O: T.Tensor([B, S, H, DV], dtype),
     ):
-        with T.Kernel(T.ceildiv(DV, block_dv), NC, B * H, threads=threads) as (bv, c, bbh):
-            bb, bh, dv0, t0 = bbh // H, bbh % H, bv * block_dv, c * C
+        # a grid of three axes: bh and bb as block indices, not divisions by the dynamic H
+        with T.Kernel(NC * NV, H, B, threads=threads) as (cv, bh, bb):
+            c, dv0 = cv // NV, (cv % NV) * block_dv
+            t0 = c * C
             Q_s = T.alloc_shared([C, DK], dtype)
             K_s = T.alloc_shared([C, DK], dtype)
             h_s = T.alloc_shared([DK, block_dv], dtype)
@@ -283,8 +289,8 @@ def state_output_pass(DK, DV, chunk_size=64, block_dv=32, num_stages=3, threads=
         O: T.Tensor([B, S, H, DV], dtype),
         ht: T.Tensor([B, H, DK, DV], ACCUM),
     ):
-        with T.Kernel(T.ceildiv(DV, block_dv), B * H, threads=threads) as (bv, bbh):
-            bb, bh, dv0 = bbh // H, bbh % H, bv * block_dv
+        with T.Kernel(T.ceildiv(DV, block_dv), H, B, threads=threads) as (bv, bh, bb):
+            dv0 = bv * block_dv
             Q_s = T.alloc_shared([C, DK], dtype)
             K_s = T.alloc_shared([C, DK], dtype)
             W_s = T.alloc_shared([C, DK], dtype)
