@@ -1,0 +1,46 @@
+# snippet: gpu
+"""The level-4 kernels against the float64 references on the H200: the whole forward against the
+token recurrence (both dtypes, tails, DK != DV, b from 0 to 1, an initial state, outputs poisoned
+with NaN), and the solve stage alone against torch.linalg.solve_triangular in float64."""
+import torch
+
+from kda import ops
+from kda.delta import delta_rule
+from kda.kernels import level4 as kernels
+from kda.kernels.build import compile_program
+from kda.metrics import rel_l2
+from kda.reference import level4 as ref
+from kda.reference._common import to_chunks
+from kda.tables import Table, sci
+
+ops.poison_outputs = True
+torch.manual_seed(0)
+NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+B, T, H, DK, DV = 2, 1000, 4, 128, 64
+table = Table(["b", "dtype", "rel L2 o", "rel L2 final state", "NaN or inf"], formats=[None, None, sci, sci, None])
+for label, (lo, hi) in {"0": (0, 0), "uniform in [0, 1]": (0, 1), "1": (1, 1)}.items():
+    for dtype in (torch.float16, torch.bfloat16):
+        q = torch.randn(B, T, H, DK, device="cuda").to(dtype)
+        k = ref.l2_normalize(torch.randn(B, T, H, DK, device="cuda")).to(dtype)
+        v = torch.randn(B, T, H, DV, device="cuda").to(dtype)
+        beta = lo + (hi - lo) * torch.rand(B, T, H, device="cuda")
+        h0 = torch.randn(B, H, DK, DV, device="cuda")
+        o, ht = delta_rule(q, k, v, beta, initial_state=h0, output_final_state=True)
+        ref_o, ref_ht = ref.recurrent(q.double() * DK ** -0.5, k, v, beta, h0, True)
+        table.rows.append([label, NAMES[dtype], rel_l2(o, ref_o), rel_l2(ht, ref_ht),
+                           "no" if torch.isfinite(o).all() and torch.isfinite(ht).all() else "yes"])
+print(f"B, T, H, DK, DV = {B}, {T}, {H}, {DK}, {DV}; unit keys; scale = DK^-0.5\n")
+print(table)
+
+# the solve alone: chunk_wy writes the float32 inverse it used
+k = ref.l2_normalize(torch.randn(1, 4096, 8, 128, device="cuda")).bfloat16()
+v = torch.randn(1, 4096, 8, 128, device="cuda").bfloat16()
+beta = torch.rand(1, 4096, 8, device="cuda")
+W, U = torch.empty_like(k), torch.empty_like(v)
+Ainv = torch.empty(1, 4096, 8, 64, device="cuda")
+compile_program(kernels.chunk_wy, (), DK=128, DV=128, chunk_size=64, dtype="bfloat16")(k, v, beta, W, U, Ainv)
+A = ref.scaled_kkt(to_chunks(k.double(), 64), to_chunks(beta.double()[..., None], 64)[..., 0])
+eye = torch.eye(64, dtype=torch.float64, device="cuda")
+exact = torch.linalg.solve_triangular(eye + A, eye.expand(A.shape), upper=False, unitriangular=True)
+print(f"\nThe solve alone (512 chunks of 64, bf16 unit keys, b in [0, 1]): relative L2 error of the "
+      f"float32 inverse against float64 solve_triangular {sci(rel_l2(to_chunks(Ainv.double(), 64), exact))}")
