@@ -1,7 +1,7 @@
 # snippet: gpu
 """The level-4 kernels against the float64 references on the H200: the whole forward against the
 token recurrence (both dtypes, tails, DK != DV, b from 0 to 1, an initial state, outputs poisoned
-with NaN), and the solve stage alone against torch.linalg.solve_triangular in float64."""
+with NaN), and the solve alone, both merges, against torch.linalg.solve_triangular in float64."""
 import torch
 
 from kda import ops
@@ -32,15 +32,20 @@ for label, (lo, hi) in {"0": (0, 0), "uniform in [0, 1]": (0, 1), "1": (1, 1)}.i
 print(f"B, T, H, DK, DV = {B}, {T}, {H}, {DK}, {DV}; unit keys; scale = DK^-0.5\n")
 print(table)
 
-# the solve alone: chunk_wy writes the float32 inverse it used
+# the solve alone: with write_inverse, chunk_wy also writes the float32 inverse it used
 k = ref.l2_normalize(torch.randn(1, 4096, 8, 128, device="cuda")).bfloat16()
 v = torch.randn(1, 4096, 8, 128, device="cuda").bfloat16()
 beta = torch.rand(1, 4096, 8, device="cuda")
-W, U = torch.empty_like(k), torch.empty_like(v)
-Ainv = torch.empty(1, 4096, 8, 64, device="cuda")
-compile_program(kernels.chunk_wy, (), DK=128, DV=128, chunk_size=64, dtype="bfloat16")(k, v, beta, W, U, Ainv)
 A = ref.scaled_kkt(to_chunks(k.double(), 64), to_chunks(beta.double()[..., None], 64)[..., 0])
 eye = torch.eye(64, dtype=torch.float64, device="cuda")
 exact = torch.linalg.solve_triangular(eye + A, eye.expand(A.shape), upper=False, unitriangular=True)
-print(f"\nThe solve alone (512 chunks of 64, bf16 unit keys, b in [0, 1]): relative L2 error of the "
-      f"float32 inverse against float64 solve_triangular {sci(rel_l2(to_chunks(Ainv.double(), 64), exact))}")
+solve = Table(["merge", "arithmetic", "rel L2 of (I + A)^-1", "max abs error"], formats=[None, None, sci, sci])
+for merge, arithmetic in [("substitution", "float32, CUDA cores"), ("products", "tf32 GEMMs, operands rounded")]:
+    W, U = torch.empty_like(k), torch.empty_like(v)
+    Ainv = torch.full((1, 4096, 8, 64), float("nan"), device="cuda")
+    compile_program(kernels.chunk_wy, (), DK=128, DV=128, chunk_size=64, dtype="bfloat16", merge=merge,
+                    write_inverse=True)(k, v, beta, W, U, Ainv)
+    got = to_chunks(Ainv.double(), 64)
+    solve.rows.append([merge, arithmetic, rel_l2(got, exact), (got - exact).abs().max().item()])
+print("\nThe solve alone (512 chunks of 64, bf16 unit keys, b in [0, 1]) against float64 solve_triangular:\n")
+print(solve)
