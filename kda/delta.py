@@ -11,12 +11,6 @@ import torch
 from kda import ops, validate
 from kda.reference import level4 as ref4
 
-# The level-4 kernels compile for sm_90a but have not yet passed tests/test_gpu_level4.py on a
-# GPU; until they have, CUDA tensors get an error instead of unchecked numbers (the GPU tests
-# switch this on for themselves).
-CUDA_KERNELS_CHECKED = False
-
-
 def validate_beta(beta, B: int, T: int, H: int, device, check_values: bool = True) -> None:
     """``beta [B, T, H]``, floating, on the device of ``q``, every value in ``[0, 1]``."""
     if not isinstance(beta, torch.Tensor):
@@ -90,9 +84,6 @@ def delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state
     if use_qk_l2norm:
         q, k = (ref4.l2_normalize(x.float()).to(x.dtype) for x in (q, k))
     if q.device.type == "cuda":
-        if not CUDA_KERNELS_CHECKED:
-            raise NotImplementedError("kda.delta_rule: the level-4 CUDA kernels have not been checked on a GPU "
-                                      "yet (tests/test_gpu_level4.py); use CPU tensors for now")
         o, final = _run_kernels(q, k, v, beta, scale, h0, output_final_state)
     else:
         o, final = ref4.chunked(q.double() * scale, k, v, beta, ops.CHUNK_SIZE, h0, output_final_state)

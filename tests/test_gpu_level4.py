@@ -13,13 +13,6 @@ from kda.reference._common import from_chunks, to_chunks
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(autouse=True)
-def kernels_under_test(monkeypatch):
-    """These tests are the check that kda.delta.CUDA_KERNELS_CHECKED waits for."""
-    import kda.delta
-
-    monkeypatch.setattr(kda.delta, "CUDA_KERNELS_CHECKED", True)
-
 TOL = {torch.float16: 5e-3, torch.bfloat16: 5e-3}
 SHAPES = [(2, 200, 3, 64, 128), (1, 1, 2, 64, 64), (1, 1000, 2, 128, 64), (1, 129, 2, 128, 128)]
 
