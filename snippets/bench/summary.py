@@ -1,6 +1,6 @@
-# snippet: cpu uses=snippets/level1/latency.py uses=snippets/level2/latency.py uses=snippets/level3/latency.py uses=snippets/bench/sdpa.py
+# snippet: cpu uses=snippets/level1/latency.py uses=snippets/level2/latency.py uses=snippets/level3/latency.py uses=snippets/level4/latency.py uses=snippets/bench/sdpa.py
 """Every kernel of the package against its fla peer on the H200 (bf16, B = 1, H = 32, D = 128;
-level 3 at T = 32768 only, float32 gates),
+levels 3 and 4 at T = 32768 only; level 3 with float32 gates, level 4 with unit keys),
 from the recorded GPU results: milliseconds, ratio, and the fraction of the hardware floor
 (HBM bytes / 4.3 TB/s, FLOPs / 686 TFLOP/s); causal softmax attention (SDPA) for context."""
 import matplotlib.pyplot as plt
@@ -12,6 +12,7 @@ from kda.tables import Table
 level1 = recorded_data("snippets/level1/latency.py")["rows"]
 level2 = recorded_data("snippets/level2/latency.py")["rows"]
 level3 = recorded_data("snippets/level3/latency.py")["rows"]
+level4 = recorded_data("snippets/level4/latency.py")["rows"]
 sdpa = {r["T"]: r["sdpa"] for r in recorded_data("snippets/bench/sdpa.py")["rows"]}
 
 table = Table(["level", "kda kernel", "fla peer", "T", "kda (ms)", "fla (ms)", "fla / kda", "kda at % of floor",
@@ -25,6 +26,9 @@ for level, name, peer, rows in [(1, "linear_attention", "chunk_linear_attn", lev
 for r in level3:                                  # one length, both gate forms
     table.rows.append([3, f"gated_attention, {r['form']} g", r["peer"], r["T"], r["kda"], r["fla"],
                        r["fla"] / r["kda"], r["floor"] / r["kda"], sdpa[r["T"]], sdpa[r["T"]] / r["kda"]])
+for r in level4:
+    table.rows.append([4, "delta_rule", "chunk_delta_rule", r["T"], r["kda"], r["fla"], r["fla"] / r["kda"],
+                       r["floor"] / r["kda"], sdpa[r["T"]], sdpa[r["T"]] / r["kda"]])
 print(table)
 
 T = [r["T"] for r in level1]
@@ -37,6 +41,9 @@ ax.loglog(T, [r["floor"] for r in level1], "k:", label="floor of the linear kern
 for r, marker in zip(level3, ("D", "P")):
     ax.loglog([r["T"]], [r["kda"]], marker, label=f"kda, level 3 ({r['form']} g)")
     ax.loglog([r["T"]], [r["fla"]], marker, mfc="none", label=f"fla {r['peer']}")
+for r in level4:
+    ax.loglog([r["T"]], [r["kda"]], "X", label="kda, level 4 (delta rule)")
+    ax.loglog([r["T"]], [r["fla"]], "X", mfc="none", label="fla chunk_delta_rule")
 ax.set_xticks(T, [str(t) for t in T])             # the measured lengths; matplotlib's minor
 ax.xaxis.set_minor_formatter(NullFormatter())     # labels would overlap
 ax.set_xlabel("T (B = 1, H = 32, D = 128, bf16)")
