@@ -5,16 +5,16 @@ The recurrence (fla's convention, state ``d_k x d_v``)::
 
     S <- diag(exp(g_t)) S;   S <- S + beta_t k_t (v_t - S^T k_t)^T;   o_t = S^T (scale q_t)
 
-This module has the CPU path (the float64 chunked reference of ``kda.reference.level0``, one
-sequence at a time); the level-5 TileLang kernels are not written yet, so CUDA tensors get a
-clear error instead of a silently slow path.
+On CUDA the kernels of ``kda.kernels.level5`` (a scalar gate is broadcast over the key
+channels and takes the KDA path); on the CPU the float64 chunked reference of
+``kda.reference.level0``. Packed sequences (``cu_seqlens``) run one after another.
 """
 
 from __future__ import annotations
 
 import torch
 
-from kda import validate
+from kda import ops, validate
 from kda.delta import validate_beta
 from kda.gated import validate_gates
 from kda.reference import level0 as ref0
@@ -52,9 +52,11 @@ def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_
     bounds = validate_cu_seqlens(cu_seqlens, B, T)
     N = len(bounds) - 1 if bounds is not None else B
     h0 = validate.check_initial_state(initial_state, N, H, DK, DV, q.device)
-    if q.device.type != "cpu":
-        raise NotImplementedError("chunk_kda / chunk_gated_delta_rule run on CPU tensors only for now: the "
-                                  "level-5 TileLang kernels have not landed yet")
+    if q.device.type == "cuda":
+        if use_qk_l2norm_in_kernel:
+            q, k = (ref4.l2_normalize(x.float()).to(x.dtype) for x in (q, k))
+        g = g if per_channel else g[..., None].expand(*g.shape, DK)
+        return _run_kernels_packed(q, k, v, g.contiguous(), beta, scale, h0, output_final_state, bounds)
     if use_qk_l2norm_in_kernel:
         q, k = ref4.l2_normalize(q.double()), ref4.l2_normalize(k.double())
     q = q.double() * scale
@@ -74,6 +76,58 @@ def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_
         o, final = torch.cat(pieces, dim=1), torch.stack(finals)
     final = final.float() if output_final_state else None
     return o.to(v.dtype), final
+
+
+# --8<-- [start:run_kernels]
+def _run_kernels(q, k, v, g, beta, scale, h0):
+    """One batch ``[B, T, H, *]`` through the level-5 pipeline; returns ``o`` and the float32
+    final state."""
+    from kda.kernels import level3, level5
+    from kda.kernels.build import compile_program
+
+    B, T, H, DK = q.shape
+    DV, C = v.shape[-1], CHUNK_SIZE
+    NC = -(-T // C)
+    dtype, gate_dtype = ops._dtype_name(q.dtype), ops._dtype_name(g.dtype)
+    q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.to(torch.float32).contiguous()
+    with torch.cuda.device(q.device):
+        prepare_out = compile_program(level3.chunk_prepare, (), DK=DK, chunk_size=C, dtype=dtype, gate_dtype=gate_dtype)
+        prepare_kk = compile_program(level3.chunk_prepare, (), DK=DK, chunk_size=C, dtype=dtype,
+                                     gate_dtype=gate_dtype, score_dtype="float32")
+        wy = compile_program(level5.chunk_wy_gated, (), DK=DK, DV=DV, chunk_size=C, dtype=dtype)
+        state_pass = compile_program(level5.gated_state_output_pass, (), DK=DK, DV=DV, chunk_size=C, dtype=dtype)
+        new = lambda shape, dt=q.dtype: ops._new_output(shape, dt, q.device)
+        Qw, Kw, decay, A_qk = new(q.shape), new(q.shape), new((B, H, NC, DK), torch.float32), new((B, T, H, C))
+        prepare_out(q, k, g, scale, Qw, Kw, decay, A_qk)
+        Kg, A_kk = new(k.shape), new((B, T, H, C), torch.float32)
+        prepare_kk(k, k, g, 1.0, Kg, torch.empty_like(Kw), torch.empty_like(decay), A_kk)
+        W, U = new(k.shape), new(v.shape)
+        wy(Kg, v, beta, A_kk, W, U)
+        if h0 is None:
+            h0 = torch.zeros(B, H, DK, DV, dtype=torch.float32, device=q.device)
+        o, ht = new(v.shape), new((B, H, DK, DV), torch.float32)
+        state_pass(Qw, Kw, W, U, A_qk, decay, h0.to(torch.float32).contiguous(), o, ht)
+    return o, ht
+# --8<-- [end:run_kernels]
+
+
+def _run_kernels_packed(q, k, v, g, beta, scale, h0, output_final_state, bounds):
+    """``cu_seqlens``: each packed sequence is a batch of one, run in turn."""
+    if bounds is None:
+        o, ht = _run_kernels(q, k, v, g, beta, scale, h0)
+        return o, (ht if output_final_state else None)
+    pieces, finals = [], []
+    for n, (s, e) in enumerate(zip(bounds, bounds[1:])):
+        state = h0[n:n + 1] if h0 is not None else None
+        if e == s:                                       # an empty sequence keeps its state
+            pieces.append(v[:, s:e])
+            finals.append(state[0].float() if state is not None else
+                          v.new_zeros(v.shape[2], k.shape[-1], v.shape[-1], dtype=torch.float32))
+            continue
+        o_n, ht_n = _run_kernels(q[:, s:e], k[:, s:e], v[:, s:e], g[:, s:e], beta[:, s:e], scale, state)
+        pieces.append(o_n)
+        finals.append(ht_n[0])
+    return torch.cat(pieces, dim=1), (torch.stack(finals) if output_final_state else None)
 
 
 # --8<-- [start:chunk_kda]

@@ -63,12 +63,12 @@ def chunk_cumsum(D, chunk_size=64, gate_dtype="float32", threads=128):
 
     @T.prim_func
     def main(g: T.Tensor([B, S, H, D], gate_dtype), G: T.Tensor([B, H, T.ceildiv(S, C) * C, D], ACCUM)):
-        with T.Kernel(T.ceildiv(S, C), B * H, threads=threads) as (c, bbh):
+        with T.Kernel(T.ceildiv(S, C), H, B, threads=threads) as (c, bh, bb):
             g_s = T.alloc_shared([C, D], gate_dtype)
             G_s = T.alloc_shared([C, D], ACCUM)
-            T.copy(g[bbh // H, c * C:(c + 1) * C, bbh % H, :], g_s)
+            T.copy(g[bb, c * C:(c + 1) * C, bh, :], g_s)
             gates_to_log2_cumsum(g_s, G_s, T.min(C, S - c * C), C, D)
-            T.copy(G_s, G[bbh // H, bbh % H, c * C:(c + 1) * C, :])
+            T.copy(G_s, G[bb, bh, c * C:(c + 1) * C, :])
 
     return main
 # --8<-- [end:cumsum]
@@ -135,10 +135,10 @@ def seq_in_loop_scalar(DK, DV, chunk_size=64, block_dv=32, num_stages=3, threads
             scale: T.float32,
             O: T.Tensor([B, S, H, DV], dtype),
         ):
-            with T.Kernel(NV, B * H, threads=threads) as (bv, bbh):
+            with T.Kernel(NV, H, B, threads=threads) as (bv, bh, bb):
                 S_f = T.alloc_fragment([DK, block_dv], ACCUM)
                 T.clear(S_f)
-                chunk_loop(Q, K, V, G, O, scale, S_f, bbh // H, bbh % H, bv * block_dv)
+                chunk_loop(Q, K, V, G, O, scale, S_f, bb, bh, bv * block_dv)
     else:
         @T.prim_func
         def main(
@@ -151,8 +151,8 @@ def seq_in_loop_scalar(DK, DV, chunk_size=64, block_dv=32, num_stages=3, threads
             O: T.Tensor([B, S, H, DV], dtype),
             ht: T.Tensor([B, H, DK, DV], ACCUM),
         ):
-            with T.Kernel(NV, B * H, threads=threads) as (bv, bbh):
-                bb, bh, dv0 = bbh // H, bbh % H, bv * block_dv
+            with T.Kernel(NV, H, B, threads=threads) as (bv, bh, bb):
+                dv0 = bv * block_dv
                 S_f = T.alloc_fragment([DK, block_dv], ACCUM)
                 T.copy(h0[bb, bh, :, dv0:dv0 + block_dv], S_f)
                 chunk_loop(Q, K, V, G, O, scale, S_f, bb, bh, dv0)
@@ -169,13 +169,15 @@ def seq_in_loop_scalar(DK, DV, chunk_size=64, block_dv=32, num_stages=3, threads
 DIAGONAL_SPAN_MAX = 96.0
 
 
-def chunk_prepare(DK, chunk_size=64, subchunk=16, dtype="bfloat16", gate_dtype="float32", threads=256):
+def chunk_prepare(DK, chunk_size=64, subchunk=16, dtype="bfloat16", gate_dtype="float32", threads=256,
+                  score_dtype=None):
     """Per-channel gate, every chunk in parallel. Arguments at run time: ``Q, K, g, scale``,
     then the outputs
 
     * ``Qw = scale * Q * 2^G`` and ``Kw = K * 2^(G_last - G)`` (``[B, T, H, DK]``, dtype),
     * ``decay = 2^G_last`` per chunk (``[B, H, NC, DK]`` float32),
-    * ``A [B, T, H, C]`` (dtype): ``scale * sum_d q_id k_jd 2^(G_id - G_jd)`` for ``j <= i``.
+    * ``A [B, T, H, C]`` (``score_dtype``, default dtype): ``scale * sum_d q_id k_jd 2^(G_id - G_jd)``
+      for ``j <= i``. Level 5 calls it with ``Q = K`` and float32 scores for the delta rule's solve.
 
     ``A`` by sub-chunks of ``subchunk`` rows; ``G_ref`` is the gate just before a query
     sub-chunk (0 for the first), a point in the past of every score it serves.
@@ -193,6 +195,7 @@ def chunk_prepare(DK, chunk_size=64, subchunk=16, dtype="bfloat16", gate_dtype="
     C, BC = chunk_size, subchunk
     NC = T.ceildiv(S, C)
     NS = C // BC
+    score_dtype = score_dtype or dtype
 
     @T.prim_func
     def main(
@@ -203,10 +206,10 @@ def chunk_prepare(DK, chunk_size=64, subchunk=16, dtype="bfloat16", gate_dtype="
         Qw: T.Tensor([B, S, H, DK], dtype),
         Kw: T.Tensor([B, S, H, DK], dtype),
         decay: T.Tensor([B, H, NC, DK], ACCUM),
-        A_out: T.Tensor([B, S, H, C], dtype),
+        A_out: T.Tensor([B, S, H, C], score_dtype),
     ):
-        with T.Kernel(NC, B * H, threads=threads) as (c, bbh):
-            bb, bh, t0 = bbh // H, bbh % H, c * C
+        with T.Kernel(NC, H, B, threads=threads) as (c, bh, bb):
+            t0 = c * C
             L = T.min(C, S - t0)
             Q_s = T.alloc_shared([C, DK], dtype)
             K_s = T.alloc_shared([C, DK], dtype)
@@ -217,7 +220,7 @@ def chunk_prepare(DK, chunk_size=64, subchunk=16, dtype="bfloat16", gate_dtype="
             Qd_s = T.alloc_shared([C, DK], ACCUM)          # diagonal blocks (tf32 GEMM)
             Kd_s = T.alloc_shared([C, DK], ACCUM)
             span_s = T.alloc_shared([NS, DK], ACCUM)
-            A_s = T.alloc_shared([C, C], dtype)
+            A_s = T.alloc_shared([C, C], score_dtype)
             A = T.alloc_fragment([C, C], ACCUM)
             A_diag = T.alloc_fragment([C, C], ACCUM)
             A_pair = T.alloc_fragment([C, BC], ACCUM)
@@ -334,10 +337,10 @@ def seq_in_loop_per_channel(DK, DV, chunk_size=64, block_dv=32, num_stages=3, th
             V: T.Tensor([B, S, H, DV], dtype),
             O: T.Tensor([B, S, H, DV], dtype),
         ):
-            with T.Kernel(NV, B * H, threads=threads) as (bv, bbh):
+            with T.Kernel(NV, H, B, threads=threads) as (bv, bh, bb):
                 S_f = T.alloc_fragment([DK, block_dv], ACCUM)
                 T.clear(S_f)
-                chunk_loop(Qw, Kw, A, decay, V, O, S_f, bbh // H, bbh % H, bv * block_dv)
+                chunk_loop(Qw, Kw, A, decay, V, O, S_f, bb, bh, bv * block_dv)
     else:
         @T.prim_func
         def main(
@@ -350,8 +353,8 @@ def seq_in_loop_per_channel(DK, DV, chunk_size=64, block_dv=32, num_stages=3, th
             O: T.Tensor([B, S, H, DV], dtype),
             ht: T.Tensor([B, H, DK, DV], ACCUM),
         ):
-            with T.Kernel(NV, B * H, threads=threads) as (bv, bbh):
-                bb, bh, dv0 = bbh // H, bbh % H, bv * block_dv
+            with T.Kernel(NV, H, B, threads=threads) as (bv, bh, bb):
+                dv0 = bv * block_dv
                 S_f = T.alloc_fragment([DK, block_dv], ACCUM)
                 T.copy(h0[bb, bh, :, dv0:dv0 + block_dv], S_f)
                 chunk_loop(Qw, Kw, A, decay, V, O, S_f, bb, bh, dv0)

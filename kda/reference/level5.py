@@ -1,0 +1,37 @@
+"""Level 5 reference: the gated delta rule (KDA, GDN) in the order the kernels compute it.
+
+The recurrence, its chunked form and the chunk affine maps are in ``kda.reference.level0``
+(``recurrent``, ``chunked``, ``chunk_affine``, ``compose``). ``kernel_mimic`` here is the same
+function built from the stages of ``kda.kernels.level5``, in float64: level 3's ``prepare`` twice
+(``Q, K`` for the output side, ``K, K`` for the solve), level 4's blocked inverse, ``W`` and
+``U``, then the sequential pass with the output fused.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kda.reference._common import as_f64, from_chunks, start_state, to_chunks
+from kda.reference.level3 import prepare
+from kda.reference.level4 import invert_unit_lower_blocked
+
+
+# --8<-- [start:kernel_mimic]
+def kernel_mimic(q, k, v, g, beta, scale=1.0, chunk_size=64, initial_state=None, output_final_state=False):
+    """(1) ``Qw, Kw, decay, A_qk = prepare(Q, K, g, scale)`` and ``Kg, _, _, A_kk = prepare(K, K, g)``;
+    (2) ``T = (I + tril(diag(b) A_kk, -1))^-1``, ``W = T diag(b) Kg``, ``U = T diag(b) V``;
+    (3) per chunk ``V_new = U - W S``, ``O = Qw S + A_qk V_new``, ``S = diag(decay) S + Kw^T V_new``."""
+    q, k, v, beta = as_f64(q, k, v, beta)
+    Qw, Kw, decay, A_qk = prepare(q, k, g, scale, chunk_size)
+    Kg, _, _, A_kk = prepare(k, k, g, 1.0, chunk_size)
+    b = to_chunks(beta[..., None], chunk_size)[..., 0]                  # padding rows: b = 0
+    Tinv = invert_unit_lower_blocked(torch.tril(b[..., None] * A_kk, -1))
+    W, U = Tinv @ (b[..., None] * Kg), Tinv @ (b[..., None] * to_chunks(v, chunk_size))
+    S = start_state(q, v, initial_state)
+    out = []
+    for c in range(W.shape[2]):
+        new = U[:, :, c] - W[:, :, c] @ S
+        out.append(Qw[:, :, c] @ S + A_qk[:, :, c] @ new)
+        S = decay[:, :, c, :, None] * S + Kw[:, :, c].transpose(-1, -2) @ new
+    return from_chunks(torch.stack(out, dim=2), q.shape[1]), (S if output_final_state else None)
+# --8<-- [end:kernel_mimic]

@@ -1,0 +1,48 @@
+# snippet: gpu
+"""chunk_kda and chunk_gated_delta_rule on the H200 against the float64 token recurrence (fla's
+measure: RMS of the difference over RMS of the reference), both dtypes, gates from mild to
+extreme, b uniform in [0, 1], an initial state, a tail chunk, outputs poisoned with NaN; then the
+same inputs through fla's chunk_kda."""
+import torch
+
+from kda import ops
+from kda.gated_delta import chunk_gated_delta_rule, chunk_kda
+from kda.metrics import rel_l2
+from kda.reference import level0 as ref0
+from kda.reference import level4 as ref4
+from kda.tables import Table, sci
+from fla.ops.kda import chunk_kda as fla_chunk_kda
+
+ops.poison_outputs = True
+torch.manual_seed(0)
+B, T, H, DK, DV = 2, 1000, 4, 128, 64
+GATES = {
+    "logsigmoid(x)": lambda shape: torch.nn.functional.logsigmoid(torch.randn(shape, device="cuda")),
+    "uniform in [-20, 0]": lambda shape: -20 * torch.rand(shape, device="cuda"),
+    "logsigmoid, tokens 40-109 at -20": lambda shape: torch.nn.functional.logsigmoid(
+        torch.randn(shape, device="cuda")).index_fill_(1, torch.arange(40, 110, device="cuda"), -20.0),
+}
+table = Table(["op", "gate", "dtype", "error o", "error final state", "NaN or inf", "error of fla chunk_kda",
+               "kda vs fla"], formats=[None, None, None, sci, sci, None, sci, sci])
+for op, per_channel in [("chunk_kda", True), ("chunk_gated_delta_rule", False)]:
+    for gate, make in GATES.items():
+        for dtype in (torch.float16, torch.bfloat16):
+            q = torch.randn(B, T, H, DK, device="cuda").to(dtype)
+            k = ref4.l2_normalize(torch.randn(B, T, H, DK, device="cuda")).to(dtype)
+            v = torch.randn(B, T, H, DV, device="cuda").to(dtype)
+            g = make((B, T, H, DK) if per_channel else (B, T, H))
+            beta = torch.rand(B, T, H, device="cuda")
+            h0 = torch.randn(B, H, DK, DV, device="cuda")
+            fn = chunk_kda if per_channel else chunk_gated_delta_rule
+            o, ht = fn(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+            ref_o, ref_ht = ref0.recurrent(q.double() * DK ** -0.5, k, v, g, beta, h0, True)
+            finite = bool(torch.isfinite(o).all() and torch.isfinite(ht).all())
+            fla_err = agree = float("nan")
+            if per_channel:
+                o_fla, _ = fla_chunk_kda(q, k, v, g, beta.to(dtype), initial_state=h0, output_final_state=True)
+                fla_err, agree = rel_l2(o_fla, ref_o), rel_l2(o, o_fla.double())
+            table.rows.append([op, gate, {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype], rel_l2(o, ref_o),
+                               rel_l2(ht, ref_ht), "no" if finite else "yes", fla_err, agree])
+print(f"B, T, H, DK, DV = {B}, {T}, {H}, {DK}, {DV}; unit keys; scale = DK^-0.5; fla's columns for KDA only "
+      f"(its GDN runs through FlashQLA or Triton: the latency section compares them)\n")
+print(table)

@@ -1,0 +1,100 @@
+"""Level-5 kernels (chunk_kda, chunk_gated_delta_rule) on the GPU against the float64 token
+recurrence (marked ``gpu``). The error is fla's: RMS of the difference over RMS of the reference
+(the same number as the relative L2 error)."""
+
+import zlib
+
+import pytest
+import torch
+
+import kda
+from kda.metrics import rel_l2
+from kda.reference import level0 as ref0
+from kda.reference import level4 as ref4
+
+pytestmark = pytest.mark.gpu
+
+BOUND = 5e-3
+SHAPES = [(2, 200, 3, 64, 128), (1, 1, 2, 64, 64), (1, 1000, 2, 128, 64), (1, 129, 2, 128, 128)]
+GATES = ["logsigmoid", "uniform_to_-20", "runs_of_-20"]
+
+
+def gates(kind, shape, gen):
+    if kind == "logsigmoid":
+        return torch.nn.functional.logsigmoid(torch.randn(shape, generator=gen, device="cuda"))
+    if kind == "uniform_to_-20":
+        return -20 * torch.rand(shape, generator=gen, device="cuda")
+    g = torch.nn.functional.logsigmoid(torch.randn(shape, generator=gen, device="cuda"))
+    g[:, 40:110] = -20.0                                   # a long run of near-total forgetting
+    return g
+
+
+def inputs(shape, dtype, kind, per_channel, seed):
+    B, T, H, DK, DV = shape
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(B, T, H, DK, generator=gen, device="cuda").to(dtype)
+    k = ref4.l2_normalize(torch.randn(B, T, H, DK, generator=gen, device="cuda")).to(dtype)
+    v = torch.randn(B, T, H, DV, generator=gen, device="cuda").to(dtype)
+    g = gates(kind, (B, T, H, DK) if per_channel else (B, T, H), gen)
+    beta = torch.rand(B, T, H, generator=gen, device="cuda")
+    h0 = torch.randn(B, H, DK, DV, generator=gen, device="cuda")
+    return q, k, v, g, beta, h0
+
+
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
+@pytest.mark.parametrize("kind", GATES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_forward_against_token_recurrence(shape, dtype, kind, per_channel, poisoned):
+    q, k, v, g, beta, h0 = inputs(shape, dtype, kind, per_channel, zlib.crc32(repr((shape, kind)).encode()))
+    fn = kda.chunk_kda if per_channel else kda.chunk_gated_delta_rule
+    o, ht = fn(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    ref_o, ref_ht = ref0.recurrent(q.double() * shape[3] ** -0.5, k, v, g, beta, h0, True)
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+    assert rel_l2(o, ref_o) <= BOUND, f"o: {rel_l2(o, ref_o):.2e}"
+    assert rel_l2(ht, ref_ht) <= BOUND, f"final state: {rel_l2(ht, ref_ht):.2e}"
+
+
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
+def test_varlen_with_initial_states(per_channel, poisoned):
+    """Uneven packed lengths (one empty), per-sequence initial and final states."""
+    lengths = [70, 1, 0, 200, 129]
+    T = sum(lengths)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda")
+    q, k, v, g, beta, _ = inputs((1, T, 2, 128, 64), torch.bfloat16, "logsigmoid", per_channel, seed=11)
+    h0 = torch.randn(len(lengths), 2, 128, 64, device="cuda")
+    fn = kda.chunk_kda if per_channel else kda.chunk_gated_delta_rule
+    o, ht = fn(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu)
+    for n, (s, e) in enumerate(zip(cu.tolist(), cu.tolist()[1:])):
+        if e == s:
+            assert torch.equal(ht[n], h0[n])
+            continue
+        ref_o, ref_ht = ref0.recurrent(q[:, s:e].double() * 128 ** -0.5, k[:, s:e], v[:, s:e], g[:, s:e],
+                                       beta[:, s:e], h0[n:n + 1], True)
+        assert rel_l2(o[:, s:e], ref_o) <= BOUND and rel_l2(ht[n:n + 1], ref_ht) <= BOUND, n
+
+
+def test_beta_zero_and_one(poisoned):
+    """b = 0: the state only decays; b = 1: every key's value is written in full."""
+    for b in (0.0, 1.0):
+        q, k, v, g, _, h0 = inputs((1, 300, 2, 128, 128), torch.bfloat16, "logsigmoid", True, seed=3)
+        beta = torch.full((1, 300, 2), b, device="cuda")
+        o, ht = kda.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+        ref_o, ref_ht = ref0.recurrent(q.double() * 128 ** -0.5, k, v, g, beta, h0, True)
+        assert rel_l2(o, ref_o) <= BOUND and rel_l2(ht, ref_ht) <= BOUND
+
+
+def test_l2norm_in_kernel_and_fla_agreement():
+    """use_qk_l2norm_in_kernel on raw keys, and the same inputs through fla's chunk_kda."""
+    fla_kda = pytest.importorskip("fla.ops.kda").chunk_kda
+    B, T, H, D = 1, 1000, 4, 128
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    q, k, v = (torch.randn(B, T, H, D, generator=gen, device="cuda").bfloat16() for _ in range(3))
+    g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, D, generator=gen, device="cuda"))
+    beta = torch.rand(B, T, H, generator=gen, device="cuda")
+    o, _ = kda.chunk_kda(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)
+    qn, kn = ref4.l2_normalize(q.double()), ref4.l2_normalize(k.double())
+    ref_o, _ = ref0.recurrent(qn * D ** -0.5, kn, v, g, beta)
+    assert rel_l2(o, ref_o) <= BOUND
+    o_fla, _ = fla_kda(q, k, v, g, beta.bfloat16(), use_qk_l2norm_in_kernel=True)
+    assert rel_l2(o_fla, ref_o) <= 2 * BOUND and rel_l2(o, o_fla.double()) <= 2 * BOUND
