@@ -88,7 +88,7 @@ def _run_kernels(q, k, v, g, beta, scale, h0):
     B, T, H, DK = q.shape
     DV, C = v.shape[-1], CHUNK_SIZE
     NC = -(-T // C)
-    dtype, gate_dtype = ops._dtype_name(q.dtype), ops._dtype_name(g.dtype)
+    dtype, gate_dtype = ops._dtype_name(q.dtype), str(g.dtype).removeprefix("torch.")
     q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.to(torch.float32).contiguous()
     with torch.cuda.device(q.device):
         prepare_out = compile_program(level3.chunk_prepare, (), DK=DK, chunk_size=C, dtype=dtype, gate_dtype=gate_dtype)
