@@ -20,6 +20,8 @@ GATES = ["logsigmoid", "uniform_to_-20", "runs_of_-20"]
 
 
 def gates(kind, shape, gen):
+    if kind == "mild":
+        return -0.02 * torch.rand(shape, generator=gen, device="cuda")
     if kind == "logsigmoid":
         return torch.nn.functional.logsigmoid(torch.randn(shape, generator=gen, device="cuda"))
     if kind == "uniform_to_-20":
@@ -75,9 +77,10 @@ def test_varlen_with_initial_states(per_channel, poisoned):
 
 
 def test_beta_zero_and_one(poisoned):
-    """b = 0: the state only decays; b = 1: every key's value is written in full."""
+    """b = 0: the state only decays; b = 1: every key's value is written in full. Mild gates:
+    under logsigmoid gates 300 steps take the state below float32's range (1e-100)."""
     for b in (0.0, 1.0):
-        q, k, v, g, _, h0 = inputs((1, 300, 2, 128, 128), torch.bfloat16, "logsigmoid", True, seed=3)
+        q, k, v, g, _, h0 = inputs((1, 300, 2, 128, 128), torch.bfloat16, "mild", True, seed=3)
         beta = torch.full((1, 300, 2), b, device="cuda")
         o, ht = kda.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
         ref_o, ref_ht = ref0.recurrent(q.double() * 128 ** -0.5, k, v, g, beta, h0, True)
