@@ -28,6 +28,11 @@ CASES = [
     ("level4", "state_output_pass", dict(DK=128, DV=128, dtype="bfloat16")),
     ("level4", "state_pass", dict(DK=128, DV=128, dtype="bfloat16")),
     ("level4", "chunk_output", dict(DK=128, DV=64, dtype="float16")),
+    ("level3", "chunk_prepare", dict(DK=128, dtype="bfloat16", gate_dtype="float32", score_dtype="float32")),
+    ("level5", "chunk_wy_gated", dict(DK=128, DV=128, dtype="bfloat16")),
+    ("level5", "chunk_wy_gated", dict(DK=64, DV=128, dtype="float16")),
+    ("level5", "gated_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16")),
+    ("level5", "gated_state_output_pass", dict(DK=128, DV=64, dtype="float16")),
 ]
 
 

@@ -242,3 +242,23 @@ def test_level4_beta_zero_keeps_the_state_and_beta_one_writes_v():
     assert torch.equal(s, h0)
     _, s = ref4.recurrent(q[:, :1], k[:, :1], v[:, :1], torch.ones(1, 1, 1), h0, True)
     assert torch.allclose(torch.einsum("bhk,bhkv->bhv", k[:, 0], s), v[:, 0], atol=1e-12)
+
+
+from kda.reference import level5 as ref5  # noqa: E402
+
+
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
+@pytest.mark.parametrize("T,gate", [(1, 1.0), (70, 1.0), (200, 5.0), (130, 20.0)])
+def test_level5_kernel_mimic_matches_the_token_recurrence(T, gate, per_channel):
+    """The stages of kda.kernels.level5 in float64 (prepare twice, blocked solve, fused pass)
+    against level 0's token recurrence, gates down to -20 per step, tails included."""
+    gen = torch.Generator().manual_seed(T)
+    q = torch.randn(2, T, 3, 16, dtype=torch.float64, generator=gen)
+    k = ref4.l2_normalize(torch.randn(2, T, 3, 16, dtype=torch.float64, generator=gen))
+    v = torch.randn(2, T, 3, 8, dtype=torch.float64, generator=gen)
+    g = -gate * torch.rand(2, T, 3, *((16,) if per_channel else ()), dtype=torch.float64, generator=gen)
+    beta = torch.rand(2, T, 3, dtype=torch.float64, generator=gen)
+    h0 = torch.randn(2, 3, 16, 8, dtype=torch.float64, generator=gen)
+    o, s = ref0.recurrent(q * 0.3, k, v, g, beta, h0, True)
+    o5, s5 = ref5.kernel_mimic(q, k, v, g, beta, 0.3, 64, h0, True)
+    assert rel_l2(o5, o) < 1e-13 and rel_l2(s5, s) < 1e-13

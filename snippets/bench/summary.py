@@ -1,6 +1,6 @@
-# snippet: cpu uses=snippets/level1/latency.py uses=snippets/level2/latency.py uses=snippets/level3/latency.py uses=snippets/level4/latency.py uses=snippets/bench/sdpa.py
+# snippet: cpu uses=snippets/level1/latency.py uses=snippets/level2/latency.py uses=snippets/level3/latency.py uses=snippets/level4/latency.py uses=snippets/level5/latency.py uses=snippets/bench/sdpa.py
 """Every kernel of the package against its fla peer on the H200 (bf16, B = 1, H = 32, D = 128;
-levels 3 and 4 at T = 32768 only; level 3 with float32 gates, level 4 with unit keys),
+levels 3 to 5 at T = 32768 only; float32 gates, unit keys),
 from the recorded GPU results: milliseconds, ratio, and the fraction of the hardware floor
 (HBM bytes / 4.3 TB/s, FLOPs / 686 TFLOP/s); causal softmax attention (SDPA) for context."""
 import matplotlib.pyplot as plt
@@ -13,6 +13,7 @@ level1 = recorded_data("snippets/level1/latency.py")["rows"]
 level2 = recorded_data("snippets/level2/latency.py")["rows"]
 level3 = recorded_data("snippets/level3/latency.py")["rows"]
 level4 = recorded_data("snippets/level4/latency.py")["rows"]
+level5 = recorded_data("snippets/level5/latency.py")["rows"]
 sdpa = {r["T"]: r["sdpa"] for r in recorded_data("snippets/bench/sdpa.py")["rows"]}
 
 table = Table(["level", "kda kernel", "fla peer", "T", "kda (ms)", "fla (ms)", "fla / kda", "kda at % of floor",
@@ -29,6 +30,14 @@ for r in level3:                                  # one length, both gate forms
 for r in level4:
     table.rows.append([4, "delta_rule", "chunk_delta_rule", r["T"], r["kda"], r["fla"], r["fla"] / r["kda"],
                        r["floor"] / r["kda"], sdpa[r["T"]], sdpa[r["T"]] / r["kda"]])
+LEVEL5 = {"KDA": ("chunk_kda", [("fla chunk_kda", "chunk_kda")]),
+          "GDN": ("chunk_gated_delta_rule", [("fla chunk_gated_delta_rule (Triton)", "chunk_gated_delta_rule, Triton"),
+                                             ("FlashQLA 0.1.3", "FlashQLA chunk_gated_delta_rule")])}
+for r in level5:
+    name, peers = LEVEL5[r["op"]]
+    for key, peer in peers:
+        table.rows.append([5, name, peer, r["T"], r["kda"], r[key], r[key] / r["kda"], r["floor"] / r["kda"],
+                           sdpa[r["T"]], sdpa[r["T"]] / r["kda"]])
 print(table)
 
 T = [r["T"] for r in level1]
@@ -44,6 +53,8 @@ for r, marker in zip(level3, ("D", "P")):
 for r in level4:
     ax.loglog([r["T"]], [r["kda"]], "X", label="kda, level 4 (delta rule)")
     ax.loglog([r["T"]], [r["fla"]], "X", mfc="none", label="fla chunk_delta_rule")
+for r, marker in zip(level5, ("v", "<")):
+    ax.loglog([r["T"]], [r["kda"]], marker, label=f"kda, level 5 ({r['op']})")
 ax.set_xticks(T, [str(t) for t in T])             # the measured lengths; matplotlib's minor
 ax.xaxis.set_minor_formatter(NullFormatter())     # labels would overlap
 ax.set_xlabel("T (B = 1, H = 32, D = 128, bf16)")
