@@ -101,17 +101,17 @@ def test_language_switch_reaches_the_twin_page(browser, server, path, target):
 
 @pytest.mark.parametrize("word", ["寄存器", "恒等式", "精度"])
 def test_chinese_search_finds_words_inside_sentences(browser, server, word):
-    page = Visit(browser, server + "level1/").page
-    # the index builds in a web worker; a query typed before it is ready is not run again,
-    # so type it again until results show (a busy 2-core machine can take a while)
-    for attempt in range(12):
-        page.locator("input.md-search__input").fill("")
+    # the index builds in a web worker, and a query typed before it is ready is not run again
+    # (typing once more on the same page does not help either): on a busy machine, reload
+    for attempt in range(6):
+        page = Visit(browser, server + "level1/").page
         page.locator("input.md-search__input").fill(word)
         try:
-            page.wait_for_selector(".md-search-result__item", timeout=10000)
+            page.wait_for_selector(".md-search-result__item", timeout=15000)
             break
         except Exception:
-            if attempt == 11:
+            page.close()
+            if attempt == 5:
                 raise
     links = page.eval_on_selector_all(".md-search-result__item a", "els => els.map(e => e.getAttribute('href'))")
     assert any("level1" in (href or "") for href in links), f"{word}: {links}"
