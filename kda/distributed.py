@@ -70,3 +70,39 @@ def context_parallel(q, k, v, g, beta, scale=None, initial_state=None, output_fi
     last = rank == world - 1
     return o, (final if output_final_state and last else None)
 # --8<-- [end:context_parallel]
+
+
+# --8<-- [start:split_forward]
+def split_forward(q, k, v, g, beta, pieces: int, scale=None, initial_state=None, output_final_state=False,
+                  chunk_size: int = CHUNK_SIZE):
+    """Intra-card split, the same affine chain on one device: each sequence is cut into
+    ``pieces`` runs of whole chunks; every run's map ``(M, B)`` is computed with no initial state
+    (all runs at once on a GPU), the maps are folded in order into each run's true starting
+    state, and every run is recomputed from it. Same arguments and results as ``chunk_kda``
+    (``g [B, T, H, K]``) or ``chunk_gated_delta_rule`` (``g [B, T, H]``), without ``cu_seqlens``.
+
+    This is the CPU form of the algorithm (float64 maps and fold); the GPU form, which runs the
+    runs as a batch through the level-5 kernels, is not written yet."""
+    if not isinstance(pieces, int) or pieces < 1:
+        raise ValueError(f"pieces must be a positive int, got {pieces!r}")
+    if q.device.type != "cpu":
+        raise NotImplementedError("split_forward runs on CPU tensors only for now")
+    forward = chunk_kda if g.dim() == 4 else chunk_gated_delta_rule
+    T = q.shape[1]
+    run = -(-(-(-T // chunk_size)) // pieces) * chunk_size            # whole chunks per run
+    bounds = [min(p * run, T) for p in range(pieces + 1)]
+    S = (initial_state.double() if initial_state is not None
+         else torch.zeros(q.shape[0], q.shape[2], k.shape[-1], v.shape[-1], dtype=torch.float64))
+    starts = []
+    for s, e in zip(bounds, bounds[1:]):                               # the fold
+        starts.append(S)
+        if e > s:
+            M, Bm = local_affine_map(k[:, s:e], v[:, s:e], g[:, s:e], beta[:, s:e], chunk_size)
+            S = M @ S + Bm
+    outputs, final = [], None
+    for (s, e), S0 in zip(zip(bounds, bounds[1:]), starts):            # every run from its true state
+        if e > s:
+            o, final = forward(q[:, s:e], k[:, s:e], v[:, s:e], g[:, s:e], beta[:, s:e], scale, S0, True)
+            outputs.append(o)
+    return torch.cat(outputs, dim=1), (final if output_final_state else None)
+# --8<-- [end:split_forward]

@@ -65,3 +65,18 @@ def test_slice_map_matches_the_recurrence():
     _, S_end = ref0.recurrent(q, k, v, g, beta, h0, True)
     assert rel_l2(M @ h0 + Bm, S_end) < 1e-12
     assert map_bytes(2, 2, 16, 8) == M.numel() * 8 + Bm.numel() * 8
+
+
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
+@pytest.mark.parametrize("T,pieces", [(1, 4), (130, 2), (300, 3), (256, 4)])
+def test_split_forward_equals_the_plain_forward(T, pieces, per_channel):
+    """Intra-card split: runs' maps folded in order, every run recomputed from its true state."""
+    from kda.distributed import split_forward
+
+    q, k, v, g, beta, h0 = inputs(T, per_channel, seed=T)
+    forward = chunk_kda if per_channel else chunk_gated_delta_rule
+    o, s = forward(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    o2, s2 = split_forward(q, k, v, g, beta, pieces, initial_state=h0, output_final_state=True)
+    assert rel_l2(o2, o) < 1e-12 and rel_l2(s2, s) < 1e-12
+    with pytest.raises(ValueError, match="pieces"):
+        split_forward(q, k, v, g, beta, 0)
