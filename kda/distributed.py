@@ -9,8 +9,8 @@ sequence order; slices may have different lengths). A slice acts on the state as
 3. rank ``r`` folds the maps of ranks ``0 .. r-1`` into its true starting state;
 4. every rank recomputes its slice from that state; the last rank holds the final state.
 
-This is the CPU path (gloo); the fold is float64. The same steps carry over to NCCL and CUDA
-tensors once the level-5 kernels exist.
+This is the CPU path (gloo); the maps and the fold are float64. ``split_forward`` is the same
+chain inside one device (the intra-card split), also in its CPU form for now.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from kda.reference import level0 as ref0
 from kda.reference import level4 as ref4
 
 
+# --8<-- [start:local_affine_map]
 def local_affine_map(k, v, g, beta, chunk_size: int = CHUNK_SIZE):
     """``(M [B, H, K, K], B [B, H, K, V])`` of a whole slice, float64: the chunks' maps composed
     in order (``k, v, beta`` as in ``chunk_kda``; ``g`` per head or per channel)."""
@@ -35,6 +36,7 @@ def local_affine_map(k, v, g, beta, chunk_size: int = CHUNK_SIZE):
         c = slice(s, min(s + chunk_size, T))
         M, Bm = ref0.compose((M, Bm), ref0.chunk_affine(k[:, :, c], v[:, :, c], g[:, :, c], beta[:, :, c]))
     return M, Bm
+# --8<-- [end:local_affine_map]
 
 
 def map_bytes(B: int, H: int, K: int, V: int, elem_bytes: int = 8) -> int:

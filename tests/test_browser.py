@@ -15,7 +15,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-CHAPTERS = ["math/", "level1/", "level2/", "level3/", "level4/", "level5/", "api/", "benchmarks/"]
+CHAPTERS = ["math/", "level1/", "level2/", "level3/", "level4/", "level5/", "cp/", "api/", "benchmarks/"]
 PAGES = [lang + page for lang in ("", "en/") for page in ["", "level1-playground/"] + CHAPTERS]
 
 
@@ -119,7 +119,7 @@ def test_chinese_search_finds_words_inside_sentences(browser, server, word):
 
 
 # page -> (output tables at least, GPU records on it, figures)
-FILLED = {"level1/": (10, 2, 3), "level2/": (12, 2, 3), "level3/": (10, 2, 2), "level4/": (6, 2, 0), "level5/": (3, 2, 0),
+FILLED = {"level1/": (10, 2, 3), "level2/": (12, 2, 3), "level3/": (10, 2, 2), "level4/": (6, 2, 0), "level5/": (3, 2, 0), "cp/": (3, 0, 0),
           "benchmarks/": (2, 1, 1),
           "math/": (8, 0, 0)}
 

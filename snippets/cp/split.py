@@ -1,0 +1,29 @@
+# snippet: cpu
+"""Intra-card split, the CPU form: a sequence cut into P runs of whole chunks, the runs' maps folded
+in order, every run recomputed from its true state; against the plain forward (float64). And how
+many blocks the sequential pass gets at B = 1, H = 4, D = 128 (value stripes of 32) with P runs."""
+import torch
+
+from kda.distributed import split_forward
+from kda.gated_delta import chunk_gated_delta_rule, chunk_kda
+from kda.reference.level4 import l2_normalize
+from kda.tables import Table, sci
+
+gen = torch.Generator().manual_seed(0)
+B, T, H, K, V = 1, 520, 2, 32, 16
+q = torch.randn(B, T, H, K, dtype=torch.float64, generator=gen)
+k = l2_normalize(torch.randn(B, T, H, K, dtype=torch.float64, generator=gen))
+v = torch.randn(B, T, H, V, dtype=torch.float64, generator=gen)
+g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, K, dtype=torch.float64, generator=gen))
+beta = torch.rand(B, T, H, dtype=torch.float64, generator=gen)
+h0 = torch.randn(B, H, K, V, dtype=torch.float64, generator=gen)
+table = Table(["gate", "runs P", "rel L2 o", "rel L2 final state", "blocks of the sequential pass at H = 4"],
+              formats=[None, None, sci, sci, None])
+for name, forward, gate in [("KDA", chunk_kda, g), ("GDN", chunk_gated_delta_rule, g[..., 0])]:
+    o, s = forward(q, k, v, gate, beta, initial_state=h0, output_final_state=True)
+    for P in (2, 3, 9):
+        o2, s2 = split_forward(q, k, v, gate, beta, P, initial_state=h0, output_final_state=True)
+        table.rows.append([name, P, ((o2 - o).norm() / o.norm()).item(), ((s2 - s).norm() / s.norm()).item(),
+                           f"{1 * 4 * (128 // 32) * P} (of 132 SMs)"])
+print(f"B, T, H, K, V = {B}, {T}, {H}, {K}, {V} (9 chunks of 64, the last one partial)\n")
+print(table)
