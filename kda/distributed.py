@@ -21,6 +21,7 @@ import torch.distributed as dist
 from kda.gated_delta import CHUNK_SIZE, chunk_gated_delta_rule, chunk_kda
 from kda.reference import level0 as ref0
 from kda.reference import level4 as ref4
+from kda.reference._common import start_state
 
 
 # --8<-- [start:local_affine_map]
@@ -37,6 +38,15 @@ def local_affine_map(k, v, g, beta, chunk_size: int = CHUNK_SIZE):
         M, Bm = ref0.compose((M, Bm), ref0.chunk_affine(k[:, :, c], v[:, :, c], g[:, :, c], beta[:, :, c]))
     return M, Bm
 # --8<-- [end:local_affine_map]
+
+
+def fold(state, maps):
+    """The state entering each slice: ``S_0 = state``, ``S_{r+1} = M_r S_r + B_r`` for the maps
+    ``[(M_0, B_0), ...]`` of the slices in order. Returns ``[S_0, ..., S_len(maps)]``."""
+    states = [state]
+    for M, Bm in maps:
+        states.append(M @ states[-1] + Bm)
+    return states
 
 
 def map_bytes(B: int, H: int, K: int, V: int, elem_bytes: int = 8) -> int:
@@ -63,11 +73,7 @@ def context_parallel(q, k, v, g, beta, scale=None, initial_state=None, output_fi
     maps_B = [torch.empty_like(Bm) for _ in range(world)]
     dist.all_gather(maps_M, M, group=group)
     dist.all_gather(maps_B, Bm, group=group)
-    B_, _, H, K = k.shape
-    S = (initial_state.double() if initial_state is not None
-         else torch.zeros(B_, H, K, v.shape[-1], dtype=torch.float64))
-    for r in range(rank):                                   # the fold: S_r = M_{r-1} (... ) + B_{r-1}
-        S = maps_M[r] @ S + maps_B[r]
+    S = fold(start_state(q, v, initial_state), zip(maps_M[:rank], maps_B[:rank]))[-1]
     o, final = forward(q, k, v, g, beta, scale, S, True)
     last = rank == world - 1
     return o, (final if output_final_state and last else None)
@@ -91,20 +97,14 @@ def split_forward(q, k, v, g, beta, pieces: int, scale=None, initial_state=None,
         raise NotImplementedError("split_forward runs on CPU tensors only for now")
     forward = chunk_kda if g.dim() == 4 else chunk_gated_delta_rule
     T = q.shape[1]
-    run = -(-(-(-T // chunk_size)) // pieces) * chunk_size            # whole chunks per run
-    bounds = [min(p * run, T) for p in range(pieces + 1)]
-    S = (initial_state.double() if initial_state is not None
-         else torch.zeros(q.shape[0], q.shape[2], k.shape[-1], v.shape[-1], dtype=torch.float64))
-    starts = []
-    for s, e in zip(bounds, bounds[1:]):                               # the fold
-        starts.append(S)
-        if e > s:
-            M, Bm = local_affine_map(k[:, s:e], v[:, s:e], g[:, s:e], beta[:, s:e], chunk_size)
-            S = M @ S + Bm
-    outputs, final = [], None
-    for (s, e), S0 in zip(zip(bounds, bounds[1:]), starts):            # every run from its true state
-        if e > s:
-            o, final = forward(q[:, s:e], k[:, s:e], v[:, s:e], g[:, s:e], beta[:, s:e], scale, S0, True)
-            outputs.append(o)
+    chunks = -(-T // chunk_size)
+    run = -(-chunks // pieces) * chunk_size                            # whole chunks per run
+    runs = [slice(s, min(s + run, T)) for s in range(0, T, run)]
+    # the last run's map is not needed: the final state comes from its recompute
+    maps = [local_affine_map(k[:, r], v[:, r], g[:, r], beta[:, r], chunk_size) for r in runs[:-1]]
+    outputs = []
+    for r, S0 in zip(runs, fold(start_state(q, v, initial_state), maps)):
+        o, final = forward(q[:, r], k[:, r], v[:, r], g[:, r], beta[:, r], scale, S0, True)
+        outputs.append(o)
     return torch.cat(outputs, dim=1), (final if output_final_state else None)
 # --8<-- [end:split_forward]

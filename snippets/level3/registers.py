@@ -17,10 +17,10 @@ tilelang.set_log_level("WARNING")   # its INFO lines go to stdout, which is this
 table = Table(["kernel", "grid", "threads", "ptxas registers", "spill stores (bytes)",
                "consumer: smallest budget without spills"])
 for name, fn, params, grid in [
-    ("chunk_cumsum", level3.chunk_cumsum, dict(D=1), "(NC, B*H)"),
-    ("seq_in_loop_scalar", level3.seq_in_loop_scalar, dict(DK=128, DV=128), "(DV/32, B*H)"),
-    ("chunk_prepare", level3.chunk_prepare, dict(DK=128), "(NC, B*H)"),
-    ("seq_in_loop_per_channel", level3.seq_in_loop_per_channel, dict(DK=128, DV=128), "(DV/32, B*H)"),
+    ("chunk_cumsum", level3.chunk_cumsum, dict(D=1), "(NC, H, B)"),
+    ("seq_in_loop_scalar", level3.seq_in_loop_scalar, dict(DK=128, DV=128), "(DV/32, H, B)"),
+    ("chunk_prepare", level3.chunk_prepare, dict(DK=128), "(NC, H, B)"),
+    ("seq_in_loop_per_channel", level3.seq_in_loop_per_channel, dict(DK=128, DV=128), "(DV/32, H, B)"),
 ]:
     kernel = compile_program(fn, (), target=SM90A, **params)
     r = ptxas_report(kernel)
