@@ -1,24 +1,30 @@
-"""Context parallel for the gated delta rule (KDA, GDN) over ``torch.distributed``.
+"""Context parallel and the intra-card split for the gated delta rule (KDA, GDN).
 
-Each rank holds a contiguous slice of the same batch of sequences along ``T`` (rank order is
-sequence order; slices may have different lengths). A slice acts on the state as an affine map
-``S_end = M S_start + B`` (``kda.reference.level0.chunk_affine``, composed over its chunks), so:
+A run of chunks acts on the state as an affine map ``S_end = M S_start + B``
+(``kda.reference.level0.chunk_affine``, composed over its chunks). Both features use it:
 
-1. every rank computes its slice's map with no initial state;
-2. the maps are all-gathered (``map_bytes`` per rank and map);
-3. rank ``r`` folds the maps of ranks ``0 .. r-1`` into its true starting state;
-4. every rank recomputes its slice from that state; the last rank holds the final state.
+* ``context_parallel``, over ``torch.distributed``: each rank holds a contiguous slice of the
+  same batch of sequences along ``T`` (rank order is sequence order; lengths may differ). Every
+  rank computes its slice's map with no initial state, the maps are all-gathered
+  (``map_bytes`` per rank and map), rank ``r`` folds the maps of ranks ``0 .. r-1`` into its true
+  starting state and recomputes its slice from it; the last rank holds the final state.
+* ``split_forward``, one device: each sequence is cut into runs of whole chunks that play the
+  ranks, all runs at once as one batch.
 
-This is the CPU path (gloo); the maps and the fold are float64. ``split_forward`` is the same
-chain inside one device (the intra-card split), also in its CPU form for now.
+On CPU tensors the maps and the fold are float64 (``local_affine_map``, gloo for the
+collective); on CUDA tensors the level-5 kernels compute them in float32 (``chunk_maps``: the
+state pass from a zero start gives ``B``, the same pass with the identity as start and
+``U = 0`` gives ``M``), and the chunk form is prepared once for the maps and the recompute.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
-from kda.gated_delta import CHUNK_SIZE, chunk_gated_delta_rule, chunk_kda
+from kda.gated_delta import (CHUNK_SIZE, ChunkForm, _check_inputs, _kernel_inputs, chunk_gated_delta_rule,
+                             chunk_kda, prepare_chunks, run_state_pass)
 from kda.reference import level0 as ref0
 from kda.reference import level4 as ref4
 from kda.reference._common import start_state
@@ -40,6 +46,19 @@ def local_affine_map(k, v, g, beta, chunk_size: int = CHUNK_SIZE):
 # --8<-- [end:local_affine_map]
 
 
+# --8<-- [start:chunk_maps]
+def chunk_maps(form: ChunkForm):
+    """``(M [B, H, K, K], B [B, H, K, V])`` of every sequence of a prepared batch, float32, from
+    the level-5 state pass: from a zero start it ends at ``B``; with ``U = 0`` it applies only
+    the homogeneous part ``S -> M S``, so from the identity it ends at ``M``."""
+    Bsz, _, H, K = form.W.shape
+    _, Bm = run_state_pass(form, None)
+    eye = torch.eye(K, dtype=torch.float32, device=form.W.device).expand(Bsz, H, K, K).contiguous()
+    _, M = run_state_pass(form._replace(U=torch.zeros_like(form.W)), eye)
+    return M, Bm
+# --8<-- [end:chunk_maps]
+
+
 def fold(state, maps):
     """The state entering each slice: ``S_0 = state``, ``S_{r+1} = M_r S_r + B_r`` for the maps
     ``[(M_0, B_0), ...]`` of the slices in order. Returns ``[S_0, ..., S_len(maps)]``."""
@@ -59,52 +78,114 @@ def map_bytes(B: int, H: int, K: int, V: int, elem_bytes: int = 8) -> int:
 def context_parallel(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                      use_qk_l2norm_in_kernel=False, group=None):
     """The forward of ``chunk_kda`` (``g [B, T_r, H, K]``) or ``chunk_gated_delta_rule``
-    (``g [B, T_r, H]``) on this rank's slice of the sequence, exact across ranks.
+    (``g [B, T_r, H]``) on this rank's slice of the sequence, exact across ranks. CPU tensors
+    (gloo) or CUDA tensors (NCCL).
 
     ``initial_state`` is the state before the first token of the whole sequence; pass the same
     tensor (or ``None``) on every rank. Returns ``(o, final_state)`` for the local slice;
     ``final_state`` only on the last rank (``None`` elsewhere)."""
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    forward = chunk_kda if g.dim() == 4 else chunk_gated_delta_rule
-    if use_qk_l2norm_in_kernel:
-        q, k = ref4.l2_normalize(q.double()).to(q.dtype), ref4.l2_normalize(k.double()).to(k.dtype)
-    M, Bm = local_affine_map(k, v, g, beta)
+    scale, h0, _ = _check_inputs(q, k, v, g, beta, scale, initial_state, None, g.dim() == 4)
+    if q.is_cuda:
+        q, k, g = _kernel_inputs(q, k, g, use_qk_l2norm_in_kernel)
+        form = prepare_chunks(q, k, v, g, beta, scale)            # once: for the map and the recompute
+        M, Bm = chunk_maps(form)
+        S0 = h0.float() if h0 is not None else torch.zeros_like(Bm)
+    else:
+        if use_qk_l2norm_in_kernel:
+            q, k = ref4.l2_normalize(q.double()).to(q.dtype), ref4.l2_normalize(k.double()).to(k.dtype)
+        M, Bm = local_affine_map(k, v, g, beta)
+        S0 = start_state(q, v, h0)
     maps_M = [torch.empty_like(M) for _ in range(world)]
     maps_B = [torch.empty_like(Bm) for _ in range(world)]
     dist.all_gather(maps_M, M, group=group)
     dist.all_gather(maps_B, Bm, group=group)
-    S = fold(start_state(q, v, initial_state), zip(maps_M[:rank], maps_B[:rank]))[-1]
-    o, final = forward(q, k, v, g, beta, scale, S, True)
+    S = fold(S0, zip(maps_M[:rank], maps_B[:rank]))[-1]
+    if q.is_cuda:
+        o, final = run_state_pass(form, S)
+    else:
+        forward = chunk_kda if g.dim() == 4 else chunk_gated_delta_rule
+        o, final = forward(q, k, v, g, beta, scale, S, True)
     last = rank == world - 1
     return o, (final if output_final_state and last else None)
 # --8<-- [end:context_parallel]
 
 
-# --8<-- [start:split_forward]
-def split_forward(q, k, v, g, beta, pieces: int, scale=None, initial_state=None, output_final_state=False,
-                  chunk_size: int = CHUNK_SIZE):
-    """Intra-card split, the same affine chain on one device: each sequence is cut into
-    ``pieces`` runs of whole chunks; every run's map ``(M, B)`` is computed with no initial state
-    (all runs at once on a GPU), the maps are folded in order into each run's true starting
-    state, and every run is recomputed from it. Same arguments and results as ``chunk_kda``
-    (``g [B, T, H, K]``) or ``chunk_gated_delta_rule`` (``g [B, T, H]``), without ``cu_seqlens``.
+# --8<-- [start:choose_pieces]
+def choose_pieces(B: int, H: int, DV: int, T: int, sm_count: int, block_dv: int = 32,
+                  chunk_size: int = CHUNK_SIZE, min_run_chunks: int = 16) -> int:
+    """How many runs to cut each sequence into. The state pass gets ``B * H * DV / block_dv``
+    blocks, one per SM; P runs multiply that by P but make three passes (B, M, the recompute)
+    instead of one, so a split pays only from about 4 runs on, and only while the blocks do not
+    already fill the SMs. Runs shorter than ``min_run_chunks`` chunks are not worth their maps."""
+    blocks = B * H * -(-DV // block_dv)
+    pieces = min(sm_count // blocks, -(-T // chunk_size) // min_run_chunks)
+    return pieces if pieces >= 4 else 1
+# --8<-- [end:choose_pieces]
 
-    This is the CPU form of the algorithm (float64 maps and fold); the GPU form, which runs the
-    runs as a batch through the level-5 kernels, is not written yet."""
-    if not isinstance(pieces, int) or pieces < 1:
-        raise ValueError(f"pieces must be a positive int, got {pieces!r}")
-    if q.device.type != "cpu":
-        raise NotImplementedError("split_forward runs on CPU tensors only for now")
+
+# --8<-- [start:runs_form]
+def runs_form(form: ChunkForm, pieces: int) -> ChunkForm:
+    """A prepared batch ``[B, P * L, H, *]`` seen as ``B * P`` sequences of ``L`` tokens (whole
+    chunks): the per-token tensors are views; the chunk decay ``[B, H, NC, K]`` is reordered
+    (``B * H * NC * K`` floats, small)."""
+    B, T, H, K = form.W.shape
+    NC = form.decay.shape[2]
+    view = lambda x: x.reshape(B * pieces, T // pieces, *x.shape[2:])
+    decay = form.decay.reshape(B, H, pieces, NC // pieces, K).transpose(1, 2).reshape(B * pieces, H, NC // pieces, K)
+    return ChunkForm(*(view(x) for x in form[:5]), decay)
+# --8<-- [end:runs_form]
+
+
+# --8<-- [start:split_forward]
+def split_forward(q, k, v, g, beta, pieces: int | None = None, scale=None, initial_state=None,
+                  output_final_state=False, use_qk_l2norm_in_kernel=False, chunk_size: int = CHUNK_SIZE):
+    """Intra-card split, the affine chain on one device: each sequence is cut into ``pieces`` runs
+    of whole chunks; every run's map ``(M, B)`` is computed with no initial state (on a GPU all
+    runs at once, as a batch of ``B * pieces`` sequences), the maps are folded in order into each
+    run's true starting state, and every run is recomputed from it. Same arguments and results
+    as ``chunk_kda`` (``g [B, T, H, K]``) or ``chunk_gated_delta_rule`` (``g [B, T, H]``), without
+    ``cu_seqlens``. ``pieces=None`` lets ``choose_pieces`` decide from the device's SM count (CUDA)."""
+    if pieces is not None and (isinstance(pieces, bool) or not isinstance(pieces, int) or pieces < 1):
+        raise ValueError(f"pieces must be a positive int or None, got {pieces!r}")
+    scale, h0, _ = _check_inputs(q, k, v, g, beta, scale, initial_state, None, g.dim() == 4)
+    B, T, H, _ = q.shape
+    chunks = max(1, -(-T // chunk_size))
+    if pieces is None:
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
+        pieces = choose_pieces(B, H, v.shape[-1], T, sms, chunk_size=chunk_size)
+    run_chunks = -(-chunks // pieces)
+    pieces = -(-chunks // run_chunks)                         # no empty run
     forward = chunk_kda if g.dim() == 4 else chunk_gated_delta_rule
-    T = q.shape[1]
-    chunks = -(-T // chunk_size)
-    run = -(-chunks // pieces) * chunk_size                            # whole chunks per run
-    runs = [slice(s, min(s + run, T)) for s in range(0, T, run)]
+    if pieces == 1:                                           # nothing to fold
+        return forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel)
+    if q.is_cuda:
+        return _split_forward_cuda(q, k, v, g, beta, pieces, run_chunks * chunk_size, scale, h0,
+                                   output_final_state, use_qk_l2norm_in_kernel)
+    if use_qk_l2norm_in_kernel:
+        q, k = ref4.l2_normalize(q.double()).to(q.dtype), ref4.l2_normalize(k.double()).to(k.dtype)
+    runs = [slice(s, min(s + run_chunks * chunk_size, T)) for s in range(0, T, run_chunks * chunk_size)]
     # the last run's map is not needed: the final state comes from its recompute
     maps = [local_affine_map(k[:, r], v[:, r], g[:, r], beta[:, r], chunk_size) for r in runs[:-1]]
     outputs = []
-    for r, S0 in zip(runs, fold(start_state(q, v, initial_state), maps)):
+    for r, S0 in zip(runs, fold(start_state(q, v, h0), maps)):
         o, final = forward(q[:, r], k[:, r], v[:, r], g[:, r], beta[:, r], scale, S0, True)
         outputs.append(o)
     return torch.cat(outputs, dim=1), (final if output_final_state else None)
+
+
+def _split_forward_cuda(q, k, v, g, beta, pieces, run_len, scale, h0, output_final_state, use_qk_l2norm_in_kernel):
+    B, T, H, K = q.shape
+    q, k, g = _kernel_inputs(q, k, g, use_qk_l2norm_in_kernel)
+    pad = pieces * run_len - T
+    if pad:          # zero padding is the identity step: k = v = 0, b = 0, no decay (log gate 0)
+        q, k, v, g, beta = (F.pad(x, (0, 0) * (x.dim() - 2) + (0, pad)) for x in (q, k, v, g, beta))
+    runs = runs_form(prepare_chunks(q, k, v, g, beta, scale), pieces)     # every chunk of every run at once
+    M, Bm = (x.reshape(B, pieces, *x.shape[1:]) for x in chunk_maps(runs))
+    S0 = h0.float() if h0 is not None else torch.zeros_like(Bm[:, 0])
+    starts = fold(S0, [(M[:, p], Bm[:, p]) for p in range(pieces - 1)])
+    o, ht = run_state_pass(runs, torch.stack(starts, dim=1).reshape(B * pieces, *S0.shape[1:]))
+    o = o.reshape(B, pieces * run_len, H, -1)[:, :T]
+    final = ht.reshape(B, pieces, *ht.shape[1:])[:, -1]
+    return (o.contiguous() if pad else o), (final if output_final_state else None)
 # --8<-- [end:split_forward]

@@ -6,11 +6,14 @@ The recurrence (fla's convention, state ``d_k x d_v``)::
     S <- diag(exp(g_t)) S;   S <- S + beta_t k_t (v_t - S^T k_t)^T;   o_t = S^T (scale q_t)
 
 On CUDA the kernels of ``kda.kernels.level5`` (a scalar gate is broadcast over the key
-channels and takes the KDA path); on the CPU the float64 chunked reference of
-``kda.reference.level0``. Packed sequences (``cu_seqlens``) run one after another.
+channels and takes the KDA path), in two steps that ``kda.distributed`` reuses: ``prepare_chunks``
+(every chunk at once) and ``run_state_pass`` (sequential); on the CPU the float64 chunked
+reference of ``kda.reference.level0``. Packed sequences (``cu_seqlens``) run one after another.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -41,8 +44,9 @@ def validate_cu_seqlens(cu_seqlens, B: int, T: int) -> list[int] | None:
     return bounds
 
 
-def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-             cu_seqlens, per_channel: bool):
+def _check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel: bool):
+    """Every argument checked (clear errors, nothing computed); returns ``scale`` as a float, the
+    initial state or ``None``, and the ``cu_seqlens`` boundaries or ``None``."""
     B, T, H, DK, DV = validate.check_qkv(q, k, v)
     if validate_gates(g, B, T, H, DK, q.device) != per_channel:
         form = "[B, T, H, DK] (one gate per key channel)" if per_channel else "[B, T, H] (one gate per head)"
@@ -52,36 +56,59 @@ def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_
     bounds = validate_cu_seqlens(cu_seqlens, B, T)
     N = len(bounds) - 1 if bounds is not None else B
     h0 = validate.check_initial_state(initial_state, N, H, DK, DV, q.device)
-    if q.device.type == "cuda":
-        if use_qk_l2norm_in_kernel:
-            q, k = (ref4.l2_normalize(x.float()).to(x.dtype) for x in (q, k))
-        g = g if per_channel else g[..., None].expand(*g.shape, DK)
-        return _run_kernels_packed(q, k, v, g.contiguous(), beta, scale, h0, output_final_state, bounds)
+    return scale, h0, bounds
+
+
+def _kernel_inputs(q, k, g, use_qk_l2norm_in_kernel):
+    """CUDA: ``q, k`` normalized if asked, and the gate per key channel (a scalar gate broadcast)."""
     if use_qk_l2norm_in_kernel:
-        q, k = ref4.l2_normalize(q.double()), ref4.l2_normalize(k.double())
-    q = q.double() * scale
-    if bounds is None:
-        o, final = ref0.chunked(q, k, v, g, beta, CHUNK_SIZE, h0, output_final_state)
+        q, k = (ref4.l2_normalize(x.float()).to(x.dtype) for x in (q, k))
+    if g.dim() == 3:
+        g = g[..., None].expand(*g.shape, k.shape[-1])
+    return q, k, g.contiguous()
+
+
+def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+             cu_seqlens, per_channel: bool):
+    scale, h0, bounds = _check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel)
+    if q.device.type == "cuda":
+        q, k, g = _kernel_inputs(q, k, g, use_qk_l2norm_in_kernel)
+        run = lambda q, k, v, g, beta, h0: _run_kernels(q, k, v, g, beta, scale, h0)
     else:
+        if use_qk_l2norm_in_kernel:
+            q, k = ref4.l2_normalize(q.double()), ref4.l2_normalize(k.double())
+        q = q.double() * scale
+        run = lambda q, k, v, g, beta, h0: ref0.chunked(q, k, v, g, beta, CHUNK_SIZE, h0, True)
+    if bounds is None:
+        o, final = run(q, k, v, g, beta, h0)
+    else:                                                # packed sequences, one after another
         pieces, finals = [], []
         for n, (s, e) in enumerate(zip(bounds, bounds[1:])):
             state = h0[n:n + 1] if h0 is not None else None
             if e == s:                                   # an empty sequence keeps its state
-                pieces.append(v.new_zeros(1, 0, H, DV, dtype=torch.float64))
-                finals.append(state[0].double() if state is not None else v.new_zeros(H, DK, DV, dtype=torch.float64))
+                pieces.append(v[:, s:e])
+                finals.append(state[0] if state is not None else v.new_zeros(v.shape[2], k.shape[-1], v.shape[-1]))
                 continue
-            o_n, f_n = ref0.chunked(q[:, s:e], k[:, s:e], v[:, s:e], g[:, s:e], beta[:, s:e], CHUNK_SIZE, state, True)
-            pieces.append(o_n)
+            o_n, f_n = run(q[:, s:e], k[:, s:e], v[:, s:e], g[:, s:e], beta[:, s:e], state)
+            pieces.append(o_n.to(v.dtype))
             finals.append(f_n[0])
-        o, final = torch.cat(pieces, dim=1), torch.stack(finals)
-    final = final.float() if output_final_state else None
-    return o.to(v.dtype), final
+        o, final = torch.cat(pieces, dim=1), torch.stack([f.float() for f in finals])
+    return o.to(v.dtype), (final.float() if output_final_state else None)
 
 
 # --8<-- [start:run_kernels]
-def _run_kernels(q, k, v, g, beta, scale, h0):
-    """One batch ``[B, T, H, *]`` through the level-5 pipeline; returns ``o`` and the float32
-    final state."""
+class ChunkForm(NamedTuple):
+    """What the sequential pass reads, for every chunk of a batch ``[B, T, H, *]``."""
+    Qw: torch.Tensor         # scale Q 2^G                       [B, T, H, DK]
+    Kw: torch.Tensor         # K 2^(G_last - G)                  [B, T, H, DK]
+    W: torch.Tensor          # T diag(b) (K 2^G)                 [B, T, H, DK]
+    U: torch.Tensor          # T diag(b) V                       [B, T, H, DV]
+    A_qk: torch.Tensor       # masked decayed scores, scale in   [B, T, H, C]
+    decay: torch.Tensor      # 2^G_last of each chunk, float32   [B, H, NC, DK]
+
+
+def prepare_chunks(q, k, v, g, beta, scale) -> ChunkForm:
+    """Stages 1 and 2 of the level-5 pipeline, every chunk of the batch at once."""
     from kda.kernels import level3, level5
     from kda.kernels.build import compile_program
 
@@ -95,7 +122,6 @@ def _run_kernels(q, k, v, g, beta, scale, h0):
         prepare_kk = compile_program(level3.chunk_prepare, (), DK=DK, chunk_size=C, dtype=dtype,
                                      gate_dtype=gate_dtype, score_dtype="float32")
         wy = compile_program(level5.chunk_wy_gated, (), DK=DK, DV=DV, chunk_size=C, dtype=dtype)
-        state_pass = compile_program(level5.gated_state_output_pass, (), DK=DK, DV=DV, chunk_size=C, dtype=dtype)
         new = lambda shape, dt=q.dtype: ops._new_output(shape, dt, q.device)
         Qw, Kw, decay, A_qk = new(q.shape), new(q.shape), new((B, H, NC, DK), torch.float32), new((B, T, H, C))
         prepare_out(q, k, g, scale, Qw, Kw, decay, A_qk)
@@ -103,31 +129,34 @@ def _run_kernels(q, k, v, g, beta, scale, h0):
         prepare_kk(k, k, g, 1.0, Kg, torch.empty_like(Kw), torch.empty_like(decay), A_kk)
         W, U = new(k.shape), new(v.shape)
         wy(Kg, v, beta, A_kk, W, U)
+    return ChunkForm(Qw, Kw, W, U, A_qk, decay)
+
+
+def run_state_pass(form: ChunkForm, h0):
+    """Stage 3, sequential over chunks from ``h0 [B, H, DK, DV]`` (``None``: zeros); returns ``o``
+    and the float32 final state."""
+    from kda.kernels import level5
+    from kda.kernels.build import compile_program
+
+    B, T, H, DK = form.Qw.shape
+    DV = form.U.shape[-1]
+    device = form.Qw.device
+    with torch.cuda.device(device):
+        state_pass = compile_program(level5.gated_state_output_pass, (), DK=DK, DV=DV, chunk_size=CHUNK_SIZE,
+                                     dtype=ops._dtype_name(form.Qw.dtype))
         if h0 is None:
-            h0 = torch.zeros(B, H, DK, DV, dtype=torch.float32, device=q.device)
-        o, ht = new(v.shape), new((B, H, DK, DV), torch.float32)
-        state_pass(Qw, Kw, W, U, A_qk, decay, h0.to(torch.float32).contiguous(), o, ht)
+            h0 = torch.zeros(B, H, DK, DV, dtype=torch.float32, device=device)
+        o = ops._new_output((B, T, H, DV), form.U.dtype, device)
+        ht = ops._new_output((B, H, DK, DV), torch.float32, device)
+        state_pass(*form, h0.to(torch.float32).contiguous(), o, ht)
     return o, ht
+
+
+def _run_kernels(q, k, v, g, beta, scale, h0):
+    """One batch ``[B, T, H, *]`` through the level-5 pipeline; returns ``o`` and the float32
+    final state."""
+    return run_state_pass(prepare_chunks(q, k, v, g, beta, scale), h0)
 # --8<-- [end:run_kernels]
-
-
-def _run_kernels_packed(q, k, v, g, beta, scale, h0, output_final_state, bounds):
-    """``cu_seqlens``: each packed sequence is a batch of one, run in turn."""
-    if bounds is None:
-        o, ht = _run_kernels(q, k, v, g, beta, scale, h0)
-        return o, (ht if output_final_state else None)
-    pieces, finals = [], []
-    for n, (s, e) in enumerate(zip(bounds, bounds[1:])):
-        state = h0[n:n + 1] if h0 is not None else None
-        if e == s:                                       # an empty sequence keeps its state
-            pieces.append(v[:, s:e])
-            finals.append(state[0].float() if state is not None else
-                          v.new_zeros(v.shape[2], k.shape[-1], v.shape[-1], dtype=torch.float32))
-            continue
-        o_n, ht_n = _run_kernels(q[:, s:e], k[:, s:e], v[:, s:e], g[:, s:e], beta[:, s:e], scale, state)
-        pieces.append(o_n)
-        finals.append(ht_n[0])
-    return torch.cat(pieces, dim=1), (torch.stack(finals) if output_final_state else None)
 
 
 # --8<-- [start:chunk_kda]

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from kda.distributed import context_parallel, local_affine_map, map_bytes
+from kda.distributed import choose_pieces, context_parallel, local_affine_map, map_bytes, split_forward
 from kda.gated_delta import chunk_gated_delta_rule, chunk_kda
 from kda.metrics import rel_l2
 from kda.reference import level0 as ref0
@@ -71,8 +71,6 @@ def test_slice_map_matches_the_recurrence():
 @pytest.mark.parametrize("T,pieces", [(1, 4), (130, 2), (300, 3), (256, 4)])
 def test_split_forward_equals_the_plain_forward(T, pieces, per_channel):
     """Intra-card split: runs' maps folded in order, every run recomputed from its true state."""
-    from kda.distributed import split_forward
-
     q, k, v, g, beta, h0 = inputs(T, per_channel, seed=T)
     forward = chunk_kda if per_channel else chunk_gated_delta_rule
     o, s = forward(q, k, v, g, beta, initial_state=h0, output_final_state=True)
@@ -80,3 +78,29 @@ def test_split_forward_equals_the_plain_forward(T, pieces, per_channel):
     assert rel_l2(o2, o) < 1e-12 and rel_l2(s2, s) < 1e-12
     with pytest.raises(ValueError, match="pieces"):
         split_forward(q, k, v, g, beta, 0)
+
+
+def test_split_forward_rejects_bad_input():
+    q, k, v, g, beta, h0 = inputs(130, True)
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="pieces"):
+            split_forward(q, k, v, g, beta, bad)
+    with pytest.raises(ValueError, match="beta"):
+        split_forward(q, k, v, g, beta * 2 + 1, 2)
+    with pytest.raises(ValueError, match="initial_state"):
+        split_forward(q, k, v, g, beta, 2, initial_state=h0[:1])
+    o, s = split_forward(q, k, v, g, beta, None, initial_state=h0, output_final_state=True)   # CPU: no split
+    o_ref, s_ref = chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    assert torch.equal(o, o_ref) and torch.equal(s, s_ref)
+
+
+@pytest.mark.parametrize("B,H,DV,T,expected", [
+    (1, 4, 128, 131072, 8),       # 16 blocks for 132 SMs: 8 runs fill them
+    (1, 8, 128, 131072, 4),       # 32 blocks: 4 runs
+    (1, 16, 128, 131072, 1),      # 64 blocks: 2 runs would make three passes of half the length
+    (1, 32, 128, 32768, 1),       # the SMs are full already
+    (1, 4, 128, 4096, 4),         # 64 chunks: no run shorter than 16 chunks
+    (1, 4, 128, 2048, 1),         # 32 chunks: two runs at most, not worth three passes
+])
+def test_choose_pieces(B, H, DV, T, expected):
+    assert choose_pieces(B, H, DV, T, sm_count=132) == expected

@@ -1,0 +1,104 @@
+"""The intra-card split and context parallel on CUDA tensors (marked ``gpu``): the split against
+the float64 token recurrence and the unsplit kernels, tails, padding, B > 1 and the automatic
+choice; the float32 maps of ``chunk_maps`` against the float64 ones; context parallel over two
+processes on CUDA tensors (gloo on one GPU; NCCL where two GPUs are present)."""
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import kda
+from kda.distributed import chunk_maps, context_parallel, local_affine_map, split_forward
+from kda.gated_delta import prepare_chunks
+from kda.metrics import rel_l2
+from kda.reference import level0 as ref0
+from kda.reference import level4 as ref4
+
+pytestmark = pytest.mark.gpu
+
+BOUND = 5e-3
+
+
+def inputs(shape, per_channel, seed, dtype=torch.bfloat16, device="cuda"):
+    B, T, H, DK, DV = shape
+    gen = torch.Generator(device=device).manual_seed(seed)
+    q = torch.randn(B, T, H, DK, generator=gen, device=device).to(dtype)
+    k = ref4.l2_normalize(torch.randn(B, T, H, DK, generator=gen, device=device)).to(dtype)
+    v = torch.randn(B, T, H, DV, generator=gen, device=device).to(dtype)
+    g = torch.nn.functional.logsigmoid(torch.randn((B, T, H, DK) if per_channel else (B, T, H),
+                                                   generator=gen, device=device))
+    beta = torch.rand(B, T, H, generator=gen, device=device)
+    h0 = torch.randn(B, H, DK, DV, generator=gen, device=device)
+    return q, k, v, g, beta, h0
+
+
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
+@pytest.mark.parametrize("shape,pieces", [
+    ((1, 1000, 2, 128, 64), 2),          # 16 chunks, the last partial: two runs of 8
+    ((1, 1000, 2, 128, 64), 5),          # runs of 4 chunks, 4 runs: padded to 1024
+    ((2, 520, 3, 64, 128), 3),           # B > 1, 9 chunks, runs of 3: padded to 576
+    ((1, 4096, 4, 128, 128), None),      # the automatic choice
+    ((1, 64, 2, 128, 128), 4),           # one chunk: one run
+], ids=["2 runs", "5 -> 4 runs, padded", "B=2 padded", "auto", "one chunk"])
+def test_split_against_recurrence_and_unsplit(shape, pieces, per_channel, poisoned):
+    q, k, v, g, beta, h0 = inputs(shape, per_channel, seed=shape[1] + (pieces or 0))
+    fn = kda.chunk_kda if per_channel else kda.chunk_gated_delta_rule
+    o, ht = split_forward(q, k, v, g, beta, pieces, initial_state=h0, output_final_state=True)
+    o1, ht1 = fn(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    ref_o, ref_ht = ref0.recurrent(q.double() * shape[3] ** -0.5, k, v, g, beta, h0, True)
+    assert o.shape == o1.shape and o.dtype == o1.dtype and ht.shape == ht1.shape
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+    assert rel_l2(o, ref_o) <= BOUND and rel_l2(ht, ref_ht) <= BOUND, (rel_l2(o, ref_o), rel_l2(ht, ref_ht))
+    assert rel_l2(o, o1) <= BOUND and rel_l2(ht, ht1) <= BOUND
+
+
+def test_split_fp16_and_l2norm(poisoned):
+    q, k, v, g, beta, h0 = inputs((1, 777, 2, 128, 128), True, seed=3, dtype=torch.float16)
+    q3, k2 = q * 3, k * 2
+    o, ht = split_forward(q3, k2, v, g, beta, 3, initial_state=h0, output_final_state=True,
+                          use_qk_l2norm_in_kernel=True)
+    ref_o, ref_ht = ref0.recurrent(ref4.l2_normalize(q3.double()) * 128 ** -0.5, ref4.l2_normalize(k2.double()),
+                                   v, g, beta, h0, True)
+    assert rel_l2(o, ref_o) <= 2e-3 and rel_l2(ht, ref_ht) <= 2e-3
+
+
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
+def test_chunk_maps_against_float64(per_channel):
+    q, k, v, g, beta, h0 = inputs((2, 300, 2, 64, 32), per_channel, seed=11)
+    form = prepare_chunks(q, k, v, g if per_channel else g[..., None].expand(*g.shape, 64).contiguous(), beta,
+                          64 ** -0.5)
+    M, Bm = chunk_maps(form)
+    M_ref, B_ref = local_affine_map(k, v, g, beta)
+    assert M.dtype == torch.float32 and rel_l2(M, M_ref) <= BOUND and rel_l2(Bm, B_ref) <= BOUND
+
+
+def _rank_main(rank, world, port, backend, bounds, out_dir):
+    torch.cuda.set_device(rank if backend == "nccl" else 0)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    q, k, v, g, beta, h0 = (x.cuda() for x in inputs((1, bounds[-1], 2, 128, 64), True, seed=5, device="cpu"))
+    s, e = bounds[rank], bounds[rank + 1]
+    o, final = context_parallel(q[:, s:e], k[:, s:e], v[:, s:e], g[:, s:e], beta[:, s:e],
+                                initial_state=h0, output_final_state=True)
+    torch.save({"o": o.cpu(), "final": None if final is None else final.cpu()}, os.path.join(out_dir, f"{rank}.pt"))
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])
+def test_context_parallel_on_cuda_tensors(backend, tmp_path):
+    if backend == "nccl" and torch.cuda.device_count() < 2:
+        pytest.skip("NCCL needs one GPU per rank: fewer than 2 GPUs here")
+    bounds = [0, 700, 1300]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    mp.spawn(_rank_main, args=(2, port, backend, bounds, str(tmp_path)), nprocs=2, join=True)
+    q, k, v, g, beta, h0 = (x.cuda() for x in inputs((1, bounds[-1], 2, 128, 64), True, seed=5, device="cpu"))
+    ref_o, ref_ht = ref0.recurrent(q.double() * 128 ** -0.5, k, v, g, beta, h0, True)
+    parts = [torch.load(tmp_path / f"{r}.pt") for r in range(2)]
+    o = torch.cat([p["o"] for p in parts], dim=1).cuda()
+    assert parts[0]["final"] is None
+    assert rel_l2(o, ref_o) <= BOUND and rel_l2(parts[1]["final"].cuda(), ref_ht) <= BOUND
