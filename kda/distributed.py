@@ -37,8 +37,8 @@ def local_affine_map(k, v, g, beta, chunk_size: int = CHUNK_SIZE):
     k, v, beta = (x.double().transpose(1, 2) for x in (k, v, beta))           # [B, H, T, ...]
     g = ref0.per_channel(g.double(), k.shape[-1]).transpose(1, 2)
     Bsz, H, T, K = k.shape
-    eye = torch.eye(K, dtype=torch.float64).expand(Bsz, H, K, K)
-    M, Bm = eye.clone(), torch.zeros(Bsz, H, K, v.shape[-1], dtype=torch.float64)
+    eye = torch.eye(K, dtype=torch.float64, device=k.device).expand(Bsz, H, K, K)
+    M, Bm = eye.clone(), torch.zeros(Bsz, H, K, v.shape[-1], dtype=torch.float64, device=k.device)
     for s in range(0, T, chunk_size):
         c = slice(s, min(s + chunk_size, T))
         M, Bm = ref0.compose((M, Bm), ref0.chunk_affine(k[:, :, c], v[:, :, c], g[:, :, c], beta[:, :, c]))
@@ -132,7 +132,8 @@ def runs_form(form: ChunkForm, pieces: int) -> ChunkForm:
     B, T, H, K = form.W.shape
     NC = form.decay.shape[2]
     view = lambda x: x.reshape(B * pieces, T // pieces, *x.shape[2:])
-    decay = form.decay.reshape(B, H, pieces, NC // pieces, K).transpose(1, 2).reshape(B * pieces, H, NC // pieces, K)
+    decay = form.decay.reshape(B, H, pieces, NC // pieces, K).transpose(1, 2).contiguous()
+    decay = decay.reshape(B * pieces, H, NC // pieces, K)
     return ChunkForm(*(view(x) for x in form[:5]), decay)
 # --8<-- [end:runs_form]
 
