@@ -69,6 +69,7 @@ def test_split_fp16_and_l2norm(poisoned):
 @pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
 def test_chunk_maps_against_float64(per_channel):
     q, k, v, g, beta, h0 = inputs((2, 300, 2, 64, 32), per_channel, seed=11)
+    g = -0.01 * torch.rand_like(g)          # mild gates: logsigmoid ones leave M ~ 1e-111 after 300 steps
     form = prepare_chunks(q, k, v, g if per_channel else g[..., None].expand(*g.shape, 64).contiguous(), beta,
                           64 ** -0.5)
     M, Bm = chunk_maps(form)
