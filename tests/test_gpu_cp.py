@@ -66,15 +66,18 @@ def test_split_fp16_and_l2norm(poisoned):
     assert rel_l2(o, ref_o) <= 2e-3 and rel_l2(ht, ref_ht) <= 2e-3
 
 
+@pytest.mark.parametrize("dtype,bound", [(torch.bfloat16, 1e-2), (torch.float16, 2e-3)], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
-def test_chunk_maps_against_float64(per_channel):
-    q, k, v, g, beta, h0 = inputs((2, 300, 2, 64, 32), per_channel, seed=11)
+def test_chunk_maps_against_float64(per_channel, dtype, bound):
+    """The maps are float32 but built from W and K_w in the input dtype: over five chunks M's error
+    is a little above the outputs' (6e-3 in bf16 on the H200)."""
+    q, k, v, g, beta, h0 = inputs((2, 300, 2, 64, 32), per_channel, seed=11, dtype=dtype)
     g = -0.01 * torch.rand_like(g)          # mild gates: logsigmoid ones leave M ~ 1e-111 after 300 steps
     form = prepare_chunks(q, k, v, g if per_channel else g[..., None].expand(*g.shape, 64).contiguous(), beta,
                           64 ** -0.5)
     M, Bm = chunk_maps(form)
     M_ref, B_ref = local_affine_map(k, v, g, beta)
-    assert M.dtype == torch.float32 and rel_l2(M, M_ref) <= BOUND and rel_l2(Bm, B_ref) <= BOUND
+    assert M.dtype == torch.float32 and rel_l2(M, M_ref) <= bound and rel_l2(Bm, B_ref) <= bound
 
 
 def _rank_main(rank, world, port, backend, bounds, out_dir):
