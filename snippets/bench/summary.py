@@ -1,8 +1,9 @@
-# snippet: cpu uses=snippets/level1/latency.py uses=snippets/level2/latency.py uses=snippets/level3/latency.py uses=snippets/level4/latency.py uses=snippets/level5/latency.py uses=snippets/bench/sdpa.py
+# snippet: cpu uses=snippets/level1/latency.py uses=snippets/level2/latency.py uses=snippets/level3/latency.py uses=snippets/level4/latency.py uses=snippets/level5/latency.py uses=snippets/bench/sdpa.py uses=snippets/cp/split_latency.py
 """Every kernel of the package against its fla peer on the H200 (bf16, B = 1, H = 32, D = 128;
 levels 3 to 5 at T = 32768 only; float32 gates, unit keys),
 from the recorded GPU results: milliseconds, ratio, and the fraction of the hardware floor
-(HBM bytes / 4.3 TB/s, FLOPs / 686 TFLOP/s); causal softmax attention (SDPA) for context."""
+(HBM bytes / 4.3 TB/s, FLOPs / 686 TFLOP/s); causal softmax attention (SDPA) for context. Then
+the long-context shape of the intra-card split (B = 1, H = 4, T = 131072)."""
 import matplotlib.pyplot as plt
 from matplotlib.ticker import NullFormatter
 
@@ -62,3 +63,13 @@ ax.set_ylabel("latency (ms)")
 ax.grid(True, which="both", alpha=0.3)
 ax.legend(fontsize=8)
 figure(fig, "latency-all", "latency of every kernel against T on the H200")
+
+split = recorded_data("snippets/cp/split_latency.py")["rows"]
+long = Table(["op", "implementation", "ms", "at % of floor"], formats=[None, None, "{:.3f}", "{:.0%}"])
+for r in split:
+    for name, ms in r.items():
+        if isinstance(ms, float) and name != "floor":
+            long.rows.append([r["op"], name, ms, r["floor"] / ms])
+print(f"\nB = {split[0]['B']}, T = {split[0]['T']}, H = {split[0]['H']}, D = 128, bf16 "
+      "(the intra-card split, Context parallelism, Section 4):\n")
+print(long)
