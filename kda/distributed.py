@@ -30,6 +30,16 @@ from kda.reference import level4 as ref4
 from kda.reference._common import start_state
 
 
+def _plain_forward(g):
+    """``chunk_kda`` for a per-channel gate ``[B, T, H, K]``, ``chunk_gated_delta_rule`` for ``[B, T, H]``."""
+    return chunk_kda if g.dim() == 4 else chunk_gated_delta_rule
+
+
+def _start_state32(h0, like):
+    """CUDA paths: the float32 state before the first token (zeros shaped like ``like`` without one)."""
+    return h0.float() if h0 is not None else torch.zeros_like(like)
+
+
 # --8<-- [start:local_affine_map]
 def local_affine_map(k, v, g, beta, chunk_size: int = CHUNK_SIZE):
     """``(M [B, H, K, K], B [B, H, K, V])`` of a whole slice, float64: the chunks' maps composed
@@ -83,18 +93,18 @@ def context_parallel(q, k, v, g, beta, scale=None, initial_state=None, output_fi
 
     ``initial_state`` is the state before the first token of the whole sequence; pass the same
     tensor (or ``None``) on every rank. Returns ``(o, final_state)`` for the local slice;
-    ``final_state`` only on the last rank (``None`` elsewhere)."""
+    ``final_state`` only on the last rank (``None`` elsewhere). Every slice needs at least one
+    token; arguments are checked before the collective, so a bad argument raises on its rank
+    while the others wait in the all-gather, as with any ``torch.distributed`` call."""
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     scale, h0, _ = _check_inputs(q, k, v, g, beta, scale, initial_state, None, g.dim() == 4)
     if q.is_cuda:
         q, k, g = _kernel_inputs(q, k, g, use_qk_l2norm_in_kernel)
         form = prepare_chunks(q, k, v, g, beta, scale)            # once: for the map and the recompute
         M, Bm = chunk_maps(form)
-        S0 = h0.float() if h0 is not None else torch.zeros_like(Bm)
+        S0 = _start_state32(h0, Bm)
     else:
-        if use_qk_l2norm_in_kernel:
-            q, k = ref4.l2_normalize(q.double()).to(q.dtype), ref4.l2_normalize(k.double()).to(k.dtype)
-        M, Bm = local_affine_map(k, v, g, beta)
+        M, Bm = local_affine_map(ref4.l2_normalize(k.double()) if use_qk_l2norm_in_kernel else k, v, g, beta)
         S0 = start_state(q, v, h0)
     maps_M = [torch.empty_like(M) for _ in range(world)]
     maps_B = [torch.empty_like(Bm) for _ in range(world)]
@@ -104,8 +114,7 @@ def context_parallel(q, k, v, g, beta, scale=None, initial_state=None, output_fi
     if q.is_cuda:
         o, final = run_state_pass(form, S)
     else:
-        forward = chunk_kda if g.dim() == 4 else chunk_gated_delta_rule
-        o, final = forward(q, k, v, g, beta, scale, S, True)
+        o, final = _plain_forward(g)(q, k, v, g, beta, scale, S, True, use_qk_l2norm_in_kernel)
     last = rank == world - 1
     return o, (final if output_final_state and last else None)
 # --8<-- [end:context_parallel]
@@ -117,8 +126,9 @@ def choose_pieces(B: int, H: int, DV: int, T: int, sm_count: int, block_dv: int 
     """How many runs to cut each sequence into. The state pass gets ``B * H * DV / block_dv``
     blocks, one per SM; P runs multiply that by P but make three passes (B, M, the recompute)
     instead of one, so a split pays only from about 4 runs on, and only while the blocks do not
-    already fill the SMs. On the H200 runs shorter than 64 chunks lost to the fixed cost of the
-    maps and the fold (``snippets/cp/split_latency.py``)."""
+    already fill the SMs. On the H200 at T = 8192 every split lost to the fixed cost of the maps
+    and the fold, runs of 64, 32 and 16 chunks alike (``snippets/cp/split_latency.py``); a floor of
+    64 chunks per run keeps such lengths unsplit."""
     blocks = B * H * -(-DV // block_dv)
     pieces = min(sm_count // blocks, -(-T // chunk_size) // min_run_chunks)
     return pieces if pieces >= 4 else 1
@@ -129,13 +139,15 @@ def choose_pieces(B: int, H: int, DV: int, T: int, sm_count: int, block_dv: int 
 def runs_form(form: ChunkForm, pieces: int) -> ChunkForm:
     """A prepared batch ``[B, P * L, H, *]`` seen as ``B * P`` sequences of ``L`` tokens (whole
     chunks): the per-token tensors are views; the chunk decay ``[B, H, NC, K]`` is reordered
-    (``B * H * NC * K`` floats, small)."""
+    (``B * H * NC * K`` floats)."""
     B, T, H, K = form.W.shape
     NC = form.decay.shape[2]
+    if T % pieces or NC % pieces or NC * CHUNK_SIZE != T:
+        raise ValueError(f"runs_form needs T = pieces * whole chunks, got T = {T}, pieces = {pieces}")
     view = lambda x: x.reshape(B * pieces, T // pieces, *x.shape[2:])
     decay = form.decay.reshape(B, H, pieces, NC // pieces, K).transpose(1, 2).contiguous()
-    decay = decay.reshape(B * pieces, H, NC // pieces, K)
-    return ChunkForm(*(view(x) for x in form[:5]), decay)
+    return ChunkForm(Qw=view(form.Qw), Kw=view(form.Kw), W=view(form.W), U=view(form.U), A_qk=view(form.A_qk),
+                     decay=decay.reshape(B * pieces, H, NC // pieces, K))
 # --8<-- [end:runs_form]
 
 
@@ -151,43 +163,51 @@ def split_forward(q, k, v, g, beta, pieces: int | None = None, scale=None, initi
     if pieces is not None and (isinstance(pieces, bool) or not isinstance(pieces, int) or pieces < 1):
         raise ValueError(f"pieces must be a positive int or None, got {pieces!r}")
     scale, h0, _ = _check_inputs(q, k, v, g, beta, scale, initial_state, None, g.dim() == 4)
+    if q.is_cuda and chunk_size != CHUNK_SIZE:
+        raise ValueError(f"chunk_size must be {CHUNK_SIZE} on CUDA (the kernels' chunk), got {chunk_size}")
     B, T, H, _ = q.shape
-    chunks = max(1, -(-T // chunk_size))
+    chunks = -(-T // chunk_size)
     if pieces is None:
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
         pieces = choose_pieces(B, H, v.shape[-1], T, sms, chunk_size=chunk_size)
     run_chunks = -(-chunks // pieces)
     pieces = -(-chunks // run_chunks)                         # no empty run
-    forward = chunk_kda if g.dim() == 4 else chunk_gated_delta_rule
+    run_len = run_chunks * chunk_size
     if pieces == 1:                                           # nothing to fold
-        return forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel)
+        return _plain_forward(g)(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                 use_qk_l2norm_in_kernel)
     if q.is_cuda:
-        return _split_forward_cuda(q, k, v, g, beta, pieces, run_chunks * chunk_size, scale, h0,
-                                   output_final_state, use_qk_l2norm_in_kernel)
-    if use_qk_l2norm_in_kernel:
-        q, k = ref4.l2_normalize(q.double()).to(q.dtype), ref4.l2_normalize(k.double()).to(k.dtype)
-    runs = [slice(s, min(s + run_chunks * chunk_size, T)) for s in range(0, T, run_chunks * chunk_size)]
+        return _split_forward_cuda(q, k, v, g, beta, pieces, run_len, scale, h0, output_final_state,
+                                   use_qk_l2norm_in_kernel)
+    runs = [slice(s, min(s + run_len, T)) for s in range(0, T, run_len)]
+    k_map = ref4.l2_normalize(k.double()) if use_qk_l2norm_in_kernel else k
     # the last run's map is not needed: the final state comes from its recompute
-    maps = [local_affine_map(k[:, r], v[:, r], g[:, r], beta[:, r], chunk_size) for r in runs[:-1]]
+    maps = [local_affine_map(k_map[:, r], v[:, r], g[:, r], beta[:, r], chunk_size) for r in runs[:-1]]
     outputs = []
     for r, S0 in zip(runs, fold(start_state(q, v, h0), maps)):
-        o, final = forward(q[:, r], k[:, r], v[:, r], g[:, r], beta[:, r], scale, S0, True)
+        o, final = _plain_forward(g)(q[:, r], k[:, r], v[:, r], g[:, r], beta[:, r], scale, S0, True,
+                                     use_qk_l2norm_in_kernel)
         outputs.append(o)
     return torch.cat(outputs, dim=1), (final if output_final_state else None)
+
+
+def _pad_time(x, pad: int):
+    """Zero tokens at the end of ``[B, T, ...]``: with k = v = 0, b = 0 and log gate 0 they are
+    identity steps of the recurrence."""
+    return F.pad(x, (0, 0) * (x.dim() - 2) + (0, pad))
 
 
 def _split_forward_cuda(q, k, v, g, beta, pieces, run_len, scale, h0, output_final_state, use_qk_l2norm_in_kernel):
     B, T, H, K = q.shape
     q, k, g = _kernel_inputs(q, k, g, use_qk_l2norm_in_kernel)
-    pad = pieces * run_len - T
-    if pad:          # zero padding is the identity step: k = v = 0, b = 0, no decay (log gate 0)
-        q, k, v, g, beta = (F.pad(x, (0, 0) * (x.dim() - 2) + (0, pad)) for x in (q, k, v, g, beta))
+    pad = pieces * run_len - T                                # only ever inside the last run
+    if pad:
+        q, k, v, g, beta = (_pad_time(x, pad) for x in (q, k, v, g, beta))
     runs = runs_form(prepare_chunks(q, k, v, g, beta, scale), pieces)     # every chunk of every run at once
     M, Bm = (x.reshape(B, pieces, *x.shape[1:]) for x in chunk_maps(runs))
-    S0 = h0.float() if h0 is not None else torch.zeros_like(Bm[:, 0])
-    starts = fold(S0, [(M[:, p], Bm[:, p]) for p in range(pieces - 1)])
-    o, ht = run_state_pass(runs, torch.stack(starts, dim=1).reshape(B * pieces, *S0.shape[1:]))
+    starts = fold(_start_state32(h0, Bm[:, 0]), [(M[:, p], Bm[:, p]) for p in range(pieces - 1)])
+    o, ht = run_state_pass(runs, torch.stack(starts, dim=1).reshape(B * pieces, *Bm.shape[2:]))
     o = o.reshape(B, pieces * run_len, H, -1)[:, :T]
-    final = ht.reshape(B, pieces, *ht.shape[1:])[:, -1]
+    final = ht.reshape(B, pieces, *ht.shape[1:])[:, -1].contiguous()
     return (o.contiguous() if pad else o), (final if output_final_state else None)
 # --8<-- [end:split_forward]

@@ -21,7 +21,9 @@ def inputs(T, per_channel, seed=0):
     B, H, K, V = 2, 2, 16, 8
     q, k = (torch.randn(B, T, H, K, generator=g, dtype=torch.float64) for _ in range(2))
     v = torch.randn(B, T, H, V, generator=g, dtype=torch.float64)
-    gate = -torch.rand(*((B, T, H, K) if per_channel else (B, T, H)), generator=g, dtype=torch.float64)
+    # mild gates: a third of the state survives 100 tokens, so a slice's M matters (under gates of
+    # order -1 it underflows and a fold that ignored M would pass unnoticed)
+    gate = -0.02 * torch.rand(*((B, T, H, K) if per_channel else (B, T, H)), generator=g, dtype=torch.float64)
     beta = torch.rand(B, T, H, generator=g, dtype=torch.float64)
     h0 = torch.randn(B, H, K, V, generator=g, dtype=torch.float64)
     return q, ref4.l2_normalize(k), v, gate, beta, h0
@@ -68,7 +70,7 @@ def test_slice_map_matches_the_recurrence():
 
 
 @pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
-@pytest.mark.parametrize("T,pieces", [(1, 4), (130, 2), (300, 3), (256, 4)])
+@pytest.mark.parametrize("T,pieces", [(1, 4), (130, 2), (300, 3), (256, 4), (300, 100)])
 def test_split_forward_equals_the_plain_forward(T, pieces, per_channel):
     """Intra-card split: runs' maps folded in order, every run recomputed from its true state."""
     q, k, v, g, beta, h0 = inputs(T, per_channel, seed=T)
@@ -76,6 +78,10 @@ def test_split_forward_equals_the_plain_forward(T, pieces, per_channel):
     o, s = forward(q, k, v, g, beta, initial_state=h0, output_final_state=True)
     o2, s2 = split_forward(q, k, v, g, beta, pieces, initial_state=h0, output_final_state=True)
     assert rel_l2(o2, o) < 1e-12 and rel_l2(s2, s) < 1e-12
+    o3, s3 = split_forward(q * 3, k * 2, v, g, beta, pieces, initial_state=h0, output_final_state=True,
+                           use_qk_l2norm_in_kernel=True)
+    o4, s4 = forward(q * 3, k * 2, v, g, beta, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    assert rel_l2(o3, o4) < 1e-12 and rel_l2(s3, s4) < 1e-12
     with pytest.raises(ValueError, match="pieces"):
         split_forward(q, k, v, g, beta, 0)
 

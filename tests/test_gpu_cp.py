@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import kda
-from kda.distributed import chunk_maps, context_parallel, local_affine_map, split_forward
+from kda.distributed import choose_pieces, chunk_maps, context_parallel, local_affine_map, split_forward
 from kda.gated_delta import prepare_chunks
 from kda.metrics import rel_l2
 from kda.reference import level0 as ref0
@@ -41,11 +41,13 @@ def inputs(shape, per_channel, seed, dtype=torch.bfloat16, device="cuda"):
     ((1, 1000, 2, 128, 64), 2),          # 16 chunks, the last partial: two runs of 8
     ((1, 1000, 2, 128, 64), 5),          # runs of 4 chunks, 4 runs: padded to 1024
     ((2, 520, 3, 64, 128), 3),           # B > 1, 9 chunks, runs of 3: padded to 576
-    ((1, 4096, 4, 128, 128), None),      # the automatic choice
+    ((1, 16384, 4, 128, 128), None),     # the automatic choice: 4 runs of 64 chunks
     ((1, 64, 2, 128, 128), 4),           # one chunk: one run
 ], ids=["2 runs", "5 -> 4 runs, padded", "B=2 padded", "auto", "one chunk"])
 def test_split_against_recurrence_and_unsplit(shape, pieces, per_channel, poisoned):
     q, k, v, g, beta, h0 = inputs(shape, per_channel, seed=shape[1] + (pieces or 0))
+    if pieces is None:
+        assert choose_pieces(shape[0], shape[2], shape[4], shape[1], torch.cuda.get_device_properties(0).multi_processor_count) > 1
     fn = kda.chunk_kda if per_channel else kda.chunk_gated_delta_rule
     o, ht = split_forward(q, k, v, g, beta, pieces, initial_state=h0, output_final_state=True)
     o1, ht1 = fn(q, k, v, g, beta, initial_state=h0, output_final_state=True)
@@ -91,10 +93,16 @@ def test_chunk_maps_against_float64(per_channel, dtype, bound):
     assert M.dtype == torch.float32 and rel_l2(M, M_ref) <= bound and rel_l2(Bm, B_ref) <= bound
 
 
+def cp_inputs(T):
+    """The same inputs in every process (made on the CPU), mild gates so that the maps matter."""
+    q, k, v, g, beta, h0 = inputs((1, T, 2, 128, 64), True, seed=5, device="cpu")
+    return tuple(x.cuda() for x in (q, k, v, -0.003 * torch.rand_like(g), beta, h0))
+
+
 def _rank_main(rank, world, port, backend, bounds, out_dir):
     torch.cuda.set_device(rank if backend == "nccl" else 0)
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    q, k, v, g, beta, h0 = (x.cuda() for x in inputs((1, bounds[-1], 2, 128, 64), True, seed=5, device="cpu"))
+    q, k, v, g, beta, h0 = cp_inputs(bounds[-1])
     s, e = bounds[rank], bounds[rank + 1]
     o, final = context_parallel(q[:, s:e], k[:, s:e], v[:, s:e], g[:, s:e], beta[:, s:e],
                                 initial_state=h0, output_final_state=True)
@@ -111,9 +119,15 @@ def test_context_parallel_on_cuda_tensors(backend, tmp_path):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     mp.spawn(_rank_main, args=(2, port, backend, bounds, str(tmp_path)), nprocs=2, join=True)
-    q, k, v, g, beta, h0 = (x.cuda() for x in inputs((1, bounds[-1], 2, 128, 64), True, seed=5, device="cpu"))
+    q, k, v, g, beta, h0 = cp_inputs(bounds[-1])
     ref_o, ref_ht = ref0.recurrent(q.double() * 128 ** -0.5, k, v, g, beta, h0, True)
     parts = [torch.load(tmp_path / f"{r}.pt") for r in range(2)]
     o = torch.cat([p["o"] for p in parts], dim=1).cuda()
     assert parts[0]["final"] is None
     assert rel_l2(o, ref_o) <= BOUND and rel_l2(parts[1]["final"].cuda(), ref_ht) <= BOUND
+
+
+def test_split_rejects_a_chunk_size_the_kernels_do_not_have():
+    q, k, v, g, beta, h0 = inputs((1, 256, 2, 64, 64), True, seed=1)
+    with pytest.raises(ValueError, match="chunk_size"):
+        split_forward(q, k, v, g, beta, 2, chunk_size=32)
