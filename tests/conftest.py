@@ -1,3 +1,5 @@
+import socket
+
 import pytest
 import torch
 
@@ -46,3 +48,11 @@ def built_site(tmp_path_factory):
                          capture_output=True, text=True, env=dict(os.environ, NO_MKDOCS_2_WARNING="1"))
     assert res.returncode == 0, "mkdocs build --strict failed:\n" + res.stderr[-4000:]
     return site
+
+
+@pytest.fixture
+def free_port():
+    """A TCP port on 127.0.0.1 nobody listens on, for the rendezvous of spawned ranks."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -2,7 +2,6 @@
 outputs and the final state equal the single-process forward to float64 precision."""
 
 import os
-import socket
 
 import pytest
 import torch
@@ -39,17 +38,11 @@ def _rank_main(rank, world, port, bounds, per_channel, out_dir):
     dist.destroy_process_group()
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
 @pytest.mark.parametrize("bounds", [[0, 100, 230], [0, 7, 100, 164, 230]], ids=["2 ranks", "4 ranks"])
-def test_context_parallel_equals_single_process(bounds, per_channel, tmp_path):
+def test_context_parallel_equals_single_process(bounds, per_channel, tmp_path, free_port):
     world = len(bounds) - 1
-    mp.spawn(_rank_main, args=(world, free_port(), bounds, per_channel, str(tmp_path)), nprocs=world, join=True)
+    mp.spawn(_rank_main, args=(world, free_port, bounds, per_channel, str(tmp_path)), nprocs=world, join=True)
     q, k, v, g, beta, h0 = inputs(bounds[-1], per_channel)
     forward = chunk_kda if per_channel else chunk_gated_delta_rule
     o_ref, final_ref = forward(q, k, v, g, beta, 0.5, h0, True)

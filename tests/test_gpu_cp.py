@@ -4,7 +4,6 @@ choice; the float32 maps of ``chunk_maps`` against the float64 ones; context par
 processes on CUDA tensors (gloo on one GPU; NCCL where two GPUs are present)."""
 
 import os
-import socket
 
 import pytest
 import torch
@@ -113,14 +112,11 @@ def _rank_main(rank, world, port, backend, bounds, out_dir):
 
 
 @pytest.mark.parametrize("backend", ["gloo", "nccl"])
-def test_context_parallel_on_cuda_tensors(backend, tmp_path):
+def test_context_parallel_on_cuda_tensors(backend, tmp_path, free_port):
     if backend == "nccl" and torch.cuda.device_count() < 2:
         pytest.skip("NCCL needs one GPU per rank: fewer than 2 GPUs here")
     bounds = [0, 700, 1300]
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    mp.spawn(_rank_main, args=(2, port, backend, bounds, str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_rank_main, args=(2, free_port, backend, bounds, str(tmp_path)), nprocs=2, join=True)
     q, k, v, g, beta, h0 = cp_inputs(bounds[-1])
     ref_o, ref_ht = ref0.recurrent(q.double() * 128 ** -0.5, k, v, g, beta, h0, True)
     parts = [torch.load(tmp_path / f"{r}.pt") for r in range(2)]

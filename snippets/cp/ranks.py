@@ -12,6 +12,7 @@ import torch.multiprocessing as mp
 
 from kda.distributed import context_parallel, map_bytes
 from kda.gated_delta import chunk_kda
+from kda.metrics import rel_l2
 from kda.reference.level4 import l2_normalize
 from kda.tables import Table, sci
 
@@ -54,9 +55,8 @@ if __name__ == "__main__":                # the ranks are spawned: they import t
             mp.spawn(rank_main, args=(world, port, bounds, out_dir), nprocs=world)
             parts = [torch.load(os.path.join(out_dir, f"{r}.pt")) for r in range(world)]
         o = torch.cat([p["o"] for p in parts], dim=1)
-        err_o = ((o - o_ref).norm() / o_ref.norm()).item()
-        err_s = ((parts[-1]["final"] - final_ref).norm() / final_ref.norm()).item()
-        table.rows.append([world, " + ".join(str(b - a) for a, b in zip(bounds, bounds[1:])), err_o, err_s,
+        table.rows.append([world, " + ".join(str(b - a) for a, b in zip(bounds, bounds[1:])),
+                           rel_l2(o, o_ref), rel_l2(parts[-1]["final"], final_ref),
                            map_bytes(B, H, K, V)])
     print(f"B, T, H, K, V = {B}, {T}, {H}, {K}, {V}; float64 on the CPU; final states are float32\n")
     print(table)

@@ -6,11 +6,11 @@ chunked form (``chunked``), the chunks' affine maps composed over the sequence
 import torch
 
 from kda.distributed import local_affine_map
+from kda.metrics import rel_l2 as rel
 from kda.reference import level0, level5
 from kda.reference.level4 import l2_normalize
 from kda.tables import Table, sci
 
-rel = lambda x, y: ((x - y).norm() / y.norm()).item()
 table = Table(["gate", "T", "strongest gate", "chunked", "kernel mimic", "final state by composed maps"],
               formats=[None, None, None, sci, sci, sci])
 gen = torch.Generator().manual_seed(0)
