@@ -7,8 +7,9 @@ The recurrence (fla's convention, state ``d_k x d_v``)::
 
 On CUDA the kernels of ``kda.kernels.level5`` (a scalar gate is broadcast over the key
 channels and takes the KDA path), in two steps that ``kda.distributed`` reuses: ``prepare_chunks``
-(every chunk at once) and ``run_state_pass`` (sequential); on the CPU the float64 chunked
-reference of ``kda.reference.level0``. Packed sequences (``cu_seqlens``) run one after another.
+(``chunk_intra``, every chunk at once) and ``run_state_pass`` (sequential); on the CPU the float64
+chunked reference of ``kda.reference.level0``. Packed sequences (``cu_seqlens``) run one after
+another.
 """
 
 from __future__ import annotations
@@ -107,9 +108,14 @@ class ChunkForm(NamedTuple):
     decay: torch.Tensor      # 2^G_last of each chunk, float32   [B, H, NC, DK]
 
 
+# chunk_intra at 256 threads with registers capped for two blocks per SM (100 KB of shared memory
+# each for bf16): while one block waits for its loads the other computes
+INTRA_CONFIG = {"threads": 256, "min_blocks": 2}
+
+
 def prepare_chunks(q, k, v, g, beta, scale) -> ChunkForm:
-    """Stages 1 and 2 of the level-5 pipeline, every chunk of the batch at once."""
-    from kda.kernels import level3, level5
+    """Stage 1 of the level-5 pipeline (``chunk_intra``), every chunk of the batch at once."""
+    from kda.kernels import level5
     from kda.kernels.build import compile_program
 
     B, T, H, DK = q.shape
@@ -117,18 +123,14 @@ def prepare_chunks(q, k, v, g, beta, scale) -> ChunkForm:
     NC = -(-T // C)
     dtype, gate_dtype = ops._dtype_name(q.dtype), str(g.dtype).removeprefix("torch.")
     q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.to(torch.float32).contiguous()
+    config = INTRA_CONFIG if dtype == "bfloat16" else {}
     with torch.cuda.device(q.device):
-        prepare_out = compile_program(level3.chunk_prepare, (), DK=DK, chunk_size=C, dtype=dtype, gate_dtype=gate_dtype)
-        prepare_kk = compile_program(level3.chunk_prepare, (), DK=DK, chunk_size=C, dtype=dtype,
-                                     gate_dtype=gate_dtype, score_dtype="float32")
-        wy = compile_program(level5.chunk_wy_gated, (), DK=DK, DV=DV, chunk_size=C, dtype=dtype)
+        intra = compile_program(level5.chunk_intra, (), DK=DK, DV=DV, chunk_size=C, dtype=dtype,
+                                gate_dtype=gate_dtype, **config)
         new = lambda shape, dt=q.dtype: ops._new_output(shape, dt, q.device)
         Qw, Kw, decay, A_qk = new(q.shape), new(q.shape), new((B, H, NC, DK), torch.float32), new((B, T, H, C))
-        prepare_out(q, k, g, scale, Qw, Kw, decay, A_qk)
-        Kg, A_kk = new(k.shape), new((B, T, H, C), torch.float32)
-        prepare_kk(k, k, g, 1.0, Kg, torch.empty_like(Kw), torch.empty_like(decay), A_kk)
         W, U = new(k.shape), new(v.shape)
-        wy(Kg, v, beta, A_kk, W, U)
+        intra(q, k, v, g, beta, scale, Qw, Kw, decay, A_qk, W, U)
     return ChunkForm(Qw, Kw, W, U, A_qk, decay)
 
 

@@ -29,8 +29,9 @@ CASES = [
     ("level4", "state_pass", dict(DK=128, DV=128, dtype="bfloat16")),
     ("level4", "chunk_output", dict(DK=128, DV=64, dtype="float16")),
     ("level3", "chunk_prepare", dict(DK=128, dtype="bfloat16", gate_dtype="float32", score_dtype="float32")),
-    ("level5", "chunk_wy_gated", dict(DK=128, DV=128, dtype="bfloat16")),
-    ("level5", "chunk_wy_gated", dict(DK=64, DV=128, dtype="float16")),
+    ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", threads=256, min_blocks=2, spill_budget=64)),
+    ("level5", "chunk_intra", dict(DK=64, DV=128, dtype="float16")),
+    ("level5", "chunk_intra", dict(DK=128, DV=64, dtype="bfloat16", gate_dtype="bfloat16", delta=False)),
     ("level5", "gated_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16")),
     ("level5", "gated_state_output_pass", dict(DK=128, DV=64, dtype="float16")),
 ]
@@ -42,9 +43,11 @@ def test_compiles_without_spills(module, name, params):
 
     from kda.kernels.build import SM90A, compile_program, ptxas_report
 
+    params = dict(params)
+    budget = params.pop("spill_budget", 0)    # bytes ptxas may spill (a register cap for 2 blocks/SM)
     fn = getattr(importlib.import_module(f"kda.kernels.{module}"), name)
     report = ptxas_report(compile_program(fn, (), target=SM90A, **params))
-    assert report["spill_store_bytes"] == 0 and report["spill_load_bytes"] == 0, report
+    assert report["spill_store_bytes"] <= budget and report["spill_load_bytes"] <= budget, report
     assert 0 < report["registers"] <= 255
 
 

@@ -1,21 +1,21 @@
 """Level 5 TileLang kernels: the gated delta rule (KDA; GDN is its scalar-gate case).
 
-Per chunk, with ``G`` the chunk-local cumsum of the gate in log2 units (``kda.kernels.level3``)
-and ``b`` the step sizes, the chunk form computed here is
+Per chunk, with ``G`` the chunk-local cumsum of the gate in log2 units and ``b`` the step sizes,
+the chunk form computed here is
 
 * ``A_kk = tril(diag(b) (K 2^G)(K 2^-G)^T, -1)`` and ``T = (I + A_kk)^-1``,
 * ``W = T diag(b) (K 2^G)`` and ``U = T diag(b) V``,
 * ``V_new = U - W S``, ``O = (scale Q 2^G) S + A_qk V_new``,
 * ``S <- diag(2^G_last) S + (K 2^(G_last - G))^T V_new``.
 
-Stages:
+Two stages:
 
-1. ``kda.kernels.level3.chunk_prepare`` twice, all chunks at once: with ``(Q, K, scale)`` for
-   ``Qw = scale Q 2^G``, ``Kw = K 2^(G_last - G)``, the chunk decay and ``A_qk``; with
-   ``(K, K, 1)`` and float32 scores for ``K 2^G`` and the unmasked ``A_kk``. Both score
-   matrices use level 3's sub-chunk reference points, safe for any gate.
-2. ``chunk_wy_gated``: the solve of level 4 on ``A_kk``, then ``W`` and ``U``.
-3. ``gated_state_output_pass``: sequential over chunks, the output fused.
+1. ``chunk_intra``, all chunks at once, from one load of ``q, k, v, g, beta``: the cumsum,
+   ``Qw = scale Q 2^G``, ``Kw = K 2^(G_last - G)``, the chunk decay, ``A_qk`` and ``A_kk`` from one
+   set of GEMMs (level 3's sub-chunk reference points, safe for any gate), the solve on ``A_kk``
+   in shared memory (level 4's), ``W`` and ``U``. ``A_kk`` never leaves the SM. Without the delta
+   rule (``delta=False``) it is level 3's per-channel prepare.
+2. ``gated_state_output_pass``: sequential over chunks, the output fused.
 
 Mirrors ``kda.reference.level5``.
 """
@@ -23,50 +23,205 @@ Mirrors ``kda.reference.level5``.
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
 import tilelang.language as T
 
-from kda.kernels.level3 import real
+from kda.kernels.level3 import DIAGONAL_SPAN_MAX, LOG2_E, decay_factor, real, tf32_nearest
 from kda.kernels.level4 import invert_diagonal_blocks, merge_by_substitution
 
 ACCUM = "float32"
 
 
-# --8<-- [start:chunk_wy_gated]
-def chunk_wy_gated(DK, DV, chunk_size=64, block=16, dtype="bfloat16", threads=128):
-    """Arguments at run time: ``Kg = K 2^G [B, T, H, DK]``, ``V [B, T, H, DV]``, ``beta [B, T, H]``
-    (float32), ``A_kk [B, T, H, C]`` (float32, the decayed ``k_i . k_j`` for ``j <= i``), then the
-    outputs ``W [B, T, H, DK]`` and ``U [B, T, H, DV]``."""
-    B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
-    C = chunk_size
+# --8<-- [start:intra_helpers]
+@T.macro
+def log2_cumsum_by_columns(g_s, G_s, L, C, D):
+    """``G_s = cumsum(g_s) / ln 2`` down the chunk, one thread per channel (the rows of a column
+    are a running sum in a register; rows past the real length ``L`` count as 0). In place when
+    ``g_s`` is ``G_s``."""
+    for d in T.Parallel(D):
+        acc = T.alloc_var(ACCUM)
+        acc = 0.0
+        for i in T.serial(C):
+            acc += T.if_then_else(i < L, T.Cast(ACCUM, g_s[i, d]) * LOG2_E, 0.0)
+            G_s[i, d] = acc
 
-    @T.prim_func
-    def main(
-        Kg: T.Tensor([B, S, H, DK], dtype),
-        V: T.Tensor([B, S, H, DV], dtype),
-        beta: T.Tensor([B, S, H], ACCUM),
-        A_kk: T.Tensor([B, S, H, C], ACCUM),
-        W: T.Tensor([B, S, H, DK], dtype),
-        U: T.Tensor([B, S, H, DV], dtype),
-    ):
-        with T.Kernel(T.ceildiv(S, C), H, B, threads=threads) as (c, bh, bb):
-            t0 = c * C
-            L = T.min(C, S - t0)
-            K_s = T.alloc_shared([C, DK], dtype)
-            V_s = T.alloc_shared([C, DV], dtype)
+
+@T.macro
+def pairwise_diagonal(Left_s, K_s, G_s, Out_s, factor, beta_s, C, D, BC):
+    """The 16 x 16 diagonal blocks of the decayed scores summed pair by pair in float32 (a chunk
+    whose gate falls too far inside a sub-chunk for one GEMM): ``Out[i, j] = factor * sum_d
+    left_id k_jd 2^(G_id - G_jd)``, causal (``j <= i``), or strict and times ``b_i`` with ``beta_s``."""
+    acc = T.alloc_fragment([C, BC], ACCUM)
+    T.clear(acc)
+    for d in T.serial(D):
+        for i, jj in T.Parallel(C, BC):
+            j = (i // BC) * BC + jj
+            acc[i, jj] += (T.Cast(ACCUM, Left_s[i, d]) * T.Cast(ACCUM, K_s[j, d])
+                           * decay_factor(G_s[i, d] - G_s[j, d]) * real(j <= i))
+    for i, jj in T.Parallel(C, BC):
+        j = (i // BC) * BC + jj
+        if beta_s is None:
+            Out_s[i, j] = acc[i, jj] * factor
+        else:
+            Out_s[i, j] = T.if_then_else(j < i, acc[i, jj] * beta_s[i], 0.0)
+# --8<-- [end:intra_helpers]
+
+
+# --8<-- [start:chunk_intra]
+def chunk_intra(DK, DV, chunk_size=64, subchunk=16, dtype="bfloat16", gate_dtype="float32", threads=256,
+                min_blocks=1, delta=True):
+    """Everything a chunk needs before the sequential pass, from one load of ``q, k, g`` (and
+    ``v, beta``), every chunk at once. Arguments at run time: ``Q, K [B, T, H, DK]``, ``V [B, T,
+    H, DV]``, ``g [B, T, H, DK]``, ``beta [B, T, H]`` (float32), ``scale``, then the outputs
+    ``Qw = scale Q 2^G``, ``Kw = K 2^(G_last - G)`` (dtype), ``decay = 2^G_last [B, H, NC, DK]``
+    (float32), ``A_qk [B, T, H, C]`` (dtype, masked, scale in), and with ``delta``
+    ``W = T diag(b) (K 2^G)``, ``U = T diag(b) V`` (dtype). Without ``delta`` (level 3's
+    per-channel gate) there is no ``V``, ``beta``, ``W`` or ``U``.
+
+    Both score matrices come from one set of GEMMs: the left operand stacks the query rows
+    ``q 2^(G - G_ref)`` over the key rows ``k 2^(G - G_ref)`` (``G_ref``: the gate just before
+    the row's 16-row sub-chunk), so that the right operand, the keys, is built once.
+
+    * Off the diagonal, for query sub-chunk ``I``: keys ``j < 16 I`` times ``2^(G_ref_I - G_j)``
+      (``<= 1``); one GEMM per ``I``, kept on the rows of sub-chunk ``I``.
+    * On the diagonal: keys times ``2^(G_ref - G_j) >= 1``, one GEMM while the gate falls by at
+      most ``DIAGONAL_SPAN_MAX`` inside every sub-chunk (operands in bf16, whose range is
+      float32's; float32 operands and tf32 for fp16 inputs), pairwise sums otherwise.
+
+    ``A_kk`` (float32) stays in shared memory: the solve is level 4's, then ``W`` and ``U``.
+    """
+    B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
+    C, BC = chunk_size, subchunk
+    NC = T.ceildiv(S, C)
+    NS = C // BC
+    R = 2 * C if delta else C                  # rows of the stacked left operand
+    # bf16 diagonal operands share the off-diagonal GEMM's fragment layout (merged in registers);
+    # fp16 cannot hold keys times 2^96, so its diagonal is a tf32 GEMM merged through shared memory
+    same_layout = dtype == "bfloat16"
+
+    @T.macro
+    def body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, c, bb, bh):
+        if min_blocks > 1:
+            T.annotate_min_blocks_per_sm(min_blocks)
+        t0 = c * C
+        L = T.min(C, S - t0)
+        Lft_s = T.alloc_shared([R, DK], dtype)          # q (rows 0..C-1), later the left operand
+        K_s = T.alloc_shared([C, DK], dtype)
+        G_s = T.alloc_shared([C, DK], ACCUM)
+        Rgt_s = T.alloc_shared([C, DK], dtype)          # the right operand (keys), per sub-chunk
+        Aqk_s = T.alloc_shared([C, C], dtype)
+        A = T.alloc_fragment([R, C], ACCUM)
+        A_part = T.alloc_fragment([R, C], ACCUM)
+        span = T.alloc_fragment([NS], ACCUM)
+        span_s = T.alloc_shared([NS, DK], ACCUM)
+        too_steep = T.alloc_shared([1], "int32")
+
+        T.copy(Q[bb, t0:t0 + C, bh, :], Lft_s[0:C, :])
+        T.copy(K[bb, t0:t0 + C, bh, :], K_s)
+        if gate_dtype == ACCUM:                          # cumsum in place, log2 units
+            T.copy(g[bb, t0:t0 + C, bh, :], G_s)
+            log2_cumsum_by_columns(G_s, G_s, L, C, DK)
+        else:
+            g_s = T.alloc_shared([C, DK], gate_dtype)
+            T.copy(g[bb, t0:t0 + C, bh, :], g_s)
+            log2_cumsum_by_columns(g_s, G_s, L, C, DK)
+
+        # what the state pass reads (staged in the right-operand buffer and the key half)
+        for i, d in T.Parallel(C, DK):
+            Rgt_s[i, d] = Lft_s[i, d] * scale * T.exp2(G_s[i, d])
+        T.copy(Rgt_s, Qw[bb, t0:t0 + C, bh, :])
+        for i, d in T.Parallel(C, DK):
+            Rgt_s[i, d] = K_s[i, d] * T.exp2(G_s[C - 1, d] - G_s[i, d]) * real(i < L)
+        T.copy(Rgt_s, Kw[bb, t0:t0 + C, bh, :])
+        for d in T.Parallel(DK):
+            decay[bb, bh, c, d] = T.exp2(G_s[C - 1, d])
+
+        # the left operand: rows scaled by 2^(G - G_ref) <= 1
+        for i, d in T.Parallel(C, DK):
+            G_ref = G_s[T.max((i // BC) * BC - 1, 0), d] * real(i >= BC)
+            x = T.exp2(G_s[i, d] - G_ref)
+            if delta:
+                Lft_s[C + i, d] = K_s[i, d] * x
+            Lft_s[i, d] = Lft_s[i, d] * x
+
+        # off the diagonal: one GEMM per query sub-chunk I, kept on its rows
+        T.clear(A)
+        for I in T.unroll(1, NS):
+            for j, d in T.Parallel(C, DK):
+                Rgt_s[j, d] = K_s[j, d] * decay_factor(G_s[I * BC - 1, d] - G_s[j, d]) * real(j < I * BC)
+            T.gemm(Lft_s, Rgt_s, A_part, transpose_B=True, clear_accum=True)
+            for r, j in T.Parallel(R, C):
+                A[r, j] = A[r, j] + T.if_then_else((r % C) // BC == I, A_part[r, j], 0.0)
+
+        # the diagonal blocks: how far the gate falls inside each sub-chunk
+        for s, d in T.Parallel(NS, DK):
+            span_s[s, d] = T.if_then_else(s > 0, G_s[s * BC - 1, d], 0.0) - G_s[s * BC + BC - 1, d]
+        T.reduce_max(span_s, span, dim=1)
+        too_steep[0] = 0
+        for s in T.Parallel(NS):
+            if span[s] > DIAGONAL_SPAN_MAX:
+                too_steep[0] = 1
+        if too_steep[0] == 0:
+            if same_layout:                              # bf16: merged into A in registers
+                for j, d in T.Parallel(C, DK):
+                    G_ref = G_s[T.max((j // BC) * BC - 1, 0), d] * real(j >= BC)
+                    Rgt_s[j, d] = K_s[j, d] * T.exp2(T.min(G_ref - G_s[j, d], DIAGONAL_SPAN_MAX))
+                T.gemm(Lft_s, Rgt_s, A_part, transpose_B=True, clear_accum=True)
+                for r, j in T.Parallel(R, C):            # causal for A_qk (j <= i), strict for A_kk
+                    causal = j < r % C + T.if_then_else(r < C, 1, 0)
+                    A[r, j] = T.if_then_else((r % C) // BC == j // BC,
+                                             T.if_then_else(causal, A_part[r, j], 0.0), A[r, j])
+
+        # A_qk scaled, A_kk times b (float32, shared)
+        for i, j in T.Parallel(C, C):
+            Aqk_s[i, j] = A[i, j] * scale
+        if delta:
             beta_s = T.alloc_shared([C], ACCUM)
             A_s = T.alloc_shared([C, C], ACCUM)
+            for i in T.Parallel(C):                          # padding rows: b = 0
+                beta_s[i] = T.if_then_else(i < L, beta[bb, t0 + T.min(i, L - 1), bh], 0.0)
+            for i, j in T.Parallel(C, C):
+                A_s[i, j] = A[C + i, j] * beta_s[i]
+        if not same_layout:
+            if too_steep[0] == 0:                        # fp16: tf32 operands, merged in shared
+                A_diag = T.alloc_fragment([R, C], ACCUM)
+                Lft32_s = T.alloc_shared([R, DK], ACCUM)
+                Rgt32_s = T.alloc_shared([C, DK], ACCUM)
+                # from the original q and k: q 2^(G - G_ref) in fp16 loses its low bits
+                T.copy(Q[bb, t0:t0 + C, bh, :], Rgt_s)
+                for i, d in T.Parallel(C, DK):
+                    G_ref = G_s[T.max((i // BC) * BC - 1, 0), d] * real(i >= BC)
+                    x = T.exp2(G_s[i, d] - G_ref)
+                    Lft32_s[i, d] = tf32_nearest(Rgt_s[i, d] * x)
+                    if delta:
+                        Lft32_s[C + i, d] = tf32_nearest(K_s[i, d] * x)
+                for j, d in T.Parallel(C, DK):
+                    G_ref = G_s[T.max((j // BC) * BC - 1, 0), d] * real(j >= BC)
+                    Rgt32_s[j, d] = tf32_nearest(K_s[j, d] * T.exp2(T.min(G_ref - G_s[j, d], DIAGONAL_SPAN_MAX)))
+                T.gemm(Lft32_s, Rgt32_s, A_diag, transpose_B=True, clear_accum=True)
+                for r, j in T.Parallel(R, C):
+                    if (r % C) // BC == j // BC:
+                        if r < C:
+                            Aqk_s[r, j] = T.if_then_else(j <= r, A_diag[r, j] * scale, 0.0)
+                        elif delta:
+                            A_s[r - C, j] = T.if_then_else(j < r - C, A_diag[r, j] * beta_s[r - C], 0.0)
+        if too_steep[0] == 1:
+            # a steep chunk: the diagonal blocks summed pairwise from the original q, k
+            T.copy(Q[bb, t0:t0 + C, bh, :], Rgt_s)
+            pairwise_diagonal(Rgt_s, K_s, G_s, Aqk_s, scale, None, C, DK, BC)
+            if delta:
+                pairwise_diagonal(K_s, K_s, G_s, A_s, 1.0, beta_s, C, DK, BC)
+        if delta:
+            for i, d in T.Parallel(C, DK):                   # the keys become K 2^G
+                K_s[i, d] = K_s[i, d] * T.exp2(G_s[i, d])
+        T.copy(Aqk_s, A_qk[bb, t0:t0 + C, bh, :])
+
+        if delta:
+            V_s = T.alloc_shared([C, DV], dtype)
             Tinv_s = T.alloc_shared([C, C], ACCUM)
             Tb_s = T.alloc_shared([C, C], dtype)
             W_f = T.alloc_fragment([C, DK], ACCUM)
             U_f = T.alloc_fragment([C, DV], ACCUM)
-
-            T.copy(Kg[bb, t0:t0 + C, bh, :], K_s)
             T.copy(V[bb, t0:t0 + C, bh, :], V_s)
-            T.copy(A_kk[bb, t0:t0 + C, bh, :], A_s)
-            for i in T.Parallel(C):                            # padding rows: b = 0
-                beta_s[i] = T.if_then_else(i < L, beta[bb, t0 + T.min(i, L - 1), bh], 0.0)
-            for i, j in T.Parallel(C, C):                      # padding rows of A_kk may be
-                A_s[i, j] = A_s[i, j] * beta_s[i] * real(j < i)   # anything finite: b = 0 there
-            invert_diagonal_blocks(A_s, Tinv_s, C, block)
-            merge_by_substitution(A_s, Tinv_s, C, block)
+            invert_diagonal_blocks(A_s, Tinv_s, C, BC)
+            merge_by_substitution(A_s, Tinv_s, C, BC)
             for i, j in T.Parallel(C, C):
                 Tb_s[i, j] = Tinv_s[i, j] * beta_s[j]
             T.gemm(Tb_s, K_s, W_f, clear_accum=True)
@@ -76,8 +231,41 @@ def chunk_wy_gated(DK, DV, chunk_size=64, block=16, dtype="bfloat16", threads=12
             T.copy(K_s, W[bb, t0:t0 + C, bh, :])
             T.copy(V_s, U[bb, t0:t0 + C, bh, :])
 
+    if delta:
+        @T.prim_func
+        def main(
+            Q: T.Tensor([B, S, H, DK], dtype),
+            K: T.Tensor([B, S, H, DK], dtype),
+            V: T.Tensor([B, S, H, DV], dtype),
+            g: T.Tensor([B, S, H, DK], gate_dtype),
+            beta: T.Tensor([B, S, H], ACCUM),
+            scale: T.float32,
+            Qw: T.Tensor([B, S, H, DK], dtype),
+            Kw: T.Tensor([B, S, H, DK], dtype),
+            decay: T.Tensor([B, H, NC, DK], ACCUM),
+            A_qk: T.Tensor([B, S, H, C], dtype),
+            W: T.Tensor([B, S, H, DK], dtype),
+            U: T.Tensor([B, S, H, DV], dtype),
+        ):
+            with T.Kernel(NC, H, B, threads=threads) as (c, bh, bb):
+                body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, c, bb, bh)
+    else:
+        @T.prim_func
+        def main(
+            Q: T.Tensor([B, S, H, DK], dtype),
+            K: T.Tensor([B, S, H, DK], dtype),
+            g: T.Tensor([B, S, H, DK], gate_dtype),
+            scale: T.float32,
+            Qw: T.Tensor([B, S, H, DK], dtype),
+            Kw: T.Tensor([B, S, H, DK], dtype),
+            decay: T.Tensor([B, H, NC, DK], ACCUM),
+            A_qk: T.Tensor([B, S, H, C], dtype),
+        ):
+            with T.Kernel(NC, H, B, threads=threads) as (c, bh, bb):
+                body(Q, K, None, g, None, scale, Qw, Kw, decay, A_qk, None, None, c, bb, bh)
+
     return main
-# --8<-- [end:chunk_wy_gated]
+# --8<-- [end:chunk_intra]
 
 
 # --8<-- [start:gated_state_output_pass]

@@ -98,7 +98,7 @@ S0 = torch.zeros_like(Bm[:, 0])
 starts = torch.stack(fold(S0, [(M[:, p], Bm[:, p]) for p in range(auto - 1)]), dim=1).reshape(B * auto, H, D, D)
 stages = Table(["stage", "what it does", "ms"], formats=[None, None, "{:.3f}"])
 for name, what, fn in [
-    ("prepare_chunks", "both chunk_prepare passes and chunk_wy_gated, every chunk at once",
+    ("prepare_chunks", "chunk_intra: scores, solve, W and U, every chunk at once",
      lambda: prepare_chunks(q, k, v, g_kda, beta, SCALE)),
     ("run_state_pass, no split", f"the sequential pass over {T // C} chunks, {B * H * D // 32} blocks", lambda: run_state_pass(form, None)),
     ("runs_form", "the runs as a batch (the chunk decay reordered)", lambda: runs_form(form, auto)),
