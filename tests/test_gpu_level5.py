@@ -62,13 +62,13 @@ def test_forward_against_token_recurrence(shape, dtype, kind, per_channel, poiso
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(2, 200, 3, 64, 128), (1, 129, 2, 128, 64)])
 def test_chunk_intra_against_reference_stage(shape, dtype, kind, delta):
-    """Every output of ``chunk_intra`` against the float64 stage (level 3's ``prepare`` for both
-    score matrices, level 4's inverse), outputs poisoned with NaN, padding rows not compared."""
+    """Every output of ``chunk_intra`` against its float64 stage (``kda.reference.level5.intra``),
+    outputs poisoned with NaN, padding rows not compared."""
     from kda.gated_delta import INTRA_CONFIG
     from kda.kernels import level5
     from kda.kernels.build import compile_program
-    from kda.reference import level3 as ref3
-    from kda.reference._common import to_chunks
+    from kda.reference import level5 as ref5
+    from kda.reference._common import from_chunks
 
     B, T, H, DK, DV = shape
     C, NC = 64, -(-shape[1] // 64)
@@ -84,30 +84,13 @@ def test_chunk_intra_against_reference_stage(shape, dtype, kind, delta):
         kernel(q, k, v, g, beta, scale, Qw, Kw, decay, A_qk, W, U)
     else:
         kernel(q, k, g, scale, Qw, Kw, decay, A_qk)
-    r_Qw, r_Kw, r_decay, r_A = ref3.prepare(q, k, g, scale)
-    chunks = lambda x: to_chunks(x.double(), C)
+    r_Qw, r_Kw, r_decay, r_A, r_W, r_U = ref5.intra(q, k, v, g, beta, scale, C)
+    outputs = [("Qw", Qw, r_Qw), ("Kw", Kw, r_Kw), ("A_qk", A_qk, r_A)] + ([("W", W, r_W), ("U", U, r_U)] if delta else [])
+    checks = [(name_, got, from_chunks(ref, T)) for name_, got, ref in outputs] + [("decay", decay, r_decay)]
     bound = 5e-3 if dtype == torch.bfloat16 else 1e-3
-    for name_, got, ref in [("Qw", chunks(Qw), r_Qw), ("Kw", chunks(Kw), r_Kw), ("decay", decay, r_decay),
-                            ("A_qk", chunks(A_qk), r_A)]:
-        if got.dim() == 5:
-            got, ref = real_rows(got, T), real_rows(ref, T)
+    for name_, got, ref in checks:
         assert torch.isfinite(got).all(), name_
         assert rel_l2(got, ref) <= bound, f"{name_}: {rel_l2(got, ref):.2e}"
-    if delta:
-        Kg, _, _, A_kk = ref3.prepare(k, k, g, 1.0)
-        b = to_chunks(beta[..., None].double(), C)[..., 0]
-        Tinv = ref4.invert_unit_lower_blocked(torch.tril(b[..., None] * A_kk, -1))
-        r_W, r_U = Tinv @ (b[..., None] * Kg), Tinv @ (b[..., None] * chunks(v))
-        for name_, got, ref in [("W", chunks(W), r_W), ("U", chunks(U), r_U)]:
-            got, ref = real_rows(got, T), real_rows(ref, T)
-            assert torch.isfinite(got).all(), name_
-            assert rel_l2(got, ref) <= bound, f"{name_}: {rel_l2(got, ref):.2e}"
-
-
-def real_rows(x, T):
-    """``[B, H, NC, C, D]`` -> the real rows ``[B, H, T, D]`` (the padding of the tail dropped)."""
-    B, H, NC, C, D = x.shape
-    return x.reshape(B, H, NC * C, D)[:, :, :T]
 
 
 @pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])

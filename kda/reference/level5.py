@@ -2,9 +2,9 @@
 
 The recurrence, its chunked form and the chunk affine maps are in ``kda.reference.level0``
 (``recurrent``, ``chunked``, ``chunk_affine``, ``compose``). ``kernel_mimic`` here is the same
-function built from the stages of ``kda.kernels.level5``, in float64: level 3's ``prepare`` twice
-(``Q, K`` for the output side, ``K, K`` for the solve), level 4's blocked inverse, ``W`` and
-``U``, then the sequential pass with the output fused.
+function built from the stages of ``kda.kernels.level5``, in float64: ``intra`` (level 3's
+``prepare`` for both score matrices, level 4's blocked inverse, ``W`` and ``U``: what
+``chunk_intra`` writes), then the sequential pass with the output fused.
 """
 
 from __future__ import annotations
@@ -16,17 +16,28 @@ from kda.reference.level3 import prepare
 from kda.reference.level4 import invert_unit_lower_blocked
 
 
-# --8<-- [start:kernel_mimic]
-def kernel_mimic(q, k, v, g, beta, scale=1.0, chunk_size=64, initial_state=None, output_final_state=False):
-    """(1) ``Qw, Kw, decay, A_qk = prepare(Q, K, g, scale)`` and ``Kg, _, _, A_kk = prepare(K, K, g)``;
-    (2) ``T = (I + tril(diag(b) A_kk, -1))^-1``, ``W = T diag(b) Kg``, ``U = T diag(b) V``;
-    (3) per chunk ``V_new = U - W S``, ``O = Qw S + A_qk V_new``, ``S = diag(decay) S + Kw^T V_new``."""
+# --8<-- [start:intra]
+def intra(q, k, v, g, beta, scale=1.0, chunk_size=64):
+    """What ``kda.kernels.level5.chunk_intra`` writes, in float64 and chunk layout ``[B, H, NC, C, *]``:
+    ``Qw, Kw, decay, A_qk = prepare(Q, K, g, scale)`` (level 3), then from ``Kg, _, _, A_kk =
+    prepare(K, K, g)`` the inverse ``T = (I + tril(diag(b) A_kk, -1))^-1``, ``W = T diag(b) Kg`` and
+    ``U = T diag(b) V``."""
     q, k, v, beta = as_f64(q, k, v, beta)
     Qw, Kw, decay, A_qk = prepare(q, k, g, scale, chunk_size)
     Kg, _, _, A_kk = prepare(k, k, g, 1.0, chunk_size)
     b = to_chunks(beta[..., None], chunk_size)[..., 0]                  # padding rows: b = 0
     Tinv = invert_unit_lower_blocked(torch.tril(b[..., None] * A_kk, -1))
     W, U = Tinv @ (b[..., None] * Kg), Tinv @ (b[..., None] * to_chunks(v, chunk_size))
+    return Qw, Kw, decay, A_qk, W, U
+# --8<-- [end:intra]
+
+
+# --8<-- [start:kernel_mimic]
+def kernel_mimic(q, k, v, g, beta, scale=1.0, chunk_size=64, initial_state=None, output_final_state=False):
+    """(1) ``intra``: what ``chunk_intra`` writes; (2) per chunk ``V_new = U - W S``,
+    ``O = Qw S + A_qk V_new``, ``S = diag(decay) S + Kw^T V_new``."""
+    q, k, v, beta = as_f64(q, k, v, beta)
+    Qw, Kw, decay, A_qk, W, U = intra(q, k, v, g, beta, scale, chunk_size)
     S = start_state(q, v, initial_state)
     out = []
     for c in range(W.shape[2]):
