@@ -88,7 +88,11 @@ def test_prepare_stage(shape, kind):
         assert torch.isfinite(got).all(), f"{name}: NaN or inf"
         if want.norm() > 1e-30:       # all-underflow cases: only finiteness matters
             assert rel_l2(got, want) <= 5e-3, f"{name}: rel L2 {rel_l2(got, want):.2e}"
-    assert torch.allclose(outs[2].double(), decay, rtol=1e-5, atol=1e-30)
+    # decay = 2^G_last from a float32 running sum of up to 64 gates: |error of G| <= 64 ulp of |G|
+    normal = decay > 2.0 ** -120
+    G_got, G_ref = torch.log2(outs[2].double()[normal]), torch.log2(decay[normal])
+    assert ((G_got - G_ref).abs() <= 64 * 2.0 ** -24 * G_ref.abs() + 1e-6).all(), "decay"
+    assert (outs[2][~normal] <= 2.0 ** -100).all(), "decay past float32's normal range"
 
 
 @pytest.mark.parametrize("gate_dtype", [torch.bfloat16, torch.float16])
