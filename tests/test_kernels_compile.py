@@ -26,7 +26,7 @@ CASES = [
     ("level4", "state_output_pass", dict(DK=128, DV=128, dtype="bfloat16")),
     ("level4", "state_pass", dict(DK=128, DV=128, dtype="bfloat16")),
     ("level4", "chunk_output", dict(DK=128, DV=64, dtype="float16")),
-    ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", spill_budget=160)),
+    ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", spill_budget=400)),
     ("level5", "chunk_intra", dict(DK=64, DV=128, dtype="float16")),
     ("level5", "chunk_intra", dict(DK=128, dtype="bfloat16", gate_dtype="bfloat16", delta=False)),
     ("level5", "chunk_intra", dict(DK=64, dtype="float16", gate_dtype="float16", delta=False)),

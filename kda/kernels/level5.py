@@ -29,7 +29,11 @@ from kda.kernels.level4 import invert_diagonal_blocks, merge_by_substitution
 
 ACCUM = "float32"
 SOLVE_BLOCK = 16        # the solve's diagonal blocks (level 4), whatever the scores' sub-chunk
-SUBCHUNK = 32           # rows per score sub-chunk: one GEMM below the diagonal (16: three; run 34)
+# Rows per score sub-chunk. 32 needs one GEMM below the diagonal instead of three (chunk_intra
+# 1.66 ms instead of 1.93 at the headline, run 34), but its diagonal GEMM holds only while a gate
+# falls by at most 2^96 over 32 rows: KDA-style gates (-2 softplus(x)) would send 90% of the chunks
+# to the pairwise path, 14 times slower (snippets/level3/diagonal_path.py). 16 keeps them on the GEMM.
+SUBCHUNK = 16
 
 
 # --8<-- [start:intra_helpers]
@@ -105,8 +109,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, dtype="bfloat16",
     * The left operand stacks ``q x`` over ``k x`` (rows of sub-chunk ``I``), so that both score
       matrices come from one set of GEMMs with one right operand: ``Ke = k y`` (float32).
     * Off the diagonal, query sub-chunk ``I``: keys of the sub-chunks ``J < I`` as
-      ``Ke_j 2^(G_ref_I - G_end_J)``; one GEMM per ``I``, kept on the rows of sub-chunk ``I``
-      (with 32-row sub-chunks, the default, a single GEMM).
+      ``Ke_j 2^(G_ref_I - G_end_J)``; one GEMM per ``I``, kept on the rows of sub-chunk ``I``.
     * On the diagonal: ``Ke_j 2^(G_ref_J - G_end_J)``, one GEMM while the gate falls by at most
       ``DIAGONAL_SPAN_MAX`` inside every sub-chunk (bf16 operands, whose range is float32's;
       float32 operands and tf32 for fp16 inputs), pairwise sums otherwise.
