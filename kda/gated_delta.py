@@ -83,10 +83,10 @@ def raise_flagged_values(flags, g, beta) -> None:
 
 
 def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-             cu_seqlens, per_channel: bool):
+             cu_seqlens, per_channel: bool, check_values: bool):
     cuda = q.device.type == "cuda"
     scale, h0, bounds = _check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel,
-                                      check_values=not cuda)
+                                      check_values=check_values and not cuda)
     if cuda:
         flags = torch.zeros(2, dtype=torch.int32, device=q.device)
         g_given = g
@@ -111,7 +111,7 @@ def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_
             pieces.append(o_n.to(v.dtype))
             finals.append(f_n[0])
         o, final = torch.cat(pieces, dim=1), torch.stack([f.float() for f in finals])
-    if cuda:
+    if cuda and check_values:
         raise_flagged_values(flags, g_given, beta)
     return o.to(v.dtype), (final.float() if output_final_state else None)
 
@@ -180,7 +180,7 @@ def _run_kernels(q, k, v, g, beta, scale, h0, flags=None):
 
 # --8<-- [start:chunk_kda]
 def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-              use_qk_l2norm_in_kernel=False, cu_seqlens=None):
+              use_qk_l2norm_in_kernel=False, cu_seqlens=None, check_values=True):
     """Kimi Delta Attention, forward. Arguments as in fla 0.6.0's ``chunk_kda``:
 
     Args:
@@ -192,18 +192,23 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
         output_final_state: also return the float32 final states ``[N, H, K, V]``.
         use_qk_l2norm_in_kernel: L2-normalize ``q`` and ``k`` over the head dimension first.
         cu_seqlens: ``[N + 1]`` boundaries of the sequences packed along ``T`` (then ``B = 1``).
+        check_values: raise if a gate is not finite and ``<= 0`` or a ``beta`` is outside ``[0, 1]``
+            (not in fla's API). On CUDA the first kernel checks them as it reads them and the host
+            reads two flags back after the launch: a wait for the GPU at the end of every call.
+            ``False`` skips the read-back (a bad value then gives a wrong result, not an error).
 
     Returns:
         ``(o, final_state)``: ``o [B, T, H, V]`` in the dtype of ``v``; ``final_state`` or ``None``.
     """
     return _forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                    cu_seqlens, per_channel=True)
+                    cu_seqlens, per_channel=True, check_values=check_values)
 # --8<-- [end:chunk_kda]
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-                           use_qk_l2norm_in_kernel=False, cu_seqlens=None):
+                           use_qk_l2norm_in_kernel=False, cu_seqlens=None, check_values=True):
     """Gated DeltaNet (GDN), forward: ``chunk_kda`` with one gate per head, ``g [B, T, H]``.
-    Arguments and results as in fla 0.6.0's ``chunk_gated_delta_rule``."""
+    Arguments and results as in fla 0.6.0's ``chunk_gated_delta_rule``, plus ``check_values``
+    (see ``chunk_kda``)."""
     return _forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                    cu_seqlens, per_channel=False)
+                    cu_seqlens, per_channel=False, check_values=check_values)

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.gpu
 
 BOUND = 5e-3
 SHAPES = [(2, 200, 3, 64, 128), (1, 1, 2, 64, 64), (1, 1000, 2, 128, 64), (1, 129, 2, 128, 128)]
-GATES = ["logsigmoid", "uniform_to_-20", "runs_of_-20"]
+GATES = ["logsigmoid", "kda_style", "uniform_to_-20", "runs_of_-20"]
 
 
 def gates(kind, shape, gen):
@@ -24,6 +24,8 @@ def gates(kind, shape, gen):
         return -0.02 * torch.rand(shape, generator=gen, device="cuda")
     if kind == "logsigmoid":
         return torch.nn.functional.logsigmoid(torch.randn(shape, generator=gen, device="cuda"))
+    if kind == "kda_style":     # -2 softplus: most chunks too steep for 32-row sub-chunks, not for 16
+        return -2 * torch.nn.functional.softplus(torch.randn(shape, generator=gen, device="cuda"))
     if kind == "uniform_to_-20":
         return -20 * torch.rand(shape, generator=gen, device="cuda")
     g = torch.nn.functional.logsigmoid(torch.randn(shape, generator=gen, device="cuda"))
@@ -110,6 +112,7 @@ def test_values_out_of_range_raise(per_channel, what, value):
         fn(q, k, v, g, beta)
     with pytest.raises(ValueError, match=message):
         fn(q, k, v, g, beta, cu_seqlens=torch.tensor([0, 130, 200], device="cuda"))
+    fn(q, k, v, g, beta, check_values=False)              # no read-back, no error
     (g if what == "g" else beta)[0, 190, 1] = -0.5 if what == "g" else 0.5
     fn(q, k, v, g, beta)                                    # and a good input passes
 

@@ -32,8 +32,10 @@ SOLVE_BLOCK = 16        # the solve's diagonal blocks (level 4), whatever the sc
 # Rows per score sub-chunk. 32 needs one GEMM below the diagonal instead of three (chunk_intra
 # 1.66 ms instead of 1.93 at the headline, run 34), but its diagonal GEMM holds only while a gate
 # falls by at most 2^96 over 32 rows: KDA-style gates (-2 softplus(x)) would send 90% of the chunks
-# to the pairwise path, 14 times slower (snippets/level3/diagonal_path.py). 16 keeps them on the GEMM.
+# to the pairwise path, 14 times slower (snippets/level3/diagonal_path.py), where 16 rows keep them
+# on the GEMM. So each chunk takes 32 where its gates allow it and 16 where they do not (bf16).
 SUBCHUNK = 16
+WIDE_SUBCHUNK = 32      # None: SUBCHUNK in every chunk
 
 
 # --8<-- [start:intra_helpers]
@@ -88,8 +90,8 @@ def pairwise_diagonal(Left_s, K_s, G_s, Out_s, factor, beta_s, C, D, BC):
 
 
 # --8<-- [start:chunk_intra]
-def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, dtype="bfloat16", gate_dtype="float32", threads=256,
-                min_blocks=None, delta=True):
+def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WIDE_SUBCHUNK, dtype="bfloat16",
+                gate_dtype="float32", threads=256, min_blocks=None, delta=True):
     """Everything a chunk needs before the sequential pass, from one load of ``q, k, g`` (and
     ``v, beta``), every chunk at once. Arguments at run time: ``Q, K [B, T, H, DK]``, ``V [B, T,
     H, DV]``, ``g [B, T, H, DK]``, ``beta [B, T, H]`` (float32), ``scale``, then the outputs
@@ -127,6 +129,64 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, dtype="bfloat16",
     # bf16 diagonal operands share the off-diagonal GEMM's fragment layout (merged in registers);
     # fp16 cannot hold keys times 2^96, so its diagonal is a tf32 GEMM merged through shared memory
     same_layout = dtype == "bfloat16"
+    # bf16: chunks whose gates allow it take wide sub-chunks (fewer GEMMs); fp16 merges its tf32
+    # diagonal by the sub-chunk size, so it keeps one size
+    wide = wide_subchunk if same_layout and wide_subchunk else None
+
+    @T.macro
+    def scores(Qw, Kw, scale, Lft_s, K_s, G_s, Ke_s, Rgt_s, Gend_s, Pref_s, Pend_s, Cross_s, A, A_part, too_steep,
+               t0, bb, bh, BX):
+        """Factor tables, Qw and Kw, and both score matrices into ``A`` by sub-chunks of ``BX`` rows."""
+        NX = C // BX
+        for s, d in T.Parallel(NX, DK):
+            G_end = G_s[s * BX + BX - 1, d]
+            Gend_s[s, d] = G_end
+            Pref_s[s, d] = T.exp2(ref_gate(G_s, s, d, BX))
+            Pend_s[s, d] = T.exp2(G_s[C - 1, d] - G_end)
+            for J in T.serial(s + 1):                    # G_ref_s - G_end_J <= 0 for J < s
+                Cross_s[s * (s + 1) // 2 + J, d] = T.exp2(
+                    T.min(ref_gate(G_s, s, d, BX) - G_s[J * BX + BX - 1, d], DIAGONAL_SPAN_MAX))
+            if ref_gate(G_s, s, d, BX) - G_end > DIAGONAL_SPAN_MAX:
+                too_steep[0] = 1                         # the gate falls too far inside s
+
+        # one pass over the chunk: two exp2 per element, everything else from the tables (every
+        # buffer read here is written only at the element read, so no barrier splits the loop)
+        for i, d in T.Parallel(C, DK):
+            G = G_s[i, d]
+            x = T.exp2(G - Gend_s[T.max(i // BX - 1, 0), d] * real(i >= BX))
+            y = T.exp2(Gend_s[i // BX, d] - G)
+            qx = T.Cast(ACCUM, Rgt_s[i, d]) * x
+            kv = T.Cast(ACCUM, K_s[i, d])
+            Rgt_s[i, d] = qx * Pref_s[i // BX, d] * scale              # Qw
+            Lft_s[i, d] = qx
+            if delta:
+                Lft_s[C + i, d] = kv * x
+                K_s[i, d] = kv * x * Pref_s[i // BX, d]                # K 2^G, for W
+            Ke_s[i, d] = kv * y
+        T.copy(Rgt_s, Qw[bb, t0:t0 + C, bh, :])
+        for i, d in T.Parallel(C, DK):
+            Rgt_s[i, d] = Ke_s[i, d] * Pend_s[i // BX, d]
+        T.copy(Rgt_s, Kw[bb, t0:t0 + C, bh, :])
+
+        # off the diagonal: one GEMM per query sub-chunk I, kept on its rows
+        T.clear(A)
+        for I in T.unroll(1, NX):
+            for j, d in T.Parallel(C, DK):
+                Rgt_s[j, d] = Ke_s[j, d] * Cross_s[I * (I + 1) // 2 + T.min(j // BX, I), d] * real(j < I * BX)
+            T.gemm(Lft_s, Rgt_s, A_part, transpose_B=True, clear_accum=True)
+            for r, j in T.Parallel(R, C):
+                A[r, j] = A[r, j] + T.if_then_else((r % C) // BX == I, A_part[r, j], 0.0)
+
+        # the diagonal blocks: one GEMM unless the gate falls too far inside a sub-chunk
+        if too_steep[0] == 0:
+            if same_layout:                              # bf16: merged into A in registers
+                for j, d in T.Parallel(C, DK):
+                    Rgt_s[j, d] = Ke_s[j, d] * Cross_s[(j // BX) * (j // BX + 3) // 2, d]
+                T.gemm(Lft_s, Rgt_s, A_part, transpose_B=True, clear_accum=True)
+                for r, j in T.Parallel(R, C):            # causal for A_qk (j <= i), strict for A_kk
+                    causal = j < r % C + T.if_then_else(r < C, 1, 0)
+                    A[r, j] = T.if_then_else((r % C) // BX == j // BX,
+                                             T.if_then_else(causal, A_part[r, j], 0.0), A[r, j])
 
     @T.macro
     def body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, c, bb, bh):
@@ -157,58 +217,25 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, dtype="bfloat16",
         T.copy(g[bb, t0:t0 + C, bh, :], g_s)
         log2_cumsum_by_columns(g_s, G_s, L, C, DK, flags)
 
-        too_steep[0] = 0
-        for s, d in T.Parallel(NS, DK):
-            G_end = G_s[s * BC + BC - 1, d]
-            Gend_s[s, d] = G_end
-            Pref_s[s, d] = T.exp2(ref_gate(G_s, s, d, BC))
-            Pend_s[s, d] = T.exp2(G_s[C - 1, d] - G_end)
-            for J in T.serial(s + 1):                    # G_ref_s - G_end_J <= 0 for J < s
-                Cross_s[s * (s + 1) // 2 + J, d] = T.exp2(
-                    T.min(ref_gate(G_s, s, d, BC) - G_s[J * BC + BC - 1, d], DIAGONAL_SPAN_MAX))
-            if ref_gate(G_s, s, d, BC) - G_end > DIAGONAL_SPAN_MAX:
-                too_steep[0] = 1                         # the gate falls too far inside s
         for d in T.Parallel(DK):
             decay[bb, bh, c, d] = T.exp2(G_s[C - 1, d])
-
-        # one pass over the chunk: two exp2 per element, everything else from the tables (every
-        # buffer read here is written only at the element read, so no barrier splits the loop)
-        for i, d in T.Parallel(C, DK):
-            G = G_s[i, d]
-            x = T.exp2(G - Gend_s[T.max(i // BC - 1, 0), d] * real(i >= BC))
-            y = T.exp2(Gend_s[i // BC, d] - G)
-            qx = T.Cast(ACCUM, Rgt_s[i, d]) * x
-            kv = T.Cast(ACCUM, K_s[i, d])
-            Rgt_s[i, d] = qx * Pref_s[i // BC, d] * scale              # Qw
-            Lft_s[i, d] = qx
-            if delta:
-                Lft_s[C + i, d] = kv * x
-                K_s[i, d] = kv * x * Pref_s[i // BC, d]                # K 2^G, for W
-            Ke_s[i, d] = kv * y
-        T.copy(Rgt_s, Qw[bb, t0:t0 + C, bh, :])
-        for i, d in T.Parallel(C, DK):
-            Rgt_s[i, d] = Ke_s[i, d] * Pend_s[i // BC, d]
-        T.copy(Rgt_s, Kw[bb, t0:t0 + C, bh, :])
-
-        # off the diagonal: one GEMM per query sub-chunk I, kept on its rows
-        T.clear(A)
-        for I in T.unroll(1, NS):
-            for j, d in T.Parallel(C, DK):
-                Rgt_s[j, d] = Ke_s[j, d] * Cross_s[I * (I + 1) // 2 + T.min(j // BC, I), d] * real(j < I * BC)
-            T.gemm(Lft_s, Rgt_s, A_part, transpose_B=True, clear_accum=True)
-            for r, j in T.Parallel(R, C):
-                A[r, j] = A[r, j] + T.if_then_else((r % C) // BC == I, A_part[r, j], 0.0)
-
-        # the diagonal blocks: one GEMM unless the gate falls too far inside a sub-chunk
-        if too_steep[0] == 0:
-            if same_layout:                              # bf16: merged into A in registers
-                for j, d in T.Parallel(C, DK):
-                    Rgt_s[j, d] = Ke_s[j, d] * Cross_s[(j // BC) * (j // BC + 3) // 2, d]
-                T.gemm(Lft_s, Rgt_s, A_part, transpose_B=True, clear_accum=True)
-                for r, j in T.Parallel(R, C):            # causal for A_qk (j <= i), strict for A_kk
-                    causal = j < r % C + T.if_then_else(r < C, 1, 0)
-                    A[r, j] = T.if_then_else((r % C) // BC == j // BC,
-                                             T.if_then_else(causal, A_part[r, j], 0.0), A[r, j])
+        too_steep[0] = 0
+        if wide is None:
+            scores(Qw, Kw, scale, Lft_s, K_s, G_s, Ke_s, Rgt_s, Gend_s, Pref_s, Pend_s, Cross_s, A, A_part,
+                   too_steep, t0, bb, bh, BC)
+        else:
+            # the wide sub-chunks while their diagonal GEMM holds (span <= DIAGONAL_SPAN_MAX), else BC
+            wide_ok = T.alloc_shared([1], "int32")
+            wide_ok[0] = 1
+            for s, d in T.Parallel(C // wide, DK):
+                if ref_gate(G_s, s, d, wide) - G_s[s * wide + wide - 1, d] > DIAGONAL_SPAN_MAX:
+                    wide_ok[0] = 0
+            if wide_ok[0] == 1:
+                scores(Qw, Kw, scale, Lft_s, K_s, G_s, Ke_s, Rgt_s, Gend_s, Pref_s, Pend_s, Cross_s, A, A_part,
+                       too_steep, t0, bb, bh, wide)
+            else:
+                scores(Qw, Kw, scale, Lft_s, K_s, G_s, Ke_s, Rgt_s, Gend_s, Pref_s, Pend_s, Cross_s, A, A_part,
+                       too_steep, t0, bb, bh, BC)
 
         # A_qk scaled, A_kk times b (float32, shared)
         for i, j in T.Parallel(C, C):
