@@ -1,6 +1,6 @@
 """The built site in a real browser (Playwright driving Debian's chromium) on 127.0.0.1:
-math rendered by the site's own KaTeX, the language switch, Chinese search, measurement tables,
-no console error and no request to any other host."""
+math rendered by the site's own KaTeX, the language switch, Chinese search, measurement tables
+that fit a 1280 px window, no console error and no request to any other host."""
 
 import functools
 import http.server
@@ -137,4 +137,22 @@ def test_measurement_tables_are_filled(browser, server, path):
     assert page.locator(".kda-output img").count() == figures
     for img in page.locator(".kda-output img").all():
         assert img.evaluate("e => e.complete && e.naturalWidth > 0")
+    page.close()
+
+
+# tables and display equations wider than the article column, at a 1280 px window
+TOO_WIDE = """() => {
+  const column = document.querySelector('.md-content__inner').getBoundingClientRect().width;
+  return [...document.querySelectorAll('.md-typeset table, .katex-display')]
+    .filter(e => e.scrollWidth > column + 1)
+    .map(e => e.tagName + ' ' + e.scrollWidth + ' px: ' + e.innerText.slice(0, 60).replace(/\\s+/g, ' '));
+}"""
+
+
+@pytest.mark.parametrize("path", [lang + page for lang in ("", "en/") for page in CHAPTERS])
+def test_tables_and_equations_fit_a_1280_px_window(browser, server, path):
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(server + path, wait_until="networkidle")
+    assert page.locator(".katex-error").count() == 0
+    assert page.evaluate(TOO_WIDE) == [], f"wider than the column on /{path}"
     page.close()
