@@ -51,7 +51,7 @@ for r in level5:                                                    # rows in th
 print(table)
 
 T = [r["T"] for r in level1]
-fig, ax = plt.subplots(figsize=(6.4, 4))
+fig, ax = plt.subplots(figsize=(6.4, 4.2))
 ax.loglog(T, [sdpa[t] for t in T], "o:", label="causal softmax attention (SDPA)")
 for rows, level, style in [(level1, 1, "-"), (level2, 2, "--")]:
     ax.loglog(T, [r["fla"] for r in rows], "s" + style, label=f"fla, level {level}")
@@ -70,7 +70,7 @@ ax.xaxis.set_minor_formatter(NullFormatter())     # labels would overlap
 ax.set_xlabel("T (B = 1, H = 32, D = 128, bf16)")
 ax.set_ylabel("latency (ms)")
 ax.grid(True, which="both", alpha=0.3)
-ax.legend(fontsize=8)
+ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)   # beside the data
 figure(fig, "latency-all", "latency of every kernel against T on the H200")
 
 split = recorded_data("snippets/cp/split_latency.py")["rows"]
