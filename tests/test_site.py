@@ -27,6 +27,15 @@ def mkdocs_build(config: Path, site_dir: Path) -> subprocess.CompletedProcess:
 CHAPTERS = ["math", "level1", "level2", "level3", "level4", "level5", "cp", "api", "benchmarks"]
 
 
+@pytest.mark.parametrize("lang", ["", "en/"])
+def test_the_playground_can_be_downloaded(built_site, lang):
+    """The notebook sits beside its page, executed (outputs included), and the page links to it."""
+    page = (built_site / lang / "level1-playground" / "index.html").read_text(encoding="utf-8")
+    assert 'href="level1-playground.ipynb"' in page
+    nb = json.loads((built_site / lang / "level1-playground" / "level1-playground.ipynb").read_text(encoding="utf-8"))
+    assert nb["nbformat"] == 4 and any(cell.get("outputs") for cell in nb["cells"])
+
+
 def test_strict_build_of_both_languages(built_site):
     for page in ["index.html", "level1-playground/index.html"] + [f"{c}/index.html" for c in CHAPTERS]:
         assert (built_site / page).is_file() and (built_site / "en" / page).is_file()

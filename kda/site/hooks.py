@@ -69,11 +69,14 @@ def on_files(files, config):
             if path.is_file():
                 files.append(File(path.relative_to(root / "docs").as_posix(), str(root / "docs"),
                                   config["site_dir"], config["use_directory_urls"]))
-    for file in files:
+    for file in list(files):
         if file.src_uri.endswith(".ipynb"):
             executed = _executed_notebook(Path(file.abs_src_path))
             if executed is not None:
                 file.abs_src_path = str(executed)
+            # the notebook itself beside its page, outputs included, for the page's download link
+            stem = Path(file.src_uri).stem
+            files.append(File.generated(config, f"{stem}/{stem}.ipynb", abs_src_path=file.abs_src_path))
     # run (or load) every snippet the pages name now, so that their figures are files of
     # the build and links to them are checked like any other
     for file in list(files.documentation_pages()):
