@@ -36,6 +36,13 @@ def test_the_playground_can_be_downloaded(built_site, lang):
     assert nb["nbformat"] == 4 and any(cell.get("outputs") for cell in nb["cells"])
 
 
+@pytest.mark.parametrize("lang", ["", "en/"])
+def test_search_index_has_no_raw_latex(built_site, lang):
+    index = json.loads((built_site / lang / "search" / "search_index.json").read_text(encoding="utf-8"))
+    texts = [doc["title"] + " " + doc["text"] for doc in index["docs"]]
+    assert texts and not [t for t in texts if "\\(" in t or "\\operatorname" in t]
+
+
 def test_strict_build_of_both_languages(built_site):
     for page in ["index.html", "level1-playground/index.html"] + [f"{c}/index.html" for c in CHAPTERS]:
         assert (built_site / page).is_file() and (built_site / "en" / page).is_file()

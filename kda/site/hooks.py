@@ -25,6 +25,7 @@ from pathlib import Path
 from mkdocs.structure.files import File
 from mkdocs.utils import get_relative_url
 
+from kda.site import search_text
 from kda.site import snippets as sn
 
 log = logging.getLogger("mkdocs.plugins.kda_site")
@@ -196,6 +197,7 @@ def on_page_markdown(markdown, page, config, files):
 
 def on_post_build(config):
     log.info(f"kda snippets: {len(_state['ran'])} run, {_state['hits']} from cache")
+    search_text.clean_search_index(config["site_dir"])     # search results without raw LaTeX
     english = config["extra"].get("kda", {}).get("english")
     if _lang(config) == "zh" and english:
         _build_english(config, english)
