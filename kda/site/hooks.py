@@ -19,7 +19,10 @@ import copy
 import hashlib
 import html
 import logging
+import os
 import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from mkdocs.structure.files import File
@@ -45,6 +48,7 @@ TEXT = {
 }
 
 _state: dict = {}
+_lock = threading.Lock()            # _prepare runs in a thread per core
 
 
 def _lang(config) -> str:
@@ -79,10 +83,12 @@ def on_files(files, config):
             stem = Path(file.src_uri).stem
             files.append(File.generated(config, f"{stem}/{stem}.ipynb", abs_src_path=file.abs_src_path))
     # run (or load) every snippet the pages name now, so that their figures are files of
-    # the build and links to them are checked like any other
-    for file in list(files.documentation_pages()):
-        for match in MARKER.finditer(Path(file.abs_src_path).read_text(encoding="utf-8")):
-            _prepare(match.group(1))
+    # the build and links to them are checked like any other; each CPU snippet runs in its own
+    # process, so they run side by side, one per core
+    paths = list(dict.fromkeys(match.group(1) for file in files.documentation_pages()
+                               for match in MARKER.finditer(Path(file.abs_src_path).read_text(encoding="utf-8"))))
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        list(pool.map(_prepare, paths))
     for dest, blob in _state["figures"].items():
         files.append(File.generated(config, dest, content=blob))
     return files
@@ -99,10 +105,12 @@ def _prepare(path: str) -> None:
         if snippet.where == "cpu":
             result, hit = sn.cached_run(snippet, _state["cache"], _state["records"])
             outcome["result"] = result
-            if hit:
-                _state["hits"] += 1
-            else:
-                _state["ran"].append(path)
+            with _lock:
+                if hit:
+                    _state["hits"] += 1
+                else:
+                    _state["ran"].append(path)
+                    log.info(f"kda snippets: ran {path} in {result.seconds:.1f} s ({len(_state['ran'])} run so far)")
             for name, blob in result.figures.items():
                 _state["figures"][f"figures/{snippet.slug}/{name}"] = blob
         else:
