@@ -9,18 +9,15 @@ measurement to $OUT/run33.jsonl as it goes.
 
     python results/tuning/run33-intra-tables.py compile time
 """
-import importlib.util
-import json
 import os
 import sys
-import time
-from concurrent.futures import ProcessPoolExecutor
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import ROOT, compile_in_processes, intra_outputs, kda_inputs, log, try_compile, variant_module  # noqa: E402
+
+RUN = "run33"
 SHAPES = [(1, 32768, 32, 128), (1, 8192, 96, 128), (4, 4096, 64, 128)]
 CFG = dict(threads=256, min_blocks=2)
-OUT = os.environ.get("OUT", "/tmp")
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
 # knock-outs: (name, text in kda/kernels/level5.py, replacement)
 KNOCKOUTS = [
     ("no_solve", "            invert_diagonal_blocks(A_s, Tinv_s, C, BC)\n            merge_by_substitution(A_s, Tinv_s, C, BC)\n", ""),
@@ -32,20 +29,9 @@ KNOCKOUTS = [
 
 def module(name):
     """kda.kernels.level5 (new), the saved old one, or a knock-out variant, as a fresh module."""
-    path = os.path.join(ROOT, "kda/kernels/level5.py")
     if name == "old":
-        path = os.path.join(ROOT, ".scratch/level5_old.py")
-    src = open(path).read()
-    for ko, a, b in KNOCKOUTS:
-        if ko == name:
-            assert src.count(a) == 1, ko
-            src = src.replace(a, b)
-    out = os.path.join("/tmp", f"level5_{name}.py")
-    open(out, "w").write(src)
-    spec = importlib.util.spec_from_file_location(f"level5_{name}", out)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+        return variant_module(name, ".scratch/level5_old.py")
+    return variant_module(name, replacements=[(a, b) for ko, a, b in KNOCKOUTS if ko == name])
 
 
 def kernels():
@@ -57,28 +43,8 @@ def kernels():
 
 def compile_one(i):
     sys.path.insert(0, ROOT)
-    from kda.kernels.build import compile_program
     name, params = kernels()[i]
-    t = time.time()
-    try:
-        compile_program(module(name).chunk_intra, (), **params)
-        return name, params, round(time.time() - t, 1), None
-    except Exception as e:  # noqa: BLE001
-        return name, params, round(time.time() - t, 1), repr(e)[-400:]
-
-
-def log(row):
-    print(json.dumps(row), flush=True)
-    with open(os.path.join(OUT, "run33.jsonl"), "a") as f:
-        f.write(json.dumps(row) + "\n")
-
-
-def compile_all():
-    import multiprocessing as mp
-    n = len(kernels())
-    with ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("spawn")) as ex:
-        for name, params, secs, err in ex.map(compile_one, range(n)):
-            log({"compile": name, "params": params, "s": secs, "error": err})
+    return {"compile": name, "params": params, **try_compile(lambda: module(name).chunk_intra, params)}
 
 
 def time_all():
@@ -86,39 +52,32 @@ def time_all():
     from fla.ops.kda import chunk_kda as fla_kda
 
     from kda import chunk_kda
-    from kda.bench import median_ms, random_qkv
+    from kda.bench import median_ms
     from kda.kernels.build import compile_program
-    from kda.reference import level4 as ref4
 
     for n, (B, T, H, D) in enumerate(SHAPES):
-        C, NC = 64, T // 64
         scale = D ** -0.5
-        q, k, v = random_qkv(B, T, H, D, D)
-        k = ref4.l2_normalize(k.float()).bfloat16()
-        g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, D, device="cuda"))
-        beta = torch.rand(B, T, H, device="cuda")
+        q, k, v, g, beta = kda_inputs(B, T, H, D)
         row = {"B": B, "T": T, "H": H, "D": D}
         if n == 0:
-            new = lambda shape, dt=torch.bfloat16: torch.empty(shape, dtype=dt, device="cuda")
-            outs = [new(q.shape), new(q.shape), new((B, H, NC, D), torch.float32), new((B, T, H, C)), new(k.shape),
-                    new(v.shape)]
+            outs = intra_outputs(q, v)
             flags = torch.zeros(2, dtype=torch.int32, device="cuda")
             for name, params in kernels():
                 kern = compile_program(module(name).chunk_intra, (), **params)
                 delta = params.get("delta", True)
                 args = (q, k, v, g, beta, scale, *outs) if delta else (q, k, g, scale, *outs[:4])
                 args = args if name == "old" else (*args, flags)
-                log({**row, "what": f"chunk_intra {name}" + ("" if delta else " delta=False"),
-                     "ms": median_ms(lambda: kern(*args))})
+                log(RUN, {**row, "what": f"chunk_intra {name}" + ("" if delta else " delta=False"),
+                          "ms": median_ms(lambda: kern(*args))})
             assert flags.tolist() == [0, 0], flags
         ms_kda = median_ms(lambda: chunk_kda(q, k, v, g, beta, scale=scale))
         ms_fla = median_ms(lambda: fla_kda(q, k, v, g, beta, scale=scale))
-        log({**row, "what": "chunk_kda", "kda": ms_kda, "fla": ms_fla, "ratio": ms_fla / ms_kda})
+        log(RUN, {**row, "what": "chunk_kda", "kda": ms_kda, "fla": ms_fla, "ratio": ms_fla / ms_kda})
 
 
 if __name__ == "__main__":
     sys.path.insert(0, ROOT)
     if "compile" in sys.argv:
-        compile_all()
+        compile_in_processes(RUN, len(kernels()), compile_one)
     if "time" in sys.argv:
         time_all()

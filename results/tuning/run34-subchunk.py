@@ -3,48 +3,29 @@ three) against 16-row ones, with knock-outs and without the register cap.
 
 Times in one process on the same inputs: chunk_intra at both sub-chunk sizes, uncapped, knock-out
 variants (timing only: a stage removed from its source text, results wrong), level 3's form
-(delta=False), and kda.chunk_kda (32-row sub-chunks) against fla's chunk_kda at the three shapes. One JSON line per
-measurement to $OUT/run34.jsonl as it goes.
+(delta=False), and kda.chunk_kda (32-row sub-chunks) against fla's chunk_kda at the three shapes.
+One JSON line per measurement to $OUT/run34.jsonl as it goes.
 
     python results/tuning/run34-subchunk.py compile time
 """
-import importlib.util
-import json
 import os
 import sys
-import time
-from concurrent.futures import ProcessPoolExecutor
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import ROOT, compile_in_processes, intra_outputs, kda_inputs, log, try_compile, variant_module  # noqa: E402
+
+RUN = "run34"
 SHAPES = [(1, 32768, 32, 128), (1, 8192, 96, 128), (4, 4096, 64, 128)]
-CFG = dict(threads=256, min_blocks=2)
-OUT = os.environ.get("OUT", "/tmp")
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
 # knock-outs: (name, text in kda/kernels/level5.py, replacement)
 KNOCKOUTS = [
     ("no_solve", "            invert_diagonal_blocks(A_s, Tinv_s, C, SOLVE_BLOCK)\n            merge_by_substitution(A_s, Tinv_s, C, SOLVE_BLOCK)\n", ""),
-    ("no_cumsum", "        log2_cumsum_by_columns(g_s, G_s, L, C, DK, flags)\n\n", "\n"),
     ("no_offdiag", "        for I in T.unroll(1, NS):", "        for I in T.unroll(1, 1):"),
-    ("no_wu_gemms", "            T.gemm(Tb_s, K_s, W_f, clear_accum=True)\n            T.gemm(Tb_s, V_s, U_f, clear_accum=True)\n", ""),
 ]
 
 
 def module(name):
-    """kda.kernels.level5 (new), the saved old one, or a knock-out variant, as a fresh module."""
-    path = os.path.join(ROOT, "kda/kernels/level5.py")
-    if name == "old":
-        path = os.path.join(ROOT, ".scratch/level5_old.py")
-    src = open(path).read()
-    for ko, a, b in KNOCKOUTS:
-        if ko == name:
-            assert src.count(a) == 1, ko
-            src = src.replace(a, b)
-    out = os.path.join("/tmp", f"level5_{name}.py")
-    open(out, "w").write(src)
-    spec = importlib.util.spec_from_file_location(f"level5_{name}", out)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """kda.kernels.level5 or a knock-out variant of it, as a fresh module."""
+    return variant_module(name, replacements=[(a, b) for ko, a, b in KNOCKOUTS if ko == name])
 
 
 def kernels():
@@ -52,34 +33,14 @@ def kernels():
     out = [("new", dict(base, subchunk=16)), ("new", dict(base, subchunk=32)),
            ("new", dict(base, subchunk=32, min_blocks=1)),
            ("new", dict(base, subchunk=16, delta=False)), ("new", dict(base, subchunk=32, delta=False))]
-    out += [(ko, dict(base, subchunk=32)) for ko, _, _ in KNOCKOUTS if ko in ("no_offdiag", "no_solve")]
+    out += [(ko, dict(base, subchunk=32)) for ko, _, _ in KNOCKOUTS]
     return out
 
 
 def compile_one(i):
     sys.path.insert(0, ROOT)
-    from kda.kernels.build import compile_program
     name, params = kernels()[i]
-    t = time.time()
-    try:
-        compile_program(module(name).chunk_intra, (), **params)
-        return name, params, round(time.time() - t, 1), None
-    except Exception as e:  # noqa: BLE001
-        return name, params, round(time.time() - t, 1), repr(e)[-400:]
-
-
-def log(row):
-    print(json.dumps(row), flush=True)
-    with open(os.path.join(OUT, "run34.jsonl"), "a") as f:
-        f.write(json.dumps(row) + "\n")
-
-
-def compile_all():
-    import multiprocessing as mp
-    n = len(kernels())
-    with ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("spawn")) as ex:
-        for name, params, secs, err in ex.map(compile_one, range(n)):
-            log({"compile": name, "params": params, "s": secs, "error": err})
+    return {"compile": name, "params": params, **try_compile(lambda: module(name).chunk_intra, params)}
 
 
 def time_all():
@@ -87,39 +48,30 @@ def time_all():
     from fla.ops.kda import chunk_kda as fla_kda
 
     from kda import chunk_kda
-    from kda.bench import median_ms, random_qkv
+    from kda.bench import median_ms
     from kda.kernels.build import compile_program
-    from kda.reference import level4 as ref4
 
     for n, (B, T, H, D) in enumerate(SHAPES):
-        C, NC = 64, T // 64
         scale = D ** -0.5
-        q, k, v = random_qkv(B, T, H, D, D)
-        k = ref4.l2_normalize(k.float()).bfloat16()
-        g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, D, device="cuda"))
-        beta = torch.rand(B, T, H, device="cuda")
+        q, k, v, g, beta = kda_inputs(B, T, H, D)
         row = {"B": B, "T": T, "H": H, "D": D}
         if n == 0:
-            new = lambda shape, dt=torch.bfloat16: torch.empty(shape, dtype=dt, device="cuda")
-            outs = [new(q.shape), new(q.shape), new((B, H, NC, D), torch.float32), new((B, T, H, C)), new(k.shape),
-                    new(v.shape)]
+            outs = intra_outputs(q, v)
             flags = torch.zeros(2, dtype=torch.int32, device="cuda")
             for name, params in kernels():
                 kern = compile_program(module(name).chunk_intra, (), **params)
                 delta = params.get("delta", True)
-                args = (q, k, v, g, beta, scale, *outs) if delta else (q, k, g, scale, *outs[:4])
-                args = args if name == "old" else (*args, flags)
-                log({**row, "what": f"chunk_intra {name}", "params": params,
-                     "ms": median_ms(lambda: kern(*args))})
+                args = (q, k, v, g, beta, scale, *outs, flags) if delta else (q, k, g, scale, *outs[:4], flags)
+                log(RUN, {**row, "what": f"chunk_intra {name}", "params": params, "ms": median_ms(lambda: kern(*args))})
             assert flags.tolist() == [0, 0], flags
         ms_kda = median_ms(lambda: chunk_kda(q, k, v, g, beta, scale=scale))
         ms_fla = median_ms(lambda: fla_kda(q, k, v, g, beta, scale=scale))
-        log({**row, "what": "chunk_kda", "kda": ms_kda, "fla": ms_fla, "ratio": ms_fla / ms_kda})
+        log(RUN, {**row, "what": "chunk_kda", "kda": ms_kda, "fla": ms_fla, "ratio": ms_fla / ms_kda})
 
 
 if __name__ == "__main__":
     sys.path.insert(0, ROOT)
     if "compile" in sys.argv:
-        compile_all()
+        compile_in_processes(RUN, len(kernels()), compile_one)
     if "time" in sys.argv:
         time_all()

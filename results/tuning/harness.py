@@ -1,0 +1,79 @@
+"""What the tuning-run scripts (run33 onwards) share: one JSON line per measurement, printed and
+appended to ``$OUT/<run>.jsonl``; kernels compiled in parallel processes before anything is
+timed (a cold H200 machine spends minutes compiling); and a kernel module rebuilt from its source
+text with pieces replaced (knock-outs and variants, for timing only)."""
+import importlib.util
+import json
+import multiprocessing as mp
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+OUT = os.environ.get("OUT", "/tmp")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def log(run, row):
+    """Print ``row`` and append it to ``$OUT/<run>.jsonl``."""
+    print(json.dumps(row), flush=True)
+    with open(os.path.join(OUT, f"{run}.jsonl"), "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def variant_module(name, path="kda/kernels/level5.py", replacements=()):
+    """The module at ``path`` (relative to the repository) with each ``(text, new)`` of
+    ``replacements`` applied; every ``text`` must occur exactly once."""
+    src = open(os.path.join(ROOT, path)).read()
+    for text, new in replacements:
+        assert src.count(text) == 1, f"{name}: {text[:60]!r}"
+        src = src.replace(text, new)
+    out = os.path.join("/tmp", f"{os.path.splitext(os.path.basename(path))[0]}_{name}.py")
+    open(out, "w").write(src)
+    spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(out))[0], out)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def try_compile(get_fn, params):
+    """Compile ``get_fn()(**params)`` for this machine's GPU; ``{"s": seconds, "error": None or
+    text}`` (building the variant module counts as part of the compile)."""
+    from kda.kernels.build import compile_program
+    t = time.time()
+    try:
+        compile_program(get_fn(), (), **params)
+        return {"s": round(time.time() - t, 1), "error": None}
+    except Exception as e:  # noqa: BLE001
+        return {"s": round(time.time() - t, 1), "error": repr(e)[-400:]}
+
+
+def compile_in_processes(run, n, compile_one):
+    """``compile_one(i)`` for ``i < n`` in ``n`` spawned processes; each returned row is logged."""
+    with ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("spawn")) as ex:
+        for row in ex.map(compile_one, range(n)):
+            log(run, row)
+
+
+def kda_inputs(B, T, H, D):
+    """The level-5 benchmark inputs: bf16 ``q, v`` and unit-row ``k``, float32 gates
+    ``logsigmoid(x)``, ``beta`` uniform in ``[0, 1]`` (float32)."""
+    import torch
+
+    from kda.bench import random_qkv
+    from kda.reference import level4 as ref4
+
+    q, k, v = random_qkv(B, T, H, D, D)
+    k = ref4.l2_normalize(k.float()).bfloat16()
+    g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, D, device="cuda"))
+    beta = torch.rand(B, T, H, device="cuda")
+    return q, k, v, g, beta
+
+
+def intra_outputs(q, v, C=64):
+    """Uninitialised outputs of ``chunk_intra`` for these inputs: ``Qw, Kw, decay, A_qk, W, U``."""
+    import torch
+
+    B, T, H, D = q.shape
+    new = lambda shape, dt=q.dtype: torch.empty(shape, dtype=dt, device=q.device)
+    return [new(q.shape), new(q.shape), new((B, H, -(-T // C), D), torch.float32), new((B, T, H, C)), new(q.shape),
+            new(v.shape)]
