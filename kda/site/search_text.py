@@ -53,5 +53,6 @@ def clean_search_index(site_dir: str | Path) -> int:
             if key in doc and ("\\(" in doc[key] or "\\[" in doc[key]):
                 doc[key] = plain_text(doc[key])
                 changed += 1
-    path.write_text(json.dumps(index, ensure_ascii=False, separators=(",", ":")), encoding="utf-8")
+    if changed:
+        path.write_text(json.dumps(index, ensure_ascii=False, separators=(",", ":")), encoding="utf-8")
     return changed
