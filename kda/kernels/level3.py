@@ -38,6 +38,8 @@ def decay_factor(log2_decay):
     """``2^x`` clamped to ``x <= 0``: where the caller masks an element out, ``x`` may be
     positive, and ``2^x`` could overflow to ``inf`` (and ``inf * 0`` is NaN)."""
     return T.exp2(T.min(log2_decay, 0.0))
+
+
 # Largest gate span (log2 units) inside one diagonal sub-chunk for the GEMM path: the key
 # factor 2^span and the query factor 2^-span must stay normal fp32 numbers next to bf16
 # inputs (|x| in about [2^-10, 2^3]): 96 leaves 20 binades of room on either side.

@@ -68,6 +68,12 @@ def ref_gate(G_s, s, d, BC):
     return T.if_then_else(s > 0, G_s[T.max(s * BC - 1, 0), d], 0.0)
 
 
+def falls_too_far(G_s, s, d, BC):
+    """Whether the gate of channel ``d`` falls by more than ``DIAGONAL_SPAN_MAX`` (log2) across
+    sub-chunk ``s``, from ``G_ref`` to its last row: then its diagonal block needs pairwise sums."""
+    return ref_gate(G_s, s, d, BC) - G_s[s * BC + BC - 1, d] > DIAGONAL_SPAN_MAX
+
+
 @T.macro
 def pairwise_diagonal(Left_s, K_s, G_s, Out_s, factor, beta_s, C, D, BC):
     """The 16 x 16 diagonal blocks of the decayed scores summed pair by pair in float32 (a chunk
@@ -134,9 +140,10 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     wide = wide_subchunk if same_layout and wide_subchunk else None
 
     @T.macro
-    def scores(Qw, Kw, scale, Lft_s, K_s, G_s, Ke_s, Rgt_s, Gend_s, Pref_s, Pend_s, Cross_s, A, A_part, too_steep,
-               t0, bb, bh, BX):
-        """Factor tables, Qw and Kw, and both score matrices into ``A`` by sub-chunks of ``BX`` rows."""
+    def scores(Qw, Kw, scale, buffers, t0, bb, bh, BX):
+        """Factor tables, Qw and Kw, and both score matrices into ``A`` by sub-chunks of ``BX`` rows
+        (``buffers``: the shared and fragment buffers of ``body``, named as there)."""
+        Lft_s, K_s, G_s, Ke_s, Rgt_s, Gend_s, Pref_s, Pend_s, Cross_s, A, A_part, too_steep = buffers
         NX = C // BX
         for s, d in T.Parallel(NX, DK):
             G_end = G_s[s * BX + BX - 1, d]
@@ -146,8 +153,8 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             for J in T.serial(s + 1):                    # G_ref_s - G_end_J <= 0 for J < s
                 Cross_s[s * (s + 1) // 2 + J, d] = T.exp2(
                     T.min(ref_gate(G_s, s, d, BX) - G_s[J * BX + BX - 1, d], DIAGONAL_SPAN_MAX))
-            if ref_gate(G_s, s, d, BX) - G_end > DIAGONAL_SPAN_MAX:
-                too_steep[0] = 1                         # the gate falls too far inside s
+            if falls_too_far(G_s, s, d, BX):
+                too_steep[0] = 1
 
         # one pass over the chunk: two exp2 per element, everything else from the tables (every
         # buffer read here is written only at the element read, so no barrier splits the loop)
@@ -220,22 +227,20 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
         for d in T.Parallel(DK):
             decay[bb, bh, c, d] = T.exp2(G_s[C - 1, d])
         too_steep[0] = 0
+        buffers = (Lft_s, K_s, G_s, Ke_s, Rgt_s, Gend_s, Pref_s, Pend_s, Cross_s, A, A_part, too_steep)
         if wide is None:
-            scores(Qw, Kw, scale, Lft_s, K_s, G_s, Ke_s, Rgt_s, Gend_s, Pref_s, Pend_s, Cross_s, A, A_part,
-                   too_steep, t0, bb, bh, BC)
+            scores(Qw, Kw, scale, buffers, t0, bb, bh, BC)
         else:
             # the wide sub-chunks while their diagonal GEMM holds (span <= DIAGONAL_SPAN_MAX), else BC
             wide_ok = T.alloc_shared([1], "int32")
             wide_ok[0] = 1
             for s, d in T.Parallel(C // wide, DK):
-                if ref_gate(G_s, s, d, wide) - G_s[s * wide + wide - 1, d] > DIAGONAL_SPAN_MAX:
+                if falls_too_far(G_s, s, d, wide):
                     wide_ok[0] = 0
             if wide_ok[0] == 1:
-                scores(Qw, Kw, scale, Lft_s, K_s, G_s, Ke_s, Rgt_s, Gend_s, Pref_s, Pend_s, Cross_s, A, A_part,
-                       too_steep, t0, bb, bh, wide)
+                scores(Qw, Kw, scale, buffers, t0, bb, bh, wide)
             else:
-                scores(Qw, Kw, scale, Lft_s, K_s, G_s, Ke_s, Rgt_s, Gend_s, Pref_s, Pend_s, Cross_s, A, A_part,
-                       too_steep, t0, bb, bh, BC)
+                scores(Qw, Kw, scale, buffers, t0, bb, bh, BC)
 
         # A_qk scaled, A_kk times b (float32, shared)
         for i, j in T.Parallel(C, C):

@@ -12,42 +12,23 @@ One JSON line per measurement to $OUT/run38.jsonl.
 
     python results/tuning/run38-adaptive-and-host.py compile time
 """
-import json
 import os
 import sys
-import time
-from concurrent.futures import ProcessPoolExecutor
 
-OUT = os.environ.get("OUT", "/tmp")
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import ROOT, compile_in_processes, intra_outputs, kda_inputs, log, try_compile  # noqa: E402
+
+RUN = "run38"
 BASE = dict(DK=128, DV=128, dtype="bfloat16")
 VARIANTS = {"per chunk (default)": {}, "16 only": dict(wide_subchunk=None),
             "32 only": dict(subchunk=32, wide_subchunk=None)}
 
 
-def compile_one(name):
+def compile_one(i):
     sys.path.insert(0, ROOT)
     from kda.kernels import level5
-    from kda.kernels.build import compile_program
-    t = time.time()
-    try:
-        compile_program(level5.chunk_intra, (), **BASE, **VARIANTS[name])
-        return name, round(time.time() - t, 1), None
-    except Exception as e:  # noqa: BLE001
-        return name, round(time.time() - t, 1), repr(e)[-400:]
-
-
-def log(row):
-    print(json.dumps(row), flush=True)
-    with open(os.path.join(OUT, "run38.jsonl"), "a") as f:
-        f.write(json.dumps(row) + "\n")
-
-
-def compile_all():
-    import multiprocessing as mp
-    with ProcessPoolExecutor(max_workers=len(VARIANTS), mp_context=mp.get_context("spawn")) as ex:
-        for name, secs, err in ex.map(compile_one, VARIANTS):
-            log({"compile": name, "s": secs, "error": err})
+    name = list(VARIANTS)[i]
+    return {"compile": name, **try_compile(lambda: level5.chunk_intra, dict(BASE, **VARIANTS[name]))}
 
 
 def time_all():
@@ -57,39 +38,34 @@ def time_all():
     from kda.bench import median_ms, random_qkv
     from kda.kernels import level5
     from kda.kernels.build import compile_program
-    from kda.reference import level4 as ref4
 
-    B, T, H, D, C = 1, 32768, 32, 128, 64
-    q, k, v = random_qkv(B, T, H, D, D)
-    k = ref4.l2_normalize(k.float()).bfloat16()
+    B, T, H, D = 1, 32768, 32, 128
+    q, k, v, g, beta = kda_inputs(B, T, H, D)
     x = torch.randn(B, T, H, D, device="cuda")
     gates = {"logsigmoid(x)": torch.nn.functional.logsigmoid(x), "-2 softplus(x)": -2 * torch.nn.functional.softplus(x)}
-    beta = torch.rand(B, T, H, device="cuda")
-    new = lambda shape, dt=torch.bfloat16: torch.empty(shape, dtype=dt, device="cuda")
-    outs = [new(q.shape), new(q.shape), new((B, H, T // C, D), torch.float32), new((B, T, H, C)), new(k.shape),
-            new(v.shape)]
+    outs = intra_outputs(q, v)
     flags = torch.zeros(2, dtype=torch.int32, device="cuda")
     for name, params in VARIANTS.items():
         kern = compile_program(level5.chunk_intra, (), **BASE, **params)
         for gate, g in gates.items():
-            log({"what": "chunk_intra", "variant": name, "gate": gate,
+            log(RUN, {"what": "chunk_intra", "variant": name, "gate": gate,
                  "ms": median_ms(lambda: kern(q, k, v, g, beta, D ** -0.5, *outs, flags))})
     for gate, g in gates.items():
         for check in (True, False):
-            log({"what": "chunk_kda", "gate": gate, "check_values": check,
+            log(RUN, {"what": "chunk_kda", "gate": gate, "check_values": check,
                  "ms": median_ms(lambda: chunk_kda(q, k, v, g, beta, check_values=check))})
-    del q, k, v, x, gates, beta, outs
+    del q, k, v, g, x, gates, beta, outs
     q, k, v = random_qkv(1, 64, 1, D, D)
     g = torch.nn.functional.logsigmoid(torch.randn(1, 64, 1, D, device="cuda"))
     beta = torch.rand(1, 64, 1, device="cuda")
     for check in (True, False):
-        log({"what": "chunk_kda, host-bound shape (1, 64, 1, 128)", "check_values": check,
+        log(RUN, {"what": "chunk_kda, host-bound shape (1, 64, 1, 128)", "check_values": check,
              "ms": median_ms(lambda: chunk_kda(q, k, v, g, beta, check_values=check))})
 
 
 if __name__ == "__main__":
     sys.path.insert(0, ROOT)
     if "compile" in sys.argv:
-        compile_all()
+        compile_in_processes(RUN, len(VARIANTS), compile_one)
     if "time" in sys.argv:
         time_all()
