@@ -42,10 +42,18 @@ def validate_gates(g, B: int, T: int, H: int, DK: int, device, check_values: boo
     return g.dim() == 4
 
 
+def raise_flagged_gates(g) -> None:
+    """After a kernel flagged a gate out of range: the error of the full value check."""
+    validate_gates(g, *g.shape[:3], g.shape[3] if g.dim() == 4 else 1, g.device)   # raises with the value
+    raise ValueError("g must be finite and <= 0: the kernel found a value out of range")
+
+
 def _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state):
-    """Scalar gate: cumsum kernel, then the fused pass. Per-channel gate: the parallel
-    prepare kernel, then the sequential pass."""
+    """Scalar gate: cumsum kernel, then the fused pass. Per-channel gate: level 5's intra-chunk
+    kernel without the delta rule (``chunk_intra(delta=False)``), then the sequential pass.
+    Returns ``o``, the final state or ``None``, and the per-channel kernel's value flags or ``None``."""
     from kda.kernels import level3 as kernels
+    from kda.kernels import level5
     from kda.kernels.build import compile_program
 
     B, T, H, DK = q.shape
@@ -55,6 +63,7 @@ def _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state):
     loop_config = {key: ops.KERNEL_CONFIG[key] for key in ("chunk_size", "block_dv", "num_stages", "threads")}
     with_state = h0 is not None or output_final_state
     q, k, v, g = (x.contiguous() for x in (q, k, v, g))
+    flags = None
     with torch.cuda.device(q.device):
         if not per_channel:
             cumsum = compile_program(kernels.chunk_cumsum, (), D=1, chunk_size=C, gate_dtype=gate_dtype)
@@ -64,23 +73,25 @@ def _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state):
             seq = compile_program(kernels.seq_in_loop_scalar, (), DK=DK, DV=DV, dtype=dtype,
                                   with_state=with_state, **loop_config)
         else:
-            prep = compile_program(kernels.chunk_prepare, (), DK=DK, chunk_size=C, dtype=dtype, gate_dtype=gate_dtype)
+            intra = compile_program(level5.chunk_intra, (), DK=DK, chunk_size=C, dtype=dtype, gate_dtype=gate_dtype,
+                                    delta=False)
             Qw, Kw = ops._new_output(q.shape, q.dtype, q.device), ops._new_output(k.shape, k.dtype, k.device)
             decay = ops._new_output((B, H, -(-T // C), DK), torch.float32, q.device)
             A = ops._new_output((B, T, H, C), q.dtype, q.device)
-            prep(q, k, g, scale, Qw, Kw, decay, A)
+            flags = torch.zeros(2, dtype=torch.int32, device=q.device)
+            intra(q, k, g, scale, Qw, Kw, decay, A, flags)
             inputs = (Qw, Kw, A, decay, v)
             seq = compile_program(kernels.seq_in_loop_per_channel, (), DK=DK, DV=DV, dtype=dtype,
                                   with_state=with_state, **loop_config)
         o = ops._new_output((B, T, H, DV), q.dtype, q.device)
         if not with_state:
             seq(*inputs, o)
-            return o, None
+            return o, None, flags
         if h0 is None:
             h0 = torch.zeros(B, H, DK, DV, dtype=torch.float32, device=q.device)
         ht = ops._new_output((B, H, DK, DV), torch.float32, q.device)
         seq(*inputs, h0.to(torch.float32).contiguous(), o, ht)
-        return o, ht
+        return o, ht, flags
 
 
 # --8<-- [start:gated_attention]
@@ -93,18 +104,23 @@ def gated_attention(q, k, v, g, scale=None, initial_state=None, output_final_sta
             (Mamba2 / GDN style; fla ``chunk_simple_gla(g=...)``). ``[B, T, H, DK]``: one
             gate per key channel (GLA / KDA style; fla ``chunk_gla(g=...)``). float32,
             bfloat16 or float16 on CUDA; the kernels sum it in float32.
-        check_gates: check that ``g`` is finite and ``<= 0`` (one read-back from the GPU).
+        check_gates: check that ``g`` is finite and ``<= 0`` (one read-back from the GPU: of the
+            min and max before the kernels for a scalar gate; of the flags ``chunk_intra`` sets
+            as it reads a per-channel gate, after them, so that a bad gate raises after the launch).
         q, k, v, scale, initial_state, output_final_state: as in ``linear_attention``.
 
     Returns:
         ``o [B, T, H, DV]``, or ``(o, final_state)`` when ``output_final_state`` is true.
     """
     B, T, H, DK, DV = validate.check_qkv(q, k, v)
-    per_channel = validate_gates(g, B, T, H, DK, q.device, check_values=check_gates)
+    in_kernel = q.device.type == "cuda" and isinstance(g, torch.Tensor) and g.dim() == 4   # chunk_intra checks
+    per_channel = validate_gates(g, B, T, H, DK, q.device, check_values=check_gates and not in_kernel)
     scale = validate.check_scale(scale, DK)
     h0 = validate.check_initial_state(initial_state, B, H, DK, DV, q.device)
     if q.device.type == "cuda":
-        o, final = _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state)
+        o, final, flags = _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state)
+        if check_gates and flags is not None and flags[0].item():
+            raise_flagged_gates(g)
     else:
         o, final = ref3.chunked(q.double() * scale, k, v, g, ops.CHUNK_SIZE, h0, output_final_state)
         o, final = o.to(q.dtype), (final.float() if final is not None else None)

@@ -20,7 +20,7 @@ import torch
 
 from kda import ops, validate
 from kda.delta import validate_beta
-from kda.gated import validate_gates
+from kda.gated import raise_flagged_gates, validate_gates
 from kda.reference import level0 as ref0
 from kda.reference import level4 as ref4
 
@@ -45,14 +45,16 @@ def validate_cu_seqlens(cu_seqlens, B: int, T: int) -> list[int] | None:
     return bounds
 
 
-def _check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel: bool):
+def _check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel: bool, check_values=True):
     """Every argument checked (clear errors, nothing computed); returns ``scale`` as a float, the
-    initial state or ``None``, and the ``cu_seqlens`` boundaries or ``None``."""
+    initial state or ``None``, and the ``cu_seqlens`` boundaries or ``None``. With
+    ``check_values=False`` the values of ``g`` and ``beta`` are left to ``raise_flagged_values``
+    after the kernels (``chunk_intra`` checks them as it reads them)."""
     B, T, H, DK, DV = validate.check_qkv(q, k, v)
-    if validate_gates(g, B, T, H, DK, q.device) != per_channel:
+    if validate_gates(g, B, T, H, DK, q.device, check_values=check_values) != per_channel:
         form = "[B, T, H, DK] (one gate per key channel)" if per_channel else "[B, T, H] (one gate per head)"
         raise ValueError(f"g must have shape {form} here, got {validate._shape(g)}")
-    validate_beta(beta, B, T, H, q.device)
+    validate_beta(beta, B, T, H, q.device, check_values=check_values)
     scale = validate.check_scale(scale, DK)
     bounds = validate_cu_seqlens(cu_seqlens, B, T)
     N = len(bounds) - 1 if bounds is not None else B
@@ -69,12 +71,27 @@ def _kernel_inputs(q, k, g, use_qk_l2norm_in_kernel):
     return q, k, g.contiguous()
 
 
+def raise_flagged_values(flags, g, beta) -> None:
+    """After the kernels: the errors of the full value checks if ``chunk_intra`` flagged a gate
+    (``flags[0]``) or a ``beta`` (``flags[1]``) out of range. One read-back, at the end."""
+    bad_gate, bad_beta = flags.tolist()
+    if bad_gate:
+        raise_flagged_gates(g)
+    if bad_beta:
+        validate_beta(beta, *beta.shape, beta.device)              # raises with the range found
+        raise ValueError("beta must lie in [0, 1]: the kernel found a value out of range")
+
+
 def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-             cu_seqlens, per_channel: bool):
-    scale, h0, bounds = _check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel)
-    if q.device.type == "cuda":
+             cu_seqlens, per_channel: bool, check_values: bool):
+    cuda = q.device.type == "cuda"
+    scale, h0, bounds = _check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel,
+                                      check_values=check_values and not cuda)
+    if cuda:
+        flags = torch.zeros(2, dtype=torch.int32, device=q.device)
+        g_given = g
         q, k, g = _kernel_inputs(q, k, g, use_qk_l2norm_in_kernel)
-        run = lambda q, k, v, g, beta, h0: _run_kernels(q, k, v, g, beta, scale, h0)
+        run = lambda q, k, v, g, beta, h0: _run_kernels(q, k, v, g, beta, scale, h0, flags)
     else:
         if use_qk_l2norm_in_kernel:
             q, k = ref4.l2_normalize(q.double()), ref4.l2_normalize(k.double())
@@ -94,6 +111,8 @@ def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_
             pieces.append(o_n.to(v.dtype))
             finals.append(f_n[0])
         o, final = torch.cat(pieces, dim=1), torch.stack([f.float() for f in finals])
+    if cuda and check_values:
+        raise_flagged_values(flags, g_given, beta)
     return o.to(v.dtype), (final.float() if output_final_state else None)
 
 
@@ -108,13 +127,10 @@ class ChunkForm(NamedTuple):
     decay: torch.Tensor      # 2^G_last of each chunk, float32   [B, H, NC, DK]
 
 
-# chunk_intra at 256 threads with registers capped for two blocks per SM (100 KB of shared memory
-# each for bf16): while one block waits for its loads the other computes
-INTRA_CONFIG = {"threads": 256, "min_blocks": 2}
-
-
-def prepare_chunks(q, k, v, g, beta, scale) -> ChunkForm:
-    """Stage 1 of the level-5 pipeline (``chunk_intra``), every chunk of the batch at once."""
+def prepare_chunks(q, k, v, g, beta, scale, flags=None) -> ChunkForm:
+    """Stage 1 of the level-5 pipeline (``chunk_intra``), every chunk of the batch at once.
+    ``flags`` (int32 ``[2]``, zeroed) collects the kernel's value checks of ``g`` and ``beta``
+    (``raise_flagged_values``); ``None`` for callers that checked the values before."""
     from kda.kernels import level5
     from kda.kernels.build import compile_program
 
@@ -123,14 +139,15 @@ def prepare_chunks(q, k, v, g, beta, scale) -> ChunkForm:
     NC = -(-T // C)
     dtype, gate_dtype = ops._dtype_name(q.dtype), str(g.dtype).removeprefix("torch.")
     q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.to(torch.float32).contiguous()
-    config = INTRA_CONFIG if dtype == "bfloat16" else {}
     with torch.cuda.device(q.device):
         intra = compile_program(level5.chunk_intra, (), DK=DK, DV=DV, chunk_size=C, dtype=dtype,
-                                gate_dtype=gate_dtype, **config)
+                                gate_dtype=gate_dtype)
         new = lambda shape, dt=q.dtype: ops._new_output(shape, dt, q.device)
         Qw, Kw, decay, A_qk = new(q.shape), new(q.shape), new((B, H, NC, DK), torch.float32), new((B, T, H, C))
         W, U = new(k.shape), new(v.shape)
-        intra(q, k, v, g, beta, scale, Qw, Kw, decay, A_qk, W, U)
+        if flags is None:
+            flags = torch.zeros(2, dtype=torch.int32, device=q.device)
+        intra(q, k, v, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags)
     return ChunkForm(Qw, Kw, W, U, A_qk, decay)
 
 
@@ -154,16 +171,16 @@ def run_state_pass(form: ChunkForm, h0):
     return o, ht
 
 
-def _run_kernels(q, k, v, g, beta, scale, h0):
+def _run_kernels(q, k, v, g, beta, scale, h0, flags=None):
     """One batch ``[B, T, H, *]`` through the level-5 pipeline; returns ``o`` and the float32
     final state."""
-    return run_state_pass(prepare_chunks(q, k, v, g, beta, scale), h0)
+    return run_state_pass(prepare_chunks(q, k, v, g, beta, scale, flags), h0)
 # --8<-- [end:run_kernels]
 
 
 # --8<-- [start:chunk_kda]
 def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-              use_qk_l2norm_in_kernel=False, cu_seqlens=None):
+              use_qk_l2norm_in_kernel=False, cu_seqlens=None, check_values=True):
     """Kimi Delta Attention, forward. Arguments as in fla 0.6.0's ``chunk_kda``:
 
     Args:
@@ -175,18 +192,23 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
         output_final_state: also return the float32 final states ``[N, H, K, V]``.
         use_qk_l2norm_in_kernel: L2-normalize ``q`` and ``k`` over the head dimension first.
         cu_seqlens: ``[N + 1]`` boundaries of the sequences packed along ``T`` (then ``B = 1``).
+        check_values: raise if a gate is not finite and ``<= 0`` or a ``beta`` is outside ``[0, 1]``
+            (not in fla's API). On CUDA the first kernel checks them as it reads them and the host
+            reads two flags back after the launch: a wait for the GPU at the end of every call.
+            ``False`` skips the read-back (a bad value then gives a wrong result, not an error).
 
     Returns:
         ``(o, final_state)``: ``o [B, T, H, V]`` in the dtype of ``v``; ``final_state`` or ``None``.
     """
     return _forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                    cu_seqlens, per_channel=True)
+                    cu_seqlens, per_channel=True, check_values=check_values)
 # --8<-- [end:chunk_kda]
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-                           use_qk_l2norm_in_kernel=False, cu_seqlens=None):
+                           use_qk_l2norm_in_kernel=False, cu_seqlens=None, check_values=True):
     """Gated DeltaNet (GDN), forward: ``chunk_kda`` with one gate per head, ``g [B, T, H]``.
-    Arguments and results as in fla 0.6.0's ``chunk_gated_delta_rule``."""
+    Arguments and results as in fla 0.6.0's ``chunk_gated_delta_rule``, plus ``check_values``
+    (see ``chunk_kda``)."""
     return _forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                    cu_seqlens, per_channel=False)
+                    cu_seqlens, per_channel=False, check_values=check_values)

@@ -86,3 +86,12 @@ def test_gate_form_must_match_the_function():
         chunk_kda(q, k, v, g, beta + 1)
     with pytest.raises(ValueError, match=r"finite and <= 0"):
         chunk_kda(q, k, v, -g, beta)
+
+
+def test_check_values_false_skips_only_the_value_checks():
+    """The caller vouches for g and beta: no error on values, still on shapes."""
+    q, k, v, g, beta = inputs()
+    o, _ = chunk_kda(q, k, v, -g, beta + 1, check_values=False)
+    assert o.shape == v.shape
+    with pytest.raises(ValueError, match=r"g must have shape"):
+        chunk_kda(q, k, v, g[..., 0], beta, check_values=False)

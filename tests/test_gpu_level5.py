@@ -16,7 +16,7 @@ pytestmark = pytest.mark.gpu
 
 BOUND = 5e-3
 SHAPES = [(2, 200, 3, 64, 128), (1, 1, 2, 64, 64), (1, 1000, 2, 128, 64), (1, 129, 2, 128, 128)]
-GATES = ["logsigmoid", "uniform_to_-20", "runs_of_-20"]
+GATES = ["logsigmoid", "kda_style", "uniform_to_-20", "runs_of_-20"]
 
 
 def gates(kind, shape, gen):
@@ -24,6 +24,8 @@ def gates(kind, shape, gen):
         return -0.02 * torch.rand(shape, generator=gen, device="cuda")
     if kind == "logsigmoid":
         return torch.nn.functional.logsigmoid(torch.randn(shape, generator=gen, device="cuda"))
+    if kind == "kda_style":     # -2 softplus: most chunks too steep for 32-row sub-chunks, not for 16
+        return -2 * torch.nn.functional.softplus(torch.randn(shape, generator=gen, device="cuda"))
     if kind == "uniform_to_-20":
         return -20 * torch.rand(shape, generator=gen, device="cuda")
     g = torch.nn.functional.logsigmoid(torch.randn(shape, generator=gen, device="cuda"))
@@ -64,7 +66,6 @@ def test_forward_against_token_recurrence(shape, dtype, kind, per_channel, poiso
 def test_chunk_intra_against_reference_stage(shape, dtype, kind, delta):
     """Every output of ``chunk_intra`` against its float64 stage (``kda.reference.level5.intra``),
     outputs poisoned with NaN, padding rows not compared."""
-    from kda.gated_delta import INTRA_CONFIG
     from kda.kernels import level5
     from kda.kernels.build import compile_program
     from kda.reference import level5 as ref5
@@ -75,15 +76,16 @@ def test_chunk_intra_against_reference_stage(shape, dtype, kind, delta):
     q, k, v, g, beta, _ = inputs(shape, dtype, kind, True, seed=zlib.crc32(repr((shape, kind, delta)).encode()))
     scale = DK ** -0.5
     name = "bfloat16" if dtype == torch.bfloat16 else "float16"
-    config = INTRA_CONFIG if name == "bfloat16" else {}
-    kernel = compile_program(level5.chunk_intra, (), DK=DK, DV=DV, dtype=name, delta=delta, **config)
+    kernel = compile_program(level5.chunk_intra, (), DK=DK, DV=DV, dtype=name, delta=delta)
     nan = lambda *size, dt=dtype: torch.full(size, float("nan"), dtype=dt, device="cuda")
     Qw, Kw, decay, A_qk, W, U = nan(B, T, H, DK), nan(B, T, H, DK), nan(B, H, NC, DK, dt=torch.float32), \
         nan(B, T, H, C), nan(B, T, H, DK), nan(B, T, H, DV)
+    flags = torch.zeros(2, dtype=torch.int32, device="cuda")
     if delta:
-        kernel(q, k, v, g, beta, scale, Qw, Kw, decay, A_qk, W, U)
+        kernel(q, k, v, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags)
     else:
-        kernel(q, k, g, scale, Qw, Kw, decay, A_qk)
+        kernel(q, k, g, scale, Qw, Kw, decay, A_qk, flags)
+    assert flags.tolist() == [0, 0]
     r_Qw, r_Kw, r_decay, r_A, r_W, r_U = ref5.intra(q, k, v, g, beta, scale, C)
     outputs = [("Qw", Qw, r_Qw), ("Kw", Kw, r_Kw), ("A_qk", A_qk, r_A)] + ([("W", W, r_W), ("U", U, r_U)] if delta else [])
     checks = [(name_, got, from_chunks(ref, T)) for name_, got, ref in outputs] + [("decay", decay, r_decay)]
@@ -91,6 +93,28 @@ def test_chunk_intra_against_reference_stage(shape, dtype, kind, delta):
     for name_, got, ref in checks:
         assert torch.isfinite(got).all(), name_
         assert rel_l2(got, ref) <= bound, f"{name_}: {rel_l2(got, ref):.2e}"
+
+
+BAD_VALUES = [("g", 0.5), ("g", float("nan")), ("g", float("-inf")), ("beta", 1.5), ("beta", float("nan")),
+              ("beta", -0.1)]
+
+
+@pytest.mark.parametrize("what,value", BAD_VALUES, ids=[f"{w}={v}" for w, v in BAD_VALUES])
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
+def test_values_out_of_range_raise(per_channel, what, value):
+    """chunk_intra checks g and beta as it reads them; the forward raises the full check's error,
+    also for one bad value in the tail chunk of the second of packed sequences."""
+    q, k, v, g, beta, _ = inputs((1, 200, 2, 64, 64), torch.bfloat16, "logsigmoid", per_channel, seed=5)
+    (g if what == "g" else beta)[0, 190, 1] = value
+    fn = kda.chunk_kda if per_channel else kda.chunk_gated_delta_rule
+    message = "g must be finite and <= 0" if what == "g" else "beta must lie in"
+    with pytest.raises(ValueError, match=message):
+        fn(q, k, v, g, beta)
+    with pytest.raises(ValueError, match=message):
+        fn(q, k, v, g, beta, cu_seqlens=torch.tensor([0, 130, 200], device="cuda"))
+    fn(q, k, v, g, beta, check_values=False)              # no read-back, no error
+    (g if what == "g" else beta)[0, 190, 1] = -0.5 if what == "g" else 0.5
+    fn(q, k, v, g, beta)                                    # and a good input passes
 
 
 @pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])

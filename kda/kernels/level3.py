@@ -7,11 +7,12 @@ Every weight is ``exp2`` of a difference of chunk-local cumulative gates ``G`` (
   float32, each chunk contiguous for the kernels that read it.
 * Scalar gate (``g [B, T, H]``): ``seq_in_loop_scalar``, the level-2 kernel with the decay
   table rebuilt per chunk from ``G``.
-* Per-channel gate (``g [B, T, H, DK]``): two stages.
-  ``chunk_prepare`` runs over all chunks at once (no state involved): the cumsum, the
-  weighted queries and keys the state pass needs, the per-chunk state decay, and the
-  intra-chunk scores ``A`` by 16-row sub-chunks (GEMMs with a reference point between
-  sub-chunks, pairwise ``exp2`` on the diagonal sub-chunks), safe for any ``g <= 0``.
+* Per-channel gate (``g [B, T, H, DK]``): two stages. The first runs over all chunks at once
+  (no state involved): the cumsum, the weighted queries and keys the state pass needs, the
+  per-chunk state decay, and the intra-chunk scores ``A`` by sub-chunks (GEMMs with a
+  reference point between sub-chunks, pairwise ``exp2`` on steep diagonal sub-chunks), safe
+  for any ``g <= 0``. It is level 5's ``chunk_intra`` without the delta rule
+  (``kda.kernels.level5.chunk_intra(delta=False)``): the stage is shared, not copied.
   ``seq_in_loop_per_channel`` then walks the chunks like level 1 with three GEMMs.
 
 Mirrors ``kda.reference.level3`` (``prepare`` and ``kernel_mimic``).
@@ -37,6 +38,14 @@ def decay_factor(log2_decay):
     """``2^x`` clamped to ``x <= 0``: where the caller masks an element out, ``x`` may be
     positive, and ``2^x`` could overflow to ``inf`` (and ``inf * 0`` is NaN)."""
     return T.exp2(T.min(log2_decay, 0.0))
+
+
+# Largest gate span (log2 units) inside one diagonal sub-chunk for the GEMM path: the key
+# factor 2^span and the query factor 2^-span must stay normal fp32 numbers next to bf16
+# inputs (|x| in about [2^-10, 2^3]): 96 leaves 20 binades of room on either side.
+DIAGONAL_SPAN_MAX = 96.0
+
+
 def tf32_nearest(x):
     """``x`` rounded to the nearest tf32 number (11 significant bits; Veltkamp's split).
     The tensor cores would drop the low 13 bits instead, a bias that adds up in the sums."""
@@ -162,133 +171,10 @@ def seq_in_loop_scalar(DK, DV, chunk_size=64, block_dv=32, num_stages=3, threads
 # --8<-- [end:seq_in_loop_scalar]
 
 
-# --8<-- [start:chunk_prepare]
-# Largest gate span (log2 units) inside one diagonal sub-chunk for the GEMM path: the key
-# factor 2^span and the query factor 2^-span must stay normal fp32 numbers next to bf16
-# inputs (|x| in about [2^-10, 2^3]): 96 leaves 20 binades of room on either side.
-DIAGONAL_SPAN_MAX = 96.0
-
-
-def chunk_prepare(DK, chunk_size=64, subchunk=16, dtype="bfloat16", gate_dtype="float32", threads=256,
-                  score_dtype=None):
-    """Per-channel gate, every chunk in parallel. Arguments at run time: ``Q, K, g, scale``,
-    then the outputs
-
-    * ``Qw = scale * Q * 2^G`` and ``Kw = K * 2^(G_last - G)`` (``[B, T, H, DK]``, dtype),
-    * ``decay = 2^G_last`` per chunk (``[B, H, NC, DK]`` float32),
-    * ``A [B, T, H, C]`` (``score_dtype``, default dtype): ``scale * sum_d q_id k_jd 2^(G_id - G_jd)``
-      for ``j <= i``. Level 5 calls it with ``Q = K`` and float32 scores for the delta rule's solve.
-
-    ``A`` by sub-chunks of ``subchunk`` rows; ``G_ref`` is the gate just before a query
-    sub-chunk (0 for the first), a point in the past of every score it serves.
-
-    * Off the diagonal (key rows ``j`` before the query sub-chunk): ``2^(G_i - G_j) =
-      2^(G_i - G_ref) * 2^(G_ref - G_j)``, both factors <= 1, so one GEMM per query
-      sub-chunk of two weighted operands: safe for any ``g <= 0``.
-    * On the diagonal the key factor ``2^(G_ref - G_j)`` is >= 1. While the gate falls by
-      at most ``DIAGONAL_SPAN_MAX`` across the sub-chunk, both factors are normal float32
-      numbers and one tf32 GEMM serves all four diagonal blocks. A chunk where some
-      sub-chunk falls further sums its diagonal scores pairwise instead, with the
-      difference taken before ``exp2`` as the reference does: slower, exact for any gate.
-    """
-    B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
-    C, BC = chunk_size, subchunk
-    NC = T.ceildiv(S, C)
-    NS = C // BC
-    score_dtype = score_dtype or dtype
-
-    @T.prim_func
-    def main(
-        Q: T.Tensor([B, S, H, DK], dtype),
-        K: T.Tensor([B, S, H, DK], dtype),
-        g: T.Tensor([B, S, H, DK], gate_dtype),
-        scale: T.float32,
-        Qw: T.Tensor([B, S, H, DK], dtype),
-        Kw: T.Tensor([B, S, H, DK], dtype),
-        decay: T.Tensor([B, H, NC, DK], ACCUM),
-        A_out: T.Tensor([B, S, H, C], score_dtype),
-    ):
-        with T.Kernel(NC, H, B, threads=threads) as (c, bh, bb):
-            t0 = c * C
-            L = T.min(C, S - t0)
-            Q_s = T.alloc_shared([C, DK], dtype)
-            K_s = T.alloc_shared([C, DK], dtype)
-            g_s = T.alloc_shared([C, DK], gate_dtype)
-            G_s = T.alloc_shared([C, DK], ACCUM)
-            Qr_s = T.alloc_shared([C, DK], dtype)          # weighted operands, reused:
-            Kr_s = T.alloc_shared([C, DK], dtype)          # Qw/Kw first, then per sub-chunk
-            Qd_s = T.alloc_shared([C, DK], ACCUM)          # diagonal blocks (tf32 GEMM)
-            Kd_s = T.alloc_shared([C, DK], ACCUM)
-            span_s = T.alloc_shared([NS, DK], ACCUM)
-            A_s = T.alloc_shared([C, C], score_dtype)
-            A = T.alloc_fragment([C, C], ACCUM)
-            A_diag = T.alloc_fragment([C, C], ACCUM)
-            A_pair = T.alloc_fragment([C, BC], ACCUM)
-            span = T.alloc_fragment([NS], ACCUM)
-            too_steep = T.alloc_shared([1], "int32")
-
-            T.copy(Q[bb, t0:t0 + C, bh, :], Q_s)
-            T.copy(K[bb, t0:t0 + C, bh, :], K_s)
-            T.copy(g[bb, t0:t0 + C, bh, :], g_s)
-            gates_to_log2_cumsum(g_s, G_s, L, C, DK)
-
-            # what the state pass reads
-            for i, d in T.Parallel(C, DK):
-                Qr_s[i, d] = Q_s[i, d] * scale * T.exp2(G_s[i, d])
-                Kr_s[i, d] = K_s[i, d] * T.exp2(G_s[C - 1, d] - G_s[i, d]) * real(i < L)
-            for d in T.Parallel(DK):
-                decay[bb, bh, c, d] = T.exp2(G_s[C - 1, d])
-            T.copy(Qr_s, Qw[bb, t0:t0 + C, bh, :])
-            T.copy(Kr_s, Kw[bb, t0:t0 + C, bh, :])
-
-            # off-diagonal sub-chunk blocks: one GEMM per query sub-chunk
-            T.clear(A)
-            for I in T.unroll(1, NS):
-                i0 = I * BC
-                for i, d in T.Parallel(C, DK):
-                    Qr_s[i, d] = Q_s[i, d] * decay_factor(G_s[i, d] - G_s[i0 - 1, d]) * real((i >= i0) & (i < i0 + BC))
-                    Kr_s[i, d] = K_s[i, d] * decay_factor(G_s[i0 - 1, d] - G_s[i, d]) * real(i < i0)
-                T.gemm(Qr_s, Kr_s, A, transpose_B=True)
-
-            # diagonal blocks: how far the gate falls inside each sub-chunk
-            for s, d in T.Parallel(NS, DK):
-                span_s[s, d] = T.if_then_else(s > 0, G_s[s * BC - 1, d], 0.0) - G_s[s * BC + BC - 1, d]
-            T.reduce_max(span_s, span, dim=1)
-            too_steep[0] = 0
-            for s in T.Parallel(NS):
-                if span[s] > DIAGONAL_SPAN_MAX:
-                    too_steep[0] = 1
-            for i, j in T.Parallel(C, C):
-                A_s[i, j] = A[i, j] * scale
-            if too_steep[0] == 0:
-                for i, d in T.Parallel(C, DK):              # G_ref: the row before the sub-chunk
-                    G_ref = G_s[T.max((i // BC) * BC - 1, 0), d] * real(i >= BC)
-                    Qd_s[i, d] = tf32_nearest(Q_s[i, d] * T.exp2(G_s[i, d] - G_ref))
-                    Kd_s[i, d] = tf32_nearest(K_s[i, d] * T.exp2(T.min(G_ref - G_s[i, d], DIAGONAL_SPAN_MAX)))
-                T.gemm(Qd_s, Kd_s, A_diag, transpose_B=True, clear_accum=True)
-                for i, j in T.Parallel(C, C):              # keep the diagonal blocks only; the
-                    if j // BC == i // BC:                 # mma layout differs from A's, so the
-                        A_s[i, j] = T.if_then_else(j <= i, A_diag[i, j] * scale, 0.0)  # merge is in shared
-            else:
-                # A_pair[i, jj] pairs row i with row (i // BC) * BC + jj of its own sub-chunk
-                T.clear(A_pair)
-                for d in T.serial(DK):
-                    for i, jj in T.Parallel(C, BC):
-                        j = (i // BC) * BC + jj
-                        A_pair[i, jj] += (T.Cast(ACCUM, Q_s[i, d]) * T.Cast(ACCUM, K_s[j, d])
-                                          * decay_factor(G_s[i, d] - G_s[j, d]) * real(j <= i))
-                for i, jj in T.Parallel(C, BC):
-                    A_s[i, (i // BC) * BC + jj] = A_pair[i, jj] * scale
-            T.copy(A_s, A_out[bb, t0:t0 + C, bh, :])
-
-    return main
-# --8<-- [end:chunk_prepare]
-
-
 # --8<-- [start:seq_in_loop_per_channel]
 def seq_in_loop_per_channel(DK, DV, chunk_size=64, block_dv=32, num_stages=3, threads=128,
                             dtype="bfloat16", with_state=False):
-    """Per-channel gate, the sequential pass over the outputs of ``chunk_prepare``.
+    """Per-channel gate, the sequential pass over the outputs of ``chunk_intra(delta=False)``.
     Arguments at run time: ``Qw, Kw, A, decay, V`` (+ ``h0``), then ``O`` (+ ``ht``).
 
     Per chunk: ``O = Qw S + A V``, then ``S = diag(decay) S + Kw^T V``. The scale is

@@ -25,22 +25,19 @@ ACCUM = "float32"
 @T.macro
 def invert_diagonal_blocks(A_s, Tinv_s, C, block):
     """``Tinv_s`` = the inverse of the block-diagonal part of ``I + A_s`` (``A_s [C, C]`` strictly
-    lower, float32, shared): the ``block x block`` diagonal blocks are independent, and row ``r``
-    of block ``I`` is ``e_r - sum_{j<r} A_rj (row j)``, one row per step for all blocks at once."""
+    lower, float32, shared): the ``block x block`` diagonal blocks are independent. Right-looking:
+    once row ``r`` of a block is final, every row below it subtracts ``A_ir`` times it; one step
+    per row, all blocks, rows and columns at once (row ``r`` has no entries right of column ``r``)."""
     n = C // block
     for i, j in T.Parallel(C, C):
         Tinv_s[i, j] = real(i == j)
-    # the next loop runs on n * block threads only, and tilelang 0.1.15 then syncs just those:
-    # make every thread's writes of A_s and Tinv_s visible first
-    T.sync_threads()
-    for r in T.serial(1, block):
-        for I, c in T.Parallel(n, block):
-            acc = T.alloc_var(ACCUM)
-            acc = 0.0
-            for j in T.serial(r):
-                acc += A_s[I * block + r, I * block + j] * Tinv_s[I * block + j, I * block + c]
-            Tinv_s[I * block + r, I * block + c] = Tinv_s[I * block + r, I * block + c] - acc
-    T.sync_threads()
+    for r in T.serial(block - 1):
+        for I, i, c in T.Parallel(n, block, block):
+            if i > r:
+                if c <= r:
+                    Tinv_s[I * block + i, I * block + c] = (Tinv_s[I * block + i, I * block + c]
+                                                            - A_s[I * block + i, I * block + r]
+                                                            * Tinv_s[I * block + r, I * block + c])
 # --8<-- [end:invert_diagonal_blocks]
 
 

@@ -10,11 +10,12 @@ the chunk form computed here is
 
 Two stages:
 
-1. ``chunk_intra``, all chunks at once, from one load of ``q, k, v, g, beta``: the cumsum,
-   ``Qw = scale Q 2^G``, ``Kw = K 2^(G_last - G)``, the chunk decay, ``A_qk`` and ``A_kk`` from one
-   set of GEMMs (level 3's sub-chunk reference points, safe for any gate), the solve on ``A_kk``
-   in shared memory (level 4's), ``W`` and ``U``. ``A_kk`` never leaves the SM. Without the delta
-   rule (``delta=False``) it is level 3's per-channel prepare.
+1. ``chunk_intra``, all chunks at once, from one load of ``q, k, v, g, beta``: the cumsum (and
+   the range checks of ``g`` and ``beta``), ``Qw = scale Q 2^G``, ``Kw = K 2^(G_last - G)``, the
+   chunk decay, ``A_qk`` and ``A_kk`` from one set of GEMMs (level 3's sub-chunk reference points,
+   safe for any gate), the solve on ``A_kk`` in shared memory (level 4's), ``W`` and ``U``.
+   ``A_kk`` never leaves the SM. Without the delta rule (``delta=False``) it is level 3's
+   per-channel stage.
 2. ``gated_state_output_pass``: sequential over chunks, the output fused.
 
 Mirrors ``kda.reference.level5``.
@@ -27,20 +28,50 @@ from kda.kernels.level3 import DIAGONAL_SPAN_MAX, LOG2_E, decay_factor, real, tf
 from kda.kernels.level4 import invert_diagonal_blocks, merge_by_substitution
 
 ACCUM = "float32"
+SOLVE_BLOCK = 16        # the solve's diagonal blocks (level 4), whatever the scores' sub-chunk
+# Rows per score sub-chunk. 32 needs one GEMM below the diagonal instead of three (chunk_intra
+# 1.66 ms instead of 1.93 at the headline, run 34), but its diagonal GEMM holds only while a gate
+# falls by at most 2^96 over 32 rows: KDA-style gates (-2 softplus(x)) would send 90% of the chunks
+# to the pairwise path, 14 times slower (snippets/level3/diagonal_path.py), where 16 rows keep them
+# on the GEMM. So each chunk takes 32 where its gates allow it and 16 where they do not (bf16).
+SUBCHUNK = 16
+WIDE_SUBCHUNK = 32      # None: SUBCHUNK in every chunk
 
 
 # --8<-- [start:intra_helpers]
+FLOAT32_MAX = 3.4028234663852886e38
+
+
 @T.macro
-def log2_cumsum_by_columns(g_s, G_s, L, C, D):
+def log2_cumsum_by_columns(g_s, G_s, L, C, D, flags):
     """``G_s = cumsum(g_s) / ln 2`` down the chunk, one thread per channel (the rows of a column
     are a running sum in a register; rows past the real length ``L`` count as 0). In place when
-    ``g_s`` is ``G_s``."""
+    ``g_s`` is ``G_s``. A gate that is not finite and ``<= 0`` sets ``flags[0]``, so that the
+    caller can raise after the launch instead of reading every gate once more before it."""
     for d in T.Parallel(D):
         acc = T.alloc_var(ACCUM)
+        bad = T.alloc_var(ACCUM)
         acc = 0.0
+        bad = 0.0
         for i in T.serial(C):
-            acc += T.if_then_else(i < L, T.Cast(ACCUM, g_s[i, d]) * LOG2_E, 0.0)
+            x = T.Cast(ACCUM, g_s[i, d])
+            ok = real(x <= 0.0) * real(x >= -FLOAT32_MAX)                      # NaN fails both
+            bad = T.max(bad, T.if_then_else(i < L, 1.0 - ok, 0.0))
+            acc += T.if_then_else(i < L, x * LOG2_E, 0.0)
             G_s[i, d] = acc
+        if bad > 0.0:
+            flags[0] = 1
+
+
+def ref_gate(G_s, s, d, BC):
+    """``G_ref`` of sub-chunk ``s``: the cumulative gate at the row before it (0 for ``s = 0``)."""
+    return T.if_then_else(s > 0, G_s[T.max(s * BC - 1, 0), d], 0.0)
+
+
+def falls_too_far(G_s, s, d, BC):
+    """Whether the gate of channel ``d`` falls by more than ``DIAGONAL_SPAN_MAX`` (log2) across
+    sub-chunk ``s``, from ``G_ref`` to its last row: then its diagonal block needs pairwise sums."""
+    return ref_gate(G_s, s, d, BC) - G_s[s * BC + BC - 1, d] > DIAGONAL_SPAN_MAX
 
 
 @T.macro
@@ -65,25 +96,32 @@ def pairwise_diagonal(Left_s, K_s, G_s, Out_s, factor, beta_s, C, D, BC):
 
 
 # --8<-- [start:chunk_intra]
-def chunk_intra(DK, DV, chunk_size=64, subchunk=16, dtype="bfloat16", gate_dtype="float32", threads=256,
-                min_blocks=1, delta=True):
+def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WIDE_SUBCHUNK, dtype="bfloat16",
+                gate_dtype="float32", threads=256, min_blocks=None, delta=True):
     """Everything a chunk needs before the sequential pass, from one load of ``q, k, g`` (and
     ``v, beta``), every chunk at once. Arguments at run time: ``Q, K [B, T, H, DK]``, ``V [B, T,
     H, DV]``, ``g [B, T, H, DK]``, ``beta [B, T, H]`` (float32), ``scale``, then the outputs
     ``Qw = scale Q 2^G``, ``Kw = K 2^(G_last - G)`` (dtype), ``decay = 2^G_last [B, H, NC, DK]``
-    (float32), ``A_qk [B, T, H, C]`` (dtype, masked, scale in), and with ``delta``
-    ``W = T diag(b) (K 2^G)``, ``U = T diag(b) V`` (dtype). Without ``delta`` (level 3's
-    per-channel gate) there is no ``V``, ``beta``, ``W`` or ``U``.
+    (float32), ``A_qk [B, T, H, C]`` (dtype, masked, scale in), with ``delta`` ``W = T diag(b)
+    (K 2^G)``, ``U = T diag(b) V`` (dtype), and last ``flags [2]`` (int32, zeroed by the caller):
+    ``flags[0] = 1`` if a gate is not finite and ``<= 0``, ``flags[1] = 1`` if a ``b`` is outside
+    ``[0, 1]``. Without ``delta`` (level 3's per-channel gate) there is no ``V``, ``beta``, ``W``
+    or ``U`` (and ``DV`` is not used).
 
-    Both score matrices come from one set of GEMMs: the left operand stacks the query rows
-    ``q 2^(G - G_ref)`` over the key rows ``k 2^(G - G_ref)`` (``G_ref``: the gate just before
-    the row's 16-row sub-chunk), so that the right operand, the keys, is built once.
+    Every factor is a product of two numbers ``<= 1`` (or, on the diagonal, a bounded ``>= 1``):
+    with ``G_ref`` the gate just before a row's sub-chunk (``subchunk`` rows) and ``G_end`` at its
+    last row,
+    each element needs only ``x = 2^(G - G_ref)`` and ``y = 2^(G_end - G)``; the rest are
+    per-sub-chunk tables (``2^G_ref``, ``2^(G_last - G_end)``, ``2^(G_ref_I - G_end_J)``).
 
-    * Off the diagonal, for query sub-chunk ``I``: keys ``j < 16 I`` times ``2^(G_ref_I - G_j)``
-      (``<= 1``); one GEMM per ``I``, kept on the rows of sub-chunk ``I``.
-    * On the diagonal: keys times ``2^(G_ref - G_j) >= 1``, one GEMM while the gate falls by at
-      most ``DIAGONAL_SPAN_MAX`` inside every sub-chunk (operands in bf16, whose range is
-      float32's; float32 operands and tf32 for fp16 inputs), pairwise sums otherwise.
+    * The left operand stacks ``q x`` over ``k x`` (rows of sub-chunk ``I``), so that both score
+      matrices come from one set of GEMMs with one right operand: ``Ke = k y`` (float32).
+    * Off the diagonal, query sub-chunk ``I``: keys of the sub-chunks ``J < I`` as
+      ``Ke_j 2^(G_ref_I - G_end_J)``; one GEMM per ``I``, kept on the rows of sub-chunk ``I``.
+    * On the diagonal: ``Ke_j 2^(G_ref_J - G_end_J)``, one GEMM while the gate falls by at most
+      ``DIAGONAL_SPAN_MAX`` inside every sub-chunk (bf16 operands, whose range is float32's;
+      float32 operands and tf32 for fp16 inputs), pairwise sums otherwise.
+    * ``Qw = scale (q x) 2^G_ref``, ``Kw = Ke 2^(G_last - G_end)``, ``K 2^G = (k x) 2^G_ref``.
 
     ``A_kk`` (float32) stays in shared memory: the solve is level 4's, then ``W`` and ``U``.
     """
@@ -92,109 +130,154 @@ def chunk_intra(DK, DV, chunk_size=64, subchunk=16, dtype="bfloat16", gate_dtype
     NC = T.ceildiv(S, C)
     NS = C // BC
     R = 2 * C if delta else C                  # rows of the stacked left operand
+    if min_blocks is None:                     # bf16 fits two blocks per SM (registers capped)
+        min_blocks = 2 if dtype == "bfloat16" else 1
     # bf16 diagonal operands share the off-diagonal GEMM's fragment layout (merged in registers);
     # fp16 cannot hold keys times 2^96, so its diagonal is a tf32 GEMM merged through shared memory
     same_layout = dtype == "bfloat16"
+    # bf16: chunks whose gates allow it take wide sub-chunks (fewer GEMMs); fp16 merges its tf32
+    # diagonal by the sub-chunk size, so it keeps one size
+    wide = wide_subchunk if same_layout and wide_subchunk else None
 
     @T.macro
-    def body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, c, bb, bh):
+    def scores(Qw, Kw, scale, buffers, t0, bb, bh, BX):
+        """Factor tables, Qw and Kw, and both score matrices into ``A`` by sub-chunks of ``BX`` rows
+        (``buffers``: the shared and fragment buffers of ``body``, named as there)."""
+        Lft_s, K_s, G_s, Ke_s, Rgt_s, Gend_s, Pref_s, Pend_s, Cross_s, A, A_part, too_steep = buffers
+        NX = C // BX
+        for s, d in T.Parallel(NX, DK):
+            G_end = G_s[s * BX + BX - 1, d]
+            Gend_s[s, d] = G_end
+            Pref_s[s, d] = T.exp2(ref_gate(G_s, s, d, BX))
+            Pend_s[s, d] = T.exp2(G_s[C - 1, d] - G_end)
+            for J in T.serial(s + 1):                    # G_ref_s - G_end_J <= 0 for J < s
+                Cross_s[s * (s + 1) // 2 + J, d] = T.exp2(
+                    T.min(ref_gate(G_s, s, d, BX) - G_s[J * BX + BX - 1, d], DIAGONAL_SPAN_MAX))
+            if falls_too_far(G_s, s, d, BX):
+                too_steep[0] = 1
+
+        # one pass over the chunk: two exp2 per element, everything else from the tables (every
+        # buffer read here is written only at the element read, so no barrier splits the loop)
+        for i, d in T.Parallel(C, DK):
+            G = G_s[i, d]
+            x = T.exp2(G - Gend_s[T.max(i // BX - 1, 0), d] * real(i >= BX))
+            y = T.exp2(Gend_s[i // BX, d] - G)
+            qx = T.Cast(ACCUM, Rgt_s[i, d]) * x
+            kv = T.Cast(ACCUM, K_s[i, d])
+            Rgt_s[i, d] = qx * Pref_s[i // BX, d] * scale              # Qw
+            Lft_s[i, d] = qx
+            if delta:
+                Lft_s[C + i, d] = kv * x
+                K_s[i, d] = kv * x * Pref_s[i // BX, d]                # K 2^G, for W
+            Ke_s[i, d] = kv * y
+        T.copy(Rgt_s, Qw[bb, t0:t0 + C, bh, :])
+        for i, d in T.Parallel(C, DK):
+            Rgt_s[i, d] = Ke_s[i, d] * Pend_s[i // BX, d]
+        T.copy(Rgt_s, Kw[bb, t0:t0 + C, bh, :])
+
+        # off the diagonal: one GEMM per query sub-chunk I, kept on its rows
+        T.clear(A)
+        for I in T.unroll(1, NX):
+            for j, d in T.Parallel(C, DK):
+                Rgt_s[j, d] = Ke_s[j, d] * Cross_s[I * (I + 1) // 2 + T.min(j // BX, I), d] * real(j < I * BX)
+            T.gemm(Lft_s, Rgt_s, A_part, transpose_B=True, clear_accum=True)
+            for r, j in T.Parallel(R, C):
+                A[r, j] = A[r, j] + T.if_then_else((r % C) // BX == I, A_part[r, j], 0.0)
+
+        # the diagonal blocks: one GEMM unless the gate falls too far inside a sub-chunk
+        if too_steep[0] == 0:
+            if same_layout:                              # bf16: merged into A in registers
+                for j, d in T.Parallel(C, DK):
+                    Rgt_s[j, d] = Ke_s[j, d] * Cross_s[(j // BX) * (j // BX + 3) // 2, d]
+                T.gemm(Lft_s, Rgt_s, A_part, transpose_B=True, clear_accum=True)
+                for r, j in T.Parallel(R, C):            # causal for A_qk (j <= i), strict for A_kk
+                    causal = j < r % C + T.if_then_else(r < C, 1, 0)
+                    A[r, j] = T.if_then_else((r % C) // BX == j // BX,
+                                             T.if_then_else(causal, A_part[r, j], 0.0), A[r, j])
+
+    @T.macro
+    def body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, c, bb, bh):
         if min_blocks > 1:
             T.annotate_min_blocks_per_sm(min_blocks)
         t0 = c * C
         L = T.min(C, S - t0)
         Lft_s = T.alloc_shared([R, DK], dtype)          # q (rows 0..C-1), later the left operand
-        K_s = T.alloc_shared([C, DK], dtype)
-        G_s = T.alloc_shared([C, DK], ACCUM)
-        Rgt_s = T.alloc_shared([C, DK], dtype)          # the right operand (keys), per sub-chunk
+        K_s = T.alloc_shared([C, DK], dtype)            # k, later K 2^G (for W)
+        G_s = T.alloc_shared([C, DK], ACCUM)            # the cumulative gate, log2
+        # Ke = k 2^(G_end - G), float32; in place of G for bf16 (fp16 needs G again for tf32)
+        Ke_s = G_s if same_layout else T.alloc_shared([C, DK], ACCUM)
+        Rgt_s = T.alloc_shared([C, DK], dtype)          # the right operand, per sub-chunk
         Aqk_s = T.alloc_shared([C, C], dtype)
+        # per sub-chunk s and channel: G_end (G_ref of s is G_end of s - 1, 0 for s = 0)
+        Gend_s = T.alloc_shared([NS, DK], ACCUM)
+        Pref_s = T.alloc_shared([NS, DK], ACCUM)        # 2^G_ref
+        Pend_s = T.alloc_shared([NS, DK], ACCUM)        # 2^(G_last - G_end)
+        # 2^(G_ref_I - G_end_J) for J < I, and 2^min(G_ref_I - G_end_I, span max) at J = I
+        Cross_s = T.alloc_shared([NS * (NS + 1) // 2, DK], ACCUM)
         A = T.alloc_fragment([R, C], ACCUM)
         A_part = T.alloc_fragment([R, C], ACCUM)
-        span = T.alloc_fragment([NS], ACCUM)
-        span_s = T.alloc_shared([NS, DK], ACCUM)
         too_steep = T.alloc_shared([1], "int32")
+        g_s = G_s if gate_dtype == ACCUM else T.alloc_shared([C, DK], gate_dtype)
 
-        T.copy(Q[bb, t0:t0 + C, bh, :], Lft_s[0:C, :])
+        T.copy(Q[bb, t0:t0 + C, bh, :], Rgt_s)
         T.copy(K[bb, t0:t0 + C, bh, :], K_s)
-        if gate_dtype == ACCUM:                          # cumsum in place, log2 units
-            T.copy(g[bb, t0:t0 + C, bh, :], G_s)
-            log2_cumsum_by_columns(G_s, G_s, L, C, DK)
-        else:
-            g_s = T.alloc_shared([C, DK], gate_dtype)
-            T.copy(g[bb, t0:t0 + C, bh, :], g_s)
-            log2_cumsum_by_columns(g_s, G_s, L, C, DK)
+        T.copy(g[bb, t0:t0 + C, bh, :], g_s)
+        log2_cumsum_by_columns(g_s, G_s, L, C, DK, flags)
 
-        # what the state pass reads (staged in the right-operand buffer and the key half)
-        for i, d in T.Parallel(C, DK):
-            Rgt_s[i, d] = Lft_s[i, d] * scale * T.exp2(G_s[i, d])
-        T.copy(Rgt_s, Qw[bb, t0:t0 + C, bh, :])
-        for i, d in T.Parallel(C, DK):
-            Rgt_s[i, d] = K_s[i, d] * T.exp2(G_s[C - 1, d] - G_s[i, d]) * real(i < L)
-        T.copy(Rgt_s, Kw[bb, t0:t0 + C, bh, :])
         for d in T.Parallel(DK):
             decay[bb, bh, c, d] = T.exp2(G_s[C - 1, d])
-
-        # the left operand: rows scaled by 2^(G - G_ref) <= 1
-        for i, d in T.Parallel(C, DK):
-            G_ref = G_s[T.max((i // BC) * BC - 1, 0), d] * real(i >= BC)
-            x = T.exp2(G_s[i, d] - G_ref)
-            if delta:
-                Lft_s[C + i, d] = K_s[i, d] * x
-            Lft_s[i, d] = Lft_s[i, d] * x
-
-        # off the diagonal: one GEMM per query sub-chunk I, kept on its rows
-        T.clear(A)
-        for I in T.unroll(1, NS):
-            for j, d in T.Parallel(C, DK):
-                Rgt_s[j, d] = K_s[j, d] * decay_factor(G_s[I * BC - 1, d] - G_s[j, d]) * real(j < I * BC)
-            T.gemm(Lft_s, Rgt_s, A_part, transpose_B=True, clear_accum=True)
-            for r, j in T.Parallel(R, C):
-                A[r, j] = A[r, j] + T.if_then_else((r % C) // BC == I, A_part[r, j], 0.0)
-
-        # the diagonal blocks: how far the gate falls inside each sub-chunk
-        for s, d in T.Parallel(NS, DK):
-            span_s[s, d] = T.if_then_else(s > 0, G_s[s * BC - 1, d], 0.0) - G_s[s * BC + BC - 1, d]
-        T.reduce_max(span_s, span, dim=1)
         too_steep[0] = 0
-        for s in T.Parallel(NS):
-            if span[s] > DIAGONAL_SPAN_MAX:
-                too_steep[0] = 1
-        if too_steep[0] == 0:
-            if same_layout:                              # bf16: merged into A in registers
-                for j, d in T.Parallel(C, DK):
-                    G_ref = G_s[T.max((j // BC) * BC - 1, 0), d] * real(j >= BC)
-                    Rgt_s[j, d] = K_s[j, d] * T.exp2(T.min(G_ref - G_s[j, d], DIAGONAL_SPAN_MAX))
-                T.gemm(Lft_s, Rgt_s, A_part, transpose_B=True, clear_accum=True)
-                for r, j in T.Parallel(R, C):            # causal for A_qk (j <= i), strict for A_kk
-                    causal = j < r % C + T.if_then_else(r < C, 1, 0)
-                    A[r, j] = T.if_then_else((r % C) // BC == j // BC,
-                                             T.if_then_else(causal, A_part[r, j], 0.0), A[r, j])
+        buffers = (Lft_s, K_s, G_s, Ke_s, Rgt_s, Gend_s, Pref_s, Pend_s, Cross_s, A, A_part, too_steep)
+        if wide is None:
+            scores(Qw, Kw, scale, buffers, t0, bb, bh, BC)
+        else:
+            # the wide sub-chunks while their diagonal GEMM holds (span <= DIAGONAL_SPAN_MAX), else BC
+            wide_ok = T.alloc_shared([1], "int32")
+            wide_ok[0] = 1
+            for s, d in T.Parallel(C // wide, DK):
+                if falls_too_far(G_s, s, d, wide):
+                    wide_ok[0] = 0
+            if wide_ok[0] == 1:
+                scores(Qw, Kw, scale, buffers, t0, bb, bh, wide)
+            else:
+                scores(Qw, Kw, scale, buffers, t0, bb, bh, BC)
 
         # A_qk scaled, A_kk times b (float32, shared)
         for i, j in T.Parallel(C, C):
             Aqk_s[i, j] = A[i, j] * scale
+        beta_s = None
         if delta:
             beta_s = T.alloc_shared([C], ACCUM)
             A_s = T.alloc_shared([C, C], ACCUM)
             for i in T.Parallel(C):                          # padding rows: b = 0
-                beta_s[i] = T.if_then_else(i < L, beta[bb, t0 + T.min(i, L - 1), bh], 0.0)
+                b = beta[bb, t0 + T.min(i, L - 1), bh]
+                beta_s[i] = T.if_then_else(i < L, b, 0.0)
+                if i < L:
+                    if real(b >= 0.0) * real(b <= 1.0) == 0.0:   # NaN fails both
+                        flags[1] = 1
             for i, j in T.Parallel(C, C):
                 A_s[i, j] = A[C + i, j] * beta_s[i]
+
+        # the diagonal from the original q and k, reloaded (rare for bf16: steep gates only)
+        if too_steep[0] == 1 or not same_layout:
+            T.copy(Q[bb, t0:t0 + C, bh, :], Rgt_s)
+            T.copy(K[bb, t0:t0 + C, bh, :], K_s)
+            if same_layout:                              # G_s holds Ke: the cumsum again
+                T.copy(g[bb, t0:t0 + C, bh, :], g_s)
+                log2_cumsum_by_columns(g_s, G_s, L, C, DK, flags)
         if not same_layout:
             if too_steep[0] == 0:                        # fp16: tf32 operands, merged in shared
                 A_diag = T.alloc_fragment([R, C], ACCUM)
                 Lft32_s = T.alloc_shared([R, DK], ACCUM)
                 Rgt32_s = T.alloc_shared([C, DK], ACCUM)
-                # from the original q and k: q 2^(G - G_ref) in fp16 loses its low bits
-                T.copy(Q[bb, t0:t0 + C, bh, :], Rgt_s)
                 for i, d in T.Parallel(C, DK):
-                    G_ref = G_s[T.max((i // BC) * BC - 1, 0), d] * real(i >= BC)
-                    x = T.exp2(G_s[i, d] - G_ref)
+                    x = T.exp2(G_s[i, d] - ref_gate(G_s, i // BC, d, BC))
                     Lft32_s[i, d] = tf32_nearest(Rgt_s[i, d] * x)
                     if delta:
                         Lft32_s[C + i, d] = tf32_nearest(K_s[i, d] * x)
                 for j, d in T.Parallel(C, DK):
-                    G_ref = G_s[T.max((j // BC) * BC - 1, 0), d] * real(j >= BC)
-                    Rgt32_s[j, d] = tf32_nearest(K_s[j, d] * T.exp2(T.min(G_ref - G_s[j, d], DIAGONAL_SPAN_MAX)))
+                    Rgt32_s[j, d] = tf32_nearest(
+                        K_s[j, d] * T.exp2(T.min(ref_gate(G_s, j // BC, d, BC) - G_s[j, d], DIAGONAL_SPAN_MAX)))
                 T.gemm(Lft32_s, Rgt32_s, A_diag, transpose_B=True, clear_accum=True)
                 for r, j in T.Parallel(R, C):
                     if (r % C) // BC == j // BC:
@@ -203,14 +286,13 @@ def chunk_intra(DK, DV, chunk_size=64, subchunk=16, dtype="bfloat16", gate_dtype
                         elif delta:
                             A_s[r - C, j] = T.if_then_else(j < r - C, A_diag[r, j] * beta_s[r - C], 0.0)
         if too_steep[0] == 1:
-            # a steep chunk: the diagonal blocks summed pairwise from the original q, k
-            T.copy(Q[bb, t0:t0 + C, bh, :], Rgt_s)
             pairwise_diagonal(Rgt_s, K_s, G_s, Aqk_s, scale, None, C, DK, BC)
             if delta:
                 pairwise_diagonal(K_s, K_s, G_s, A_s, 1.0, beta_s, C, DK, BC)
         if delta:
-            for i, d in T.Parallel(C, DK):                   # the keys become K 2^G
-                K_s[i, d] = K_s[i, d] * T.exp2(G_s[i, d])
+            if too_steep[0] == 1 or not same_layout:     # the keys become K 2^G again
+                for i, d in T.Parallel(C, DK):
+                    K_s[i, d] = K_s[i, d] * T.exp2(G_s[i, d])
         T.copy(Aqk_s, A_qk[bb, t0:t0 + C, bh, :])
 
         if delta:
@@ -220,8 +302,8 @@ def chunk_intra(DK, DV, chunk_size=64, subchunk=16, dtype="bfloat16", gate_dtype
             W_f = T.alloc_fragment([C, DK], ACCUM)
             U_f = T.alloc_fragment([C, DV], ACCUM)
             T.copy(V[bb, t0:t0 + C, bh, :], V_s)
-            invert_diagonal_blocks(A_s, Tinv_s, C, BC)
-            merge_by_substitution(A_s, Tinv_s, C, BC)
+            invert_diagonal_blocks(A_s, Tinv_s, C, SOLVE_BLOCK)
+            merge_by_substitution(A_s, Tinv_s, C, SOLVE_BLOCK)
             for i, j in T.Parallel(C, C):
                 Tb_s[i, j] = Tinv_s[i, j] * beta_s[j]
             T.gemm(Tb_s, K_s, W_f, clear_accum=True)
@@ -246,9 +328,10 @@ def chunk_intra(DK, DV, chunk_size=64, subchunk=16, dtype="bfloat16", gate_dtype
             A_qk: T.Tensor([B, S, H, C], dtype),
             W: T.Tensor([B, S, H, DK], dtype),
             U: T.Tensor([B, S, H, DV], dtype),
+            flags: T.Tensor([2], "int32"),
         ):
             with T.Kernel(NC, H, B, threads=threads) as (c, bh, bb):
-                body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, c, bb, bh)
+                body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, c, bb, bh)
     else:
         @T.prim_func
         def main(
@@ -260,9 +343,10 @@ def chunk_intra(DK, DV, chunk_size=64, subchunk=16, dtype="bfloat16", gate_dtype
             Kw: T.Tensor([B, S, H, DK], dtype),
             decay: T.Tensor([B, H, NC, DK], ACCUM),
             A_qk: T.Tensor([B, S, H, C], dtype),
+            flags: T.Tensor([2], "int32"),
         ):
             with T.Kernel(NC, H, B, threads=threads) as (c, bh, bb):
-                body(Q, K, None, g, None, scale, Qw, Kw, decay, A_qk, None, None, c, bb, bh)
+                body(Q, K, None, g, None, scale, Qw, Kw, decay, A_qk, None, None, flags, c, bb, bh)
 
     return main
 # --8<-- [end:chunk_intra]

@@ -148,7 +148,8 @@ LOG2_E = 1.4426950408889634
 
 
 def prepare(q, k, g, scale=1.0, chunk_size=64, subchunk=16):
-    """What ``kda.kernels.level3.chunk_prepare`` writes, in float64 and chunk layout:
+    """What the per-channel stage (``kda.kernels.level5.chunk_intra(delta=False)``) writes, in
+    float64 and chunk layout:
     ``Qw = scale Q 2^G``, ``Kw = K 2^(G_last - G)`` (zero past the real length), the state
     decay ``2^G_last`` per chunk, and ``A = scale * intra scores`` by sub-chunks, with ``G``
     the chunk-local cumsum of ``g`` in log2 units."""

@@ -25,9 +25,16 @@ for level, name, peer, rows in [(1, "linear_attention", "chunk_linear_attn", lev
     for r in rows:
         table.rows.append([level, name, peer, r["T"], r["kda"], r["fla"], r["fla"] / r["kda"], r["floor"] / r["kda"],
                            sdpa[r["T"]], sdpa[r["T"]] / r["kda"]])
-for r in level3:                                  # one length, both gate forms
-    table.rows.append([3, f"gated_attention, {r['form']} g", r["peer"], r["T"], r["kda"], r["fla"],
-                       r["fla"] / r["kda"], r["floor"] / r["kda"], sdpa[r["T"]], sdpa[r["T"]] / r["kda"]])
+def peer_of(row):
+    """The fla column of a row in the uniform schema."""
+    return next(name for name in row["ms"] if name.startswith("fla "))
+
+
+for r in level3:                                  # one length, both gate forms (uniform rows)
+    ms, peer = r["ms"], peer_of(r)
+    table.rows.append([3, f"gated_attention, {r['op'].removeprefix('gated, ')}", peer.removeprefix("fla "), r["T"],
+                       ms["kda"], ms[peer], ms[peer] / ms["kda"], r["floor"] / ms["kda"], sdpa[r["T"]],
+                       sdpa[r["T"]] / ms["kda"]])
 for r in level4:
     table.rows.append([4, "delta_rule", "chunk_delta_rule", r["T"], r["kda"], r["fla"], r["fla"] / r["kda"],
                        r["floor"] / r["kda"], sdpa[r["T"]], sdpa[r["T"]] / r["kda"]])
@@ -51,8 +58,8 @@ for rows, level, style in [(level1, 1, "-"), (level2, 2, "--")]:
     ax.loglog(T, [r["kda"] for r in rows], "^" + style, label=f"kda, level {level}")
 ax.loglog(T, [r["floor"] for r in level1], "k:", label="floor of the linear kernels")
 for r, marker in zip(level3, ("D", "P")):
-    ax.loglog([r["T"]], [r["kda"]], marker, label=f"kda, level 3 ({r['form']} g)")
-    ax.loglog([r["T"]], [r["fla"]], marker, mfc="none", label=f"fla {r['peer']}")
+    ax.loglog([r["T"]], [r["ms"]["kda"]], marker, label=f"kda, level 3 ({r['op'].removeprefix('gated, ')})")
+    ax.loglog([r["T"]], [r["ms"][peer_of(r)]], marker, mfc="none", label=peer_of(r))
 for r in level4:
     ax.loglog([r["T"]], [r["kda"]], "X", label="kda, level 4 (delta rule)")
     ax.loglog([r["T"]], [r["fla"]], "X", mfc="none", label="fla chunk_delta_rule")

@@ -1,11 +1,16 @@
 # snippet: cpu
 """How often the per-channel kernel's diagonal sub-chunks take the slow pairwise path: a chunk
-does when, in some 16-row sub-chunk, a channel's gate falls by more than the kernel's bound
-(log2 units) from the row before the sub-chunk to its last row. Gates drawn as models draw
-them, x ~ N(0, 1), T = 8192, H = 8, D = 128."""
+does when, in some sub-chunk, a channel's gate falls by more than the kernel's bound (log2 units)
+from the row before the sub-chunk to its last row. Gates drawn as models draw them, x ~ N(0, 1),
+T = 8192, H = 8, D = 128; for both sizes the kernel uses: 32-row sub-chunks (one GEMM below the
+diagonal instead of three) in a chunk where they hold, 16-row ones where they do not."""
 from kda.kernels.level3 import DIAGONAL_SPAN_MAX
+from kda.kernels.level5 import SUBCHUNK, WIDE_SUBCHUNK
 from kda.tables import level3
 
 print(f"bound: {DIAGONAL_SPAN_MAX:g} in log2 units, a fall of e^-{DIAGONAL_SPAN_MAX * 0.6931:.1f} "
       f"over the sub-chunk\n")
-print(level3.diagonal_path_share(DIAGONAL_SPAN_MAX))
+for rows in (SUBCHUNK, WIDE_SUBCHUNK):
+    print(f"{rows}-row sub-chunks:\n")
+    print(level3.diagonal_path_share(DIAGONAL_SPAN_MAX, subchunk=rows))
+    print()

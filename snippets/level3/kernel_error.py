@@ -2,11 +2,13 @@
 """The level-3 kernels against the float64 reference on the H200: both gate forms, both dtypes,
 gates from mild to extreme, a tail (T = 1000 is 15 chunks and 40 tokens), DK != DV, an initial
 state, outputs poisoned with NaN before every launch. Then short sequences, where the diagonal
-scores (and so the tf32 GEMM of the per-channel path) carry most of the output."""
+scores (and so the diagonal GEMM of the per-channel path) carry most of the output."""
 import torch
 
 from kda import ops
 from kda.gated import gated_attention
+from kda.kernels.level3 import DIAGONAL_SPAN_MAX
+from kda.kernels.level5 import SUBCHUNK
 from kda.metrics import rel_l2
 from kda.reference import level3 as ref
 from kda.tables import Table, sci
@@ -14,7 +16,7 @@ from kda.tables import Table, sci
 ops.poison_outputs = True
 torch.manual_seed(0)
 NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
-SUBCHUNK, SPAN_MAX = 16, 96.0     # kda.kernels.level3: diagonal sub-chunk rows and span bound (log2)
+SPAN_MAX = DIAGONAL_SPAN_MAX      # the per-channel kernel's span bound on a diagonal sub-chunk (log2)
 
 
 def gates(kind, shape):

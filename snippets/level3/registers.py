@@ -6,7 +6,7 @@ import re
 
 import tilelang
 
-from kda.kernels import level3
+from kda.kernels import level3, level5
 from kda.kernels.build import SM90A, compile_program, ptxas_report
 from kda.kernels.registers import consumer_budget
 from kda.tables import Table
@@ -19,7 +19,7 @@ table = Table(["kernel", "grid", "threads", "ptxas registers", "spill stores (by
 for name, fn, params, grid in [
     ("chunk_cumsum", level3.chunk_cumsum, dict(D=1), "(NC, H, B)"),
     ("seq_in_loop_scalar", level3.seq_in_loop_scalar, dict(DK=128, DV=128), "(DV/32, H, B)"),
-    ("chunk_prepare", level3.chunk_prepare, dict(DK=128), "(NC, H, B)"),
+    ("chunk_intra(delta=False)", level5.chunk_intra, dict(DK=128, delta=False), "(NC, H, B)"),
     ("seq_in_loop_per_channel", level3.seq_in_loop_per_channel, dict(DK=128, DV=128), "(DV/32, H, B)"),
 ]:
     kernel = compile_program(fn, (), target=SM90A, **params)
