@@ -95,3 +95,12 @@ def test_check_values_false_skips_only_the_value_checks():
     assert o.shape == v.shape
     with pytest.raises(ValueError, match=r"g must have shape"):
         chunk_kda(q, k, v, g[..., 0], beta, check_values=False)
+
+
+@pytest.mark.parametrize("B,H,DV,expected", [(1, 32, 128, 32), (1, 96, 128, 64), (4, 64, 128, 64), (1, 66, 128, 64),
+                                             (1, 65, 128, 32), (2, 96, 64, 64), (1, 96, 64, 32)])
+def test_state_pass_columns(B, H, DV, expected):
+    """64 value columns per block while B * H * DV / 64 blocks still cover the 132 SMs, else 32."""
+    from kda.gated_delta import state_pass_columns
+
+    assert state_pass_columns(B, H, DV, sm_count=132) == expected

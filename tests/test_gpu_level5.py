@@ -95,6 +95,39 @@ def test_chunk_intra_against_reference_stage(shape, dtype, kind, delta):
         assert rel_l2(got, ref) <= bound, f"{name_}: {rel_l2(got, ref):.2e}"
 
 
+@pytest.mark.parametrize("block_dv", [32, 64])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(2, 200, 3, 64, 128), (1, 129, 2, 128, 64)])
+def test_state_pass_against_reference_stage(shape, dtype, block_dv):
+    """``gated_state_output_pass`` alone, both column widths, on ``chunk_intra``'s own output and a
+    random initial state, against the same pass in float64; outputs poisoned with NaN, the ragged
+    last chunk included."""
+    from kda.gated_delta import prepare_chunks
+    from kda.kernels import level5
+    from kda.kernels.build import compile_program
+    from kda.reference._common import from_chunks, to_chunks
+
+    B, T, H, DK, DV = shape
+    q, k, v, g, beta, h0 = inputs(shape, dtype, "logsigmoid", True, seed=zlib.crc32(repr((shape, block_dv)).encode()))
+    form = prepare_chunks(q, k, v, g, beta, DK ** -0.5)
+    name = "bfloat16" if dtype == torch.bfloat16 else "float16"
+    kernel = compile_program(level5.gated_state_output_pass, (), DK=DK, DV=DV, chunk_size=64, block_dv=block_dv,
+                             dtype=name)
+    o = torch.full((B, T, H, DV), float("nan"), dtype=dtype, device="cuda")
+    ht = torch.full((B, H, DK, DV), float("nan"), dtype=torch.float32, device="cuda")
+    kernel(*form, h0, o, ht)
+    Qw, Kw, W, U, A = (to_chunks(x.double(), 64) for x in (form.Qw, form.Kw, form.W, form.U, form.A_qk))
+    S, out = h0.double(), []
+    for c in range(Qw.shape[2]):
+        new = U[:, :, c] - W[:, :, c] @ S
+        out.append(Qw[:, :, c] @ S + A[:, :, c] @ new)
+        S = form.decay[:, :, c, :, None].double() * S + Kw[:, :, c].transpose(-1, -2) @ new
+    bound = BOUND if dtype == torch.bfloat16 else 2e-3
+    for what, got, ref in (("o", o, from_chunks(torch.stack(out, dim=2), T)), ("final state", ht, S)):
+        assert torch.isfinite(got).all(), what
+        assert rel_l2(got, ref) <= bound, f"{what}: {rel_l2(got, ref):.2e}"
+
+
 BAD_VALUES = [("g", 0.5), ("g", float("nan")), ("g", float("-inf")), ("beta", 1.5), ("beta", float("nan")),
               ("beta", -0.1)]
 

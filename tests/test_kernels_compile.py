@@ -32,6 +32,7 @@ CASES = [
     ("level5", "chunk_intra", dict(DK=64, dtype="float16", gate_dtype="float16", delta=False)),
     ("level5", "gated_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16")),
     ("level5", "gated_state_output_pass", dict(DK=128, DV=64, dtype="float16")),
+    ("level5", "gated_state_output_pass", dict(DK=64, DV=128, dtype="bfloat16", block_dv=64)),
 ]
 
 

@@ -1,0 +1,211 @@
+"""Run 39 (H200): the level-5 state pass warp-specialised by hand.
+
+The pass of record (``level5.gated_state_output_pass``) is one consumer warpgroup behind
+tilelang's automatic producer: per chunk four GEMMs, each waited for, one after another (W S,
+Qw S, A Vn, Kw^T Vn). Here warpgroup 0 carries only the state's chain (S to shared, W S,
+Vn = U - W S, S <- decay S + Kw^T Vn), warpgroup 1 the output (Qw S, then A Vn) beside it, and
+one producer warp loads two chunk slots by TMA. Barriers: data ready/free per slot, S and Vn
+ready/free between the two warpgroups.
+
+* check: O and ht of both passes on the same chunk form, outputs poisoned with NaN first,
+  at the three benchmark shapes and a ragged one with an initial state;
+* time: each pass alone, ``chunk_intra``, and ``chunk_kda`` with each pass.
+
+    python results/tuning/run39-state-pass-ws.py compile check time
+"""
+import os
+import sys
+
+import tilelang.language as T
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import ROOT, compile_in_processes, kda_inputs, log, try_compile  # noqa: E402
+
+RUN = "run39"
+ACCUM = "float32"
+SHAPES = [(1, 32768, 32, 128), (1, 8192, 96, 128), (4, 4096, 64, 128)]
+VARIANTS = {"of record (auto producer)": None, "by hand, 32 columns": 32, "by hand, 64 columns": 64}
+
+
+def gated_state_output_pass_ws(DK, DV, chunk_size=64, block_dv=32, dtype="bfloat16"):
+    """Warp-specialised: warpgroup 0 carries the state (S_s, W S, Vn, S update), warpgroup 1 the
+    output (Qw S + A Vn), one producer warp the TMA loads of two chunk slots."""
+    B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
+    C, BV = chunk_size, block_dv
+    NC = T.ceildiv(S, C)
+
+    @T.prim_func
+    def main(
+        Qw: T.Tensor([B, S, H, DK], dtype),
+        Kw: T.Tensor([B, S, H, DK], dtype),
+        W: T.Tensor([B, S, H, DK], dtype),
+        U: T.Tensor([B, S, H, DV], dtype),
+        A_qk: T.Tensor([B, S, H, C], dtype),
+        decay: T.Tensor([B, H, NC, DK], ACCUM),
+        h0: T.Tensor([B, H, DK, DV], ACCUM),
+        O: T.Tensor([B, S, H, DV], dtype),
+        ht: T.Tensor([B, H, DK, DV], ACCUM),
+    ):
+        with T.Kernel(T.ceildiv(DV, BV), H, B, threads=384) as (bv, bh, bb):
+            dv0 = bv * BV
+            Qw_s = T.alloc_shared([2, C, DK], dtype)
+            Kw_s = T.alloc_shared([2, C, DK], dtype)
+            W_s = T.alloc_shared([2, C, DK], dtype)
+            A_s = T.alloc_shared([2, C, C], dtype)
+            U_s = T.alloc_shared([2, C, BV], dtype)
+            decay_s = T.alloc_shared([2, DK], ACCUM)
+            S_s = T.alloc_shared([DK, BV], dtype)
+            Vn_s = T.alloc_shared([C, BV], dtype)
+            O_s = T.alloc_shared([C, BV], dtype)
+            S_f = T.alloc_fragment([DK, BV], ACCUM)
+            WS = T.alloc_fragment([C, BV], ACCUM)
+            acc_o = T.alloc_fragment([C, BV], ACCUM)
+            data_ready = T.alloc_barrier(arrive_count=[32, 32])
+            data_free = T.alloc_barrier(arrive_count=[256, 256])
+            s_ready = T.alloc_barrier(arrive_count=128)
+            s_free = T.alloc_barrier(arrive_count=128)
+            vn_ready = T.alloc_barrier(arrive_count=128)
+            vn_free = T.alloc_barrier(arrive_count=128)
+            tx = T.get_thread_binding()
+            n_chunks = T.ceildiv(S, C)
+            if tx < 128:
+                T.copy(h0[bb, bh, :, dv0:dv0 + BV], S_f)
+                for c in T.serial(n_chunks):
+                    s = c % 2
+                    T.barrier_wait(data_ready[s], (c // 2) % 2)
+                    T.barrier_wait(s_free, (c + 1) % 2)
+                    T.copy(S_f, S_s)
+                    T.fence_proxy_async()
+                    T.barrier_arrive(s_ready)
+                    T.gemm(W_s[s, :, :], S_s, WS, clear_accum=True)
+                    T.barrier_wait(vn_free, (c + 1) % 2)
+                    for i, j in T.Parallel(C, BV):
+                        Vn_s[i, j] = U_s[s, i, j] - WS[i, j]
+                    T.fence_proxy_async()
+                    T.barrier_arrive(vn_ready)
+                    for i, j in T.Parallel(DK, BV):
+                        S_f[i, j] = S_f[i, j] * decay_s[s, i]
+                    T.gemm(Kw_s[s, :, :], Vn_s, S_f, transpose_A=True)
+                    T.barrier_arrive(data_free[s])
+                T.copy(S_f, ht[bb, bh, :, dv0:dv0 + BV])
+            elif tx < 256:
+                for c in T.serial(n_chunks):
+                    s = c % 2
+                    T.barrier_wait(data_ready[s], (c // 2) % 2)
+                    T.barrier_wait(s_ready, c % 2)
+                    T.gemm(Qw_s[s, :, :], S_s, acc_o, clear_accum=True)
+                    T.barrier_arrive(s_free)
+                    T.barrier_wait(vn_ready, c % 2)
+                    T.gemm(A_s[s, :, :], Vn_s, acc_o)
+                    T.barrier_arrive(vn_free)
+                    T.barrier_arrive(data_free[s])
+                    T.copy(acc_o, O_s)
+                    T.copy(O_s, O[bb, c * C:(c + 1) * C, bh, dv0:dv0 + BV])
+            elif tx < 288:
+                for c in T.serial(n_chunks):
+                    s = c % 2
+                    T.barrier_wait(data_free[s], (c // 2 + 1) % 2)
+                    T.tma_copy(Qw[bb, c * C:(c + 1) * C, bh, :], Qw_s[s, :, :], barrier=data_ready[s])
+                    T.tma_copy(Kw[bb, c * C:(c + 1) * C, bh, :], Kw_s[s, :, :], barrier=data_ready[s])
+                    T.tma_copy(W[bb, c * C:(c + 1) * C, bh, :], W_s[s, :, :], barrier=data_ready[s])
+                    T.tma_copy(A_qk[bb, c * C:(c + 1) * C, bh, :], A_s[s, :, :], barrier=data_ready[s])
+                    T.tma_copy(U[bb, c * C:(c + 1) * C, bh, dv0:dv0 + BV], U_s[s, :, :], barrier=data_ready[s])
+                    T.tma_copy(decay[bb, bh, c, :], decay_s[s, :], barrier=data_ready[s])
+                    T.barrier_arrive(data_ready[s])
+
+    return main
+
+
+def factory(name):
+    from kda.kernels import level5
+    bv = VARIANTS[name]
+    if bv is None:
+        return level5.gated_state_output_pass, {}
+    return gated_state_output_pass_ws, dict(block_dv=bv)
+
+
+def compile_one(i):
+    sys.path.insert(0, ROOT)
+    if i == len(VARIANTS):                      # the intra kernel chunk_kda runs first
+        from kda.kernels import level5
+        return {"compile": "chunk_intra", **try_compile(lambda: level5.chunk_intra, dict(
+            DK=128, DV=128, chunk_size=64, dtype="bfloat16", gate_dtype="float32"))}
+    name = list(VARIANTS)[i]
+    fn, extra = factory(name)
+    return {"compile": name, **try_compile(lambda: fn, dict(DK=128, DV=128, dtype="bfloat16", **extra))}
+
+
+def chunk_form(B, T, H, D):
+    import torch
+
+    from kda.gated_delta import prepare_chunks
+    q, k, v, g, beta = kda_inputs(B, T, H, D)
+    return prepare_chunks(q, k, v, g, beta, D ** -0.5), (q, k, v, g, beta)
+
+
+def run_pass(name, form, h0):
+    import torch
+
+    from kda.kernels.build import compile_program
+    fn, extra = factory(name)
+    B, T, H, DK = form.Qw.shape
+    kern = compile_program(fn, (), DK=DK, DV=form.U.shape[-1], dtype="bfloat16", **extra)
+    o = torch.full((B, T, H, form.U.shape[-1]), float("nan"), dtype=form.U.dtype, device="cuda")
+    ht = torch.full((B, H, DK, form.U.shape[-1]), float("nan"), dtype=torch.float32, device="cuda")
+    return kern, o, ht, lambda: kern(*form, h0, o, ht)
+
+
+def rel(a, b):
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def check():
+    import torch
+
+    for B, T, H, D in SHAPES + [(2, 1000, 4, 128)]:
+        form, _ = chunk_form(B, T, H, D)
+        h0 = torch.randn(B, H, D, D, device="cuda") * (T < 2000)
+        outs = {}
+        for name in VARIANTS:
+            _, o, ht, go = run_pass(name, form, h0)
+            go()
+            torch.cuda.synchronize()
+            outs[name] = (o, ht)
+        o_ref, ht_ref = outs["of record (auto producer)"]
+        for name, (o, ht) in outs.items():
+            log(RUN, {"check": name, "shape": [B, T, H, D], "nan": bool(o.isnan().any() or ht.isnan().any()),
+                      "o_rel": rel(o, o_ref), "ht_rel": rel(ht, ht_ref)})
+
+
+def time_all():
+    import torch
+
+    from kda import chunk_kda
+    from kda.bench import median_ms
+    from kda.kernels import level5
+    of_record = level5.gated_state_output_pass
+    for B, T, H, D in SHAPES:
+        form, (q, k, v, g, beta) = chunk_form(B, T, H, D)
+        h0 = torch.zeros(B, H, D, D, device="cuda")
+        for name in VARIANTS:
+            _, _, _, go = run_pass(name, form, h0)
+            log(RUN, {"what": "state pass", "variant": name, "shape": [B, T, H, D], "ms": median_ms(go)})
+        for name in VARIANTS:
+            fn, extra = factory(name)
+            level5.gated_state_output_pass = (lambda **p: fn(**p, **extra)) if extra else fn
+            for check_values in (True, False):
+                log(RUN, {"what": "chunk_kda", "variant": name, "check_values": check_values, "shape": [B, T, H, D],
+                          "ms": median_ms(lambda: chunk_kda(q, k, v, g, beta, check_values=check_values))})
+            level5.gated_state_output_pass = of_record
+        del form, q, k, v, g, beta
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, ROOT)
+    if "compile" in sys.argv:
+        compile_in_processes(RUN, len(VARIANTS) + 1, compile_one)
+    if "check" in sys.argv:
+        check()
+    if "time" in sys.argv:
+        time_all()
