@@ -166,3 +166,9 @@ def test_hash_follows_the_package_imports(mini_site):
     files = {p.relative_to(ROOT / "kda").as_posix() for p in sn.kda_closure(snippet.file.read_text())}
     assert {"reference/level1.py", "reference/_common.py"} <= files
     assert "ops.py" not in files and not any(f.startswith("site/") for f in files)
+
+
+def test_uses_may_continue_on_the_comment_lines_below_the_header(mini_site):
+    snippet = mini_site("# snippet: cpu uses=snippets/a.py\n#   uses=snippets/b.py uses=snippets/c.py\n"
+                        "# uses=snippets/d.py\n\n# uses=snippets/not_header.py\nprint(1)\n")
+    assert snippet.uses == ["snippets/a.py", "snippets/b.py", "snippets/c.py", "snippets/d.py"]

@@ -5,6 +5,7 @@ A snippet is a Python file under ``snippets/`` whose first line says where it ru
     # snippet: cpu
     # snippet: gpu
     # snippet: cpu uses=snippets/level1/latency.py     (reads that snippet's recorded data)
+    #   uses=snippets/level2/latency.py                 (more uses= on comment lines right below)
 
 It prints Markdown (tables, text, ``runtime.figure`` images) to stdout. CPU snippets run
 while the site builds and are cached by their source hash; GPU snippets run through
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 HEADER = re.compile(r"^#\s*snippet:\s*(cpu|gpu)\b(.*)$")
+USES_LINE = re.compile(r"^#\s+uses=")
 DEFAULT_DEVICE = "nvidia-h200"
 
 
@@ -60,11 +62,15 @@ def load(root: Path, path: str) -> Snippet:
     file = Path(root) / path
     if not file.is_file():
         raise SnippetError(f"snippet {path} does not exist")
-    first = file.read_text(encoding="utf-8").splitlines()[:1]
-    m = HEADER.match(first[0]) if first else None
+    lines = file.read_text(encoding="utf-8").splitlines()
+    m = HEADER.match(lines[0]) if lines else None
     if m is None:
         raise SnippetError(f"snippet {path} must start with '# snippet: cpu' or '# snippet: gpu'")
     uses = re.findall(r"uses=(\S+)", m.group(2))
+    for line in lines[1:]:                       # more uses= on the comment lines right below
+        if not USES_LINE.match(line):
+            break
+        uses += re.findall(r"uses=(\S+)", line)
     return Snippet(Path(root), path, m.group(1), uses)
 
 

@@ -1,4 +1,6 @@
-# snippet: cpu uses=snippets/level1/latency.py uses=snippets/level2/latency.py uses=snippets/level3/latency.py uses=snippets/level4/latency.py uses=snippets/level5/latency.py uses=snippets/bench/sdpa.py uses=snippets/cp/split_latency.py
+# snippet: cpu uses=snippets/level1/latency.py uses=snippets/level2/latency.py uses=snippets/level3/latency.py
+#   uses=snippets/level4/latency.py uses=snippets/level5/latency.py uses=snippets/bench/sdpa.py
+#   uses=snippets/cp/split_latency.py
 """Every kernel of the package against its fla peer on the H200 (bf16, B = 1, H = 32, D = 128;
 levels 3 to 5 at T = 32768 only; float32 gates, unit keys),
 from the recorded GPU results: milliseconds, ratio, and the fraction of the hardware floor

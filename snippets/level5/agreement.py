@@ -16,7 +16,8 @@ table = Table(["gate", "T", "strongest gate", "chunked", "kernel mimic", "final 
 gen = torch.Generator().manual_seed(0)
 for form, per_channel_gate in [("KDA (per channel)", True), ("GDN (scalar)", False)]:
     for T, strength in [(1, 1.0), (130, 1.0), (200, 20.0)]:
-        q, v = torch.randn(2, T, 3, 16, dtype=torch.float64, generator=gen), torch.randn(2, T, 3, 8, dtype=torch.float64, generator=gen)
+        q = torch.randn(2, T, 3, 16, dtype=torch.float64, generator=gen)
+        v = torch.randn(2, T, 3, 8, dtype=torch.float64, generator=gen)
         k = l2_normalize(torch.randn(2, T, 3, 16, dtype=torch.float64, generator=gen))
         g = -strength * torch.rand(2, T, 3, *((16,) if per_channel_gate else ()), dtype=torch.float64, generator=gen)
         beta = torch.rand(2, T, 3, dtype=torch.float64, generator=gen)

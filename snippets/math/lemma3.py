@@ -49,6 +49,6 @@ print()
 limits = Table(["chunk C", "fp32: first overflow at g =", "fp16: first overflow at g =", "-ln(max)/C (fp32, fp16)"],
                formats=[None, "{:.3f}", "{:.3f}", None])
 for chunk in (16, 32, 64):
-    bound = f"{-math.log(torch.finfo(torch.float32).max) / chunk:.3f}, {-math.log(torch.finfo(torch.float16).max) / chunk:.3f}"
+    bound = ", ".join(f"{-math.log(torch.finfo(dt).max) / chunk:.3f}" for dt in (torch.float32, torch.float16))
     limits.rows.append([chunk, first_overflow(chunk, torch.float32), first_overflow(chunk, torch.float16), bound])
 print(limits)
