@@ -172,3 +172,40 @@ def test_uses_may_continue_on_the_comment_lines_below_the_header(mini_site):
     snippet = mini_site("# snippet: cpu uses=snippets/a.py\n#   uses=snippets/b.py uses=snippets/c.py\n"
                         "# uses=snippets/d.py\n\n# uses=snippets/not_header.py\nprint(1)\n")
     assert snippet.uses == ["snippets/a.py", "snippets/b.py", "snippets/c.py", "snippets/d.py"]
+
+
+def _path_without(*tools: str) -> str:
+    return os.pathsep.join(d for d in os.environ.get("PATH", "").split(os.pathsep)
+                           if d and not any((Path(d) / tool).exists() for tool in tools))
+
+
+@pytest.mark.tilelang
+def test_a_kernel_snippet_builds_with_the_system_toolkit_hidden(mini_site, tmp_path):
+    """The CPU build with no nvcc or ptxas on PATH and no CUDA_HOME: tilelang compiles with the
+    pip toolkit of the ``cuda`` extra (in a fresh tilelang cache, so nvcc really runs) and the
+    register tables' ptxas is found beside it."""
+    from kda.site.toolkit import pip_toolkit_bin
+
+    bin_dir = pip_toolkit_bin()
+    if bin_dir is None:
+        pytest.skip("needs the cuda extra: pip install -e '.[cuda]'")
+    mini_site("""\
+        # snippet: cpu
+        import shutil
+
+        import tilelang
+
+        from kda.kernels import level1
+        from kda.kernels.build import SM90A, compile_program, ptxas_report
+
+        kernel = compile_program(level1.seq_in_loop, (), target=SM90A, DK=64, DV=64, dtype="bfloat16")
+        print(f"toolkit {tilelang.env.CUDA_HOME} ptxas {shutil.which('ptxas')} registers {ptxas_report(kernel)['registers']}")
+        """)
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH")}
+    env.update(PATH=_path_without("nvcc", "ptxas"), TILELANG_CACHE_DIR=str(tmp_path / "tilelang-cache"),
+               NO_MKDOCS_2_WARNING="1")
+    res = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
+                         cwd=tmp_path, capture_output=True, text=True, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    page = (tmp_path / "site" / "index.html").read_text(encoding="utf-8")
+    assert f"toolkit {bin_dir.parent} ptxas {bin_dir / 'ptxas'} registers" in page

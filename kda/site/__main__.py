@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from kda.site import snippets as sn
+from kda.site.toolkit import cuda_tools_on_path
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -77,6 +78,7 @@ def main(argv=None) -> int:
     status = sub.add_parser("status", help="list snippets and the state of their GPU records")
     status.add_argument("--device", default=sn.DEFAULT_DEVICE)
     args = parser.parse_args(argv)
+    cuda_tools_on_path()
     return _status(args) if args.command == "status" else _run(args)
 
 

@@ -29,6 +29,7 @@ from mkdocs.structure.files import File
 from mkdocs.utils import get_relative_url
 
 from kda.site import search_text
+from kda.site.toolkit import cuda_tools_on_path
 from kda.site import snippets as sn
 
 log = logging.getLogger("mkdocs.plugins.kda_site")
@@ -56,6 +57,7 @@ def _lang(config) -> str:
 
 
 def on_config(config):
+    cuda_tools_on_path()                         # ptxas for the register tables, also from pip
     root = Path(config.config_file_path).resolve().parent
     kda_extra = config["extra"].get("kda", {})
     _state.clear()
