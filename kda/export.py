@@ -1,0 +1,293 @@
+"""``python -m kda.export <op> <dir>``: one public op as a folder that runs without ``kda``.
+
+The folder holds a package ``kda_<op>`` (the op's module and every ``kda`` module it imports,
+kernels, input checks and float64 references, with the imports renamed), a test
+``test_kda_<op>.py`` (the CPU path against the float64 token recurrence, the kernels compiled for
+sm_90a, the CUDA path against the recurrence where there is a GPU), ``requirements.txt`` with the
+pinned tilelang, and ``SOURCE.json``: the commit and the SHA-256 of every file it was cut from.
+
+    python -m kda.export chunk_kda vendor/
+    python -m pytest vendor/kda_chunk_kda/test_kda_chunk_kda.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+KDA = Path(__file__).resolve().parent
+VERIFIED_ON = "NVIDIA H200 (Hopper, sm_90a)"     # where every GPU test and record of the site ran
+BF16_128 = dict(DK=128, DV=128, dtype="bfloat16")
+
+
+@dataclass(frozen=True)
+class Op:
+    module: str        # the kda module that defines the public function
+    reference: str     # the float64 token recurrence it is checked against
+    call: str          # the op on the test's inputs
+    ref_call: str      # the recurrence on the same inputs (q already scaled)
+    kernels: tuple     # (module, factory, parameters) that the CUDA path compiles
+
+
+OPS = {
+    "linear_attention": Op(
+        "ops", "level1", "linear_attention(q, k, v, scale=scale, initial_state=h0, output_final_state=True)",
+        "recurrent(q * scale, k, v, h0, True)",
+        (("level1", "seq_in_loop", dict(BF16_128, with_state=True)),)),
+    "decay_attention": Op(
+        "ops", "level2", "decay_attention(q, k, v, alpha, scale=scale, initial_state=h0, output_final_state=True)",
+        "recurrent(q * scale, k, v, alpha, h0, True)",
+        (("level2", "seq_in_loop", dict(BF16_128, with_state=True)),)),
+    "gated_attention": Op(
+        "gated", "level3", "gated_attention(q, k, v, g, scale=scale, initial_state=h0, output_final_state=True)",
+        "recurrent(q * scale, k, v, g, h0, True)",
+        (("level3", "chunk_cumsum", dict(D=1)),
+         ("level3", "seq_in_loop_scalar", dict(BF16_128, with_state=True)),
+         ("level5", "chunk_intra", dict(DK=128, dtype="bfloat16", gate_dtype="float32", delta=False)),
+         ("level3", "seq_in_loop_per_channel", dict(BF16_128, with_state=True)))),
+    "delta_rule": Op(
+        "delta", "level4", "delta_rule(q, k, v, beta, scale=scale, initial_state=h0, output_final_state=True)",
+        "recurrent(q * scale, k, v, beta, h0, True)",
+        (("level4", "chunk_wy", BF16_128), ("level4", "state_output_pass", BF16_128))),
+    "chunk_kda": Op(
+        "gated_delta", "level0",
+        "chunk_kda(q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=True)",
+        "recurrent(q * scale, k, v, g, beta, h0, True)",
+        (("level5", "chunk_intra", dict(BF16_128, gate_dtype="float32")),
+         ("level5", "gated_state_output_pass", BF16_128))),
+    "chunk_gated_delta_rule": Op(
+        "gated_delta", "level0",
+        "chunk_gated_delta_rule(q, k, v, g_head, beta, scale=scale, initial_state=h0, output_final_state=True)",
+        "recurrent(q * scale, k, v, g_head, beta, h0, True)",
+        (("level5", "chunk_intra", dict(BF16_128, gate_dtype="float32")),
+         ("level5", "gated_state_output_pass", BF16_128))),
+}
+
+
+def _imports(source: str, package: str) -> set[str]:
+    """The ``kda`` modules an ``import`` anywhere in ``source`` names (in function bodies too);
+    ``from kda.x import y`` counts ``kda.x.y`` when that is a module."""
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            names.add(base)
+            names.update(f"{base}.{a.name}" for a in node.names)
+    return {n for n in names if n.startswith("kda.") and _file(n) is not None}
+
+
+def _file(module: str) -> Path | None:
+    path = KDA.joinpath(*module.split(".")[1:])
+    return path.with_suffix(".py") if path.with_suffix(".py").is_file() else None
+
+
+def closure(module: str) -> list[str]:
+    """``module`` and every ``kda`` module it imports, transitively, sorted."""
+    seen, todo = set(), [module]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        todo.extend(_imports(_file(name).read_text(encoding="utf-8"), name.rpartition(".")[0]))
+    return sorted(seen)
+
+
+IMPORT = re.compile(r"^(\s*)(from|import)\s+kda(?=[.\s])", re.MULTILINE)
+
+
+def rename_imports(source: str, package: str) -> str:
+    """``from kda.x import y`` -> ``from <package>.x import y`` (and ``import kda.x``)."""
+    return IMPORT.sub(lambda m: f"{m.group(1)}{m.group(2)} {package}", source)
+
+
+def _tilelang_pin() -> str:
+    for req in metadata.requires("kda") or []:
+        m = re.match(r"tilelang\s*==\s*([\w.]+)", req)
+        if m:
+            return m.group(1)
+    raise RuntimeError("kda's metadata pins no tilelang version")
+
+
+def _commit() -> str | None:
+    try:
+        res = subprocess.run(["git", "-C", str(KDA.parent), "rev-parse", "HEAD"], capture_output=True, text=True)
+        return res.stdout.strip() or None
+    except OSError:
+        return None
+
+
+TEST = '''"""The exported {name}: the CPU path against the float64 token recurrence, the kernels compiled
+for sm_90a (nvcc only, no GPU needed), and on a GPU the kernels against the recurrence.
+Written by kda.export; runs without the kda package."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from {package} import {name}
+from {package}.reference.level4 import l2_normalize
+from {package}.reference.{reference} import recurrent
+
+KERNELS = {kernels!r}
+
+
+def has_nvcc():
+    try:
+        import tilelang
+    except ImportError:
+        return False
+    return bool(tilelang.env.CUDA_HOME) and (Path(tilelang.env.CUDA_HOME) / "bin" / "nvcc").exists()
+
+
+def rel_l2(a, b):
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm())
+
+
+def inputs(device, dtype, B=2, T=100, H=2, DK=16, DV=8, seed=0):
+    """q, v unit normal, unit-norm keys, gates logsigmoid(x) per channel (g) or per head
+    (g_head), decays in [0.5, 1] per head, beta in [0, 1], a random initial state."""
+    gen = torch.Generator().manual_seed(seed)
+    rand = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64)
+    q, k, v = rand(B, T, H, DK), l2_normalize(rand(B, T, H, DK)), rand(B, T, H, DV)
+    g, g_head = torch.nn.functional.logsigmoid(rand(B, T, H, DK)), torch.nn.functional.logsigmoid(rand(B, T, H))
+    beta, h0 = torch.rand(B, T, H, generator=gen, dtype=torch.float64), rand(B, H, DK, DV)
+    alpha = 0.5 + 0.5 * torch.rand(H, generator=gen, dtype=torch.float64)
+    q, k, v = (x.to(device, dtype) for x in (q, k, v))
+    g, g_head, beta, h0 = (x.to(device, torch.float32) for x in (g, g_head, beta, h0))
+    return q, k, v, g, g_head, alpha, beta, h0, DK ** -0.5
+
+
+def check(q, k, v, g, g_head, alpha, beta, h0, scale, bound):
+    o, final = {call}
+    q, k, v, g, g_head, beta, h0 = (x.double() for x in (q, k, v, g, g_head, beta, h0))
+    ref_o, ref_final = {ref_call}
+    assert torch.isfinite(o).all() and torch.isfinite(final).all()
+    assert rel_l2(o, ref_o) <= bound, f"o: {{rel_l2(o, ref_o):.2e}}"
+    assert rel_l2(final, ref_final) <= bound, f"final state: {{rel_l2(final, ref_final):.2e}}"
+
+
+def test_cpu_against_the_token_recurrence():
+    check(*inputs("cpu", torch.float64), bound=1e-6)
+
+
+@pytest.mark.skipif(not has_nvcc(), reason="needs tilelang and nvcc (a CUDA toolkit, or pip install nvidia-cuda-nvcc)")
+@pytest.mark.parametrize("module,factory,params", KERNELS)
+def test_kernels_compile_for_sm90a(module, factory, params):
+    import importlib
+
+    import tilelang
+
+    program = getattr(importlib.import_module(f"{package}.kernels.{{module}}"), factory)(**params)
+    tilelang.compile(program, target={{"kind": "cuda", "arch": "sm_90a"}})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_against_the_token_recurrence():
+    check(*inputs("cuda", torch.bfloat16, T=200, DK=64, DV=64), bound=8e-3)
+'''
+
+README = """# kda_{name}
+
+`{name}` from the `kda` package of *KDA from zero to one*, as a package of its own: the TileLang
+kernels, the launcher with its input checks, and the float64 references it is tested against.
+Cut by `python -m kda.export {name}` from commit `{commit}` (`SOURCE.json` lists every file with
+its SHA-256). Verified on: {verified}. The kernels are written for Hopper (TMA, wgmma); other
+GPUs were not tried.
+
+    pip install -r requirements.txt
+    python -m pytest test_kda_{name}.py
+
+```python
+from kda_{name} import {name}
+```
+"""
+
+
+def export(name: str, dest: Path) -> Path:
+    """Write ``dest/kda_<name>/`` for the public op ``name``; returns that folder."""
+    if name not in OPS:
+        raise ValueError(f"op must be one of {sorted(OPS)}, got {name!r}")
+    op = OPS[name]
+    package = f"kda_{name}"
+    folder = Path(dest) / package
+    if folder.exists():
+        shutil.rmtree(folder)
+    roots = [f"kda.{op.module}", f"kda.reference.{op.reference}", "kda.reference.level4"]
+    roots += sorted({f"kda.kernels.{m}" for m, _, _ in op.kernels})
+    modules = sorted(set().union(*(closure(r) for r in roots)))
+    files = {}
+    for module in modules:
+        src = _file(module)
+        rel = src.relative_to(KDA)
+        out = folder / package / rel
+        out.parent.mkdir(parents=True, exist_ok=True)
+        for parent in rel.parents:
+            (folder / package / parent / "__init__.py").touch()
+        out.write_text(rename_imports(src.read_text(encoding="utf-8"), package), encoding="utf-8")
+        files[f"kda/{rel.as_posix()}"] = hashlib.sha256(src.read_bytes()).hexdigest()
+    (folder / package / "__init__.py").write_text(
+        f'"""{name}, exported from kda (SOURCE.json beside this package)."""\n\n'
+        f"from {package}.{op.module} import {name}\n\n__all__ = [\"{name}\"]\n", encoding="utf-8")
+    kernels = [(m, f, p) for m, f, p in op.kernels]
+    (folder / f"test_{package}.py").write_text(TEST.format(
+        name=name, package=package, reference=op.reference, kernels=kernels, call=op.call, ref_call=op.ref_call),
+        encoding="utf-8")
+    commit = _commit()
+    (folder / "requirements.txt").write_text(f"torch\ntilelang=={_tilelang_pin()}\npytest\n", encoding="utf-8")
+    (folder / "README.md").write_text(README.format(name=name, commit=commit or "unknown", verified=VERIFIED_ON),
+                                      encoding="utf-8")
+    (folder / "SOURCE.json").write_text(json.dumps(
+        {"op": name, "package": package, "kda_commit": commit, "tilelang": _tilelang_pin(),
+         "verified_on": VERIFIED_ON, "files": files}, indent=1) + "\n", encoding="utf-8")
+    return folder
+
+
+WITHOUT_KDA = """
+import sys
+class NoKda:
+    def find_spec(self, name, path=None, target=None):
+        if name == "kda" or name.startswith("kda."):
+            raise ImportError(f"the exported folder imported {name}")
+sys.meta_path.insert(0, NoKda())
+import pytest
+sys.exit(pytest.main(sys.argv[1:]))
+"""
+
+
+def run_exported_test(folder: Path) -> subprocess.CompletedProcess:
+    """The export's own test in a fresh interpreter that refuses every import of ``kda``."""
+    test = next(Path(folder).glob("test_kda_*.py"))
+    return subprocess.run([sys.executable, "-c", WITHOUT_KDA, "-q", "-p", "no:cacheprovider", "-rs", test.name],
+                          cwd=folder, capture_output=True, text=True)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kda.export", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("op", choices=sorted(OPS))
+    parser.add_argument("dir", type=Path, help="where to write kda_<op>/")
+    args = parser.parse_args(argv)
+    folder = export(args.op, args.dir)
+    print(f"wrote {folder} ({len(list(folder.rglob('*.py')))} Python files)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
