@@ -59,3 +59,21 @@ def test_article_seq_in_grid_as_written():
     with pytest.raises(Exception, match="Versioned buffer load escaped pipeline stage context"):
         compile_program(level1.seq_in_grid, (), target=SM90A, DK=64, DV=64, num_stages=2, own_chunk_buffers=False)
     compile_program(level1.seq_in_grid, (), target=SM90A, DK=64, DV=64, num_stages=1, own_chunk_buffers=False)
+
+
+def test_register_budget_bisection_matches_a_scan_from_the_top():
+    """``registers.report`` bisects the consumer's register budget; a scan from the declared
+    budget down, one ptxas run per step of 8, stops at the same smallest budget."""
+    from kda.kernels import level1, registers
+    from kda.kernels.build import SM90A, compile_program
+
+    kernel = compile_program(level1.seq_in_loop, (), target=SM90A, DK=128, DV=128, dtype="bfloat16")
+    found = registers.report(kernel)
+    ptx = kernel._get_ptx()
+    smallest = None
+    for budget in range(found["declared"], 23, -8):
+        patched = registers.INC.sub(f"setmaxnreg.inc.sync.aligned.u32 {budget};", ptx)
+        if registers._ptxas(patched, "sm_90a")["spill_store_bytes"]:
+            break
+        smallest = budget
+    assert found["smallest_without_spills"] == smallest == 120

@@ -4,8 +4,8 @@ the warp-specialised consumer, the smallest register budget that compiles withou
 import tilelang
 
 from kda.kernels import level1
-from kda.kernels.build import SM90A, compile_program, ptxas_report
-from kda.kernels.registers import consumer_budget
+from kda.kernels.build import SM90A, compile_program
+from kda.kernels.registers import report
 from kda.tables import Table
 
 tilelang.set_log_level("WARNING")   # its INFO lines go to stdout, which is this page's output
@@ -16,7 +16,7 @@ for name, fn, params in [("seq_in_grid", level1.seq_in_grid, {}),
                          ("seq_in_loop (block_dv 32)", level1.seq_in_loop, {"block_dv": 32})]:
     for dk, dv in [(64, 64), (128, 128)]:
         kernel = compile_program(fn, (), target=SM90A, DK=dk, DV=dv, dtype="bfloat16", **params)
-        r = ptxas_report(kernel)
+        r = report(kernel)
         table.rows.append([name, f"{dk} x {dv}", r["registers"], r["spill_store_bytes"], r["spill_load_bytes"],
-                           consumer_budget(kernel)["smallest_without_spills"]])
+                           r["smallest_without_spills"]])
 print(table)

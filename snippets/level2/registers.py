@@ -5,8 +5,8 @@ to what ptxas does with the compiled kernel for sm_90a."""
 import tilelang
 
 from kda.kernels import level2
-from kda.kernels.build import SM90A, compile_program, ptxas_report
-from kda.kernels.registers import consumer_budget
+from kda.kernels.build import SM90A, compile_program
+from kda.kernels.registers import report
 from kda.tables import Table
 
 tilelang.set_log_level("WARNING")   # its INFO lines go to stdout, which is this page's output
@@ -20,8 +20,8 @@ for block_dv in (32, 64, 128):
     try:
         kernel = compile_program(level2.seq_in_loop, (), target=SM90A, DK=DK, DV=DV, dtype="bfloat16",
                                  block_dv=block_dv)
-        r = ptxas_report(kernel)
-        smallest = consumer_budget(kernel)["smallest_without_spills"]
+        r = report(kernel)
+        smallest = r["smallest_without_spills"]
         table.rows.append([block_dv, estimate, r["registers"], r["spill_store_bytes"],
                            smallest if smallest is not None else "none up to the declared budget"])
     except Exception as e:   # tilelang raises its own error types

@@ -7,8 +7,8 @@ import re
 import tilelang
 
 from kda.kernels import level3, level5
-from kda.kernels.build import SM90A, compile_program, ptxas_report
-from kda.kernels.registers import consumer_budget
+from kda.kernels.build import SM90A, compile_program
+from kda.kernels.registers import report
 from kda.tables import Table
 
 tilelang.set_log_level("WARNING")   # its INFO lines go to stdout, which is this page's output
@@ -23,8 +23,8 @@ for name, fn, params, grid in [
     ("seq_in_loop_per_channel", level3.seq_in_loop_per_channel, dict(DK=128, DV=128), "(DV/32, H, B)"),
 ]:
     kernel = compile_program(fn, (), target=SM90A, **params)
-    r = ptxas_report(kernel)
-    budget = consumer_budget(kernel)["smallest_without_spills"]
+    r = report(kernel)
+    budget = r["smallest_without_spills"]
     threads = re.search(r"__launch_bounds__[(](\d+)", kernel.get_kernel_source()).group(1)
     table.rows.append([name, grid, threads, r["registers"], r["spill_store_bytes"],
                        budget if budget is not None else "not warp-specialised"])
