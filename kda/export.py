@@ -271,11 +271,11 @@ sys.exit(pytest.main(sys.argv[1:]))
 """
 
 
-def run_exported_test(folder: Path) -> subprocess.CompletedProcess:
+def run_exported_test(folder: Path, *pytest_args: str) -> subprocess.CompletedProcess:
     """The export's own test in a fresh interpreter that refuses every import of ``kda``."""
     test = next(Path(folder).glob("test_kda_*.py"))
-    return subprocess.run([sys.executable, "-c", WITHOUT_KDA, "-q", "-p", "no:cacheprovider", "-rs", test.name],
-                          cwd=folder, capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-c", WITHOUT_KDA, "-q", "-p", "no:cacheprovider", "-rs", test.name,
+                           *pytest_args], cwd=folder, capture_output=True, text=True)
 
 
 def main(argv=None) -> int:
