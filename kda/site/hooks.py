@@ -90,10 +90,17 @@ def on_files(files, config):
     paths = list(dict.fromkeys(match.group(1) for file in files.documentation_pages()
                                for match in MARKER.finditer(Path(file.abs_src_path).read_text(encoding="utf-8"))))
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        list(pool.map(_prepare, paths))
+        list(pool.map(_prepare, sorted(paths, key=_compiles_kernels, reverse=True)))
     for dest, blob in _state["figures"].items():
         files.append(File.generated(config, dest, content=blob))
     return files
+
+
+def _compiles_kernels(path: str) -> bool:
+    """Whether a snippet compiles TileLang kernels (the long ones, 10 to 30 s cold): these start
+    first, so that none of them is left to run alone at the end of a cold build."""
+    file = _state["root"] / path
+    return file.is_file() and re.search(r"compile_program|kda import export", file.read_text(encoding="utf-8")) is not None
 
 
 def _prepare(path: str) -> None:
