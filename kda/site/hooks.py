@@ -56,8 +56,18 @@ def _lang(config) -> str:
     return config["extra"].get("kda", {}).get("language", "en")
 
 
+def _quiet_jieba() -> None:
+    """The search's Chinese word splitter announces loading its dictionary on every build."""
+    try:
+        import jieba
+    except ImportError:
+        return
+    jieba.setLogLevel(logging.WARNING)
+
+
 def on_config(config):
     cuda_tools_on_path()                         # ptxas for the register tables, also from pip
+    _quiet_jieba()
     root = Path(config.config_file_path).resolve().parent
     kda_extra = config["extra"].get("kda", {})
     _state.clear()
