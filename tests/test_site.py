@@ -209,3 +209,20 @@ def test_a_kernel_snippet_builds_with_the_system_toolkit_hidden(mini_site, tmp_p
     assert res.returncode == 0, res.stderr[-3000:]
     page = (tmp_path / "site" / "index.html").read_text(encoding="utf-8")
     assert f"toolkit {bin_dir.parent} ptxas {bin_dir / 'ptxas'} registers" in page
+
+
+def test_a_cpu_snippet_runs_as_a_script_of_its_own(mini_site, tmp_path):
+    """CPU snippets are forked from a server that imported torch; to the snippet that is
+    ``python <file>`` from the project root: ``__main__``, its argv, the root as cwd, UTF-8 out."""
+    snippet = mini_site("""\
+        # snippet: cpu
+        import os, sys
+        print(__name__, os.path.basename(sys.argv[0]), os.getcwd(), "门控 ≤ 0")
+        """)
+    assert sn.run(snippet, timeout=60).output.strip() == f"__main__ probe.py {tmp_path} 门控 ≤ 0"
+    failing = mini_site("# snippet: cpu\nimport sys\nprint('to stderr', file=sys.stderr)\nsys.exit(3)\n", "fails.py")
+    with pytest.raises(sn.SnippetError, match=r"(?s)raised \(exit 3\).*to stderr"):
+        sn.run(failing, timeout=60)
+    slow = mini_site("# snippet: cpu\nimport time\ntime.sleep(30)\n", "slow.py")
+    with pytest.raises(sn.SnippetError, match="did not finish within 1 s"):
+        sn.run(slow, timeout=1)

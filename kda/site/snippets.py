@@ -213,9 +213,29 @@ def _child(file: str, root: str, env: dict, stdout: str, stderr: str) -> None:
     os._exit(code)
 
 
+def _outputs(out: str, stdout: str, seconds: float) -> Result:
+    data_file = Path(out) / "data.json"
+    data = json.loads(data_file.read_text()) if data_file.exists() else None
+    figures = {p.name: p.read_bytes() for p in Path(out).glob("*.png")}
+    return Result(stdout, data, figures, seconds)
+
+
+def _run_fresh(snippet: Snippet, timeout: float | None, env: dict, out: str, start: float) -> Result:
+    try:
+        proc = subprocess.run([sys.executable, str(snippet.file)], cwd=snippet.root, env=env,
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise SnippetError(f"snippet {snippet.path} did not finish within {timeout} s") from e
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
+        raise SnippetError(f"snippet {snippet.path} raised (exit {proc.returncode}):\n{tail}")
+    return _outputs(out, proc.stdout, time.time() - start)
+
+
 def run(snippet: Snippet, timeout: float | None = None, env: dict | None = None) -> Result:
-    """Run the snippet in a process of its own from the project root (forked from a server that
-    has imported torch; to the snippet it is ``python <snippet>``)."""
+    """Run the snippet in a process of its own from the project root: a CPU snippet forked from a
+    server that has imported torch (to the snippet it is ``python <snippet>``), a GPU snippet in a
+    fresh interpreter, as the records were always made."""
     with tempfile.TemporaryDirectory(prefix="kda-snippet-") as out:
         child_env = dict(os.environ, **(env or {}))
         child_env["KDA_SNIPPET_OUT"] = out
@@ -223,6 +243,8 @@ def run(snippet: Snippet, timeout: float | None = None, env: dict | None = None)
         child_env.setdefault("MPLBACKEND", "Agg")
         stdout, stderr = Path(out) / "stdout.txt", Path(out) / "stderr.txt"
         start = time.time()
+        if snippet.where == "gpu":
+            return _run_fresh(snippet, timeout, child_env, out, start)
         proc = _fork_server().Process(target=_child, args=(str(snippet.file), str(snippet.root), child_env,
                                                            str(stdout), str(stderr)))
         proc.start()
@@ -237,10 +259,7 @@ def run(snippet: Snippet, timeout: float | None = None, env: dict | None = None)
         if proc.exitcode != 0:
             tail = "\n".join((err_text or out_text).strip().splitlines()[-15:])
             raise SnippetError(f"snippet {snippet.path} raised (exit {proc.exitcode}):\n{tail}")
-        data_file = Path(out) / "data.json"
-        data = json.loads(data_file.read_text()) if data_file.exists() else None
-        figures = {p.name: p.read_bytes() for p in Path(out).glob("*.png")}
-        return Result(out_text, data, figures, seconds)
+        return _outputs(out, out_text, seconds)
 
 
 # --- CPU cache -----------------------------------------------------------------------------
