@@ -13,7 +13,6 @@ pinned tilelang, and ``SOURCE.json``: the commit and the SHA-256 of every file i
 from __future__ import annotations
 
 import argparse
-import ast
 import hashlib
 import json
 import re
@@ -73,38 +72,13 @@ OPS = {
 }
 
 
-def _imports(source: str, package: str) -> set[str]:
-    """The ``kda`` modules an ``import`` anywhere in ``source`` names (in function bodies too);
-    ``from kda.x import y`` counts ``kda.x.y`` when that is a module."""
-    names = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            names.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
-            names.add(base)
-            names.update(f"{base}.{a.name}" for a in node.names)
-    return {n for n in names if n.startswith("kda.") and _file(n) is not None}
+def closure(module: str) -> list[Path]:
+    """The file of ``module`` and of every ``kda`` module it imports, transitively (the same walk
+    that keys the site's snippets to the code they run), sorted."""
+    from kda.site.snippets import kda_closure
 
-
-def _file(module: str) -> Path | None:
-    path = KDA.joinpath(*module.split(".")[1:])
-    return path.with_suffix(".py") if path.with_suffix(".py").is_file() else None
-
-
-def closure(module: str) -> list[str]:
-    """``module`` and every ``kda`` module it imports, transitively, sorted."""
-    seen, todo = set(), [module]
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        todo.extend(_imports(_file(name).read_text(encoding="utf-8"), name.rpartition(".")[0]))
-    return sorted(seen)
+    file = KDA.joinpath(*module.split(".")[1:]).with_suffix(".py")
+    return sorted({file, *kda_closure(file.read_text(encoding="utf-8"))})
 
 
 IMPORT = re.compile(r"^(\s*)(from|import)\s+kda(?=[.\s])", re.MULTILINE)
@@ -231,11 +205,9 @@ def export(name: str, dest: Path) -> Path:
         shutil.rmtree(folder)
     roots = [f"kda.{op.module}", f"kda.reference.{op.reference}", "kda.reference.level4"]
     roots += sorted({f"kda.kernels.{m}" for m, _, _ in op.kernels})
-    modules = sorted(set().union(*(closure(r) for r in roots)))
     files = {}
-    for module in modules:
-        src = _file(module)
-        rel = src.relative_to(KDA)
+    for src in sorted(set().union(*(closure(r) for r in roots))):
+        rel = src.resolve().relative_to(KDA)
         out = folder / package / rel
         out.parent.mkdir(parents=True, exist_ok=True)
         for parent in rel.parents:

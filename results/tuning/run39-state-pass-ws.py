@@ -1,11 +1,12 @@
 """Run 39 (H200): the level-5 state pass warp-specialised by hand.
 
-The pass of record (``level5.gated_state_output_pass``) is one consumer warpgroup behind
-tilelang's automatic producer: per chunk four GEMMs, each waited for, one after another (W S,
+The pass of record before this run (``pass_of_record`` below, as it was in ``level5`` at 28ceaa6)
+is one consumer warpgroup behind tilelang's automatic producer: per chunk four GEMMs, each waited for, one after another (W S,
 Qw S, A Vn, Kw^T Vn). Here warpgroup 0 carries only the state's chain (S to shared, W S,
 Vn = U - W S, S <- decay S + Kw^T Vn), warpgroup 1 the output (Qw S, then A Vn) beside it, and
 one producer warp loads two chunk slots by TMA. Barriers: data ready/free per slot, S and Vn
 ready/free between the two warpgroups.
+The split pass was adopted as measured: it is ``level5.gated_state_output_pass`` since 9b1f55b.
 
 * check: O and ht of both passes on the same chunk form, outputs poisoned with NaN first,
   at the three benchmark shapes and a ragged one with an initial state;
@@ -27,11 +28,12 @@ SHAPES = [(1, 32768, 32, 128), (1, 8192, 96, 128), (4, 4096, 64, 128)]
 VARIANTS = {"of record (auto producer)": None, "by hand, 32 columns": 32, "by hand, 64 columns": 64}
 
 
-def gated_state_output_pass_ws(DK, DV, chunk_size=64, block_dv=32, dtype="bfloat16"):
-    """Warp-specialised: warpgroup 0 carries the state (S_s, W S, Vn, S update), warpgroup 1 the
-    output (Qw S + A Vn), one producer warp the TMA loads of two chunk slots."""
+def pass_of_record(DK, DV, chunk_size=64, block_dv=32, num_stages=2, threads=128, dtype="bfloat16"):
+    """The pass before run 39 (commit 28ceaa6), kept here as the baseline. Arguments at run time: ``Qw, Kw, W [B, T, H, DK]``, ``U [B, T, H, DV]``, ``A_qk [B, T, H, C]``
+    (dtype, scale included), ``decay [B, H, NC, DK]`` and ``h0 [B, H, DK, DV]`` (float32), then the
+    outputs ``O [B, T, H, DV]`` (dtype) and ``ht`` (float32)."""
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
-    C, BV = chunk_size, block_dv
+    C = chunk_size
     NC = T.ceildiv(S, C)
 
     @T.prim_func
@@ -46,72 +48,42 @@ def gated_state_output_pass_ws(DK, DV, chunk_size=64, block_dv=32, dtype="bfloat
         O: T.Tensor([B, S, H, DV], dtype),
         ht: T.Tensor([B, H, DK, DV], ACCUM),
     ):
-        with T.Kernel(T.ceildiv(DV, BV), H, B, threads=384) as (bv, bh, bb):
-            dv0 = bv * BV
-            Qw_s = T.alloc_shared([2, C, DK], dtype)
-            Kw_s = T.alloc_shared([2, C, DK], dtype)
-            W_s = T.alloc_shared([2, C, DK], dtype)
-            A_s = T.alloc_shared([2, C, C], dtype)
-            U_s = T.alloc_shared([2, C, BV], dtype)
-            decay_s = T.alloc_shared([2, DK], ACCUM)
-            S_s = T.alloc_shared([DK, BV], dtype)
-            Vn_s = T.alloc_shared([C, BV], dtype)
-            O_s = T.alloc_shared([C, BV], dtype)
-            S_f = T.alloc_fragment([DK, BV], ACCUM)
-            WS = T.alloc_fragment([C, BV], ACCUM)
-            acc_o = T.alloc_fragment([C, BV], ACCUM)
-            data_ready = T.alloc_barrier(arrive_count=[32, 32])
-            data_free = T.alloc_barrier(arrive_count=[256, 256])
-            s_ready = T.alloc_barrier(arrive_count=128)
-            s_free = T.alloc_barrier(arrive_count=128)
-            vn_ready = T.alloc_barrier(arrive_count=128)
-            vn_free = T.alloc_barrier(arrive_count=128)
-            tx = T.get_thread_binding()
-            n_chunks = T.ceildiv(S, C)
-            if tx < 128:
-                T.copy(h0[bb, bh, :, dv0:dv0 + BV], S_f)
-                for c in T.serial(n_chunks):
-                    s = c % 2
-                    T.barrier_wait(data_ready[s], (c // 2) % 2)
-                    T.barrier_wait(s_free, (c + 1) % 2)
-                    T.copy(S_f, S_s)
-                    T.fence_proxy_async()
-                    T.barrier_arrive(s_ready)
-                    T.gemm(W_s[s, :, :], S_s, WS, clear_accum=True)
-                    T.barrier_wait(vn_free, (c + 1) % 2)
-                    for i, j in T.Parallel(C, BV):
-                        Vn_s[i, j] = U_s[s, i, j] - WS[i, j]
-                    T.fence_proxy_async()
-                    T.barrier_arrive(vn_ready)
-                    for i, j in T.Parallel(DK, BV):
-                        S_f[i, j] = S_f[i, j] * decay_s[s, i]
-                    T.gemm(Kw_s[s, :, :], Vn_s, S_f, transpose_A=True)
-                    T.barrier_arrive(data_free[s])
-                T.copy(S_f, ht[bb, bh, :, dv0:dv0 + BV])
-            elif tx < 256:
-                for c in T.serial(n_chunks):
-                    s = c % 2
-                    T.barrier_wait(data_ready[s], (c // 2) % 2)
-                    T.barrier_wait(s_ready, c % 2)
-                    T.gemm(Qw_s[s, :, :], S_s, acc_o, clear_accum=True)
-                    T.barrier_arrive(s_free)
-                    T.barrier_wait(vn_ready, c % 2)
-                    T.gemm(A_s[s, :, :], Vn_s, acc_o)
-                    T.barrier_arrive(vn_free)
-                    T.barrier_arrive(data_free[s])
-                    T.copy(acc_o, O_s)
-                    T.copy(O_s, O[bb, c * C:(c + 1) * C, bh, dv0:dv0 + BV])
-            elif tx < 288:
-                for c in T.serial(n_chunks):
-                    s = c % 2
-                    T.barrier_wait(data_free[s], (c // 2 + 1) % 2)
-                    T.tma_copy(Qw[bb, c * C:(c + 1) * C, bh, :], Qw_s[s, :, :], barrier=data_ready[s])
-                    T.tma_copy(Kw[bb, c * C:(c + 1) * C, bh, :], Kw_s[s, :, :], barrier=data_ready[s])
-                    T.tma_copy(W[bb, c * C:(c + 1) * C, bh, :], W_s[s, :, :], barrier=data_ready[s])
-                    T.tma_copy(A_qk[bb, c * C:(c + 1) * C, bh, :], A_s[s, :, :], barrier=data_ready[s])
-                    T.tma_copy(U[bb, c * C:(c + 1) * C, bh, dv0:dv0 + BV], U_s[s, :, :], barrier=data_ready[s])
-                    T.tma_copy(decay[bb, bh, c, :], decay_s[s, :], barrier=data_ready[s])
-                    T.barrier_arrive(data_ready[s])
+        with T.Kernel(T.ceildiv(DV, block_dv), H, B, threads=threads) as (bv, bh, bb):
+            dv0 = bv * block_dv
+            Qw_s = T.alloc_shared([C, DK], dtype)
+            Kw_s = T.alloc_shared([C, DK], dtype)
+            W_s = T.alloc_shared([C, DK], dtype)
+            A_s = T.alloc_shared([C, C], dtype)
+            U_s = T.alloc_shared([C, block_dv], dtype)
+            decay_s = T.alloc_shared([DK], ACCUM)
+            S_s = T.alloc_shared([DK, block_dv], dtype)
+            Vn_s = T.alloc_shared([C, block_dv], dtype)
+            O_s = T.alloc_shared([C, block_dv], dtype)
+            S_f = T.alloc_fragment([DK, block_dv], ACCUM)
+            WS = T.alloc_fragment([C, block_dv], ACCUM)
+            acc_o = T.alloc_fragment([C, block_dv], ACCUM)
+            T.copy(h0[bb, bh, :, dv0:dv0 + block_dv], S_f)
+            for c in T.Pipelined(T.ceildiv(S, C), num_stages=num_stages):
+                T.copy(Qw[bb, c * C:(c + 1) * C, bh, :], Qw_s)
+                T.copy(Kw[bb, c * C:(c + 1) * C, bh, :], Kw_s)
+                T.copy(W[bb, c * C:(c + 1) * C, bh, :], W_s)
+                T.copy(A_qk[bb, c * C:(c + 1) * C, bh, :], A_s)
+                T.copy(U[bb, c * C:(c + 1) * C, bh, dv0:dv0 + block_dv], U_s)
+                T.copy(decay[bb, bh, c, :], decay_s)
+                T.copy(S_f, S_s)
+                # every GEMM waits: each reads a different pipelined buffer, and tilelang
+                # 0.1.15 hands a buffer back to the producer once its last GEMM is issued
+                T.gemm(W_s, S_s, WS, clear_accum=True)
+                T.gemm(Qw_s, S_s, acc_o, clear_accum=True)
+                for i, j in T.Parallel(C, block_dv):
+                    Vn_s[i, j] = U_s[i, j] - WS[i, j]
+                T.gemm(A_s, Vn_s, acc_o)
+                for i, j in T.Parallel(DK, block_dv):
+                    S_f[i, j] = S_f[i, j] * decay_s[i]
+                T.gemm(Kw_s, Vn_s, S_f, transpose_A=True)
+                T.copy(acc_o, O_s)
+                T.copy(O_s, O[bb, c * C:(c + 1) * C, bh, dv0:dv0 + block_dv])
+            T.copy(S_f, ht[bb, bh, :, dv0:dv0 + block_dv])
 
     return main
 
@@ -120,8 +92,8 @@ def factory(name):
     from kda.kernels import level5
     bv = VARIANTS[name]
     if bv is None:
-        return level5.gated_state_output_pass, {}
-    return gated_state_output_pass_ws, dict(block_dv=bv)
+        return pass_of_record, {}
+    return level5.gated_state_output_pass, dict(block_dv=bv)    # adopted as measured (9b1f55b)
 
 
 def compile_one(i):
@@ -183,7 +155,7 @@ def time_all():
     from kda import chunk_kda
     from kda.bench import median_ms
     from kda.kernels import level5
-    of_record = level5.gated_state_output_pass
+    adopted = level5.gated_state_output_pass
     for B, T, H, D in SHAPES:
         form, (q, k, v, g, beta) = chunk_form(B, T, H, D)
         h0 = torch.zeros(B, H, D, D, device="cuda")
@@ -196,7 +168,7 @@ def time_all():
             for check_values in (True, False):
                 log(RUN, {"what": "chunk_kda", "variant": name, "check_values": check_values, "shape": [B, T, H, D],
                           "ms": median_ms(lambda: chunk_kda(q, k, v, g, beta, check_values=check_values))})
-            level5.gated_state_output_pass = of_record
+            level5.gated_state_output_pass = adopted
         del form, q, k, v, g, beta
         torch.cuda.empty_cache()
 
