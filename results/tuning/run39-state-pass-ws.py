@@ -1,8 +1,8 @@
 """Run 39 (H200): the level-5 state pass warp-specialised by hand.
 
-The pass of record before this run (``pass_of_record`` below, as it was in ``level5`` at 28ceaa6)
-is one consumer warpgroup behind tilelang's automatic producer: per chunk four GEMMs, each waited for, one after another (W S,
-Qw S, A Vn, Kw^T Vn). Here warpgroup 0 carries only the state's chain (S to shared, W S,
+The pass of record before this run (``pass_of_record`` below, as it was in ``level5`` at
+28ceaa6) is one consumer warpgroup behind tilelang's automatic producer: per chunk four GEMMs,
+each waited for, one after another (W S, Qw S, A Vn, Kw^T Vn). Here warpgroup 0 carries only the state's chain (S to shared, W S,
 Vn = U - W S, S <- decay S + Kw^T Vn), warpgroup 1 the output (Qw S, then A Vn) beside it, and
 one producer warp loads two chunk slots by TMA. Barriers: data ready/free per slot, S and Vn
 ready/free between the two warpgroups.
