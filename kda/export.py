@@ -183,8 +183,10 @@ README = """# kda_{name}
 kernels, the launcher with its input checks, and the float64 references it is tested against.
 Cut by `python -m kda.export {name}` from commit `{commit}` (`SOURCE.json` lists every file with
 its SHA-256). Verified on: {verified}. The kernels are written for Hopper (TMA, wgmma); other
-GPUs were not tried.
+GPUs were not tried. tilelang compiles them on first use with nvcc: a CUDA toolkit on PATH, or
+`pip install nvidia-cuda-nvcc` (13.0 or later).
 
+    cd kda_{name}
     pip install -r requirements.txt
     python -m pytest test_kda_{name}.py
 
