@@ -77,3 +77,45 @@ def intra_outputs(q, v, C=64):
     new = lambda shape, dt=q.dtype: torch.empty(shape, dtype=dt, device=q.device)
     return [new(q.shape), new(q.shape), new((B, H, -(-T // C), D), torch.float32), new((B, T, H, C)), new(q.shape),
             new(v.shape)]
+
+
+def chunk_form(B, T, H, D):
+    """What the level-5 state pass reads (``prepare_chunks`` of ``kda_inputs``), and the inputs."""
+    from kda.gated_delta import prepare_chunks
+    q, k, v, g, beta = kda_inputs(B, T, H, D)
+    return prepare_chunks(q, k, v, g, beta, D ** -0.5), (q, k, v, g, beta)
+
+
+def state_pass_launch(fn, params, form, h0):
+    """A state-pass factory compiled for ``form`` (bf16), with its outputs poisoned with NaN:
+    ``(o, ht, launch)``."""
+    import torch
+
+    from kda.kernels.build import compile_program
+    B, T, H, DK = form.Qw.shape
+    DV = form.U.shape[-1]
+    kern = compile_program(fn, (), DK=DK, DV=DV, dtype="bfloat16", **params)
+    o = torch.full((B, T, H, DV), float("nan"), dtype=form.U.dtype, device="cuda")
+    ht = torch.full((B, H, DK, DV), float("nan"), dtype=torch.float32, device="cuda")
+    return o, ht, lambda: kern(*form, h0, o, ht)
+
+
+def check_state_passes(run, factory, names, shapes):
+    """O and ht of each pass (``factory(name) -> (fn, params)``) against the first of ``names``, on
+    one chunk form per shape and a ragged one with a random initial state; one row per pass."""
+    import torch
+
+    from kda.metrics import rel_l2
+    for B, T, H, D in list(shapes) + [(2, 1000, 4, 128)]:
+        form, _ = chunk_form(B, T, H, D)
+        h0 = torch.randn(B, H, D, D, device="cuda") * (T < 2000)
+        outs = {}
+        for name in names:
+            o, ht, launch = state_pass_launch(*factory(name), form, h0)
+            launch()
+            torch.cuda.synchronize()
+            outs[name] = (o, ht)
+        o_ref, ht_ref = outs[names[0]]
+        for name, (o, ht) in outs.items():
+            log(run, {"check": name, "shape": [B, T, H, D], "nan": bool(o.isnan().any() or ht.isnan().any()),
+                      "o_rel": rel_l2(o, o_ref), "ht_rel": rel_l2(ht, ht_ref)})

@@ -21,7 +21,8 @@ import sys
 import tilelang.language as T
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import ROOT, compile_in_processes, kda_inputs, log, try_compile  # noqa: E402
+from harness import (ROOT, check_state_passes, chunk_form, compile_in_processes, log,  # noqa: E402
+                     state_pass_launch, try_compile)
 
 RUN = "run40"
 ACCUM = "float32"
@@ -147,45 +148,8 @@ def compile_one(i):
     return {"compile": VARIANTS[i], **try_compile(lambda: fn, dict(DK=128, DV=128, dtype="bfloat16", **extra))}
 
 
-def chunk_form(B, T, H, D):
-    from kda.gated_delta import prepare_chunks
-    q, k, v, g, beta = kda_inputs(B, T, H, D)
-    return prepare_chunks(q, k, v, g, beta, D ** -0.5), (q, k, v, g, beta)
-
-
-def run_pass(name, form, h0):
-    import torch
-
-    from kda.kernels.build import compile_program
-    fn, extra = factory(name)
-    B, T, H, DK = form.Qw.shape
-    DV = form.U.shape[-1]
-    kern = compile_program(fn, (), DK=DK, DV=DV, dtype="bfloat16", **extra)
-    o = torch.full((B, T, H, DV), float("nan"), dtype=form.U.dtype, device="cuda")
-    ht = torch.full((B, H, DK, DV), float("nan"), dtype=torch.float32, device="cuda")
-    return o, ht, lambda: kern(*form, h0, o, ht)
-
-
-def rel(a, b):
-    return float((a.double() - b.double()).norm() / b.double().norm())
-
-
 def check():
-    import torch
-
-    for B, T, H, D in SHAPES + [(2, 1000, 4, 128)]:
-        form, _ = chunk_form(B, T, H, D)
-        h0 = torch.randn(B, H, D, D, device="cuda") * (T < 2000)
-        outs = {}
-        for name in VARIANTS:
-            o, ht, go = run_pass(name, form, h0)
-            go()
-            torch.cuda.synchronize()
-            outs[name] = (o, ht)
-        o_ref, ht_ref = outs[VARIANTS[0]]
-        for name, (o, ht) in outs.items():
-            log(RUN, {"check": name, "shape": [B, T, H, D], "nan": bool(o.isnan().any() or ht.isnan().any()),
-                      "o_rel": rel(o, o_ref), "ht_rel": rel(ht, ht_ref)})
+    check_state_passes(RUN, factory, VARIANTS, SHAPES)
 
 
 def time_all():
@@ -200,7 +164,7 @@ def time_all():
         h0 = torch.zeros(B, H, D, D, device="cuda")
         for name in VARIANTS:
             log(RUN, {"what": "state pass", "variant": name, "shape": [B, T, H, D],
-                      "ms": median_ms(run_pass(name, form, h0)[2])})
+                      "ms": median_ms(state_pass_launch(*factory(name), form, h0)[2])})
         fn, _ = factory(VARIANTS[-1])
         level5.gated_state_output_pass = lambda block_dv=None, **p: fn(**p)   # every shape through it
         log(RUN, {"what": "chunk_kda", "variant": VARIANTS[-1], "shape": [B, T, H, D],
