@@ -23,9 +23,13 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from kda.site.snippets import git_commit, kda_closure
+
 KDA = Path(__file__).resolve().parent
 VERIFIED_ON = "NVIDIA H200 (Hopper, sm_90a)"     # where every GPU test and record of the site ran
 BF16_128 = dict(DK=128, DV=128, dtype="bfloat16")
+LEVEL5_KERNELS = (("level5", "chunk_intra", dict(BF16_128, gate_dtype="float32")),
+                  ("level5", "gated_state_output_pass", BF16_128))
 
 
 @dataclass(frozen=True)
@@ -61,22 +65,18 @@ OPS = {
         "gated_delta", "level0",
         "chunk_kda(q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=True)",
         "recurrent(q * scale, k, v, g, beta, h0, True)",
-        (("level5", "chunk_intra", dict(BF16_128, gate_dtype="float32")),
-         ("level5", "gated_state_output_pass", BF16_128))),
+        LEVEL5_KERNELS),
     "chunk_gated_delta_rule": Op(
         "gated_delta", "level0",
         "chunk_gated_delta_rule(q, k, v, g_head, beta, scale=scale, initial_state=h0, output_final_state=True)",
         "recurrent(q * scale, k, v, g_head, beta, h0, True)",
-        (("level5", "chunk_intra", dict(BF16_128, gate_dtype="float32")),
-         ("level5", "gated_state_output_pass", BF16_128))),
+        LEVEL5_KERNELS),
 }
 
 
 def closure(module: str) -> list[Path]:
     """The file of ``module`` and of every ``kda`` module it imports, transitively (the same walk
     that keys the site's snippets to the code they run), sorted."""
-    from kda.site.snippets import kda_closure
-
     file = KDA.joinpath(*module.split(".")[1:]).with_suffix(".py")
     return sorted({file, *kda_closure(file.read_text(encoding="utf-8"))})
 
@@ -95,14 +95,6 @@ def _tilelang_pin() -> str:
         if m:
             return m.group(1)
     raise RuntimeError("kda's metadata pins no tilelang version")
-
-
-def _commit() -> str | None:
-    try:
-        res = subprocess.run(["git", "-C", str(KDA.parent), "rev-parse", "HEAD"], capture_output=True, text=True)
-        return res.stdout.strip() or None
-    except OSError:
-        return None
 
 
 TEST = '''"""The exported {name}: the CPU path against the float64 token recurrence, the kernels compiled
@@ -219,16 +211,15 @@ def export(name: str, dest: Path) -> Path:
     (folder / package / "__init__.py").write_text(
         f'"""{name}, exported from kda (SOURCE.json beside this package)."""\n\n'
         f"from {package}.{op.module} import {name}\n\n__all__ = [\"{name}\"]\n", encoding="utf-8")
-    kernels = [(m, f, p) for m, f, p in op.kernels]
     (folder / f"test_{package}.py").write_text(TEST.format(
-        name=name, package=package, reference=op.reference, kernels=kernels, call=op.call, ref_call=op.ref_call),
-        encoding="utf-8")
-    commit = _commit()
-    (folder / "requirements.txt").write_text(f"torch\ntilelang=={_tilelang_pin()}\npytest\n", encoding="utf-8")
+        name=name, package=package, reference=op.reference, kernels=list(op.kernels), call=op.call,
+        ref_call=op.ref_call), encoding="utf-8")
+    commit, tilelang = git_commit(KDA.parent), _tilelang_pin()
+    (folder / "requirements.txt").write_text(f"torch\ntilelang=={tilelang}\npytest\n", encoding="utf-8")
     (folder / "README.md").write_text(README.format(name=name, commit=commit or "unknown", verified=VERIFIED_ON),
                                       encoding="utf-8")
     (folder / "SOURCE.json").write_text(json.dumps(
-        {"op": name, "package": package, "kda_commit": commit, "tilelang": _tilelang_pin(),
+        {"op": name, "package": package, "kda_commit": commit, "tilelang": tilelang,
          "verified_on": VERIFIED_ON, "files": files}, indent=1) + "\n", encoding="utf-8")
     return folder
 

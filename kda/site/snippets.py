@@ -213,23 +213,29 @@ def _child(file: str, root: str, env: dict, stdout: str, stderr: str) -> None:
     os._exit(code)
 
 
-def _outputs(out: str, stdout: str, seconds: float) -> Result:
-    data_file = Path(out) / "data.json"
-    data = json.loads(data_file.read_text()) if data_file.exists() else None
-    figures = {p.name: p.read_bytes() for p in Path(out).glob("*.png")}
-    return Result(stdout, data, figures, seconds)
-
-
-def _run_fresh(snippet: Snippet, timeout: float | None, env: dict, out: str, start: float) -> Result:
+def _run_fresh(snippet: Snippet, timeout: float | None, env: dict) -> tuple[int | None, str, str]:
+    """``python <snippet>`` in a new interpreter: (exit code, stdout, stderr); ``None`` on timeout."""
     try:
         proc = subprocess.run([sys.executable, str(snippet.file)], cwd=snippet.root, env=env,
                               capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as e:
-        raise SnippetError(f"snippet {snippet.path} did not finish within {timeout} s") from e
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
-        raise SnippetError(f"snippet {snippet.path} raised (exit {proc.returncode}):\n{tail}")
-    return _outputs(out, proc.stdout, time.time() - start)
+    except subprocess.TimeoutExpired:
+        return None, "", ""
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def _run_forked(snippet: Snippet, timeout: float | None, env: dict, out: Path) -> tuple[int | None, str, str]:
+    """The same, forked from the server that has imported torch; output through files in ``out``."""
+    stdout, stderr = out / "stdout.txt", out / "stderr.txt"
+    proc = _fork_server().Process(target=_child, args=(str(snippet.file), str(snippet.root), env,
+                                                       str(stdout), str(stderr)))
+    proc.start()
+    proc.join(timeout)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+        return None, "", ""
+    read = lambda f: f.read_text(encoding="utf-8") if f.exists() else ""
+    return proc.exitcode, read(stdout), read(stderr)
 
 
 def run(snippet: Snippet, timeout: float | None = None, env: dict | None = None) -> Result:
@@ -241,25 +247,21 @@ def run(snippet: Snippet, timeout: float | None = None, env: dict | None = None)
         child_env["KDA_SNIPPET_OUT"] = out
         child_env["PYTHONPATH"] = os.pathsep.join([str(snippet.root)] + [p for p in [child_env.get("PYTHONPATH")] if p])
         child_env.setdefault("MPLBACKEND", "Agg")
-        stdout, stderr = Path(out) / "stdout.txt", Path(out) / "stderr.txt"
         start = time.time()
         if snippet.where == "gpu":
-            return _run_fresh(snippet, timeout, child_env, out, start)
-        proc = _fork_server().Process(target=_child, args=(str(snippet.file), str(snippet.root), child_env,
-                                                           str(stdout), str(stderr)))
-        proc.start()
-        proc.join(timeout)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
-            raise SnippetError(f"snippet {snippet.path} did not finish within {timeout} s")
+            code, stdout, stderr = _run_fresh(snippet, timeout, child_env)
+        else:
+            code, stdout, stderr = _run_forked(snippet, timeout, child_env, Path(out))
         seconds = time.time() - start
-        out_text = stdout.read_text(encoding="utf-8") if stdout.exists() else ""
-        err_text = stderr.read_text(encoding="utf-8") if stderr.exists() else ""
-        if proc.exitcode != 0:
-            tail = "\n".join((err_text or out_text).strip().splitlines()[-15:])
-            raise SnippetError(f"snippet {snippet.path} raised (exit {proc.exitcode}):\n{tail}")
-        return _outputs(out, out_text, seconds)
+        if code is None:
+            raise SnippetError(f"snippet {snippet.path} did not finish within {timeout} s")
+        if code != 0:
+            tail = "\n".join((stderr or stdout).strip().splitlines()[-15:])
+            raise SnippetError(f"snippet {snippet.path} raised (exit {code}):\n{tail}")
+        data_file = Path(out) / "data.json"
+        data = json.loads(data_file.read_text()) if data_file.exists() else None
+        figures = {p.name: p.read_bytes() for p in Path(out).glob("*.png")}
+        return Result(stdout, data, figures, seconds)
 
 
 # --- CPU cache -----------------------------------------------------------------------------
@@ -313,14 +315,17 @@ def provenance(commit: str | None = None) -> dict:
     else:
         info["device"] = "cpu"
     info.update(versions())
-    if commit is None:
-        try:
-            commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                    timeout=30).stdout.strip() or None
-        except OSError:
-            commit = None
-    info["commit"] = commit
+    info["commit"] = commit if commit is not None else git_commit()
     return info
+
+
+def git_commit(where: Path | None = None) -> str | None:
+    """``git rev-parse HEAD`` in ``where`` (default: the current directory), ``None`` without git."""
+    try:
+        res = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30, cwd=where)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return res.stdout.strip() or None
 
 
 def write_record(snippet: Snippet, result: Result, digest: str, info: dict, records_dir: Path | None = None) -> Path:
