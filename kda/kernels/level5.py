@@ -30,13 +30,13 @@ from kda.kernels.level4 import merge_by_substitution
 
 ACCUM = "float32"
 SOLVE_BLOCK = 16        # the solve's diagonal blocks (level 4), whatever the scores' sub-chunk
-# Rows per score sub-chunk. 32 needs one GEMM below the diagonal instead of three (chunk_intra
-# 1.66 ms instead of 1.93 at the headline, run 34), but its diagonal GEMM holds only while a gate
-# falls by at most 2^96 over 32 rows: KDA-style gates (-2 softplus(x)) would send 90% of the chunks
-# to the pairwise path, 14 times slower (snippets/level3/diagonal_path.py), where 16 rows keep them
-# on the GEMM. So each chunk takes 32 where its gates allow it and 16 where they do not (bf16).
+# Rows per score sub-chunk. Where a chunk's gate falls by at most 2^96 over each 32-row half, one
+# GEMM about the middle row gives both score matrices (scores_about_middle: chunk_intra 1.44 ms
+# instead of 1.55 at the headline, run 43). KDA-style gates (-2 softplus(x)) fall further in 90% of
+# the chunks (snippets/level3/diagonal_path.py); those take 16-row sub-chunks, four GEMMs and
+# merges, but still GEMMs: 32-row sub-chunks would send them to the pairwise sums, 14 times slower.
 SUBCHUNK = 16
-WIDE_SUBCHUNK = 32      # None: SUBCHUNK in every chunk
+WIDE_SUBCHUNK = 32      # half the chunk; None: SUBCHUNK in every chunk
 
 
 # --8<-- [start:intra_helpers]
@@ -140,6 +140,10 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
       ``DIAGONAL_SPAN_MAX`` inside every sub-chunk (bf16 operands, whose range is float32's;
       float32 operands and tf32 for fp16 inputs), pairwise sums otherwise.
     * ``Qw = scale (q x) 2^G_ref``, ``Kw = Ke 2^(G_last - G_end)``, ``K 2^G = (k x) 2^G_ref``.
+    * bf16, where the gate falls by at most ``DIAGONAL_SPAN_MAX`` over each half of the chunk
+      (``wide_subchunk`` rows): one reference for the whole chunk, the gate ``G_m`` at the middle
+      row, so that ``A = [q; k] 2^(G - G_m) (k 2^(G_m - G))^T`` is one GEMM with no merges
+      (``scores_about_middle``).
 
     ``A_kk`` (float32) stays in shared memory: the solve is level 4's (the diagonal blocks by
     ``invert_diagonal_blocks_by_columns``), then ``W`` and ``U``.
@@ -154,9 +158,10 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     # bf16 diagonal operands share the off-diagonal GEMM's fragment layout (merged in registers);
     # fp16 cannot hold keys times 2^96, so its diagonal is a tf32 GEMM merged through shared memory
     same_layout = dtype == "bfloat16"
-    # bf16: chunks whose gates allow it take wide sub-chunks (fewer GEMMs); fp16 merges its tf32
+    # bf16: chunks whose gates allow it take one GEMM about the middle row; fp16 merges its tf32
     # diagonal by the sub-chunk size, so it keeps one size
     wide = wide_subchunk if same_layout and wide_subchunk else None
+    assert wide is None or wide == C // 2, "wide_subchunk is half the chunk (or None)"
 
     @T.macro
     def scores(Qw, Kw, scale, buffers, t0, bb, bh, BX):
@@ -291,14 +296,14 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
         if wide is None:
             scores(Qw, Kw, scale, buffers, t0, bb, bh, BC)
         else:
-            # the wide sub-chunks while their diagonal GEMM holds (span <= DIAGONAL_SPAN_MAX), else BC
+            # one GEMM about the middle while each half falls by at most DIAGONAL_SPAN_MAX, else BC
             wide_ok = T.alloc_shared([1], "int32")
             wide_ok[0] = 1
             for s, d in T.Parallel(C // wide, DK):
                 if falls_too_far(G_s, s, d, wide):
                     wide_ok[0] = 0
             if wide_ok[0] == 1:
-                scores(Qw, Kw, scale, buffers, t0, bb, bh, wide)
+                scores_about_middle(Qw, Kw, scale, buffers, t0, bb, bh)
             else:
                 scores(Qw, Kw, scale, buffers, t0, bb, bh, BC)
 

@@ -8,10 +8,10 @@ warp-state samples and executed instructions per source line. Run as
     python results/tuning/run41-ncu-intra-lines.py compile
     ncu --clock-control none -k regex:main_kernel --launch-count 1 --set full --import-source yes \
         -o $OUT/run41 python results/tuning/run41-ncu-intra-lines.py launch
-    ncu -i $OUT/run41.ncu-rep --page source --csv --print-source cuda > $OUT/run41-lines.csv
-    python results/tuning/run41-ncu-intra-lines.py summary $OUT/run41-lines.csv
+    ncu -i $OUT/run41.ncu-rep --page source --csv --print-source sass > $OUT/run41-sass.csv
+    python results/tuning/run41-ncu-intra-lines.py regions $OUT/run41-sass.csv
 
-``summary`` folds the per-line table by source line and prints the lines with the most samples.
+``regions`` splits the SASS at the block barriers and logs each region's share of the samples.
 """
 import csv
 import os
@@ -41,33 +41,35 @@ def launch():
     torch.cuda.synchronize()
 
 
-def summary(path):
-    """Sum each numeric column of the source page over rows of the same file and line."""
+def regions(path, run=RUN):
+    """Split the SASS page (``--print-source sass``) at the block barriers; per region the share
+    of the warp-state samples, the instructions executed per block and the commonest opcodes.
+    (The CUDA page is empty: the line table names tilelang's temporary .cu file, not level5.py.)"""
+    from collections import Counter
     with open(path) as f:
         rows = list(csv.reader(f))
-    head = next(i for i, r in enumerate(rows) if any("Sampl" in c for c in r))
-    names, body = rows[head], rows[head + 1:]
-    print("columns:", names)
-    keys = [i for i, n in enumerate(names) if n in ("File", "Source File", "Line", "# Line", "Source")]
-    nums = [i for i, n in enumerate(names) if "Sampl" in n or "Instructions Executed" in n]
-    total = {}
-    for r in body:
-        if len(r) != len(names):
-            continue
-        key = tuple(r[i] for i in keys)
-        acc = total.setdefault(key, [0.0] * len(nums))
-        for a, i in enumerate(nums):
-            try:
-                acc[a] += float(r[i].replace(",", ""))
-            except ValueError:
-                pass
-    first = nums[0]
-    grand = sum(v[0] for v in total.values()) or 1.0
-    for key, v in sorted(total.items(), key=lambda kv: -kv[1][0])[:60]:
-        row = {"line": " | ".join(key)[:160], "share": round(v[0] / grand, 4),
-               **{names[i]: v[a] for a, i in enumerate(nums)}}
-        log(RUN, row)
-    print("sorted by", names[first])
+    head = next(i for i, r in enumerate(rows) if "Address" in r and "Source" in r)
+    names = rows[head]
+    ix = {n: i for i, n in enumerate(names)}
+    body = [r for r in rows[head + 1:] if len(r) == len(names)]
+    num = lambda r, n: float(r[ix[n]].replace(",", "") or 0) if r[ix[n]] not in ("", "-") else 0.0
+    samples, executed = "Warp Stall Sampling (All Samples)", "Instructions Executed"
+    total = sum(num(r, samples) for r in body) or 1.0
+    blocks = (SHAPE[1] // 64) * SHAPE[2] * SHAPE[0]
+    region, start = [], 0
+    for n, r in enumerate(body):
+        region.append(r)
+        if "BAR.SYNC" in r[ix["Source"]] or n == len(body) - 1:
+            ops = Counter()
+            for x in region:
+                words = x[ix["Source"]].split()
+                ops[(words[1] if words[0].startswith("@") else words[0]).split(".")[0]] += num(x, executed)
+            share = sum(num(x, samples) for x in region) / total
+            if share >= 0.002:
+                log(run, {"sass": [start, n], "share": round(share, 4),
+                          "inst_per_block": round(sum(num(x, executed) for x in region) / blocks),
+                          "top": {o: round(v / blocks) for o, v in ops.most_common(6)}})
+            region, start = [], n + 1
 
 
 if __name__ == "__main__":
@@ -76,5 +78,5 @@ if __name__ == "__main__":
         kernel()
     if "launch" in sys.argv:
         launch()
-    if "summary" in sys.argv:
-        summary(sys.argv[-1])
+    if "regions" in sys.argv:
+        regions(sys.argv[-1], os.environ.get("RUN_NAME", RUN))
