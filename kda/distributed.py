@@ -122,13 +122,14 @@ def context_parallel(q, k, v, g, beta, scale=None, initial_state=None, output_fi
 
 # --8<-- [start:choose_pieces]
 def choose_pieces(B: int, H: int, DV: int, T: int, sm_count: int, block_dv: int = 32,
-                  chunk_size: int = CHUNK_SIZE, min_run_chunks: int = 64) -> int:
+                  chunk_size: int = CHUNK_SIZE, min_run_chunks: int = 256) -> int:
     """How many runs to cut each sequence into. The state pass gets ``B * H * DV / block_dv``
     blocks, one per SM; P runs multiply that by P but make three passes (B, M, the recompute)
     instead of one, so a split pays only from about 4 runs on, and only while the blocks do not
     already fill the SMs. On the H200 at T = 8192 every split lost to the fixed cost of the maps
-    and the fold, runs of 64, 32 and 16 chunks alike (``snippets/cp/split_latency.py``); a floor of
-    64 chunks per run keeps such lengths unsplit."""
+    and the fold, runs of 64, 32 and 16 chunks alike (``snippets/cp/split_latency.py``), and once
+    the state pass was warp-specialised 8 runs of 64 chunks lost too (0.76x at B, T, H = 1, 32768,
+    4; run 39 in results/tuning): a floor of 256 chunks per run keeps such lengths unsplit."""
     blocks = B * H * -(-DV // block_dv)
     pieces = min(sm_count // blocks, -(-T // chunk_size) // min_run_chunks)
     return pieces if pieces >= 4 else 1

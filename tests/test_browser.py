@@ -163,9 +163,6 @@ WIDE_CODE = """() => [...document.querySelectorAll('.md-typeset pre > code')]
   .filter(e => e.scrollWidth > e.clientWidth + 1)
   .map(e => { const t = e.closest('.highlight')?.querySelector('.filename');
               return t ? t.innerText : e.innerText.split('\\n')[0].slice(0, 60); })"""
-# GPU snippets whose long lines wait for their next record (editing one makes its record stale):
-# the page keeps them exactly until they are shortened, then this entry has to go
-CODE_AWAITING_RECORD = {"cp/": ["snippets/cp/split_error.py", "snippets/cp/split_latency.py"]}
 
 
 @pytest.mark.parametrize("path", [lang + page for lang in ("", "en/") for page in [""] + CHAPTERS])
@@ -173,5 +170,5 @@ def test_code_lines_fit_a_1280_px_window(browser, server, path):
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.goto(server + path, wait_until="networkidle")
     wide = sorted(page.evaluate(WIDE_CODE))
-    assert wide == CODE_AWAITING_RECORD.get(path.removeprefix("en/"), []), f"code wider than the column on /{path}"
+    assert wide == [], f"code wider than the column on /{path}: {wide}"
     page.close()

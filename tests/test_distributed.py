@@ -98,8 +98,8 @@ def test_split_forward_rejects_bad_input():
     (1, 8, 128, 131072, 4),       # 32 blocks: 4 runs
     (1, 16, 128, 131072, 1),      # 64 blocks: 2 runs would make three passes of half the length
     (1, 32, 128, 32768, 1),       # the SMs are full already
-    (1, 4, 128, 32768, 8),        # 512 chunks: 8 runs of 64
-    (1, 4, 128, 16384, 4),        # 256 chunks: no run shorter than 64 chunks
+    (1, 4, 128, 65536, 4),        # 1024 chunks: no run shorter than 256 chunks
+    (1, 4, 128, 32768, 1),        # 512 chunks: two runs at most
     (1, 4, 128, 8192, 1),         # 128 chunks: two runs at most, not worth three passes
 ])
 def test_choose_pieces(B, H, DV, T, expected):

@@ -40,7 +40,7 @@ def inputs(shape, per_channel, seed, dtype=torch.bfloat16, device="cuda"):
     ((1, 1000, 2, 128, 64), 2),          # 16 chunks, the last partial: two runs of 8
     ((1, 1000, 2, 128, 64), 5),          # runs of 4 chunks, 4 runs: padded to 1024
     ((2, 520, 3, 64, 128), 3),           # B > 1, 9 chunks, runs of 3: padded to 576
-    ((1, 16384, 4, 128, 128), None),     # the automatic choice: 4 runs of 64 chunks
+    ((1, 65536, 2, 128, 64), None),      # the automatic choice: 4 runs of 256 chunks
     ((1, 64, 2, 128, 128), 4),           # one chunk: one run
 ], ids=["2 runs", "5 -> 4 runs, padded", "B=2 padded", "auto", "one chunk"])
 def test_split_against_recurrence_and_unsplit(shape, pieces, per_channel, poisoned):

@@ -22,7 +22,8 @@ v = torch.randn(B, T, H, D, generator=gen, device="cuda").bfloat16()
 beta = torch.rand(B, T, H, generator=gen, device="cuda")
 h0 = torch.randn(B, H, D, D, generator=gen, device="cuda")
 x = torch.randn(B, T, H, D, generator=gen, device="cuda")
-GATES = {"logsigmoid": torch.nn.functional.logsigmoid(x), "mild": -0.005 * torch.rand(B, T, H, D, generator=gen, device="cuda")}
+GATES = {"logsigmoid": torch.nn.functional.logsigmoid(x),
+         "mild": -0.005 * torch.rand(B, T, H, D, generator=gen, device="cuda")}
 
 table = Table(["op", "gates", "runs P", "tokens per run", "memory over a run", "rel L2 o", "rel L2 final state",
                "rel L2 o vs unsplit"], formats=[None, None, None, None, sci, sci, sci, sci])

@@ -100,12 +100,15 @@ stages = Table(["stage", "what it does", "ms"], formats=[None, None, "{:.3f}"])
 for name, what, fn in [
     ("prepare_chunks", "chunk_intra: scores, solve, W and U, every chunk at once",
      lambda: prepare_chunks(q, k, v, g_kda, beta, SCALE)),
-    ("run_state_pass, no split", f"the sequential pass over {T // C} chunks, {B * H * D // 32} blocks", lambda: run_state_pass(form, None)),
+    ("run_state_pass, no split", f"the sequential pass over {T // C} chunks, {B * H * D // 32} blocks",
+     lambda: run_state_pass(form, None)),
     ("runs_form", "the runs as a batch (the chunk decay reordered)", lambda: runs_form(form, auto)),
-    ("chunk_maps", f"B and M of {auto} runs: two state passes, {B * H * D // 32 * auto} blocks each", lambda: chunk_maps(runs_)),
+    ("chunk_maps", f"B and M of {auto} runs: two state passes, {B * H * D // 32 * auto} blocks each",
+     lambda: chunk_maps(runs_)),
     ("fold", f"{auto - 1} steps S <- M S + B on [B, H, {D}, {D}] (torch matmul)",
      lambda: fold(S0, [(M[:, p], Bm[:, p]) for p in range(auto - 1)])),
-    ("run_state_pass, runs", f"the recompute of {auto} runs from their true states", lambda: run_state_pass(runs_, starts)),
+    ("run_state_pass, runs", f"the recompute of {auto} runs from their true states",
+     lambda: run_state_pass(runs_, starts)),
 ]:
     stages.rows.append([name, what, median_ms(fn)])
 print(f"\nThe split's stages at B, T, H = {B}, {T}, {H}, P = {auto} (KDA):\n")
