@@ -20,13 +20,16 @@ def log(run, row):
         f.write(json.dumps(row) + "\n")
 
 
-def variant_module(name, path="kda/kernels/level5.py", replacements=()):
+def variant_module(name, path="kda/kernels/level5.py", replacements=(), transform=None):
     """The module at ``path`` (relative to the repository) with each ``(text, new)`` of
-    ``replacements`` applied; every ``text`` must occur exactly once."""
+    ``replacements`` applied (every ``text`` must occur exactly once), then ``transform(source)``
+    if given (for a change of every occurrence of something)."""
     src = open(os.path.join(ROOT, path)).read()
     for text, new in replacements:
         assert src.count(text) == 1, f"{name}: {text[:60]!r}"
         src = src.replace(text, new)
+    if transform is not None:
+        src = transform(src)
     out = os.path.join("/tmp", f"{os.path.splitext(os.path.basename(path))[0]}_{name}.py")
     open(out, "w").write(src)
     spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(out))[0], out)
