@@ -122,3 +122,112 @@ def check_state_passes(run, factory, names, shapes):
         for name, (o, ht) in outs.items():
             log(run, {"check": name, "shape": [B, T, H, D], "nan": bool(o.isnan().any() or ht.isnan().any()),
                       "o_rel": rel_l2(o, o_ref), "ht_rel": rel_l2(ht, ht_ref)})
+
+
+# --- chunk_intra variants (runs 43 onwards): source replacements in kda/kernels/level5.py ---
+
+INTRA_SHAPES = [(1, 8192, 96, 128), (4, 4096, 64, 128), (1, 32768, 32, 128)]
+
+
+def intra_module(name, replacements=(), transform=None):
+    """``kda/kernels/level5.py`` with a variant's replacements, under a file name made of ``name``."""
+    return variant_module("".join(c if c.isalnum() else "_" for c in name), replacements=replacements,
+                          transform=transform)
+
+
+def intra_gates(shape, kind):
+    """Gates ``logsigmoid(x)`` (every chunk takes the middle-row GEMM) or KDA-style
+    ``-2 softplus(x)`` (nine chunks in ten take 16-row sub-chunks), ``x ~ N(0, 1)``."""
+    import torch
+    x = torch.randn(*shape, device="cuda")
+    return torch.nn.functional.logsigmoid(x) if kind == "logsigmoid" else -2 * torch.nn.functional.softplus(x)
+
+
+def compile_intra_variant(names, module, i):
+    """Compile variant ``names[i]`` of ``chunk_intra`` (bf16, D = 128) for this machine's GPU."""
+    import sys
+    sys.path.insert(0, ROOT)
+    return {"compile": names[i], **try_compile(lambda: module(names[i]).chunk_intra,
+                                                dict(DK=128, DV=128, dtype="bfloat16"))}
+
+
+def check_intra_variants(run, names, module):
+    """Every output of each variant against the first (rel. L2, outputs poisoned with NaN) at
+    (1, 4096, 32, 128) and the ragged (2, 1000, 4, 128), both gate kinds; at the ragged shape also
+    the output through the state pass of record against the float64 recurrence."""
+    import torch
+
+    from kda.gated_delta import ChunkForm, run_state_pass
+    from kda.kernels.build import compile_program
+    from kda.metrics import rel_l2
+    from kda.reference import level0 as ref0
+    outputs = ["Qw", "Kw", "decay", "A_qk", "W", "U"]
+    mods = {name: module(name) for name in names}
+    for B, T, H, D in [(1, 4096, 32, 128), (2, 1000, 4, 128)]:
+        q, k, v, _, beta = kda_inputs(B, T, H, D)
+        for kind in ("logsigmoid", "-2 softplus"):
+            g = intra_gates((B, T, H, D), kind)
+            first = None
+            for name, mod in mods.items():
+                kern = compile_program(mod.chunk_intra, (), DK=D, DV=D, dtype="bfloat16")
+                outs = intra_outputs(q, v)
+                for o in outs:
+                    o.fill_(float("nan"))
+                flags = torch.zeros(2, dtype=torch.int32, device="cuda")
+                kern(q, k, v, g, beta, D ** -0.5, *outs, flags)
+                torch.cuda.synchronize()
+                first = outs if first is None else first
+                row = {"check": name, "shape": [B, T, H, D], "gate": kind, "flags": flags.tolist(),
+                       "nan": any(bool(o.isnan().any()) for o in outs),
+                       **{n: float(rel_l2(o.double(), r.double())) for n, o, r in zip(outputs, outs, first)}}
+                if T == 1000:
+                    o, _ = run_state_pass(ChunkForm(outs[0], outs[1], outs[4], outs[5], outs[3], outs[2]), None)
+                    h0 = torch.zeros(B, H, D, D, device="cuda")
+                    o_ref, _ = ref0.recurrent(q.double() * D ** -0.5, k, v, g, beta, h0, True)
+                    row["o_vs_float64"] = float(rel_l2(o, o_ref))
+                log(run, row)
+
+
+def time_intra_variants(run, names, module):
+    """``chunk_intra`` of each variant at (1, 32768, 32, 128) under both gate kinds, then
+    ``chunk_kda`` (``check_values=False``) with each at the three benchmark shapes."""
+    import torch
+
+    from kda import chunk_kda
+    from kda.bench import median_ms
+    from kda.kernels import level5
+    from kda.kernels.build import compile_program
+    B, T, H, D = 1, 32768, 32, 128
+    q, k, v, _, beta = kda_inputs(B, T, H, D)
+    outs = intra_outputs(q, v)
+    flags = torch.zeros(2, dtype=torch.int32, device="cuda")
+    for kind in ("logsigmoid", "-2 softplus"):
+        g = intra_gates((B, T, H, D), kind)
+        for name in names:
+            kern = compile_program(module(name).chunk_intra, (), DK=D, DV=D, dtype="bfloat16")
+            log(run, {"what": "chunk_intra", "variant": name, "gate": kind,
+                      "ms": median_ms(lambda: kern(q, k, v, g, beta, D ** -0.5, *outs, flags))})
+    del q, k, v, beta, outs, g
+    adopted = level5.chunk_intra
+    for shape in INTRA_SHAPES:
+        q, k, v, g, beta = kda_inputs(*shape)
+        for name in names:
+            level5.chunk_intra = module(name).chunk_intra
+            log(run, {"what": "chunk_kda", "variant": name, "shape": list(shape), "check_values": False,
+                      "ms": median_ms(lambda: chunk_kda(q, k, v, g, beta, check_values=False))})
+        level5.chunk_intra = adopted
+        del q, k, v, g, beta
+        torch.cuda.empty_cache()
+
+
+def intra_variants_main(run, names, module, compile_one, argv):
+    """``compile`` (``compile_one(i)`` in spawned processes, defined in the script so that they
+    can import it), ``check``, ``time``, as asked on the command line."""
+    import sys
+    sys.path.insert(0, ROOT)
+    if "compile" in argv:
+        compile_in_processes(run, len(names), compile_one)
+    if "check" in argv:
+        check_intra_variants(run, names, module)
+    if "time" in argv:
+        time_intra_variants(run, names, module)

@@ -21,6 +21,9 @@ three benchmark shapes' head counts (T = 4096) and a ragged one, bf16 and fp16, 
 -2 softplus gates; time: ``chunk_intra`` at (1, 32768, 32, 128) under both gates, and ``chunk_kda``.
 
     python results/tuning/run42-intra-solve-scores.py compile check time
+
+The replacements apply to ``kda/kernels/level5.py`` as of commit 21e8621, before both changes were
+adopted (327a1ea).
 """
 import os
 import sys

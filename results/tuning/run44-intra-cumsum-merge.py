@@ -13,15 +13,13 @@ logsigmoid and -2 softplus gates at (1, 32768, 32, 128), ``chunk_kda`` at the th
 
     python results/tuning/run44-intra-cumsum-merge.py compile check time
 """
-import importlib.util
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-spec = importlib.util.spec_from_file_location("run43", os.path.join(HERE, "run43-intra-middle.py"))
-run43 = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(run43)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import compile_intra_variant, intra_module, intra_variants_main  # noqa: E402
+
+RUN = "run44"
 
 CUMSUM_BY_HALVES = [
     ("""    for d in T.Parallel(D):
@@ -77,20 +75,18 @@ def merge_by_substitution(A_s, Tinv_s, C, block):
                     acc[u] += Tinv_s[(p + d) * block + r, (p + d) * block + m] * X_s[p, m, c]
             Tinv_s[(p + d) * block + r, p * block + c] = -((acc[0] + acc[1]) + (acc[2] + acc[3]))
 ''')]
-run43.RUN = "run44"
-run43.VARIANTS = {"of record": [], "cumsum by halves": CUMSUM_BY_HALVES, "merge with 4 partial sums": MERGE_4_SUMS,
-                  "both": CUMSUM_BY_HALVES + MERGE_4_SUMS}
+VARIANTS = {"of record": [], "cumsum by halves": CUMSUM_BY_HALVES, "merge with 4 partial sums": MERGE_4_SUMS,
+            "both": CUMSUM_BY_HALVES + MERGE_4_SUMS}
+NAMES = list(VARIANTS)
 
 
-def compile_one(i):      # here, so that the spawned compile processes see the variants above
-    return run43.compile_one(i)
+def module(name):
+    return intra_module(name, VARIANTS[name])
+
+
+def compile_one(i):      # at the top of the script, so that the spawned compile processes find it
+    return compile_intra_variant(NAMES, module, i)
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, run43.ROOT)
-    if "compile" in sys.argv:
-        run43.compile_in_processes(run43.RUN, len(run43.VARIANTS), compile_one)
-    if "check" in sys.argv:
-        run43.check()
-    if "time" in sys.argv:
-        run43.time_all()
+    intra_variants_main(RUN, NAMES, module, compile_one, sys.argv)

@@ -12,15 +12,13 @@ Check and time as run 43.
 
     python results/tuning/run46-intra-merge-doubling.py compile check time
 """
-import importlib.util
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-spec = importlib.util.spec_from_file_location("run43", os.path.join(HERE, "run43-intra-middle.py"))
-run43 = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(run43)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import compile_intra_variant, intra_module, intra_variants_main  # noqa: E402
+
+RUN = "run46"
 
 MERGE_BY_DOUBLING = [
     ("from kda.kernels.level4 import merge_by_substitution\n", '''
@@ -49,19 +47,17 @@ def merge_by_doubling(A_s, Tinv_s, C, block):
 '''),
     ("            merge_by_substitution(A_s, Tinv_s, C, SOLVE_BLOCK)", "            merge_by_doubling(A_s, Tinv_s, C, SOLVE_BLOCK)"),
 ]
-run43.RUN = "run46"
-run43.VARIANTS = {"of record": [], "merge by doubling": MERGE_BY_DOUBLING}
+VARIANTS = {"of record": [], "merge by doubling": MERGE_BY_DOUBLING}
+NAMES = list(VARIANTS)
 
 
-def compile_one(i):      # here, so that the spawned compile processes see the variants above
-    return run43.compile_one(i)
+def module(name):
+    return intra_module(name, VARIANTS[name])
+
+
+def compile_one(i):      # at the top of the script, so that the spawned compile processes find it
+    return compile_intra_variant(NAMES, module, i)
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, run43.ROOT)
-    if "compile" in sys.argv:
-        run43.compile_in_processes(run43.RUN, len(run43.VARIANTS), compile_one)
-    if "check" in sys.argv:
-        run43.check()
-    if "time" in sys.argv:
-        run43.time_all()
+    intra_variants_main(RUN, NAMES, module, compile_one, sys.argv)

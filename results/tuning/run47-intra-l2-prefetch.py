@@ -14,15 +14,13 @@ Variants (source replacements in ``kda/kernels/level5.py``): ``of record``, ``pr
 
     python results/tuning/run47-intra-l2-prefetch.py compile check time
 """
-import importlib.util
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-spec = importlib.util.spec_from_file_location("run43", os.path.join(HERE, "run43-intra-middle.py"))
-run43 = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(run43)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import compile_intra_variant, intra_module, intra_variants_main  # noqa: E402
+
+RUN = "run47"
 
 PREFETCH_L2 = '''
 PREFETCH_L2 = """
@@ -58,20 +56,18 @@ def prefetch(ahead):
     ]
 
 
-run43.RUN = "run47"
-run43.VARIANTS = {"of record": [], "prefetch 264 ahead": prefetch(264), "prefetch 528 ahead": prefetch(528),
-                  "prefetch 132 ahead": prefetch(132)}
+VARIANTS = {"of record": [], "prefetch 264 ahead": prefetch(264), "prefetch 528 ahead": prefetch(528),
+            "prefetch 132 ahead": prefetch(132)}
+NAMES = list(VARIANTS)
 
 
-def compile_one(i):      # here, so that the spawned compile processes see the variants above
-    return run43.compile_one(i)
+def module(name):
+    return intra_module(name, VARIANTS[name])
+
+
+def compile_one(i):      # at the top of the script, so that the spawned compile processes find it
+    return compile_intra_variant(NAMES, module, i)
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, run43.ROOT)
-    if "compile" in sys.argv:
-        run43.compile_in_processes(run43.RUN, len(run43.VARIANTS), compile_one)
-    if "check" in sys.argv:
-        run43.check()
-    if "time" in sys.argv:
-        run43.time_all()
+    intra_variants_main(RUN, NAMES, module, compile_one, sys.argv)

@@ -12,17 +12,13 @@ output through the state pass against the float64 recurrence) and time as run 43
 
     python results/tuning/run49-intra-exp2-ftz.py compile check time
 """
-import importlib.util
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-spec = importlib.util.spec_from_file_location("run43", os.path.join(HERE, "run43-intra-middle.py"))
-run43 = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(run43)
-from harness import variant_module  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import compile_intra_variant, intra_module, intra_variants_main  # noqa: E402
 
+RUN = "run49"
 EXP2_FTZ = '''
 EXP2_FTZ = """
 __device__ __forceinline__ float exp2_ftz(float x) {
@@ -45,25 +41,15 @@ def every_exp2(src):
 
 
 def module(name):
-    if name == "ex2.approx.ftz":
-        return variant_module("exp2_ftz", transform=every_exp2)
-    return variant_module("of_record")
+    return intra_module(name, transform=every_exp2 if name == "ex2.approx.ftz" else None)
 
 
-run43.RUN = "run49"
-run43.VARIANTS = {"of record": [], "ex2.approx.ftz": []}
-run43.module = module
+NAMES = ["of record", "ex2.approx.ftz"]
 
 
-def compile_one(i):      # here, so that the spawned compile processes see the variants above
-    return run43.compile_one(i)
+def compile_one(i):      # at the top of the script, so that the spawned compile processes find it
+    return compile_intra_variant(NAMES, module, i)
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, run43.ROOT)
-    if "compile" in sys.argv:
-        run43.compile_in_processes(run43.RUN, len(run43.VARIANTS), compile_one)
-    if "check" in sys.argv:
-        run43.check()
-    if "time" in sys.argv:
-        run43.time_all()
+    intra_variants_main(RUN, NAMES, module, compile_one, sys.argv)
