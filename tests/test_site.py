@@ -226,3 +226,17 @@ def test_a_cpu_snippet_runs_as_a_script_of_its_own(mini_site, tmp_path):
     slow = mini_site("# snippet: cpu\nimport time\ntime.sleep(30)\n", "slow.py")
     with pytest.raises(sn.SnippetError, match="did not finish within 1 s"):
         sn.run(slow, timeout=1)
+
+
+def test_a_notebook_runs_without_a_word_on_the_build_output(tmp_path, capfd):
+    """The playground is executed during the build; its kernel must not print into the build's
+    output (ipykernel 7 warns about unencrypted TCP, and about an orphaned kernel at exit)."""
+    import nbformat
+
+    from kda.site.hooks import run_notebook
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import os\nprint(6 * 7, os.getcwd())")])
+    run_notebook(nb, tmp_path)
+    assert nb.cells[0].outputs[0]["text"] == f"42 {tmp_path}\n"
+    out, err = capfd.readouterr()
+    assert out == "" and err == "", (out, err)

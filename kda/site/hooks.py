@@ -139,10 +139,27 @@ def _prepare(path: str) -> None:
     _state["results"][path] = outcome
 
 
+def run_notebook(nb, cwd: Path) -> None:
+    """Execute ``nb`` in place with a python3 kernel started in ``cwd``. The kernel talks over
+    unix sockets in a temporary folder: over TCP, ipykernel 7 prints a warning about unencrypted
+    traffic into the build's output; and it is shut down here, since the client does not own it."""
+    import tempfile
+
+    from jupyter_client.manager import KernelManager
+    from nbclient import NotebookClient
+
+    with tempfile.TemporaryDirectory() as tmp:
+        km = KernelManager(kernel_name="python3", transport="ipc", ip=str(Path(tmp) / "kernel"))
+        try:
+            NotebookClient(nb, timeout=600, km=km, resources={"metadata": {"path": str(cwd)}}).execute()
+        finally:
+            if km.has_kernel:
+                km.shutdown_kernel(now=False)
+
+
 def _executed_notebook(path: Path) -> Path | None:
     """Run the notebook top to bottom (cached by its source and the kda modules it imports)."""
     import nbformat
-    from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
 
     nb = nbformat.read(path, as_version=4)
@@ -154,8 +171,7 @@ def _executed_notebook(path: Path) -> Path | None:
     if out.exists():
         return out
     try:
-        NotebookClient(nb, timeout=600, kernel_name="python3",
-                       resources={"metadata": {"path": str(_state["root"])}}).execute()
+        run_notebook(nb, _state["root"])
     except CellExecutionError as e:
         log.warning(f"notebook {path.relative_to(_state['root'])} raised while executing: {str(e).splitlines()[-1]}")
         return None
