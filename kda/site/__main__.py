@@ -4,6 +4,9 @@
     python -m kda.site run --gpu --stale      only the GPU snippets whose record is missing or stale
     python -m kda.site run --cpu              run the CPU snippets into the build cache
     python -m kda.site status                 every snippet: where it runs, hash, record state
+    python -m kda.site rerecord --out $OUT    the stale GPU records in one device call (kda.site.rerecord):
+                                              compiles in parallel, times one at a time, returns
+                                              records.tar and the caches for the next call
 """
 
 from __future__ import annotations
@@ -62,6 +65,36 @@ def _run(args) -> int:
     return 1 if failures else 0
 
 
+def _rerecord(args) -> int:
+    import tarfile
+
+    from kda.site import rerecord as rr
+
+    if args.carry and rr.unpack_caches(Path(args.carry)):
+        print(f"caches put back from {args.carry}", flush=True)
+    todo = [s for s in sn.discover(ROOT) if s.where == "gpu" and (not args.only or args.only in s.path)
+            and sn.record_status(s, device=args.device)[0] != "ok"]
+    info = sn.provenance(args.commit)
+    if info["device"] == "cpu":
+        print("no CUDA device: GPU snippets need one", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def pack_records():
+        with tarfile.open(out / "records.tar", "w") as tar:
+            tar.add(ROOT / "results" / "gpu", arcname=".")
+
+    print(f"{len(todo)} stale GPU snippet(s) on {info['device']}, {args.budget:.0f} s", flush=True)
+    log = lambda line: print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
+    outcome = rr.rerecord(todo, rr.Recorder(info, log), args.budget, args.warm, after_record=pack_records)
+    parts = rr.pack_caches(out)
+    log(f"caches: {len(parts)} part(s) in {out}" if parts else "caches: too large to carry, not packed")
+    for path, state in outcome.items():
+        print(f"{state:9s} {path}")
+    return 0 if all(state == "recorded" for state in outcome.values()) else 1
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kda.site", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -75,11 +108,19 @@ def main(argv=None) -> int:
     run.add_argument("--commit", help="git commit to record (when the GPU machine has no .git)")
     run.add_argument("--timeout", type=float, default=900, help="seconds per snippet")
     run.add_argument("--device", default=sn.DEFAULT_DEVICE)
+    again = sub.add_parser("rerecord", help="re-record the stale GPU snippets within one device call")
+    again.add_argument("--out", required=True, help="folder the call returns: records.tar, cache parts")
+    again.add_argument("--carry", help="folder holding the cache parts of an earlier call")
+    again.add_argument("--budget", type=float, default=560, help="seconds this call may spend")
+    again.add_argument("--warm", type=float, default=180, help="seconds of the parallel phase")
+    again.add_argument("--only", help="only snippets whose path contains this text")
+    again.add_argument("--commit", help="git commit to record (when the GPU machine has no .git)")
+    again.add_argument("--device", default=sn.DEFAULT_DEVICE)
     status = sub.add_parser("status", help="list snippets and the state of their GPU records")
     status.add_argument("--device", default=sn.DEFAULT_DEVICE)
     args = parser.parse_args(argv)
     cuda_tools_on_path()
-    return _status(args) if args.command == "status" else _run(args)
+    return {"status": _status, "run": _run, "rerecord": _rerecord}[args.command](args)
 
 
 if __name__ == "__main__":

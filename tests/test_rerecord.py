@@ -1,0 +1,156 @@
+"""The re-recording of stale GPU snippets (kda.site.rerecord): which snippets time, the order and
+budget of a device call, the Triton cache that keeps compiled kernels but not autotune choices made
+under load, and the caches carried from one call to the next."""
+
+import os
+import tarfile
+import threading
+from pathlib import Path
+
+import pytest
+
+from kda.site import rerecord as rr
+from kda.site import snippets as sn
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_timing_snippets_are_those_that_call_the_timer():
+    gpu = [s for s in sn.discover(ROOT) if s.where == "gpu"]
+    timing = {s.path for s in gpu if rr.is_timing(s)}
+    assert {"snippets/level5/latency.py", "snippets/cp/split_latency.py", "snippets/bench/sdpa.py"} <= timing
+    assert not any("error" in path for path in timing)
+    assert {s.path for s in gpu if "kernel_error" in s.path} and all(
+        not rr.is_timing(s) for s in gpu if "kernel_error" in s.path)
+
+
+def test_only_compiled_kernels_leave_the_warm_up_cache(tmp_path):
+    warm, cache = tmp_path / "warm", tmp_path / "cache"
+    for name, files in {"aaa": ["k.cubin", "k.json"], "bbb": ["k.autotune.json"], "ccc": ["c.cubin"]}.items():
+        (warm / name).mkdir(parents=True)
+        for f in files:
+            (warm / name / f).write_text(name)
+    (cache / "ccc").mkdir(parents=True)
+    (cache / "ccc" / "c.cubin").write_text("kept")
+    assert rr.keep_compiled(warm, cache) == 1
+    assert sorted(p.name for p in cache.iterdir()) == ["aaa", "ccc"]
+    assert (cache / "ccc" / "c.cubin").read_text() == "kept"            # an existing entry is left alone
+    assert rr.keep_compiled(tmp_path / "absent", cache) == 0
+
+
+def _snippets(root: Path, specs: dict) -> list:
+    """GPU snippets under ``root``: name -> (timing?, seconds of a previous record or None)."""
+    (root / "snippets").mkdir(parents=True)
+    out = []
+    for name, (timing, seconds) in specs.items():
+        body = "from kda.bench import median_ms\nprint(median_ms(lambda: 0))\n" if timing else "print(1)\n"
+        (root / "snippets" / f"{name}.py").write_text("# snippet: gpu\n" + body)
+        s = sn.load(root, f"snippets/{name}.py")
+        if seconds is not None:
+            sn.write_record(s, sn.Result("old", None, {}, seconds), "0" * 16, {"device": "NVIDIA H200"})
+        out.append(s)
+    return out
+
+
+class FakeRecorder(rr.Recorder):
+    """Each snippet takes ``cost[name]`` seconds of a fake clock, capped at its timeout: in phase 1
+    side by side (the phase lasts as long as its longest run), in phase 2 one after another."""
+
+    def __init__(self, cost, fail=()):
+        super().__init__({"device": "test"}, log=lambda line: None)
+        self.now, self.cost, self.fail, self.phase2, self.lock = 0.0, cost, fail, False, threading.Lock()
+        self.events, self.packs = [], 0
+
+    def clock(self):
+        return self.now
+
+    def _spend(self, name, timeout):
+        spent = min(self.cost[name], timeout)
+        self.now = self.now + spent if self.phase2 else max(self.now, spent)
+
+    def record(self, snippet, timeout):
+        name = Path(snippet.path).stem
+        with self.lock:
+            self.events.append(("record", name, timeout, self.phase2))
+            self._spend(name, timeout)
+            if name in self.fail:
+                return "failed"
+            return "timeout" if self.cost[name] > timeout else "recorded"
+
+    def warm(self, snippet, timeout, triton_dir):
+        with self.lock:
+            self.events.append(("warm", Path(snippet.path).stem, timeout, self.phase2))
+            self._spend(Path(snippet.path).stem, timeout)
+
+    def after_record(self):
+        self.phase2, self.packs = True, self.packs + 1
+
+
+def test_a_call_records_checks_in_parallel_then_timings_alone_shortest_first(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    (tmp_path / "triton").mkdir()
+    todo = _snippets(tmp_path, {"err_a": (False, 10), "err_slow": (False, 300), "err_bad": (False, 5),
+                                "lat_long": (True, 250), "lat_short": (True, 40), "lat_new": (True, None)})
+    rec = FakeRecorder({"err_a": 10, "err_slow": 300, "err_bad": 1, "lat_long": 250, "lat_short": 40,
+                        "lat_new": 100}, fail={"err_bad"})
+    outcome = rr.rerecord(todo, rec, budget_s=560, warm_s=180, after_record=rec.after_record, clock=rec.clock)
+    phase1 = {(kind, name) for kind, name, timeout, later in rec.events if not later}
+    assert phase1 == {("record", "err_a"), ("record", "err_slow"), ("record", "err_bad"),
+                      ("warm", "lat_long"), ("warm", "lat_short"), ("warm", "lat_new")}
+    assert all(timeout == 180 for _, _, timeout, later in rec.events if not later)
+    # phase 2: by the previous record's seconds (never recorded: last), each with the time left
+    assert [(name, timeout) for kind, name, timeout, later in rec.events if later] == [
+        ("lat_short", 380), ("lat_long", 340), ("lat_new", 90)]
+    assert {Path(p).stem: state for p, state in outcome.items()} == {
+        "err_a": "recorded", "err_bad": "failed", "lat_short": "recorded", "lat_long": "recorded",
+        "lat_new": "timeout", "err_slow": "no time"}
+    assert rec.packs == 4                                       # after phase 1 and after each record
+
+
+def test_without_timing_snippets_the_checks_get_the_whole_budget(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    todo = _snippets(tmp_path, {"err_a": (False, 10), "err_b": (False, 400)})
+    rec = FakeRecorder({"err_a": 10, "err_b": 400})
+    outcome = rr.rerecord(todo, rec, budget_s=560, warm_s=180, after_record=rec.after_record, clock=rec.clock)
+    assert {e[2] for e in rec.events} == {560}
+    assert set(outcome.values()) == {"recorded"}
+
+
+def test_caches_travel_in_parts_and_come_back(tmp_path, monkeypatch):
+    tl, tr = tmp_path / "tl", tmp_path / "tr"
+    (tl / "0.1.15" / "cuda-binaries").mkdir(parents=True)
+    (tl / "0.1.15" / "cuda-binaries" / "k.cubin").write_bytes(b"\x01" * 1000)
+    (tr / "h1").mkdir(parents=True)
+    (tr / "h1" / "f.autotune.json").write_text('{"config": 1}')
+    (tr / "h2").mkdir()
+    (tr / "h2" / "f.cubin").write_bytes(b"binary")              # binaries stay: only the choices travel
+    monkeypatch.setenv("TILELANG_CACHE_DIR", str(tl))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tr))
+    monkeypatch.setattr(rr, "PART_BYTES", 200)                  # several parts from a small archive
+    out = tmp_path / "out"
+    out.mkdir()
+    parts = rr.pack_caches(out)
+    assert len(parts) > 1 and all(p.stat().st_size <= 200 for p in parts)
+    assert rr.pack_caches(tmp_path, max_bytes=100) == []        # too large: nothing, not half
+
+    fresh_tl, fresh_tr = tmp_path / "fresh_tl", tmp_path / "fresh_tr"
+    monkeypatch.setenv("TILELANG_CACHE_DIR", str(fresh_tl))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(fresh_tr))
+    assert rr.unpack_caches(out)
+    assert (fresh_tl / "0.1.15" / "cuda-binaries" / "k.cubin").read_bytes() == b"\x01" * 1000
+    assert (fresh_tr / "h1" / "f.autotune.json").read_text() == '{"config": 1}'
+    assert not (fresh_tr / "h2").exists()
+    assert not rr.unpack_caches(tmp_path / "empty")
+
+
+def test_a_cut_archive_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("TILELANG_CACHE_DIR", str(tmp_path / "tl"))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "tr"))
+    (tmp_path / "tl").mkdir()
+    (tmp_path / "tl" / "x").write_bytes(os.urandom(8000))       # does not compress: several parts
+    monkeypatch.setattr(rr, "PART_BYTES", 1000)
+    parts = rr.pack_caches(tmp_path)
+    assert len(parts) > 2
+    parts[-1].unlink()
+    with pytest.raises((EOFError, tarfile.ReadError)):
+        rr.unpack_caches(tmp_path)
