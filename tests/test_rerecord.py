@@ -154,3 +154,37 @@ def test_a_cut_archive_is_refused(tmp_path, monkeypatch):
     parts[-1].unlink()
     with pytest.raises((EOFError, tarfile.ReadError)):
         rr.unpack_caches(tmp_path)
+
+
+def test_the_command_records_what_is_stale_and_returns_it(tmp_path, monkeypatch):
+    """``python -m kda.site rerecord`` end to end with the GPU faked: a stale check and a stale
+    timing snippet are recorded, a current one is left alone, and ``--out`` holds the records and
+    the caches."""
+    from kda.site import __main__ as cli
+
+    todo = _snippets(tmp_path, {"err_a": (False, 10), "lat_b": (True, 20), "lat_ok": (True, 30)})
+    current = todo[2]
+    sn.write_record(current, sn.Result("kept", None, {}, 30.0), sn.source_hash(current), {"device": "NVIDIA H200"})
+    ran = []
+
+    def fake_run(snippet, timeout=None, env=None):
+        ran.append((Path(snippet.path).stem, "TRITON_CACHE_DIR" in (env or {})))
+        return sn.Result(f"new {snippet.path}", {"ok": 1}, {}, 1.0)
+
+    monkeypatch.setattr(cli, "ROOT", tmp_path)
+    monkeypatch.setattr(sn, "provenance", lambda commit=None: {"device": "NVIDIA H200", "commit": commit})
+    monkeypatch.setattr(sn, "run", fake_run)
+    monkeypatch.setenv("TILELANG_CACHE_DIR", str(tmp_path / "tl"))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "tr"))
+    (tmp_path / "tl").mkdir()
+    (tmp_path / "tl" / "kernel.so").write_bytes(b"so")
+    out = tmp_path / "out"
+    assert cli.main(["rerecord", "--out", str(out), "--budget", "100", "--warm", "5", "--commit", "abc"]) == 0
+    assert sorted(ran) == [("err_a", False), ("lat_b", False), ("lat_b", True)]   # a warm-up, then the record
+    for s in todo:
+        assert sn.record_status(s)[0] == "ok"
+    assert sn.read_record(current)["output"] == "kept"
+    with tarfile.open(out / "records.tar") as tar:
+        names = sorted(n for n in tar.getnames() if n.endswith(".json"))
+    assert names == ["./err_a.nvidia-h200.json", "./lat_b.nvidia-h200.json", "./lat_ok.nvidia-h200.json"]
+    assert [p.name for p in out.glob("caches.tgz.part*")] == ["caches.tgz.part00"]

@@ -68,8 +68,8 @@ def keep_compiled(warm: Path, cache: Path) -> int:
 class Recorder:
     """Runs snippets and writes their records, logging one line per event."""
 
-    def __init__(self, info: dict, log=print, run=sn.run):
-        self.info, self.log, self.run = info, log, run
+    def __init__(self, info: dict, log=print, run=None):
+        self.info, self.log, self.run = info, log, run or sn.run
 
     def record(self, snippet: sn.Snippet, timeout: float) -> str:
         """``recorded``, ``timeout`` or ``failed``."""
