@@ -2,6 +2,7 @@
 appended to ``$OUT/<run>.jsonl``; kernels compiled in parallel processes before anything is
 timed (a cold H200 machine spends minutes compiling); and a kernel module rebuilt from its source
 text with pieces replaced (knock-outs and variants, for timing only)."""
+import functools
 import importlib.util
 import json
 import multiprocessing as mp
@@ -220,13 +221,24 @@ def time_intra_variants(run, names, module):
         torch.cuda.empty_cache()
 
 
-def intra_variants_main(run, names, module, compile_one, argv):
-    """``compile`` (``compile_one(i)`` in spawned processes, defined in the script so that they
-    can import it), ``check``, ``time``, as asked on the command line."""
+def replaced(variants):
+    """``module(name)`` for a table ``{name: source replacements}`` of ``chunk_intra`` variants
+    (a partial, so that the spawned compile processes can unpickle it)."""
+    return functools.partial(_replaced_module, variants)
+
+
+def _replaced_module(variants, name):
+    return intra_module(name, variants[name])
+
+
+def run_intra_variants(run, names, module, argv):
+    """The command line of a ``chunk_intra`` variants script: ``compile`` (each variant in a spawned
+    process), ``check``, ``time``, as asked. ``module(name)`` builds a variant's module; defined at
+    the top of the script or made by ``replaced``, so that the compile processes can import it."""
     import sys
     sys.path.insert(0, ROOT)
     if "compile" in argv:
-        compile_in_processes(run, len(names), compile_one)
+        compile_in_processes(run, len(names), functools.partial(compile_intra_variant, names, module))
     if "check" in argv:
         check_intra_variants(run, names, module)
     if "time" in argv:

@@ -16,7 +16,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import compile_intra_variant, intra_module, intra_variants_main  # noqa: E402
+from harness import replaced, run_intra_variants  # noqa: E402
 
 RUN = "run46"
 
@@ -48,16 +48,7 @@ def merge_by_doubling(A_s, Tinv_s, C, block):
     ("            merge_by_substitution(A_s, Tinv_s, C, SOLVE_BLOCK)", "            merge_by_doubling(A_s, Tinv_s, C, SOLVE_BLOCK)"),
 ]
 VARIANTS = {"of record": [], "merge by doubling": MERGE_BY_DOUBLING}
-NAMES = list(VARIANTS)
-
-
-def module(name):
-    return intra_module(name, VARIANTS[name])
-
-
-def compile_one(i):      # at the top of the script, so that the spawned compile processes find it
-    return compile_intra_variant(NAMES, module, i)
 
 
 if __name__ == "__main__":
-    intra_variants_main(RUN, NAMES, module, compile_one, sys.argv)
+    run_intra_variants(RUN, list(VARIANTS), replaced(VARIANTS), sys.argv)

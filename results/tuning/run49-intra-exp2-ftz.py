@@ -16,7 +16,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import compile_intra_variant, intra_module, intra_variants_main  # noqa: E402
+from harness import intra_module, run_intra_variants  # noqa: E402
 
 RUN = "run49"
 EXP2_FTZ = '''
@@ -47,9 +47,5 @@ def module(name):
 NAMES = ["of record", "ex2.approx.ftz"]
 
 
-def compile_one(i):      # at the top of the script, so that the spawned compile processes find it
-    return compile_intra_variant(NAMES, module, i)
-
-
 if __name__ == "__main__":
-    intra_variants_main(RUN, NAMES, module, compile_one, sys.argv)
+    run_intra_variants(RUN, NAMES, module, sys.argv)

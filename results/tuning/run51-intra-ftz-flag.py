@@ -21,7 +21,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import ROOT, compile_intra_variant, intra_module, intra_variants_main  # noqa: E402
+from harness import ROOT, intra_module, run_intra_variants  # noqa: E402
 
 sys.path.insert(0, ROOT)
 RUN = "run51"
@@ -52,9 +52,5 @@ def module(name):
     return mod
 
 
-def compile_one(i):      # at the top of the script, so that the spawned compile processes find it
-    return compile_intra_variant(NAMES, module, i)
-
-
 if __name__ == "__main__":
-    intra_variants_main(RUN, NAMES, module, compile_one, sys.argv)
+    run_intra_variants(RUN, NAMES, module, sys.argv)
