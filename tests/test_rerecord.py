@@ -188,3 +188,19 @@ def test_the_command_records_what_is_stale_and_returns_it(tmp_path, monkeypatch)
         names = sorted(n for n in tar.getnames() if n.endswith(".json"))
     assert names == ["./err_a.nvidia-h200.json", "./lat_b.nvidia-h200.json", "./lat_ok.nvidia-h200.json"]
     assert [p.name for p in out.glob("caches.tgz.part*")] == ["caches.tgz.part00"]
+
+
+def test_the_recorder_tells_a_timeout_from_a_failure(tmp_path):
+    """A timeout is retried later in the call, a failure is not: the recorder tells them apart by
+    the error's type (sn.SnippetTimeout), whatever its message."""
+    snippet = _snippets(tmp_path, {"probe": (False, None)})[0]
+
+    def run_raising(error):
+        def run(snippet, timeout=None, env=None):
+            raise error
+        return run
+
+    outcome = lambda error: rr.Recorder({"device": "NVIDIA H200"}, log=lambda line: None,
+                                        run=run_raising(error)).record(snippet, 1.0)
+    assert outcome(sn.SnippetTimeout("slow")) == "timeout"
+    assert outcome(sn.SnippetError("raised (exit 1): did not finish the table")) == "failed"

@@ -224,7 +224,7 @@ def test_a_cpu_snippet_runs_as_a_script_of_its_own(mini_site, tmp_path):
     with pytest.raises(sn.SnippetError, match=r"(?s)raised \(exit 3\).*to stderr"):
         sn.run(failing, timeout=60)
     slow = mini_site("# snippet: cpu\nimport time\ntime.sleep(30)\n", "slow.py")
-    with pytest.raises(sn.SnippetError, match="did not finish within 1 s"):
+    with pytest.raises(sn.SnippetTimeout, match="did not finish within 1 s"):
         sn.run(slow, timeout=1)
 
 

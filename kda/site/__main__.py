@@ -34,14 +34,27 @@ def _status(args) -> int:
     return 1 if bad else 0
 
 
+def _select(where: str, only: str | None, device: str, stale: bool) -> list:
+    """The snippets that run ``where``, those whose path contains ``only``; with ``stale`` only the
+    GPU snippets whose record is missing or stale."""
+    todo = [s for s in sn.discover(ROOT) if s.where == where and (not only or only in s.path)]
+    return [s for s in todo if sn.record_status(s, device=device)[0] != "ok"] if stale else todo
+
+
+def _gpu_provenance(commit: str | None) -> dict | None:
+    """The provenance of records made here, or ``None`` (said on stderr) without a CUDA device."""
+    info = sn.provenance(commit)
+    if info["device"] == "cpu":
+        print("no CUDA device: GPU snippets need one", file=sys.stderr)
+        return None
+    return info
+
+
 def _run(args) -> int:
     where = "gpu" if args.gpu else "cpu"
-    todo = [s for s in sn.discover(ROOT) if s.where == where and (not args.only or args.only in s.path)]
-    if where == "gpu" and args.stale:
-        todo = [s for s in todo if sn.record_status(s, device=args.device)[0] != "ok"]
-    info = sn.provenance(args.commit) if where == "gpu" else None
-    if where == "gpu" and info["device"] == "cpu":
-        print("no CUDA device: GPU snippets need one", file=sys.stderr)
+    todo = _select(where, args.only, args.device, stale=where == "gpu" and args.stale)
+    info = _gpu_provenance(args.commit) if where == "gpu" else None
+    if where == "gpu" and info is None:
         return 2
     failures = 0
     start = time.time()
@@ -72,11 +85,9 @@ def _rerecord(args) -> int:
 
     if args.carry and rr.unpack_caches(Path(args.carry)):
         print(f"caches put back from {args.carry}", flush=True)
-    todo = [s for s in sn.discover(ROOT) if s.where == "gpu" and (not args.only or args.only in s.path)
-            and sn.record_status(s, device=args.device)[0] != "ok"]
-    info = sn.provenance(args.commit)
-    if info["device"] == "cpu":
-        print("no CUDA device: GPU snippets need one", file=sys.stderr)
+    todo = _select("gpu", args.only, args.device, stale=True)
+    info = _gpu_provenance(args.commit)
+    if info is None:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

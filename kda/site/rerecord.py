@@ -79,7 +79,7 @@ class Recorder:
             path = sn.write_record(snippet, result, digest, self.info)
         except sn.SnippetError as e:
             self.log(f"{snippet.path}: not recorded: {str(e).splitlines()[0]}")
-            return "timeout" if "did not finish" in str(e) else "failed"
+            return "timeout" if isinstance(e, sn.SnippetTimeout) else "failed"
         self.log(f"{snippet.path}: recorded in {result.seconds:.1f} s -> {path.name}")
         return "recorded"
 
@@ -98,8 +98,9 @@ def rerecord(todo: list[sn.Snippet], recorder: Recorder, budget_s: float, warm_s
     record (the caller packs what is done so far, so a call cut short still returns it)."""
     start = clock()
     left = lambda: budget_s - (clock() - start)
-    timing = sorted((s for s in todo if is_timing(s)), key=expected_seconds)
-    checks = [s for s in todo if not is_timing(s)]
+    timed = {s.path: is_timing(s) for s in todo}
+    timing = sorted((s for s in todo if timed[s.path]), key=expected_seconds)
+    checks = [s for s in todo if not timed[s.path]]
     outcome: dict[str, str] = {}
     cut_short = []
     warm_s = min(warm_s, left()) if timing else left()

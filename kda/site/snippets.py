@@ -45,6 +45,10 @@ class SnippetError(Exception):
     """A snippet that cannot be run or shown; the message names the snippet."""
 
 
+class SnippetTimeout(SnippetError):
+    """A snippet that did not finish within its time (the re-recorder retries these later)."""
+
+
 @dataclass
 class Snippet:
     root: Path            # the project root (where mkdocs.yml is)
@@ -254,7 +258,7 @@ def run(snippet: Snippet, timeout: float | None = None, env: dict | None = None)
             code, stdout, stderr = _run_forked(snippet, timeout, child_env, Path(out))
         seconds = time.time() - start
         if code is None:
-            raise SnippetError(f"snippet {snippet.path} did not finish within {timeout} s")
+            raise SnippetTimeout(f"snippet {snippet.path} did not finish within {timeout} s")
         if code != 0:
             tail = "\n".join((stderr or stdout).strip().splitlines()[-15:])
             raise SnippetError(f"snippet {snippet.path} raised (exit {code}):\n{tail}")
