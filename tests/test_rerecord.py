@@ -5,6 +5,7 @@ under load, and the caches carried from one call to the next."""
 import os
 import tarfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -78,32 +79,36 @@ class FakeRecorder(rr.Recorder):
             return "timeout" if self.cost[name] > timeout else "recorded"
 
     def warm(self, snippet, timeout, triton_dir):
+        name = Path(snippet.path).stem
         with self.lock:
-            self.events.append(("warm", Path(snippet.path).stem, timeout, self.phase2))
-            self._spend(Path(snippet.path).stem, timeout)
+            self.events.append(("warm", name, timeout, self.phase2))
+            self._spend(name, timeout)
+            return self.cost[name] if self.cost[name] <= timeout else None
 
     def after_record(self):
         self.phase2, self.packs = True, self.packs + 1
 
 
-def test_a_call_records_checks_in_parallel_then_timings_alone_shortest_first(tmp_path, monkeypatch):
+def test_a_call_records_checks_in_parallel_then_timings_alone_quickest_first(tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
     (tmp_path / "triton").mkdir()
     todo = _snippets(tmp_path, {"err_a": (False, 10), "err_slow": (False, 300), "err_bad": (False, 5),
-                                "lat_long": (True, 250), "lat_short": (True, 40), "lat_new": (True, None)})
+                                "lat_long": (True, 20), "lat_short": (True, 40), "lat_new": (True, None),
+                                "lat_cold": (True, 30)})
     rec = FakeRecorder({"err_a": 10, "err_slow": 300, "err_bad": 1, "lat_long": 250, "lat_short": 40,
-                        "lat_new": 100}, fail={"err_bad"})
+                        "lat_new": 100, "lat_cold": 200}, fail={"err_bad"})
     outcome = rr.rerecord(todo, rec, budget_s=560, warm_s=180, after_record=rec.after_record, clock=rec.clock)
     phase1 = {(kind, name) for kind, name, timeout, later in rec.events if not later}
     assert phase1 == {("record", "err_a"), ("record", "err_slow"), ("record", "err_bad"),
-                      ("warm", "lat_long"), ("warm", "lat_short"), ("warm", "lat_new")}
+                      ("warm", "lat_long"), ("warm", "lat_short"), ("warm", "lat_new"), ("warm", "lat_cold")}
     assert all(timeout == 180 for _, _, timeout, later in rec.events if not later)
-    # phase 2: by the previous record's seconds (never recorded: last), each with the time left
+    # phase 2: finished warm-ups by their seconds, then the stopped ones by the previous record's
+    # seconds (a record of 20 s whose warm-up did not finish in 180 s is not quick any more)
     assert [(name, timeout) for kind, name, timeout, later in rec.events if later] == [
-        ("lat_short", 380), ("lat_long", 340), ("lat_new", 90)]
+        ("lat_short", 380), ("lat_new", 340), ("lat_long", 240)]
     assert {Path(p).stem: state for p, state in outcome.items()} == {
-        "err_a": "recorded", "err_bad": "failed", "lat_short": "recorded", "lat_long": "recorded",
-        "lat_new": "timeout", "err_slow": "no time"}
+        "err_a": "recorded", "err_bad": "failed", "lat_short": "recorded", "lat_new": "recorded",
+        "lat_long": "timeout", "lat_cold": "no time", "err_slow": "no time"}
     assert rec.packs == 4                                       # after phase 1 and after each record
 
 
@@ -116,38 +121,71 @@ def test_without_timing_snippets_the_checks_get_the_whole_budget(tmp_path, monke
     assert set(outcome.values()) == {"recorded"}
 
 
+def _kernel(cache: Path, name: str, size: int, mtime: float) -> None:
+    """A tilelang cache entry: a folder of files that do not compress."""
+    entry = cache / "0.1.15" / "cuda-binaries" / name
+    entry.mkdir(parents=True)
+    (entry / "kernel.cubin").write_bytes(os.urandom(size))
+    os.utime(entry, (mtime, mtime))
+
+
 def test_caches_travel_in_parts_and_come_back(tmp_path, monkeypatch):
     tl, tr = tmp_path / "tl", tmp_path / "tr"
-    (tl / "0.1.15" / "cuda-binaries").mkdir(parents=True)
-    (tl / "0.1.15" / "cuda-binaries" / "k.cubin").write_bytes(b"\x01" * 1000)
+    _kernel(tl, "k1", 1000, 1e9)
     (tr / "h1").mkdir(parents=True)
     (tr / "h1" / "f.autotune.json").write_text('{"config": 1}')
     (tr / "h2").mkdir()
     (tr / "h2" / "f.cubin").write_bytes(b"binary")              # binaries stay: only the choices travel
     monkeypatch.setenv("TILELANG_CACHE_DIR", str(tl))
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tr))
-    monkeypatch.setattr(rr, "PART_BYTES", 200)                  # several parts from a small archive
+    monkeypatch.setattr(rr, "PART_BYTES", 400)                  # several parts from a small archive
     out = tmp_path / "out"
     out.mkdir()
-    parts = rr.pack_caches(out)
-    assert len(parts) > 1 and all(p.stat().st_size <= 200 for p in parts)
-    assert rr.pack_caches(tmp_path, max_bytes=100) == []        # too large: nothing, not half
+    files = rr.pack_caches(out)
+    parts = [f for f in files if f.name.startswith(rr.CACHE_ARCHIVE)]
+    assert files[0].name == rr.CHOICES_ARCHIVE
+    assert len(parts) > 1 and all(p.stat().st_size <= 400 for p in parts)
 
     fresh_tl, fresh_tr = tmp_path / "fresh_tl", tmp_path / "fresh_tr"
     monkeypatch.setenv("TILELANG_CACHE_DIR", str(fresh_tl))
     monkeypatch.setenv("TRITON_CACHE_DIR", str(fresh_tr))
     assert rr.unpack_caches(out)
-    assert (fresh_tl / "0.1.15" / "cuda-binaries" / "k.cubin").read_bytes() == b"\x01" * 1000
+    assert (fresh_tl / "0.1.15" / "cuda-binaries" / "k1" / "kernel.cubin").read_bytes() == \
+        (tl / "0.1.15" / "cuda-binaries" / "k1" / "kernel.cubin").read_bytes()
     assert (fresh_tr / "h1" / "f.autotune.json").read_text() == '{"config": 1}'
     assert not (fresh_tr / "h2").exists()
     assert not rr.unpack_caches(tmp_path / "empty")
 
 
+def test_a_cache_too_large_keeps_the_choices_and_the_newest_kernels(tmp_path, monkeypatch):
+    tl, tr = tmp_path / "tl", tmp_path / "tr"
+    for n in range(6):
+        _kernel(tl, f"k{n}", 10_000, 1e9 + n)                   # k5 is the newest
+    (tr / "h1").mkdir(parents=True)
+    (tr / "h1" / "f.autotune.json").write_text('{"config": 1}')
+    monkeypatch.setenv("TILELANG_CACHE_DIR", str(tl))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tr))
+    out = tmp_path / "out"
+    out.mkdir()
+    files = rr.pack_caches(out, max_bytes=35_000)               # room for about three kernels
+    assert sum(f.stat().st_size for f in files) <= 35_000
+    fresh = tmp_path / "fresh"
+    monkeypatch.setenv("TILELANG_CACHE_DIR", str(fresh / "tl"))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(fresh / "tr"))
+    assert rr.unpack_caches(out)
+    kept = sorted(p.name for p in (fresh / "tl" / "0.1.15" / "cuda-binaries").iterdir())
+    assert 2 <= len(kept) <= 3 and kept == [f"k{n}" for n in range(6 - len(kept), 6)]
+    assert (fresh / "tr" / "h1" / "f.autotune.json").exists()
+    # no room for any kernel: the choices still travel
+    for f in out.iterdir():
+        f.unlink()
+    assert [f.name for f in rr.pack_caches(out, max_bytes=5_000)] == [rr.CHOICES_ARCHIVE]
+
+
 def test_a_cut_archive_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("TILELANG_CACHE_DIR", str(tmp_path / "tl"))
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "tr"))
-    (tmp_path / "tl").mkdir()
-    (tmp_path / "tl" / "x").write_bytes(os.urandom(8000))       # does not compress: several parts
+    _kernel(tmp_path / "tl", "k", 8000, 1e9)                    # does not compress: several parts
     monkeypatch.setattr(rr, "PART_BYTES", 1000)
     parts = rr.pack_caches(tmp_path)
     assert len(parts) > 2
@@ -176,8 +214,7 @@ def test_the_command_records_what_is_stale_and_returns_it(tmp_path, monkeypatch)
     monkeypatch.setattr(sn, "run", fake_run)
     monkeypatch.setenv("TILELANG_CACHE_DIR", str(tmp_path / "tl"))
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "tr"))
-    (tmp_path / "tl").mkdir()
-    (tmp_path / "tl" / "kernel.so").write_bytes(b"so")
+    _kernel(tmp_path / "tl", "k", 100, 1e9)
     out = tmp_path / "out"
     assert cli.main(["rerecord", "--out", str(out), "--budget", "100", "--warm", "5", "--commit", "abc"]) == 0
     assert sorted(ran) == [("err_a", False), ("lat_b", False), ("lat_b", True)]   # a warm-up, then the record
@@ -204,3 +241,20 @@ def test_the_recorder_tells_a_timeout_from_a_failure(tmp_path):
                                         run=run_raising(error)).record(snippet, 1.0)
     assert outcome(sn.SnippetTimeout("slow")) == "timeout"
     assert outcome(sn.SnippetError("raised (exit 1): did not finish the table")) == "failed"
+
+
+def test_a_timeout_stops_what_the_snippet_started(tmp_path):
+    """A GPU snippet runs in a session of its own: at its timeout the processes it started (a
+    compiler, say) are stopped with it, and do not go on beside the next record."""
+    (tmp_path / "snippets").mkdir()
+    pid_file = tmp_path / "child.pid"
+    (tmp_path / "snippets" / "spawn.py").write_text(
+        "# snippet: gpu\nimport subprocess, time\n"
+        f"p = subprocess.Popen(['sleep', '60'])\nopen({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+        "time.sleep(60)\n")
+    snippet = sn.load(tmp_path, "snippets/spawn.py")
+    with pytest.raises(sn.SnippetTimeout):
+        sn.run(snippet, timeout=3)
+    pid = int(pid_file.read_text())
+    time.sleep(0.2)
+    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]

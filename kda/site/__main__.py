@@ -95,12 +95,14 @@ def _rerecord(args) -> int:
     def pack_records():
         with tarfile.open(out / "records.tar", "w") as tar:
             tar.add(ROOT / "results" / "gpu", arcname=".")
+        rr.pack_choices(out)
 
     print(f"{len(todo)} stale GPU snippet(s) on {info['device']}, {args.budget:.0f} s", flush=True)
     log = lambda line: print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
-    outcome = rr.rerecord(todo, rr.Recorder(info, log), args.budget, args.warm, after_record=pack_records)
-    parts = rr.pack_caches(out)
-    log(f"caches: {len(parts)} part(s) in {out}" if parts else "caches: too large to carry, not packed")
+    outcome = rr.rerecord(todo, rr.Recorder(info, log), args.budget - rr.PACK_RESERVE_S, args.warm,
+                          after_record=pack_records)
+    files = rr.pack_caches(out)
+    log(f"caches: {', '.join(f.name for f in files) or 'nothing'} in {out}")
     for path, state in outcome.items():
         print(f"{state:9s} {path}")
     return 0 if all(state == "recorded" for state in outcome.values()) else 1
@@ -122,7 +124,7 @@ def main(argv=None) -> int:
     again = sub.add_parser("rerecord", help="re-record the stale GPU snippets within one device call")
     again.add_argument("--out", required=True, help="folder the call returns: records.tar, cache parts")
     again.add_argument("--carry", help="folder holding the cache parts of an earlier call")
-    again.add_argument("--budget", type=float, default=560, help="seconds this call may spend")
+    again.add_argument("--budget", type=float, default=560, help="seconds this call may spend, packing included")
     again.add_argument("--warm", type=float, default=180, help="seconds of the parallel phase")
     again.add_argument("--only", help="only snippets whose path contains this text")
     again.add_argument("--commit", help="git commit to record (when the GPU machine has no .git)")

@@ -9,12 +9,17 @@ in parallel processes, the timing does not. So a call has two phases:
    compile caches, and stopped at ``warm_s``. The bare runs write their Triton cache to a folder
    of their own: the autotuning they do beside a dozen other processes is not kept, only the
    compiled kernels, which are copied into the real cache afterwards.
-2. **One at a time** on the quiet GPU: the timing snippets, shortest expected first (a record's
-   previous ``seconds``), each with the time left; then check snippets that phase 1 cut short.
+2. **One at a time** on the quiet GPU: the timing snippets whose warm-up finished, quickest
+   warm-up first, then the others by the seconds of their previous record; each with the time
+   left; then check snippets that phase 1 cut short.
 
-Between calls the caches travel through the call's output folder: ``pack_caches`` writes the
-tilelang cache and fla's autotune choices (made in phase 2, on a quiet GPU) as parts under the
-size limit of a returned file, ``unpack_caches`` puts them back on the next machine.
+Between calls the caches travel through the call's output folder. ``pack_caches`` writes fla's
+autotune choices (made in phase 2, on a quiet GPU; a few kilobytes, re-written after every
+record so that a call cut short keeps them) and as much of the tilelang cache as fits, newest
+kernels first, as parts under the size limit of a returned file; ``unpack_caches`` puts them
+back on the next machine. The autotune choices matter most: without them fla's kernels are
+autotuned again, which at level 5 takes minutes of GPU time that no cache of compiled kernels
+saves.
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ from pathlib import Path
 from kda.site import snippets as sn
 
 PART_BYTES = 15 * 2**20        # a returned file may hold 16 MB
-CACHE_ARCHIVE = "caches.tgz"
+CACHE_ARCHIVE = "caches.tgz"   # the tilelang cache, in parts
+CHOICES_ARCHIVE = "autotune.tgz"
+PACK_RESERVE_S = 45            # kept out of the budget for packing the caches at the end
 
 
 def is_timing(snippet: sn.Snippet) -> bool:
@@ -83,12 +90,17 @@ class Recorder:
         self.log(f"{snippet.path}: recorded in {result.seconds:.1f} s -> {path.name}")
         return "recorded"
 
-    def warm(self, snippet: sn.Snippet, timeout: float, triton_dir: Path) -> None:
+    def warm(self, snippet: sn.Snippet, timeout: float, triton_dir: Path) -> float | None:
+        """Run ``snippet`` bare to fill the caches. Returns its seconds, ``None`` if it was stopped."""
+        start = time.monotonic()
         try:
             self.run(snippet, timeout=timeout, env={"TRITON_CACHE_DIR": str(triton_dir)})
-            self.log(f"{snippet.path}: warm-up finished")
         except sn.SnippetError as e:
             self.log(f"{snippet.path}: warm-up stopped ({str(e).splitlines()[0]})")
+            return None
+        seconds = time.monotonic() - start
+        self.log(f"{snippet.path}: warm-up finished in {seconds:.0f} s")
+        return seconds
 
 
 def rerecord(todo: list[sn.Snippet], recorder: Recorder, budget_s: float, warm_s: float,
@@ -99,7 +111,7 @@ def rerecord(todo: list[sn.Snippet], recorder: Recorder, budget_s: float, warm_s
     start = clock()
     left = lambda: budget_s - (clock() - start)
     timed = {s.path: is_timing(s) for s in todo}
-    timing = sorted((s for s in todo if timed[s.path]), key=expected_seconds)
+    timing = [s for s in todo if timed[s.path]]
     checks = [s for s in todo if not timed[s.path]]
     outcome: dict[str, str] = {}
     cut_short = []
@@ -107,8 +119,7 @@ def rerecord(todo: list[sn.Snippet], recorder: Recorder, budget_s: float, warm_s
     with tempfile.TemporaryDirectory(prefix="kda-warm-triton-") as warm_dir:
         with ThreadPoolExecutor(max_workers=max(1, len(todo))) as pool:
             futures = {s.path: pool.submit(recorder.record, s, warm_s) for s in checks}
-            for s in timing:
-                pool.submit(recorder.warm, s, warm_s, Path(warm_dir))
+            warmed = {s.path: pool.submit(recorder.warm, s, warm_s, Path(warm_dir)) for s in timing}
         for s in checks:
             outcome[s.path] = futures[s.path].result()
             if outcome[s.path] == "timeout":
@@ -118,6 +129,9 @@ def rerecord(todo: list[sn.Snippet], recorder: Recorder, budget_s: float, warm_s
         recorder.log(f"phase 1 done at {budget_s - left():.0f} s: {done} of {len(checks)} checks recorded, "
                      f"{copied} compiled Triton kernels kept")
     after_record()
+    # a finished warm-up is the best estimate of a record's time; then the previous record's
+    warm_seconds = {path: f.result() for path, f in warmed.items()}
+    timing.sort(key=lambda s: (warm_seconds[s.path] is None, warm_seconds[s.path] or expected_seconds(s)))
     for s in timing + cut_short:
         if left() < 30:
             outcome[s.path] = "no time"
@@ -128,44 +142,80 @@ def rerecord(todo: list[sn.Snippet], recorder: Recorder, budget_s: float, warm_s
     return outcome
 
 
+def pack_choices(out_dir: Path) -> Path | None:
+    """fla's autotune choices (the ``*.autotune.json`` files of the Triton cache) as one archive,
+    or ``None`` when there are none."""
+    triton = triton_cache_dir()
+    choices = sorted(triton.glob("*/*.autotune.json")) if triton.is_dir() else []
+    if not choices:
+        return None
+    archive = Path(out_dir) / CHOICES_ARCHIVE
+    with tarfile.open(archive.with_suffix(".tmp"), "w:gz") as tar:
+        for choice in choices:
+            tar.add(choice, arcname=f"triton/{choice.parent.name}/{choice.name}")
+    archive.with_suffix(".tmp").replace(archive)          # never half an archive under the real name
+    return archive
+
+
+def _kernel_entries(cache: Path) -> list[Path]:
+    """The folders of the tilelang cache that hold files (one compiled kernel each), newest first."""
+    if not cache.is_dir():
+        return []
+    entries = [d for d in cache.rglob("*") if d.is_dir() and any(f.is_file() for f in d.iterdir())]
+    return sorted(entries, key=lambda d: d.stat().st_mtime, reverse=True)
+
+
 def pack_caches(out_dir: Path, max_bytes: int = 24 * 2**20) -> list[Path]:
-    """The tilelang cache and fla's autotune choices as ``caches.tgz.partNN`` files under the
-    size limit of a returned file, or none if they pass ``max_bytes`` in all (what fits beside
-    the 38 MB offline bundle in a call's 64 MiB carry; half a cache is not carried: a cut archive
-    loses its end)."""
+    """The autotune choices (``pack_choices``) and the newest kernels of the tilelang cache that
+    fit in ``max_bytes`` in all (what fits beside the 38 MB offline bundle in a call's 64 MiB
+    carry), the latter as ``caches.tgz.partNN`` files under the size limit of a returned file.
+    Returns the files written. Kernels are left out whole, newest kept: half an archive would
+    not be read (a cut archive loses its end)."""
     out_dir = Path(out_dir)
+    written = [p for p in [pack_choices(out_dir)] if p is not None]
+    room = max_bytes - sum(p.stat().st_size for p in written)
+    cache = tilelang_cache_dir()
+    entries = _kernel_entries(cache)
     with tempfile.TemporaryDirectory() as tmp:
         archive = Path(tmp) / CACHE_ARCHIVE
-        with tarfile.open(archive, "w:gz") as tar:
-            if tilelang_cache_dir().is_dir():
-                tar.add(tilelang_cache_dir(), arcname="tilelang")
-            triton = triton_cache_dir()
-            for choice in sorted(triton.glob("*/*.autotune.json")) if triton.is_dir() else []:
-                tar.add(choice, arcname=f"triton/{choice.parent.name}/{choice.name}")
-        size = archive.stat().st_size
-        if size > max_bytes:
-            return []
-        parts = []
+        keep = len(entries)
+        while keep > 0:
+            with tarfile.open(archive, "w:gz") as tar:
+                for entry in entries[:keep]:
+                    tar.add(entry, arcname=f"tilelang/{entry.relative_to(cache)}")
+            size = archive.stat().st_size
+            if size <= room:
+                break
+            keep = min(keep - 1, int(keep * room / size * 0.95))   # the share that should fit, a little less
+        if keep <= 0:
+            return written
         with archive.open("rb") as f:
+            index = 0
             while chunk := f.read(PART_BYTES):
-                parts.append(out_dir / f"{CACHE_ARCHIVE}.part{len(parts):02d}")
-                parts[-1].write_bytes(chunk)
-        return parts
+                written.append(out_dir / f"{CACHE_ARCHIVE}.part{index:02d}")
+                written[-1].write_bytes(chunk)
+                index += 1
+    return written
 
 
 def unpack_caches(carry_dir: Path) -> bool:
-    """Put back what ``pack_caches`` wrote (its parts copied into ``carry_dir``). Returns whether
+    """Put back what ``pack_caches`` wrote (its files copied into ``carry_dir``). Returns whether
     there was anything to put back."""
-    parts = sorted(Path(carry_dir).glob(f"{CACHE_ARCHIVE}.part*"))
-    if not parts:
+    carry_dir = Path(carry_dir)
+    parts = sorted(carry_dir.glob(f"{CACHE_ARCHIVE}.part*"))
+    choices = carry_dir / CHOICES_ARCHIVE
+    if not parts and not choices.exists():
         return False
     with tempfile.TemporaryDirectory() as tmp:
-        archive = Path(tmp) / CACHE_ARCHIVE
-        with archive.open("wb") as f:
-            for part in parts:
-                f.write(part.read_bytes())
-        with tarfile.open(archive, "r:gz") as tar:
-            tar.extractall(tmp, filter="data")
+        archives = [choices] if choices.exists() else []
+        if parts:
+            archives.append(Path(tmp) / CACHE_ARCHIVE)
+            with archives[-1].open("wb") as f:
+                for part in parts:
+                    f.write(part.read_bytes())
+        for archive in archives:
+            with tarfile.open(archive, "r:gz") as tar:
+                tar.extractall(tmp, filter="data")
         for name, dest in (("tilelang", tilelang_cache_dir()), ("triton", triton_cache_dir())):
             if (Path(tmp) / name).is_dir():
                 shutil.copytree(Path(tmp) / name, dest, dirs_exist_ok=True)

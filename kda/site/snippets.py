@@ -28,6 +28,7 @@ import multiprocessing
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -219,12 +220,16 @@ def _child(file: str, root: str, env: dict, stdout: str, stderr: str) -> None:
 
 def _run_fresh(snippet: Snippet, timeout: float | None, env: dict) -> tuple[int | None, str, str]:
     """``python <snippet>`` in a new interpreter: (exit code, stdout, stderr); ``None`` on timeout."""
+    # a session of its own, so that a timeout also stops what the snippet started (compilers)
+    proc = subprocess.Popen([sys.executable, str(snippet.file)], cwd=snippet.root, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
-        proc = subprocess.run([sys.executable, str(snippet.file)], cwd=snippet.root, env=env,
-                              capture_output=True, text=True, timeout=timeout)
+        stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
         return None, "", ""
-    return proc.returncode, proc.stdout, proc.stderr
+    return proc.returncode, stdout, stderr
 
 
 def _run_forked(snippet: Snippet, timeout: float | None, env: dict, out: Path) -> tuple[int | None, str, str]:
