@@ -62,6 +62,16 @@ def test_pages_show_outputs_and_provenance(built_site, chapter, lang):
     assert "NVIDIA H200" in page or not gpu
     for notice in ("not measured yet", "stale record", "记录已过期", "snippet failed", "代码段运行失败"):
         assert notice not in page.lower()
+    assert "[TileLang:" not in page                  # the library's log lines are not the program's output
+
+
+def test_library_log_lines_are_left_out_of_an_output():
+    from kda.site.hooks import program_output
+
+    text = ("| a |\n2026-11-30 17:36:21  [TileLang:tilelang.cache.kernel_cache:WARNING] (kernel_cache.py:379): "
+            "Found kernel 'main' in memory cache.\nEach stage alone:\n")
+    assert program_output(text) == "| a |\nEach stage alone:\n"
+    assert program_output("2026 TileLang and [TileLang: in prose stay\n") == "2026 TileLang and [TileLang: in prose stay\n"
 
 
 def twins():
