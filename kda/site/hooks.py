@@ -196,16 +196,6 @@ def _code_block(snippet: sn.Snippet) -> str:
 LIBRARY_LOG = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d +\[TileLang:.*\n?", re.MULTILINE)
 
 
-_LIBRARY_LOG = re.compile(r"^\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}\s+\[TileLang:[^\n]*\n?", re.M)
-
-
-def program_output(text: str) -> str:
-    """A snippet's output as the page shows it: without the log lines tilelang prints while it
-    compiles or finds a kernel in its cache (dated, ``[TileLang:...]``), which are the library's
-    chatter, not the program's result. The record keeps them."""
-    return _LIBRARY_LOG.sub("", text)
-
-
 def _place_figures(output: str, snippet: sn.Snippet, page) -> str:
     """``FIGURE(name.png)`` -> a path relative to the page's source, which MkDocs checks; and
     library log lines dropped."""
@@ -227,15 +217,14 @@ def _expand(match, page) -> str:
         log.warning(f"{outcome['error']} {where}")
         return "\n".join(parts + [_notice("failure", t["error"], f"```text\n{outcome['error']}\n```")])
     if snippet.where == "cpu":
-        output = _place_figures(program_output(outcome["result"].output), snippet, page)
+        output = _place_figures(outcome["result"].output, snippet, page)
         return "\n".join(parts + ['<div class="kda-output" markdown>\n\n' + output + "\n\n</div>\n"])
 
     status, record, digest = outcome["status"]
     if status == "missing":
         log.warning(f"GPU record missing for snippet {path} {where}: run python -m kda.site run --gpu")
         return "\n".join(parts + [_notice("failure", t["missing"], t["missing_body"] + "\n\n" + t["rerun"])])
-    body = ('<div class="kda-output" markdown>\n\n' + _place_figures(program_output(record["output"]), snippet, page)
-            + "\n\n</div>\n")
+    body = '<div class="kda-output" markdown>\n\n' + _place_figures(record["output"], snippet, page) + "\n\n</div>\n"
     note = f'<p class="kda-provenance">{t["recorded"]}: {html.escape(sn.provenance_line(record))}</p>\n'
     if status == "stale":
         log.warning(f"GPU record stale for snippet {path} {where}: recorded hash {record['source_hash']}, "
