@@ -24,6 +24,7 @@ saves.
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import tarfile
@@ -165,6 +166,20 @@ def _kernel_entries(cache: Path) -> list[Path]:
     return sorted(entries, key=lambda d: d.stat().st_mtime, reverse=True)
 
 
+def _write_archive(archive: Path, entries: list[Path], cache: Path) -> None:
+    with tarfile.open(archive, "w:gz") as tar:
+        for entry in entries:
+            tar.add(entry, arcname=f"tilelang/{entry.relative_to(cache)}")
+
+
+def _compressed_size(entry: Path, cache: Path) -> int:
+    """Bytes that ``entry`` adds to a gzip'd tar of the cache, measured on its own."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        tar.add(entry, arcname=f"tilelang/{entry.relative_to(cache)}")
+    return buffer.tell()
+
+
 def pack_caches(out_dir: Path, max_bytes: int = 24 * 2**20) -> list[Path]:
     """The autotune choices (``pack_choices``) and the newest kernels of the tilelang cache that
     fit in ``max_bytes`` in all (what fits beside the 38 MB offline bundle in a call's 64 MiB
@@ -176,17 +191,19 @@ def pack_caches(out_dir: Path, max_bytes: int = 24 * 2**20) -> list[Path]:
     room = max_bytes - sum(p.stat().st_size for p in written)
     cache = tilelang_cache_dir()
     entries = _kernel_entries(cache)
+    # each kernel's compressed size once, then the newest that fit: one more compression, not a search
+    sizes = [_compressed_size(entry, cache) for entry in entries]
+    keep, used = 0, 0
+    while keep < len(entries) and used + sizes[keep] <= room:
+        used += sizes[keep]
+        keep += 1
     with tempfile.TemporaryDirectory() as tmp:
         archive = Path(tmp) / CACHE_ARCHIVE
-        keep = len(entries)
-        while keep > 0:
-            with tarfile.open(archive, "w:gz") as tar:
-                for entry in entries[:keep]:
-                    tar.add(entry, arcname=f"tilelang/{entry.relative_to(cache)}")
-            size = archive.stat().st_size
-            if size <= room:
+        while keep > 0:                       # one archive is about the sum of its entries; check it
+            _write_archive(archive, entries[:keep], cache)
+            if archive.stat().st_size <= room:
                 break
-            keep = min(keep - 1, int(keep * room / size * 0.95))   # the share that should fit, a little less
+            keep -= 1
         if keep <= 0:
             return written
         with archive.open("rb") as f:
