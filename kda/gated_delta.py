@@ -87,16 +87,19 @@ def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_
     cuda = q.device.type == "cuda"
     scale, h0, bounds = _check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel,
                                       check_values=check_values and not cuda)
-    if cuda:
+    if cuda:                                             # packed sequences: one launch per stage too
         flags = torch.zeros(2, dtype=torch.int32, device=q.device)
         g_given = g
         q, k, g = _kernel_inputs(q, k, g, use_qk_l2norm_in_kernel)
-        run = lambda q, k, v, g, beta, h0: _run_kernels(q, k, v, g, beta, scale, h0, flags)
-    else:
-        if use_qk_l2norm_in_kernel:
-            q, k = ref4.l2_normalize(q.double()), ref4.l2_normalize(k.double())
-        q = q.double() * scale
-        run = lambda q, k, v, g, beta, h0: ref0.chunked(q, k, v, g, beta, CHUNK_SIZE, h0, True)
+        table = chunk_table(bounds, q.device) if bounds is not None else None
+        o, final = _run_kernels(q, k, v, g, beta, scale, h0, flags, table)
+        if check_values:
+            raise_flagged_values(flags, g_given, beta)
+        return o.to(v.dtype), (final.float() if output_final_state else None)
+    if use_qk_l2norm_in_kernel:
+        q, k = ref4.l2_normalize(q.double()), ref4.l2_normalize(k.double())
+    q = q.double() * scale
+    run = lambda q, k, v, g, beta, h0: ref0.chunked(q, k, v, g, beta, CHUNK_SIZE, h0, True)
     if bounds is None:
         o, final = run(q, k, v, g, beta, h0)
     else:                                                # packed sequences, one after another
@@ -111,8 +114,6 @@ def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_
             pieces.append(o_n.to(v.dtype))
             finals.append(f_n[0])
         o, final = torch.cat(pieces, dim=1), torch.stack([f.float() for f in finals])
-    if cuda and check_values:
-        raise_flagged_values(flags, g_given, beta)
     return o.to(v.dtype), (final.float() if output_final_state else None)
 
 
@@ -127,27 +128,50 @@ class ChunkForm(NamedTuple):
     decay: torch.Tensor      # 2^G_last of each chunk, float32   [B, H, NC, DK]
 
 
-def prepare_chunks(q, k, v, g, beta, scale, flags=None) -> ChunkForm:
+class ChunkTable(NamedTuple):
+    """Where the chunks of packed sequences lie (on the device, int32), built once per call."""
+    chunks: torch.Tensor         # first token and length of every chunk, sequence by sequence  [NC, 2]
+    cu_seqlens: torch.Tensor     # the sequences' boundaries                                     [N + 1]
+    chunk_offsets: torch.Tensor  # index of each sequence's first chunk in ``chunks``            [N + 1]
+
+
+def chunk_table(bounds, device, chunk_size=CHUNK_SIZE) -> ChunkTable:
+    """The chunk table of the packed sequences with boundaries ``bounds`` (a host list, as
+    ``validate_cu_seqlens`` returns it): a sequence of ``n`` tokens has ``ceil(n / C)`` chunks, the
+    last one short; an empty sequence has none. Built on the host, copied to ``device`` once."""
+    cu = torch.tensor(bounds, dtype=torch.int64)
+    counts = (cu[1:] - cu[:-1] + chunk_size - 1) // chunk_size
+    offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+    seq = torch.repeat_interleave(torch.arange(len(counts)), counts)
+    first = cu[seq] + (torch.arange(int(offsets[-1])) - offsets[seq]) * chunk_size
+    length = torch.minimum(cu[seq + 1] - first, torch.tensor(chunk_size))
+    to_device = lambda x: x.to(torch.int32).to(device, non_blocking=True)
+    return ChunkTable(to_device(torch.stack([first, length], dim=1)), to_device(cu), to_device(offsets))
+
+
+def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None) -> ChunkForm:
     """Stage 1 of the level-5 pipeline (``chunk_intra``), every chunk of the batch at once.
     ``flags`` (int32 ``[2]``, zeroed) collects the kernel's value checks of ``g`` and ``beta``
-    (``raise_flagged_values``); ``None`` for callers that checked the values before."""
+    (``raise_flagged_values``); ``None`` for callers that checked the values before. With the
+    ``table`` of packed sequences (``chunk_table``, ``B = 1``) every chunk of every sequence is
+    one block of the same launch."""
     from kda.kernels import level5
     from kda.kernels.build import compile_program
 
     B, T, H, DK = q.shape
     DV, C = v.shape[-1], CHUNK_SIZE
-    NC = -(-T // C)
+    NC = -(-T // C) if table is None else table.chunks.shape[0]
     dtype, gate_dtype = ops._dtype_name(q.dtype), str(g.dtype).removeprefix("torch.")
     q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.to(torch.float32).contiguous()
     with torch.cuda.device(q.device):
         intra = compile_program(level5.chunk_intra, (), DK=DK, DV=DV, chunk_size=C, dtype=dtype,
-                                gate_dtype=gate_dtype)
+                                gate_dtype=gate_dtype, varlen=table is not None)
         new = lambda shape, dt=q.dtype: ops._new_output(shape, dt, q.device)
         Qw, Kw, decay, A_qk = new(q.shape), new(q.shape), new((B, H, NC, DK), torch.float32), new((B, T, H, C))
         W, U = new(k.shape), new(v.shape)
         if flags is None:
             flags = torch.zeros(2, dtype=torch.int32, device=q.device)
-        intra(q, k, v, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags)
+        intra(q, k, v, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, *([] if table is None else [table.chunks]))
     return ChunkForm(Qw, Kw, W, U, A_qk, decay)
 
 
@@ -159,32 +183,35 @@ def state_pass_columns(B: int, H: int, DV: int, sm_count: int) -> int:
     return 64 if B * H * (DV // 64) >= sm_count else 32
 
 
-def run_state_pass(form: ChunkForm, h0):
+def run_state_pass(form: ChunkForm, h0, table=None):
     """Stage 3, sequential over chunks from ``h0 [B, H, DK, DV]`` (``None``: zeros); returns ``o``
-    and the float32 final state."""
+    and the float32 final state. With the ``table`` of packed sequences, one state per sequence:
+    ``h0`` and the final state are ``[N, H, DK, DV]``."""
     from kda.kernels import level5
     from kda.kernels.build import compile_program
 
     B, T, H, DK = form.Qw.shape
     DV = form.U.shape[-1]
+    N = B if table is None else table.cu_seqlens.shape[0] - 1       # states
     device = form.Qw.device
     with torch.cuda.device(device):
         sm_count = torch.cuda.get_device_properties(device).multi_processor_count
         state_pass = compile_program(level5.gated_state_output_pass, (), DK=DK, DV=DV, chunk_size=CHUNK_SIZE,
-                                     block_dv=state_pass_columns(B, H, DV, sm_count),
-                                     dtype=ops._dtype_name(form.Qw.dtype))
+                                     block_dv=state_pass_columns(N, H, DV, sm_count),
+                                     dtype=ops._dtype_name(form.Qw.dtype), varlen=table is not None)
         if h0 is None:
-            h0 = torch.zeros(B, H, DK, DV, dtype=torch.float32, device=device)
+            h0 = torch.zeros(N, H, DK, DV, dtype=torch.float32, device=device)
         o = ops._new_output((B, T, H, DV), form.U.dtype, device)
-        ht = ops._new_output((B, H, DK, DV), torch.float32, device)
-        state_pass(*form, h0.to(torch.float32).contiguous(), o, ht)
+        ht = ops._new_output((N, H, DK, DV), torch.float32, device)
+        tables = [] if table is None else [table.cu_seqlens, table.chunk_offsets]
+        state_pass(*form, h0.to(torch.float32).contiguous(), o, ht, *tables)
     return o, ht
 
 
-def _run_kernels(q, k, v, g, beta, scale, h0, flags=None):
-    """One batch ``[B, T, H, *]`` through the level-5 pipeline; returns ``o`` and the float32
-    final state."""
-    return run_state_pass(prepare_chunks(q, k, v, g, beta, scale, flags), h0)
+def _run_kernels(q, k, v, g, beta, scale, h0, flags=None, table=None):
+    """One batch ``[B, T, H, *]`` (or the packed sequences of ``table``) through the level-5
+    pipeline; returns ``o`` and the float32 final states."""
+    return run_state_pass(prepare_chunks(q, k, v, g, beta, scale, flags, table), h0, table)
 # --8<-- [end:run_kernels]
 
 

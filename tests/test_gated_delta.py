@@ -4,7 +4,7 @@ variable-length batches, and the argument checks."""
 import pytest
 import torch
 
-from kda.gated_delta import chunk_gated_delta_rule, chunk_kda
+from kda.gated_delta import chunk_gated_delta_rule, chunk_kda, chunk_table
 from kda.metrics import rel_l2
 from kda.reference import level0 as ref0
 from kda.reference import level4 as ref4
@@ -104,3 +104,18 @@ def test_state_pass_columns(B, H, DV, expected):
     from kda.gated_delta import state_pass_columns
 
     assert state_pass_columns(B, H, DV, sm_count=132) == expected
+
+
+def test_chunk_table():
+    """Packed sequences in one launch: every chunk of every sequence, the last one of each short,
+    none for an empty sequence; each sequence's first chunk by offset."""
+    t = chunk_table([0, 70, 71, 71, 271, 400], "cpu")
+    assert t.chunks.dtype == torch.int32
+    assert t.chunks.tolist() == [[0, 64], [64, 6], [70, 1], [71, 64], [135, 64], [199, 64], [263, 8], [271, 64],
+                                 [335, 64], [399, 1]]
+    assert t.cu_seqlens.tolist() == [0, 70, 71, 71, 271, 400]
+    assert t.chunk_offsets.tolist() == [0, 2, 3, 3, 7, 10]
+    for n in range(5):                 # the chunks of sequence n tile exactly its tokens
+        rows = t.chunks[t.chunk_offsets[n]:t.chunk_offsets[n + 1]].tolist()
+        assert sum(length for _, length in rows) == t.cu_seqlens[n + 1] - t.cu_seqlens[n]
+        assert all(start == t.cu_seqlens[n] + 64 * i for i, (start, _) in enumerate(rows))

@@ -169,6 +169,30 @@ def test_varlen_with_initial_states(per_channel, poisoned):
         assert rel_l2(o[:, s:e], ref_o) <= BOUND and rel_l2(ht[n:n + 1], ref_ht) <= BOUND, n
 
 
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
+def test_many_short_packed_sequences(per_channel, poisoned):
+    """300 sequences of 0 to 64 tokens in one launch per stage, against each sequence run alone
+    (the same kernels on the same chunks: the rows past a sequence's end are the next sequence's
+    in the packed launch and zeros alone, and must not count)."""
+    gen = torch.Generator().manual_seed(17)
+    lengths = torch.randint(0, 65, (300,), generator=gen).tolist()
+    T = sum(lengths)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda")
+    q, k, v, g, beta, _ = inputs((1, T, 2, 128, 64), torch.bfloat16, "logsigmoid", per_channel, seed=19)
+    h0 = torch.randn(len(lengths), 2, 128, 64, device="cuda")
+    fn = kda.chunk_kda if per_channel else kda.chunk_gated_delta_rule
+    o, ht = fn(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu)
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+    bounds = cu.tolist()
+    for n, (s, e) in enumerate(zip(bounds, bounds[1:])):
+        if e == s:
+            assert torch.equal(ht[n], h0[n]), n
+            continue
+        o_n, ht_n = fn(q[:, s:e], k[:, s:e], v[:, s:e], g[:, s:e], beta[:, s:e], initial_state=h0[n:n + 1],
+                       output_final_state=True)
+        assert rel_l2(o[:, s:e], o_n) <= 1e-5 and rel_l2(ht[n:n + 1], ht_n) <= 1e-5, n
+
+
 def test_beta_zero_and_one(poisoned):
     """b = 0: the state only decays; b = 1: every key's value is written in full. Mild gates:
     under logsigmoid gates 300 steps take the state below float32's range (1e-100)."""

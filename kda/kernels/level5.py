@@ -115,7 +115,7 @@ def pairwise_diagonal(Left_s, K_s, G_s, Out_s, factor, beta_s, C, D, BC):
 
 # --8<-- [start:chunk_intra]
 def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WIDE_SUBCHUNK, dtype="bfloat16",
-                gate_dtype="float32", threads=256, min_blocks=None, delta=True):
+                gate_dtype="float32", threads=256, min_blocks=None, delta=True, varlen=False):
     """Everything a chunk needs before the sequential pass, from one load of ``q, k, g`` (and
     ``v, beta``), every chunk at once. Arguments at run time: ``Q, K [B, T, H, DK]``, ``V [B, T,
     H, DV]``, ``g [B, T, H, DK]``, ``beta [B, T, H]`` (float32), ``scale``, then the outputs
@@ -124,7 +124,10 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     (K 2^G)``, ``U = T diag(b) V`` (dtype), and last ``flags [2]`` (int32, zeroed by the caller):
     ``flags[0] = 1`` if a gate is not finite and ``<= 0``, ``flags[1] = 1`` if a ``b`` is outside
     ``[0, 1]``. Without ``delta`` (level 3's per-channel gate) there is no ``V``, ``beta``, ``W``
-    or ``U`` (and ``DV`` is not used).
+    or ``U`` (and ``DV`` is not used). With ``varlen`` (packed sequences, ``B = 1``) one more argument
+    after ``flags``: ``chunks [NC, 2]`` (int32), the first token and the length of every chunk of
+    every sequence (``chunk_table``); ``decay`` is then ``[1, H, NC, DK]`` in that order, and rows
+    past a chunk's length are neither read as data nor written (they belong to the next sequence).
 
     Every factor is a product of two numbers ``<= 1`` (or, on the diagonal, a bounded ``>= 1``):
     with ``G_ref`` the gate just before a row's sub-chunk (``subchunk`` rows) and ``G_end`` at its
@@ -150,7 +153,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     """
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     C, BC = chunk_size, subchunk
-    NC = T.ceildiv(S, C)
+    NC = T.dynamic("NC") if varlen else T.ceildiv(S, C)
     NS = C // BC
     R = 2 * C if delta else C                  # rows of the stacked left operand
     if min_blocks is None:                     # bf16 fits two blocks per SM (registers capped)
@@ -164,7 +167,18 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     assert wide is None or wide == C // 2, "wide_subchunk is half the chunk (or None)"
 
     @T.macro
-    def scores(Qw, Kw, scale, buffers, t0, bb, bh, BX):
+    def store_rows(src_s, dst, bb, t0, L, bh):
+        """The chunk's rows of ``dst`` from ``src_s``: a TMA store of the whole tile; with
+        ``varlen`` only the ``L`` rows of this sequence (the tile's other rows are the next one's)."""
+        if varlen:
+            for i, d in T.Parallel(C, src_s.shape[1]):
+                if i < L:
+                    dst[bb, t0 + i, bh, d] = src_s[i, d]
+        else:
+            T.copy(src_s, dst[bb, t0:t0 + C, bh, :])
+
+    @T.macro
+    def scores(Qw, Kw, scale, buffers, t0, L, bb, bh, BX):
         """Factor tables, Qw and Kw, and both score matrices into ``A`` by sub-chunks of ``BX`` rows
         (``buffers``: the shared and fragment buffers of ``body``, named as there)."""
         Lft_s, K_s, G_s, Ke_s, Rgt_s, Gend_s, Pref_s, Pend_s, Cross_s, A, A_part, too_steep, G_f, q_f, k_f = buffers
@@ -198,10 +212,10 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                 Lft_s[C + i, d] = kv * x
                 K_s[i, d] = kv * x * Pref_s[i // BX, d]                # K 2^G, for W
             Ke_s[i, d] = kv * y
-        T.copy(Rgt_s, Qw[bb, t0:t0 + C, bh, :])
+        store_rows(Rgt_s, Qw, bb, t0, L, bh)
         for i, d in T.Parallel(C, DK):
             Rgt_s[i, d] = Ke_s[i, d] * Pend_s[i // BX, d]
-        T.copy(Rgt_s, Kw[bb, t0:t0 + C, bh, :])
+        store_rows(Rgt_s, Kw, bb, t0, L, bh)
 
         # off the diagonal: one GEMM per query sub-chunk I, kept on its rows
         T.clear(A)
@@ -224,7 +238,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                                              T.if_then_else(causal, A_part[r, j], 0.0), A[r, j])
 
     @T.macro
-    def scores_about_middle(Qw, Kw, scale, buffers, t0, bb, bh):
+    def scores_about_middle(Qw, Kw, scale, buffers, t0, L, bb, bh):
         """Qw, Kw and both score matrices into ``A`` from one GEMM, every row and column referred to
         the gate at the chunk's middle row, ``G_m``: left ``[q; k] 2^(G - G_m)``, right
         ``k 2^(G_m - G)``. For chunks whose gate falls by at most ``DIAGONAL_SPAN_MAX`` over each
@@ -249,20 +263,19 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                 Lft_s[C + i, d] = kv * x
                 K_s[i, d] = kv * x * Pref_s[0, d]                      # K 2^G, for W
             Ke_s[i, d] = kv * T.exp2(Gend_s[0, d] - G_f[i, d])
-        T.copy(Rgt_s, Qw[bb, t0:t0 + C, bh, :])
+        store_rows(Rgt_s, Qw, bb, t0, L, bh)
         for i, d in T.Parallel(C, DK):
             Rgt_s[i, d] = Ke_s[i, d] * Pend_s[0, d]
-        T.copy(Rgt_s, Kw[bb, t0:t0 + C, bh, :])
+        store_rows(Rgt_s, Kw, bb, t0, L, bh)
         for j, d in T.Parallel(C, DK):
             Rgt_s[j, d] = Ke_s[j, d]
         T.gemm(Lft_s, Rgt_s, A, transpose_B=True, clear_accum=True)
 
     @T.macro
-    def body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, c, bb, bh):
+    def body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, c, t0, L, bb, bh):
+        """Chunk ``c`` (its index in ``decay``): ``L`` rows from token ``t0`` of sequence ``bb``."""
         if min_blocks > 1:
             T.annotate_min_blocks_per_sm(min_blocks)
-        t0 = c * C
-        L = T.min(C, S - t0)
         Lft_s = T.alloc_shared([R, DK], dtype)          # q (rows 0..C-1), later the left operand
         K_s = T.alloc_shared([C, DK], dtype)            # k, later K 2^G (for W)
         G_s = T.alloc_shared([C, DK], ACCUM)            # the cumulative gate, log2
@@ -294,7 +307,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
         k_f = T.alloc_fragment([C, DK], dtype)
         buffers = (Lft_s, K_s, G_s, Ke_s, Rgt_s, Gend_s, Pref_s, Pend_s, Cross_s, A, A_part, too_steep, G_f, q_f, k_f)
         if wide is None:
-            scores(Qw, Kw, scale, buffers, t0, bb, bh, BC)
+            scores(Qw, Kw, scale, buffers, t0, L, bb, bh, BC)
         else:
             # one GEMM about the middle while each half falls by at most DIAGONAL_SPAN_MAX, else BC
             wide_ok = T.alloc_shared([1], "int32")
@@ -303,9 +316,9 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                 if falls_too_far(G_s, s, d, wide):
                     wide_ok[0] = 0
             if wide_ok[0] == 1:
-                scores_about_middle(Qw, Kw, scale, buffers, t0, bb, bh)
+                scores_about_middle(Qw, Kw, scale, buffers, t0, L, bb, bh)
             else:
-                scores(Qw, Kw, scale, buffers, t0, bb, bh, BC)
+                scores(Qw, Kw, scale, buffers, t0, L, bb, bh, BC)
 
         # A_qk scaled and causal, A_kk strictly lower and times b (float32, shared)
         for i, j in T.Parallel(C, C):
@@ -358,7 +371,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             if too_steep[0] == 1 or not same_layout:     # the keys become K 2^G again
                 for i, d in T.Parallel(C, DK):
                     K_s[i, d] = K_s[i, d] * T.exp2(G_s[i, d])
-        T.copy(Aqk_s, A_qk[bb, t0:t0 + C, bh, :])
+        store_rows(Aqk_s, A_qk, bb, t0, L, bh)
 
         if delta:
             V_s = T.alloc_shared([C, DV], dtype)
@@ -376,10 +389,11 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             T.gemm(Tb_s, V_s, U_f, clear_accum=True)
             T.copy(W_f, K_s)                                   # through shared: whole-row stores
             T.copy(U_f, V_s)
-            T.copy(K_s, W[bb, t0:t0 + C, bh, :])
-            T.copy(V_s, U[bb, t0:t0 + C, bh, :])
+            store_rows(K_s, W, bb, t0, L, bh)
+            store_rows(V_s, U, bb, t0, L, bh)
 
-    if delta:
+    # dense: chunk c of sequence bb starts at token c C; varlen: the chunk table says where
+    if delta and not varlen:
         @T.prim_func
         def main(
             Q: T.Tensor([B, S, H, DK], dtype),
@@ -397,8 +411,28 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             flags: T.Tensor([2], "int32"),
         ):
             with T.Kernel(NC, H, B, threads=threads) as (c, bh, bb):
-                body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, c, bb, bh)
-    else:
+                body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, c, c * C, T.min(C, S - c * C), bb, bh)
+    elif delta:
+        @T.prim_func
+        def main(
+            Q: T.Tensor([1, S, H, DK], dtype),
+            K: T.Tensor([1, S, H, DK], dtype),
+            V: T.Tensor([1, S, H, DV], dtype),
+            g: T.Tensor([1, S, H, DK], gate_dtype),
+            beta: T.Tensor([1, S, H], ACCUM),
+            scale: T.float32,
+            Qw: T.Tensor([1, S, H, DK], dtype),
+            Kw: T.Tensor([1, S, H, DK], dtype),
+            decay: T.Tensor([1, H, NC, DK], ACCUM),
+            A_qk: T.Tensor([1, S, H, C], dtype),
+            W: T.Tensor([1, S, H, DK], dtype),
+            U: T.Tensor([1, S, H, DV], dtype),
+            flags: T.Tensor([2], "int32"),
+            chunks: T.Tensor([NC, 2], "int32"),
+        ):
+            with T.Kernel(NC, H, threads=threads) as (c, bh):
+                body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, c, chunks[c, 0], chunks[c, 1], 0, bh)
+    elif not varlen:
         @T.prim_func
         def main(
             Q: T.Tensor([B, S, H, DK], dtype),
@@ -412,17 +446,38 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             flags: T.Tensor([2], "int32"),
         ):
             with T.Kernel(NC, H, B, threads=threads) as (c, bh, bb):
-                body(Q, K, None, g, None, scale, Qw, Kw, decay, A_qk, None, None, flags, c, bb, bh)
+                body(Q, K, None, g, None, scale, Qw, Kw, decay, A_qk, None, None, flags, c, c * C, T.min(C, S - c * C),
+                     bb, bh)
+    else:
+        @T.prim_func
+        def main(
+            Q: T.Tensor([1, S, H, DK], dtype),
+            K: T.Tensor([1, S, H, DK], dtype),
+            g: T.Tensor([1, S, H, DK], gate_dtype),
+            scale: T.float32,
+            Qw: T.Tensor([1, S, H, DK], dtype),
+            Kw: T.Tensor([1, S, H, DK], dtype),
+            decay: T.Tensor([1, H, NC, DK], ACCUM),
+            A_qk: T.Tensor([1, S, H, C], dtype),
+            flags: T.Tensor([2], "int32"),
+            chunks: T.Tensor([NC, 2], "int32"),
+        ):
+            with T.Kernel(NC, H, threads=threads) as (c, bh):
+                body(Q, K, None, g, None, scale, Qw, Kw, decay, A_qk, None, None, flags, c, chunks[c, 0], chunks[c, 1],
+                     0, bh)
 
     return main
 # --8<-- [end:chunk_intra]
 
 
 # --8<-- [start:gated_state_output_pass]
-def gated_state_output_pass(DK, DV, chunk_size=64, block_dv=32, dtype="bfloat16"):
+def gated_state_output_pass(DK, DV, chunk_size=64, block_dv=32, dtype="bfloat16", varlen=False):
     """Arguments at run time: ``Qw, Kw, W [B, T, H, DK]``, ``U [B, T, H, DV]``, ``A_qk [B, T, H, C]``
     (dtype, scale included), ``decay [B, H, NC, DK]`` and ``h0 [B, H, DK, DV]`` (float32), then the
-    outputs ``O [B, T, H, DV]`` (dtype) and ``ht`` (float32).
+    outputs ``O [B, T, H, DV]`` (dtype) and ``ht`` (float32). With ``varlen`` (packed sequences,
+    ``B = 1``) ``h0`` and ``ht`` are ``[N, H, DK, DV]``, ``decay`` is in the order of the chunk table,
+    and two more arguments follow: ``cu_seqlens [N + 1]`` and ``chunk_offsets [N + 1]`` (int32,
+    ``chunk_table``); the rows of a sequence's last chunk past its end are masked.
 
     Warp-specialised by hand. Warpgroup 0 carries the state's chain (S to shared memory, W S,
     V_new = U - W S, S <- diag(decay) S + Kw^T V_new), warpgroup 1 the output beside it
@@ -430,88 +485,123 @@ def gated_state_output_pass(DK, DV, chunk_size=64, block_dv=32, dtype="bfloat16"
     for two GEMMs per chunk instead of four (run 39 in results/tuning)."""
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     C, BV = chunk_size, block_dv
-    NC = T.ceildiv(S, C)
+    NC = T.dynamic("NC") if varlen else T.ceildiv(S, C)
+    N = T.dynamic("N")
 
-    @T.prim_func
-    def main(
-        Qw: T.Tensor([B, S, H, DK], dtype),
-        Kw: T.Tensor([B, S, H, DK], dtype),
-        W: T.Tensor([B, S, H, DK], dtype),
-        U: T.Tensor([B, S, H, DV], dtype),
-        A_qk: T.Tensor([B, S, H, C], dtype),
-        decay: T.Tensor([B, H, NC, DK], ACCUM),
-        h0: T.Tensor([B, H, DK, DV], ACCUM),
-        O: T.Tensor([B, S, H, DV], dtype),
-        ht: T.Tensor([B, H, DK, DV], ACCUM),
-    ):
-        with T.Kernel(T.ceildiv(DV, BV), H, B, threads=384) as (bv, bh, bb):
-            dv0 = bv * BV
-            Qw_s = T.alloc_shared([2, C, DK], dtype)         # two slots: chunk c in slot c % 2
-            Kw_s = T.alloc_shared([2, C, DK], dtype)
-            W_s = T.alloc_shared([2, C, DK], dtype)
-            A_s = T.alloc_shared([2, C, C], dtype)
-            U_s = T.alloc_shared([2, C, BV], dtype)
-            decay_s = T.alloc_shared([2, DK], ACCUM)
-            S_s = T.alloc_shared([DK, BV], dtype)
-            Vn_s = T.alloc_shared([C, BV], dtype)
-            O_s = T.alloc_shared([C, BV], dtype)
-            S_f = T.alloc_fragment([DK, BV], ACCUM)
-            WS = T.alloc_fragment([C, BV], ACCUM)
-            acc_o = T.alloc_fragment([C, BV], ACCUM)
-            data_ready = T.alloc_barrier(arrive_count=[32, 32])      # the producer warp, + TMA bytes
-            data_free = T.alloc_barrier(arrive_count=[256, 256])     # both warpgroups
-            s_ready = T.alloc_barrier(arrive_count=128)
-            s_free = T.alloc_barrier(arrive_count=128)
-            vn_ready = T.alloc_barrier(arrive_count=128)
-            vn_free = T.alloc_barrier(arrive_count=128)
-            tx = T.get_thread_binding()
-            # a wait for parity (c + 1) % 2 passes at c = 0 (the phase before the first) and then
-            # waits for the other side's arrival of chunk c - 1
-            if tx < 128:
-                T.copy(h0[bb, bh, :, dv0:dv0 + BV], S_f)
-                for c in T.serial(NC):
-                    slot = c % 2
-                    T.barrier_wait(data_ready[slot], (c // 2) % 2)
-                    T.barrier_wait(s_free, (c + 1) % 2)               # warpgroup 1 has read S_s
-                    T.copy(S_f, S_s)
-                    T.fence_proxy_async()
-                    T.barrier_arrive(s_ready)
-                    T.gemm(W_s[slot, :, :], S_s, WS, clear_accum=True)
-                    T.barrier_wait(vn_free, (c + 1) % 2)
-                    for i, j in T.Parallel(C, BV):
+    @T.macro
+    def body(Qw, Kw, W, U, A_qk, decay, h0, O, ht, bv, bh, bb, n, t_first, t_end, n_chunks, c_first):
+        """Value columns ``bv`` of head ``bh`` over sequence ``n``: tokens ``t_first .. t_end`` of
+        batch row ``bb``, ``n_chunks`` chunks from ``c_first`` in ``decay``."""
+        dv0 = bv * BV
+        Qw_s = T.alloc_shared([2, C, DK], dtype)         # two slots: chunk c in slot c % 2
+        Kw_s = T.alloc_shared([2, C, DK], dtype)
+        W_s = T.alloc_shared([2, C, DK], dtype)
+        A_s = T.alloc_shared([2, C, C], dtype)
+        U_s = T.alloc_shared([2, C, BV], dtype)
+        decay_s = T.alloc_shared([2, DK], ACCUM)
+        S_s = T.alloc_shared([DK, BV], dtype)
+        Vn_s = T.alloc_shared([C, BV], dtype)
+        O_s = T.alloc_shared([C, BV], dtype)
+        S_f = T.alloc_fragment([DK, BV], ACCUM)
+        WS = T.alloc_fragment([C, BV], ACCUM)
+        acc_o = T.alloc_fragment([C, BV], ACCUM)
+        data_ready = T.alloc_barrier(arrive_count=[32, 32])      # the producer warp, + TMA bytes
+        data_free = T.alloc_barrier(arrive_count=[256, 256])     # both warpgroups
+        s_ready = T.alloc_barrier(arrive_count=128)
+        s_free = T.alloc_barrier(arrive_count=128)
+        vn_ready = T.alloc_barrier(arrive_count=128)
+        vn_free = T.alloc_barrier(arrive_count=128)
+        tx = T.get_thread_binding()
+        # a wait for parity (c + 1) % 2 passes at c = 0 (the phase before the first) and then
+        # waits for the other side's arrival of chunk c - 1
+        if tx < 128:
+            T.copy(h0[n, bh, :, dv0:dv0 + BV], S_f)
+            for c in T.serial(n_chunks):
+                slot = c % 2
+                T.barrier_wait(data_ready[slot], (c // 2) % 2)
+                T.barrier_wait(s_free, (c + 1) % 2)               # warpgroup 1 has read S_s
+                T.copy(S_f, S_s)
+                T.fence_proxy_async()
+                T.barrier_arrive(s_ready)
+                T.gemm(W_s[slot, :, :], S_s, WS, clear_accum=True)
+                T.barrier_wait(vn_free, (c + 1) % 2)
+                for i, j in T.Parallel(C, BV):
+                    if varlen:                  # rows past the sequence are the next one's
+                        Vn_s[i, j] = T.if_then_else(t_first + c * C + i < t_end, U_s[slot, i, j] - WS[i, j], 0.0)
+                    else:
                         Vn_s[i, j] = U_s[slot, i, j] - WS[i, j]
-                    T.fence_proxy_async()
-                    T.barrier_arrive(vn_ready)
-                    for i, j in T.Parallel(DK, BV):
-                        S_f[i, j] = S_f[i, j] * decay_s[slot, i]
-                    T.gemm(Kw_s[slot, :, :], Vn_s, S_f, transpose_A=True)
-                    T.barrier_arrive(data_free[slot])
-                T.copy(S_f, ht[bb, bh, :, dv0:dv0 + BV])
-            elif tx < 256:
-                for c in T.serial(NC):
-                    slot = c % 2
-                    T.barrier_wait(data_ready[slot], (c // 2) % 2)
-                    T.barrier_wait(s_ready, c % 2)
-                    T.gemm(Qw_s[slot, :, :], S_s, acc_o, clear_accum=True)
-                    T.barrier_arrive(s_free)
-                    T.barrier_wait(vn_ready, c % 2)
-                    T.gemm(A_s[slot, :, :], Vn_s, acc_o)
-                    T.barrier_arrive(vn_free)
-                    T.barrier_arrive(data_free[slot])
-                    T.copy(acc_o, O_s)
+                T.fence_proxy_async()
+                T.barrier_arrive(vn_ready)
+                for i, j in T.Parallel(DK, BV):
+                    S_f[i, j] = S_f[i, j] * decay_s[slot, i]
+                T.gemm(Kw_s[slot, :, :], Vn_s, S_f, transpose_A=True)
+                T.barrier_arrive(data_free[slot])
+            T.copy(S_f, ht[n, bh, :, dv0:dv0 + BV])
+        elif tx < 256:
+            for c in T.serial(n_chunks):
+                slot = c % 2
+                T.barrier_wait(data_ready[slot], (c // 2) % 2)
+                T.barrier_wait(s_ready, c % 2)
+                T.gemm(Qw_s[slot, :, :], S_s, acc_o, clear_accum=True)
+                T.barrier_arrive(s_free)
+                T.barrier_wait(vn_ready, c % 2)
+                T.gemm(A_s[slot, :, :], Vn_s, acc_o)
+                T.barrier_arrive(vn_free)
+                T.barrier_arrive(data_free[slot])
+                T.copy(acc_o, O_s)
+                if varlen:
+                    for i, j in T.Parallel(C, BV):
+                        if t_first + c * C + i < t_end:
+                            O[bb, t_first + c * C + i, bh, dv0 + j] = O_s[i, j]
+                else:
                     T.copy(O_s, O[bb, c * C:(c + 1) * C, bh, dv0:dv0 + BV])
-            elif tx < 288:
-                for c in T.serial(NC):
-                    slot = c % 2
-                    T.barrier_wait(data_free[slot], (c // 2 + 1) % 2)
-                    rows = slice(c * C, (c + 1) * C)
-                    T.tma_copy(Qw[bb, rows, bh, :], Qw_s[slot, :, :], barrier=data_ready[slot])
-                    T.tma_copy(Kw[bb, rows, bh, :], Kw_s[slot, :, :], barrier=data_ready[slot])
-                    T.tma_copy(W[bb, rows, bh, :], W_s[slot, :, :], barrier=data_ready[slot])
-                    T.tma_copy(A_qk[bb, rows, bh, :], A_s[slot, :, :], barrier=data_ready[slot])
-                    T.tma_copy(U[bb, rows, bh, dv0:dv0 + BV], U_s[slot, :, :], barrier=data_ready[slot])
-                    T.tma_copy(decay[bb, bh, c, :], decay_s[slot, :], barrier=data_ready[slot])
-                    T.barrier_arrive(data_ready[slot])
+        elif tx < 288:
+            for c in T.serial(n_chunks):
+                slot = c % 2
+                T.barrier_wait(data_free[slot], (c // 2 + 1) % 2)
+                rows = slice(t_first + c * C, t_first + (c + 1) * C)
+                T.tma_copy(Qw[bb, rows, bh, :], Qw_s[slot, :, :], barrier=data_ready[slot])
+                T.tma_copy(Kw[bb, rows, bh, :], Kw_s[slot, :, :], barrier=data_ready[slot])
+                T.tma_copy(W[bb, rows, bh, :], W_s[slot, :, :], barrier=data_ready[slot])
+                T.tma_copy(A_qk[bb, rows, bh, :], A_s[slot, :, :], barrier=data_ready[slot])
+                T.tma_copy(U[bb, rows, bh, dv0:dv0 + BV], U_s[slot, :, :], barrier=data_ready[slot])
+                T.tma_copy(decay[bb, bh, c_first + c, :], decay_s[slot, :], barrier=data_ready[slot])
+                T.barrier_arrive(data_ready[slot])
+
+
+    if not varlen:
+        @T.prim_func
+        def main(
+            Qw: T.Tensor([B, S, H, DK], dtype),
+            Kw: T.Tensor([B, S, H, DK], dtype),
+            W: T.Tensor([B, S, H, DK], dtype),
+            U: T.Tensor([B, S, H, DV], dtype),
+            A_qk: T.Tensor([B, S, H, C], dtype),
+            decay: T.Tensor([B, H, NC, DK], ACCUM),
+            h0: T.Tensor([B, H, DK, DV], ACCUM),
+            O: T.Tensor([B, S, H, DV], dtype),
+            ht: T.Tensor([B, H, DK, DV], ACCUM),
+        ):
+            with T.Kernel(T.ceildiv(DV, BV), H, B, threads=384) as (bv, bh, bb):
+                body(Qw, Kw, W, U, A_qk, decay, h0, O, ht, bv, bh, bb, bb, 0, S, NC, 0)
+    else:
+        @T.prim_func
+        def main(
+            Qw: T.Tensor([1, S, H, DK], dtype),
+            Kw: T.Tensor([1, S, H, DK], dtype),
+            W: T.Tensor([1, S, H, DK], dtype),
+            U: T.Tensor([1, S, H, DV], dtype),
+            A_qk: T.Tensor([1, S, H, C], dtype),
+            decay: T.Tensor([1, H, NC, DK], ACCUM),
+            h0: T.Tensor([N, H, DK, DV], ACCUM),
+            O: T.Tensor([1, S, H, DV], dtype),
+            ht: T.Tensor([N, H, DK, DV], ACCUM),
+            cu_seqlens: T.Tensor([N + 1], "int32"),
+            chunk_offsets: T.Tensor([N + 1], "int32"),
+        ):
+            with T.Kernel(T.ceildiv(DV, BV), H, N, threads=384) as (bv, bh, n):
+                body(Qw, Kw, W, U, A_qk, decay, h0, O, ht, bv, bh, 0, n, cu_seqlens[n], cu_seqlens[n + 1],
+                     chunk_offsets[n + 1] - chunk_offsets[n], chunk_offsets[n])
 
     return main
 # --8<-- [end:gated_state_output_pass]
