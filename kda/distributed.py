@@ -98,6 +98,7 @@ def context_parallel(q, k, v, g, beta, scale=None, initial_state=None, output_fi
     while the others wait in the all-gather, as with any ``torch.distributed`` call."""
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     scale, h0, _ = _check_inputs(q, k, v, g, beta, scale, initial_state, None, g.dim() == 4)
+    _check_ungrouped(q, v)
     if q.is_cuda:
         q, k, g = _kernel_inputs(q, k, g, use_qk_l2norm_in_kernel)
         form = prepare_chunks(q, k, v, g, beta, scale)            # once: for the map and the recompute
@@ -164,6 +165,7 @@ def split_forward(q, k, v, g, beta, pieces: int | None = None, scale=None, initi
     if pieces is not None and (isinstance(pieces, bool) or not isinstance(pieces, int) or pieces < 1):
         raise ValueError(f"pieces must be a positive int or None, got {pieces!r}")
     scale, h0, _ = _check_inputs(q, k, v, g, beta, scale, initial_state, None, g.dim() == 4)
+    _check_ungrouped(q, v)
     if q.is_cuda and chunk_size != CHUNK_SIZE:
         raise ValueError(f"chunk_size must be {CHUNK_SIZE} on CUDA (the kernels' chunk), got {chunk_size}")
     B, T, H, _ = q.shape
@@ -190,6 +192,13 @@ def split_forward(q, k, v, g, beta, pieces: int | None = None, scale=None, initi
                                      use_qk_l2norm_in_kernel)
         outputs.append(o)
     return torch.cat(outputs, dim=1), (final if output_final_state else None)
+
+
+def _check_ungrouped(q, v):
+    """The split and context parallelism take as many value heads as query heads (not yet grouped)."""
+    if v.shape[2] != q.shape[2]:
+        raise ValueError(f"split_forward and context_parallel need v with the H = {q.shape[2]} heads of q (grouped "
+                         f"value heads are not supported there yet), got {v.shape[2]}")
 
 
 def _pad_time(x, pad: int):

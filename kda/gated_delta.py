@@ -8,8 +8,10 @@ The recurrence (fla's convention, state ``d_k x d_v``)::
 On CUDA the kernels of ``kda.kernels.level5`` (a scalar gate is broadcast over the key
 channels and takes the KDA path), in two steps that ``kda.distributed`` reuses: ``prepare_chunks``
 (``chunk_intra``, every chunk at once) and ``run_state_pass`` (sequential); on the CPU the float64
-chunked reference of ``kda.reference.level0``. Packed sequences (``cu_seqlens``) run one after
-another.
+chunked reference of ``kda.reference.level0``. Packed sequences (``cu_seqlens``) go through each
+kernel in one launch (``chunk_table``), and through the CPU reference one after another. ``v``, ``g``,
+``beta`` and the states may have more heads than ``q`` and ``k`` (grouped value heads, as in fla):
+``HV`` a multiple of ``H``, value head ``i`` reading query and key head ``i // (HV / H)``.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def _check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channe
     initial state or ``None``, and the ``cu_seqlens`` boundaries or ``None``. With
     ``check_values=False`` the values of ``g`` and ``beta`` are left to ``raise_flagged_values``
     after the kernels (``chunk_intra`` checks them as it reads them)."""
-    B, T, H, DK, DV = validate.check_qkv(q, k, v)
+    B, T, H, DK, DV = validate.check_qkv(q, k, v, grouped_values=True)      # H: the value heads
     if validate_gates(g, B, T, H, DK, q.device, check_values=check_values) != per_channel:
         form = "[B, T, H, DK] (one gate per key channel)" if per_channel else "[B, T, H] (one gate per head)"
         raise ValueError(f"g must have shape {form} here, got {validate._shape(g)}")
@@ -99,6 +101,8 @@ def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_
     if use_qk_l2norm_in_kernel:
         q, k = ref4.l2_normalize(q.double()), ref4.l2_normalize(k.double())
     q = q.double() * scale
+    group = v.shape[2] // q.shape[2]                     # grouped value heads: q, k repeated
+    q, k = q.repeat_interleave(group, dim=2), k.repeat_interleave(group, dim=2)
     run = lambda q, k, v, g, beta, h0: ref0.chunked(q, k, v, g, beta, CHUNK_SIZE, h0, True)
     if bounds is None:
         o, final = run(q, k, v, g, beta, h0)
@@ -158,8 +162,8 @@ def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None) -> ChunkForm
     from kda.kernels import level5
     from kda.kernels.build import compile_program
 
-    B, T, H, DK = q.shape
-    DV, C = v.shape[-1], CHUNK_SIZE
+    B, T, _, DK = q.shape
+    H, DV, C = v.shape[2], v.shape[-1], CHUNK_SIZE       # H: value heads (q, k may have fewer)
     NC = -(-T // C) if table is None else table.chunks.shape[0]
     dtype, gate_dtype = ops._dtype_name(q.dtype), str(g.dtype).removeprefix("torch.")
     q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.to(torch.float32).contiguous()
@@ -167,8 +171,8 @@ def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None) -> ChunkForm
         intra = compile_program(level5.chunk_intra, (), DK=DK, DV=DV, chunk_size=C, dtype=dtype,
                                 gate_dtype=gate_dtype, varlen=table is not None)
         new = lambda shape, dt=q.dtype: ops._new_output(shape, dt, q.device)
-        Qw, Kw, decay, A_qk = new(q.shape), new(q.shape), new((B, H, NC, DK), torch.float32), new((B, T, H, C))
-        W, U = new(k.shape), new(v.shape)
+        Qw, Kw, W = new((B, T, H, DK)), new((B, T, H, DK)), new((B, T, H, DK))
+        decay, A_qk, U = new((B, H, NC, DK), torch.float32), new((B, T, H, C)), new(v.shape)
         if flags is None:
             flags = torch.zeros(2, dtype=torch.int32, device=q.device)
         intra(q, k, v, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, *([] if table is None else [table.chunks]))
@@ -221,7 +225,8 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     """Kimi Delta Attention, forward. Arguments as in fla 0.6.0's ``chunk_kda``:
 
     Args:
-        q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``.
+        q, k: ``[B, T, H, K]``; v: ``[B, T, HV, V]``, ``HV = H`` or a multiple of it (grouped value
+            heads: value head ``i`` reads query and key head ``i // (HV / H)``); below, ``H`` is ``HV``.
         g: ``[B, T, H, K]``, the per-channel forget gate in log space (``<= 0``, finite).
         beta: ``[B, T, H]``, in ``[0, 1]``.
         scale: multiplies ``q``; ``None`` means ``K ** -0.5``.

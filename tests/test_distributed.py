@@ -104,3 +104,10 @@ def test_split_forward_rejects_bad_input():
 ])
 def test_choose_pieces(B, H, DV, T, expected):
     assert choose_pieces(B, H, DV, T, sm_count=132) == expected
+
+
+def test_grouped_value_heads_are_refused():
+    q = k = torch.randn(1, 64, 2, 16)
+    v, g, beta = torch.randn(1, 64, 4, 16), -torch.rand(1, 64, 4, 16), torch.rand(1, 64, 4)
+    with pytest.raises(ValueError, match="need v with the H = 2 heads of q"):
+        split_forward(q, k, v, g, beta, 2)

@@ -119,3 +119,34 @@ def test_chunk_table():
         rows = t.chunks[t.chunk_offsets[n]:t.chunk_offsets[n + 1]].tolist()
         assert sum(length for _, length in rows) == t.cu_seqlens[n + 1] - t.cu_seqlens[n]
         assert all(start == t.cu_seqlens[n] + 64 * i for i, (start, _) in enumerate(rows))
+
+
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
+def test_grouped_value_heads_read_their_query_head(per_channel):
+    """v, g, beta and the states with HV = 3 H heads: value head i reads q, k head i // 3, so the
+    result is that of q and k repeated per value head."""
+    gen = torch.Generator().manual_seed(3)
+    B, T, H, HV, D = 1, 70, 2, 6, 16
+    q, k = torch.randn(B, T, H, D, generator=gen), ref4.l2_normalize(torch.randn(B, T, H, D, generator=gen))
+    v = torch.randn(B, T, HV, D, generator=gen)
+    g = -torch.rand((B, T, HV, D) if per_channel else (B, T, HV), generator=gen)
+    beta, h0 = torch.rand(B, T, HV, generator=gen), torch.randn(B, HV, D, D, generator=gen)
+    fn = chunk_kda if per_channel else chunk_gated_delta_rule
+    o, s = fn(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    q3, k3 = q.repeat_interleave(3, dim=2), k.repeat_interleave(3, dim=2)
+    o_ref, s_ref = fn(q3, k3, v, g, beta, initial_state=h0, output_final_state=True)
+    assert torch.equal(o, o_ref) and torch.equal(s, s_ref)
+
+
+def test_grouped_value_heads_bad_shapes():
+    B, T, H, D = 1, 8, 2, 16
+    q = k = torch.randn(B, T, H, D)
+    with pytest.raises(ValueError, match="HV a multiple of the H = 2 heads of q"):
+        chunk_kda(q, k, torch.randn(B, T, 3, D), -torch.rand(B, T, 3, D), torch.rand(B, T, 3))
+    with pytest.raises(ValueError, match="g must"):      # the gate has the value heads
+        chunk_kda(q, k, torch.randn(B, T, 4, D), -torch.rand(B, T, 2, D), torch.rand(B, T, 4))
+    with pytest.raises(ValueError, match="beta"):
+        chunk_kda(q, k, torch.randn(B, T, 4, D), -torch.rand(B, T, 4, D), torch.rand(B, T, 2))
+    with pytest.raises(ValueError, match="initial_state"):
+        chunk_kda(q, k, torch.randn(B, T, 4, D), -torch.rand(B, T, 4, D), torch.rand(B, T, 4),
+                  initial_state=torch.zeros(B, 2, D, D))

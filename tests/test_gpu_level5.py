@@ -193,6 +193,26 @@ def test_many_short_packed_sequences(per_channel, poisoned):
         assert rel_l2(o[:, s:e], o_n) <= 1e-5 and rel_l2(ht[n:n + 1], ht_n) <= 1e-5, n
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
+def test_grouped_value_heads(per_channel, packed, poisoned):
+    """q, k with 2 heads, v, g, beta and the states with 6: the kernels read query and key head
+    i // 3 for value head i, the same arithmetic as q and k repeated per value head; and within
+    the bound of the float64 recurrence."""
+    q, k, v, g, beta, h0 = inputs((1, 300, 6, 128, 64), torch.bfloat16, "logsigmoid", per_channel, seed=23)
+    q, k = q[:, :, ::3].contiguous(), k[:, :, ::3].contiguous()
+    cu = torch.tensor([0, 100, 101, 300], device="cuda") if packed else None
+    h0 = torch.randn(3 if packed else 1, 6, 128, 64, device="cuda")
+    fn = kda.chunk_kda if per_channel else kda.chunk_gated_delta_rule
+    o, ht = fn(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu)
+    q3, k3 = q.repeat_interleave(3, dim=2), k.repeat_interleave(3, dim=2)
+    o3, ht3 = fn(q3, k3, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu)
+    assert torch.equal(o, o3) and torch.equal(ht, ht3)
+    if not packed:
+        ref_o, ref_ht = ref0.recurrent(q3.double() * 128 ** -0.5, k3, v, g, beta, h0, True)
+        assert rel_l2(o, ref_o) <= BOUND and rel_l2(ht, ref_ht) <= BOUND
+
+
 def test_beta_zero_and_one(poisoned):
     """b = 0: the state only decays; b = 1: every key's value is written in full. Mild gates:
     under logsigmoid gates 300 steps take the state below float32's range (1e-100)."""

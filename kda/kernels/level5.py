@@ -128,6 +128,8 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     after ``flags``: ``chunks [NC, 2]`` (int32), the first token and the length of every chunk of
     every sequence (``chunk_table``); ``decay`` is then ``[1, H, NC, DK]`` in that order, and rows
     past a chunk's length are neither read as data nor written (they belong to the next sequence).
+    ``Q`` and ``K`` may have fewer heads than the rest (grouped value heads, as in fla): ``HQ``
+    dividing ``H``, value head ``h`` reading query and key head ``h // (H / HQ)``.
 
     Every factor is a product of two numbers ``<= 1`` (or, on the diagonal, a bounded ``>= 1``):
     with ``G_ref`` the gate just before a row's sub-chunk (``subchunk`` rows) and ``G_end`` at its
@@ -153,6 +155,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     """
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     C, BC = chunk_size, subchunk
+    HQ = T.dynamic("HQ")                       # query and key heads; H (value heads) is a multiple
     NC = T.dynamic("NC") if varlen else T.ceildiv(S, C)
     NS = C // BC
     R = 2 * C if delta else C                  # rows of the stacked left operand
@@ -273,7 +276,9 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
 
     @T.macro
     def body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, c, t0, L, bb, bh):
-        """Chunk ``c`` (its index in ``decay``): ``L`` rows from token ``t0`` of sequence ``bb``."""
+        """Chunk ``c`` (its index in ``decay``): ``L`` rows from token ``t0`` of sequence ``bb``, value
+        head ``bh``, which reads query and key head ``bh // (H / HQ)`` (grouped value heads)."""
+        hq = bh // (H // HQ)
         if min_blocks > 1:
             T.annotate_min_blocks_per_sm(min_blocks)
         Lft_s = T.alloc_shared([R, DK], dtype)          # q (rows 0..C-1), later the left operand
@@ -294,8 +299,8 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
         too_steep = T.alloc_shared([1], "int32")
         g_s = G_s if gate_dtype == ACCUM else T.alloc_shared([C, DK], gate_dtype)
 
-        T.copy(Q[bb, t0:t0 + C, bh, :], Rgt_s)
-        T.copy(K[bb, t0:t0 + C, bh, :], K_s)
+        T.copy(Q[bb, t0:t0 + C, hq, :], Rgt_s)
+        T.copy(K[bb, t0:t0 + C, hq, :], K_s)
         T.copy(g[bb, t0:t0 + C, bh, :], g_s)
         log2_cumsum_by_columns(g_s, G_s, L, C, DK, flags)
 
@@ -338,8 +343,8 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
 
         # the diagonal from the original q and k, reloaded (rare for bf16: steep gates only)
         if too_steep[0] == 1 or not same_layout:
-            T.copy(Q[bb, t0:t0 + C, bh, :], Rgt_s)
-            T.copy(K[bb, t0:t0 + C, bh, :], K_s)
+            T.copy(Q[bb, t0:t0 + C, hq, :], Rgt_s)
+            T.copy(K[bb, t0:t0 + C, hq, :], K_s)
             if same_layout:                              # G_s holds Ke: the cumsum again
                 T.copy(g[bb, t0:t0 + C, bh, :], g_s)
                 log2_cumsum_by_columns(g_s, G_s, L, C, DK, flags)
@@ -396,8 +401,8 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     if delta and not varlen:
         @T.prim_func
         def main(
-            Q: T.Tensor([B, S, H, DK], dtype),
-            K: T.Tensor([B, S, H, DK], dtype),
+            Q: T.Tensor([B, S, HQ, DK], dtype),
+            K: T.Tensor([B, S, HQ, DK], dtype),
             V: T.Tensor([B, S, H, DV], dtype),
             g: T.Tensor([B, S, H, DK], gate_dtype),
             beta: T.Tensor([B, S, H], ACCUM),
@@ -415,8 +420,8 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     elif delta:
         @T.prim_func
         def main(
-            Q: T.Tensor([1, S, H, DK], dtype),
-            K: T.Tensor([1, S, H, DK], dtype),
+            Q: T.Tensor([1, S, HQ, DK], dtype),
+            K: T.Tensor([1, S, HQ, DK], dtype),
             V: T.Tensor([1, S, H, DV], dtype),
             g: T.Tensor([1, S, H, DK], gate_dtype),
             beta: T.Tensor([1, S, H], ACCUM),
@@ -435,8 +440,8 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     elif not varlen:
         @T.prim_func
         def main(
-            Q: T.Tensor([B, S, H, DK], dtype),
-            K: T.Tensor([B, S, H, DK], dtype),
+            Q: T.Tensor([B, S, HQ, DK], dtype),
+            K: T.Tensor([B, S, HQ, DK], dtype),
             g: T.Tensor([B, S, H, DK], gate_dtype),
             scale: T.float32,
             Qw: T.Tensor([B, S, H, DK], dtype),
@@ -451,8 +456,8 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     else:
         @T.prim_func
         def main(
-            Q: T.Tensor([1, S, H, DK], dtype),
-            K: T.Tensor([1, S, H, DK], dtype),
+            Q: T.Tensor([1, S, HQ, DK], dtype),
+            K: T.Tensor([1, S, HQ, DK], dtype),
             g: T.Tensor([1, S, H, DK], gate_dtype),
             scale: T.float32,
             Qw: T.Tensor([1, S, H, DK], dtype),
