@@ -169,7 +169,7 @@ def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None) -> ChunkForm
     q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.to(torch.float32).contiguous()
     with torch.cuda.device(q.device):
         intra = compile_program(level5.chunk_intra, (), DK=DK, DV=DV, chunk_size=C, dtype=dtype,
-                                gate_dtype=gate_dtype, varlen=table is not None)
+                                gate_dtype=gate_dtype, varlen=table is not None, value_groups=H // q.shape[2])
         new = lambda shape, dt=q.dtype: ops._new_output(shape, dt, q.device)
         Qw, Kw, W = new((B, T, H, DK)), new((B, T, H, DK)), new((B, T, H, DK))
         decay, A_qk, U = new((B, H, NC, DK), torch.float32), new((B, T, H, C)), new(v.shape)

@@ -115,7 +115,7 @@ def pairwise_diagonal(Left_s, K_s, G_s, Out_s, factor, beta_s, C, D, BC):
 
 # --8<-- [start:chunk_intra]
 def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WIDE_SUBCHUNK, dtype="bfloat16",
-                gate_dtype="float32", threads=256, min_blocks=None, delta=True, varlen=False):
+                gate_dtype="float32", threads=256, min_blocks=None, delta=True, varlen=False, value_groups=1):
     """Everything a chunk needs before the sequential pass, from one load of ``q, k, g`` (and
     ``v, beta``), every chunk at once. Arguments at run time: ``Q, K [B, T, H, DK]``, ``V [B, T,
     H, DV]``, ``g [B, T, H, DK]``, ``beta [B, T, H]`` (float32), ``scale``, then the outputs
@@ -128,8 +128,8 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     after ``flags``: ``chunks [NC, 2]`` (int32), the first token and the length of every chunk of
     every sequence (``chunk_table``); ``decay`` is then ``[1, H, NC, DK]`` in that order, and rows
     past a chunk's length are neither read as data nor written (they belong to the next sequence).
-    ``Q`` and ``K`` may have fewer heads than the rest (grouped value heads, as in fla): ``HQ``
-    dividing ``H``, value head ``h`` reading query and key head ``h // (H / HQ)``.
+    ``Q`` and ``K`` may have fewer heads than the rest (grouped value heads, as in fla):
+    ``H = value_groups HQ``, value head ``h`` reading query and key head ``h // value_groups``.
 
     Every factor is a product of two numbers ``<= 1`` (or, on the diagonal, a bounded ``>= 1``):
     with ``G_ref`` the gate just before a row's sub-chunk (``subchunk`` rows) and ``G_end`` at its
@@ -155,7 +155,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     """
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     C, BC = chunk_size, subchunk
-    HQ = T.dynamic("HQ")                       # query and key heads; H (value heads) is a multiple
+    HQ = T.dynamic("HQ")                       # query and key heads: H = value_groups HQ
     NC = T.dynamic("NC") if varlen else T.ceildiv(S, C)
     NS = C // BC
     R = 2 * C if delta else C                  # rows of the stacked left operand
@@ -277,8 +277,8 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     @T.macro
     def body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, c, t0, L, bb, bh):
         """Chunk ``c`` (its index in ``decay``): ``L`` rows from token ``t0`` of sequence ``bb``, value
-        head ``bh``, which reads query and key head ``bh // (H / HQ)`` (grouped value heads)."""
-        hq = bh // (H // HQ)
+        head ``bh``, which reads query and key head ``bh // value_groups`` (grouped value heads)."""
+        hq = bh // value_groups if value_groups > 1 else bh
         if min_blocks > 1:
             T.annotate_min_blocks_per_sm(min_blocks)
         Lft_s = T.alloc_shared([R, DK], dtype)          # q (rows 0..C-1), later the left operand
