@@ -28,8 +28,7 @@ from kda.site.snippets import git_commit, kda_closure
 KDA = Path(__file__).resolve().parent
 VERIFIED_ON = "NVIDIA H200 (Hopper, sm_90a)"     # where every GPU test and record of the site ran
 BF16_128 = dict(DK=128, DV=128, dtype="bfloat16")
-LEVEL5_KERNELS = (("level5", "chunk_intra", dict(BF16_128, gate_dtype="float32")),
-                  ("level5", "gated_state_output_pass", BF16_128))
+STATE_PASS = ("level5", "gated_state_output_pass", BF16_128)
 
 
 @dataclass(frozen=True)
@@ -65,12 +64,12 @@ OPS = {
         "gated_delta", "level0",
         "chunk_kda(q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=True)",
         "recurrent(q * scale, k, v, g, beta, h0, True)",
-        LEVEL5_KERNELS),
+        (("level5", "chunk_intra", dict(BF16_128, gate_dtype="float32")), STATE_PASS)),
     "chunk_gated_delta_rule": Op(
         "gated_delta", "level0",
         "chunk_gated_delta_rule(q, k, v, g_head, beta, scale=scale, initial_state=h0, output_final_state=True)",
         "recurrent(q * scale, k, v, g_head, beta, h0, True)",
-        LEVEL5_KERNELS),
+        (("level5", "chunk_intra", dict(BF16_128, gate_dtype="float32", scalar_gate=True)), STATE_PASS)),
 }
 
 

@@ -5,8 +5,8 @@ The recurrence (fla's convention, state ``d_k x d_v``)::
 
     S <- diag(exp(g_t)) S;   S <- S + beta_t k_t (v_t - S^T k_t)^T;   o_t = S^T (scale q_t)
 
-On CUDA the kernels of ``kda.kernels.level5`` (a scalar gate is broadcast over the key
-channels and takes the KDA path), in two steps that ``kda.distributed`` reuses: ``prepare_chunks``
+On CUDA the kernels of ``kda.kernels.level5`` (a scalar gate takes ``chunk_intra``'s scalar
+path: one GEMM for the scores, the decay applied after it), in two steps that ``kda.distributed`` reuses: ``prepare_chunks``
 (``chunk_intra``, every chunk at once) and ``run_state_pass`` (sequential); on the CPU the float64
 chunked reference of ``kda.reference.level0``. Packed sequences (``cu_seqlens``) go through each
 kernel in one launch (``chunk_table``), and through the CPU reference one after another. ``v``, ``g``,
@@ -79,11 +79,12 @@ def _check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channe
 
 
 def _kernel_inputs(q, k, g, use_qk_l2norm_in_kernel):
-    """CUDA: ``q, k`` normalized if asked, and the gate per key channel (a scalar gate broadcast)."""
+    """CUDA: ``q, k`` normalized if asked, and the gate as ``[B, T, H, K]`` per key channel or
+    ``[B, T, H, 1]`` per head (``chunk_intra``'s scalar path: no broadcast copy)."""
     if use_qk_l2norm_in_kernel:
         q, k = (ref4.l2_normalize(x.float()).to(x.dtype) for x in (q, k))
     if g.dim() == 3:
-        g = g[..., None].expand(*g.shape, k.shape[-1])
+        g = g[..., None]
     return q, k, g.contiguous()
 
 
@@ -183,7 +184,8 @@ def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None) -> ChunkForm
     q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.to(torch.float32).contiguous()
     with torch.cuda.device(q.device):
         intra = compile_program(level5.chunk_intra, (), DK=DK, DV=DV, chunk_size=C, dtype=dtype,
-                                gate_dtype=gate_dtype, varlen=table is not None, value_groups=H // q.shape[2])
+                                gate_dtype=gate_dtype, varlen=table is not None, value_groups=H // q.shape[2],
+                                scalar_gate=g.shape[-1] == 1)
         new = lambda shape, dt=q.dtype: ops._new_output(shape, dt, q.device)
         Qw, Kw, W = new((B, T, H, DK)), new((B, T, H, DK)), new((B, T, H, DK))
         decay, A_qk, U = new((B, H, NC, DK), torch.float32), new((B, T, H, C)), new(v.shape)

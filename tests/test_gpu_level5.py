@@ -59,13 +59,14 @@ def test_forward_against_token_recurrence(shape, dtype, kind, per_channel, poiso
     assert rel_l2(ht, ref_ht) <= BOUND, f"final state: {rel_l2(ht, ref_ht):.2e}"
 
 
-@pytest.mark.parametrize("delta", [True, False], ids=["level5", "level3"])
+@pytest.mark.parametrize("delta", [True, False, "scalar gate"], ids=["level5", "level3", "level5-scalar-gate"])
 @pytest.mark.parametrize("kind", GATES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(2, 200, 3, 64, 128), (1, 129, 2, 128, 64)])
 def test_chunk_intra_against_reference_stage(shape, dtype, kind, delta):
     """Every output of ``chunk_intra`` against its float64 stage (``kda.reference.level5.intra``),
-    outputs poisoned with NaN, padding rows not compared."""
+    outputs poisoned with NaN, padding rows not compared. The scalar-gate path (GDN) against the
+    same stage with its gate broadcast over the key channels."""
     from kda.kernels import level5
     from kda.kernels.build import compile_program
     from kda.reference import level5 as ref5
@@ -73,18 +74,20 @@ def test_chunk_intra_against_reference_stage(shape, dtype, kind, delta):
 
     B, T, H, DK, DV = shape
     C, NC = 64, -(-shape[1] // 64)
-    q, k, v, g, beta, _ = inputs(shape, dtype, kind, True, seed=zlib.crc32(repr((shape, kind, delta)).encode()))
+    scalar = delta == "scalar gate"
+    q, k, v, g, beta, _ = inputs(shape, dtype, kind, not scalar, seed=zlib.crc32(repr((shape, kind, delta)).encode()))
     scale = DK ** -0.5
     name = "bfloat16" if dtype == torch.bfloat16 else "float16"
-    kernel = compile_program(level5.chunk_intra, (), DK=DK, DV=DV, dtype=name, delta=delta)
+    kernel = compile_program(level5.chunk_intra, (), DK=DK, DV=DV, dtype=name, delta=bool(delta), scalar_gate=scalar)
+    g_kernel, g = (g[..., None].contiguous(), g[..., None].expand(*g.shape, DK)) if scalar else (g, g)
     nan = lambda *size, dt=dtype: torch.full(size, float("nan"), dtype=dt, device="cuda")
     Qw, Kw, decay, A_qk, W, U = nan(B, T, H, DK), nan(B, T, H, DK), nan(B, H, NC, DK, dt=torch.float32), \
         nan(B, T, H, C), nan(B, T, H, DK), nan(B, T, H, DV)
     flags = torch.zeros(2, dtype=torch.int32, device="cuda")
     if delta:
-        kernel(q, k, v, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags)
+        kernel(q, k, v, g_kernel, beta, scale, Qw, Kw, decay, A_qk, W, U, flags)
     else:
-        kernel(q, k, g, scale, Qw, Kw, decay, A_qk, flags)
+        kernel(q, k, g_kernel, scale, Qw, Kw, decay, A_qk, flags)
     assert flags.tolist() == [0, 0]
     r_Qw, r_Kw, r_decay, r_A, r_W, r_U = ref5.intra(q, k, v, g, beta, scale, C)
     outputs = [("Qw", Qw, r_Qw), ("Kw", Kw, r_Kw), ("A_qk", A_qk, r_A)] + ([("W", W, r_W), ("U", U, r_U)] if delta else [])

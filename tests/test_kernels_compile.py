@@ -35,6 +35,8 @@ CASES = [
     ("level5", "gated_state_output_pass", dict(DK=64, DV=128, dtype="bfloat16", block_dv=64)),
     ("level5", "chunk_intra", dict(DK=128, DV=64, dtype="bfloat16", varlen=True, spill_budget=400)),
     ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", value_groups=2, spill_budget=400)),
+    ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", scalar_gate=True)),
+    ("level5", "chunk_intra", dict(DK=64, DV=128, dtype="float16", scalar_gate=True, varlen=True)),
     ("level5", "gated_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", block_dv=64, varlen=True)),
 ]
 

@@ -115,7 +115,8 @@ def pairwise_diagonal(Left_s, K_s, G_s, Out_s, factor, beta_s, C, D, BC):
 
 # --8<-- [start:chunk_intra]
 def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WIDE_SUBCHUNK, dtype="bfloat16",
-                gate_dtype="float32", threads=256, min_blocks=None, delta=True, varlen=False, value_groups=1):
+                gate_dtype="float32", threads=256, min_blocks=None, delta=True, varlen=False, value_groups=1,
+                scalar_gate=False):
     """Everything a chunk needs before the sequential pass, from one load of ``q, k, g`` (and
     ``v, beta``), every chunk at once. Arguments at run time: ``Q, K [B, T, H, DK]``, ``V [B, T,
     H, DV]``, ``g [B, T, H, DK]``, ``beta [B, T, H]`` (float32), ``scale``, then the outputs
@@ -130,6 +131,9 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     past a chunk's length are neither read as data nor written (they belong to the next sequence).
     ``Q`` and ``K`` may have fewer heads than the rest (grouped value heads, as in fla):
     ``H = value_groups HQ``, value head ``h`` reading query and key head ``h // value_groups``.
+    With ``scalar_gate`` (GDN: one gate per head, passed as ``g [B, T, H, 1]``) the scores are one
+    GEMM of the raw ``[q; k]`` with ``k``, and the decay ``2^(G_i - G_j)`` multiplies them where they
+    are written (``scores_scalar_gate``); no sub-chunks, no factor tables, exact for any gate.
 
     Every factor is a product of two numbers ``<= 1`` (or, on the diagonal, a bounded ``>= 1``):
     with ``G_ref`` the gate just before a row's sub-chunk (``subchunk`` rows) and ``G_end`` at its
@@ -168,6 +172,8 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     # diagonal by the sub-chunk size, so it keeps one size
     wide = wide_subchunk if same_layout and wide_subchunk else None
     assert wide is None or wide == C // 2, "wide_subchunk is half the chunk (or None)"
+    assert delta or not scalar_gate, "a scalar gate without the delta rule is level 3's own kernel"
+    GD = 1 if scalar_gate else DK              # gates per row
 
     @T.macro
     def store_rows(src_s, dst, bb, t0, L, bh):
@@ -275,6 +281,43 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
         T.gemm(Lft_s, Rgt_s, A, transpose_B=True, clear_accum=True)
 
     @T.macro
+    def load_beta(beta, beta_s, flags, t0, L, bb, bh):
+        """``beta_s`` = the chunk's ``b`` (0 on padding rows); ``flags[1] = 1`` if one is outside [0, 1]."""
+        for i in T.Parallel(C):
+            b = beta[bb, t0 + T.min(i, L - 1), bh]
+            beta_s[i] = T.if_then_else(i < L, b, 0.0)
+            if i < L:
+                if real(b >= 0.0) * real(b <= 1.0) == 0.0:       # NaN fails both
+                    flags[1] = 1
+
+    @T.macro
+    def scores_scalar_gate(Qw, Kw, scale, Lft_s, K_s, G_s, Rgt_s, A, Aqk_s, A_s, beta_s, t0, L, bb, bh):
+        """One gate per head: ``A = [q; k] k^T`` from the raw inputs in one GEMM, then ``A_qk`` and
+        ``A_kk`` times the decay ``2^(G_i - G_j)`` (``<= 1`` on and below the diagonal, masked
+        above); ``Qw``, ``Kw`` and ``K 2^G`` are row scalings by ``2^G_i`` and ``2^(G_last - G_i)``."""
+        P_s = T.alloc_shared([C], ACCUM)                           # 2^G_i
+        E_s = T.alloc_shared([C], ACCUM)                           # 2^(G_last - G_i)
+        for i in T.Parallel(C):
+            P_s[i] = T.exp2(G_s[i, 0])
+            E_s[i] = T.exp2(G_s[C - 1, 0] - G_s[i, 0])
+        for i, d in T.Parallel(C, DK):
+            Lft_s[i, d] = Rgt_s[i, d]
+            Lft_s[C + i, d] = K_s[i, d]
+        T.gemm(Lft_s, K_s, A, transpose_B=True, clear_accum=True)
+        for i, d in T.Parallel(C, DK):
+            Rgt_s[i, d] = T.Cast(ACCUM, Lft_s[i, d]) * (P_s[i] * scale)             # Qw
+        store_rows(Rgt_s, Qw, bb, t0, L, bh)
+        for i, d in T.Parallel(C, DK):
+            Rgt_s[i, d] = T.Cast(ACCUM, Lft_s[C + i, d]) * E_s[i]                   # Kw
+        store_rows(Rgt_s, Kw, bb, t0, L, bh)
+        for i, d in T.Parallel(C, DK):
+            K_s[i, d] = T.Cast(ACCUM, Lft_s[C + i, d]) * P_s[i]                     # K 2^G, for W
+        for i, j in T.Parallel(C, C):
+            Aqk_s[i, j] = T.if_then_else(j <= i, A[i, j] * scale * decay_factor(G_s[i, 0] - G_s[j, 0]), 0.0)
+        for i, j in T.Parallel(C, C):
+            A_s[i, j] = T.if_then_else(j < i, A[C + i, j] * beta_s[i] * decay_factor(G_s[i, 0] - G_s[j, 0]), 0.0)
+
+    @T.macro
     def body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, c, t0, L, bb, bh):
         """Chunk ``c`` (its index in ``decay``): ``L`` rows from token ``t0`` of sequence ``bb``, value
         head ``bh``, which reads query and key head ``bh // value_groups`` (grouped value heads)."""
@@ -283,99 +326,99 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             T.annotate_min_blocks_per_sm(min_blocks)
         Lft_s = T.alloc_shared([R, DK], dtype)          # q (rows 0..C-1), later the left operand
         K_s = T.alloc_shared([C, DK], dtype)            # k, later K 2^G (for W)
-        G_s = T.alloc_shared([C, DK], ACCUM)            # the cumulative gate, log2
-        # Ke = k 2^(G_end - G), float32; in place of G for bf16 (fp16 needs G again for tf32)
-        Ke_s = G_s if same_layout else T.alloc_shared([C, DK], ACCUM)
+        G_s = T.alloc_shared([C, GD], ACCUM)            # the cumulative gate, log2
         Rgt_s = T.alloc_shared([C, DK], dtype)          # the right operand, per sub-chunk
         Aqk_s = T.alloc_shared([C, C], dtype)
-        # per sub-chunk s and channel: G_end (G_ref of s is G_end of s - 1, 0 for s = 0)
-        Gend_s = T.alloc_shared([NS, DK], ACCUM)
-        Pref_s = T.alloc_shared([NS, DK], ACCUM)        # 2^G_ref
-        Pend_s = T.alloc_shared([NS, DK], ACCUM)        # 2^(G_last - G_end)
-        # 2^(G_ref_I - G_end_J) for J < I, and 2^min(G_ref_I - G_end_I, span max) at J = I
-        Cross_s = T.alloc_shared([NS * (NS + 1) // 2, DK], ACCUM)
         A = T.alloc_fragment([R, C], ACCUM)
-        A_part = T.alloc_fragment([R, C], ACCUM)
-        too_steep = T.alloc_shared([1], "int32")
-        g_s = G_s if gate_dtype == ACCUM else T.alloc_shared([C, DK], gate_dtype)
+        g_s = G_s if gate_dtype == ACCUM else T.alloc_shared([C, GD], gate_dtype)
 
         T.copy(Q[bb, t0:t0 + C, hq, :], Rgt_s)
         T.copy(K[bb, t0:t0 + C, hq, :], K_s)
         T.copy(g[bb, t0:t0 + C, bh, :], g_s)
-        log2_cumsum_by_columns(g_s, G_s, L, C, DK, flags)
+        log2_cumsum_by_columns(g_s, G_s, L, C, GD, flags)
 
         for d in T.Parallel(DK):
-            decay[bb, bh, c, d] = T.exp2(G_s[C - 1, d])
-        too_steep[0] = 0
-        G_f = T.alloc_fragment([C, DK], ACCUM)         # G, q, k in registers for the scores pass
-        q_f = T.alloc_fragment([C, DK], dtype)
-        k_f = T.alloc_fragment([C, DK], dtype)
-        buffers = (Lft_s, K_s, G_s, Ke_s, Rgt_s, Gend_s, Pref_s, Pend_s, Cross_s, A, A_part, too_steep, G_f, q_f, k_f)
-        if wide is None:
-            scores(Qw, Kw, scale, buffers, t0, L, bb, bh, BC)
-        else:
-            # one GEMM about the middle while each half falls by at most DIAGONAL_SPAN_MAX, else BC
-            wide_ok = T.alloc_shared([1], "int32")
-            wide_ok[0] = 1
-            for s, d in T.Parallel(C // wide, DK):
-                if falls_too_far(G_s, s, d, wide):
-                    wide_ok[0] = 0
-            if wide_ok[0] == 1:
-                scores_about_middle(Qw, Kw, scale, buffers, t0, L, bb, bh)
-            else:
-                scores(Qw, Kw, scale, buffers, t0, L, bb, bh, BC)
-
-        # A_qk scaled and causal, A_kk strictly lower and times b (float32, shared)
-        for i, j in T.Parallel(C, C):
-            Aqk_s[i, j] = T.if_then_else(j <= i, A[i, j] * scale, 0.0)
-        beta_s = None
+            decay[bb, bh, c, d] = T.exp2(G_s[C - 1, d if GD > 1 else 0])
+        beta_s, A_s = None, None
         if delta:
             beta_s = T.alloc_shared([C], ACCUM)
-            A_s = T.alloc_shared([C, C], ACCUM)
-            for i in T.Parallel(C):                          # padding rows: b = 0
-                b = beta[bb, t0 + T.min(i, L - 1), bh]
-                beta_s[i] = T.if_then_else(i < L, b, 0.0)
-                if i < L:
-                    if real(b >= 0.0) * real(b <= 1.0) == 0.0:   # NaN fails both
-                        flags[1] = 1
-            for i, j in T.Parallel(C, C):
-                A_s[i, j] = T.if_then_else(j < i, A[C + i, j] * beta_s[i], 0.0)
+            A_s = T.alloc_shared([C, C], ACCUM)                 # A_kk times b, float32
+        if scalar_gate:
+            load_beta(beta, beta_s, flags, t0, L, bb, bh)
+            scores_scalar_gate(Qw, Kw, scale, Lft_s, K_s, G_s, Rgt_s, A, Aqk_s, A_s, beta_s, t0, L, bb, bh)
+        else:
+            # Ke = k 2^(G_end - G), float32; in place of G for bf16 (fp16 needs G again for tf32)
+            Ke_s = G_s if same_layout else T.alloc_shared([C, DK], ACCUM)
+            # per sub-chunk s and channel: G_end (G_ref of s is G_end of s - 1, 0 for s = 0)
+            Gend_s = T.alloc_shared([NS, DK], ACCUM)
+            Pref_s = T.alloc_shared([NS, DK], ACCUM)        # 2^G_ref
+            Pend_s = T.alloc_shared([NS, DK], ACCUM)        # 2^(G_last - G_end)
+            # 2^(G_ref_I - G_end_J) for J < I, and 2^min(G_ref_I - G_end_I, span max) at J = I
+            Cross_s = T.alloc_shared([NS * (NS + 1) // 2, DK], ACCUM)
+            A_part = T.alloc_fragment([R, C], ACCUM)
+            too_steep = T.alloc_shared([1], "int32")
+            too_steep[0] = 0
+            G_f = T.alloc_fragment([C, DK], ACCUM)         # G, q, k in registers for the scores pass
+            q_f = T.alloc_fragment([C, DK], dtype)
+            k_f = T.alloc_fragment([C, DK], dtype)
+            buffers = (Lft_s, K_s, G_s, Ke_s, Rgt_s, Gend_s, Pref_s, Pend_s, Cross_s, A, A_part, too_steep, G_f, q_f, k_f)
+            if wide is None:
+                scores(Qw, Kw, scale, buffers, t0, L, bb, bh, BC)
+            else:
+                # one GEMM about the middle while each half falls by at most DIAGONAL_SPAN_MAX, else BC
+                wide_ok = T.alloc_shared([1], "int32")
+                wide_ok[0] = 1
+                for s, d in T.Parallel(C // wide, DK):
+                    if falls_too_far(G_s, s, d, wide):
+                        wide_ok[0] = 0
+                if wide_ok[0] == 1:
+                    scores_about_middle(Qw, Kw, scale, buffers, t0, L, bb, bh)
+                else:
+                    scores(Qw, Kw, scale, buffers, t0, L, bb, bh, BC)
 
-        # the diagonal from the original q and k, reloaded (rare for bf16: steep gates only)
-        if too_steep[0] == 1 or not same_layout:
-            T.copy(Q[bb, t0:t0 + C, hq, :], Rgt_s)
-            T.copy(K[bb, t0:t0 + C, hq, :], K_s)
-            if same_layout:                              # G_s holds Ke: the cumsum again
-                T.copy(g[bb, t0:t0 + C, bh, :], g_s)
-                log2_cumsum_by_columns(g_s, G_s, L, C, DK, flags)
-        if not same_layout:
-            if too_steep[0] == 0:                        # fp16: tf32 operands, merged in shared
-                A_diag = T.alloc_fragment([R, C], ACCUM)
-                Lft32_s = T.alloc_shared([R, DK], ACCUM)
-                Rgt32_s = T.alloc_shared([C, DK], ACCUM)
-                for i, d in T.Parallel(C, DK):
-                    x = T.exp2(G_s[i, d] - ref_gate(G_s, i // BC, d, BC))
-                    Lft32_s[i, d] = tf32_nearest(Rgt_s[i, d] * x)
-                    if delta:
-                        Lft32_s[C + i, d] = tf32_nearest(K_s[i, d] * x)
-                for j, d in T.Parallel(C, DK):
-                    Rgt32_s[j, d] = tf32_nearest(
-                        K_s[j, d] * T.exp2(T.min(ref_gate(G_s, j // BC, d, BC) - G_s[j, d], DIAGONAL_SPAN_MAX)))
-                T.gemm(Lft32_s, Rgt32_s, A_diag, transpose_B=True, clear_accum=True)
-                for r, j in T.Parallel(R, C):
-                    if (r % C) // BC == j // BC:
-                        if r < C:
-                            Aqk_s[r, j] = T.if_then_else(j <= r, A_diag[r, j] * scale, 0.0)
-                        elif delta:
-                            A_s[r - C, j] = T.if_then_else(j < r - C, A_diag[r, j] * beta_s[r - C], 0.0)
-        if too_steep[0] == 1:
-            pairwise_diagonal(Rgt_s, K_s, G_s, Aqk_s, scale, None, C, DK, BC)
+            # A_qk scaled and causal, A_kk strictly lower and times b (float32, shared)
+            for i, j in T.Parallel(C, C):
+                Aqk_s[i, j] = T.if_then_else(j <= i, A[i, j] * scale, 0.0)
             if delta:
-                pairwise_diagonal(K_s, K_s, G_s, A_s, 1.0, beta_s, C, DK, BC)
-        if delta:
-            if too_steep[0] == 1 or not same_layout:     # the keys become K 2^G again
-                for i, d in T.Parallel(C, DK):
-                    K_s[i, d] = K_s[i, d] * T.exp2(G_s[i, d])
+                load_beta(beta, beta_s, flags, t0, L, bb, bh)
+                for i, j in T.Parallel(C, C):
+                    A_s[i, j] = T.if_then_else(j < i, A[C + i, j] * beta_s[i], 0.0)
+
+            # the diagonal from the original q and k, reloaded (rare for bf16: steep gates only)
+            if too_steep[0] == 1 or not same_layout:
+                T.copy(Q[bb, t0:t0 + C, hq, :], Rgt_s)
+                T.copy(K[bb, t0:t0 + C, hq, :], K_s)
+                if same_layout:                              # G_s holds Ke: the cumsum again
+                    T.copy(g[bb, t0:t0 + C, bh, :], g_s)
+                    log2_cumsum_by_columns(g_s, G_s, L, C, DK, flags)
+            if not same_layout:
+                if too_steep[0] == 0:                        # fp16: tf32 operands, merged in shared
+                    A_diag = T.alloc_fragment([R, C], ACCUM)
+                    Lft32_s = T.alloc_shared([R, DK], ACCUM)
+                    Rgt32_s = T.alloc_shared([C, DK], ACCUM)
+                    for i, d in T.Parallel(C, DK):
+                        x = T.exp2(G_s[i, d] - ref_gate(G_s, i // BC, d, BC))
+                        Lft32_s[i, d] = tf32_nearest(Rgt_s[i, d] * x)
+                        if delta:
+                            Lft32_s[C + i, d] = tf32_nearest(K_s[i, d] * x)
+                    for j, d in T.Parallel(C, DK):
+                        Rgt32_s[j, d] = tf32_nearest(
+                            K_s[j, d] * T.exp2(T.min(ref_gate(G_s, j // BC, d, BC) - G_s[j, d], DIAGONAL_SPAN_MAX)))
+                    T.gemm(Lft32_s, Rgt32_s, A_diag, transpose_B=True, clear_accum=True)
+                    for r, j in T.Parallel(R, C):
+                        if (r % C) // BC == j // BC:
+                            if r < C:
+                                Aqk_s[r, j] = T.if_then_else(j <= r, A_diag[r, j] * scale, 0.0)
+                            elif delta:
+                                A_s[r - C, j] = T.if_then_else(j < r - C, A_diag[r, j] * beta_s[r - C], 0.0)
+            if too_steep[0] == 1:
+                pairwise_diagonal(Rgt_s, K_s, G_s, Aqk_s, scale, None, C, DK, BC)
+                if delta:
+                    pairwise_diagonal(K_s, K_s, G_s, A_s, 1.0, beta_s, C, DK, BC)
+            if delta:
+                if too_steep[0] == 1 or not same_layout:     # the keys become K 2^G again
+                    for i, d in T.Parallel(C, DK):
+                        K_s[i, d] = K_s[i, d] * T.exp2(G_s[i, d])
         store_rows(Aqk_s, A_qk, bb, t0, L, bh)
 
         if delta:
@@ -404,7 +447,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             Q: T.Tensor([B, S, HQ, DK], dtype),
             K: T.Tensor([B, S, HQ, DK], dtype),
             V: T.Tensor([B, S, H, DV], dtype),
-            g: T.Tensor([B, S, H, DK], gate_dtype),
+            g: T.Tensor([B, S, H, GD], gate_dtype),
             beta: T.Tensor([B, S, H], ACCUM),
             scale: T.float32,
             Qw: T.Tensor([B, S, H, DK], dtype),
@@ -423,7 +466,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             Q: T.Tensor([1, S, HQ, DK], dtype),
             K: T.Tensor([1, S, HQ, DK], dtype),
             V: T.Tensor([1, S, H, DV], dtype),
-            g: T.Tensor([1, S, H, DK], gate_dtype),
+            g: T.Tensor([1, S, H, GD], gate_dtype),
             beta: T.Tensor([1, S, H], ACCUM),
             scale: T.float32,
             Qw: T.Tensor([1, S, H, DK], dtype),
@@ -442,7 +485,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
         def main(
             Q: T.Tensor([B, S, HQ, DK], dtype),
             K: T.Tensor([B, S, HQ, DK], dtype),
-            g: T.Tensor([B, S, H, DK], gate_dtype),
+            g: T.Tensor([B, S, H, GD], gate_dtype),
             scale: T.float32,
             Qw: T.Tensor([B, S, H, DK], dtype),
             Kw: T.Tensor([B, S, H, DK], dtype),
@@ -458,7 +501,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
         def main(
             Q: T.Tensor([1, S, HQ, DK], dtype),
             K: T.Tensor([1, S, HQ, DK], dtype),
-            g: T.Tensor([1, S, H, DK], gate_dtype),
+            g: T.Tensor([1, S, H, GD], gate_dtype),
             scale: T.float32,
             Qw: T.Tensor([1, S, H, DK], dtype),
             Kw: T.Tensor([1, S, H, DK], dtype),
