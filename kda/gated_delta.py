@@ -29,17 +29,26 @@ from kda.reference import level4 as ref4
 CHUNK_SIZE = 64
 
 
-def validate_cu_seqlens(cu_seqlens, B: int, T: int) -> list[int] | None:
+def validate_cu_seqlens(cu_seqlens, B: int, T: int, cu_seqlens_cpu=None) -> list[int] | None:
     """``None``, or the boundaries ``[0, ..., T]`` (non-decreasing integers) of the sequences
-    packed along ``T`` of a batch of one. Returns them as Python ints."""
+    packed along ``T`` of a batch of one. Returns them as Python ints, read from the host copy
+    ``cu_seqlens_cpu`` when the caller has one (no wait for the GPU; it is trusted to equal
+    ``cu_seqlens``, as in fla), else from ``cu_seqlens``."""
     if cu_seqlens is None:
+        if cu_seqlens_cpu is not None:
+            raise ValueError("cu_seqlens_cpu is a host copy of cu_seqlens: pass cu_seqlens too")
         return None
     if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point():
         raise ValueError(f"cu_seqlens must be a 1-D integer tensor [N + 1], got "
                          f"{type(cu_seqlens).__name__ if not isinstance(cu_seqlens, torch.Tensor) else cu_seqlens}")
     if B != 1:
         raise ValueError(f"with cu_seqlens the batch size must be 1 (sequences packed along T), got B = {B}")
-    bounds = cu_seqlens.tolist()
+    if cu_seqlens_cpu is not None:
+        if not isinstance(cu_seqlens_cpu, torch.Tensor) or cu_seqlens_cpu.device.type != "cpu" \
+                or cu_seqlens_cpu.shape != cu_seqlens.shape or cu_seqlens_cpu.is_floating_point():
+            raise ValueError(f"cu_seqlens_cpu must be an integer CPU tensor of the shape of cu_seqlens "
+                             f"{tuple(cu_seqlens.shape)}, got {cu_seqlens_cpu!r}")
+    bounds = (cu_seqlens if cu_seqlens_cpu is None else cu_seqlens_cpu).tolist()
     if len(bounds) < 2 or bounds[0] != 0 or bounds[-1] != T:
         raise ValueError(f"cu_seqlens must start at 0 and end at T = {T}, got {bounds}")
     if any(b < a for a, b in zip(bounds, bounds[1:])):
@@ -61,7 +70,8 @@ def check_qkv_grouped(q, k, v) -> tuple[int, int, int, int, int]:
     return B, T, v.shape[2], DK, DV
 
 
-def _check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel: bool, check_values=True):
+def _check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel: bool, check_values=True,
+                  cu_seqlens_cpu=None):
     """Every argument checked (clear errors, nothing computed); returns ``scale`` as a float, the
     initial state or ``None``, and the ``cu_seqlens`` boundaries or ``None``. With
     ``check_values=False`` the values of ``g`` and ``beta`` are left to ``raise_flagged_values``
@@ -72,7 +82,7 @@ def _check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channe
         raise ValueError(f"g must have shape {form} here, got {validate._shape(g)}")
     validate_beta(beta, B, T, H, q.device, check_values=check_values)
     scale = validate.check_scale(scale, DK)
-    bounds = validate_cu_seqlens(cu_seqlens, B, T)
+    bounds = validate_cu_seqlens(cu_seqlens, B, T, cu_seqlens_cpu)
     N = len(bounds) - 1 if bounds is not None else B
     h0 = validate.check_initial_state(initial_state, N, H, DK, DV, q.device)
     return scale, h0, bounds
@@ -100,10 +110,10 @@ def raise_flagged_values(flags, g, beta) -> None:
 
 
 def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-             cu_seqlens, per_channel: bool, check_values: bool):
+             cu_seqlens, per_channel: bool, check_values: bool, cu_seqlens_cpu=None):
     cuda = q.device.type == "cuda"
     scale, h0, bounds = _check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel,
-                                      check_values=check_values and not cuda)
+                                      check_values=check_values and not cuda, cu_seqlens_cpu=cu_seqlens_cpu)
     if cuda:                                             # packed sequences: one launch per stage too
         flags = torch.zeros(2, dtype=torch.int32, device=q.device)
         g_given = g
@@ -237,7 +247,7 @@ def _run_kernels(q, k, v, g, beta, scale, h0, flags=None, table=None):
 
 # --8<-- [start:chunk_kda]
 def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-              use_qk_l2norm_in_kernel=False, cu_seqlens=None, check_values=True):
+              use_qk_l2norm_in_kernel=False, cu_seqlens=None, check_values=True, cu_seqlens_cpu=None):
     """Kimi Delta Attention, forward. Arguments as in fla 0.6.0's ``chunk_kda``:
 
     Args:
@@ -254,19 +264,22 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
             (not in fla's API). On CUDA the first kernel checks them as it reads them and the host
             reads two flags back after the launch: a wait for the GPU at the end of every call.
             ``False`` skips the read-back (a bad value then gives a wrong result, not an error).
+        cu_seqlens_cpu: a host copy of ``cu_seqlens`` (as in fla); given, the boundaries are not
+            read back from the GPU. It must equal ``cu_seqlens``; that is not checked.
 
     Returns:
         ``(o, final_state)``: ``o [B, T, H, V]`` in the dtype of ``v``; ``final_state`` or ``None``.
     """
     return _forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                    cu_seqlens, per_channel=True, check_values=check_values)
+                    cu_seqlens, per_channel=True, check_values=check_values, cu_seqlens_cpu=cu_seqlens_cpu)
 # --8<-- [end:chunk_kda]
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-                           use_qk_l2norm_in_kernel=False, cu_seqlens=None, check_values=True):
+                           use_qk_l2norm_in_kernel=False, cu_seqlens=None, check_values=True,
+                           cu_seqlens_cpu=None):
     """Gated DeltaNet (GDN), forward: ``chunk_kda`` with one gate per head, ``g [B, T, H]``.
     Arguments and results as in fla 0.6.0's ``chunk_gated_delta_rule``, plus ``check_values``
     (see ``chunk_kda``)."""
     return _forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                    cu_seqlens, per_channel=False, check_values=check_values)
+                    cu_seqlens, per_channel=False, check_values=check_values, cu_seqlens_cpu=cu_seqlens_cpu)

@@ -150,3 +150,19 @@ def test_grouped_value_heads_bad_shapes():
     with pytest.raises(ValueError, match="initial_state"):
         chunk_kda(q, k, torch.randn(B, T, 4, D), -torch.rand(B, T, 4, D), torch.rand(B, T, 4),
                   initial_state=torch.zeros(B, 2, D, D))
+
+
+def test_host_copy_of_cu_seqlens():
+    """``cu_seqlens_cpu`` gives the boundaries without a read-back; it must be a CPU integer
+    tensor of the shape of ``cu_seqlens``, and it needs ``cu_seqlens``."""
+    gen = torch.Generator().manual_seed(5)
+    q = k = torch.randn(1, 50, 2, 16, generator=gen)
+    v, g, beta = torch.randn(1, 50, 2, 16, generator=gen), -torch.rand(1, 50, 2, 16, generator=gen), torch.rand(1, 50, 2)
+    cu = torch.tensor([0, 20, 50])
+    o, _ = chunk_kda(q, k, v, g, beta, cu_seqlens=cu)
+    o_host, _ = chunk_kda(q, k, v, g, beta, cu_seqlens=cu, cu_seqlens_cpu=cu.clone())
+    assert torch.equal(o, o_host)
+    with pytest.raises(ValueError, match="pass cu_seqlens too"):
+        chunk_kda(q, k, v, g, beta, cu_seqlens_cpu=cu)
+    with pytest.raises(ValueError, match="cu_seqlens_cpu must be an integer CPU tensor"):
+        chunk_kda(q, k, v, g, beta, cu_seqlens=cu, cu_seqlens_cpu=torch.tensor([0, 50]))

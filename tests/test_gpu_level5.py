@@ -184,7 +184,7 @@ def test_many_short_packed_sequences(per_channel, poisoned):
     q, k, v, g, beta, _ = inputs((1, T, 2, 128, 64), torch.bfloat16, "logsigmoid", per_channel, seed=19)
     h0 = torch.randn(len(lengths), 2, 128, 64, device="cuda")
     fn = kda.chunk_kda if per_channel else kda.chunk_gated_delta_rule
-    o, ht = fn(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu)
+    o, ht = fn(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu, cu_seqlens_cpu=cu.cpu())
     assert torch.isfinite(o).all() and torch.isfinite(ht).all()
     bounds = cu.tolist()
     for n, (s, e) in enumerate(zip(bounds, bounds[1:])):
