@@ -187,6 +187,37 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             T.copy(src_s, dst[bb, t0:t0 + C, bh, :])
 
     @T.macro
+    def scaled_rows(Qw, Kw, scale, buffers, t0, L, bb, bh, BX):
+        """One pass over the chunk: ``x = 2^(G - G_x)`` and ``y = 2^(G_y - G)`` per element, the rest
+        from the tables of row ``s``: the left operand ``[q x; k x]``, ``Ke = k y``, ``K 2^G``, then Qw
+        and Kw out. ``BX`` rows per sub-chunk (``s = i // BX``, ``G_x`` = ``G_ref`` and ``G_y`` =
+        ``G_end`` of ``s``); ``None``: every row about the middle gate in row 0 of ``Gend_s``. G, q and
+        k come from registers, so that the pass only writes shared memory (read and written in
+        place, tilelang put a block barrier into each of its eight iterations; run 41)."""
+        Lft_s, K_s, G_s, Ke_s, Rgt_s, Gend_s, Pref_s, Pend_s, Cross_s, A, A_part, too_steep, G_f, q_f, k_f = buffers
+        row = lambda i: 0 if BX is None else i // BX              # the table row of row i
+        G_x = lambda i, d: Gend_s[0, d] if BX is None else Gend_s[T.max(i // BX - 1, 0), d] * real(i >= BX)
+        T.copy(G_s, G_f)
+        T.copy(Rgt_s, q_f)
+        T.copy(K_s, k_f)
+        for i, d in T.Parallel(C, DK):
+            G = G_f[i, d]
+            x = T.exp2(G - G_x(i, d))
+            y = T.exp2(Gend_s[row(i), d] - G)
+            qx = T.Cast(ACCUM, q_f[i, d]) * x
+            kv = T.Cast(ACCUM, k_f[i, d])
+            Rgt_s[i, d] = qx * Pref_s[row(i), d] * scale               # Qw
+            Lft_s[i, d] = qx
+            if delta:
+                Lft_s[C + i, d] = kv * x
+                K_s[i, d] = kv * x * Pref_s[row(i), d]                 # K 2^G, for W
+            Ke_s[i, d] = kv * y
+        store_rows(Rgt_s, Qw, bb, t0, L, bh)
+        for i, d in T.Parallel(C, DK):
+            Rgt_s[i, d] = Ke_s[i, d] * Pend_s[row(i), d]
+        store_rows(Rgt_s, Kw, bb, t0, L, bh)
+
+    @T.macro
     def scores(Qw, Kw, scale, buffers, t0, L, bb, bh, BX):
         """Factor tables, Qw and Kw, and both score matrices into ``A`` by sub-chunks of ``BX`` rows
         (``buffers``: the shared and fragment buffers of ``body``, named as there)."""
@@ -203,28 +234,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             if falls_too_far(G_s, s, d, BX):
                 too_steep[0] = 1
 
-        # one pass over the chunk: two exp2 per element, everything else from the tables. G, q and
-        # k come from registers, so that the pass only writes shared memory (read and written in
-        # place, tilelang put a block barrier into each of its eight iterations; run 41)
-        T.copy(G_s, G_f)
-        T.copy(Rgt_s, q_f)
-        T.copy(K_s, k_f)
-        for i, d in T.Parallel(C, DK):
-            G = G_f[i, d]
-            x = T.exp2(G - Gend_s[T.max(i // BX - 1, 0), d] * real(i >= BX))
-            y = T.exp2(Gend_s[i // BX, d] - G)
-            qx = T.Cast(ACCUM, q_f[i, d]) * x
-            kv = T.Cast(ACCUM, k_f[i, d])
-            Rgt_s[i, d] = qx * Pref_s[i // BX, d] * scale              # Qw
-            Lft_s[i, d] = qx
-            if delta:
-                Lft_s[C + i, d] = kv * x
-                K_s[i, d] = kv * x * Pref_s[i // BX, d]                # K 2^G, for W
-            Ke_s[i, d] = kv * y
-        store_rows(Rgt_s, Qw, bb, t0, L, bh)
-        for i, d in T.Parallel(C, DK):
-            Rgt_s[i, d] = Ke_s[i, d] * Pend_s[i // BX, d]
-        store_rows(Rgt_s, Kw, bb, t0, L, bh)
+        scaled_rows(Qw, Kw, scale, buffers, t0, L, bb, bh, BX)
 
         # off the diagonal: one GEMM per query sub-chunk I, kept on its rows
         T.clear(A)
@@ -259,23 +269,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             Gend_s[0, d] = G_m
             Pref_s[0, d] = T.exp2(G_m)
             Pend_s[0, d] = T.exp2(G_s[C - 1, d] - G_m)
-        T.copy(G_s, G_f)
-        T.copy(Rgt_s, q_f)
-        T.copy(K_s, k_f)
-        for i, d in T.Parallel(C, DK):
-            x = T.exp2(G_f[i, d] - Gend_s[0, d])
-            qx = T.Cast(ACCUM, q_f[i, d]) * x
-            kv = T.Cast(ACCUM, k_f[i, d])
-            Rgt_s[i, d] = qx * Pref_s[0, d] * scale                   # Qw
-            Lft_s[i, d] = qx
-            if delta:
-                Lft_s[C + i, d] = kv * x
-                K_s[i, d] = kv * x * Pref_s[0, d]                      # K 2^G, for W
-            Ke_s[i, d] = kv * T.exp2(Gend_s[0, d] - G_f[i, d])
-        store_rows(Rgt_s, Qw, bb, t0, L, bh)
-        for i, d in T.Parallel(C, DK):
-            Rgt_s[i, d] = Ke_s[i, d] * Pend_s[0, d]
-        store_rows(Rgt_s, Kw, bb, t0, L, bh)
+        scaled_rows(Qw, Kw, scale, buffers, t0, L, bb, bh, None)
         for j, d in T.Parallel(C, DK):
             Rgt_s[j, d] = Ke_s[j, d]
         T.gemm(Lft_s, Rgt_s, A, transpose_B=True, clear_accum=True)
@@ -292,16 +286,16 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
 
     @T.macro
     def scores_scalar_gate(Qw, Kw, scale, Lft_s, K_s, G_s, Rgt_s, A, Aqk_s, A_s, beta_s, t0, L, bb, bh):
-        """One gate per head: ``A = [q; k] k^T`` from the raw inputs in one GEMM, then ``A_qk`` and
-        ``A_kk`` times the decay ``2^(G_i - G_j)`` (``<= 1`` on and below the diagonal, masked
-        above); ``Qw``, ``Kw`` and ``K 2^G`` are row scalings by ``2^G_i`` and ``2^(G_last - G_i)``."""
+        """One gate per head (``Lft_s`` holds q in its first rows): ``A = [q; k] k^T`` from the raw
+        inputs in one GEMM, then ``A_qk`` and ``A_kk`` times the decay ``2^(G_i - G_j)`` (``<= 1`` on
+        and below the diagonal, masked above); ``Qw``, ``Kw`` and ``K 2^G`` are row scalings by
+        ``2^G_i`` and ``2^(G_last - G_i)``."""
         P_s = T.alloc_shared([C], ACCUM)                           # 2^G_i
         E_s = T.alloc_shared([C], ACCUM)                           # 2^(G_last - G_i)
         for i in T.Parallel(C):
             P_s[i] = T.exp2(G_s[i, 0])
             E_s[i] = T.exp2(G_s[C - 1, 0] - G_s[i, 0])
-        for i, d in T.Parallel(C, DK):
-            Lft_s[i, d] = Rgt_s[i, d]
+        for i, d in T.Parallel(C, DK):                             # q is in rows 0 .. C - 1 already
             Lft_s[C + i, d] = K_s[i, d]
         T.gemm(Lft_s, K_s, A, transpose_B=True, clear_accum=True)
         for i, d in T.Parallel(C, DK):
@@ -332,7 +326,8 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
         A = T.alloc_fragment([R, C], ACCUM)
         g_s = G_s if gate_dtype == ACCUM else T.alloc_shared([C, GD], gate_dtype)
 
-        T.copy(Q[bb, t0:t0 + C, hq, :], Rgt_s)
+        # q: straight into the left operand for a scalar gate (its GEMM takes the raw inputs)
+        T.copy(Q[bb, t0:t0 + C, hq, :], Lft_s[0:C, :] if scalar_gate else Rgt_s)
         T.copy(K[bb, t0:t0 + C, hq, :], K_s)
         T.copy(g[bb, t0:t0 + C, bh, :], g_s)
         log2_cumsum_by_columns(g_s, G_s, L, C, GD, flags)
