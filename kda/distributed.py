@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from kda.gated_delta import (CHUNK_SIZE, ChunkForm, _check_inputs, _kernel_inputs, chunk_gated_delta_rule,
                              chunk_kda, prepare_chunks, run_state_pass)
+from kda.kernels.build import sm_count
 from kda.reference import level0 as ref0
 from kda.reference import level4 as ref4
 from kda.reference._common import start_state
@@ -171,7 +172,7 @@ def split_forward(q, k, v, g, beta, pieces: int | None = None, scale=None, initi
     B, T, H, _ = q.shape
     chunks = -(-T // chunk_size)
     if pieces is None:
-        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
+        sms = sm_count(q.device) if q.is_cuda else 1
         pieces = choose_pieces(B, H, v.shape[-1], T, sms, chunk_size=chunk_size)
     run_chunks = -(-chunks // pieces)
     pieces = -(-chunks // run_chunks)                         # no empty run

@@ -56,27 +56,13 @@ def validate_cu_seqlens(cu_seqlens, B: int, T: int, cu_seqlens_cpu=None) -> list
     return bounds
 
 
-def check_qkv_grouped(q, k, v) -> tuple[int, int, int, int, int]:
-    """``validate.check_qkv``, with ``v`` allowed ``HV`` heads, a multiple of the ``H`` of ``q``
-    (grouped value heads); returns the sizes with ``H = HV``."""
-    grouped = all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, v)) and q.shape[2] > 0 \
-        and v.shape[2] != q.shape[2]
-    if not grouped:
-        return validate.check_qkv(q, k, v)
-    if v.shape[:2] != q.shape[:2] or v.shape[2] % q.shape[2]:
-        raise ValueError(f"v must be [B, T, HV, DV] with B, T = {tuple(q.shape[:2])} like q and HV a multiple "
-                         f"of the H = {q.shape[2]} heads of q, got {validate._shape(v)}")
-    B, T, _, DK, DV = validate.check_qkv(q, k, v[:, :, :q.shape[2]])     # dtype, device, sizes
-    return B, T, v.shape[2], DK, DV
-
-
 def _check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel: bool, check_values=True,
                   cu_seqlens_cpu=None):
     """Every argument checked (clear errors, nothing computed); returns ``scale`` as a float, the
     initial state or ``None``, and the ``cu_seqlens`` boundaries or ``None``. With
     ``check_values=False`` the values of ``g`` and ``beta`` are left to ``raise_flagged_values``
     after the kernels (``chunk_intra`` checks them as it reads them)."""
-    B, T, H, DK, DV = check_qkv_grouped(q, k, v)                          # H: the value heads
+    B, T, H, DK, DV = validate.check_qkv(q, k, v, grouped_values=True)   # H: the value heads
     if validate_gates(g, B, T, H, DK, q.device, check_values=check_values) != per_channel:
         form = "[B, T, H, DK] (one gate per key channel)" if per_channel else "[B, T, H] (one gate per head)"
         raise ValueError(f"g must have shape {form} here, got {validate._shape(g)}")
@@ -218,16 +204,15 @@ def run_state_pass(form: ChunkForm, h0, table=None):
     and the float32 final state. With the ``table`` of packed sequences, one state per sequence:
     ``h0`` and the final state are ``[N, H, DK, DV]``."""
     from kda.kernels import level5
-    from kda.kernels.build import compile_program
+    from kda.kernels.build import compile_program, sm_count
 
     B, T, H, DK = form.Qw.shape
     DV = form.U.shape[-1]
     N = B if table is None else table.cu_seqlens.shape[0] - 1       # states
     device = form.Qw.device
     with torch.cuda.device(device):
-        sm_count = torch.cuda.get_device_properties(device).multi_processor_count
         state_pass = compile_program(level5.gated_state_output_pass, (), DK=DK, DV=DV, chunk_size=CHUNK_SIZE,
-                                     block_dv=state_pass_columns(N, H, DV, sm_count),
+                                     block_dv=state_pass_columns(N, H, DV, sm_count(device)),
                                      dtype=ops._dtype_name(form.Qw.dtype), varlen=table is not None)
         if h0 is None:
             h0 = torch.zeros(N, H, DK, DV, dtype=torch.float32, device=device)

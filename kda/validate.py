@@ -16,8 +16,10 @@ def _shape(t: torch.Tensor) -> str:
     return "(" + ", ".join(str(s) for s in t.shape) + ")"
 
 
-def check_qkv(q, k, v) -> tuple[int, int, int, int, int]:
-    """``q, k: [B, T, H, DK]``, ``v: [B, T, H, DV]``, one dtype, one device. Returns the sizes."""
+def check_qkv(q, k, v, grouped_values: bool = False) -> tuple[int, int, int, int, int]:
+    """``q, k: [B, T, H, DK]``, ``v: [B, T, H, DV]``, one dtype, one device. Returns the sizes.
+    With ``grouped_values`` ``v`` may have ``HV`` heads, a multiple of ``H`` (grouped value heads);
+    the ``H`` returned is then ``HV``."""
     for name, t, last in (("q", q, "DK"), ("k", k, "DK"), ("v", v, "DV")):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor of shape [B, T, H, {last}], got {type(t).__name__}")
@@ -25,12 +27,17 @@ def check_qkv(q, k, v) -> tuple[int, int, int, int, int]:
             raise ValueError(f"{name} must be 4-D [B, T, H, {last}], got shape {_shape(t)}")
     if k.shape != q.shape:
         raise ValueError(f"k must have the shape of q {_shape(q)} [B, T, H, DK], got {_shape(k)}")
-    if v.shape[:3] != q.shape[:3]:
+    if grouped_values:
+        if v.shape[:2] != q.shape[:2] or q.shape[2] == 0 or v.shape[2] % q.shape[2]:
+            raise ValueError(f"v must be [B, T, HV, DV] with B, T = {tuple(q.shape[:2])} like q and HV a multiple "
+                             f"of the H = {q.shape[2]} heads of q, got {_shape(v)}")
+    elif v.shape[:3] != q.shape[:3]:
         raise ValueError(f"v must be [B, T, H, DV] with B, T, H = {tuple(q.shape[:3])} like q, got {_shape(v)}")
     B, T, H, DK = q.shape
     DV = v.shape[-1]
-    if min(B, T, H, DK, DV) == 0:
+    if min(B, T, H, DK, DV, v.shape[2]) == 0:
         raise ValueError(f"q and v must have no empty dimension, got q {_shape(q)} and v {_shape(v)}")
+    H = v.shape[2] if grouped_values else H
     for name, t in (("k", k), ("v", v)):
         if t.device != q.device:
             raise ValueError(f"{name} must be on the device of q ({q.device}), got {t.device}")

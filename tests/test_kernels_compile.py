@@ -70,7 +70,7 @@ def test_register_budget_bisection_matches_a_scan_from_the_top():
     """``registers.report`` bisects the consumer's register budget; a scan from the declared
     budget down, one ptxas run per step of 8, stops at the same smallest budget."""
     from kda.kernels import level1, registers
-    from kda.kernels.build import SM90A, compile_program
+    from kda.kernels.build import SM90A, compile_program, ptxas_of
 
     kernel = compile_program(level1.seq_in_loop, (), target=SM90A, DK=128, DV=128, dtype="bfloat16")
     found = registers.report(kernel)
@@ -78,7 +78,7 @@ def test_register_budget_bisection_matches_a_scan_from_the_top():
     smallest = None
     for budget in range(found["declared"], 23, -8):
         patched = registers.INC.sub(f"setmaxnreg.inc.sync.aligned.u32 {budget};", ptx)
-        if registers._ptxas(patched, "sm_90a")["spill_store_bytes"]:
+        if ptxas_of(patched, "sm_90a")["spill_store_bytes"]:
             break
         smallest = budget
     assert found["smallest_without_spills"] == smallest == 120

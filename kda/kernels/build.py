@@ -59,10 +59,16 @@ def ptxas_report(kernel, arch: str = "sm_90a") -> dict:
     On warp-specialised kernels the count is the ``setmaxnreg`` ceiling of the consumer
     warpgroup, not the pressure; spills are what to watch.
     """
+    return ptxas_of(kernel._get_ptx(), arch)
+
+
+def ptxas_of(ptx_text: str, arch: str = "sm_90a") -> dict:
+    """``ptxas_report`` of PTX text (``kda.kernels.registers`` asks it of edited PTX); raises
+    ``subprocess.CalledProcessError`` where ptxas rejects the PTX."""
     ptxas = shutil.which("ptxas") or "/usr/local/cuda/bin/ptxas"
     with tempfile.TemporaryDirectory() as tmp:
         ptx = Path(tmp) / "kernel.ptx"
-        ptx.write_text(kernel._get_ptx())
+        ptx.write_text(ptx_text)
         res = subprocess.run([ptxas, f"-arch={arch}", "-v", str(ptx), "-o", str(Path(tmp) / "k.cubin")],
                              capture_output=True, text=True, check=True)
     text = res.stdout + res.stderr
@@ -72,3 +78,19 @@ def ptxas_report(kernel, arch: str = "sm_90a") -> dict:
         raise RuntimeError(f"unexpected ptxas output:\n{text}")
     return {"registers": int(regs.group(1)), "stack_bytes": int(spill.group(1)),
             "spill_store_bytes": int(spill.group(2)), "spill_load_bytes": int(spill.group(3))}
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    import torch
+
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device) -> int:
+    """Streaming multiprocessors of a CUDA ``device``, asked once per device (launchers choose
+    their grids by it on every call)."""
+    import torch
+
+    device = torch.device(device)
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())

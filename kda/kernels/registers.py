@@ -12,26 +12,11 @@ the same as with the scan from the declared budget down that this replaced.
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
-import tempfile
-from pathlib import Path
+
+from kda.kernels.build import ptxas_of
 
 INC = re.compile(r"setmaxnreg\.inc\.sync\.aligned\.u32 (\d+);")
-
-
-def _ptxas(ptx: str, arch: str) -> dict:
-    """What ``ptxas -v`` reports for ``ptx``: registers, stack frame, spill stores and loads."""
-    ptxas = shutil.which("ptxas") or "/usr/local/cuda/bin/ptxas"
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "kernel.ptx"
-        src.write_text(ptx)
-        res = subprocess.run([ptxas, f"-arch={arch}", "-v", str(src), "-o", str(Path(tmp) / "k.cubin")],
-                             capture_output=True, text=True, check=True)
-    text = res.stdout + res.stderr
-    frame = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", text)
-    return {"registers": int(re.search(r"Used (\d+) registers", text).group(1)), "stack_bytes": int(frame.group(1)),
-            "spill_store_bytes": int(frame.group(2)), "spill_load_bytes": int(frame.group(3))}
 
 
 def _smallest_budget(ptx: str, arch: str) -> dict:
@@ -43,7 +28,7 @@ def _smallest_budget(ptx: str, arch: str) -> dict:
 
     def spills(budget):                  # ptxas rejects some budgets outright: they do not fit either
         try:
-            return _ptxas(INC.sub(f"setmaxnreg.inc.sync.aligned.u32 {budget};", ptx), arch)["spill_store_bytes"]
+            return ptxas_of(INC.sub(f"setmaxnreg.inc.sync.aligned.u32 {budget};", ptx), arch)["spill_store_bytes"]
         except subprocess.CalledProcessError:
             return True
     if spills(budgets[-1]):
@@ -60,4 +45,4 @@ def report(kernel, arch: str = "sm_90a") -> dict:
     one, the consumer's ``declared`` budget and the ``smallest_without_spills``; ``None`` values
     when it is not warp-specialised. One PTX for all of it (each ``_get_ptx`` runs nvcc again)."""
     ptx = kernel._get_ptx()
-    return {**_ptxas(ptx, arch), **_smallest_budget(ptx, arch)}
+    return {**ptxas_of(ptx, arch), **_smallest_budget(ptx, arch)}
