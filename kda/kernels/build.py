@@ -23,9 +23,17 @@ def device_target() -> dict:
 
     if not torch.cuda.is_available():
         return dict(SM90A)
-    major, minor = torch.cuda.get_device_capability()
-    arch = f"sm_{major}{minor}" + ("a" if major == 9 else "")
-    return {"kind": "cuda", "arch": arch}
+    return dict(_target_of(torch.cuda.current_device()))
+
+
+@functools.lru_cache(maxsize=None)
+def _target_of(index: int) -> tuple:
+    # Asked once per device: the capability query is a driver call, and every kernel launch of
+    # every public function looks its kernel up through this (run 48 in results/tuning).
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(index)
+    return (("arch", f"sm_{major}{minor}" + ("a" if major == 9 else "")), ("kind", "cuda"))
 
 
 def _key(target: dict) -> tuple:
@@ -44,8 +52,8 @@ def _compile(program_fn, target_key: tuple, out_idx: tuple, pass_configs: tuple,
 def compile_program(program_fn, out_idx, target: dict | None = None, pass_configs: dict | None = None,
                     **params):
     """Compile ``program_fn(**params)`` once per process for ``target`` (default: the GPU's)."""
-    target = device_target() if target is None else target
-    return _compile(program_fn, _key(target), tuple(out_idx), tuple(sorted((pass_configs or {}).items())),
+    target_key = _key(device_target() if target is None else target)
+    return _compile(program_fn, target_key, tuple(out_idx), tuple(sorted((pass_configs or {}).items())),
                     tuple(sorted(params.items())))
 
 
