@@ -5,9 +5,11 @@ Public functions (``[B, T, H, D]`` tensors, like flash-linear-attention):
 * ``linear_attention(q, k, v, ...)``         level 1, ``S <- S + k v^T``
 * ``decay_attention(q, k, v, alpha, ...)``   level 2, ``S <- a S + k v^T``
 * ``gated_attention(q, k, v, g, ...)``       level 3, ``S <- diag(exp g_t) S + k v^T``
-* ``delta_rule(q, k, v, beta, ...)``         level 4, ``S <- S + b k (v - S^T k)^T`` (kernels not yet
-  checked on a GPU)
-* ``chunk_kda`` / ``chunk_gated_delta_rule``  level 5, fla-shaped; CPU path only so far
+* ``delta_rule(q, k, v, beta, ...)``         level 4, ``S <- S + b k (v - S^T k)^T``
+* ``chunk_kda`` / ``chunk_gated_delta_rule``  level 5 (KDA, GDN), fla 0.6.0's API: packed sequences
+  (``cu_seqlens``), grouped value heads, initial and final states
+
+Context parallelism and the intra-card split of long sequences: ``kda.distributed``.
 
 On CUDA tensors they run TileLang kernels (``pip install kda[gpu]``); on CPU tensors a
 plain PyTorch chunked path. References live in ``kda.reference``.

@@ -16,7 +16,7 @@ def validate_beta(beta, B: int, T: int, H: int, device, check_values: bool = Tru
     if not isinstance(beta, torch.Tensor):
         raise ValueError(f"beta must be a tensor [B, T, H], got {type(beta).__name__}")
     if tuple(beta.shape) != (B, T, H):
-        raise ValueError(f"beta must have shape [B, T, H] = {(B, T, H)}, got {validate._shape(beta)}")
+        raise ValueError(f"beta must have shape [B, T, H] = {(B, T, H)}, got {validate.shape_of(beta)}")
     if beta.device != device:
         raise ValueError(f"beta must be on the device of q ({device}), got {beta.device}")
     if not beta.is_floating_point():
@@ -28,14 +28,6 @@ def validate_beta(beta, B: int, T: int, H: int, device, check_values: bool = Tru
                              f"[{low!r}, {high!r}]")
 
 
-def forward_flops(B: int, T: int, H: int, DK: int, DV: int, C: int = 64) -> int:
-    """FLOPs of the chunked forward as the kernels issue it, per token: ``K K^T`` and ``Q K^T``
-    (``2 C DK`` each), ``W`` and ``U`` (``2 C (DK + DV)``), ``tril(Q K^T)`` times the corrected
-    values (``2 C DV``), and three state products ``W S``, ``Q S``, ``K^T (U - W S)``
-    (``2 DK DV`` each); the ``C^3`` solve is left out (under 2% at ``C = 64``)."""
-    return B * T * H * (2 * C * (3 * DK + 2 * DV) + 6 * DK * DV)
-
-
 def _run_kernels(q, k, v, beta, scale, h0, output_final_state):
     """``chunk_wy`` (all chunks at once), then ``state_output_pass`` (sequential, fused output)."""
     from kda.kernels import level4 as kernels
@@ -44,25 +36,25 @@ def _run_kernels(q, k, v, beta, scale, h0, output_final_state):
     B, T, H, DK = q.shape
     DV = v.shape[-1]
     C = ops.CHUNK_SIZE
-    dtype = ops._dtype_name(q.dtype)
+    dtype = ops.dtype_name(q.dtype)
     q, k, v = (x.contiguous() for x in (q, k, v))
     beta = beta.to(torch.float32).contiguous()
     with torch.cuda.device(q.device):
         wy = compile_program(kernels.chunk_wy, (), DK=DK, DV=DV, chunk_size=C, dtype=dtype)
         fused = compile_program(kernels.state_output_pass, (), DK=DK, DV=DV, chunk_size=C, dtype=dtype)
-        W, U = ops._new_output(k.shape, k.dtype, k.device), ops._new_output(v.shape, v.dtype, v.device)
+        W, U = ops.new_output(k.shape, k.dtype, k.device), ops.new_output(v.shape, v.dtype, v.device)
         wy(k, v, beta, W, U)
         if h0 is None:
             h0 = torch.zeros(B, H, DK, DV, dtype=torch.float32, device=q.device)
-        o = ops._new_output((B, T, H, DV), q.dtype, q.device)
-        ht = ops._new_output((B, H, DK, DV), torch.float32, q.device)
+        o = ops.new_output((B, T, H, DV), q.dtype, q.device)
+        ht = ops.new_output((B, H, DK, DV), torch.float32, q.device)
         fused(q, k, W, U, h0.to(torch.float32).contiguous(), scale, o, ht)
     return o, (ht if output_final_state else None)
 
 
 # --8<-- [start:delta_rule]
 def delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state=False,
-               use_qk_l2norm=False, check_beta=True):
+               use_qk_l2norm=False, check_values=True):
     """The delta rule: ``S_t = S_{t-1} + b_t k_t (v_t - S_{t-1}^T k_t)^T``, ``o_t = S_t^T (scale q_t)``.
 
     Args:
@@ -70,7 +62,7 @@ def delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state
         use_qk_l2norm: L2-normalize ``q`` and ``k`` over the head dimension first (fla's
             ``use_qk_l2norm_in_kernel``); with unit keys and ``b <= 1`` every step is a
             contraction, which is what keeps the state bounded.
-        check_beta: check the values of ``beta`` (one read-back from the GPU).
+        check_values: check the values of ``beta`` (one read-back from the GPU).
         q, k, v, scale, initial_state, output_final_state: as in ``kda.linear_attention``.
 
     Returns:
@@ -78,7 +70,7 @@ def delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state
         Same function as fla's ``chunk_delta_rule``.
     """
     B, T, H, DK, DV = validate.check_qkv(q, k, v)
-    validate_beta(beta, B, T, H, q.device, check_values=check_beta)
+    validate_beta(beta, B, T, H, q.device, check_values=check_values)
     scale = validate.check_scale(scale, DK)
     h0 = validate.check_initial_state(initial_state, B, H, DK, DV, q.device)
     if use_qk_l2norm:
@@ -88,5 +80,5 @@ def delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state
     else:
         o, final = ref4.chunked(q.double() * scale, k, v, beta, ops.CHUNK_SIZE, h0, output_final_state)
         o, final = o.to(q.dtype), (final.float() if final is not None else None)
-    return ops._finish(o, final, output_final_state)
+    return ops.finish(o, final, output_final_state)
 # --8<-- [end:delta_rule]

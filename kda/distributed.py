@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from kda.gated_delta import (CHUNK_SIZE, ChunkForm, _check_inputs, _kernel_inputs, chunk_gated_delta_rule,
+from kda.gated_delta import (CHUNK_SIZE, ChunkForm, check_inputs, kernel_inputs, chunk_gated_delta_rule,
                              chunk_kda, prepare_chunks, run_state_pass)
 from kda.kernels.build import sm_count
 from kda.reference import level0 as ref0
@@ -98,10 +98,10 @@ def context_parallel(q, k, v, g, beta, scale=None, initial_state=None, output_fi
     token; arguments are checked before the collective, so a bad argument raises on its rank
     while the others wait in the all-gather, as with any ``torch.distributed`` call."""
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    scale, h0, _ = _check_inputs(q, k, v, g, beta, scale, initial_state, None, g.dim() == 4)
+    scale, h0, _ = check_inputs(q, k, v, g, beta, scale, initial_state, None, g.dim() == 4)
     _check_ungrouped(q, v)
     if q.is_cuda:
-        q, k, g = _kernel_inputs(q, k, g, use_qk_l2norm_in_kernel)
+        q, k, g = kernel_inputs(q, k, g, use_qk_l2norm_in_kernel)
         form = prepare_chunks(q, k, v, g, beta, scale)            # once: for the map and the recompute
         M, Bm = chunk_maps(form)
         S0 = _start_state32(h0, Bm)
@@ -165,7 +165,7 @@ def split_forward(q, k, v, g, beta, pieces: int | None = None, scale=None, initi
     ``cu_seqlens``. ``pieces=None`` lets ``choose_pieces`` decide from the device's SM count (CUDA)."""
     if pieces is not None and (isinstance(pieces, bool) or not isinstance(pieces, int) or pieces < 1):
         raise ValueError(f"pieces must be a positive int or None, got {pieces!r}")
-    scale, h0, _ = _check_inputs(q, k, v, g, beta, scale, initial_state, None, g.dim() == 4)
+    scale, h0, _ = check_inputs(q, k, v, g, beta, scale, initial_state, None, g.dim() == 4)
     _check_ungrouped(q, v)
     if q.is_cuda and chunk_size != CHUNK_SIZE:
         raise ValueError(f"chunk_size must be {CHUNK_SIZE} on CUDA (the kernels' chunk), got {chunk_size}")
@@ -210,7 +210,7 @@ def _pad_time(x, pad: int):
 
 def _split_forward_cuda(q, k, v, g, beta, pieces, run_len, scale, h0, output_final_state, use_qk_l2norm_in_kernel):
     B, T, H, K = q.shape
-    q, k, g = _kernel_inputs(q, k, g, use_qk_l2norm_in_kernel)
+    q, k, g = kernel_inputs(q, k, g, use_qk_l2norm_in_kernel)
     pad = pieces * run_len - T                                # only ever inside the last run
     if pad:
         q, k, v, g, beta = (_pad_time(x, pad) for x in (q, k, v, g, beta))

@@ -27,7 +27,7 @@ def validate_gates(g, B: int, T: int, H: int, DK: int, device, check_values: boo
         raise ValueError(f"g must be a tensor [B, T, H] or [B, T, H, DK], got {type(g).__name__}")
     if tuple(g.shape) not in ((B, T, H), (B, T, H, DK)):
         raise ValueError(f"g must have shape [B, T, H] = {(B, T, H)} (scalar gate) or [B, T, H, DK] = "
-                         f"{(B, T, H, DK)} (per-channel gate), got {validate._shape(g)}")
+                         f"{(B, T, H, DK)} (per-channel gate), got {validate.shape_of(g)}")
     if g.device != device:
         raise ValueError(f"g must be on the device of q ({device}), got {g.device}")
     allowed = GATE_DTYPES if device.type == "cuda" else validate.CPU_DTYPES
@@ -38,7 +38,7 @@ def validate_gates(g, B: int, T: int, H: int, DK: int, device, check_values: boo
         if not (low > float("-inf") and high <= 0):
             bad = g[~((g <= 0) & (g > float("-inf")))].flatten()[0].item()
             raise ValueError(f"g must be finite and <= 0 (the natural log of a decay in (0, 1]), "
-                             f"found {bad!r}; pass check_gates=False only for gates known to be in range")
+                             f"found {bad!r}; pass check_values=False only for gates known to be in range")
     return g.dim() == 4
 
 
@@ -59,7 +59,7 @@ def _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state):
     B, T, H, DK = q.shape
     DV = v.shape[-1]
     C = ops.KERNEL_CONFIG["chunk_size"]
-    dtype, gate_dtype = ops._dtype_name(q.dtype), str(g.dtype).removeprefix("torch.")
+    dtype, gate_dtype = ops.dtype_name(q.dtype), str(g.dtype).removeprefix("torch.")
     loop_config = {key: ops.KERNEL_CONFIG[key] for key in ("chunk_size", "block_dv", "num_stages", "threads")}
     with_state = h0 is not None or output_final_state
     q, k, v, g = (x.contiguous() for x in (q, k, v, g))
@@ -75,27 +75,27 @@ def _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state):
         else:
             intra = compile_program(level5.chunk_intra, (), DK=DK, chunk_size=C, dtype=dtype, gate_dtype=gate_dtype,
                                     delta=False)
-            Qw, Kw = ops._new_output(q.shape, q.dtype, q.device), ops._new_output(k.shape, k.dtype, k.device)
-            decay = ops._new_output((B, H, -(-T // C), DK), torch.float32, q.device)
-            A = ops._new_output((B, T, H, C), q.dtype, q.device)
+            Qw, Kw = ops.new_output(q.shape, q.dtype, q.device), ops.new_output(k.shape, k.dtype, k.device)
+            decay = ops.new_output((B, H, -(-T // C), DK), torch.float32, q.device)
+            A = ops.new_output((B, T, H, C), q.dtype, q.device)
             flags = torch.zeros(2, dtype=torch.int32, device=q.device)
             intra(q, k, g, scale, Qw, Kw, decay, A, flags)
             inputs = (Qw, Kw, A, decay, v)
             seq = compile_program(kernels.seq_in_loop_per_channel, (), DK=DK, DV=DV, dtype=dtype,
                                   with_state=with_state, **loop_config)
-        o = ops._new_output((B, T, H, DV), q.dtype, q.device)
+        o = ops.new_output((B, T, H, DV), q.dtype, q.device)
         if not with_state:
             seq(*inputs, o)
             return o, None, flags
         if h0 is None:
             h0 = torch.zeros(B, H, DK, DV, dtype=torch.float32, device=q.device)
-        ht = ops._new_output((B, H, DK, DV), torch.float32, q.device)
+        ht = ops.new_output((B, H, DK, DV), torch.float32, q.device)
         seq(*inputs, h0.to(torch.float32).contiguous(), o, ht)
         return o, ht, flags
 
 
 # --8<-- [start:gated_attention]
-def gated_attention(q, k, v, g, scale=None, initial_state=None, output_final_state=False, check_gates=True):
+def gated_attention(q, k, v, g, scale=None, initial_state=None, output_final_state=False, check_values=True):
     """Linear attention with a data-dependent decay per token: ``S_t = diag(exp g_t) S_{t-1}
     + k_t v_t^T``, ``o_t = S_t^T (scale * q_t)``.
 
@@ -104,7 +104,7 @@ def gated_attention(q, k, v, g, scale=None, initial_state=None, output_final_sta
             (Mamba2 / GDN style; fla ``chunk_simple_gla(g=...)``). ``[B, T, H, DK]``: one
             gate per key channel (GLA / KDA style; fla ``chunk_gla(g=...)``). float32,
             bfloat16 or float16 on CUDA; the kernels sum it in float32.
-        check_gates: check that ``g`` is finite and ``<= 0`` (one read-back from the GPU: of the
+        check_values: check that ``g`` is finite and ``<= 0`` (one read-back from the GPU: of the
             min and max before the kernels for a scalar gate; of the flags ``chunk_intra`` sets
             as it reads a per-channel gate, after them, so that a bad gate raises after the launch).
         q, k, v, scale, initial_state, output_final_state: as in ``linear_attention``.
@@ -114,15 +114,15 @@ def gated_attention(q, k, v, g, scale=None, initial_state=None, output_final_sta
     """
     B, T, H, DK, DV = validate.check_qkv(q, k, v)
     in_kernel = q.device.type == "cuda" and isinstance(g, torch.Tensor) and g.dim() == 4   # chunk_intra checks
-    per_channel = validate_gates(g, B, T, H, DK, q.device, check_values=check_gates and not in_kernel)
+    per_channel = validate_gates(g, B, T, H, DK, q.device, check_values=check_values and not in_kernel)
     scale = validate.check_scale(scale, DK)
     h0 = validate.check_initial_state(initial_state, B, H, DK, DV, q.device)
     if q.device.type == "cuda":
         o, final, flags = _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state)
-        if check_gates and flags is not None and flags[0].item():
+        if check_values and flags is not None and flags[0].item():
             raise_flagged_gates(g)
     else:
         o, final = ref3.chunked(q.double() * scale, k, v, g, ops.CHUNK_SIZE, h0, output_final_state)
         o, final = o.to(q.dtype), (final.float() if final is not None else None)
-    return ops._finish(o, final, output_final_state)
+    return ops.finish(o, final, output_final_state)
 # --8<-- [end:gated_attention]

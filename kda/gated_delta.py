@@ -21,12 +21,12 @@ from typing import NamedTuple
 import torch
 
 from kda import ops, validate
+from kda.ops import CHUNK_SIZE
 from kda.delta import validate_beta
 from kda.gated import raise_flagged_gates, validate_gates
 from kda.reference import level0 as ref0
 from kda.reference import level4 as ref4
 
-CHUNK_SIZE = 64
 
 
 def validate_cu_seqlens(cu_seqlens, B: int, T: int, cu_seqlens_cpu=None) -> list[int] | None:
@@ -56,7 +56,7 @@ def validate_cu_seqlens(cu_seqlens, B: int, T: int, cu_seqlens_cpu=None) -> list
     return bounds
 
 
-def _check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel: bool, check_values=True,
+def check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel: bool, check_values=True,
                   cu_seqlens_cpu=None):
     """Every argument checked (clear errors, nothing computed); returns ``scale`` as a float, the
     initial state or ``None``, and the ``cu_seqlens`` boundaries or ``None``. With
@@ -65,7 +65,7 @@ def _check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channe
     B, T, H, DK, DV = validate.check_qkv(q, k, v, grouped_values=True)   # H: the value heads
     if validate_gates(g, B, T, H, DK, q.device, check_values=check_values) != per_channel:
         form = "[B, T, H, DK] (one gate per key channel)" if per_channel else "[B, T, H] (one gate per head)"
-        raise ValueError(f"g must have shape {form} here, got {validate._shape(g)}")
+        raise ValueError(f"g must have shape {form} here, got {validate.shape_of(g)}")
     validate_beta(beta, B, T, H, q.device, check_values=check_values)
     scale = validate.check_scale(scale, DK)
     bounds = validate_cu_seqlens(cu_seqlens, B, T, cu_seqlens_cpu)
@@ -74,7 +74,7 @@ def _check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channe
     return scale, h0, bounds
 
 
-def _kernel_inputs(q, k, g, use_qk_l2norm_in_kernel):
+def kernel_inputs(q, k, g, use_qk_l2norm_in_kernel):
     """CUDA: ``q, k`` normalized if asked, and the gate as ``[B, T, H, K]`` per key channel or
     ``[B, T, H, 1]`` per head (``chunk_intra``'s scalar path: no broadcast copy)."""
     if use_qk_l2norm_in_kernel:
@@ -98,12 +98,12 @@ def raise_flagged_values(flags, g, beta) -> None:
 def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
              cu_seqlens, per_channel: bool, check_values: bool, cu_seqlens_cpu=None):
     cuda = q.device.type == "cuda"
-    scale, h0, bounds = _check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel,
+    scale, h0, bounds = check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel,
                                       check_values=check_values and not cuda, cu_seqlens_cpu=cu_seqlens_cpu)
     if cuda:                                             # packed sequences: one launch per stage too
         flags = torch.zeros(2, dtype=torch.int32, device=q.device)
         g_given = g
-        q, k, g = _kernel_inputs(q, k, g, use_qk_l2norm_in_kernel)
+        q, k, g = kernel_inputs(q, k, g, use_qk_l2norm_in_kernel)
         table = chunk_table(bounds, q.device) if bounds is not None else None
         o, final = _run_kernels(q, k, v, g, beta, scale, h0, flags, table)
         if check_values:
@@ -176,13 +176,13 @@ def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None) -> ChunkForm
     B, T, _, DK = q.shape
     H, DV, C = v.shape[2], v.shape[-1], CHUNK_SIZE       # H: value heads (q, k may have fewer)
     NC = -(-T // C) if table is None else table.chunks.shape[0]
-    dtype, gate_dtype = ops._dtype_name(q.dtype), str(g.dtype).removeprefix("torch.")
+    dtype, gate_dtype = ops.dtype_name(q.dtype), str(g.dtype).removeprefix("torch.")
     q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.to(torch.float32).contiguous()
     with torch.cuda.device(q.device):
         intra = compile_program(level5.chunk_intra, (), DK=DK, DV=DV, chunk_size=C, dtype=dtype,
                                 gate_dtype=gate_dtype, varlen=table is not None, value_groups=H // q.shape[2],
                                 scalar_gate=g.shape[-1] == 1)
-        new = lambda shape, dt=q.dtype: ops._new_output(shape, dt, q.device)
+        new = lambda shape, dt=q.dtype: ops.new_output(shape, dt, q.device)
         Qw, Kw, W = new((B, T, H, DK)), new((B, T, H, DK)), new((B, T, H, DK))
         decay, A_qk, U = new((B, H, NC, DK), torch.float32), new((B, T, H, C)), new(v.shape)
         if flags is None:
@@ -213,11 +213,11 @@ def run_state_pass(form: ChunkForm, h0, table=None):
     with torch.cuda.device(device):
         state_pass = compile_program(level5.gated_state_output_pass, (), DK=DK, DV=DV, chunk_size=CHUNK_SIZE,
                                      block_dv=state_pass_columns(N, H, DV, sm_count(device)),
-                                     dtype=ops._dtype_name(form.Qw.dtype), varlen=table is not None)
+                                     dtype=ops.dtype_name(form.Qw.dtype), varlen=table is not None)
         if h0 is None:
             h0 = torch.zeros(N, H, DK, DV, dtype=torch.float32, device=device)
-        o = ops._new_output((B, T, H, DV), form.U.dtype, device)
-        ht = ops._new_output((N, H, DK, DV), torch.float32, device)
+        o = ops.new_output((B, T, H, DV), form.U.dtype, device)
+        ht = ops.new_output((N, H, DK, DV), torch.float32, device)
         tables = [] if table is None else [table.cu_seqlens, table.chunk_offsets]
         state_pass(*form, h0.to(torch.float32).contiguous(), o, ht, *tables)
     return o, ht

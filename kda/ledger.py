@@ -41,10 +41,18 @@ def redundancy(N: int, C: int) -> float:
 # --8<-- [end:level1_ledger]
 
 
-def forward_flops(B: int, T: int, H: int, DK: int, DV: int, C: int = 64) -> int:
-    """FLOPs of one chunkwise forward pass with full ``C x C`` intra blocks (what the kernels issue
-    once per token, before any re-computation across value stripes)."""
+def forward_flops(B: int, T: int, H: int, DK: int, DV: int, C: int = 64, delta: bool = False) -> int:
+    """FLOPs of one chunkwise forward pass as the kernels issue them, per token, with full ``C x C``
+    intra blocks and before any re-computation across value stripes.
+
+    Without the delta rule (levels 1-3): ``Q K^T`` and its product with ``V`` (``2 C (DK + DV)``),
+    ``Q S`` and ``K^T V`` (``2 DK DV`` each). With it (levels 4-5): ``K K^T`` and ``Q K^T`` (``2 C DK``
+    each), ``W`` and ``U`` (``2 C (DK + DV)``), ``tril(Q K^T)`` times the corrected values
+    (``2 C DV``), and three state products ``W S``, ``Q S``, ``K^T (U - W S)``; the ``C^3`` solve is
+    left out (under 2% at ``C = 64``)."""
     tokens = B * T * H
+    if delta:
+        return tokens * (2 * C * (3 * DK + 2 * DV) + 6 * DK * DV)
     return tokens * (4 * DK * DV + 2 * C * (DK + DV))
 
 

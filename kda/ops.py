@@ -26,7 +26,8 @@ CHUNK_SIZE = 64
 KERNEL_CONFIG = {"chunk_size": CHUNK_SIZE, "block_dv": 32, "num_stages": 3, "threads": 128}
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
+    """The kernels' name of a half-precision torch dtype (their factories take strings)."""
     return {torch.float16: "float16", torch.bfloat16: "bfloat16"}[dtype]
 
 
@@ -35,7 +36,8 @@ def _dtype_name(dtype: torch.dtype) -> str:
 poison_outputs = False
 
 
-def _new_output(shape, dtype, device):
+def new_output(shape, dtype, device):
+    """An output buffer for a kernel to fill: uninitialised, or NaN under ``poison_outputs``."""
     if poison_outputs:
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
     return torch.empty(shape, dtype=dtype, device=device)
@@ -48,17 +50,17 @@ def _run_kernel(program_fn, q, k, v, extra, scale, h0, output_final_state):
     B, T, H, DK = q.shape
     DV = v.shape[-1]
     with_state = h0 is not None or output_final_state
-    kernel = compile_program(program_fn, out_idx=(), DK=DK, DV=DV, dtype=_dtype_name(q.dtype),
+    kernel = compile_program(program_fn, out_idx=(), DK=DK, DV=DV, dtype=dtype_name(q.dtype),
                              with_state=with_state, **KERNEL_CONFIG)
     q, k, v = (x.contiguous() for x in (q, k, v))
-    o = _new_output((B, T, H, DV), q.dtype, q.device)
+    o = new_output((B, T, H, DV), q.dtype, q.device)
     with torch.cuda.device(q.device):
         if not with_state:
             kernel(q, k, v, *extra, scale, o)
             return o, None
         if h0 is None:
             h0 = torch.zeros(B, H, DK, DV, dtype=torch.float32, device=q.device)
-        ht = _new_output((B, H, DK, DV), torch.float32, q.device)
+        ht = new_output((B, H, DK, DV), torch.float32, q.device)
         kernel(q, k, v, *extra, scale, h0.to(torch.float32).contiguous(), o, ht)
         return o, ht
 
@@ -70,7 +72,8 @@ def _log2_alpha_on(values: tuple, device: str) -> torch.Tensor:
     return torch.log2(torch.tensor(values, dtype=torch.float64)).to(device, torch.float32)
 
 
-def _finish(o, final, output_final_state):
+def finish(o, final, output_final_state):
+    """What the level 1-4 functions return: ``o``, or ``(o, final)`` when the final state is asked."""
     return (o, final) if output_final_state else o
 
 
@@ -101,7 +104,7 @@ def linear_attention(q, k, v, scale=None, initial_state=None, output_final_state
     else:
         o, final = ref1.chunked(q.double() * scale, k, v, CHUNK_SIZE, h0, output_final_state)
         o, final = o.to(q.dtype), (final.float() if final is not None else None)
-    return _finish(o, final, output_final_state)
+    return finish(o, final, output_final_state)
 # --8<-- [end:linear_attention]
 
 
@@ -133,5 +136,5 @@ def decay_attention(q, k, v, alpha, scale=None, initial_state=None, output_final
         o, final = ref2.chunked(q.double() * scale, k, v, torch.tensor(a, dtype=torch.float64), CHUNK_SIZE, h0,
                                 output_final_state)
         o, final = o.to(q.dtype), (final.float() if final is not None else None)
-    return _finish(o, final, output_final_state)
+    return finish(o, final, output_final_state)
 # --8<-- [end:decay_attention]

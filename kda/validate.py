@@ -12,7 +12,7 @@ CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 KERNEL_HEAD_SIZES = (64, 128)
 
 
-def _shape(t: torch.Tensor) -> str:
+def shape_of(t: torch.Tensor) -> str:
     return "(" + ", ".join(str(s) for s in t.shape) + ")"
 
 
@@ -24,19 +24,19 @@ def check_qkv(q, k, v, grouped_values: bool = False) -> tuple[int, int, int, int
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor of shape [B, T, H, {last}], got {type(t).__name__}")
         if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D [B, T, H, {last}], got shape {_shape(t)}")
+            raise ValueError(f"{name} must be 4-D [B, T, H, {last}], got shape {shape_of(t)}")
     if k.shape != q.shape:
-        raise ValueError(f"k must have the shape of q {_shape(q)} [B, T, H, DK], got {_shape(k)}")
+        raise ValueError(f"k must have the shape of q {shape_of(q)} [B, T, H, DK], got {shape_of(k)}")
     if grouped_values:
         if v.shape[:2] != q.shape[:2] or q.shape[2] == 0 or v.shape[2] % q.shape[2]:
             raise ValueError(f"v must be [B, T, HV, DV] with B, T = {tuple(q.shape[:2])} like q and HV a multiple "
-                             f"of the H = {q.shape[2]} heads of q, got {_shape(v)}")
+                             f"of the H = {q.shape[2]} heads of q, got {shape_of(v)}")
     elif v.shape[:3] != q.shape[:3]:
-        raise ValueError(f"v must be [B, T, H, DV] with B, T, H = {tuple(q.shape[:3])} like q, got {_shape(v)}")
+        raise ValueError(f"v must be [B, T, H, DV] with B, T, H = {tuple(q.shape[:3])} like q, got {shape_of(v)}")
     B, T, H, DK = q.shape
     DV = v.shape[-1]
     if min(B, T, H, DK, DV, v.shape[2]) == 0:
-        raise ValueError(f"q and v must have no empty dimension, got q {_shape(q)} and v {_shape(v)}")
+        raise ValueError(f"q and v must have no empty dimension, got q {shape_of(q)} and v {shape_of(v)}")
     H = v.shape[2] if grouped_values else H
     for name, t in (("k", k), ("v", v)):
         if t.device != q.device:
@@ -69,7 +69,7 @@ def check_initial_state(initial_state, B: int, H: int, DK: int, DV: int, device)
     if not isinstance(initial_state, torch.Tensor):
         raise ValueError(f"initial_state must be a tensor [B, H, DK, DV] or None, got {type(initial_state).__name__}")
     if tuple(initial_state.shape) != (B, H, DK, DV):
-        raise ValueError(f"initial_state must have shape [B, H, DK, DV] = {(B, H, DK, DV)}, got {_shape(initial_state)}")
+        raise ValueError(f"initial_state must have shape [B, H, DK, DV] = {(B, H, DK, DV)}, got {shape_of(initial_state)}")
     if initial_state.device != device:
         raise ValueError(f"initial_state must be on the device of q ({device}), got {initial_state.device}")
     if not initial_state.is_floating_point():
@@ -89,11 +89,11 @@ def check_alpha(alpha, H: int) -> tuple[float, ...]:
         values = [float(alpha)] * H
     elif isinstance(alpha, torch.Tensor) and alpha.is_floating_point() and alpha.dim() in (0, 1):
         if alpha.dim() == 1 and alpha.shape[0] != H:
-            raise ValueError(f"alpha must have shape [H] = [{H}] (one decay per head), got {_shape(alpha)}")
+            raise ValueError(f"alpha must have shape [H] = [{H}] (one decay per head), got {shape_of(alpha)}")
         values = alpha.detach().to("cpu", torch.float64).tolist()
         values = values * H if alpha.dim() == 0 else values
     else:
-        what = f"tensor of shape {_shape(alpha)} and dtype {alpha.dtype}" if isinstance(alpha, torch.Tensor) else type(alpha).__name__
+        what = f"tensor of shape {shape_of(alpha)} and dtype {alpha.dtype}" if isinstance(alpha, torch.Tensor) else type(alpha).__name__
         raise ValueError(f"alpha must be a number in (0, 1] or a floating tensor [H], got {what}")
     for a in values:
         if not math.isfinite(a):

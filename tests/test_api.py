@@ -118,8 +118,8 @@ def test_bad_gates(g, match):
 
 def test_unchecked_gates_skip_only_the_value_check():
     q, k, v = qkv()
-    kda.gated_attention(q, k, v, torch.full((2, 70, 3), 0.1), check_gates=False)   # no error: the caller's promise
-    raises(r"g must have shape", kda.gated_attention, q, k, v, torch.zeros(2, 70, 4), check_gates=False)
+    kda.gated_attention(q, k, v, torch.full((2, 70, 3), 0.1), check_values=False)   # no error: the caller's promise
+    raises(r"g must have shape", kda.gated_attention, q, k, v, torch.zeros(2, 70, 4), check_values=False)
 
 
 def test_delta_rule_cpu_matches_recurrence():
@@ -145,3 +145,13 @@ def test_delta_rule_cpu_matches_recurrence():
 def test_bad_beta(beta, match):
     q, k, v = qkv()
     raises(match, kda.delta_rule, q, k, v, beta)
+
+
+def test_the_value_check_switch_has_one_name():
+    """Every public function that checks values on the device takes the same switch."""
+    import inspect
+
+    for fn in (kda.gated_attention, kda.delta_rule, kda.chunk_kda, kda.chunk_gated_delta_rule):
+        params = inspect.signature(fn).parameters
+        assert params["check_values"].default is True, fn.__name__
+        assert [p for p in params if p.startswith("check")] == ["check_values"], fn.__name__

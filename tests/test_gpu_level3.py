@@ -115,7 +115,7 @@ def test_cuda_gate_errors():
     g[0, 9, 1, 5] = 0.5                                   # one bad channel in the last row: the kernel flags it
     with pytest.raises(ValueError, match="finite and <= 0"):
         kda.gated_attention(q, k, v, g)
-    kda.gated_attention(q, k, v, g, check_gates=False)     # the caller vouched for g: no read-back
+    kda.gated_attention(q, k, v, g, check_values=False)     # the caller vouched for g: no read-back
     with pytest.raises(ValueError, match="device of q"):
         kda.gated_attention(q, k, v, torch.zeros(1, 10, 2))
     with pytest.raises(ValueError, match="must be one of"):

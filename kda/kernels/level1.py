@@ -17,7 +17,8 @@ stores clip it). Accumulation is fp32.
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
 import tilelang.language as T
 
-ACCUM = "float32"
+from kda.kernels.stages import ACCUM
+
 
 
 # --8<-- [start:seq_in_grid]

@@ -18,7 +18,8 @@ which matters for the final state. Mirrors ``kda.reference.level2.seq_in_loop``.
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
 import tilelang.language as T
 
-ACCUM = "float32"
+from kda.kernels.stages import ACCUM
+
 
 
 # --8<-- [start:seq_in_loop]

@@ -19,39 +19,9 @@ Mirrors ``kda.reference.level3`` (``prepare`` and ``kernel_mimic``).
 """
 
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
-import math
-
 import tilelang.language as T
 
-ACCUM = "float32"
-LOG2_E = 1.0 / math.log(2.0)
-
-
-# --8<-- [start:helpers]
-def real(condition):
-    """1.0 where ``condition`` holds, else 0.0, as a select: a mask multiplied in keeps the
-    loop free of branches (a branch per element costs the latency of its loads and exp2)."""
-    return T.if_then_else(condition, 1.0, 0.0)
-
-
-def decay_factor(log2_decay):
-    """``2^x`` clamped to ``x <= 0``: where the caller masks an element out, ``x`` may be
-    positive, and ``2^x`` could overflow to ``inf`` (and ``inf * 0`` is NaN)."""
-    return T.exp2(T.min(log2_decay, 0.0))
-
-
-# Largest gate span (log2 units) inside one diagonal sub-chunk for the GEMM path: the key
-# factor 2^span and the query factor 2^-span must stay normal fp32 numbers next to bf16
-# inputs (|x| in about [2^-10, 2^3]): 96 leaves 20 binades of room on either side.
-DIAGONAL_SPAN_MAX = 96.0
-
-
-def tf32_nearest(x):
-    """``x`` rounded to the nearest tf32 number (11 significant bits; Veltkamp's split).
-    The tensor cores would drop the low 13 bits instead, a bias that adds up in the sums."""
-    c = T.call_extern(ACCUM, "__fmul_rn", x, T.float32(8193.0))   # 2^13 + 1, rounded: must not
-    return c - (c - x)                                              # be fused into an FMA
-# --8<-- [end:helpers]
+from kda.kernels.stages import ACCUM, LOG2_E, decay_factor, real
 
 
 # --8<-- [start:cumsum]

@@ -2,9 +2,9 @@
 
 1. ``chunk_wy``: per chunk and all chunks at once, ``A = tril(diag(b) K K^T, -1)``, the inverse
    ``(I + A)^-1`` (``invert_diagonal_blocks``: 16 x 16 diagonal blocks by forward substitution;
-   then ``merge_by_products``, four tf32 GEMMs, or ``merge_by_substitution``, block forward
-   substitution on the CUDA cores), and ``W = (I + A)^-1 diag(b) K``, ``U = (I + A)^-1 diag(b) V``.
-2. ``state_pass``: sequence in a loop, grid over (value stripes, B*H), state in registers; per
+   then ``merge_by_products``, four tf32 GEMMs, or ``merge_by_substitution`` of
+   ``kda.kernels.stages``, block forward substitution on the CUDA cores), and ``W = (I + A)^-1 diag(b) K``, ``U = (I + A)^-1 diag(b) V``.
+2. ``state_pass``: sequence in a loop, grid (value stripes, H, B), state in registers; per
    chunk it writes the entering state (the snapshot the output stage reads) and the corrected
    values ``U - W S``, then ``S += K^T (U - W S)``.
 3. ``chunk_output``: all chunks at once, ``O = scale (Q S_enter + tril(Q K^T) (U - W S_enter))``.
@@ -16,9 +16,7 @@
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
 import tilelang.language as T
 
-from kda.kernels.level3 import real, tf32_nearest
-
-ACCUM = "float32"
+from kda.kernels.stages import ACCUM, merge_by_substitution, real, tf32_nearest
 
 
 # --8<-- [start:invert_diagonal_blocks]
@@ -39,29 +37,6 @@ def invert_diagonal_blocks(A_s, Tinv_s, C, block):
                                                             - A_s[I * block + i, I * block + r]
                                                             * Tinv_s[I * block + r, I * block + c])
 # --8<-- [end:invert_diagonal_blocks]
-
-
-# --8<-- [start:merge_by_substitution]
-@T.macro
-def merge_by_substitution(A_s, Tinv_s, C, block):
-    """The blocks below the diagonal by block forward substitution on the CUDA cores, in
-    float32: by distance ``d = I - J``, ``X = sum_K A_IK T_KJ``, then ``T_IJ = -T_II X``."""
-    n = C // block
-    X_s = T.alloc_shared([n - 1, block, block], ACCUM)
-    for d in T.unroll(1, n):
-        for p, r, c in T.Parallel(n - d, block, block):   # block (I, J) = (p + d, p)
-            acc = T.alloc_var(ACCUM)
-            acc = 0.0
-            for m in T.serial(block * d):
-                acc += A_s[(p + d) * block + r, p * block + m] * Tinv_s[p * block + m, p * block + c]
-            X_s[p, r, c] = acc
-        for p, r, c in T.Parallel(n - d, block, block):
-            acc = T.alloc_var(ACCUM)
-            acc = 0.0
-            for m in T.serial(block):
-                acc += Tinv_s[(p + d) * block + r, (p + d) * block + m] * X_s[p, m, c]
-            Tinv_s[(p + d) * block + r, p * block + c] = -acc
-# --8<-- [end:merge_by_substitution]
 
 
 # --8<-- [start:merge_by_products]

@@ -25,10 +25,8 @@ Mirrors ``kda.reference.level5``.
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
 import tilelang.language as T
 
-from kda.kernels.level3 import DIAGONAL_SPAN_MAX, LOG2_E, decay_factor, real, tf32_nearest
-from kda.kernels.level4 import merge_by_substitution
+from kda.kernels.stages import ACCUM, DIAGONAL_SPAN_MAX, LOG2_E, decay_factor, merge_by_substitution, real, tf32_nearest
 
-ACCUM = "float32"
 SOLVE_BLOCK = 16        # the solve's diagonal blocks (level 4), whatever the scores' sub-chunk
 # Rows per score sub-chunk. Where a chunk's gate falls by at most 2^96 over each 32-row half, one
 # GEMM about the middle row gives both score matrices (scores_about_middle: chunk_intra 1.44 ms

@@ -10,7 +10,6 @@ import torch
 
 from kda import ledger
 from kda.bench import median_ms, random_qkv
-from kda.delta import forward_flops
 from kda.distributed import choose_pieces, chunk_maps, fold, runs_form, split_forward
 from kda.gated_delta import chunk_gated_delta_rule, chunk_kda, prepare_chunks, run_state_pass
 from kda.metrics import rel_l2
@@ -39,7 +38,7 @@ def make_inputs(B, T, H, seed=7):
 
 def floor_ms(B, T, H, g, beta):
     nbytes = ledger.forward_min_bytes(B, T, H, D, D) + g.numel() * g.element_size() + beta.numel() * beta.element_size()
-    return ledger.floor_seconds(forward_flops(B, T, H, D, D, C), nbytes) * 1e3
+    return ledger.floor_seconds(ledger.forward_flops(B, T, H, D, D, C, delta=True), nbytes) * 1e3
 
 
 # 1. the anchor shape, all implementations

@@ -6,7 +6,7 @@ import torch
 
 from kda import ledger
 from kda.bench import median_ms, random_qkv
-from kda.delta import delta_rule, forward_flops, validate_beta
+from kda.delta import delta_rule, validate_beta
 from kda.kernels import level4 as kernels
 from kda.kernels.build import compile_program
 from kda.metrics import rel_l2
@@ -22,13 +22,13 @@ k = ref.l2_normalize(k.float()).bfloat16()
 beta = torch.rand(B, T, H, device="cuda").bfloat16()   # fla takes beta in the dtype of q
 
 t_kda = median_ms(lambda: delta_rule(q, k, v, beta))
-t_unchecked = median_ms(lambda: delta_rule(q, k, v, beta, check_beta=False))
+t_unchecked = median_ms(lambda: delta_rule(q, k, v, beta, check_values=False))
 t_fla = median_ms(lambda: chunk_delta_rule(q, k, v, beta, scale=SCALE)[0])
 agreement = rel_l2(delta_rule(q, k, v, beta), chunk_delta_rule(q, k, v, beta, scale=SCALE)[0].double())
 nbytes = ledger.forward_min_bytes(B, T, H, D, D) + beta.numel() * beta.element_size()
-flops = forward_flops(B, T, H, D, D, C)
+flops = ledger.forward_flops(B, T, H, D, D, C, delta=True)
 floor = ledger.floor_seconds(flops, nbytes) * 1e3
-table = Table(["kda (ms)", "kda, check_beta=False (ms)", "fla chunk_delta_rule (ms)", "fla / kda", "floor (ms)",
+table = Table(["kda (ms)", "kda, check_values=False (ms)", "fla chunk_delta_rule (ms)", "fla / kda", "floor (ms)",
                "kda at % of floor", "rel L2 kda vs fla"],
               formats=["{:.3f}", "{:.3f}", "{:.3f}", "{:.2f}x", "{:.3f}", "{:.0%}", sci])
 table.rows.append([t_kda, t_unchecked, t_fla, t_fla / t_kda, floor, floor / t_kda, agreement])

@@ -10,7 +10,6 @@ import torch
 
 from kda import ledger
 from kda.bench import median_ms, random_qkv
-from kda.delta import forward_flops
 from kda.gated_delta import chunk_gated_delta_rule, chunk_kda
 from kda.kernels import level5
 from kda.kernels.build import compile_program
@@ -53,7 +52,7 @@ for n, (B, T, H, D) in enumerate(SHAPES):
     for op, fns in runs.items():
         g = g_kda if op == "KDA" else g_gdn
         nbytes = ledger.forward_min_bytes(B, T, H, D, D) + g.numel() * g.element_size() + beta.numel() * beta.element_size()
-        floor = ledger.floor_seconds(forward_flops(B, T, H, D, D, C), nbytes) * 1e3
+        floor = ledger.floor_seconds(ledger.forward_flops(B, T, H, D, D, C, delta=True), nbytes) * 1e3
         ours = fns["kda"]().double()
         ms = {name: median_ms(fn) for name, fn in fns.items()}
         for name, fn in fns.items():
@@ -62,7 +61,7 @@ for n, (B, T, H, D) in enumerate(SHAPES):
         rows.append({"op": op, "B": B, "T": T, "H": H, "DK": D, "DV": D, "ms": ms, "floor": floor})
 print(table)
 print("\n`kda faster by` = that implementation's time over kda's; the floor counts q, k, v, o, g and beta "
-      "once, and the delta rule's FLOPs (kda.delta.forward_flops).")
+      "once, and the delta rule's FLOPs (kda.ledger.forward_flops with delta=True).")
 
 # each stage alone (KDA, the headline shape, the same inputs)
 B, T, H, D = SHAPES[0]

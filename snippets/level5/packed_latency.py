@@ -12,7 +12,6 @@ import torch
 
 from kda import ledger
 from kda.bench import median_ms, random_qkv
-from kda.delta import forward_flops
 from kda.gated_delta import chunk_gated_delta_rule, chunk_kda
 from kda.metrics import rel_l2
 from kda.reference import level4 as ref
@@ -47,7 +46,7 @@ def inputs(T, HQ, HV):
 
 def floor_ms(T, HQ, HV, g, beta):
     nbytes = 2 * T * HQ * D * 2 + 2 * T * HV * D * 2 + g.numel() * g.element_size() + beta.numel() * beta.element_size()
-    return ledger.floor_seconds(forward_flops(1, T, HV, D, D, C), nbytes) * 1e3
+    return ledger.floor_seconds(ledger.forward_flops(1, T, HV, D, D, C, delta=True), nbytes) * 1e3
 
 
 table = Table(["case", "op", "implementation", "ms", "kda faster by", "at % of floor", "rel L2 vs kda"],

@@ -1,0 +1,63 @@
+"""Pieces the kernels of several levels share: the accumulator type, the masks and clamped
+decays of the gated levels (3 and 5), tf32 rounding, and the block forward substitution that
+completes the inverse of ``I + A`` (levels 4 and 5). One definition each; the level modules
+import them.
+"""
+
+# No `from __future__ import annotations` here: T.prim_func reads the annotations.
+import math
+
+import tilelang.language as T
+
+ACCUM = "float32"
+LOG2_E = 1.0 / math.log(2.0)
+
+
+# --8<-- [start:helpers]
+def real(condition):
+    """1.0 where ``condition`` holds, else 0.0, as a select: a mask multiplied in keeps the
+    loop free of branches (a branch per element costs the latency of its loads and exp2)."""
+    return T.if_then_else(condition, 1.0, 0.0)
+
+
+def decay_factor(log2_decay):
+    """``2^x`` clamped to ``x <= 0``: where the caller masks an element out, ``x`` may be
+    positive, and ``2^x`` could overflow to ``inf`` (and ``inf * 0`` is NaN)."""
+    return T.exp2(T.min(log2_decay, 0.0))
+
+
+# Largest gate span (log2 units) inside one diagonal sub-chunk for the GEMM path: the key
+# factor 2^span and the query factor 2^-span must stay normal fp32 numbers next to bf16
+# inputs (|x| in about [2^-10, 2^3]): 96 leaves 20 binades of room on either side.
+DIAGONAL_SPAN_MAX = 96.0
+
+
+def tf32_nearest(x):
+    """``x`` rounded to the nearest tf32 number (11 significant bits; Veltkamp's split).
+    The tensor cores would drop the low 13 bits instead, a bias that adds up in the sums."""
+    c = T.call_extern(ACCUM, "__fmul_rn", x, T.float32(8193.0))   # 2^13 + 1, rounded: must not
+    return c - (c - x)                                              # be fused into an FMA
+# --8<-- [end:helpers]
+
+
+# --8<-- [start:merge_by_substitution]
+@T.macro
+def merge_by_substitution(A_s, Tinv_s, C, block):
+    """The blocks below the diagonal by block forward substitution on the CUDA cores, in
+    float32: by distance ``d = I - J``, ``X = sum_K A_IK T_KJ``, then ``T_IJ = -T_II X``."""
+    n = C // block
+    X_s = T.alloc_shared([n - 1, block, block], ACCUM)
+    for d in T.unroll(1, n):
+        for p, r, c in T.Parallel(n - d, block, block):   # block (I, J) = (p + d, p)
+            acc = T.alloc_var(ACCUM)
+            acc = 0.0
+            for m in T.serial(block * d):
+                acc += A_s[(p + d) * block + r, p * block + m] * Tinv_s[p * block + m, p * block + c]
+            X_s[p, r, c] = acc
+        for p, r, c in T.Parallel(n - d, block, block):
+            acc = T.alloc_var(ACCUM)
+            acc = 0.0
+            for m in T.serial(block):
+                acc += Tinv_s[(p + d) * block + r, (p + d) * block + m] * X_s[p, m, c]
+            Tinv_s[(p + d) * block + r, p * block + c] = -acc
+# --8<-- [end:merge_by_substitution]
