@@ -11,23 +11,6 @@ import torch
 from kda import ops, validate
 from kda.reference import level4 as ref4
 
-def validate_beta(beta, B: int, T: int, H: int, device, check_values: bool = True) -> None:
-    """``beta [B, T, H]``, floating, on the device of ``q``, every value in ``[0, 1]``."""
-    if not isinstance(beta, torch.Tensor):
-        raise ValueError(f"beta must be a tensor [B, T, H], got {type(beta).__name__}")
-    if tuple(beta.shape) != (B, T, H):
-        raise ValueError(f"beta must have shape [B, T, H] = {(B, T, H)}, got {validate.shape_of(beta)}")
-    if beta.device != device:
-        raise ValueError(f"beta must be on the device of q ({device}), got {beta.device}")
-    if not beta.is_floating_point():
-        raise ValueError(f"beta must be a floating tensor, got {beta.dtype}")
-    if check_values:
-        low, high = torch.stack(torch.aminmax(beta.float())).tolist()   # NaN reaches both
-        if not (low >= 0 and high <= 1):
-            raise ValueError(f"beta must lie in [0, 1] (the step size of the delta rule), found values in "
-                             f"[{low!r}, {high!r}]")
-
-
 def _run_kernels(q, k, v, beta, scale, h0, output_final_state):
     """``chunk_wy`` (all chunks at once), then ``state_output_pass`` (sequential, fused output)."""
     from kda.kernels import level4 as kernels
@@ -70,7 +53,7 @@ def delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state
         Same function as fla's ``chunk_delta_rule``.
     """
     B, T, H, DK, DV = validate.check_qkv(q, k, v)
-    validate_beta(beta, B, T, H, q.device, check_values=check_values)
+    validate.check_beta(beta, B, T, H, q.device, check_values=check_values)
     scale = validate.check_scale(scale, DK)
     h0 = validate.check_initial_state(initial_state, B, H, DK, DV, q.device)
     if use_qk_l2norm:

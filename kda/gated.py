@@ -12,42 +12,6 @@ import torch
 from kda import ops, validate
 from kda.reference import level3 as ref3
 
-GATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
-def validate_gates(g, B: int, T: int, H: int, DK: int, device, check_values: bool = True) -> bool:
-    """``g`` is the log of a decay: ``[B, T, H]`` (scalar per head) or ``[B, T, H, DK]`` (per
-    key channel), finite and ``<= 0``. Returns ``True`` for per-channel gates.
-
-    The value check reads one flag back from the device, which waits for the GPU;
-    ``check_values=False`` skips it for callers that produce ``g`` with a bounded function
-    (``logsigmoid``, ``-softplus``), and then a bad value gives a wrong result, not an error.
-    """
-    if not isinstance(g, torch.Tensor):
-        raise ValueError(f"g must be a tensor [B, T, H] or [B, T, H, DK], got {type(g).__name__}")
-    if tuple(g.shape) not in ((B, T, H), (B, T, H, DK)):
-        raise ValueError(f"g must have shape [B, T, H] = {(B, T, H)} (scalar gate) or [B, T, H, DK] = "
-                         f"{(B, T, H, DK)} (per-channel gate), got {validate.shape_of(g)}")
-    if g.device != device:
-        raise ValueError(f"g must be on the device of q ({device}), got {g.device}")
-    allowed = GATE_DTYPES if device.type == "cuda" else validate.CPU_DTYPES
-    if g.dtype not in allowed:
-        raise ValueError(f"g must be one of {allowed} here, got {g.dtype}")
-    if check_values:
-        low, high = torch.stack(torch.aminmax(g)).tolist()   # one pass; NaN reaches both
-        if not (low > float("-inf") and high <= 0):
-            bad = g[~((g <= 0) & (g > float("-inf")))].flatten()[0].item()
-            raise ValueError(f"g must be finite and <= 0 (the natural log of a decay in (0, 1]), "
-                             f"found {bad!r}; pass check_values=False only for gates known to be in range")
-    return g.dim() == 4
-
-
-def raise_flagged_gates(g) -> None:
-    """After a kernel flagged a gate out of range: the error of the full value check."""
-    validate_gates(g, *g.shape[:3], g.shape[3] if g.dim() == 4 else 1, g.device)   # raises with the value
-    raise ValueError("g must be finite and <= 0: the kernel found a value out of range")
-
-
 def _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state):
     """Scalar gate: cumsum kernel, then the fused pass. Per-channel gate: level 5's intra-chunk
     kernel without the delta rule (``chunk_intra(delta=False)``), then the sequential pass.
@@ -114,13 +78,13 @@ def gated_attention(q, k, v, g, scale=None, initial_state=None, output_final_sta
     """
     B, T, H, DK, DV = validate.check_qkv(q, k, v)
     in_kernel = q.device.type == "cuda" and isinstance(g, torch.Tensor) and g.dim() == 4   # chunk_intra checks
-    per_channel = validate_gates(g, B, T, H, DK, q.device, check_values=check_values and not in_kernel)
+    per_channel = validate.check_gates(g, B, T, H, DK, q.device, check_values=check_values and not in_kernel)
     scale = validate.check_scale(scale, DK)
     h0 = validate.check_initial_state(initial_state, B, H, DK, DV, q.device)
     if q.device.type == "cuda":
         o, final, flags = _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state)
         if check_values and flags is not None and flags[0].item():
-            raise_flagged_gates(g)
+            validate.raise_flagged_gates(g)
     else:
         o, final = ref3.chunked(q.double() * scale, k, v, g, ops.CHUNK_SIZE, h0, output_final_state)
         o, final = o.to(q.dtype), (final.float() if final is not None else None)

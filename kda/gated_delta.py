@@ -22,38 +22,9 @@ import torch
 
 from kda import ops, validate
 from kda.ops import CHUNK_SIZE
-from kda.delta import validate_beta
-from kda.gated import raise_flagged_gates, validate_gates
 from kda.reference import level0 as ref0
 from kda.reference import level4 as ref4
 
-
-
-def validate_cu_seqlens(cu_seqlens, B: int, T: int, cu_seqlens_cpu=None) -> list[int] | None:
-    """``None``, or the boundaries ``[0, ..., T]`` (non-decreasing integers) of the sequences
-    packed along ``T`` of a batch of one. Returns them as Python ints, read from the host copy
-    ``cu_seqlens_cpu`` when the caller has one (no wait for the GPU; it is trusted to equal
-    ``cu_seqlens``, as in fla), else from ``cu_seqlens``."""
-    if cu_seqlens is None:
-        if cu_seqlens_cpu is not None:
-            raise ValueError("cu_seqlens_cpu is a host copy of cu_seqlens: pass cu_seqlens too")
-        return None
-    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point():
-        raise ValueError(f"cu_seqlens must be a 1-D integer tensor [N + 1], got "
-                         f"{type(cu_seqlens).__name__ if not isinstance(cu_seqlens, torch.Tensor) else cu_seqlens}")
-    if B != 1:
-        raise ValueError(f"with cu_seqlens the batch size must be 1 (sequences packed along T), got B = {B}")
-    if cu_seqlens_cpu is not None:
-        if not isinstance(cu_seqlens_cpu, torch.Tensor) or cu_seqlens_cpu.device.type != "cpu" \
-                or cu_seqlens_cpu.shape != cu_seqlens.shape or cu_seqlens_cpu.is_floating_point():
-            raise ValueError(f"cu_seqlens_cpu must be an integer CPU tensor of the shape of cu_seqlens "
-                             f"{tuple(cu_seqlens.shape)}, got {cu_seqlens_cpu!r}")
-    bounds = (cu_seqlens if cu_seqlens_cpu is None else cu_seqlens_cpu).tolist()
-    if len(bounds) < 2 or bounds[0] != 0 or bounds[-1] != T:
-        raise ValueError(f"cu_seqlens must start at 0 and end at T = {T}, got {bounds}")
-    if any(b < a for a, b in zip(bounds, bounds[1:])):
-        raise ValueError(f"cu_seqlens must be non-decreasing, got {bounds}")
-    return bounds
 
 
 def check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel: bool, check_values=True,
@@ -63,12 +34,12 @@ def check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel
     ``check_values=False`` the values of ``g`` and ``beta`` are left to ``raise_flagged_values``
     after the kernels (``chunk_intra`` checks them as it reads them)."""
     B, T, H, DK, DV = validate.check_qkv(q, k, v, grouped_values=True)   # H: the value heads
-    if validate_gates(g, B, T, H, DK, q.device, check_values=check_values) != per_channel:
+    if validate.check_gates(g, B, T, H, DK, q.device, check_values=check_values) != per_channel:
         form = "[B, T, H, DK] (one gate per key channel)" if per_channel else "[B, T, H] (one gate per head)"
         raise ValueError(f"g must have shape {form} here, got {validate.shape_of(g)}")
-    validate_beta(beta, B, T, H, q.device, check_values=check_values)
+    validate.check_beta(beta, B, T, H, q.device, check_values=check_values)
     scale = validate.check_scale(scale, DK)
-    bounds = validate_cu_seqlens(cu_seqlens, B, T, cu_seqlens_cpu)
+    bounds = validate.check_cu_seqlens(cu_seqlens, B, T, cu_seqlens_cpu)
     N = len(bounds) - 1 if bounds is not None else B
     h0 = validate.check_initial_state(initial_state, N, H, DK, DV, q.device)
     return scale, h0, bounds
@@ -89,9 +60,9 @@ def raise_flagged_values(flags, g, beta) -> None:
     (``flags[0]``) or a ``beta`` (``flags[1]``) out of range. One read-back, at the end."""
     bad_gate, bad_beta = flags.tolist()
     if bad_gate:
-        raise_flagged_gates(g)
+        validate.raise_flagged_gates(g)
     if bad_beta:
-        validate_beta(beta, *beta.shape, beta.device)              # raises with the range found
+        validate.check_beta(beta, *beta.shape, beta.device)              # raises with the range found
         raise ValueError("beta must lie in [0, 1]: the kernel found a value out of range")
 
 
@@ -152,7 +123,7 @@ class ChunkTable(NamedTuple):
 
 def chunk_table(bounds, device, chunk_size=CHUNK_SIZE) -> ChunkTable:
     """The chunk table of the packed sequences with boundaries ``bounds`` (a host list, as
-    ``validate_cu_seqlens`` returns it): a sequence of ``n`` tokens has ``ceil(n / C)`` chunks, the
+    ``validate.check_cu_seqlens`` returns it): a sequence of ``n`` tokens has ``ceil(n / C)`` chunks, the
     last one short; an empty sequence has none. Built on the host, copied to ``device`` once."""
     cu = torch.tensor(bounds, dtype=torch.int64)
     counts = (cu[1:] - cu[:-1] + chunk_size - 1) // chunk_size

@@ -101,3 +101,83 @@ def check_alpha(alpha, H: int) -> tuple[float, ...]:
         if not 0.0 < a <= 1.0:
             raise ValueError(f"alpha must lie in (0, 1] (a decay factor), got {a!r}")
     return tuple(values)
+
+
+GATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_gates(g, B: int, T: int, H: int, DK: int, device, check_values: bool = True) -> bool:
+    """``g`` is the log of a decay: ``[B, T, H]`` (scalar per head) or ``[B, T, H, DK]`` (per
+    key channel), finite and ``<= 0``. Returns ``True`` for per-channel gates.
+
+    The value check reads one flag back from the device, which waits for the GPU;
+    ``check_values=False`` skips it for callers that produce ``g`` with a bounded function
+    (``logsigmoid``, ``-softplus``), and then a bad value gives a wrong result, not an error.
+    """
+    if not isinstance(g, torch.Tensor):
+        raise ValueError(f"g must be a tensor [B, T, H] or [B, T, H, DK], got {type(g).__name__}")
+    if tuple(g.shape) not in ((B, T, H), (B, T, H, DK)):
+        raise ValueError(f"g must have shape [B, T, H] = {(B, T, H)} (scalar gate) or [B, T, H, DK] = "
+                         f"{(B, T, H, DK)} (per-channel gate), got {shape_of(g)}")
+    if g.device != device:
+        raise ValueError(f"g must be on the device of q ({device}), got {g.device}")
+    allowed = GATE_DTYPES if device.type == "cuda" else CPU_DTYPES
+    if g.dtype not in allowed:
+        raise ValueError(f"g must be one of {allowed} here, got {g.dtype}")
+    if check_values:
+        low, high = torch.stack(torch.aminmax(g)).tolist()   # one pass; NaN reaches both
+        if not (low > float("-inf") and high <= 0):
+            bad = g[~((g <= 0) & (g > float("-inf")))].flatten()[0].item()
+            raise ValueError(f"g must be finite and <= 0 (the natural log of a decay in (0, 1]), "
+                             f"found {bad!r}; pass check_values=False only for gates known to be in range")
+    return g.dim() == 4
+
+
+def raise_flagged_gates(g) -> None:
+    """After a kernel flagged a gate out of range: the error of the full value check."""
+    check_gates(g, *g.shape[:3], g.shape[3] if g.dim() == 4 else 1, g.device)   # raises with the value
+    raise ValueError("g must be finite and <= 0: the kernel found a value out of range")
+
+
+def check_beta(beta, B: int, T: int, H: int, device, check_values: bool = True) -> None:
+    """``beta [B, T, H]``, floating, on the device of ``q``, every value in ``[0, 1]``."""
+    if not isinstance(beta, torch.Tensor):
+        raise ValueError(f"beta must be a tensor [B, T, H], got {type(beta).__name__}")
+    if tuple(beta.shape) != (B, T, H):
+        raise ValueError(f"beta must have shape [B, T, H] = {(B, T, H)}, got {shape_of(beta)}")
+    if beta.device != device:
+        raise ValueError(f"beta must be on the device of q ({device}), got {beta.device}")
+    if not beta.is_floating_point():
+        raise ValueError(f"beta must be a floating tensor, got {beta.dtype}")
+    if check_values:
+        low, high = torch.stack(torch.aminmax(beta.float())).tolist()   # NaN reaches both
+        if not (low >= 0 and high <= 1):
+            raise ValueError(f"beta must lie in [0, 1] (the step size of the delta rule), found values in "
+                             f"[{low!r}, {high!r}]")
+
+
+def check_cu_seqlens(cu_seqlens, B: int, T: int, cu_seqlens_cpu=None) -> list[int] | None:
+    """``None``, or the boundaries ``[0, ..., T]`` (non-decreasing integers) of the sequences
+    packed along ``T`` of a batch of one. Returns them as Python ints, read from the host copy
+    ``cu_seqlens_cpu`` when the caller has one (no wait for the GPU; it is trusted to equal
+    ``cu_seqlens``, as in fla), else from ``cu_seqlens``."""
+    if cu_seqlens is None:
+        if cu_seqlens_cpu is not None:
+            raise ValueError("cu_seqlens_cpu is a host copy of cu_seqlens: pass cu_seqlens too")
+        return None
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point():
+        raise ValueError(f"cu_seqlens must be a 1-D integer tensor [N + 1], got "
+                         f"{type(cu_seqlens).__name__ if not isinstance(cu_seqlens, torch.Tensor) else cu_seqlens}")
+    if B != 1:
+        raise ValueError(f"with cu_seqlens the batch size must be 1 (sequences packed along T), got B = {B}")
+    if cu_seqlens_cpu is not None:
+        if not isinstance(cu_seqlens_cpu, torch.Tensor) or cu_seqlens_cpu.device.type != "cpu" \
+                or cu_seqlens_cpu.shape != cu_seqlens.shape or cu_seqlens_cpu.is_floating_point():
+            raise ValueError(f"cu_seqlens_cpu must be an integer CPU tensor of the shape of cu_seqlens "
+                             f"{tuple(cu_seqlens.shape)}, got {cu_seqlens_cpu!r}")
+    bounds = (cu_seqlens if cu_seqlens_cpu is None else cu_seqlens_cpu).tolist()
+    if len(bounds) < 2 or bounds[0] != 0 or bounds[-1] != T:
+        raise ValueError(f"cu_seqlens must start at 0 and end at T = {T}, got {bounds}")
+    if any(b < a for a, b in zip(bounds, bounds[1:])):
+        raise ValueError(f"cu_seqlens must be non-decreasing, got {bounds}")
+    return bounds

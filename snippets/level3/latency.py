@@ -7,7 +7,8 @@ launch; the scalar form reads the min and max of g back before its kernels."""
 import tilelang
 import torch
 
-from kda.gated import gated_attention, validate_gates
+from kda import validate
+from kda.gated import gated_attention
 from kda import ledger
 from kda.bench import median_ms, random_qkv
 from kda.kernels import level3 as kernels
@@ -72,8 +73,8 @@ flags = torch.zeros(2, dtype=torch.int32, device="cuda")
 g_steep = g_channel * 30          # logsigmoid * 30: some sub-chunk of most chunks falls by > 96 (log2)
 stages = Table(["gate", "stage", "what it does", "ms"], formats=[None, None, None, "{:.3f}"])
 for form, name, what, fn in [
-    ("scalar", "validate_gates", "min and max of g, read back to the host",
-     lambda: validate_gates(g_scalar, B, T, H, D, q.device)),
+    ("scalar", "validate.check_gates", "min and max of g, read back to the host",
+     lambda: validate.check_gates(g_scalar, B, T, H, D, q.device)),
     ("scalar", "chunk_cumsum", "G = chunk-local cumsum of g / ln 2",
      lambda: cumsum(g_scalar.view(B, T, H, 1), G.view(B, H, T, 1))),
     ("scalar", "seq_in_loop_scalar", "the fused pass over the chunks", lambda: scalar_pass(q, k, v, G, SCALE, o)),

@@ -6,7 +6,8 @@ import torch
 
 from kda import ledger
 from kda.bench import median_ms, random_qkv
-from kda.delta import delta_rule, validate_beta
+from kda import validate
+from kda.delta import delta_rule
 from kda.kernels import level4 as kernels
 from kda.kernels.build import compile_program
 from kda.metrics import rel_l2
@@ -47,8 +48,8 @@ v_new, o = torch.empty_like(v), torch.empty_like(v)
 h0, ht = torch.zeros(B, H, D, D, device="cuda"), torch.empty(B, H, D, D, device="cuda")
 stages = Table(["stage", "what it does", "in kda.delta_rule", "ms"], formats=[None, None, None, "{:.3f}"])
 for name, what, used, fn in [
-    ("validate_beta", "min and max of beta, read back to the host", "yes",
-     lambda: validate_beta(beta, B, T, H, q.device)),
+    ("validate.check_beta", "min and max of beta, read back to the host", "yes",
+     lambda: validate.check_beta(beta, B, T, H, q.device)),
     ("chunk_wy", "K K^T, the solve (CUDA-core merge), W and U; all chunks at once", "yes",
      lambda: wy(k, v, beta32, W, U)),
     ("chunk_wy, merge='products'", "the same, blocks below the diagonal by 4 tf32 GEMMs", "no",
