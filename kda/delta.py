@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from kda import ops, validate
+from kda.chunking import CHUNK_SIZE
 from kda.reference import level4 as ref4
 
 def _run_kernels(q, k, v, beta, scale, h0, output_final_state):
@@ -18,7 +19,7 @@ def _run_kernels(q, k, v, beta, scale, h0, output_final_state):
 
     B, T, H, DK = q.shape
     DV = v.shape[-1]
-    C = ops.CHUNK_SIZE
+    C = CHUNK_SIZE
     dtype = ops.dtype_name(q.dtype)
     q, k, v = (x.contiguous() for x in (q, k, v))
     beta = beta.to(torch.float32).contiguous()
@@ -61,7 +62,7 @@ def delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state
     if q.device.type == "cuda":
         o, final = _run_kernels(q, k, v, beta, scale, h0, output_final_state)
     else:
-        o, final = ref4.chunked(q.double() * scale, k, v, beta, ops.CHUNK_SIZE, h0, output_final_state)
+        o, final = ref4.chunked(q.double() * scale, k, v, beta, CHUNK_SIZE, h0, output_final_state)
         o, final = o.to(q.dtype), (final.float() if final is not None else None)
     return ops.finish(o, final, output_final_state)
 # --8<-- [end:delta_rule]

@@ -23,7 +23,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from kda.gated_delta import (CHUNK_SIZE, ChunkForm, check_inputs, kernel_inputs, chunk_gated_delta_rule,
+from kda.chunking import CHUNK_SIZE, ceildiv
+from kda.gated_delta import (ChunkForm, check_inputs, kernel_inputs, chunk_gated_delta_rule,
                              chunk_kda, prepare_chunks, run_state_pass)
 from kda.kernels.build import sm_count
 from kda.reference import level0 as ref0
@@ -132,8 +133,8 @@ def choose_pieces(B: int, H: int, DV: int, T: int, sm_count: int, block_dv: int 
     and the fold, runs of 64, 32 and 16 chunks alike (``snippets/cp/split_latency.py``), and once
     the state pass was warp-specialised 8 runs of 64 chunks lost too (0.76x at B, T, H = 1, 32768,
     4; run 39 in results/tuning): a floor of 256 chunks per run keeps such lengths unsplit."""
-    blocks = B * H * -(-DV // block_dv)
-    pieces = min(sm_count // blocks, -(-T // chunk_size) // min_run_chunks)
+    blocks = B * H * ceildiv(DV, block_dv)
+    pieces = min(sm_count // blocks, ceildiv(T, chunk_size) // min_run_chunks)
     return pieces if pieces >= 4 else 1
 # --8<-- [end:choose_pieces]
 
@@ -170,12 +171,12 @@ def split_forward(q, k, v, g, beta, pieces: int | None = None, scale=None, initi
     if q.is_cuda and chunk_size != CHUNK_SIZE:
         raise ValueError(f"chunk_size must be {CHUNK_SIZE} on CUDA (the kernels' chunk), got {chunk_size}")
     B, T, H, _ = q.shape
-    chunks = -(-T // chunk_size)
+    chunks = ceildiv(T, chunk_size)
     if pieces is None:
         sms = sm_count(q.device) if q.is_cuda else 1
         pieces = choose_pieces(B, H, v.shape[-1], T, sms, chunk_size=chunk_size)
-    run_chunks = -(-chunks // pieces)
-    pieces = -(-chunks // run_chunks)                         # no empty run
+    run_chunks = ceildiv(chunks, pieces)
+    pieces = ceildiv(chunks, run_chunks)                         # no empty run
     run_len = run_chunks * chunk_size
     if pieces == 1:                                           # nothing to fold
         return _plain_forward(g)(q, k, v, g, beta, scale, initial_state, output_final_state,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from kda import ops, validate
+from kda.chunking import CHUNK_SIZE, ceildiv
 from kda.reference import level3 as ref3
 
 def _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state):
@@ -31,7 +32,7 @@ def _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state):
     with torch.cuda.device(q.device):
         if not per_channel:
             cumsum = compile_program(kernels.chunk_cumsum, (), D=1, chunk_size=C, gate_dtype=gate_dtype)
-            G = torch.empty(B, H, -(-T // C) * C, dtype=torch.float32, device=q.device)
+            G = torch.empty(B, H, ceildiv(T, C) * C, dtype=torch.float32, device=q.device)
             cumsum(g.view(B, T, H, 1), G.view(*G.shape, 1))
             inputs = (q, k, v, G, scale)
             seq = compile_program(kernels.seq_in_loop_scalar, (), DK=DK, DV=DV, dtype=dtype,
@@ -40,7 +41,7 @@ def _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state):
             intra = compile_program(level5.chunk_intra, (), DK=DK, chunk_size=C, dtype=dtype, gate_dtype=gate_dtype,
                                     delta=False)
             Qw, Kw = ops.new_output(q.shape, q.dtype, q.device), ops.new_output(k.shape, k.dtype, k.device)
-            decay = ops.new_output((B, H, -(-T // C), DK), torch.float32, q.device)
+            decay = ops.new_output((B, H, ceildiv(T, C), DK), torch.float32, q.device)
             A = ops.new_output((B, T, H, C), q.dtype, q.device)
             flags = torch.zeros(2, dtype=torch.int32, device=q.device)
             intra(q, k, g, scale, Qw, Kw, decay, A, flags)
@@ -86,7 +87,7 @@ def gated_attention(q, k, v, g, scale=None, initial_state=None, output_final_sta
         if check_values and flags is not None and flags[0].item():
             validate.raise_flagged_gates(g)
     else:
-        o, final = ref3.chunked(q.double() * scale, k, v, g, ops.CHUNK_SIZE, h0, output_final_state)
+        o, final = ref3.chunked(q.double() * scale, k, v, g, CHUNK_SIZE, h0, output_final_state)
         o, final = o.to(q.dtype), (final.float() if final is not None else None)
     return ops.finish(o, final, output_final_state)
 # --8<-- [end:gated_attention]

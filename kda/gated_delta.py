@@ -21,7 +21,7 @@ from typing import NamedTuple
 import torch
 
 from kda import ops, validate
-from kda.ops import CHUNK_SIZE
+from kda.chunking import CHUNK_SIZE, ceildiv
 from kda.reference import level0 as ref0
 from kda.reference import level4 as ref4
 
@@ -126,7 +126,7 @@ def chunk_table(bounds, device, chunk_size=CHUNK_SIZE) -> ChunkTable:
     ``validate.check_cu_seqlens`` returns it): a sequence of ``n`` tokens has ``ceil(n / C)`` chunks, the
     last one short; an empty sequence has none. Built on the host, copied to ``device`` once."""
     cu = torch.tensor(bounds, dtype=torch.int64)
-    counts = (cu[1:] - cu[:-1] + chunk_size - 1) // chunk_size
+    counts = ceildiv(cu[1:] - cu[:-1], chunk_size)
     offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
     seq = torch.repeat_interleave(torch.arange(len(counts)), counts)
     first = cu[seq] + (torch.arange(int(offsets[-1])) - offsets[seq]) * chunk_size
@@ -146,7 +146,7 @@ def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None) -> ChunkForm
 
     B, T, _, DK = q.shape
     H, DV, C = v.shape[2], v.shape[-1], CHUNK_SIZE       # H: value heads (q, k may have fewer)
-    NC = -(-T // C) if table is None else table.chunks.shape[0]
+    NC = ceildiv(T, C) if table is None else table.chunks.shape[0]
     dtype, gate_dtype = ops.dtype_name(q.dtype), str(g.dtype).removeprefix("torch.")
     q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.to(torch.float32).contiguous()
     with torch.cuda.device(q.device):

@@ -5,7 +5,7 @@ Counting convention: a multiply-add is 2 FLOPs; a GEMM ``[m, k] x [k, n]`` is ``
 
 from __future__ import annotations
 
-import math
+from kda.chunking import ceildiv
 
 # Ceilings of the H200 used for every "fraction of the floor" on the site: HBM copy
 # bandwidth (bytes read + written) and a large bf16 matrix product, both measured on that card.
@@ -63,7 +63,7 @@ def forward_min_bytes(B: int, T: int, H: int, DK: int, DV: int, elem_bytes: int 
 
 def state_snapshot_bytes(B: int, T: int, H: int, DK: int, DV: int, C: int = 64, elem_bytes: int = 2) -> int:
     """Bytes of the per-chunk states ``h [B, NC, H, DK, DV]`` that a split (two-kernel) design stores."""
-    return B * math.ceil(T / C) * H * DK * DV * elem_bytes
+    return B * ceildiv(T, C) * H * DK * DV * elem_bytes
 
 
 def floor_seconds(flops: float, nbytes: float) -> float:

@@ -13,10 +13,10 @@ import functools
 import torch
 
 from kda import validate
+from kda.chunking import CHUNK_SIZE
 from kda.reference import level1 as ref1
 from kda.reference import level2 as ref2
 
-CHUNK_SIZE = 64
 
 
 # Measured on the H200 (results/tuning): a 32-wide value stripe gives B*H*DV/32 blocks for the

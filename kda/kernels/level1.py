@@ -5,7 +5,7 @@ Two kernels for the same function:
 * ``seq_in_grid``: the teaching kernel. The grid is (chunks, heads, batch); every block
   rebuilds the prefix state of its own chunk from scratch, so the state-update GEMMs grow
   as ``NC (NC - 1) / 2``. Mirrors ``kda.reference.level1.seq_in_grid``.
-* ``seq_in_loop``: the fused kernel. The grid is (value stripes, batch * heads); the
+* ``seq_in_loop``: the fused kernel. The grid is (value stripes, heads, batch); the
   chunks are a loop inside the block and the state ``[DK, block_dv]`` stays in registers.
   Mirrors ``kda.reference.level1.seq_in_loop``.
 
@@ -150,10 +150,10 @@ def seq_in_loop(DK, DV, chunk_size=64, block_dv=32, num_stages=3, threads=128,
             scale: T.float32,
             O: T.Tensor([B, S, H, DV], dtype),
         ):
-            with T.Kernel(NV, B * H, threads=threads) as (bv, bbh):
+            with T.Kernel(NV, H, B, threads=threads) as (bv, bh, bb):
                 S_f = T.alloc_fragment([DK, block_dv], ACCUM)   # loop-carried state
                 T.clear(S_f)
-                chunk_loop(Q, K, V, O, scale, S_f, bbh // H, bbh % H, bv * block_dv)
+                chunk_loop(Q, K, V, O, scale, S_f, bb, bh, bv * block_dv)
     else:
         @T.prim_func
         def main(
@@ -165,8 +165,8 @@ def seq_in_loop(DK, DV, chunk_size=64, block_dv=32, num_stages=3, threads=128,
             O: T.Tensor([B, S, H, DV], dtype),
             ht: T.Tensor([B, H, DK, DV], ACCUM),
         ):
-            with T.Kernel(NV, B * H, threads=threads) as (bv, bbh):
-                bb, bh, dv0 = bbh // H, bbh % H, bv * block_dv
+            with T.Kernel(NV, H, B, threads=threads) as (bv, bh, bb):
+                dv0 = bv * block_dv
                 S_f = T.alloc_fragment([DK, block_dv], ACCUM)
                 T.copy(h0[bb, bh, :, dv0:dv0 + block_dv], S_f)
                 chunk_loop(Q, K, V, O, scale, S_f, bb, bh, dv0)

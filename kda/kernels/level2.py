@@ -127,10 +127,10 @@ def seq_in_loop(DK, DV, chunk_size=64, block_dv=32, num_stages=3, threads=128,
             scale: T.float32,
             O: T.Tensor([B, S, H, DV], dtype),
         ):
-            with T.Kernel(NV, B * H, threads=threads) as (bv, bbh):
+            with T.Kernel(NV, H, B, threads=threads) as (bv, bh, bb):
                 S_f = T.alloc_fragment([DK, block_dv], ACCUM)
                 T.clear(S_f)
-                chunk_loop(Q, K, V, O, log2_alpha, scale, S_f, bbh // H, bbh % H, bv * block_dv)
+                chunk_loop(Q, K, V, O, log2_alpha, scale, S_f, bb, bh, bv * block_dv)
     else:
         @T.prim_func
         def main(
@@ -143,8 +143,8 @@ def seq_in_loop(DK, DV, chunk_size=64, block_dv=32, num_stages=3, threads=128,
             O: T.Tensor([B, S, H, DV], dtype),
             ht: T.Tensor([B, H, DK, DV], ACCUM),
         ):
-            with T.Kernel(NV, B * H, threads=threads) as (bv, bbh):
-                bb, bh, dv0 = bbh // H, bbh % H, bv * block_dv
+            with T.Kernel(NV, H, B, threads=threads) as (bv, bh, bb):
+                dv0 = bv * block_dv
                 S_f = T.alloc_fragment([DK, block_dv], ACCUM)
                 T.copy(h0[bb, bh, :, dv0:dv0 + block_dv], S_f)
                 chunk_loop(Q, K, V, O, log2_alpha, scale, S_f, bb, bh, dv0)

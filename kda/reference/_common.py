@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from kda.chunking import ceildiv
+
 
 def as_f64(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return tuple(t.to(torch.float64) for t in tensors)
@@ -29,7 +31,7 @@ def start_state(q: torch.Tensor, v: torch.Tensor, initial_state: torch.Tensor | 
 def to_chunks(x: torch.Tensor, chunk_size: int) -> torch.Tensor:
     """``[B, T, H, D] -> [B, H, NC, C, D]``, zero-padding the last chunk."""
     B, T, H, D = x.shape
-    NC = -(-T // chunk_size)
+    NC = ceildiv(T, chunk_size)
     pad = NC * chunk_size - T
     if pad:
         x = torch.cat([x, x.new_zeros(B, pad, H, D)], dim=1)
@@ -44,7 +46,7 @@ def from_chunks(x: torch.Tensor, T: int) -> torch.Tensor:
 
 def chunk_lengths(T: int, chunk_size: int, device) -> torch.Tensor:
     """Real length of every chunk: ``chunk_size`` except maybe the last (the tail)."""
-    NC = -(-T // chunk_size)
+    NC = ceildiv(T, chunk_size)
     starts = torch.arange(NC, device=device) * chunk_size
     return torch.clamp(T - starts, max=chunk_size)
 
