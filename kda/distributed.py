@@ -29,7 +29,7 @@ from kda.gated_delta import (ChunkForm, check_inputs, kernel_inputs, chunk_gated
 from kda.kernels.build import sm_count
 from kda.reference import level0 as ref0
 from kda.reference import level4 as ref4
-from kda.reference._common import start_state
+from kda.reference.common import start_state
 
 
 def _plain_forward(g):

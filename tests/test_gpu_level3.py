@@ -8,7 +8,7 @@ import torch
 import kda
 from kda.metrics import rel_l2
 from kda.reference import level3 as ref3
-from kda.reference._common import from_chunks
+from kda.reference.common import from_chunks
 
 pytestmark = pytest.mark.gpu
 

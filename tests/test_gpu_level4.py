@@ -8,7 +8,7 @@ import torch
 import kda
 from kda.metrics import rel_l2
 from kda.reference import level4 as ref4
-from kda.reference._common import from_chunks, to_chunks
+from kda.reference.common import from_chunks, to_chunks
 
 pytestmark = pytest.mark.gpu
 

@@ -70,7 +70,7 @@ def test_chunk_intra_against_reference_stage(shape, dtype, kind, delta):
     from kda.kernels import level5
     from kda.kernels.build import compile_program
     from kda.reference import level5 as ref5
-    from kda.reference._common import from_chunks
+    from kda.reference.common import from_chunks
 
     B, T, H, DK, DV = shape
     C, NC = 64, -(-shape[1] // 64)
@@ -108,7 +108,7 @@ def test_state_pass_against_reference_stage(shape, dtype, block_dv):
     from kda.gated_delta import prepare_chunks
     from kda.kernels import level5
     from kda.kernels.build import compile_program
-    from kda.reference._common import from_chunks, to_chunks
+    from kda.reference.common import from_chunks, to_chunks
 
     B, T, H, DK, DV = shape
     q, k, v, g, beta, h0 = inputs(shape, dtype, "logsigmoid", True, seed=zlib.crc32(repr((shape, block_dv)).encode()))

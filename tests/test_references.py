@@ -193,7 +193,7 @@ def test_level3_prepare_weights_never_exceed_one():
 # --- level 4: the delta rule (WY / UT form) ---------------------------------------------------
 
 from kda.reference import level4 as ref4  # noqa: E402
-from kda.reference._common import to_chunks  # noqa: E402
+from kda.reference.common import to_chunks  # noqa: E402
 
 
 def delta_rule_inputs(B, T, H, DK, DV, seed=0, normalize=True):

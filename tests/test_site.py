@@ -174,7 +174,7 @@ def test_a_current_gpu_record_is_injected_with_its_provenance(mini_site, tmp_pat
 def test_hash_follows_the_package_imports(mini_site):
     snippet = mini_site("# snippet: gpu\nfrom kda.reference import level1\n")
     files = {p.relative_to(ROOT / "kda").as_posix() for p in sn.kda_closure(snippet.file.read_text())}
-    assert {"reference/level1.py", "reference/_common.py"} <= files
+    assert {"reference/level1.py", "reference/common.py"} <= files
     assert "ops.py" not in files and not any(f.startswith("site/") for f in files)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from kda.reference._common import as_f64, start_state
+from kda.reference.common import as_f64, start_state
 from kda.reference.level3 import pairwise_scores, per_channel
 
 # --8<-- [start:forward_substitution]

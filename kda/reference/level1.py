@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from kda.reference._common import as_f64, causal_mask, from_chunks, start_state, to_chunks
+from kda.reference.common import as_f64, causal_mask, from_chunks, start_state, to_chunks
 
 
 # --8<-- [start:recurrent]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from kda.reference._common import as_f64, chunk_lengths, from_chunks, start_state, to_chunks
+from kda.reference.common import as_f64, chunk_lengths, from_chunks, start_state, to_chunks
 
 
 def per_channel(g: torch.Tensor, dk: int) -> torch.Tensor:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from kda.reference._common import as_f64, from_chunks, start_state, to_chunks
+from kda.reference.common import as_f64, from_chunks, start_state, to_chunks
 from kda.reference.level3 import prepare
 from kda.reference.level4 import invert_unit_lower_blocked
 

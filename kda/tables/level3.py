@@ -7,7 +7,7 @@ import math
 import torch
 
 from kda.reference import level3 as ref
-from kda.reference._common import causal_mask
+from kda.reference.common import causal_mask
 from kda.tables import Table, sci
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from kda.reference import level4 as ref
-from kda.reference._common import to_chunks
+from kda.reference.common import to_chunks
 from kda.tables import Table, sci
 
 

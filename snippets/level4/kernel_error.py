@@ -10,7 +10,7 @@ from kda.kernels import level4 as kernels
 from kda.kernels.build import compile_program
 from kda.metrics import rel_l2
 from kda.reference import level4 as ref
-from kda.reference._common import to_chunks
+from kda.reference.common import to_chunks
 from kda.tables import Table, sci
 
 ops.poison_outputs = True
