@@ -16,7 +16,7 @@
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
 import tilelang.language as T
 
-from kda.kernels.stages import ACCUM, merge_by_substitution, real, tf32_nearest
+from kda.kernels.stages import ACCUM, merge_by_substitution, real, tf32_nearest, wy_tail
 
 
 # --8<-- [start:invert_diagonal_blocks]
@@ -91,10 +91,7 @@ def chunk_wy(DK, DV, chunk_size=64, block=16, dtype="bfloat16", threads=128, mer
         beta_s = T.alloc_shared([C], ACCUM)
         A_s = T.alloc_shared([C, C], ACCUM)
         Tinv_s = T.alloc_shared([C, C], ACCUM)
-        Tb_s = T.alloc_shared([C, C], dtype)               # (I + A)^-1 diag(b), cast
         KK = T.alloc_fragment([C, C], ACCUM)
-        W_f = T.alloc_fragment([C, DK], ACCUM)
-        U_f = T.alloc_fragment([C, DV], ACCUM)
 
         T.copy(K[bb, t0:t0 + C, bh, :], K_s)
         T.copy(V[bb, t0:t0 + C, bh, :], V_s)
@@ -110,12 +107,7 @@ def chunk_wy(DK, DV, chunk_size=64, block=16, dtype="bfloat16", threads=128, mer
             merge_by_substitution(A_s, Tinv_s, C, block)
         if write_inverse:
             T.copy(Tinv_s, Ainv[bb, t0:t0 + C, bh, :])
-        for i, j in T.Parallel(C, C):                      # W = T diag(b) K = (T diag(b)) K
-            Tb_s[i, j] = Tinv_s[i, j] * beta_s[j]
-        T.gemm(Tb_s, K_s, W_f, clear_accum=True)
-        T.gemm(Tb_s, V_s, U_f, clear_accum=True)
-        T.copy(W_f, K_s)                                   # through shared: whole-row stores
-        T.copy(U_f, V_s)
+        wy_tail(Tinv_s, beta_s, K_s, V_s, C, block)       # W into K_s, U into V_s
         T.copy(K_s, W[bb, t0:t0 + C, bh, :])
         T.copy(V_s, U[bb, t0:t0 + C, bh, :])
 

@@ -25,7 +25,8 @@ Mirrors ``kda.reference.level5``.
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
 import tilelang.language as T
 
-from kda.kernels.stages import ACCUM, DIAGONAL_SPAN_MAX, LOG2_E, decay_factor, merge_by_substitution, real, tf32_nearest
+from kda.kernels.stages import (ACCUM, DIAGONAL_SPAN_MAX, LOG2_E, decay_factor, merge_by_substitution, real,
+                                tf32_nearest, wy_tail)
 
 SOLVE_BLOCK = 16        # the solve's diagonal blocks (level 4), whatever the scores' sub-chunk
 # Rows per score sub-chunk. Where a chunk's gate falls by at most 2^96 over each 32-row half, one
@@ -417,19 +418,11 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
         if delta:
             V_s = T.alloc_shared([C, DV], dtype)
             Tinv_s = T.alloc_shared([C, C], ACCUM)
-            Tb_s = T.alloc_shared([C, C], dtype)
-            W_f = T.alloc_fragment([C, DK], ACCUM)
-            U_f = T.alloc_fragment([C, DV], ACCUM)
             T.copy(V[bb, t0:t0 + C, bh, :], V_s)
             x_col = T.alloc_local([SOLVE_BLOCK], ACCUM)
             invert_diagonal_blocks_by_columns(A_s, Tinv_s, x_col, C, SOLVE_BLOCK)
             merge_by_substitution(A_s, Tinv_s, C, SOLVE_BLOCK)
-            for i, j in T.Parallel(C, C):                      # the blocks above the diagonal: 0
-                Tb_s[i, j] = T.if_then_else(i // SOLVE_BLOCK >= j // SOLVE_BLOCK, Tinv_s[i, j] * beta_s[j], 0.0)
-            T.gemm(Tb_s, K_s, W_f, clear_accum=True)
-            T.gemm(Tb_s, V_s, U_f, clear_accum=True)
-            T.copy(W_f, K_s)                                   # through shared: whole-row stores
-            T.copy(U_f, V_s)
+            wy_tail(Tinv_s, beta_s, K_s, V_s, C, SOLVE_BLOCK)   # W into K_s, U into V_s
             store_rows(K_s, W, bb, t0, L, bh)
             store_rows(V_s, U, bb, t0, L, bh)
 

@@ -1,6 +1,6 @@
 """Pieces the kernels of several levels share: the accumulator type, the masks and clamped
 decays of the gated levels (3 and 5), tf32 rounding, and the block forward substitution that
-completes the inverse of ``I + A`` (levels 4 and 5). One definition each; the level modules
+completes the inverse of ``I + A`` and the WY tail after it (levels 4 and 5). One definition each; the level modules
 import them.
 """
 
@@ -61,3 +61,22 @@ def merge_by_substitution(A_s, Tinv_s, C, block):
                 acc += Tinv_s[(p + d) * block + r, (p + d) * block + m] * X_s[p, m, c]
             Tinv_s[(p + d) * block + r, p * block + c] = -acc
 # --8<-- [end:merge_by_substitution]
+
+
+# --8<-- [start:wy_tail]
+@T.macro
+def wy_tail(Tinv_s, beta_s, K_s, V_s, C, block):
+    """The WY form's last step (levels 4 and 5): ``W = T diag(b) K`` into ``K_s`` and
+    ``U = T diag(b) V`` into ``V_s``, ``T = (I + A)^-1`` in ``Tinv_s`` (float32). Blocks above the
+    diagonal are read as zero (level 5's inverse by columns leaves them unwritten). The products
+    go back through shared memory, so that the caller stores whole rows."""
+    Tb_s = T.alloc_shared([C, C], K_s.dtype)            # T diag(b), cast for the tensor cores
+    W_f = T.alloc_fragment([C, K_s.shape[1]], ACCUM)
+    U_f = T.alloc_fragment([C, V_s.shape[1]], ACCUM)
+    for i, j in T.Parallel(C, C):
+        Tb_s[i, j] = T.if_then_else(i // block >= j // block, Tinv_s[i, j] * beta_s[j], 0.0)
+    T.gemm(Tb_s, K_s, W_f, clear_accum=True)
+    T.gemm(Tb_s, V_s, U_f, clear_accum=True)
+    T.copy(W_f, K_s)
+    T.copy(U_f, V_s)
+# --8<-- [end:wy_tail]
