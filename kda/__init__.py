@@ -9,12 +9,16 @@ Public functions (``[B, T, H, D]`` tensors, like flash-linear-attention):
 * ``chunk_kda`` / ``chunk_gated_delta_rule``  level 5 (KDA, GDN), fla 0.6.0's API: packed sequences
   (``cu_seqlens``), grouped value heads, initial and final states
 
+* ``fused_recurrent_kda`` / ``fused_recurrent_gated_delta_rule``  decode (a few tokens per sequence per
+  step), fla-shaped, with a state pool for continuous batching
+
 Context parallelism and the intra-card split of long sequences: ``kda.distributed``.
 
 On CUDA tensors they run TileLang kernels (``pip install kda[gpu]``); on CPU tensors a
 plain PyTorch chunked path. References live in ``kda.reference``.
 """
 
+from kda.decode import fused_recurrent_gated_delta_rule, fused_recurrent_kda
 from kda.delta import delta_rule
 from kda.gated import gated_attention
 from kda.gated_delta import chunk_gated_delta_rule, chunk_kda
@@ -22,4 +26,4 @@ from kda.ops import decay_attention, linear_attention
 
 __version__ = "0.1.0"
 __all__ = ["linear_attention", "decay_attention", "gated_attention", "delta_rule", "chunk_kda",
-           "chunk_gated_delta_rule", "__version__"]
+           "chunk_gated_delta_rule", "fused_recurrent_kda", "fused_recurrent_gated_delta_rule", "__version__"]

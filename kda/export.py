@@ -70,6 +70,17 @@ OPS = {
         "chunk_gated_delta_rule(q, k, v, g_head, beta, scale=scale, initial_state=h0, output_final_state=True)",
         "recurrent(q * scale, k, v, g_head, beta, h0, True)",
         (("level5", "chunk_intra", dict(BF16_128, gate_dtype="float32", scalar_gate=True)), STATE_PASS)),
+    "fused_recurrent_kda": Op(
+        "decode", "level0",
+        "fused_recurrent_kda(q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=True)",
+        "recurrent(q * scale, k, v, g, beta, h0, True)",
+        (("decode", "fused_recurrent", dict(BF16_128, gate_dtype="float32")),)),
+    "fused_recurrent_gated_delta_rule": Op(
+        "decode", "level0",
+        "fused_recurrent_gated_delta_rule(q, k, v, g=g_head, beta=beta, scale=scale, initial_state=h0, "
+        "output_final_state=True)",
+        "recurrent(q * scale, k, v, g_head, beta, h0, True)",
+        (("decode", "fused_recurrent", dict(BF16_128, gate_dtype="float32", scalar_gate=True)),)),
 }
 
 

@@ -38,6 +38,10 @@ CASES = [
     ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", scalar_gate=True)),
     ("level5", "chunk_intra", dict(DK=64, DV=128, dtype="float16", scalar_gate=True, varlen=True)),
     ("level5", "gated_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", block_dv=64, varlen=True)),
+    ("decode", "fused_recurrent", dict(DK=128, DV=128, dtype="bfloat16")),
+    ("decode", "fused_recurrent", dict(DK=64, DV=128, dtype="float16", scalar_gate=True, varlen=True, pooled=True)),
+    ("decode", "fused_recurrent", dict(DK=128, DV=64, dtype="bfloat16", value_groups=2, with_initial=False,
+                                       store_final=False)),
 ]
 
 

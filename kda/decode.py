@@ -1,0 +1,189 @@
+"""Decode: the gated delta rule a token at a time, shaped like fla 0.6.0's ``fused_recurrent_kda``
+and ``fused_recurrent_gated_delta_rule``.
+
+Serving runs a chunked prefill (``kda.chunk_kda``) and then one to a few tokens per sequence per
+step. Each step reads every state and writes it back, ``O(DK DV)`` work per token: the kernel
+(``kda.kernels.decode.fused_recurrent``) streams the states through registers. On the CPU the
+float64 token recurrence (``kda.reference.level0.recurrent``).
+
+Continuous batching keeps the states of all live sequences in a pool ``[P, HV, K, V]`` (float32);
+with ``ssm_state_indices [N]`` sequence ``n`` starts from slot ``ssm_state_indices[n]`` of
+``initial_state`` and its final state is written back to that slot, in place.
+
+Not yet here (issue 17): the gate activation inside the kernel (``use_gate_in_kernel``, ``A_log``,
+``dt_bias``, ``lower_bound``), ``use_beta_sigmoid_in_kernel``, ``state_v_first``; passing them
+raises. The value checks of ``g`` and ``beta`` read the values back to the host: a wait for the
+GPU, which CUDA graph capture refuses; pass ``check_values=False`` there.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kda import ops, validate
+from kda.gated_delta import check_inputs, kernel_inputs
+from kda.reference import level0 as ref0
+from kda.reference import level4 as ref4
+
+BLOCK_DV = 32       # value columns per block: B * HV * DV / 32 blocks, 32 state registers per thread
+
+_NOT_YET = ("A_log", "dt_bias", "use_gate_in_kernel", "use_beta_sigmoid_in_kernel", "allow_neg_eigval",
+            "lower_bound", "state_v_first")
+
+
+def _refuse_not_yet(options: dict) -> None:
+    for name, value in options.items():
+        if name not in _NOT_YET:
+            raise TypeError(f"unexpected argument {name!r}")
+        if value not in (None, False):
+            raise ValueError(f"{name} is not supported yet (the gate activation in the kernel is issue 17); "
+                             f"apply it before the call and leave {name} at its default")
+
+
+def check_state_pool(pool, indices, N: int, H: int, DK: int, DV: int, device, check_values: bool):
+    """``pool [P, H, DK, DV]`` float32, contiguous, on ``device`` (it is written in place) and
+    ``indices [N]`` integers on ``device``; with ``check_values`` the indices are read back and
+    must be distinct slots in ``[0, P)`` (two sequences writing one slot would race)."""
+    if not isinstance(pool, torch.Tensor) or pool.dim() != 4 or tuple(pool.shape[1:]) != (H, DK, DV):
+        raise ValueError(f"with ssm_state_indices, initial_state must be the state pool [P, H, DK, DV] with "
+                         f"(H, DK, DV) = {(H, DK, DV)}, got {validate.shape_of(pool) if isinstance(pool, torch.Tensor) else pool!r}")
+    if pool.dtype != torch.float32 or not pool.is_contiguous() or pool.device != device:
+        raise ValueError(f"the state pool is written in place: it must be float32, contiguous and on {device}, "
+                         f"got {pool.dtype}, contiguous={pool.is_contiguous()}, on {pool.device}")
+    if not isinstance(indices, torch.Tensor) or indices.shape != (N,) or indices.is_floating_point() \
+            or indices.device != device:
+        raise ValueError(f"ssm_state_indices must be an integer tensor [N] = [{N}] on {device} (one pool slot per "
+                         f"sequence), got {indices!r}")
+    if check_values:
+        slots = indices.tolist()
+        if any(not 0 <= s < pool.shape[0] for s in slots) or len(set(slots)) != len(slots):
+            raise ValueError(f"ssm_state_indices must be distinct slots in [0, {pool.shape[0]}), got {slots}")
+
+
+def _recurrent(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+               cu_seqlens, ssm_state_indices, per_channel, check_values, cu_seqlens_cpu):
+    pooled = ssm_state_indices is not None
+    scale, h0, bounds = check_inputs(q, k, v, g, beta, scale, None if pooled else initial_state, cu_seqlens,
+                                     per_channel, check_values=check_values, cu_seqlens_cpu=cu_seqlens_cpu)
+    B, HV, DK, DV = q.shape[0], v.shape[2], q.shape[3], v.shape[3]
+    N = B if bounds is None else len(bounds) - 1
+    if pooled:
+        if initial_state is None:
+            raise ValueError("ssm_state_indices needs initial_state: the state pool the indices point into")
+        check_state_pool(initial_state, ssm_state_indices, N, HV, DK, DV, q.device, check_values)
+    if q.device.type == "cuda":
+        o, final = _run_kernel(q, k, v, g, beta, scale, initial_state if pooled else h0, bounds,
+                               ssm_state_indices, output_final_state, use_qk_l2norm_in_kernel)
+    else:
+        o, final = _run_reference(q, k, v, g, beta, scale, initial_state if pooled else h0, bounds,
+                                  ssm_state_indices, output_final_state, use_qk_l2norm_in_kernel)
+    return o, (final if output_final_state else None)
+
+
+def _run_reference(q, k, v, g, beta, scale, h0, bounds, indices, output_final_state, l2norm):
+    """The float64 recurrence, sequence by sequence; a pool is updated in place."""
+    if l2norm:
+        q, k = ref4.l2_normalize(q.double()), ref4.l2_normalize(k.double())
+    group = v.shape[2] // q.shape[2]                      # grouped value heads: q, k repeated
+    q = q.double().repeat_interleave(group, dim=2) * scale
+    k = k.double().repeat_interleave(group, dim=2)
+    spans = [(n, 0, q.shape[1]) for n in range(q.shape[0])] if bounds is None else \
+        [(0, s, e) for s, e in zip(bounds, bounds[1:])]
+    slots = indices.tolist() if indices is not None else None
+    o = torch.empty(v.shape, dtype=torch.float64)
+    finals = []
+    for n, (b, s, e) in enumerate(spans):
+        start = None if h0 is None else h0[slots[n] if slots is not None else n][None]
+        o_n, f_n = ref0.recurrent(q[b:b + 1, s:e], k[b:b + 1, s:e], v[b:b + 1, s:e], g[b:b + 1, s:e],
+                                  beta[b:b + 1, s:e], start, True)
+        o[b:b + 1, s:e] = o_n
+        finals.append(f_n[0].float())
+    if slots is not None:
+        for slot, f in zip(slots, finals):
+            h0[slot] = f
+        return o.to(v.dtype), h0
+    return o.to(v.dtype), torch.stack(finals)
+
+
+def _run_kernel(q, k, v, g, beta, scale, h0, bounds, indices, output_final_state, l2norm):
+    """One launch of ``fused_recurrent`` for every sequence."""
+    from kda.kernels import decode
+    from kda.kernels.build import compile_program
+
+    B, T, HV, DV = v.shape
+    DK = q.shape[-1]
+    N = B if bounds is None else len(bounds) - 1
+    pooled = indices is not None
+    q, k, g = kernel_inputs(q, k, g, l2norm)
+    with torch.cuda.device(q.device):
+        kernel = compile_program(decode.fused_recurrent, (), DK=DK, DV=DV, block_dv=BLOCK_DV,
+                                 dtype=ops.dtype_name(q.dtype), gate_dtype=str(g.dtype).removeprefix("torch."),
+                                 scalar_gate=g.shape[-1] == 1, value_groups=HV // q.shape[2], varlen=bounds is not None,
+                                 with_initial=h0 is not None, store_final=pooled or output_final_state, pooled=pooled)
+        stand_in = lambda: torch.empty(1, HV, DK, DV, dtype=torch.float32, device=q.device)
+        if pooled:
+            h0_arg = ht = h0
+        else:
+            h0_arg = h0.to(torch.float32).contiguous() if h0 is not None else stand_in()
+            ht = ops.new_output((N, HV, DK, DV), torch.float32, q.device) if output_final_state else stand_in()
+        o = ops.new_output(v.shape, v.dtype, q.device)
+        extra = []
+        if bounds is not None:
+            extra.append(torch.tensor(bounds, dtype=torch.int32).to(q.device, non_blocking=True))
+        if pooled:
+            extra.append(indices.to(torch.int32))
+        kernel(q.contiguous(), k.contiguous(), v.contiguous(), g, beta.to(torch.float32).contiguous(), scale, o,
+               h0_arg, ht, *extra)
+    return o, ht
+
+
+# --8<-- [start:fused_recurrent_kda]
+def fused_recurrent_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                        use_qk_l2norm_in_kernel=False, cu_seqlens=None, ssm_state_indices=None, check_values=True,
+                        cu_seqlens_cpu=None, **not_yet):
+    """KDA decode. Arguments as fla 0.6.0's ``fused_recurrent_kda`` (by name: its positional order
+    has ``A_log, dt_bias`` before ``scale``, which are not supported yet):
+
+    Args:
+        q, k: ``[B, T, H, K]``; v: ``[B, T, HV, V]``, ``HV`` a multiple of ``H`` (grouped value heads).
+        g: ``[B, T, HV, K]``, the per-channel gate in log space (``<= 0``, finite).
+        beta: ``[B, T, HV]`` in ``[0, 1]``.
+        scale: multiplies ``q``; ``None`` means ``K ** -0.5``.
+        initial_state: ``[N, HV, K, V]``, or with ``ssm_state_indices`` the state pool ``[P, HV, K, V]``
+            (float32, contiguous), updated in place.
+        output_final_state: also return the float32 final states (the pool itself when pooled).
+        use_qk_l2norm_in_kernel: L2-normalize ``q`` and ``k`` first.
+        cu_seqlens: ``[N + 1]`` boundaries of sequences packed along ``T`` (then ``B = 1``).
+        ssm_state_indices: ``[N]`` pool slot of each sequence (continuous batching).
+        check_values: check ``g``, ``beta`` and the slots (reads them back: not under CUDA graphs).
+        cu_seqlens_cpu: a host copy of ``cu_seqlens``, trusted to equal it.
+
+    Returns:
+        ``(o, final_state)``: ``o [B, T, HV, V]`` in the dtype of ``v``; ``final_state`` or ``None``.
+    """
+    _refuse_not_yet(not_yet)
+    return _recurrent(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                      cu_seqlens, ssm_state_indices, True, check_values, cu_seqlens_cpu)
+# --8<-- [end:fused_recurrent_kda]
+
+
+def fused_recurrent_gated_delta_rule(q, k, v, g=None, gk=None, gv=None, beta=None, scale=None, initial_state=None,
+                                     output_final_state=False, use_qk_l2norm_in_kernel=False, cu_seqlens=None,
+                                     ssm_state_indices=None, check_values=True, cu_seqlens_cpu=None, **not_yet):
+    """GDN decode, as fla 0.6.0's ``fused_recurrent_gated_delta_rule``: the gate ``g [B, T, HV]`` (one
+    per head) or ``gk [B, T, HV, K]`` (per key channel; then this is ``fused_recurrent_kda``), or
+    neither (no decay); ``beta`` defaults to ones. ``gv`` (a gate on the value channels) is not
+    supported. Other arguments and the result as in ``fused_recurrent_kda``."""
+    _refuse_not_yet(not_yet)
+    if gv is not None:
+        raise ValueError("gv (a gate per value channel) is not supported; pass g (per head) or gk (per key channel)")
+    if g is not None and gk is not None:
+        raise ValueError("pass one gate: g [B, T, HV] (per head) or gk [B, T, HV, K] (per key channel), not both")
+    B, T, HV = (v.shape[:3] if isinstance(v, torch.Tensor) and v.dim() == 4 else (None,) * 3)
+    if g is None and gk is None and B is not None:
+        g = torch.zeros(B, T, HV, device=v.device)
+    if beta is None and B is not None:
+        beta = torch.ones(B, T, HV, device=v.device)
+    return _recurrent(q, k, v, g if gk is None else gk, beta, scale, initial_state, output_final_state,
+                      use_qk_l2norm_in_kernel, cu_seqlens, ssm_state_indices, gk is not None, check_values,
+                      cu_seqlens_cpu)

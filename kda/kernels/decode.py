@@ -1,0 +1,152 @@
+"""The gated delta rule one token at a time (decode): ``fused_recurrent``.
+
+Per token, with the state ``S [DK, DV]`` in registers (fla's convention, ``d_k x d_v``)::
+
+    S <- diag(exp g_t) S;   S <- S + b_t k_t (v_t - S^T k_t)^T;   o_t = scale S^T q_t
+
+A decode step reads and writes every state once and does ``O(DK DV)`` work per token, so the
+kernel is a stream over the states: one block per (value stripe, value head, sequence), the
+stripe's ``[DK, block_dv]`` slice of the state loaded once, every token of the sequence applied
+to it in registers, the slice stored once. The two matrix-vector products are reductions over
+the key channels (``T.reduce_sum`` over the rows of the fragment). Mirrors
+``kda.reference.level0.recurrent``.
+
+Compile-time flags, one factory: ``scalar_gate`` (GDN: ``g [.., 1]``), ``value_groups`` (value
+heads per query/key head), ``varlen`` (sequences packed along ``T`` by ``cu_seqlens``),
+``with_initial`` / ``store_final``, and ``pooled``: the states live in a pool ``[P, HV, DK, DV]``
+and sequence ``n`` reads and writes slot ``indices[n]`` in place (continuous batching; fla's
+``ssm_state_indices``).
+"""
+
+# No `from __future__ import annotations` here: T.prim_func reads the annotations.
+import tilelang.language as T
+
+from kda.kernels.stages import ACCUM, LOG2_E
+
+
+# --8<-- [start:fused_recurrent]
+def fused_recurrent(DK, DV, block_dv=32, dtype="bfloat16", gate_dtype="float32", scalar_gate=False,
+                    value_groups=1, varlen=False, with_initial=True, store_final=True, pooled=False,
+                    threads=128):
+    """Arguments at run time: ``Q, K [B, T, HQ, DK]``, ``V [B, T, HV, DV]``, ``g [B, T, HV, DK or 1]``
+    (natural log, ``<= 0``), ``beta [B, T, HV]`` (float32), ``scale``, ``O [B, T, HV, DV]``; then
+    ``h0``, ``ht`` (float32 ``[N, HV, DK, DV]``, one state per sequence; with ``pooled`` the pool
+    ``[P, HV, DK, DV]``, passed twice; a ``[1, HV, DK, DV]`` stand-in where ``with_initial`` or
+    ``store_final`` is off), ``cu_seqlens [N + 1]`` (int32) with ``varlen``, ``indices [N]`` (int32)
+    with ``pooled``."""
+    B, S, HQ, HV = T.dynamic("B"), T.dynamic("T"), T.dynamic("HQ"), T.dynamic("HV")
+    N = T.dynamic("N")
+    R0, R1 = T.dynamic("R0"), T.dynamic("R1")   # rows of h0 and ht: N, the pool's P, or 1 for a stand-in
+    BV = block_dv
+    GD = 1 if scalar_gate else DK
+    NV = T.ceildiv(DV, BV)
+    assert DV % BV == 0, "the value stripes must tile DV"
+    assert not pooled or (with_initial and store_final), "a pool is read and written in place"
+
+    @T.macro
+    def body(Q, K, V, g, beta, scale, O, h0, ht, bv, hv, bb, t_first, t_end, slot):
+        hq = hv // value_groups if value_groups > 1 else hv
+        dv0 = bv * BV
+        S_f = T.alloc_fragment([DK, BV], ACCUM)         # the state's stripe, in registers
+        prod = T.alloc_fragment([DK, BV], ACCUM)
+        col = T.alloc_fragment([BV], ACCUM)             # S^T k, then S^T q
+        q_s = T.alloc_shared([DK], ACCUM)
+        k_s = T.alloc_shared([DK], ACCUM)
+        decay_s = T.alloc_shared([GD], ACCUM)
+        r_s = T.alloc_shared([BV], ACCUM)               # b (v - S^T k)
+        if with_initial:
+            T.copy(h0[slot, hv, :, dv0:dv0 + BV], S_f)
+        else:
+            T.clear(S_f)
+        for t in T.serial(t_end - t_first):
+            tok = t_first + t
+            for i in T.Parallel(DK):
+                q_s[i] = T.Cast(ACCUM, Q[bb, tok, hq, i])
+                k_s[i] = T.Cast(ACCUM, K[bb, tok, hq, i])
+            for i in T.Parallel(GD):
+                decay_s[i] = T.exp2(T.Cast(ACCUM, g[bb, tok, hv, i]) * LOG2_E)
+            for i, j in T.Parallel(DK, BV):                 # S <- diag(exp g) S
+                S_f[i, j] = S_f[i, j] * decay_s[i if GD > 1 else 0]
+            for i, j in T.Parallel(DK, BV):
+                prod[i, j] = S_f[i, j] * k_s[i]
+            T.reduce_sum(prod, col, dim=0)                   # S^T k
+            for j in T.Parallel(BV):
+                r_s[j] = (T.Cast(ACCUM, V[bb, tok, hv, dv0 + j]) - col[j]) * beta[bb, tok, hv]
+            for i, j in T.Parallel(DK, BV):                 # S <- S + k (b (v - S^T k))^T
+                S_f[i, j] = S_f[i, j] + k_s[i] * r_s[j]
+            for i, j in T.Parallel(DK, BV):
+                prod[i, j] = S_f[i, j] * q_s[i]
+            T.reduce_sum(prod, col, dim=0)                   # S^T q
+            for j in T.Parallel(BV):
+                O[bb, tok, hv, dv0 + j] = T.Cast(dtype, col[j] * scale)
+        if store_final:
+            T.copy(S_f, ht[slot, hv, :, dv0:dv0 + BV])
+
+    # the four launch forms: dense or packed, each with states per sequence or in a pool
+    if not varlen and not pooled:
+        @T.prim_func
+        def main(
+            Q: T.Tensor([B, S, HQ, DK], dtype),
+            K: T.Tensor([B, S, HQ, DK], dtype),
+            V: T.Tensor([B, S, HV, DV], dtype),
+            g: T.Tensor([B, S, HV, GD], gate_dtype),
+            beta: T.Tensor([B, S, HV], ACCUM),
+            scale: T.float32,
+            O: T.Tensor([B, S, HV, DV], dtype),
+            h0: T.Tensor([R0, HV, DK, DV], ACCUM),
+            ht: T.Tensor([R1, HV, DK, DV], ACCUM),
+        ):
+            with T.Kernel(NV, HV, B, threads=threads) as (bv, hv, n):
+                body(Q, K, V, g, beta, scale, O, h0, ht, bv, hv, n, 0, S, n)
+    elif varlen and not pooled:
+        @T.prim_func
+        def main(
+            Q: T.Tensor([1, S, HQ, DK], dtype),
+            K: T.Tensor([1, S, HQ, DK], dtype),
+            V: T.Tensor([1, S, HV, DV], dtype),
+            g: T.Tensor([1, S, HV, GD], gate_dtype),
+            beta: T.Tensor([1, S, HV], ACCUM),
+            scale: T.float32,
+            O: T.Tensor([1, S, HV, DV], dtype),
+            h0: T.Tensor([R0, HV, DK, DV], ACCUM),
+            ht: T.Tensor([R1, HV, DK, DV], ACCUM),
+            cu_seqlens: T.Tensor([N + 1], "int32"),
+        ):
+            with T.Kernel(NV, HV, N, threads=threads) as (bv, hv, n):
+                body(Q, K, V, g, beta, scale, O, h0, ht, bv, hv, 0, cu_seqlens[n], cu_seqlens[n + 1], n)
+    elif not varlen:
+        @T.prim_func
+        def main(
+            Q: T.Tensor([B, S, HQ, DK], dtype),
+            K: T.Tensor([B, S, HQ, DK], dtype),
+            V: T.Tensor([B, S, HV, DV], dtype),
+            g: T.Tensor([B, S, HV, GD], gate_dtype),
+            beta: T.Tensor([B, S, HV], ACCUM),
+            scale: T.float32,
+            O: T.Tensor([B, S, HV, DV], dtype),
+            h0: T.Tensor([R0, HV, DK, DV], ACCUM),
+            ht: T.Tensor([R1, HV, DK, DV], ACCUM),
+            indices: T.Tensor([B], "int32"),
+        ):
+            with T.Kernel(NV, HV, B, threads=threads) as (bv, hv, n):
+                body(Q, K, V, g, beta, scale, O, h0, ht, bv, hv, n, 0, S, indices[n])
+    else:
+        @T.prim_func
+        def main(
+            Q: T.Tensor([1, S, HQ, DK], dtype),
+            K: T.Tensor([1, S, HQ, DK], dtype),
+            V: T.Tensor([1, S, HV, DV], dtype),
+            g: T.Tensor([1, S, HV, GD], gate_dtype),
+            beta: T.Tensor([1, S, HV], ACCUM),
+            scale: T.float32,
+            O: T.Tensor([1, S, HV, DV], dtype),
+            h0: T.Tensor([R0, HV, DK, DV], ACCUM),
+            ht: T.Tensor([R1, HV, DK, DV], ACCUM),
+            cu_seqlens: T.Tensor([N + 1], "int32"),
+            indices: T.Tensor([N], "int32"),
+        ):
+            with T.Kernel(NV, HV, N, threads=threads) as (bv, hv, n):
+                body(Q, K, V, g, beta, scale, O, h0, ht, bv, hv, 0, cu_seqlens[n], cu_seqlens[n + 1], indices[n])
+
+    return main
+# --8<-- [end:fused_recurrent]

@@ -1,0 +1,124 @@
+"""Decode (kda.fused_recurrent_kda, kda.fused_recurrent_gated_delta_rule) on the CPU: token by
+token it is the chunked forward and the float64 recurrence; grouped value heads, packed
+sequences, the state pool updated in place; clear errors."""
+
+import pytest
+import torch
+
+import kda
+from kda.metrics import rel_l2
+from kda.reference import level0 as ref0
+from kda.reference import level4 as ref4
+
+B, T, H, DK, DV = 2, 37, 2, 16, 8
+
+
+def inputs(B=B, T=T, H=H, HV=H, seed=0, per_channel=True):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, H, DK, generator=gen, dtype=torch.float64)
+    k = ref4.l2_normalize(torch.randn(B, T, H, DK, generator=gen, dtype=torch.float64))
+    v = torch.randn(B, T, HV, DV, generator=gen, dtype=torch.float64)
+    g = torch.nn.functional.logsigmoid(torch.randn(B, T, HV, *([DK] if per_channel else []), generator=gen,
+                                                   dtype=torch.float64))
+    beta = torch.rand(B, T, HV, generator=gen, dtype=torch.float64)
+    h0 = torch.randn(B, HV, DK, DV, generator=gen, dtype=torch.float64)
+    return q, k, v, g, beta, h0
+
+
+def test_token_by_token_is_the_chunked_forward_and_the_recurrence():
+    q, k, v, g, beta, h0 = inputs()
+    o, ht = kda.fused_recurrent_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    ref_o, ref_ht = ref0.recurrent(q * DK ** -0.5, k, v, g, beta, h0, True)
+    assert rel_l2(o, ref_o) < 1e-12 and rel_l2(ht, ref_ht) < 1e-6          # the final state is float32
+    chunk_o, chunk_ht = kda.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    assert rel_l2(o, chunk_o) < 1e-12 and rel_l2(ht, chunk_ht) < 1e-6
+    state, steps = h0.float(), []                                           # one token per call
+    for t in range(T):
+        sl = slice(t, t + 1)
+        o_t, state = kda.fused_recurrent_kda(q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl],
+                                             initial_state=state, output_final_state=True)
+        steps.append(o_t)
+    assert rel_l2(torch.cat(steps, dim=1), ref_o) < 1e-6 and rel_l2(state, ref_ht) < 1e-6
+
+
+def test_gdn_gates_per_head_per_channel_and_none():
+    q, k, v, g, beta, h0 = inputs(per_channel=False)
+    o, _ = kda.fused_recurrent_gated_delta_rule(q, k, v, g=g, beta=beta, initial_state=h0)
+    ref_o, _ = ref0.recurrent(q * DK ** -0.5, k, v, g, beta, h0)
+    assert rel_l2(o, ref_o) < 1e-12
+    wide = g[..., None].expand(*g.shape, DK)
+    o_gk, _ = kda.fused_recurrent_gated_delta_rule(q, k, v, gk=wide, beta=beta, initial_state=h0)
+    assert rel_l2(o_gk, ref_o) < 1e-12
+    o_none, _ = kda.fused_recurrent_gated_delta_rule(q, k, v)                # no decay, beta = 1
+    ref_none, _ = ref0.recurrent(q * DK ** -0.5, k, v, torch.zeros(B, T, H), torch.ones(B, T, H))
+    assert rel_l2(o_none, ref_none) < 1e-12
+
+
+def test_grouped_value_heads_read_their_query_head():
+    q, k, v, g, beta, h0 = inputs(HV=2 * H)
+    o, ht = kda.fused_recurrent_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    rep = lambda x: x.repeat_interleave(2, dim=2)
+    ref_o, ref_ht = ref0.recurrent(rep(q) * DK ** -0.5, rep(k), v, g, beta, h0, True)
+    assert rel_l2(o, ref_o) < 1e-12 and rel_l2(ht, ref_ht) < 1e-6
+
+
+def test_packed_sequences_with_an_empty_one():
+    q, k, v, g, beta, _ = inputs(B=1)
+    bounds = [0, 5, 5, 6, T]
+    h0 = torch.randn(4, H, DK, DV, dtype=torch.float64)
+    o, ht = kda.fused_recurrent_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                    cu_seqlens=torch.tensor(bounds))
+    for n, (s, e) in enumerate(zip(bounds, bounds[1:])):
+        ref_o, ref_ht = ref0.recurrent(q[:, s:e] * DK ** -0.5, k[:, s:e], v[:, s:e], g[:, s:e], beta[:, s:e],
+                                       h0[n:n + 1], True)
+        assert rel_l2(o[:, s:e], ref_o) < 1e-12 if e > s else True
+        assert rel_l2(ht[n:n + 1], ref_ht) < 1e-6
+
+
+def test_the_state_pool_is_updated_in_place_at_the_indices():
+    q, k, v, g, beta, _ = inputs(B=3, T=2)
+    pool = torch.randn(5, H, DK, DV)
+    before = pool.clone()
+    slots = torch.tensor([4, 0, 2])
+    o, final = kda.fused_recurrent_kda(q, k, v, g, beta, initial_state=pool, ssm_state_indices=slots,
+                                       output_final_state=True)
+    assert final is pool
+    for n, slot in enumerate(slots.tolist()):
+        ref_o, ref_ht = ref0.recurrent(q[n:n + 1] * DK ** -0.5, k[n:n + 1], v[n:n + 1], g[n:n + 1],
+                                       beta[n:n + 1], before[slot][None], True)
+        assert rel_l2(o[n:n + 1], ref_o) < 1e-6 and rel_l2(pool[slot][None], ref_ht) < 1e-6
+    assert torch.equal(pool[[1, 3]], before[[1, 3]])                      # other slots untouched
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(ssm_state_indices=torch.tensor([0, 0])), "distinct slots"),
+    (dict(ssm_state_indices=torch.tensor([0, 9])), r"distinct slots in \[0, 3\)"),
+    (dict(ssm_state_indices=torch.tensor([0])), r"ssm_state_indices must be an integer tensor \[N\] = \[2\]"),
+    (dict(ssm_state_indices=torch.tensor([0.0, 1.0])), "integer tensor"),
+])
+def test_bad_pool_indices_raise(kwargs, message):
+    q, k, v, g, beta, _ = inputs()
+    with pytest.raises(ValueError, match=message):
+        kda.fused_recurrent_kda(q, k, v, g, beta, initial_state=torch.zeros(3, H, DK, DV), **kwargs)
+
+
+def test_clear_errors():
+    q, k, v, g, beta, h0 = inputs()
+    with pytest.raises(ValueError, match="state pool is written in place: it must be float32"):
+        kda.fused_recurrent_kda(q, k, v, g, beta, initial_state=h0, ssm_state_indices=torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="ssm_state_indices needs initial_state"):
+        kda.fused_recurrent_kda(q, k, v, g, beta, ssm_state_indices=torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="use_gate_in_kernel is not supported yet"):
+        kda.fused_recurrent_kda(q, k, v, g, beta, use_gate_in_kernel=True)
+    with pytest.raises(TypeError, match="unexpected argument 'gate'"):
+        kda.fused_recurrent_kda(q, k, v, g, beta, gate=1)
+    with pytest.raises(ValueError, match="gv .* is not supported"):
+        kda.fused_recurrent_gated_delta_rule(q, k, v, gv=torch.zeros(B, T, H, DV))
+    with pytest.raises(ValueError, match="pass one gate"):
+        kda.fused_recurrent_gated_delta_rule(q, k, v, g=g[..., 0], gk=g)
+    with pytest.raises(ValueError, match=r"g must have shape \[B, T, H, DK\]"):
+        kda.fused_recurrent_kda(q, k, v, g[..., 0], beta)
+    with pytest.raises(ValueError, match="g must be finite and <= 0"):
+        kda.fused_recurrent_kda(q, k, v, -g, beta)
+    with pytest.raises(ValueError, match=r"beta must lie in \[0, 1\]"):
+        kda.fused_recurrent_kda(q, k, v, g, beta + 1)

@@ -1,0 +1,88 @@
+"""The decode kernel (kda.kernels.decode.fused_recurrent through kda.fused_recurrent_kda and
+kda.fused_recurrent_gated_delta_rule) on the GPU against the float64 token recurrence (marked
+``gpu``), outputs poisoned with NaN: dense and packed sequences, grouped value heads, both gate
+forms, the state pool updated in place, and a prefill by chunk_kda continued by decode steps."""
+
+import pytest
+import torch
+
+import kda
+from kda.metrics import rel_l2
+from kda.reference import level0 as ref0
+from kda.reference import level4 as ref4
+
+pytestmark = pytest.mark.gpu
+
+BOUND = 5e-3        # bf16 / fp16 inputs and outputs, float32 state
+
+
+def inputs(B, T, H, HV, DK, DV, dtype, per_channel, seed):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(B, T, H, DK, generator=gen, device="cuda").to(dtype)
+    k = ref4.l2_normalize(torch.randn(B, T, H, DK, generator=gen, device="cuda")).to(dtype)
+    v = torch.randn(B, T, HV, DV, generator=gen, device="cuda").to(dtype)
+    shape = (B, T, HV, DK) if per_channel else (B, T, HV)
+    g = torch.nn.functional.logsigmoid(torch.randn(shape, generator=gen, device="cuda"))
+    beta = torch.rand(B, T, HV, generator=gen, device="cuda")
+    h0 = torch.randn(B, HV, DK, DV, generator=gen, device="cuda")
+    return q, k, v, g, beta, h0
+
+
+def reference(q, k, v, g, beta, h0):
+    group = v.shape[2] // q.shape[2]
+    rep = lambda x: x.double().repeat_interleave(group, dim=2)
+    return ref0.recurrent(rep(q) * q.shape[-1] ** -0.5, rep(k), v, g, beta, h0, True)
+
+
+def call(per_channel, q, k, v, g, beta, **kw):
+    if per_channel:
+        return kda.fused_recurrent_kda(q, k, v, g, beta, **kw)
+    return kda.fused_recurrent_gated_delta_rule(q, k, v, g=g, beta=beta, **kw)
+
+
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(2, 1, 2, 2, 128, 128), (3, 5, 2, 4, 64, 128), (1, 7, 1, 1, 128, 64)])
+def test_decode_against_token_recurrence(shape, dtype, per_channel, poisoned):
+    q, k, v, g, beta, h0 = inputs(*shape, dtype, per_channel, seed=sum(shape))
+    o, ht = call(per_channel, q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    ref_o, ref_ht = reference(q, k, v, g, beta, h0)
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+    assert rel_l2(o, ref_o) <= BOUND and rel_l2(ht, ref_ht) <= BOUND
+    o0, none = call(per_channel, q, k, v, g, beta)                     # no initial state, no final state
+    assert none is None and rel_l2(o0, reference(q, k, v, g, beta, None)[0]) <= BOUND
+
+
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
+def test_packed_sequences_into_a_pool(per_channel, poisoned):
+    q, k, v, g, beta, _ = inputs(1, 9, 2, 4, 128, 128, torch.bfloat16, per_channel, seed=3)
+    bounds = [0, 1, 1, 4, 9]                                             # lengths 1, 0, 3, 5
+    pool = torch.randn(6, 4, 128, 128, device="cuda")
+    before = pool.clone()
+    slots = [5, 0, 3, 1]
+    o, final = call(per_channel, q, k, v, g, beta, initial_state=pool, output_final_state=True,
+                    cu_seqlens=torch.tensor(bounds, device="cuda"),
+                    ssm_state_indices=torch.tensor(slots, device="cuda"))
+    assert final is pool
+    for n, (s, e) in enumerate(zip(bounds, bounds[1:])):
+        ref_o, ref_ht = reference(q[:, s:e], k[:, s:e], v[:, s:e], g[:, s:e], beta[:, s:e], before[slots[n]][None])
+        if e > s:
+            assert rel_l2(o[:, s:e], ref_o) <= BOUND
+        assert rel_l2(pool[slots[n]][None], ref_ht) <= BOUND
+    assert torch.equal(pool[[2, 4]], before[[2, 4]])                     # slots no sequence owns
+
+
+def test_prefill_then_decode_is_one_forward():
+    """chunk_kda over 100 tokens, then three decode steps from its final state: the outputs of the
+    steps are those of chunk_kda over all 103 tokens."""
+    q, k, v, g, beta, h0 = inputs(2, 103, 2, 2, 128, 128, torch.bfloat16, True, seed=7)
+    _, state = kda.chunk_kda(q[:, :100], k[:, :100], v[:, :100], g[:, :100], beta[:, :100], initial_state=h0,
+                             output_final_state=True)
+    steps = []
+    for t in range(100, 103):
+        sl = slice(t, t + 1)
+        o_t, state = kda.fused_recurrent_kda(q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl],
+                                             initial_state=state, output_final_state=True)
+        steps.append(o_t)
+    ref_o, ref_ht = reference(q, k, v, g, beta, h0)
+    assert rel_l2(torch.cat(steps, dim=1), ref_o[:, 100:]) <= BOUND and rel_l2(state, ref_ht) <= BOUND
