@@ -23,6 +23,7 @@ from kda.delta import delta_rule
 from kda.gated import gated_attention
 from kda.gated_delta import chunk_gated_delta_rule, chunk_kda
 from kda.ops import decay_attention, linear_attention
+from kda import custom_ops  # noqa: E402,F401  (registers the kda:: ops for torch.compile)
 
 __version__ = "0.1.0"
 __all__ = ["linear_attention", "decay_attention", "gated_attention", "delta_rule", "chunk_kda",

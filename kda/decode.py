@@ -63,14 +63,25 @@ def check_state_pool(pool, indices, N: int, H: int, DK: int, DV: int, device, ch
 def _recurrent(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                cu_seqlens, ssm_state_indices, per_channel, check_values, cu_seqlens_cpu):
     pooled = ssm_state_indices is not None
+    compiling = torch.compiler.is_compiling()             # the checks a graph can hold, then the op
+    check_values = check_values and not compiling
     scale, h0, bounds = check_inputs(q, k, v, g, beta, scale, None if pooled else initial_state, cu_seqlens,
-                                     per_channel, check_values=check_values, cu_seqlens_cpu=cu_seqlens_cpu)
+                                     per_channel, check_values=check_values, cu_seqlens_cpu=cu_seqlens_cpu,
+                                     read_bounds=not compiling)
     B, HV, DK, DV = q.shape[0], v.shape[2], q.shape[3], v.shape[3]
-    N = B if bounds is None else len(bounds) - 1
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     if pooled:
         if initial_state is None:
             raise ValueError("ssm_state_indices needs initial_state: the state pool the indices point into")
         check_state_pool(initial_state, ssm_state_indices, N, HV, DK, DV, q.device, check_values)
+    if compiling:
+        if pooled:
+            o = torch.ops.kda.fused_recurrent_pooled(q, k, v, g, beta, scale, initial_state, ssm_state_indices,
+                                                     use_qk_l2norm_in_kernel, cu_seqlens, cu_seqlens_cpu)
+            return o, (initial_state if output_final_state else None)
+        o, final = torch.ops.kda.fused_recurrent(q, k, v, g, beta, scale, h0, output_final_state,
+                                                 use_qk_l2norm_in_kernel, cu_seqlens, cu_seqlens_cpu)
+        return o, (final if output_final_state else None)
     if q.device.type == "cuda":
         o, final = _run_kernel(q, k, v, g, beta, scale, initial_state if pooled else h0, bounds,
                                ssm_state_indices, output_final_state, use_qk_l2norm_in_kernel)

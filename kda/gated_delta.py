@@ -28,19 +28,20 @@ from kda.reference import level4 as ref4
 
 
 def check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel: bool, check_values=True,
-                  cu_seqlens_cpu=None):
+                 cu_seqlens_cpu=None, read_bounds=True):
     """Every argument checked (clear errors, nothing computed); returns ``scale`` as a float, the
     initial state or ``None``, and the ``cu_seqlens`` boundaries or ``None``. With
     ``check_values=False`` the values of ``g`` and ``beta`` are left to ``raise_flagged_values``
-    after the kernels (``chunk_intra`` checks them as it reads them)."""
+    after the kernels (``chunk_intra`` checks them as it reads them). ``read_bounds=False``
+    (under ``torch.compile``) leaves the boundaries on the device: the op reads them."""
     B, T, H, DK, DV = validate.check_qkv(q, k, v, grouped_values=True)   # H: the value heads
     if validate.check_gates(g, B, T, H, DK, q.device, check_values=check_values) != per_channel:
         form = "[B, T, H, DK] (one gate per key channel)" if per_channel else "[B, T, H] (one gate per head)"
         raise ValueError(f"g must have shape {form} here, got {validate.shape_of(g)}")
     validate.check_beta(beta, B, T, H, q.device, check_values=check_values)
     scale = validate.check_scale(scale, DK)
-    bounds = validate.check_cu_seqlens(cu_seqlens, B, T, cu_seqlens_cpu)
-    N = len(bounds) - 1 if bounds is not None else B
+    bounds = validate.check_cu_seqlens(cu_seqlens, B, T, cu_seqlens_cpu, read_values=read_bounds)
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     h0 = validate.check_initial_state(initial_state, N, H, DK, DV, q.device)
     return scale, h0, bounds
 
@@ -68,6 +69,20 @@ def raise_flagged_values(flags, g, beta) -> None:
 
 def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
              cu_seqlens, per_channel: bool, check_values: bool, cu_seqlens_cpu=None):
+    if torch.compiler.is_compiling():                    # the checks a graph can hold, then the op
+        scale, h0, _ = check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel,
+                                    check_values=False, cu_seqlens_cpu=cu_seqlens_cpu, read_bounds=False)
+        o, final = torch.ops.kda.chunk_gated_delta(q, k, v, g, beta, scale, h0, output_final_state,
+                                                    use_qk_l2norm_in_kernel, cu_seqlens, cu_seqlens_cpu)
+        return o, (final if output_final_state else None)
+    return forward_eager(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                         cu_seqlens, per_channel, check_values, cu_seqlens_cpu)
+
+
+def forward_eager(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                  cu_seqlens, per_channel: bool, check_values: bool, cu_seqlens_cpu=None):
+    """``chunk_kda`` / ``chunk_gated_delta_rule`` outside ``torch.compile`` (and inside the op
+    ``kda::chunk_gated_delta`` that a compiled graph calls)."""
     cuda = q.device.type == "cuda"
     scale, h0, bounds = check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel,
                                       check_values=check_values and not cuda, cu_seqlens_cpu=cu_seqlens_cpu)

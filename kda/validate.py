@@ -156,11 +156,12 @@ def check_beta(beta, B: int, T: int, H: int, device, check_values: bool = True) 
                              f"[{low!r}, {high!r}]")
 
 
-def check_cu_seqlens(cu_seqlens, B: int, T: int, cu_seqlens_cpu=None) -> list[int] | None:
+def check_cu_seqlens(cu_seqlens, B: int, T: int, cu_seqlens_cpu=None, read_values: bool = True) -> list[int] | None:
     """``None``, or the boundaries ``[0, ..., T]`` (non-decreasing integers) of the sequences
     packed along ``T`` of a batch of one. Returns them as Python ints, read from the host copy
     ``cu_seqlens_cpu`` when the caller has one (no wait for the GPU; it is trusted to equal
-    ``cu_seqlens``, as in fla), else from ``cu_seqlens``."""
+    ``cu_seqlens``, as in fla), else from ``cu_seqlens``. ``read_values=False`` (under
+    ``torch.compile``) checks the tensors only and returns ``None``."""
     if cu_seqlens is None:
         if cu_seqlens_cpu is not None:
             raise ValueError("cu_seqlens_cpu is a host copy of cu_seqlens: pass cu_seqlens too")
@@ -175,6 +176,8 @@ def check_cu_seqlens(cu_seqlens, B: int, T: int, cu_seqlens_cpu=None) -> list[in
                 or cu_seqlens_cpu.shape != cu_seqlens.shape or cu_seqlens_cpu.is_floating_point():
             raise ValueError(f"cu_seqlens_cpu must be an integer CPU tensor of the shape of cu_seqlens "
                              f"{tuple(cu_seqlens.shape)}, got {cu_seqlens_cpu!r}")
+    if not read_values:
+        return None
     bounds = (cu_seqlens if cu_seqlens_cpu is None else cu_seqlens_cpu).tolist()
     if len(bounds) < 2 or bounds[0] != 0 or bounds[-1] != T:
         raise ValueError(f"cu_seqlens must start at 0 and end at T = {T}, got {bounds}")

@@ -1,0 +1,81 @@
+"""The kda:: custom ops (kda.custom_ops) on the CPU: torch.library.opcheck of each (schema, fake
+implementation, aot dispatch), and torch.compile with fullgraph=True of a prefill and a decode
+step through the public functions, equal to eager."""
+
+import pytest
+import torch
+
+import kda
+from kda.reference import level4 as ref4
+
+H, K, V = 2, 16, 8
+
+
+def inputs(B, T, HV=H, per_channel=True, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, H, K, generator=gen)
+    k = ref4.l2_normalize(torch.randn(B, T, H, K, generator=gen))
+    v = torch.randn(B, T, HV, V, generator=gen)
+    g = torch.nn.functional.logsigmoid(torch.randn(B, T, HV, *([K] if per_channel else []), generator=gen))
+    beta = torch.rand(B, T, HV, generator=gen)
+    return q, k, v, g, beta
+
+
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
+def test_opcheck(per_channel):
+    q, k, v, g, beta = inputs(1, 20, per_channel=per_channel)
+    cu = torch.tensor([0, 7, 20])
+    h0 = torch.randn(2, H, K, V)
+    torch.library.opcheck(torch.ops.kda.chunk_gated_delta.default,
+                          (q, k, v, g, beta, K ** -0.5, h0, True, False, cu, None))
+    torch.library.opcheck(torch.ops.kda.chunk_gated_delta.default,
+                          (q, k, v, g, beta, 0.5, None, False, True, None, None))
+    torch.library.opcheck(torch.ops.kda.fused_recurrent.default,
+                          (q, k, v, g, beta, K ** -0.5, h0, True, False, cu, None))
+    pool = torch.randn(4, H, K, V)
+    torch.library.opcheck(torch.ops.kda.fused_recurrent_pooled.default,
+                          (q, k, v, g, beta, K ** -0.5, pool, torch.tensor([3, 1]), False, cu, None))
+
+
+def layer(q, k, v, g, beta, cu, pool, slots, q1, k1, v1, g1, beta1):
+    """A prefill of packed sequences into fresh states, then one decode step from a pool."""
+    o, states = kda.chunk_kda(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu,
+                              use_qk_l2norm_in_kernel=True)
+    o1, _ = kda.fused_recurrent_kda(q1, k1, v1, g1, beta1, initial_state=pool, ssm_state_indices=slots,
+                                    use_qk_l2norm_in_kernel=True)
+    return o, states, o1
+
+
+def test_compile_fullgraph_prefill_and_decode_equal_eager():
+    q, k, v, g, beta = inputs(1, 30)
+    cu = torch.tensor([0, 11, 30])
+    q1, k1, v1, g1, beta1 = inputs(2, 1, seed=1)
+    slots = torch.tensor([2, 0])
+    pool_eager, pool_compiled = torch.randn(3, H, K, V), None
+    pool_compiled = pool_eager.clone()
+    want = layer(q, k, v, g, beta, cu, pool_eager, slots, q1, k1, v1, g1, beta1)
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    got = compiled(q, k, v, g, beta, cu, pool_compiled, slots, q1, k1, v1, g1, beta1)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(pool_compiled, pool_eager)                # the pool updated in place, once
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(layer, fullgraph=True, backend=record)(q, k, v, g, beta, cu, pool_compiled.clone(), slots,
+                                                         q1, k1, v1, g1, beta1)
+    called = {str(n.target) for gm in graphs for n in gm.graph.nodes if n.op == "call_function"}
+    assert {"kda.chunk_gated_delta", "kda.fused_recurrent_pooled"} <= called, called
+
+
+def test_compile_gdn_decode_without_states():
+    q, k, v, g, beta = inputs(3, 2, HV=2 * H, per_channel=False)
+    fn = lambda *a: kda.fused_recurrent_gated_delta_rule(a[0], a[1], a[2], g=a[3], beta=a[4], output_final_state=True)
+    got = torch.compile(fn, fullgraph=True, backend="aot_eager")(q, k, v, g, beta)
+    want = fn(q, k, v, g, beta)
+    torch.testing.assert_close(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1])
