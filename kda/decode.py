@@ -12,8 +12,10 @@ with ``ssm_state_indices [N]`` sequence ``n`` starts from slot ``ssm_state_indic
 
 Not yet here (issue 17): the gate activation inside the kernel (``use_gate_in_kernel``, ``A_log``,
 ``dt_bias``, ``lower_bound``), ``use_beta_sigmoid_in_kernel``, ``state_v_first``; passing them
-raises. The value checks of ``g`` and ``beta`` read the values back to the host: a wait for the
-GPU, which CUDA graph capture refuses; pass ``check_values=False`` there.
+raises. The value checks of ``g``, ``beta`` and the pool slots read the values back to the host,
+a wait for the GPU; they are skipped while a CUDA graph is being captured and under
+``torch.compile`` (nowhere else), and the kernel's launch path reads and copies nothing, so a
+decode step can be captured once and replayed.
 """
 
 from __future__ import annotations
@@ -64,10 +66,11 @@ def _recurrent(q, k, v, g, beta, scale, initial_state, output_final_state, use_q
                cu_seqlens, ssm_state_indices, per_channel, check_values, cu_seqlens_cpu):
     pooled = ssm_state_indices is not None
     compiling = torch.compiler.is_compiling()             # the checks a graph can hold, then the op
-    check_values = check_values and not compiling
+    capturing = q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()   # a CUDA graph: no reads
+    check_values = check_values and not compiling and not capturing
     scale, h0, bounds = check_inputs(q, k, v, g, beta, scale, None if pooled else initial_state, cu_seqlens,
                                      per_channel, check_values=check_values, cu_seqlens_cpu=cu_seqlens_cpu,
-                                     read_bounds=not compiling)
+                                     read_bounds=not compiling and not capturing)
     B, HV, DK, DV = q.shape[0], v.shape[2], q.shape[3], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     if pooled:
@@ -83,7 +86,7 @@ def _recurrent(q, k, v, g, beta, scale, initial_state, output_final_state, use_q
                                                  use_qk_l2norm_in_kernel, cu_seqlens, cu_seqlens_cpu)
         return o, (final if output_final_state else None)
     if q.device.type == "cuda":
-        o, final = _run_kernel(q, k, v, g, beta, scale, initial_state if pooled else h0, bounds,
+        o, final = _run_kernel(q, k, v, g, beta, scale, initial_state if pooled else h0, cu_seqlens,
                                ssm_state_indices, output_final_state, use_qk_l2norm_in_kernel)
     else:
         o, final = _run_reference(q, k, v, g, beta, scale, initial_state if pooled else h0, bounds,
@@ -116,20 +119,21 @@ def _run_reference(q, k, v, g, beta, scale, h0, bounds, indices, output_final_st
     return o.to(v.dtype), torch.stack(finals)
 
 
-def _run_kernel(q, k, v, g, beta, scale, h0, bounds, indices, output_final_state, l2norm):
-    """One launch of ``fused_recurrent`` for every sequence."""
+def _run_kernel(q, k, v, g, beta, scale, h0, cu_seqlens, indices, output_final_state, l2norm):
+    """One launch of ``fused_recurrent`` for every sequence. Nothing here reads the device or copies
+    from the host, so that a CUDA graph can capture it (after a first call has compiled the kernel)."""
     from kda.kernels import decode
     from kda.kernels.build import compile_program
 
     B, T, HV, DV = v.shape
     DK = q.shape[-1]
-    N = B if bounds is None else len(bounds) - 1
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     pooled = indices is not None
     q, k, g = kernel_inputs(q, k, g, l2norm)
     with torch.cuda.device(q.device):
         kernel = compile_program(decode.fused_recurrent, (), DK=DK, DV=DV, block_dv=BLOCK_DV,
                                  dtype=ops.dtype_name(q.dtype), gate_dtype=str(g.dtype).removeprefix("torch."),
-                                 scalar_gate=g.shape[-1] == 1, value_groups=HV // q.shape[2], varlen=bounds is not None,
+                                 scalar_gate=g.shape[-1] == 1, value_groups=HV // q.shape[2], varlen=cu_seqlens is not None,
                                  with_initial=h0 is not None, store_final=pooled or output_final_state, pooled=pooled)
         stand_in = lambda: torch.empty(1, HV, DK, DV, dtype=torch.float32, device=q.device)
         if pooled:
@@ -139,8 +143,8 @@ def _run_kernel(q, k, v, g, beta, scale, h0, bounds, indices, output_final_state
             ht = ops.new_output((N, HV, DK, DV), torch.float32, q.device) if output_final_state else stand_in()
         o = ops.new_output(v.shape, v.dtype, q.device)
         extra = []
-        if bounds is not None:
-            extra.append(torch.tensor(bounds, dtype=torch.int32).to(q.device, non_blocking=True))
+        if cu_seqlens is not None:
+            extra.append(cu_seqlens.to(device=q.device, dtype=torch.int32))
         if pooled:
             extra.append(indices.to(torch.int32))
         kernel(q.contiguous(), k.contiguous(), v.contiguous(), g, beta.to(torch.float32).contiguous(), scale, o,
@@ -166,7 +170,8 @@ def fused_recurrent_kda(q, k, v, g, beta, scale=None, initial_state=None, output
         use_qk_l2norm_in_kernel: L2-normalize ``q`` and ``k`` first.
         cu_seqlens: ``[N + 1]`` boundaries of sequences packed along ``T`` (then ``B = 1``).
         ssm_state_indices: ``[N]`` pool slot of each sequence (continuous batching).
-        check_values: check ``g``, ``beta`` and the slots (reads them back: not under CUDA graphs).
+        check_values: check ``g``, ``beta`` and the slots (a read-back; skipped during CUDA graph
+            capture and under ``torch.compile``).
         cu_seqlens_cpu: a host copy of ``cu_seqlens``, trusted to equal it.
 
     Returns:

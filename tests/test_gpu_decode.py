@@ -86,3 +86,30 @@ def test_prefill_then_decode_is_one_forward():
         steps.append(o_t)
     ref_o, ref_ht = reference(q, k, v, g, beta, h0)
     assert rel_l2(torch.cat(steps, dim=1), ref_o[:, 100:]) <= BOUND and rel_l2(state, ref_ht) <= BOUND
+
+
+def test_a_decode_step_replays_in_a_cuda_graph():
+    """A pooled decode step captured once (the value checks skip themselves during capture) and
+    replayed with new tokens: each replay equals an eager step on a copy of the pool."""
+    B, H, HV, DK, DV = 4, 2, 4, 128, 128
+    q, k, v, g, beta, _ = inputs(B, 1, H, HV, DK, DV, torch.bfloat16, True, seed=11)
+    pool = torch.randn(6, HV, DK, DV, device="cuda")
+    slots = torch.tensor([5, 0, 3, 1], device="cuda")
+    step = lambda: kda.fused_recurrent_kda(q, k, v, g, beta, initial_state=pool, ssm_state_indices=slots)[0]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()                                                           # compiles the kernel
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for seed in range(3):
+        new = inputs(B, 1, H, HV, DK, DV, torch.bfloat16, True, seed=100 + seed)
+        for static, fresh in zip((q, k, v, g, beta), new[:5]):
+            static.copy_(fresh)
+        pool_ref = pool.clone()
+        o_ref, _ = kda.fused_recurrent_kda(q, k, v, g, beta, initial_state=pool_ref, ssm_state_indices=slots)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, o_ref) and torch.equal(pool, pool_ref)
