@@ -10,15 +10,17 @@ Continuous batching keeps the states of all live sequences in a pool ``[P, HV, K
 with ``ssm_state_indices [N]`` sequence ``n`` starts from slot ``ssm_state_indices[n]`` of
 ``initial_state`` and its final state is written back to that slot, in place.
 
-Not yet here (issue 17): the gate activation inside the kernel (``use_gate_in_kernel``, ``A_log``,
-``dt_bias``, ``lower_bound``), ``use_beta_sigmoid_in_kernel``, ``state_v_first``; passing them
-raises. The value checks of ``g``, ``beta`` and the pool slots read the values back to the host,
+fla's activations are done by the kernel as it reads each token: ``use_gate_in_kernel`` with
+``A_log``, ``dt_bias`` (and ``lower_bound`` for the bounded form), ``use_beta_sigmoid_in_kernel``
+(``allow_neg_eigval``). ``state_v_first`` is not supported. The value checks of ``g``, ``beta`` and the pool slots read the values back to the host,
 a wait for the GPU; they are skipped while a CUDA graph is being captured and under
 ``torch.compile`` (nowhere else), and the kernel's launch path reads and copies nothing, so a
 decode step can be captured once and replayed.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -29,17 +31,70 @@ from kda.reference import level4 as ref4
 
 BLOCK_DV = 32       # value columns per block: B * HV * DV / 32 blocks, 32 state registers per thread
 
-_NOT_YET = ("A_log", "dt_bias", "use_gate_in_kernel", "use_beta_sigmoid_in_kernel", "allow_neg_eigval",
-            "lower_bound", "state_v_first")
+class Activation(NamedTuple):
+    """fla's gate and ``beta`` activations, done by the decode kernel as it reads each token:
+    ``gate`` ``None`` (``g`` is the log decay), ``"softplus"`` (``-exp(A_log) softplus(g + dt_bias)``)
+    or ``"sigmoid"`` (``lower_bound sigmoid(exp(A_log) (g + dt_bias))``); ``beta`` ``None``,
+    ``"sigmoid"`` or ``"2sigmoid"`` (negative eigenvalues allowed)."""
+    gate: str | None
+    beta: str | None
+    A_log: torch.Tensor | None          # [HV], float32
+    dt_bias: torch.Tensor | None        # [HV, K] or [HV, 1], float32
+    lower_bound: float
+
+    def apply(self, g, beta):
+        """The activations in torch (the CPU path, and under ``torch.compile``), in ``g``'s dtype
+        or float64."""
+        if self.gate is not None:
+            HV, GD = g.shape[2], (g.shape[3] if g.dim() == 4 else 1)
+            A = torch.exp(self.A_log.to(g.device, torch.float64)) if self.A_log is not None else \
+                torch.ones(HV, dtype=torch.float64, device=g.device)
+            bias = self.dt_bias.to(g.device, torch.float64) if self.dt_bias is not None else \
+                torch.zeros(HV, GD, dtype=torch.float64, device=g.device)
+            x = g.double() + (bias if g.dim() == 4 else bias[:, 0])
+            A = A[:, None] if g.dim() == 4 else A
+            g = -A * torch.nn.functional.softplus(x) if self.gate == "softplus" else \
+                self.lower_bound * torch.sigmoid(A * x)
+        if self.beta is not None:
+            beta = (2.0 if self.beta == "2sigmoid" else 1.0) * torch.sigmoid(beta.double())
+        return g, beta
 
 
-def _refuse_not_yet(options: dict) -> None:
-    for name, value in options.items():
-        if name not in _NOT_YET:
-            raise TypeError(f"unexpected argument {name!r}")
-        if value not in (None, False):
-            raise ValueError(f"{name} is not supported yet (the gate activation in the kernel is issue 17); "
-                             f"apply it before the call and leave {name} at its default")
+def check_activation(g, beta, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+                     lower_bound, state_v_first, check_values) -> Activation:
+    """fla's activation options, checked (shapes ``[HV]`` for ``A_log``, ``[HV * K]`` or ``[HV]``
+    for ``dt_bias``, a finite ``lower_bound < 0``); with ``check_values`` the raw ``g`` and ``beta``
+    they apply to must be finite (read back)."""
+    if state_v_first:
+        raise ValueError("state_v_first is not supported: the states are [N, HV, K, V]")
+    if not use_gate_in_kernel and (A_log is not None or dt_bias is not None or lower_bound is not None):
+        raise ValueError("A_log, dt_bias and lower_bound describe the gate activation: pass use_gate_in_kernel=True")
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        raise ValueError("allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True (as in fla)")
+    HV = g.shape[2]
+    GD = g.shape[3] if g.dim() == 4 else 1
+    if use_gate_in_kernel:
+        if lower_bound is None and A_log is None:
+            raise ValueError("use_gate_in_kernel needs A_log [HV] (or lower_bound for the sigmoid form)")
+        for name, t, shape in (("A_log", A_log, (HV,)), ("dt_bias", dt_bias, (HV * GD,))):
+            if t is not None and (not isinstance(t, torch.Tensor) or tuple(t.shape) != shape
+                                  or not t.is_floating_point() or t.device != g.device):
+                raise ValueError(f"{name} must be a floating tensor of shape {list(shape)} on {g.device}, got {t!r}")
+        if lower_bound is not None and not (isinstance(lower_bound, (int, float)) and -1e30 < lower_bound < 0):
+            raise ValueError(f"lower_bound must be a finite negative number (the log decay's floor), got {lower_bound!r}")
+    if check_values:
+        for name, t, on in (("g", g, use_gate_in_kernel), ("beta", beta, use_beta_sigmoid_in_kernel)):
+            if on and not bool(torch.isfinite(t).all()):
+                raise ValueError(f"{name} must be finite (the raw input of its activation)")
+    return Activation(
+        gate=("sigmoid" if lower_bound is not None else "softplus") if use_gate_in_kernel else None,
+        beta=("2sigmoid" if allow_neg_eigval else "sigmoid") if use_beta_sigmoid_in_kernel else None,
+        A_log=A_log.float().contiguous() if A_log is not None else None,
+        dt_bias=dt_bias.float().reshape(HV, GD).contiguous() if dt_bias is not None else None,
+        lower_bound=float(lower_bound) if lower_bound is not None else 0.0)
+
+
+NO_ACTIVATION = Activation(None, None, None, None, 0.0)
 
 
 def check_state_pool(pool, indices, N: int, H: int, DK: int, DV: int, device, check_values: bool):
@@ -63,21 +118,35 @@ def check_state_pool(pool, indices, N: int, H: int, DK: int, DV: int, device, ch
 
 
 def _recurrent(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-               cu_seqlens, ssm_state_indices, per_channel, check_values, cu_seqlens_cpu):
+               cu_seqlens, ssm_state_indices, per_channel, check_values, cu_seqlens_cpu, options=None):
+    """Both public functions: checks, then the kernel (CUDA), the float64 recurrence (CPU) or, under
+    ``torch.compile``, an op of ``kda.custom_ops``. ``options``: fla's activation arguments."""
+    options = options or {}
     pooled = ssm_state_indices is not None
     compiling = torch.compiler.is_compiling()             # the checks a graph can hold, then the op
     capturing = q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()   # a CUDA graph: no reads
     check_values = check_values and not compiling and not capturing
+    raw = options.get("use_gate_in_kernel") or options.get("use_beta_sigmoid_in_kernel")
     scale, h0, bounds = check_inputs(q, k, v, g, beta, scale, None if pooled else initial_state, cu_seqlens,
-                                     per_channel, check_values=check_values, cu_seqlens_cpu=cu_seqlens_cpu,
-                                     read_bounds=not compiling and not capturing)
-    B, HV, DK, DV = q.shape[0], v.shape[2], q.shape[3], v.shape[3]
+                                     per_channel, check_values=check_values and not raw,
+                                     cu_seqlens_cpu=cu_seqlens_cpu, read_bounds=not compiling and not capturing)
+    B, T, HV, DK, DV = q.shape[0], q.shape[1], v.shape[2], q.shape[3], v.shape[3]
+    act = check_activation(g, beta, check_values=check_values, **{name: options.get(name) for name in (
+        "A_log", "dt_bias", "use_gate_in_kernel", "use_beta_sigmoid_in_kernel", "allow_neg_eigval", "lower_bound",
+        "state_v_first")})
+    if raw and check_values:                              # the values given as they are: the usual ranges
+        if act.gate is None:
+            validate.check_gates(g, B, T, HV, DK, q.device)
+        if act.beta is None:
+            validate.check_beta(beta, B, T, HV, q.device)
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     if pooled:
         if initial_state is None:
             raise ValueError("ssm_state_indices needs initial_state: the state pool the indices point into")
         check_state_pool(initial_state, ssm_state_indices, N, HV, DK, DV, q.device, check_values)
-    if compiling:
+    if compiling:                                         # the activations in torch, then the op
+        g, beta = act.apply(g, beta)
+        g, beta = g.float(), beta.float()
         if pooled:
             o = torch.ops.kda.fused_recurrent_pooled(q, k, v, g, beta, scale, initial_state, ssm_state_indices,
                                                      use_qk_l2norm_in_kernel, cu_seqlens, cu_seqlens_cpu)
@@ -87,8 +156,9 @@ def _recurrent(q, k, v, g, beta, scale, initial_state, output_final_state, use_q
         return o, (final if output_final_state else None)
     if q.device.type == "cuda":
         o, final = _run_kernel(q, k, v, g, beta, scale, initial_state if pooled else h0, cu_seqlens,
-                               ssm_state_indices, output_final_state, use_qk_l2norm_in_kernel)
+                               ssm_state_indices, output_final_state, use_qk_l2norm_in_kernel, act)
     else:
+        g, beta = act.apply(g, beta)
         o, final = _run_reference(q, k, v, g, beta, scale, initial_state if pooled else h0, bounds,
                                   ssm_state_indices, output_final_state, use_qk_l2norm_in_kernel)
     return o, (final if output_final_state else None)
@@ -119,7 +189,7 @@ def _run_reference(q, k, v, g, beta, scale, h0, bounds, indices, output_final_st
     return o.to(v.dtype), torch.stack(finals)
 
 
-def _run_kernel(q, k, v, g, beta, scale, h0, cu_seqlens, indices, output_final_state, l2norm):
+def _run_kernel(q, k, v, g, beta, scale, h0, cu_seqlens, indices, output_final_state, l2norm, act=NO_ACTIVATION):
     """One launch of ``fused_recurrent`` for every sequence. Nothing here reads the device or copies
     from the host, so that a CUDA graph can capture it (after a first call has compiled the kernel)."""
     from kda.kernels import decode
@@ -134,7 +204,11 @@ def _run_kernel(q, k, v, g, beta, scale, h0, cu_seqlens, indices, output_final_s
         kernel = compile_program(decode.fused_recurrent, (), DK=DK, DV=DV, block_dv=BLOCK_DV,
                                  dtype=ops.dtype_name(q.dtype), gate_dtype=str(g.dtype).removeprefix("torch."),
                                  scalar_gate=g.shape[-1] == 1, value_groups=HV // q.shape[2], varlen=cu_seqlens is not None,
-                                 with_initial=h0 is not None, store_final=pooled or output_final_state, pooled=pooled)
+                                 with_initial=h0 is not None, store_final=pooled or output_final_state, pooled=pooled,
+                                 gate_act=act.gate, beta_act=act.beta)
+        GD = g.shape[-1]
+        A_log = act.A_log if act.A_log is not None else torch.zeros(HV, device=q.device)
+        dt_bias = act.dt_bias if act.dt_bias is not None else torch.zeros(HV, GD, device=q.device)
         stand_in = lambda: torch.empty(1, HV, DK, DV, dtype=torch.float32, device=q.device)
         if pooled:
             h0_arg = ht = h0
@@ -147,27 +221,34 @@ def _run_kernel(q, k, v, g, beta, scale, h0, cu_seqlens, indices, output_final_s
             extra.append(cu_seqlens.to(device=q.device, dtype=torch.int32))
         if pooled:
             extra.append(indices.to(torch.int32))
-        kernel(q.contiguous(), k.contiguous(), v.contiguous(), g, beta.to(torch.float32).contiguous(), scale, o,
-               h0_arg, ht, *extra)
+        kernel(q.contiguous(), k.contiguous(), v.contiguous(), g, beta.to(torch.float32).contiguous(), scale,
+               A_log, dt_bias, act.lower_bound, o, h0_arg, ht, *extra)
     return o, ht
 
 
 # --8<-- [start:fused_recurrent_kda]
-def fused_recurrent_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-                        use_qk_l2norm_in_kernel=False, cu_seqlens=None, ssm_state_indices=None, check_values=True,
-                        cu_seqlens_cpu=None, **not_yet):
-    """KDA decode. Arguments as fla 0.6.0's ``fused_recurrent_kda`` (by name: its positional order
-    has ``A_log, dt_bias`` before ``scale``, which are not supported yet):
+def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, initial_state=None,
+                        output_final_state=False, use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
+                        use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, lower_bound=None,
+                        state_v_first=False, cu_seqlens=None, ssm_state_indices=None, check_values=True,
+                        cu_seqlens_cpu=None):
+    """KDA decode, with fla 0.6.0's ``fused_recurrent_kda`` arguments in its order:
 
     Args:
         q, k: ``[B, T, H, K]``; v: ``[B, T, HV, V]``, ``HV`` a multiple of ``H`` (grouped value heads).
-        g: ``[B, T, HV, K]``, the per-channel gate in log space (``<= 0``, finite).
-        beta: ``[B, T, HV]`` in ``[0, 1]``.
+        g: ``[B, T, HV, K]``, the per-channel log decay (``<= 0``, finite), or with ``use_gate_in_kernel``
+            the raw gate (finite) that the kernel turns into one.
+        beta: ``[B, T, HV]`` in ``[0, 1]``, or with ``use_beta_sigmoid_in_kernel`` raw logits.
+        A_log, dt_bias: ``[HV]`` and ``[HV * K]``: with ``use_gate_in_kernel`` the log decay is
+            ``-exp(A_log) softplus(g + dt_bias)``, or with ``lower_bound`` (``< 0``)
+            ``lower_bound sigmoid(exp(A_log) (g + dt_bias))`` (``A_log`` may then be ``None``).
         scale: multiplies ``q``; ``None`` means ``K ** -0.5``.
         initial_state: ``[N, HV, K, V]``, or with ``ssm_state_indices`` the state pool ``[P, HV, K, V]``
             (float32, contiguous), updated in place.
         output_final_state: also return the float32 final states (the pool itself when pooled).
         use_qk_l2norm_in_kernel: L2-normalize ``q`` and ``k`` first.
+        use_beta_sigmoid_in_kernel: ``beta <- sigmoid(beta)``; with ``allow_neg_eigval`` ``2 sigmoid(beta)``.
+        state_v_first: not supported (raises).
         cu_seqlens: ``[N + 1]`` boundaries of sequences packed along ``T`` (then ``B = 1``).
         ssm_state_indices: ``[N]`` pool slot of each sequence (continuous batching).
         check_values: check ``g``, ``beta`` and the slots (a read-back; skipped during CUDA graph
@@ -177,20 +258,26 @@ def fused_recurrent_kda(q, k, v, g, beta, scale=None, initial_state=None, output
     Returns:
         ``(o, final_state)``: ``o [B, T, HV, V]`` in the dtype of ``v``; ``final_state`` or ``None``.
     """
-    _refuse_not_yet(not_yet)
+    options = dict(A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=use_gate_in_kernel,
+                   use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+                   lower_bound=lower_bound, state_v_first=state_v_first)
     return _recurrent(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                      cu_seqlens, ssm_state_indices, True, check_values, cu_seqlens_cpu)
+                      cu_seqlens, ssm_state_indices, True, check_values, cu_seqlens_cpu, options)
 # --8<-- [end:fused_recurrent_kda]
 
 
 def fused_recurrent_gated_delta_rule(q, k, v, g=None, gk=None, gv=None, beta=None, scale=None, initial_state=None,
-                                     output_final_state=False, use_qk_l2norm_in_kernel=False, cu_seqlens=None,
-                                     ssm_state_indices=None, check_values=True, cu_seqlens_cpu=None, **not_yet):
-    """GDN decode, as fla 0.6.0's ``fused_recurrent_gated_delta_rule``: the gate ``g [B, T, HV]`` (one
-    per head) or ``gk [B, T, HV, K]`` (per key channel; then this is ``fused_recurrent_kda``), or
-    neither (no decay); ``beta`` defaults to ones. ``gv`` (a gate on the value channels) is not
-    supported. Other arguments and the result as in ``fused_recurrent_kda``."""
-    _refuse_not_yet(not_yet)
+                                     output_final_state=False, use_qk_l2norm_in_kernel=False,
+                                     use_gate_in_kernel=False, A_log=None, dt_bias=None,
+                                     use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, state_v_first=False,
+                                     cu_seqlens=None, ssm_state_indices=None, check_values=True, cu_seqlens_cpu=None,
+                                     lower_bound=None):
+    """GDN decode, with fla 0.6.0's ``fused_recurrent_gated_delta_rule`` arguments in its order: the
+    gate ``g [B, T, HV]`` (one per head) or ``gk [B, T, HV, K]`` (per key channel; then this is
+    ``fused_recurrent_kda``), or neither (no decay); ``beta`` defaults to ones. With
+    ``use_gate_in_kernel`` ``A_log`` and ``dt_bias`` are ``[HV]`` for ``g`` (``[HV * K]`` for ``gk``).
+    ``gv`` (a gate on the value channels) is not supported. Other arguments and the result as in
+    ``fused_recurrent_kda``."""
     if gv is not None:
         raise ValueError("gv (a gate per value channel) is not supported; pass g (per head) or gk (per key channel)")
     if g is not None and gk is not None:
@@ -200,6 +287,9 @@ def fused_recurrent_gated_delta_rule(q, k, v, g=None, gk=None, gv=None, beta=Non
         g = torch.zeros(B, T, HV, device=v.device)
     if beta is None and B is not None:
         beta = torch.ones(B, T, HV, device=v.device)
+    options = dict(A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=use_gate_in_kernel,
+                   use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+                   lower_bound=lower_bound, state_v_first=state_v_first)
     return _recurrent(q, k, v, g if gk is None else gk, beta, scale, initial_state, output_final_state,
                       use_qk_l2norm_in_kernel, cu_seqlens, ssm_state_indices, gk is not None, check_values,
-                      cu_seqlens_cpu)
+                      cu_seqlens_cpu, options)

@@ -108,9 +108,24 @@ def test_clear_errors():
         kda.fused_recurrent_kda(q, k, v, g, beta, initial_state=h0, ssm_state_indices=torch.tensor([0, 1]))
     with pytest.raises(ValueError, match="ssm_state_indices needs initial_state"):
         kda.fused_recurrent_kda(q, k, v, g, beta, ssm_state_indices=torch.tensor([0, 1]))
-    with pytest.raises(ValueError, match="use_gate_in_kernel is not supported yet"):
+    with pytest.raises(ValueError, match="use_gate_in_kernel needs A_log"):
         kda.fused_recurrent_kda(q, k, v, g, beta, use_gate_in_kernel=True)
-    with pytest.raises(TypeError, match="unexpected argument 'gate'"):
+    with pytest.raises(ValueError, match="pass use_gate_in_kernel=True"):
+        kda.fused_recurrent_kda(q, k, v, g, beta, A_log=torch.zeros(H))
+    with pytest.raises(ValueError, match=r"A_log must be a floating tensor of shape \[2\]"):
+        kda.fused_recurrent_kda(q, k, v, g, beta, A_log=torch.zeros(3), use_gate_in_kernel=True)
+    with pytest.raises(ValueError, match=r"dt_bias must be a floating tensor of shape \[32\]"):
+        kda.fused_recurrent_kda(q, k, v, g, beta, A_log=torch.zeros(H), dt_bias=torch.zeros(H),
+                                use_gate_in_kernel=True)
+    with pytest.raises(ValueError, match="lower_bound must be a finite negative number"):
+        kda.fused_recurrent_kda(q, k, v, g, beta, lower_bound=5.0, use_gate_in_kernel=True)
+    with pytest.raises(ValueError, match="allow_neg_eigval=True requires use_beta_sigmoid_in_kernel"):
+        kda.fused_recurrent_kda(q, k, v, g, beta, allow_neg_eigval=True)
+    with pytest.raises(ValueError, match="state_v_first is not supported"):
+        kda.fused_recurrent_kda(q, k, v, g, beta, state_v_first=True)
+    with pytest.raises(ValueError, match="g must be finite"):
+        kda.fused_recurrent_kda(q, k, v, g / 0, beta, A_log=torch.zeros(H), use_gate_in_kernel=True)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'gate'"):
         kda.fused_recurrent_kda(q, k, v, g, beta, gate=1)
     with pytest.raises(ValueError, match="gv .* is not supported"):
         kda.fused_recurrent_gated_delta_rule(q, k, v, gv=torch.zeros(B, T, H, DV))
@@ -122,3 +137,28 @@ def test_clear_errors():
         kda.fused_recurrent_kda(q, k, v, -g, beta)
     with pytest.raises(ValueError, match=r"beta must lie in \[0, 1\]"):
         kda.fused_recurrent_kda(q, k, v, g, beta + 1)
+
+
+def test_activations_in_the_call_are_the_formulas():
+    """fla's gate and beta activations: -exp(A_log) softplus(g + dt_bias), lower_bound
+    sigmoid(exp(A_log) (g + dt_bias)), sigmoid(beta) and 2 sigmoid(beta)."""
+    q, k, v, raw, _, h0 = inputs()
+    gen = torch.Generator().manual_seed(5)
+    A_log, dt_bias = torch.randn(H, generator=gen), torch.randn(H * DK, generator=gen)
+    logits = torch.randn(B, T, H, generator=gen, dtype=torch.float64)
+    x = raw + dt_bias.double().view(H, DK)
+    softplus = -torch.exp(A_log.double())[:, None] * torch.nn.functional.softplus(x)
+    bounded = -3.0 * torch.sigmoid(torch.exp(A_log.double())[:, None] * x)
+    for gate, kw in ((softplus, {}), (bounded, dict(lower_bound=-3.0))):
+        for beta, extra in ((torch.sigmoid(logits), {}), (2 * torch.sigmoid(logits), dict(allow_neg_eigval=True))):
+            o, ht = kda.fused_recurrent_kda(q, k, v, raw, logits, A_log=A_log, dt_bias=dt_bias, initial_state=h0,
+                                            output_final_state=True, use_gate_in_kernel=True,
+                                            use_beta_sigmoid_in_kernel=True, **kw, **extra)
+            ref_o, ref_ht = ref0.recurrent(q * DK ** -0.5, k, v, gate, beta, h0, True)
+            assert rel_l2(o, ref_o) < 1e-12 and rel_l2(ht, ref_ht) < 1e-6
+    g_head = torch.randn(B, T, H, generator=gen, dtype=torch.float64)           # GDN: A_log, dt_bias [HV]
+    o, _ = kda.fused_recurrent_gated_delta_rule(q, k, v, g=g_head, beta=torch.sigmoid(logits), A_log=A_log,
+                                                dt_bias=dt_bias[:H], use_gate_in_kernel=True)
+    gate = -torch.exp(A_log.double()) * torch.nn.functional.softplus(g_head + dt_bias[:H].double())
+    ref_o, _ = ref0.recurrent(q * DK ** -0.5, k, v, gate, torch.sigmoid(logits))
+    assert rel_l2(o, ref_o) < 1e-12

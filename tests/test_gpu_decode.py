@@ -113,3 +113,28 @@ def test_a_decode_step_replays_in_a_cuda_graph():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, o_ref) and torch.equal(pool, pool_ref)
+
+
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
+@pytest.mark.parametrize("bounded", [False, True], ids=["softplus", "lower_bound"])
+def test_activations_in_the_kernel(per_channel, bounded, poisoned):
+    """Raw gates and beta logits activated by the kernel as it reads them, against the CPU path
+    (the same formulas in float64, then the recurrence)."""
+    q, k, v, raw, _, h0 = inputs(2, 5, 2, 4, 128, 128, torch.bfloat16, per_channel, seed=21)
+    gen = torch.Generator(device="cuda").manual_seed(22)
+    logits = torch.randn(2, 5, 4, generator=gen, device="cuda")
+    A_log = torch.randn(4, generator=gen, device="cuda")
+    dt_bias = torch.randn(4 * (128 if per_channel else 1), generator=gen, device="cuda")
+    kw = dict(A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+              allow_neg_eigval=True, initial_state=h0, output_final_state=True,
+              **(dict(lower_bound=-5.0) if bounded else {}))
+    if per_channel:
+        o, ht = kda.fused_recurrent_kda(q, k, v, raw, logits, **kw)
+        want = kda.fused_recurrent_kda(*(x.cpu() for x in (q, k, v, raw, logits)),
+                                       **{n: (x.cpu() if isinstance(x, torch.Tensor) else x) for n, x in kw.items()})
+    else:
+        o, ht = kda.fused_recurrent_gated_delta_rule(q, k, v, g=raw, beta=logits, **kw)
+        want = kda.fused_recurrent_gated_delta_rule(q.cpu(), k.cpu(), v.cpu(), g=raw.cpu(), beta=logits.cpu(),
+                                                    **{n: (x.cpu() if isinstance(x, torch.Tensor) else x)
+                                                       for n, x in kw.items()})
+    assert rel_l2(o, want[0]) <= BOUND and rel_l2(ht, want[1]) <= BOUND

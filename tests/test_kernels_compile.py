@@ -42,6 +42,9 @@ CASES = [
     ("decode", "fused_recurrent", dict(DK=64, DV=128, dtype="float16", scalar_gate=True, varlen=True, pooled=True)),
     ("decode", "fused_recurrent", dict(DK=128, DV=64, dtype="bfloat16", value_groups=2, with_initial=False,
                                        store_final=False)),
+    ("decode", "fused_recurrent", dict(DK=128, DV=128, dtype="bfloat16", gate_act="softplus", beta_act="sigmoid")),
+    ("decode", "fused_recurrent", dict(DK=128, DV=128, dtype="bfloat16", scalar_gate=True, gate_act="sigmoid",
+                                       beta_act="2sigmoid", pooled=True)),
 ]
 
 

@@ -27,13 +27,15 @@ from kda.kernels.stages import ACCUM, LOG2_E
 # --8<-- [start:fused_recurrent]
 def fused_recurrent(DK, DV, block_dv=32, dtype="bfloat16", gate_dtype="float32", scalar_gate=False,
                     value_groups=1, varlen=False, with_initial=True, store_final=True, pooled=False,
-                    threads=128):
+                    gate_act=None, beta_act=None, threads=128):
     """Arguments at run time: ``Q, K [B, T, HQ, DK]``, ``V [B, T, HV, DV]``, ``g [B, T, HV, DK or 1]``
-    (natural log, ``<= 0``), ``beta [B, T, HV]`` (float32), ``scale``, ``O [B, T, HV, DV]``; then
+    (natural log, ``<= 0``), ``beta [B, T, HV]`` (float32), ``scale``, ``A_log [HV]``, ``dt_bias
+    [HV, DK or 1]`` (float32), ``lower_bound``, ``O [B, T, HV, DV]``; then
     ``h0``, ``ht`` (float32 ``[N, HV, DK, DV]``, one state per sequence; with ``pooled`` the pool
     ``[P, HV, DK, DV]``, passed twice; a ``[1, HV, DK, DV]`` stand-in where ``with_initial`` or
     ``store_final`` is off), ``cu_seqlens [N + 1]`` (int32) with ``varlen``, ``indices [N]`` (int32)
     with ``pooled``."""
+    assert gate_act in (None, "softplus", "sigmoid") and beta_act in (None, "sigmoid", "2sigmoid")
     B, S, HQ, HV = T.dynamic("B"), T.dynamic("T"), T.dynamic("HQ"), T.dynamic("HV")
     N = T.dynamic("N")
     R0, R1 = T.dynamic("R0"), T.dynamic("R1")   # rows of h0 and ht: N, the pool's P, or 1 for a stand-in
@@ -43,8 +45,24 @@ def fused_recurrent(DK, DV, block_dv=32, dtype="bfloat16", gate_dtype="float32",
     assert DV % BV == 0, "the value stripes must tile DV"
     assert not pooled or (with_initial and store_final), "a pool is read and written in place"
 
+    def gate(x, A_log, dt_bias, lower_bound, hv, i):
+        """The log decay from the gate as given: as is, or fla's activations of a raw gate,
+        ``-exp(A_log) softplus(x + dt_bias)`` or ``lower_bound sigmoid(exp(A_log) (x + dt_bias))``."""
+        if gate_act is None:
+            return x
+        x = x + dt_bias[hv, i]
+        if gate_act == "softplus":                       # torch's softplus: linear above 20
+            return -T.exp(A_log[hv]) * T.if_then_else(x > 20.0, x, T.log(1.0 + T.exp(T.min(x, 20.0))))
+        return lower_bound / (1.0 + T.exp(-T.exp(A_log[hv]) * x))
+
+    def step_size(b):
+        """``beta`` as given, or ``sigmoid(beta)`` (times 2 where negative eigenvalues are allowed)."""
+        if beta_act is None:
+            return b
+        return (2.0 if beta_act == "2sigmoid" else 1.0) / (1.0 + T.exp(-b))
+
     @T.macro
-    def body(Q, K, V, g, beta, scale, O, h0, ht, bv, hv, bb, t_first, t_end, slot):
+    def body(Q, K, V, g, beta, scale, A_log, dt_bias, lower_bound, O, h0, ht, bv, hv, bb, t_first, t_end, slot):
         hq = hv // value_groups if value_groups > 1 else hv
         dv0 = bv * BV
         S_f = T.alloc_fragment([DK, BV], ACCUM)         # the state's stripe, in registers
@@ -64,14 +82,14 @@ def fused_recurrent(DK, DV, block_dv=32, dtype="bfloat16", gate_dtype="float32",
                 q_s[i] = T.Cast(ACCUM, Q[bb, tok, hq, i])
                 k_s[i] = T.Cast(ACCUM, K[bb, tok, hq, i])
             for i in T.Parallel(GD):
-                decay_s[i] = T.exp2(T.Cast(ACCUM, g[bb, tok, hv, i]) * LOG2_E)
+                decay_s[i] = T.exp2(gate(T.Cast(ACCUM, g[bb, tok, hv, i]), A_log, dt_bias, lower_bound, hv, i) * LOG2_E)
             for i, j in T.Parallel(DK, BV):                 # S <- diag(exp g) S
                 S_f[i, j] = S_f[i, j] * decay_s[i if GD > 1 else 0]
             for i, j in T.Parallel(DK, BV):
                 prod[i, j] = S_f[i, j] * k_s[i]
             T.reduce_sum(prod, col, dim=0)                   # S^T k
             for j in T.Parallel(BV):
-                r_s[j] = (T.Cast(ACCUM, V[bb, tok, hv, dv0 + j]) - col[j]) * beta[bb, tok, hv]
+                r_s[j] = (T.Cast(ACCUM, V[bb, tok, hv, dv0 + j]) - col[j]) * step_size(beta[bb, tok, hv])
             for i, j in T.Parallel(DK, BV):                 # S <- S + k (b (v - S^T k))^T
                 S_f[i, j] = S_f[i, j] + k_s[i] * r_s[j]
             for i, j in T.Parallel(DK, BV):
@@ -92,12 +110,15 @@ def fused_recurrent(DK, DV, block_dv=32, dtype="bfloat16", gate_dtype="float32",
             g: T.Tensor([B, S, HV, GD], gate_dtype),
             beta: T.Tensor([B, S, HV], ACCUM),
             scale: T.float32,
+            A_log: T.Tensor([HV], ACCUM),
+            dt_bias: T.Tensor([HV, GD], ACCUM),
+            lower_bound: T.float32,
             O: T.Tensor([B, S, HV, DV], dtype),
             h0: T.Tensor([R0, HV, DK, DV], ACCUM),
             ht: T.Tensor([R1, HV, DK, DV], ACCUM),
         ):
             with T.Kernel(NV, HV, B, threads=threads) as (bv, hv, n):
-                body(Q, K, V, g, beta, scale, O, h0, ht, bv, hv, n, 0, S, n)
+                body(Q, K, V, g, beta, scale, A_log, dt_bias, lower_bound, O, h0, ht, bv, hv, n, 0, S, n)
     elif varlen and not pooled:
         @T.prim_func
         def main(
@@ -107,13 +128,16 @@ def fused_recurrent(DK, DV, block_dv=32, dtype="bfloat16", gate_dtype="float32",
             g: T.Tensor([1, S, HV, GD], gate_dtype),
             beta: T.Tensor([1, S, HV], ACCUM),
             scale: T.float32,
+            A_log: T.Tensor([HV], ACCUM),
+            dt_bias: T.Tensor([HV, GD], ACCUM),
+            lower_bound: T.float32,
             O: T.Tensor([1, S, HV, DV], dtype),
             h0: T.Tensor([R0, HV, DK, DV], ACCUM),
             ht: T.Tensor([R1, HV, DK, DV], ACCUM),
             cu_seqlens: T.Tensor([N + 1], "int32"),
         ):
             with T.Kernel(NV, HV, N, threads=threads) as (bv, hv, n):
-                body(Q, K, V, g, beta, scale, O, h0, ht, bv, hv, 0, cu_seqlens[n], cu_seqlens[n + 1], n)
+                body(Q, K, V, g, beta, scale, A_log, dt_bias, lower_bound, O, h0, ht, bv, hv, 0, cu_seqlens[n], cu_seqlens[n + 1], n)
     elif not varlen:
         @T.prim_func
         def main(
@@ -123,13 +147,16 @@ def fused_recurrent(DK, DV, block_dv=32, dtype="bfloat16", gate_dtype="float32",
             g: T.Tensor([B, S, HV, GD], gate_dtype),
             beta: T.Tensor([B, S, HV], ACCUM),
             scale: T.float32,
+            A_log: T.Tensor([HV], ACCUM),
+            dt_bias: T.Tensor([HV, GD], ACCUM),
+            lower_bound: T.float32,
             O: T.Tensor([B, S, HV, DV], dtype),
             h0: T.Tensor([R0, HV, DK, DV], ACCUM),
             ht: T.Tensor([R1, HV, DK, DV], ACCUM),
             indices: T.Tensor([B], "int32"),
         ):
             with T.Kernel(NV, HV, B, threads=threads) as (bv, hv, n):
-                body(Q, K, V, g, beta, scale, O, h0, ht, bv, hv, n, 0, S, indices[n])
+                body(Q, K, V, g, beta, scale, A_log, dt_bias, lower_bound, O, h0, ht, bv, hv, n, 0, S, indices[n])
     else:
         @T.prim_func
         def main(
@@ -139,6 +166,9 @@ def fused_recurrent(DK, DV, block_dv=32, dtype="bfloat16", gate_dtype="float32",
             g: T.Tensor([1, S, HV, GD], gate_dtype),
             beta: T.Tensor([1, S, HV], ACCUM),
             scale: T.float32,
+            A_log: T.Tensor([HV], ACCUM),
+            dt_bias: T.Tensor([HV, GD], ACCUM),
+            lower_bound: T.float32,
             O: T.Tensor([1, S, HV, DV], dtype),
             h0: T.Tensor([R0, HV, DK, DV], ACCUM),
             ht: T.Tensor([R1, HV, DK, DV], ACCUM),
@@ -146,7 +176,7 @@ def fused_recurrent(DK, DV, block_dv=32, dtype="bfloat16", gate_dtype="float32",
             indices: T.Tensor([N], "int32"),
         ):
             with T.Kernel(NV, HV, N, threads=threads) as (bv, hv, n):
-                body(Q, K, V, g, beta, scale, O, h0, ht, bv, hv, 0, cu_seqlens[n], cu_seqlens[n + 1], indices[n])
+                body(Q, K, V, g, beta, scale, A_log, dt_bias, lower_bound, O, h0, ht, bv, hv, 0, cu_seqlens[n], cu_seqlens[n + 1], indices[n])
 
     return main
 # --8<-- [end:fused_recurrent]
