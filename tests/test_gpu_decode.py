@@ -138,3 +138,21 @@ def test_activations_in_the_kernel(per_channel, bounded, poisoned):
                                                     **{n: (x.cpu() if isinstance(x, torch.Tensor) else x)
                                                        for n, x in kw.items()})
     assert rel_l2(o, want[0]) <= BOUND and rel_l2(ht, want[1]) <= BOUND
+
+
+def test_layer_prefill_then_decode_on_the_gpu():
+    """The KimiDeltaAttention layer in bf16: chunk_kda for the prefill, then decode steps with the
+    activations in the kernel, against one prefill over all the tokens."""
+    from kda.layer import KimiDeltaAttention
+
+    torch.manual_seed(0)
+    layer = KimiDeltaAttention(hidden_size=256, num_heads=2, head_dim=128, num_v_heads=4).to("cuda", torch.bfloat16)
+    x = torch.randn(2, 70, 256, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        full, _ = layer(x)
+        y, cache = layer(x[:, :64])
+        pieces = [y]
+        for t in range(64, 70):
+            y_t, cache = layer(x[:, t:t + 1], cache, decode=True)
+            pieces.append(y_t)
+    assert rel_l2(torch.cat(pieces, dim=1), full) <= 2e-2

@@ -1,0 +1,102 @@
+"""A Kimi Delta Attention layer built on the package's ops: what a model calls for a prefill and
+then for each decode step (issue 17). It follows the shape of fla's ``KimiDeltaAttention`` layer:
+
+* projections of the hidden states to ``q, k`` (``H`` heads of ``K``) and ``v`` (``HV`` heads of ``V``),
+  each through a depthwise causal convolution of width ``conv_size`` and SiLU;
+* the gate: a low-rank projection to ``[HV, K]`` raw values, turned into the log decay
+  ``-exp(A_log) softplus(g + dt_bias)``; ``beta = sigmoid(b)`` from one more projection;
+* the op (``chunk_kda`` for the prefill, ``fused_recurrent_kda`` with the activations in the kernel
+  for decode steps), with ``q, k`` L2-normalized inside;
+* the output: RMS-normalized per head, gated by ``sigmoid`` of a low-rank projection, projected back.
+
+The cache between calls holds the last ``conv_size - 1`` inputs of each convolution and the
+recurrent state ``[B, HV, K, V]`` (float32).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kda.decode import fused_recurrent_kda
+from kda.gated_delta import chunk_kda
+
+
+class Cache(NamedTuple):
+    conv: tuple[torch.Tensor, torch.Tensor, torch.Tensor]   # q, k, v tails [B, channels, conv_size - 1]
+    state: torch.Tensor                                      # [B, HV, K, V], float32
+
+
+class ShortConvolution(nn.Module):
+    """Depthwise causal convolution over time with SiLU; ``tail`` carries the previous inputs."""
+
+    def __init__(self, channels: int, width: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(channels, 1, width) / math.sqrt(width))
+        self.width = width
+
+    def forward(self, x, tail=None):
+        """``x [B, T, C]`` -> ``(y [B, T, C], new tail [B, C, width - 1])``."""
+        x = x.transpose(1, 2)
+        if tail is None:
+            tail = x.new_zeros(x.shape[0], x.shape[1], self.width - 1)
+        padded = torch.cat([tail, x], dim=2)
+        y = F.conv1d(padded, self.weight, groups=x.shape[1])
+        return F.silu(y).transpose(1, 2), padded[:, :, padded.shape[2] - (self.width - 1):]
+
+
+class KimiDeltaAttention(nn.Module):
+    def __init__(self, hidden_size: int, num_heads: int, head_dim: int, num_v_heads: int | None = None,
+                 conv_size: int = 4):
+        super().__init__()
+        H, HV, K = num_heads, num_v_heads or num_heads, head_dim
+        self.H, self.HV, self.K, self.V = H, HV, K, K
+        self.q_proj = nn.Linear(hidden_size, H * K, bias=False)
+        self.k_proj = nn.Linear(hidden_size, H * K, bias=False)
+        self.v_proj = nn.Linear(hidden_size, HV * K, bias=False)
+        self.q_conv, self.k_conv = ShortConvolution(H * K, conv_size), ShortConvolution(H * K, conv_size)
+        self.v_conv = ShortConvolution(HV * K, conv_size)
+        self.f_proj = nn.Sequential(nn.Linear(hidden_size, K, bias=False), nn.Linear(K, HV * K, bias=False))
+        self.b_proj = nn.Linear(hidden_size, HV, bias=False)
+        self.A_log = nn.Parameter(torch.log(torch.empty(HV).uniform_(1, 16)))
+        self.dt_bias = nn.Parameter(torch.randn(HV * K) * 0.1)
+        self.g_proj = nn.Sequential(nn.Linear(hidden_size, K, bias=False), nn.Linear(K, HV * K, bias=False))
+        self.o_norm = nn.Parameter(torch.ones(K))
+        self.o_proj = nn.Linear(HV * K, hidden_size, bias=False)
+
+    def log_decay(self, raw):
+        """``-exp(A_log) softplus(raw + dt_bias)`` per value head and key channel, what
+        ``fused_recurrent_kda`` computes inside with ``use_gate_in_kernel``: in float32 on the GPU
+        (as the kernel does), in float64 on the CPU (as the reference does)."""
+        dt = torch.float32 if raw.is_cuda else torch.float64
+        return -torch.exp(self.A_log.to(dt))[:, None] * F.softplus(raw.to(dt) + self.dt_bias.to(dt).view(self.HV, self.K))
+
+    def forward(self, x, cache: Cache | None = None, decode: bool = False):
+        """``x [B, T, hidden]`` -> ``(y [B, T, hidden], cache)``. ``decode=True`` runs the recurrent
+        kernel from ``cache`` (a few tokens per step); otherwise the chunked forward (a prefill, from
+        ``cache`` if given)."""
+        B, T, _ = x.shape
+        tails = cache.conv if cache is not None else (None, None, None)
+        q, tq = self.q_conv(self.q_proj(x), tails[0])
+        k, tk = self.k_conv(self.k_proj(x), tails[1])
+        v, tv = self.v_conv(self.v_proj(x), tails[2])
+        q, k = q.view(B, T, self.H, self.K), k.view(B, T, self.H, self.K)
+        v = v.view(B, T, self.HV, self.V)
+        raw = self.f_proj(x).view(B, T, self.HV, self.K)
+        b = self.b_proj(x)
+        state = cache.state if cache is not None else None
+        if decode:
+            o, state = fused_recurrent_kda(q, k, v, raw, b, A_log=self.A_log, dt_bias=self.dt_bias, initial_state=state,
+                                           output_final_state=True, use_qk_l2norm_in_kernel=True,
+                                           use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True)
+        else:
+            o, state = chunk_kda(q, k, v, self.log_decay(raw), torch.sigmoid(b.to(torch.float32 if b.is_cuda else
+                                                                                  torch.float64)),
+                                 initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True)
+        o = o * torch.rsqrt(o.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(o.dtype) * self.o_norm
+        o = o * torch.sigmoid(self.g_proj(x).view(B, T, self.HV, self.V))
+        return self.o_proj(o.reshape(B, T, self.HV * self.V)), Cache((tq, tk, tv), state)
