@@ -21,6 +21,7 @@ from typing import NamedTuple
 import torch
 
 from kda import ops, validate
+from kda.activation import activated
 from kda.chunking import CHUNK_SIZE, ceildiv
 from kda.reference import level0 as ref0
 from kda.reference import level4 as ref4
@@ -68,7 +69,12 @@ def raise_flagged_values(flags, g, beta) -> None:
 
 
 def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-             cu_seqlens, per_channel: bool, check_values: bool, cu_seqlens_cpu=None):
+             cu_seqlens, per_channel: bool, check_values: bool, cu_seqlens_cpu=None, options=None):
+    if options and (options["use_gate_in_kernel"] or options["use_beta_sigmoid_in_kernel"]
+                    or options["allow_neg_eigval"] or options["A_log"] is not None or options["dt_bias"] is not None
+                    or options["lower_bound"] is not None):
+        g, beta = activated(q, k, v, g, beta, per_channel, options,
+                            check_values and not torch.compiler.is_compiling())
     if torch.compiler.is_compiling():                    # the checks a graph can hold, then the op
         scale, h0, _ = check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel,
                                     check_values=False, cu_seqlens_cpu=cu_seqlens_cpu, read_bounds=False)
@@ -218,7 +224,9 @@ def _run_kernels(q, k, v, g, beta, scale, h0, flags=None, table=None):
 
 # --8<-- [start:chunk_kda]
 def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-              use_qk_l2norm_in_kernel=False, cu_seqlens=None, check_values=True, cu_seqlens_cpu=None):
+              use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
+              allow_neg_eigval=False, safe_gate=False, lower_bound=None, cu_seqlens=None, cu_seqlens_cpu=None,
+              A_log=None, dt_bias=None, check_values=True):
     """Kimi Delta Attention, forward. Arguments as in fla 0.6.0's ``chunk_kda``:
 
     Args:
@@ -230,6 +238,12 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
         initial_state: ``[N, H, K, V]`` for ``N`` sequences (``N = B`` without ``cu_seqlens``).
         output_final_state: also return the float32 final states ``[N, H, K, V]``.
         use_qk_l2norm_in_kernel: L2-normalize ``q`` and ``k`` over the head dimension first.
+        use_gate_in_kernel: ``g`` is the raw gate, turned into ``-exp(A_log) softplus(g + dt_bias)``
+            (``A_log [H]``, ``dt_bias [H * K]``), or with ``safe_gate`` and ``lower_bound`` into
+            ``lower_bound sigmoid(exp(A_log) (g + dt_bias))``. Computed in torch before the kernels
+            (not fused yet; the decode kernel does fuse it).
+        use_beta_sigmoid_in_kernel: ``beta`` is logits, turned into ``sigmoid(beta)``.
+        allow_neg_eigval: not supported by the chunked forward (raises).
         cu_seqlens: ``[N + 1]`` boundaries of the sequences packed along ``T`` (then ``B = 1``).
         check_values: raise if a gate is not finite and ``<= 0`` or a ``beta`` is outside ``[0, 1]``
             (not in fla's API). On CUDA the first kernel checks them as it reads them and the host
@@ -241,8 +255,17 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     Returns:
         ``(o, final_state)``: ``o [B, T, H, V]`` in the dtype of ``v``; ``final_state`` or ``None``.
     """
+    if allow_neg_eigval:
+        raise ValueError("allow_neg_eigval is not supported by the chunked forward yet (its kernels check beta "
+                         "in [0, 1]); fused_recurrent_kda supports it")
+    if safe_gate != (lower_bound is not None):
+        raise ValueError("safe_gate and lower_bound go together (as in fla): the gate lower_bound sigmoid(...)")
+    options = dict(A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=use_gate_in_kernel,
+                   use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=False,
+                   lower_bound=lower_bound, state_v_first=False)
     return _forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                    cu_seqlens, per_channel=True, check_values=check_values, cu_seqlens_cpu=cu_seqlens_cpu)
+                    cu_seqlens, per_channel=True, check_values=check_values, cu_seqlens_cpu=cu_seqlens_cpu,
+                    options=options)
 # --8<-- [end:chunk_kda]
 
 

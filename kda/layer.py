@@ -5,8 +5,8 @@ then for each decode step (issue 17). It follows the shape of fla's ``KimiDeltaA
   each through a depthwise causal convolution of width ``conv_size`` and SiLU;
 * the gate: a low-rank projection to ``[HV, K]`` raw values, turned into the log decay
   ``-exp(A_log) softplus(g + dt_bias)``; ``beta = sigmoid(b)`` from one more projection;
-* the op (``chunk_kda`` for the prefill, ``fused_recurrent_kda`` with the activations in the kernel
-  for decode steps), with ``q, k`` L2-normalized inside;
+* the op with fla's activation arguments (``chunk_kda`` for the prefill, ``fused_recurrent_kda``,
+  which applies them in its kernel, for decode steps), with ``q, k`` L2-normalized inside;
 * the output: RMS-normalized per head, gated by ``sigmoid`` of a low-rank projection, projected back.
 
 The cache between calls holds the last ``conv_size - 1`` inputs of each convolution and the
@@ -68,13 +68,6 @@ class KimiDeltaAttention(nn.Module):
         self.o_norm = nn.Parameter(torch.ones(K))
         self.o_proj = nn.Linear(HV * K, hidden_size, bias=False)
 
-    def log_decay(self, raw):
-        """``-exp(A_log) softplus(raw + dt_bias)`` per value head and key channel, what
-        ``fused_recurrent_kda`` computes inside with ``use_gate_in_kernel``: in float32 on the GPU
-        (as the kernel does), in float64 on the CPU (as the reference does)."""
-        dt = torch.float32 if raw.is_cuda else torch.float64
-        return -torch.exp(self.A_log.to(dt))[:, None] * F.softplus(raw.to(dt) + self.dt_bias.to(dt).view(self.HV, self.K))
-
     def forward(self, x, cache: Cache | None = None, decode: bool = False):
         """``x [B, T, hidden]`` -> ``(y [B, T, hidden], cache)``. ``decode=True`` runs the recurrent
         kernel from ``cache`` (a few tokens per step); otherwise the chunked forward (a prefill, from
@@ -89,14 +82,10 @@ class KimiDeltaAttention(nn.Module):
         raw = self.f_proj(x).view(B, T, self.HV, self.K)
         b = self.b_proj(x)
         state = cache.state if cache is not None else None
-        if decode:
-            o, state = fused_recurrent_kda(q, k, v, raw, b, A_log=self.A_log, dt_bias=self.dt_bias, initial_state=state,
-                                           output_final_state=True, use_qk_l2norm_in_kernel=True,
-                                           use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True)
-        else:
-            o, state = chunk_kda(q, k, v, self.log_decay(raw), torch.sigmoid(b.to(torch.float32 if b.is_cuda else
-                                                                                  torch.float64)),
-                                 initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True)
+        run = fused_recurrent_kda if decode else chunk_kda      # a decode step, or a prefill
+        o, state = run(q, k, v, raw, b, A_log=self.A_log, dt_bias=self.dt_bias, initial_state=state,
+                       output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                       use_beta_sigmoid_in_kernel=True)
         o = o * torch.rsqrt(o.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(o.dtype) * self.o_norm
         o = o * torch.sigmoid(self.g_proj(x).view(B, T, self.HV, self.V))
         return self.o_proj(o.reshape(B, T, self.HV * self.V)), Cache((tq, tk, tv), state)

@@ -162,3 +162,25 @@ def test_activations_in_the_call_are_the_formulas():
     gate = -torch.exp(A_log.double()) * torch.nn.functional.softplus(g_head + dt_bias[:H].double())
     ref_o, _ = ref0.recurrent(q * DK ** -0.5, k, v, gate, torch.sigmoid(logits))
     assert rel_l2(o, ref_o) < 1e-12
+
+
+def test_chunk_kda_takes_the_same_activations():
+    """chunk_kda with fla's activation arguments (applied in torch before the kernels) against
+    fused_recurrent_kda (which applies them as it reads each token) and the formulas."""
+    q, k, v, raw, _, h0 = inputs()
+    gen = torch.Generator().manual_seed(6)
+    A_log, dt_bias = torch.randn(H, generator=gen), torch.randn(H * DK, generator=gen)
+    logits = torch.randn(B, T, H, generator=gen, dtype=torch.float64)
+    for kw in (dict(A_log=A_log, dt_bias=dt_bias), dict(dt_bias=dt_bias, safe_gate=True, lower_bound=-4.0)):
+        kw_decode = {n: x for n, x in kw.items() if n != "safe_gate"}
+        o, ht = kda.chunk_kda(q, k, v, raw, logits, initial_state=h0, output_final_state=True, use_gate_in_kernel=True,
+                              use_beta_sigmoid_in_kernel=True, **kw)
+        o_r, ht_r = kda.fused_recurrent_kda(q, k, v, raw, logits, initial_state=h0, output_final_state=True,
+                                            use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, **kw_decode)
+        assert rel_l2(o, o_r) < 1e-12 and rel_l2(ht, ht_r) < 1e-6
+    with pytest.raises(ValueError, match="allow_neg_eigval is not supported by the chunked forward"):
+        kda.chunk_kda(q, k, v, raw, logits, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True)
+    with pytest.raises(ValueError, match="safe_gate and lower_bound go together"):
+        kda.chunk_kda(q, k, v, raw, logits, use_gate_in_kernel=True, lower_bound=-4.0, dt_bias=dt_bias)
+    with pytest.raises(ValueError, match="g must be finite and <= 0"):              # raw gates without the flag
+        kda.chunk_kda(q, k, v, -raw, torch.rand(B, T, H, dtype=torch.float64))

@@ -156,3 +156,16 @@ def test_layer_prefill_then_decode_on_the_gpu():
             y_t, cache = layer(x[:, t:t + 1], cache, decode=True)
             pieces.append(y_t)
     assert rel_l2(torch.cat(pieces, dim=1), full) <= 2e-2
+
+
+def test_chunk_kda_activations_on_the_gpu(poisoned):
+    """chunk_kda with fla's activation arguments on the GPU against its CPU path."""
+    q, k, v, raw, _, h0 = inputs(1, 150, 2, 2, 128, 128, torch.bfloat16, True, seed=31)
+    gen = torch.Generator(device="cuda").manual_seed(32)
+    logits = torch.randn(1, 150, 2, generator=gen, device="cuda")
+    kw = dict(A_log=torch.randn(2, generator=gen, device="cuda"), dt_bias=torch.randn(256, generator=gen, device="cuda"),
+              use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, initial_state=h0, output_final_state=True)
+    o, ht = kda.chunk_kda(q, k, v, raw, logits, **kw)
+    cpu = {n: (x.cpu() if isinstance(x, torch.Tensor) else x) for n, x in kw.items()}
+    want = kda.chunk_kda(*(x.cpu() for x in (q, k, v, raw, logits)), **cpu)
+    assert rel_l2(o, want[0]) <= BOUND and rel_l2(ht, want[1]) <= BOUND
