@@ -90,8 +90,13 @@ def forward_eager(q, k, v, g, beta, scale, initial_state, output_final_state, us
     """``chunk_kda`` / ``chunk_gated_delta_rule`` outside ``torch.compile`` (and inside the op
     ``kda::chunk_gated_delta`` that a compiled graph calls)."""
     cuda = q.device.type == "cuda"
+    capturing = cuda and torch.cuda.is_current_stream_capturing()    # a CUDA graph: nothing read back
+    if capturing and cu_seqlens is not None:
+        raise ValueError("packed sequences (cu_seqlens) cannot be captured in a CUDA graph yet: their chunk table "
+                         "is built on the host; capture a batch of equal lengths, or decode steps")
+    check_values = check_values and not capturing
     scale, h0, bounds = check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel,
-                                      check_values=check_values and not cuda, cu_seqlens_cpu=cu_seqlens_cpu)
+                                     check_values=check_values and not cuda, cu_seqlens_cpu=cu_seqlens_cpu)
     if cuda:                                             # packed sequences: one launch per stage too
         flags = torch.zeros(2, dtype=torch.int32, device=q.device)
         g_given = g

@@ -169,3 +169,31 @@ def test_chunk_kda_activations_on_the_gpu(poisoned):
     cpu = {n: (x.cpu() if isinstance(x, torch.Tensor) else x) for n, x in kw.items()}
     want = kda.chunk_kda(*(x.cpu() for x in (q, k, v, raw, logits)), **cpu)
     assert rel_l2(o, want[0]) <= BOUND and rel_l2(ht, want[1]) <= BOUND
+
+
+def test_a_dense_prefill_replays_in_a_cuda_graph():
+    """chunk_kda on a batch of equal lengths, captured once and replayed with new inputs: equal to
+    eager calls. Packed sequences refuse capture with an error (their chunk table is built on the host)."""
+    q, k, v, g, beta, h0 = inputs(2, 130, 2, 2, 128, 128, torch.bfloat16, True, seed=51)
+    prefill = lambda: kda.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        prefill()                                                        # compiles the kernels
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, state = prefill()
+    for seed in range(2):
+        for static, fresh in zip((q, k, v, g, beta, h0), inputs(2, 130, 2, 2, 128, 128, torch.bfloat16, True,
+                                                                  seed=60 + seed)):
+            static.copy_(fresh)
+        o_ref, s_ref = prefill()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, o_ref) and torch.equal(state, s_ref)
+    packed = torch.cuda.CUDAGraph()
+    cu = torch.tensor([0, 100, 130], device="cuda")
+    with pytest.raises(ValueError, match="cannot be captured in a CUDA graph yet"):
+        with torch.cuda.graph(packed):
+            kda.chunk_kda(q[:1], k[:1], v[:1], g[:1], beta[:1], cu_seqlens=cu, cu_seqlens_cpu=cu.cpu())
