@@ -37,6 +37,7 @@ def check_state_pool(pool, indices, N: int, H: int, DK: int, DV: int, device, ch
     if not isinstance(pool, torch.Tensor) or pool.dim() != 4 or tuple(pool.shape[1:]) != (H, DK, DV):
         raise ValueError(f"with ssm_state_indices, initial_state must be the state pool [P, H, DK, DV] with "
                          f"(H, DK, DV) = {(H, DK, DV)}, got {validate.shape_of(pool) if isinstance(pool, torch.Tensor) else pool!r}")
+    validate.no_backward_on_cuda("initial_state", pool)
     if pool.dtype != torch.float32 or not pool.is_contiguous() or pool.device != device:
         raise ValueError(f"the state pool is written in place: it must be float32, contiguous and on {device}, "
                          f"got {pool.dtype}, contiguous={pool.is_contiguous()}, on {pool.device}")

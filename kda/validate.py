@@ -12,6 +12,14 @@ CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 KERNEL_HEAD_SIZES = (64, 128)
 
 
+def no_backward_on_cuda(name: str, t) -> None:
+    """The CUDA kernels have no backward yet (issue 18): an input that asks for gradients there
+    gets an error instead of an output that silently has none. The CPU path is differentiable."""
+    if isinstance(t, torch.Tensor) and t.is_cuda and t.requires_grad and torch.is_grad_enabled():
+        raise ValueError(f"{name} requires grad, but the CUDA kernels have no backward yet (issue 18): call under "
+                         f"torch.no_grad() or torch.inference_mode(), or run on CPU tensors (float64, differentiable)")
+
+
 def shape_of(t: torch.Tensor) -> str:
     return "(" + ", ".join(str(s) for s in t.shape) + ")"
 
@@ -23,6 +31,7 @@ def check_qkv(q, k, v, grouped_values: bool = False) -> tuple[int, int, int, int
     for name, t, last in (("q", q, "DK"), ("k", k, "DK"), ("v", v, "DV")):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor of shape [B, T, H, {last}], got {type(t).__name__}")
+        no_backward_on_cuda(name, t)
         if t.dim() != 4:
             raise ValueError(f"{name} must be 4-D [B, T, H, {last}], got shape {shape_of(t)}")
     if k.shape != q.shape:
@@ -72,6 +81,7 @@ def check_initial_state(initial_state, B: int, H: int, DK: int, DV: int, device)
         raise ValueError(f"initial_state must have shape [B, H, DK, DV] = {(B, H, DK, DV)}, got {shape_of(initial_state)}")
     if initial_state.device != device:
         raise ValueError(f"initial_state must be on the device of q ({device}), got {initial_state.device}")
+    no_backward_on_cuda("initial_state", initial_state)
     if not initial_state.is_floating_point():
         raise ValueError(f"initial_state must be a floating tensor, got {initial_state.dtype}")
     return initial_state
@@ -121,6 +131,7 @@ def check_gates(g, B: int, T: int, H: int, DK: int, device, check_values: bool =
                          f"{(B, T, H, DK)} (per-channel gate), got {shape_of(g)}")
     if g.device != device:
         raise ValueError(f"g must be on the device of q ({device}), got {g.device}")
+    no_backward_on_cuda("g", g)
     allowed = GATE_DTYPES if device.type == "cuda" else CPU_DTYPES
     if g.dtype not in allowed:
         raise ValueError(f"g must be one of {allowed} here, got {g.dtype}")
@@ -147,6 +158,7 @@ def check_beta(beta, B: int, T: int, H: int, device, check_values: bool = True) 
         raise ValueError(f"beta must have shape [B, T, H] = {(B, T, H)}, got {shape_of(beta)}")
     if beta.device != device:
         raise ValueError(f"beta must be on the device of q ({device}), got {beta.device}")
+    no_backward_on_cuda("beta", beta)
     if not beta.is_floating_point():
         raise ValueError(f"beta must be a floating tensor, got {beta.dtype}")
     if check_values:

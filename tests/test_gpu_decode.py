@@ -198,3 +198,17 @@ def test_a_dense_prefill_replays_in_a_cuda_graph():
     with pytest.raises(ValueError, match="cannot be captured in a CUDA graph yet"):
         with torch.cuda.graph(packed):
             kda.chunk_kda(*first, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu)
+
+
+
+def test_inputs_that_ask_for_gradients_raise_on_cuda():
+    """No backward kernels yet (issue 18): an error that names the argument, not an output that
+    silently has no gradient; under torch.no_grad the call runs."""
+    q, k, v, g, beta, h0 = inputs(1, 5, 2, 2, 128, 128, torch.bfloat16, True, seed=41)
+    q.requires_grad_()
+    with pytest.raises(ValueError, match="q requires grad, but the CUDA kernels have no backward yet"):
+        kda.chunk_kda(q, k, v, g, beta)
+    with pytest.raises(ValueError, match="q requires grad"):
+        kda.fused_recurrent_kda(q, k, v, g, beta)
+    with torch.no_grad():
+        kda.chunk_kda(q, k, v, g, beta)

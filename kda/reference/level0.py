@@ -22,10 +22,10 @@ from kda.reference.level3 import pairwise_scores, per_channel
 def forward_substitution(L: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
     """Solve ``L X = B`` for unit lower-triangular ``L [..., C, C]``, row by row:
     ``x_i = b_i - sum_{j<i} L_ij x_j``. Only the strict lower triangle of ``L`` is read."""
-    X = B.clone()
+    X = [B[..., 0, :]]                  # rows collected, not written in place: autograd follows
     for i in range(1, L.shape[-1]):
-        X[..., i, :] = B[..., i, :] - (L[..., i, :i, None] * X[..., :i, :]).sum(-2)
-    return X
+        X.append(B[..., i, :] - (L[..., i, :i, None] * torch.stack(X, dim=-2)).sum(-2))
+    return torch.stack(X, dim=-2)
 # --8<-- [end:forward_substitution]
 
 
