@@ -200,7 +200,6 @@ def test_a_dense_prefill_replays_in_a_cuda_graph():
             kda.chunk_kda(*first, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu)
 
 
-
 def test_inputs_that_ask_for_gradients_raise_on_cuda():
     """No backward kernels yet (issue 18): an error that names the argument, not an output that
     silently has no gradient; under torch.no_grad the call runs."""
