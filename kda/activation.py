@@ -64,7 +64,8 @@ def check_activation(g, beta, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmo
                                   or not t.is_floating_point() or t.device != g.device):
                 raise ValueError(f"{name} must be a floating tensor of shape {list(shape)} on {g.device}, got {t!r}")
         if lower_bound is not None and not (isinstance(lower_bound, (int, float)) and -1e30 < lower_bound < 0):
-            raise ValueError(f"lower_bound must be a finite negative number (the log decay's floor), got {lower_bound!r}")
+            raise ValueError(f"lower_bound must be a finite negative number (the log decay's floor), "
+                             f"got {lower_bound!r}")
     if check_values:
         for name, t, on in (("g", g, use_gate_in_kernel), ("beta", beta, use_beta_sigmoid_in_kernel)):
             if on and not bool(torch.isfinite(t).all()):

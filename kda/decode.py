@@ -12,10 +12,12 @@ with ``ssm_state_indices [N]`` sequence ``n`` starts from slot ``ssm_state_indic
 
 fla's activations are done by the kernel as it reads each token: ``use_gate_in_kernel`` with
 ``A_log``, ``dt_bias`` (and ``lower_bound`` for the bounded form), ``use_beta_sigmoid_in_kernel``
-(``allow_neg_eigval``). ``state_v_first`` is not supported. The value checks of ``g``, ``beta`` and the pool slots read the values back to the host,
-a wait for the GPU; they are skipped while a CUDA graph is being captured and under
-``torch.compile`` (nowhere else), and the kernel's launch path reads and copies nothing, so a
-decode step can be captured once and replayed.
+(``allow_neg_eigval``). ``state_v_first`` is not supported.
+
+The value checks of ``g``, ``beta`` and the pool slots read the values back to the host, a wait for
+the GPU; they are skipped while a CUDA graph is being captured and under ``torch.compile``
+(nowhere else), and the kernel's launch path reads and copies nothing, so a decode step can be
+captured once and replayed.
 """
 
 from __future__ import annotations
@@ -30,13 +32,15 @@ from kda.reference import level4 as ref4
 
 BLOCK_DV = 32       # value columns per block: B * HV * DV / 32 blocks, 32 state registers per thread
 
+
 def check_state_pool(pool, indices, N: int, H: int, DK: int, DV: int, device, check_values: bool):
     """``pool [P, H, DK, DV]`` float32, contiguous, on ``device`` (it is written in place) and
     ``indices [N]`` integers on ``device``; with ``check_values`` the indices are read back and
     must be distinct slots in ``[0, P)`` (two sequences writing one slot would race)."""
     if not isinstance(pool, torch.Tensor) or pool.dim() != 4 or tuple(pool.shape[1:]) != (H, DK, DV):
+        got = validate.shape_of(pool) if isinstance(pool, torch.Tensor) else repr(pool)
         raise ValueError(f"with ssm_state_indices, initial_state must be the state pool [P, H, DK, DV] with "
-                         f"(H, DK, DV) = {(H, DK, DV)}, got {validate.shape_of(pool) if isinstance(pool, torch.Tensor) else pool!r}")
+                         f"(H, DK, DV) = {(H, DK, DV)}, got {got}")
     validate.no_backward_on_cuda("initial_state", pool)
     if pool.dtype != torch.float32 or not pool.is_contiguous() or pool.device != device:
         raise ValueError(f"the state pool is written in place: it must be float32, contiguous and on {device}, "
@@ -137,8 +141,9 @@ def _run_kernel(q, k, v, g, beta, scale, h0, cu_seqlens, indices, output_final_s
     with torch.cuda.device(q.device):
         kernel = compile_program(decode.fused_recurrent, (), DK=DK, DV=DV, block_dv=BLOCK_DV,
                                  dtype=ops.dtype_name(q.dtype), gate_dtype=str(g.dtype).removeprefix("torch."),
-                                 scalar_gate=g.shape[-1] == 1, value_groups=HV // q.shape[2], varlen=cu_seqlens is not None,
-                                 with_initial=h0 is not None, store_final=pooled or output_final_state, pooled=pooled,
+                                 scalar_gate=g.shape[-1] == 1, value_groups=HV // q.shape[2],
+                                 varlen=cu_seqlens is not None, with_initial=h0 is not None,
+                                 store_final=pooled or output_final_state, pooled=pooled,
                                  gate_act=act.gate, beta_act=act.beta)
         GD = g.shape[-1]
         A_log = act.A_log if act.A_log is not None else torch.zeros(HV, device=q.device)

@@ -163,7 +163,8 @@ def test_chunk_kda_activations_on_the_gpu(poisoned):
     q, k, v, raw, _, h0 = inputs(1, 150, 2, 2, 128, 128, torch.bfloat16, True, seed=31)
     gen = torch.Generator(device="cuda").manual_seed(32)
     logits = torch.randn(1, 150, 2, generator=gen, device="cuda")
-    kw = dict(A_log=torch.randn(2, generator=gen, device="cuda"), dt_bias=torch.randn(256, generator=gen, device="cuda"),
+    kw = dict(A_log=torch.randn(2, generator=gen, device="cuda"),
+              dt_bias=torch.randn(256, generator=gen, device="cuda"),
               use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, initial_state=h0, output_final_state=True)
     o, ht = kda.chunk_kda(q, k, v, raw, logits, **kw)
     cpu = {n: (x.cpu() if isinstance(x, torch.Tensor) else x) for n, x in kw.items()}

@@ -137,7 +137,8 @@ def fused_recurrent(DK, DV, block_dv=32, dtype="bfloat16", gate_dtype="float32",
             cu_seqlens: T.Tensor([N + 1], "int32"),
         ):
             with T.Kernel(NV, HV, N, threads=threads) as (bv, hv, n):
-                body(Q, K, V, g, beta, scale, A_log, dt_bias, lower_bound, O, h0, ht, bv, hv, 0, cu_seqlens[n], cu_seqlens[n + 1], n)
+                body(Q, K, V, g, beta, scale, A_log, dt_bias, lower_bound, O, h0, ht, bv, hv, 0,
+                     cu_seqlens[n], cu_seqlens[n + 1], n)
     elif not varlen:
         @T.prim_func
         def main(
@@ -176,7 +177,8 @@ def fused_recurrent(DK, DV, block_dv=32, dtype="bfloat16", gate_dtype="float32",
             indices: T.Tensor([N], "int32"),
         ):
             with T.Kernel(NV, HV, N, threads=threads) as (bv, hv, n):
-                body(Q, K, V, g, beta, scale, A_log, dt_bias, lower_bound, O, h0, ht, bv, hv, 0, cu_seqlens[n], cu_seqlens[n + 1], indices[n])
+                body(Q, K, V, g, beta, scale, A_log, dt_bias, lower_bound, O, h0, ht, bv, hv, 0,
+                     cu_seqlens[n], cu_seqlens[n + 1], indices[n])
 
     return main
 # --8<-- [end:fused_recurrent]

@@ -3,7 +3,8 @@
 1. ``chunk_wy``: per chunk and all chunks at once, ``A = tril(diag(b) K K^T, -1)``, the inverse
    ``(I + A)^-1`` (``invert_diagonal_blocks``: 16 x 16 diagonal blocks by forward substitution;
    then ``merge_by_products``, four tf32 GEMMs, or ``merge_by_substitution`` of
-   ``kda.kernels.stages``, block forward substitution on the CUDA cores), and ``W = (I + A)^-1 diag(b) K``, ``U = (I + A)^-1 diag(b) V``.
+   ``kda.kernels.stages``, block forward substitution on the CUDA cores), and
+   ``W = (I + A)^-1 diag(b) K``, ``U = (I + A)^-1 diag(b) V``.
 2. ``state_pass``: sequence in a loop, grid (value stripes, H, B), state in registers; per
    chunk it writes the entering state (the snapshot the output stage reads) and the corrected
    values ``U - W S``, then ``S += K^T (U - W S)``.
