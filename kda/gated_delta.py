@@ -5,13 +5,14 @@ The recurrence (fla's convention, state ``d_k x d_v``)::
 
     S <- diag(exp(g_t)) S;   S <- S + beta_t k_t (v_t - S^T k_t)^T;   o_t = S^T (scale q_t)
 
-On CUDA the kernels of ``kda.kernels.level5`` (a scalar gate takes ``chunk_intra``'s scalar
-path: one GEMM for the scores, the decay applied after it), in two steps that
-``kda.distributed`` reuses: ``prepare_chunks`` (``chunk_intra``, every chunk at once) and
-``run_state_pass`` (sequential); on the CPU the float64 chunked reference of ``kda.reference.level0``. Packed sequences (``cu_seqlens``) go through each
-kernel in one launch (``chunk_table``), and through the CPU reference one after another. ``v``, ``g``,
-``beta`` and the states may have more heads than ``q`` and ``k`` (grouped value heads, as in fla):
-``HV`` a multiple of ``H``, value head ``i`` reading query and key head ``i // (HV / H)``.
+On CUDA the kernels of ``kda.kernels.level5`` (a scalar gate takes ``chunk_intra``'s scalar path:
+one GEMM for the scores, the decay applied after it), in two steps that ``kda.distributed`` reuses:
+``prepare_chunks`` (``chunk_intra``, every chunk at once) and ``run_state_pass`` (sequential); on
+the CPU the float64 chunked reference of ``kda.reference.level0``. Packed sequences (``cu_seqlens``)
+go through each kernel in one launch (``chunk_table``), and through the CPU reference one after
+another. ``v``, ``g``, ``beta`` and the states may have more heads than ``q`` and ``k`` (grouped
+value heads, as in fla): ``HV`` a multiple of ``H``, value head ``i`` reading query and key
+head ``i // (HV / H)``.
 """
 
 from __future__ import annotations
