@@ -1,6 +1,6 @@
 # snippet: cpu uses=snippets/level1/latency.py uses=snippets/level2/latency.py uses=snippets/level3/latency.py
-#   uses=snippets/level4/latency.py uses=snippets/level5/latency.py uses=snippets/bench/sdpa.py
-#   uses=snippets/cp/split_latency.py
+#   uses=snippets/level4/latency.py uses=snippets/level5/latency.py uses=snippets/level5/gdn_latency.py
+#   uses=snippets/bench/sdpa.py uses=snippets/cp/split_latency.py
 """Every kernel of the package against its fla peer on the H200 (bf16, B = 1, H = 32, D = 128;
 levels 3 to 5 at T = 32768 only; float32 gates, unit keys),
 from the recorded GPU results: milliseconds, ratio, and the fraction of the hardware floor
@@ -16,7 +16,7 @@ level1 = recorded_data("snippets/level1/latency.py")["rows"]
 level2 = recorded_data("snippets/level2/latency.py")["rows"]
 level3 = recorded_data("snippets/level3/latency.py")["rows"]
 level4 = recorded_data("snippets/level4/latency.py")["rows"]
-level5 = recorded_data("snippets/level5/latency.py")["rows"]
+level5 = recorded_data("snippets/level5/latency.py")["rows"] + recorded_data("snippets/level5/gdn_latency.py")["rows"]
 sdpa = {r["T"]: r["sdpa"] for r in recorded_data("snippets/bench/sdpa.py")["rows"]}
 
 table = Table(["level", "kda kernel", "fla peer", "T", "kda (ms)", "fla (ms)", "fla / kda", "kda at % of floor",

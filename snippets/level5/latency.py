@@ -1,27 +1,22 @@
 # snippet: gpu
 """Level-5 latency on the H200, bf16, unit keys, b uniform in [0, 1], float32 gates logsigmoid(x):
-KDA against fla's chunk_kda at three shapes; GDN at the first two against fla's
-chunk_gated_delta_rule (its own Triton path, FLA_FLASH_QLA=0) and FlashQLA 0.1.3; all in one
-process on the same inputs; kda also without the read-back of its value checks (check_values=False).
-Then each kda stage alone at the headline shape."""
-import os
-
+KDA against fla's chunk_kda at three shapes, in one process on the same inputs; kda also without
+the read-back of its value checks (check_values=False). Then each kda stage alone at the headline
+shape. GDN has a record of its own (gdn_latency.py): with FlashQLA's compiles and fla's
+autotuning both in one process, a cold machine did not finish it within a device call."""
 import torch
 
 from kda import ledger
 from kda.bench import median_ms, random_qkv
-from kda.gated_delta import chunk_gated_delta_rule, chunk_kda
+from kda.gated_delta import chunk_kda
 from kda.kernels import level5
 from kda.kernels.build import compile_program
 from kda.metrics import rel_l2
 from kda.reference import level4 as ref
 from kda.site.runtime import save_data
 from kda.tables import Table, sci
-from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_gdn
 from fla.ops.kda import chunk_kda as fla_kda
-import flash_qla
 
-assert os.environ.get("FLA_FLASH_QLA") == "0", "run with FLA_FLASH_QLA=0 so that fla's GDN is its own Triton path"
 SHAPES = [(1, 32768, 32, 128), (1, 8192, 96, 128), (4, 4096, 64, 128)]   # (B, T, H, D), the first is the headline
 C = 64
 
@@ -31,41 +26,34 @@ def inputs(B, T, H, D):
     k = ref.l2_normalize(k.float()).bfloat16()
     gen = torch.Generator(device="cuda").manual_seed(8)
     beta = torch.rand(B, T, H, generator=gen, device="cuda").bfloat16()
-    g_kda = torch.nn.functional.logsigmoid(torch.randn(B, T, H, D, generator=gen, device="cuda"))
-    g_gdn = torch.nn.functional.logsigmoid(torch.randn(B, T, H, generator=gen, device="cuda"))
-    return q, k, v, beta, g_kda, g_gdn
+    g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, D, generator=gen, device="cuda"))
+    return q, k, v, beta, g
 
 
 table = Table(["op", "B, T, H, D", "implementation", "ms", "kda faster by", "at % of floor", "rel L2 vs kda"],
               formats=[None, None, None, "{:.3f}", "{:.2f}x", "{:.0%}", sci])
 rows = []
-for n, (B, T, H, D) in enumerate(SHAPES):
-    q, k, v, beta, g_kda, g_gdn = inputs(B, T, H, D)
+for B, T, H, D in SHAPES:
+    q, k, v, beta, g = inputs(B, T, H, D)
     scale = D ** -0.5
-    runs = {"KDA": {"kda": lambda: chunk_kda(q, k, v, g_kda, beta)[0],
-                    "kda, check_values=False": lambda: chunk_kda(q, k, v, g_kda, beta, check_values=False)[0],
-                    "fla chunk_kda": lambda: fla_kda(q, k, v, g_kda, beta, scale=scale)[0]}}
-    if n < 2:                                      # GDN at the headline shape and at (1, 8192, 96)
-        runs["GDN"] = {"kda": lambda: chunk_gated_delta_rule(q, k, v, g_gdn, beta)[0],
-                       "fla chunk_gated_delta_rule (Triton)": lambda: fla_gdn(q, k, v, g_gdn, beta, scale=scale)[0],
-                       "FlashQLA 0.1.3": lambda: flash_qla.chunk_gated_delta_rule(q, k, v, g_gdn, beta, scale=scale)[0]}
-    for op, fns in runs.items():
-        g = g_kda if op == "KDA" else g_gdn
-        nbytes = ledger.forward_min_bytes(B, T, H, D, D) + g.numel() * g.element_size() + beta.numel() * beta.element_size()
-        floor = ledger.floor_seconds(ledger.forward_flops(B, T, H, D, D, C, delta=True), nbytes) * 1e3
-        ours = fns["kda"]().double()
-        ms = {name: median_ms(fn) for name, fn in fns.items()}
-        for name, fn in fns.items():
-            table.rows.append([op, f"{B}, {T}, {H}, {D}", name, ms[name], ms[name] / ms["kda"], floor / ms[name],
-                               0.0 if name == "kda" else rel_l2(fn(), ours)])
-        rows.append({"op": op, "B": B, "T": T, "H": H, "DK": D, "DV": D, "ms": ms, "floor": floor})
+    fns = {"kda": lambda: chunk_kda(q, k, v, g, beta)[0],
+           "kda, check_values=False": lambda: chunk_kda(q, k, v, g, beta, check_values=False)[0],
+           "fla chunk_kda": lambda: fla_kda(q, k, v, g, beta, scale=scale)[0]}
+    nbytes = ledger.forward_min_bytes(B, T, H, D, D) + g.numel() * g.element_size() + beta.numel() * beta.element_size()
+    floor = ledger.floor_seconds(ledger.forward_flops(B, T, H, D, D, C, delta=True), nbytes) * 1e3
+    ours = fns["kda"]().double()
+    ms = {name: median_ms(fn) for name, fn in fns.items()}
+    for name, fn in fns.items():
+        table.rows.append(["KDA", f"{B}, {T}, {H}, {D}", name, ms[name], ms[name] / ms["kda"], floor / ms[name],
+                           0.0 if name == "kda" else rel_l2(fn(), ours)])
+    rows.append({"op": "KDA", "B": B, "T": T, "H": H, "DK": D, "DV": D, "ms": ms, "floor": floor})
 print(table)
 print("\n`kda faster by` = that implementation's time over kda's; the floor counts q, k, v, o, g and beta "
       "once, and the delta rule's FLOPs (kda.ledger.forward_flops with delta=True).")
 
 # each stage alone (KDA, the headline shape, the same inputs)
 B, T, H, D = SHAPES[0]
-q, k, v, beta, g_kda, _ = inputs(B, T, H, D)
+q, k, v, beta, g = inputs(B, T, H, D)
 NC = T // C
 intra = compile_program(level5.chunk_intra, (), DK=D, DV=D, chunk_size=C, dtype="bfloat16")
 state_pass = compile_program(level5.gated_state_output_pass, (), DK=D, DV=D, chunk_size=C, dtype="bfloat16")
@@ -78,7 +66,7 @@ total = rows[0]["ms"]["kda"]                        # chunk_kda at the headline 
 stages = Table(["stage", "what it does", "ms", "share of chunk_kda"], formats=[None, None, "{:.3f}", "{:.0%}"])
 for name, what, fn in [
     ("chunk_intra", "cumsum, factor tables, Qw, Kw, decay, A_qk and A_kk from one set of GEMMs, the solve, "
-     "W and U, checks of g and beta", lambda: intra(q, k, v, g_kda, beta32, D ** -0.5, Qw, Kw, decay, A_qk, W, U, flags)),
+     "W and U, checks of g and beta", lambda: intra(q, k, v, g, beta32, D ** -0.5, Qw, Kw, decay, A_qk, W, U, flags)),
     ("gated_state_output_pass", "sequential: U - W S, the output, the gated state update",
      lambda: state_pass(Qw, Kw, W, U, A_qk, decay, h0, o, ht)),
 ]:

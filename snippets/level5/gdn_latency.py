@@ -1,0 +1,48 @@
+# snippet: gpu
+"""GDN latency on the H200, bf16, unit keys, b uniform in [0, 1], float32 gates logsigmoid(x), one
+per head: kda's chunk_gated_delta_rule against fla's (its own Triton path, FLA_FLASH_QLA=0) and
+FlashQLA 0.1.3, at the first two shapes of the KDA table, in one process on the same inputs."""
+import os
+
+import torch
+
+from kda import ledger
+from kda.bench import median_ms, random_qkv
+from kda.gated_delta import chunk_gated_delta_rule
+from kda.metrics import rel_l2
+from kda.reference import level4 as ref
+from kda.site.runtime import save_data
+from kda.tables import Table, sci
+from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_gdn
+import flash_qla
+
+assert os.environ.get("FLA_FLASH_QLA") == "0", "run with FLA_FLASH_QLA=0 so that fla's GDN is its own Triton path"
+SHAPES = [(1, 32768, 32, 128), (1, 8192, 96, 128)]   # (B, T, H, D)
+C = 64
+
+table = Table(["B, T, H, D", "implementation", "ms", "kda faster by", "at % of floor", "rel L2 vs kda"],
+              formats=[None, None, "{:.3f}", "{:.2f}x", "{:.0%}", sci])
+rows = []
+for B, T, H, D in SHAPES:
+    q, k, v = random_qkv(B, T, H, D, D, seed=7)
+    k = ref.l2_normalize(k.float()).bfloat16()
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    beta = torch.rand(B, T, H, generator=gen, device="cuda").bfloat16()
+    g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, generator=gen, device="cuda"))
+    scale = D ** -0.5
+    fns = {"kda": lambda: chunk_gated_delta_rule(q, k, v, g, beta)[0],
+           "kda, check_values=False": lambda: chunk_gated_delta_rule(q, k, v, g, beta, check_values=False)[0],
+           "fla chunk_gated_delta_rule (Triton)": lambda: fla_gdn(q, k, v, g, beta, scale=scale)[0],
+           "FlashQLA 0.1.3": lambda: flash_qla.chunk_gated_delta_rule(q, k, v, g, beta, scale=scale)[0]}
+    nbytes = ledger.forward_min_bytes(B, T, H, D, D) + g.numel() * g.element_size() + beta.numel() * beta.element_size()
+    floor = ledger.floor_seconds(ledger.forward_flops(B, T, H, D, D, C, delta=True), nbytes) * 1e3
+    ours = fns["kda"]().double()
+    ms = {name: median_ms(fn) for name, fn in fns.items()}
+    for name, fn in fns.items():
+        table.rows.append([f"{B}, {T}, {H}, {D}", name, ms[name], ms[name] / ms["kda"], floor / ms[name],
+                           0.0 if name == "kda" else rel_l2(fn(), ours)])
+    rows.append({"op": "GDN", "B": B, "T": T, "H": H, "DK": D, "DV": D, "ms": ms, "floor": floor})
+print(table)
+print("\n`kda faster by` = that implementation's time over kda's; the floor counts q, k, v, o, g and beta "
+      "once, and the delta rule's FLOPs.")
+save_data({"rows": rows})
