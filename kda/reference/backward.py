@@ -1,0 +1,172 @@
+"""The backward pass of the chunked form, derived by hand, in float64: levels 1 to 5.
+
+One function covers the whole ladder. Per chunk (rows ``i``, key channels ``d``; ``G`` the
+chunk-local cumsum of the natural-log gate, ``E_ijd = exp(G_id - G_jd)`` for ``j <= i``)::
+
+    P   = tril(sum_d q_id k_jd E_ijd)                     the intra-chunk scores (q scaled)
+    A   = stril(b_i sum_d k_id k_jd E_ijd),  T = (I + A)^-1
+    W   = T diag(b) K e^G,  U = T diag(b) V               (without a delta rule: W = 0, U = V)
+    V'  = U - W S                                          S: the state entering the chunk
+    O   = (Q e^G) S + P V'
+    S'  = diag(e^{G_last}) S + (K e^{G_last - G})^T V'
+
+The backward runs in three stages, as the kernels will:
+
+1. ``forward_states``: the state entering every chunk (what a kernel stores at chunk boundaries,
+   or recomputes).
+2. ``reverse_state_pass``: the gradient of the state leaving every chunk, from the last chunk to
+   the first: ``dS = (Q e^G)^T dO + diag(e^{G_last}) dS' - W^T dV'`` with
+   ``dV' = P^T dO + (K e^{G_last - G}) dS'``. Sequential, like the forward's state pass.
+3. ``chunk_gradients``: with both states known, every chunk's gradients are independent:
+   ``dq``, ``dk``, ``dv``, ``dbeta`` and ``dG``, then ``dg`` as the reverse cumsum of ``dG``.
+
+Every decay is evaluated pairwise (``E_ijd``, never ``exp`` of a positive number), so the reference
+holds for any gate, runs of ``-20`` included. The gate's gradient is then a sum of pair terms
+``M_ijd = dScore_ij x_id y_jd E_ijd``: it adds to ``dG_id`` and subtracts from ``dG_jd``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kda.reference.common import as_f64, from_chunks, start_state, to_chunks
+from kda.reference.level3 import chunk_gates, per_channel
+
+
+def _pairs(G: torch.Tensor, diagonal: bool) -> torch.Tensor:
+    """``E_ijd = exp(G_id - G_jd)`` where ``j <= i`` (``j < i`` without the diagonal), else 0."""
+    C = G.shape[-2]
+    keep = torch.ones(C, C, dtype=torch.bool, device=G.device).tril(0 if diagonal else -1)[..., None]
+    return torch.where(keep, torch.exp(torch.where(keep, G[..., :, None, :] - G[..., None, :, :], 0.0)), 0.0)
+
+
+# --8<-- [start:pieces]
+def chunk_pieces(q, k, v, g, beta, scale, chunk_size):
+    """Everything of the forward that does not depend on the state, per chunk ``[B, H, NC, C, *]``
+    (as ``chunk_intra`` computes it, here in float64 and with pairwise decays)."""
+    B, T, H, DK = q.shape
+    Q, K, V = (to_chunks(x, chunk_size) for x in as_f64(q * scale, k, v))
+    G = chunk_gates(per_channel(g.to(torch.float64), DK), chunk_size) if g is not None else torch.zeros_like(K)
+    E_qk, E_kk = _pairs(G, diagonal=True), _pairs(G, diagonal=False)
+    P = torch.einsum("...id,...jd,...ijd->...ij", Q, K, E_qk)
+    p = {"Q": Q, "K": K, "V": V, "G": G, "E_qk": E_qk, "E_kk": E_kk, "P": P,
+         "Qg": Q * torch.exp(G), "Kd": K * torch.exp(G[..., -1:, :] - G), "decay": torch.exp(G[..., -1, :])}
+    if beta is None:                                    # levels 1-3: no delta rule
+        p.update(b=None, W=torch.zeros_like(K), U=V)
+        return p
+    b = to_chunks(beta.to(torch.float64)[..., None], chunk_size)[..., 0]      # padding rows: b = 0
+    scores_kk = torch.einsum("...id,...jd,...ijd->...ij", K, K, E_kk)
+    eye = torch.eye(chunk_size, dtype=torch.float64, device=q.device)
+    Tinv = torch.linalg.solve_triangular(eye + b[..., None] * scores_kk, eye, upper=False, unitriangular=True)
+    Kg = K * torch.exp(G)
+    p.update(b=b, scores_kk=scores_kk, T=Tinv, Kg=Kg, W=Tinv @ (b[..., None] * Kg), U=Tinv @ (b[..., None] * V))
+    return p
+# --8<-- [end:pieces]
+
+
+# --8<-- [start:forward_states]
+def forward_states(p, S0):
+    """The state entering each chunk ``[B, H, NC, DK, DV]``, and the final state."""
+    S, entering = S0, []
+    for c in range(p["Q"].shape[2]):
+        entering.append(S)
+        new = p["U"][:, :, c] - p["W"][:, :, c] @ S
+        S = p["decay"][:, :, c, :, None] * S + p["Kd"][:, :, c].transpose(-1, -2) @ new
+    return torch.stack(entering, dim=2), S
+# --8<-- [end:forward_states]
+
+
+# --8<-- [start:reverse_state_pass]
+def reverse_state_pass(p, dO, dS_final):
+    """The gradient of the state leaving each chunk ``[B, H, NC, DK, DV]`` (the last one is the
+    gradient of the final state), and that of the initial state."""
+    dS, leaving = dS_final, []
+    for c in reversed(range(p["Q"].shape[2])):
+        leaving.append(dS)
+        dnew = p["P"][:, :, c].transpose(-1, -2) @ dO[:, :, c] + p["Kd"][:, :, c] @ dS
+        dS = (p["Qg"][:, :, c].transpose(-1, -2) @ dO[:, :, c] + p["decay"][:, :, c, :, None] * dS
+              - p["W"][:, :, c].transpose(-1, -2) @ dnew)
+    return torch.stack(leaving[::-1], dim=2), dS
+# --8<-- [end:reverse_state_pass]
+
+
+# --8<-- [start:chunk_gradients]
+def chunk_gradients(p, S, dS, dO):
+    """Every chunk at once, given the state entering it (``S``) and the gradient of the state
+    leaving it (``dS``): ``dQ``, ``dK``, ``dV``, ``db`` (or ``None``) and ``dG``, chunk layout."""
+    Q, K, V, G, Qg, Kd = p["Q"], p["K"], p["V"], p["G"], p["Qg"], p["Kd"]
+    new = p["U"] - p["W"] @ S
+    dnew = p["P"].transpose(-1, -2) @ dO + Kd @ dS
+    # the output O = Qg S + P V': the state read and the scores
+    dQg = dO @ S.transpose(-1, -2)
+    dP = torch.tril(dO @ new.transpose(-1, -2))
+    pair = dP[..., None] * Q[..., :, None, :] * K[..., None, :, :] * p["E_qk"]     # M_ijd of P
+    dQ = dQg * torch.exp(G) + torch.einsum("...ij,...jd,...ijd->...id", dP, K, p["E_qk"])
+    dK = torch.einsum("...ij,...id,...ijd->...jd", dP, Q, p["E_qk"])
+    dG = dQg * Qg
+    # the state update S' = diag(decay) S + Kd^T V'
+    dKd = new @ dS.transpose(-1, -2)
+    dK = dK + dKd * torch.exp(G[..., -1:, :] - G)
+    dG = dG - dKd * Kd
+    dG_last = (dKd * Kd).sum(-2) + (S * dS).sum(-1) * p["decay"]
+    if p["b"] is None:
+        dV, db = dnew, None
+    else:
+        b, Tinv, Kg = p["b"], p["T"], p["Kg"]
+        dU, dW = dnew, -dnew @ S.transpose(-1, -2)
+        dXu, dXw = Tinv.transpose(-1, -2) @ dU, Tinv.transpose(-1, -2) @ dW      # X = diag(b) V, diag(b) Kg
+        dT = dU @ (b[..., None] * V).transpose(-1, -2) + dW @ (b[..., None] * Kg).transpose(-1, -2)
+        dA = torch.tril(-Tinv.transpose(-1, -2) @ dT @ Tinv.transpose(-1, -2), -1)  # A = stril(diag(b) K K^T E)
+        dV = b[..., None] * dXu
+        dKg = b[..., None] * dXw
+        db = (dXu * V).sum(-1) + (dXw * Kg).sum(-1) + (dA * p["scores_kk"]).sum(-1)
+        dAb = dA * b[..., None]
+        pair = pair + dAb[..., None] * K[..., :, None, :] * K[..., None, :, :] * p["E_kk"]
+        dK = (dK + dKg * torch.exp(G) + torch.einsum("...ij,...jd,...ijd->...id", dAb, K, p["E_kk"])
+              + torch.einsum("...ij,...id,...ijd->...jd", dAb, K, p["E_kk"]))
+        dG = dG + dKg * Kg
+    dG = dG + pair.sum(-2) - pair.sum(-3)                # a pair (i, j) adds to G_i, takes from G_j
+    dG[..., -1, :] += dG_last
+    return dQ, dK, dV, db, dG
+# --8<-- [end:chunk_gradients]
+
+
+# --8<-- [start:chunked_backward]
+def chunked_backward(q, k, v, g, beta, do, dht=None, scale=1.0, chunk_size=64, initial_state=None):
+    """Gradients of ``sum(o * do) + sum(S_final * dht)`` for the chunked gated delta rule (one
+    sequence per batch row): ``dq, dk, dv, dg, dbeta, dh0``. ``g``: ``[B, T, H]``, ``[B, T, H, DK]``
+    or ``None`` (no gate); ``beta``: ``[B, T, H]``, or ``None`` for gated linear attention
+    (levels 1-3). ``dg`` and ``dbeta`` are ``None`` where the input is."""
+    B, T, H, DK = q.shape
+    S0 = start_state(q, v, initial_state)
+    if T == 0:                                          # nothing happens: the final state is the initial one
+        zeros = lambda x: torch.zeros_like(x, dtype=torch.float64) if x is not None else None
+        dh0 = dht.to(torch.float64) if dht is not None else torch.zeros_like(S0)
+        return zeros(q), zeros(k), zeros(v), zeros(g), zeros(beta), dh0
+    p = chunk_pieces(q, k, v, g, beta, scale, chunk_size)
+    S, final = forward_states(p, S0)
+    dO = to_chunks(do.to(torch.float64), chunk_size)
+    dS_final = dht.to(torch.float64) if dht is not None else torch.zeros_like(final)
+    dS, dh0 = reverse_state_pass(p, dO, dS_final)
+    dQ, dK, dV, db, dG = chunk_gradients(p, S, dS, dO)
+    dg = None
+    if g is not None:
+        dg = from_chunks(dG.flip(-2).cumsum(-2).flip(-2), T)          # G_i = sum_{j<=i} g_j
+        dg = dg if g.dim() == 4 else dg.sum(-1)
+    dbeta = from_chunks(db[..., None], T)[..., 0] if db is not None else None
+    return from_chunks(dQ, T) * scale, from_chunks(dK, T), from_chunks(dV, T), dg, dbeta, dh0
+# --8<-- [end:chunked_backward]
+
+
+def packed_backward(q, k, v, g, beta, do, cu_seqlens, dht=None, scale=1.0, chunk_size=64, initial_state=None):
+    """``chunked_backward`` for sequences packed along ``T`` of a batch of one: each sequence on its
+    own, with its own initial state and final-state gradient (``[N, H, DK, DV]``)."""
+    bounds = cu_seqlens.tolist()
+    parts = []
+    for n, (s, e) in enumerate(zip(bounds[:-1], bounds[1:])):
+        pick = lambda x: x[:, s:e] if x is not None else None
+        parts.append(chunked_backward(pick(q), pick(k), pick(v), pick(g), pick(beta), pick(do),
+                                      dht[n:n + 1] if dht is not None else None, scale, chunk_size,
+                                      initial_state[n:n + 1] if initial_state is not None else None))
+    cat = lambda i, dim: torch.cat([part[i] for part in parts], dim=dim) if parts[0][i] is not None else None
+    return cat(0, 1), cat(1, 1), cat(2, 1), cat(3, 1), cat(4, 1), cat(5, 0)
