@@ -15,7 +15,8 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-CHAPTERS = ["math/", "level1/", "level2/", "level3/", "level4/", "level5/", "cp/", "inference/", "api/", "benchmarks/"]
+CHAPTERS = ["math/", "level1/", "level2/", "level3/", "level4/", "level5/", "cp/", "inference/", "backward/", "api/",
+            "benchmarks/"]
 PAGES = [lang + page for lang in ("", "en/") for page in ["", "level1-playground/"] + CHAPTERS]
 
 

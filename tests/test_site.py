@@ -24,7 +24,8 @@ def mkdocs_build(config: Path, site_dir: Path) -> subprocess.CompletedProcess:
                           cwd=config.parent, capture_output=True, text=True, env=env)
 
 
-CHAPTERS = ["math", "level1", "level2", "level3", "level4", "level5", "cp", "inference", "api", "benchmarks"]
+CHAPTERS = ["math", "level1", "level2", "level3", "level4", "level5", "cp", "inference", "backward", "api",
+            "benchmarks"]
 
 
 @pytest.mark.parametrize("lang", ["", "en/"])
