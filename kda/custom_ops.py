@@ -5,7 +5,11 @@
 Under compilation the public functions check shapes, dtypes and devices as always, skip the
 value checks that read tensors back to the host (a graph cannot hold them), and call an op
 below, which runs the eager path inside the compiled graph. Each op has a fake implementation:
-the output shapes, nothing computed. Importing ``kda`` registers them.
+the output shapes, nothing computed. ``chunk_gated_delta`` and ``fused_recurrent`` also have a
+backward (``register_autograd``), so that a compiled graph trains: on the CPU it recomputes the
+float64 forward and takes autograd's gradients through it, exactly what an eager call gives; on
+CUDA there are no backward kernels yet (issue 18) and the public functions refuse inputs that
+require grad before the op is reached. Importing ``kda`` registers them.
 """
 
 from __future__ import annotations
@@ -27,13 +31,19 @@ def _final_like(v: Tensor, q: Tensor, cu_seqlens: Optional[Tensor], output_final
     return v.new_empty(N, v.shape[2], q.shape[3], v.shape[3], dtype=torch.float32)
 
 
+def _chunk_forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm, cu_seqlens,
+                   cu_seqlens_cpu):
+    o, final = gated_delta.forward_eager(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm,
+                                         cu_seqlens, g.dim() == 4, False, cu_seqlens_cpu)
+    return o, (final if final is not None else v.new_empty(0, dtype=torch.float32))
+
+
 @torch.library.custom_op("kda::chunk_gated_delta", mutates_args=())
 def chunk_gated_delta(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: float,
                       initial_state: Optional[Tensor], output_final_state: bool, use_qk_l2norm: bool,
                       cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor]) -> tuple[Tensor, Tensor]:
-    o, final = gated_delta.forward_eager(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm,
-                                         cu_seqlens, g.dim() == 4, False, cu_seqlens_cpu)
-    return o, (final if final is not None else v.new_empty(0, dtype=torch.float32))
+    return _chunk_forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm, cu_seqlens,
+                          cu_seqlens_cpu)
 
 
 @chunk_gated_delta.register_fake
@@ -41,13 +51,19 @@ def _(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm,
     return torch.empty_like(v), _final_like(v, q, cu_seqlens, output_final_state)
 
 
+def _recurrent_forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm, cu_seqlens,
+                       cu_seqlens_cpu):
+    o, final = decode._recurrent(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm,
+                                 cu_seqlens, None, g.dim() == 4, False, cu_seqlens_cpu)
+    return o, (final if final is not None else v.new_empty(0, dtype=torch.float32))
+
+
 @torch.library.custom_op("kda::fused_recurrent", mutates_args=())
 def fused_recurrent(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: float,
                     initial_state: Optional[Tensor], output_final_state: bool, use_qk_l2norm: bool,
                     cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor]) -> tuple[Tensor, Tensor]:
-    o, final = decode._recurrent(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm,
-                                 cu_seqlens, None, g.dim() == 4, False, cu_seqlens_cpu)
-    return o, (final if final is not None else v.new_empty(0, dtype=torch.float32))
+    return _recurrent_forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm, cu_seqlens,
+                              cu_seqlens_cpu)
 
 
 @fused_recurrent.register_fake
@@ -67,3 +83,85 @@ def fused_recurrent_pooled(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Ten
 @fused_recurrent_pooled.register_fake
 def _(q, k, v, g, beta, scale, pool, ssm_state_indices, use_qk_l2norm, cu_seqlens, cu_seqlens_cpu):
     return torch.empty_like(v)
+
+
+def _save_inputs(ctx, inputs, output):
+    """What the backward recomputes from: every tensor input, and the rest as they were."""
+    ctx.save_for_backward(*(x if isinstance(x, Tensor) else None for x in inputs))
+    ctx.others = tuple(None if isinstance(x, Tensor) else x for x in inputs)
+
+
+def _recomputed_gradients(forward, inputs, do, dfinal) -> list[Tensor]:
+    """The gradients of ``q, k, v, g, beta`` and the initial state (an empty tensor where there is
+    none): ``forward(*inputs)`` recomputed (the CPU's float64 path, differentiable) and
+    differentiated by autograd."""
+    if any(isinstance(x, Tensor) and x.is_cuda for x in inputs):
+        raise RuntimeError("the CUDA kernels have no backward yet (issue 18): train on CPU tensors")
+    leaves = [x.detach().requires_grad_() if isinstance(x, Tensor) and x.is_floating_point() else x for x in inputs]
+    # an op's body runs below autograd (the autograd dispatch keys excluded); put them back for the recompute
+    keys = torch._C.DispatchKeySet(torch._C.DispatchKey.AutogradFunctionality) | \
+        torch._C.DispatchKeySet(torch._C.DispatchKey.ADInplaceOrView)
+    with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(),
+                                         torch._C._dispatch_tls_local_exclude_set() - keys), torch.enable_grad():
+        o, final = forward(*leaves)
+        outs, grads = [o], [do]
+        if final.numel():
+            outs.append(final)
+            grads.append(dfinal)
+        wanted = [x for x in leaves[:7] if isinstance(x, Tensor) and x.requires_grad]
+        found = iter(torch.autograd.grad(outs, wanted, grads, allow_unused=True))
+    out = []
+    for x in leaves[:7]:
+        if isinstance(x, Tensor) and x.requires_grad:
+            grad = next(found)
+            out.append(torch.zeros_like(x) if grad is None else grad)
+    return out
+
+
+@torch.library.custom_op("kda::chunk_gated_delta_backward", mutates_args=())
+def chunk_gated_delta_backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: float,
+                               initial_state: Optional[Tensor], output_final_state: bool, use_qk_l2norm: bool,
+                               cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor], do: Tensor,
+                               dfinal: Tensor) -> list[Tensor]:
+    """``dq, dk, dv, dg, dbeta`` and, with an initial state, its gradient: an op of its own, so that
+    a compiled graph's backward calls it without tracing into the float64 recompute."""
+    return _recomputed_gradients(_chunk_forward, (q, k, v, g, beta, scale, initial_state, output_final_state,
+                                                  use_qk_l2norm, cu_seqlens, cu_seqlens_cpu), do, dfinal)
+
+
+@chunk_gated_delta_backward.register_fake
+def _(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm, cu_seqlens, cu_seqlens_cpu, do,
+      dfinal):
+    return [torch.empty_like(x) for x in (q, k, v, g, beta, initial_state) if x is not None]
+
+
+@torch.library.custom_op("kda::fused_recurrent_backward", mutates_args=())
+def fused_recurrent_backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: float,
+                             initial_state: Optional[Tensor], output_final_state: bool, use_qk_l2norm: bool,
+                             cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor], do: Tensor,
+                             dfinal: Tensor) -> list[Tensor]:
+    """The same for ``fused_recurrent``."""
+    return _recomputed_gradients(_recurrent_forward, (q, k, v, g, beta, scale, initial_state, output_final_state,
+                                                      use_qk_l2norm, cu_seqlens, cu_seqlens_cpu), do, dfinal)
+
+
+@fused_recurrent_backward.register_fake
+def _(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm, cu_seqlens, cu_seqlens_cpu, do,
+      dfinal):
+    return [torch.empty_like(x) for x in (q, k, v, g, beta, initial_state) if x is not None]
+
+
+def _backward(op):
+    """The registered backward of a forward op: its backward op on the saved inputs, the gradients
+    put back in the places of the forward's arguments (``None`` for the others)."""
+    def backward(ctx, do, dfinal):
+        inputs = [t if t is not None else o for t, o in zip(ctx.saved_tensors, ctx.others)]
+        grads = iter(op(*inputs, do.contiguous(), dfinal.contiguous()))
+        q, k, v, g, beta, _, initial_state = inputs[:7]
+        return (*(next(grads) for _ in range(5)), None, next(grads) if initial_state is not None else None,
+                None, None, None, None)
+    return backward
+
+
+chunk_gated_delta.register_autograd(_backward(chunk_gated_delta_backward), setup_context=_save_inputs)
+fused_recurrent.register_autograd(_backward(fused_recurrent_backward), setup_context=_save_inputs)
