@@ -7,8 +7,6 @@ import torch
 
 from kda.metrics import rel_l2
 from kda.reference import backward as bwd
-from kda.reference import level0 as ref0
-from kda.reference import level3 as ref3
 from kda.reference import level4 as ref4
 
 F64 = dict(dtype=torch.float64)
@@ -29,28 +27,13 @@ def inputs(B=2, T=37, H=2, K=8, V=5, gate="channel", delta=True, strong=False, s
     return q, k, v, g, beta, h0, do, dht
 
 
-def autograd_of_recurrence(q, k, v, g, beta, h0, do, dht, scale):
-    """The same gradients by autograd through the token recurrence of the level."""
-    leaves = [x.clone().requires_grad_() if x is not None else None for x in (q, k, v, g, beta, h0)]
-    q_, k_, v_, g_, beta_, h0_ = leaves
-    gate = g_ if g_ is not None else torch.zeros(q.shape[:3], **F64)
-    if beta_ is None:
-        o, S = ref3.recurrent(q_ * scale, k_, v_, gate, h0_, True)
-    else:
-        o, S = ref0.recurrent(q_ * scale, k_, v_, gate, beta_, h0_, True)
-    loss = (o * do).sum() + (S * dht).sum()
-    wanted = [x for x in leaves if x is not None]
-    grads = iter(torch.autograd.grad(loss, wanted))
-    return [next(grads) if x is not None else None for x in leaves]
-
-
 @pytest.mark.parametrize("gate", ["channel", "head", "none"])
 @pytest.mark.parametrize("delta", [True, False], ids=["delta", "linear"])
 @pytest.mark.parametrize("strong", [False, True], ids=["logsigmoid", "runs_of_-20"])
 def test_hand_backward_equals_autograd_of_the_recurrence(gate, delta, strong):
     q, k, v, g, beta, h0, do, dht = inputs(gate=gate, delta=delta, strong=strong)
     ours = bwd.chunked_backward(q, k, v, g, beta, do, dht, scale=0.5, chunk_size=16, initial_state=h0)
-    want = autograd_of_recurrence(q, k, v, g, beta, h0, do, dht, 0.5)
+    want = bwd.recurrence_backward(q, k, v, g, beta, do, dht, scale=0.5, initial_state=h0)
     for name, a, b in zip("dq dk dv dg dbeta dh0".split(), ours, want):
         if b is None:
             assert a is None, name
@@ -62,8 +45,7 @@ def test_hand_backward_equals_autograd_of_the_recurrence(gate, delta, strong):
 def test_one_chunk_of_64_with_a_tail_and_no_state():
     q, k, v, g, beta, _, do, _ = inputs(B=1, T=100, K=16, V=16, seed=5)
     ours = bwd.chunked_backward(q, k, v, g, beta, do, chunk_size=64)
-    want = autograd_of_recurrence(q, k, v, g, beta, torch.zeros(1, 2, 16, 16, **F64), do,
-                                  torch.zeros(1, 2, 16, 16, **F64), 1.0)
+    want = bwd.recurrence_backward(q, k, v, g, beta, do)
     for name, a, b in zip("dq dk dv dg dbeta".split(), ours, want):
         assert rel_l2(a, b) < 1e-10, f"{name}: {rel_l2(a, b):.1e}"
 
@@ -78,7 +60,7 @@ def test_packed_sequences_are_independent():
     assert torch.equal(ours[5][1], dht[1])      # an empty sequence passes its final gradient through
     for n, (s, e) in [(0, (0, 20)), (2, (20, 45))]:
         pick = lambda x: x[:, s:e]
-        want = autograd_of_recurrence(pick(q), pick(k), pick(v), pick(g), pick(beta), h0[n:n + 1], pick(do),
-                                      dht[n:n + 1], 0.5)
+        want = bwd.recurrence_backward(pick(q), pick(k), pick(v), pick(g), pick(beta), pick(do), dht[n:n + 1],
+                                       scale=0.5, initial_state=h0[n:n + 1])
         for name, a, b in zip("dq dk dv dg dbeta dh0".split(), [pick(x) for x in ours[:5]] + [ours[5][n:n + 1]], want):
             assert rel_l2(a, b) < 1e-10, f"{name}, sequence {n}: {rel_l2(a, b):.1e}"

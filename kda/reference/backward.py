@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from kda.reference.common import as_f64, from_chunks, start_state, to_chunks
+from kda.reference import level0, level3
 from kda.reference.level3 import chunk_gates, per_channel
 
 
@@ -156,6 +157,24 @@ def chunked_backward(q, k, v, g, beta, do, dht=None, scale=1.0, chunk_size=64, i
     dbeta = from_chunks(db[..., None], T)[..., 0] if db is not None else None
     return from_chunks(dQ, T) * scale, from_chunks(dK, T), from_chunks(dV, T), dg, dbeta, dh0
 # --8<-- [end:chunked_backward]
+
+
+def recurrence_backward(q, k, v, g, beta, do, dht=None, scale=1.0, initial_state=None):
+    """What ``chunked_backward`` must equal: the same gradients (same arguments, same results) by
+    autograd through the token recurrence of the level, ``kda.reference.level0.recurrent`` with a
+    delta rule, ``kda.reference.level3.recurrent`` without."""
+    leaves = [x.detach().to(torch.float64).requires_grad_() if x is not None else None
+              for x in (q, k, v, g, beta, initial_state)]
+    q_, k_, v_, g_, beta_, h0_ = leaves
+    gate = g_ if g_ is not None else torch.zeros(q.shape[:3], dtype=torch.float64, device=q.device)
+    if beta_ is None:
+        o, S = level3.recurrent(q_ * scale, k_, v_, gate, h0_, True)
+    else:
+        o, S = level0.recurrent(q_ * scale, k_, v_, gate, beta_, h0_, True)
+    loss = (o * do.to(torch.float64)).sum() + ((S * dht.to(torch.float64)).sum() if dht is not None else 0.0)
+    wanted = [x for x in leaves if x is not None]
+    grads = iter(torch.autograd.grad(loss, wanted))
+    return tuple(next(grads) if x is not None else None for x in leaves)
 
 
 def packed_backward(q, k, v, g, beta, do, cu_seqlens, dht=None, scale=1.0, chunk_size=64, initial_state=None):

@@ -6,8 +6,6 @@ import torch
 
 from kda.metrics import rel_l2
 from kda.reference import backward as bwd
-from kda.reference import level0 as ref0
-from kda.reference import level3 as ref3
 from kda.reference import level4 as ref4
 from kda.tables import Table, sci
 
@@ -30,15 +28,7 @@ table = Table(["level", "dq", "dk", "dv", "dg", "dbeta", "dh0"], formats=[None] 
 for name, g, delta in CASES:
     b = beta if delta else None
     ours = bwd.chunked_backward(q, k, v, g, b, dO, dS, scale=scale, chunk_size=64, initial_state=h0)
-    leaves = [x.clone().requires_grad_() if x is not None else None for x in (q, k, v, g, b, h0)]
-    gate = leaves[3] if g is not None else torch.zeros(B, T, H, dtype=torch.float64)
-    if delta:
-        o, S = ref0.recurrent(leaves[0] * scale, leaves[1], leaves[2], gate, leaves[4], leaves[5], True)
-    else:
-        o, S = ref3.recurrent(leaves[0] * scale, leaves[1], leaves[2], gate, leaves[5], True)
-    wanted = [x for x in leaves if x is not None]
-    grads = iter(torch.autograd.grad((o * dO).sum() + (S * dS).sum(), wanted))
-    want = [next(grads) if x is not None else None for x in leaves]
+    want = bwd.recurrence_backward(q, k, v, g, b, dO, dS, scale=scale, initial_state=h0)
     table.rows.append([name] + [rel_l2(a, w) if w is not None else None for a, w in zip(ours, want)])
 print("Relative L2 difference from autograd through the token recurrence:\n")
 print(table)
