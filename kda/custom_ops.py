@@ -129,10 +129,13 @@ def chunk_gated_delta_backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta:
                                                   use_qk_l2norm, cu_seqlens, cu_seqlens_cpu), do, dfinal)
 
 
-@chunk_gated_delta_backward.register_fake
-def _(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm, cu_seqlens, cu_seqlens_cpu, do,
-      dfinal):
+def _gradients_like(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm, cu_seqlens,
+                    cu_seqlens_cpu, do, dfinal):
+    """The fake of both backward ops: one gradient shaped like each input that has one."""
     return [torch.empty_like(x) for x in (q, k, v, g, beta, initial_state) if x is not None]
+
+
+chunk_gated_delta_backward.register_fake(_gradients_like)
 
 
 @torch.library.custom_op("kda::fused_recurrent_backward", mutates_args=())
@@ -145,10 +148,7 @@ def fused_recurrent_backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: T
                                                       use_qk_l2norm, cu_seqlens, cu_seqlens_cpu), do, dfinal)
 
 
-@fused_recurrent_backward.register_fake
-def _(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm, cu_seqlens, cu_seqlens_cpu, do,
-      dfinal):
-    return [torch.empty_like(x) for x in (q, k, v, g, beta, initial_state) if x is not None]
+fused_recurrent_backward.register_fake(_gradients_like)
 
 
 def _backward(op):
@@ -157,8 +157,8 @@ def _backward(op):
     def backward(ctx, do, dfinal):
         inputs = [t if t is not None else o for t, o in zip(ctx.saved_tensors, ctx.others)]
         grads = iter(op(*inputs, do.contiguous(), dfinal.contiguous()))
-        q, k, v, g, beta, _, initial_state = inputs[:7]
-        return (*(next(grads) for _ in range(5)), None, next(grads) if initial_state is not None else None,
+        has_initial_state = inputs[6] is not None
+        return (*(next(grads) for _ in range(5)), None, next(grads) if has_initial_state else None,
                 None, None, None, None)
     return backward
 
