@@ -142,7 +142,10 @@ def _prepare(path: str) -> None:
 def run_notebook(nb, cwd: Path) -> None:
     """Execute ``nb`` in place with a python3 kernel started in ``cwd``. The kernel talks over
     unix sockets in a temporary folder: over TCP, ipykernel 7 prints a warning about unencrypted
-    traffic into the build's output; and it is shut down here, since the client does not own it."""
+    traffic into the build's output; and it is shut down here, since the client does not own it.
+    The kernel process writes its own stdout and stderr to a log there, not into the build's
+    output: at shutdown ipykernel 7 can race its I/O thread and print a ZMQ traceback (seen once
+    in CI, a failed build over nothing). The log is added to the error when a cell raises."""
     import tempfile
 
     from jupyter_client.manager import KernelManager
@@ -150,11 +153,17 @@ def run_notebook(nb, cwd: Path) -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         km = KernelManager(kernel_name="python3", transport="ipc", ip=str(Path(tmp) / "kernel"))
-        try:
-            NotebookClient(nb, timeout=600, km=km, resources={"metadata": {"path": str(cwd)}}).execute()
-        finally:
-            if km.has_kernel:
-                km.shutdown_kernel(now=False)
+        log_path = Path(tmp) / "kernel.log"
+        with open(log_path, "w") as kernel_log:
+            try:
+                NotebookClient(nb, timeout=600, km=km, resources={"metadata": {"path": str(cwd)}}).execute(
+                    stdout=kernel_log, stderr=kernel_log)
+            except Exception as e:
+                e.add_note(f"kernel output:\n{log_path.read_text()[-3000:]}")
+                raise
+            finally:
+                if km.has_kernel:
+                    km.shutdown_kernel(now=False)
 
 
 def _executed_notebook(path: Path) -> Path | None:
