@@ -114,11 +114,11 @@ def context_parallel(q, k, v, g, beta, scale=None, initial_state=None, output_fi
     dist.all_gather(maps_M, M, group=group)
     dist.all_gather(maps_B, Bm, group=group)
     S = fold(S0, zip(maps_M[:rank], maps_B[:rank]))[-1]
+    last = rank == world - 1
     if q.is_cuda:
-        o, final = run_state_pass(form, S)
+        o, final = run_state_pass(form, S, output_final_state=output_final_state and last)
     else:
         o, final = _plain_forward(g)(q, k, v, g, beta, scale, S, True, use_qk_l2norm_in_kernel)
-    last = rank == world - 1
     return o, (final if output_final_state and last else None)
 # --8<-- [end:context_parallel]
 

@@ -103,7 +103,7 @@ def forward_eager(q, k, v, g, beta, scale, initial_state, output_final_state, us
         g_given = g
         q, k, g = kernel_inputs(q, k, g, use_qk_l2norm_in_kernel)
         table = chunk_table(bounds, q.device) if bounds is not None else None
-        o, final = _run_kernels(q, k, v, g, beta, scale, h0, flags, table)
+        o, final = _run_kernels(q, k, v, g, beta, scale, h0, flags, table, output_final_state)
         if check_values:
             raise_flagged_values(flags, g_given, beta)
         return o.to(v.dtype), (final.float() if output_final_state else None)
@@ -146,6 +146,23 @@ class ChunkTable(NamedTuple):
     chunks: torch.Tensor         # first token and length of every chunk, sequence by sequence  [NC, 2]
     cu_seqlens: torch.Tensor     # the sequences' boundaries                                     [N + 1]
     chunk_offsets: torch.Tensor  # index of each sequence's first chunk in ``chunks``            [N + 1]
+    seq_groups: torch.Tensor     # first sequence of each group the state pass carries in one block [NG + 1]
+
+
+# The state pass carries, in one block, the packed sequences whose first chunk lies in one window of
+# this many chunks: 1024 sequences of 1 to 64 tokens take 32 groups, not 1024 blocks per value stripe.
+GROUP_CHUNKS = 32
+
+
+def seq_groups(chunk_offsets: torch.Tensor, window: int | None = None) -> torch.Tensor:
+    """The groups of sequences, as the index of each group's first sequence and then ``N``: a new
+    group starts where a sequence's first chunk ``chunk_offsets[n]`` falls in another window of
+    ``window`` chunks than the sequence before it. A sequence longer than the window ends its group
+    (the next sequence starts in a later window); an empty sequence joins the group of its offset."""
+    windows = chunk_offsets[:-1] // (window or GROUP_CHUNKS)
+    starts = torch.nonzero(windows[1:] != windows[:-1]).flatten() + 1
+    N = chunk_offsets.shape[0] - 1
+    return torch.cat([starts.new_zeros(1 if N > 0 else 0), starts, starts.new_full((1,), N)])
 
 
 def chunk_table(bounds, device, chunk_size=CHUNK_SIZE) -> ChunkTable:
@@ -159,7 +176,8 @@ def chunk_table(bounds, device, chunk_size=CHUNK_SIZE) -> ChunkTable:
     first = cu[seq] + (torch.arange(int(offsets[-1])) - offsets[seq]) * chunk_size
     length = torch.minimum(cu[seq + 1] - first, torch.tensor(chunk_size))
     to_device = lambda x: x.to(torch.int32).to(device, non_blocking=True)
-    return ChunkTable(to_device(torch.stack([first, length], dim=1)), to_device(cu), to_device(offsets))
+    return ChunkTable(to_device(torch.stack([first, length], dim=1)), to_device(cu), to_device(offsets),
+                      to_device(seq_groups(offsets)))
 
 
 def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None) -> ChunkForm:
@@ -191,40 +209,43 @@ def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None) -> ChunkForm
 
 def state_pass_columns(B: int, H: int, DV: int, sm_count: int) -> int:
     """Value columns per block of the state pass: 64 while that still gives every SM a block,
-    else 32. On the H200 64 columns took the pass from 0.54 to 0.42 ms at (1, 8192, 96) and from
+    else 32 (``B``: the blocks' sequences or groups of packed sequences, ``seq_groups``). On the H200 64 columns took the pass from 0.54 to 0.42 ms at (1, 8192, 96) and from
     0.64 to 0.48 ms at (4, 4096, 64), but at (1, 32768, 32) its 64 blocks left half the SMs idle
     (0.78 against 0.61 ms; run 39 in results/tuning)."""
     return 64 if B * H * (DV // 64) >= sm_count else 32
 
 
-def run_state_pass(form: ChunkForm, h0, table=None):
-    """Stage 3, sequential over chunks from ``h0 [B, H, DK, DV]`` (``None``: zeros); returns ``o``
-    and the float32 final state. With the ``table`` of packed sequences, one state per sequence:
-    ``h0`` and the final state are ``[N, H, DK, DV]``."""
+def run_state_pass(form: ChunkForm, h0, table=None, output_final_state=True):
+    """Stage 3, sequential over chunks from ``h0 [B, H, DK, DV]`` (``None``: zeros, which the kernel
+    starts from without reading any); returns ``o`` and the float32 final state (``None`` without
+    ``output_final_state``: none is written). With the ``table`` of packed sequences, one state per
+    sequence: ``h0`` and the final state are ``[N, H, DK, DV]``."""
     from kda.kernels import level5
     from kda.kernels.build import compile_program, sm_count
 
     B, T, H, DK = form.Qw.shape
     DV = form.U.shape[-1]
     N = B if table is None else table.cu_seqlens.shape[0] - 1       # states
+    lanes = B if table is None else table.seq_groups.shape[0] - 1  # blocks per value stripe and head
     device = form.Qw.device
     with torch.cuda.device(device):
         state_pass = compile_program(level5.gated_state_output_pass, (), DK=DK, DV=DV, chunk_size=CHUNK_SIZE,
-                                     block_dv=state_pass_columns(N, H, DV, sm_count(device)),
-                                     dtype=ops.dtype_name(form.Qw.dtype), varlen=table is not None)
-        if h0 is None:
-            h0 = torch.zeros(N, H, DK, DV, dtype=torch.float32, device=device)
+                                     block_dv=state_pass_columns(lanes, H, DV, sm_count(device)),
+                                     dtype=ops.dtype_name(form.Qw.dtype), varlen=table is not None,
+                                     initial_state=h0 is not None, final_state=output_final_state)
+        stand_in = lambda: torch.empty(1, 1, DK, DV, dtype=torch.float32, device=device)   # never read or written
+        h0 = h0.to(torch.float32).contiguous() if h0 is not None else stand_in()
         o = ops.new_output((B, T, H, DV), form.U.dtype, device)
-        ht = ops.new_output((N, H, DK, DV), torch.float32, device)
-        tables = [] if table is None else [table.cu_seqlens, table.chunk_offsets]
-        state_pass(*form, h0.to(torch.float32).contiguous(), o, ht, *tables)
-    return o, ht
+        ht = ops.new_output((N, H, DK, DV), torch.float32, device) if output_final_state else stand_in()
+        tables = [] if table is None else [table.cu_seqlens, table.chunk_offsets, table.seq_groups]
+        state_pass(*form, h0, o, ht, *tables)
+    return o, (ht if output_final_state else None)
 
 
-def _run_kernels(q, k, v, g, beta, scale, h0, flags=None, table=None):
+def _run_kernels(q, k, v, g, beta, scale, h0, flags=None, table=None, output_final_state=True):
     """One batch ``[B, T, H, *]`` (or the packed sequences of ``table``) through the level-5
-    pipeline; returns ``o`` and the float32 final states."""
-    return run_state_pass(prepare_chunks(q, k, v, g, beta, scale, flags, table), h0, table)
+    pipeline; returns ``o`` and the float32 final states (``None`` without ``output_final_state``)."""
+    return run_state_pass(prepare_chunks(q, k, v, g, beta, scale, flags, table), h0, table, output_final_state)
 # --8<-- [end:run_kernels]
 
 

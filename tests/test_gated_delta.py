@@ -115,10 +115,26 @@ def test_chunk_table():
                                  [335, 64], [399, 1]]
     assert t.cu_seqlens.tolist() == [0, 70, 71, 71, 271, 400]
     assert t.chunk_offsets.tolist() == [0, 2, 3, 3, 7, 10]
+    assert t.seq_groups.dtype == torch.int32 and t.seq_groups.tolist() == [0, 5]    # all in one window of 32
     for n in range(5):                 # the chunks of sequence n tile exactly its tokens
         rows = t.chunks[t.chunk_offsets[n]:t.chunk_offsets[n + 1]].tolist()
         assert sum(length for _, length in rows) == t.cu_seqlens[n + 1] - t.cu_seqlens[n]
         assert all(start == t.cu_seqlens[n] + 64 * i for i, (start, _) in enumerate(rows))
+
+
+@pytest.mark.parametrize("window,expected", [(1, [0, 1, 2, 4, 5]), (3, [0, 2, 4, 5]), (32, [0, 5])])
+def test_seq_groups(window, expected):
+    """Sequences whose first chunk lies in one window share a group: first chunks 0, 2, 3, 3
+    (empty), 7 fall in windows 0, 2, 3, 3, 7 of one chunk, 0, 0, 1, 1, 2 of three. Every group is a
+    run of whole sequences, so its chunks are one contiguous range of the table."""
+    from kda.gated_delta import seq_groups
+
+    offsets = torch.tensor([0, 2, 3, 3, 7, 10])
+    groups = seq_groups(offsets, window)
+    assert groups.tolist() == expected
+    assert seq_groups(torch.tensor([0]), window).tolist() == [0]                      # no sequence
+    first, last = offsets[groups[:-1]], offsets[groups[1:]]
+    assert torch.equal(first[1:], last[:-1]) and last[-1] == offsets[-1]
 
 
 @pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])

@@ -172,11 +172,17 @@ def test_varlen_with_initial_states(per_channel, poisoned):
         assert rel_l2(o[:, s:e], ref_o) <= BOUND and rel_l2(ht[n:n + 1], ref_ht) <= BOUND, n
 
 
+@pytest.mark.parametrize("window", [1, 4, 32])
 @pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
-def test_many_short_packed_sequences(per_channel, poisoned):
+def test_many_short_packed_sequences(per_channel, window, poisoned, monkeypatch):
     """300 sequences of 0 to 64 tokens in one launch per stage, against each sequence run alone
     (the same kernels on the same chunks: the rows past a sequence's end are the next sequence's
-    in the packed launch and zeros alone, and must not count)."""
+    in the packed launch and zeros alone, and must not count). The state pass carries them in
+    groups (``seq_groups``) of windows of 1, 4 and 32 chunks: the state must start again at each
+    sequence of a group, empty ones included."""
+    from kda import gated_delta
+
+    monkeypatch.setattr(gated_delta, "GROUP_CHUNKS", window)
     gen = torch.Generator().manual_seed(17)
     lengths = torch.randint(0, 65, (300,), generator=gen).tolist()
     T = sum(lengths)
@@ -241,3 +247,31 @@ def test_l2norm_in_kernel_and_fla_agreement():
     assert rel_l2(o, ref_o) <= BOUND
     o_fla, _ = fla_kda(q, k, v, g, beta.bfloat16(), use_qk_l2norm_in_kernel=True)
     assert rel_l2(o_fla, ref_o) <= 2 * BOUND and rel_l2(o, o_fla.double()) <= 2 * BOUND
+
+
+@pytest.mark.parametrize("final", [False, True], ids=["no_final", "final"])
+@pytest.mark.parametrize("initial", [False, True], ids=["zero_start", "initial"])
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+def test_state_flags(packed, initial, final, poisoned):
+    """The state pass without an initial state starts from zero without reading one, and without
+    ``output_final_state`` writes none: every combination against the float64 recurrence, packed
+    with an empty sequence (its final state is its initial one, or zero)."""
+    lengths = [130, 0, 64, 1, 77] if packed else [200]
+    T = sum(lengths)
+    q, k, v, g, beta, _ = inputs((1, T, 2, 128, 64), torch.bfloat16, "logsigmoid", True, seed=29)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda") if packed else None
+    h0 = torch.randn(len(lengths), 2, 128, 64, device="cuda") if initial else None
+    o, ht = kda.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=final, cu_seqlens=cu)
+    assert (ht is not None) == final
+    bounds = [0, *torch.tensor(lengths).cumsum(0).tolist()]
+    for n, (s, e) in enumerate(zip(bounds, bounds[1:])):
+        start = h0[n:n + 1] if initial else torch.zeros(1, 2, 128, 64, device="cuda")
+        if e == s:
+            if final:
+                assert torch.equal(ht[n], start[0]), n
+            continue
+        ref_o, ref_ht = ref0.recurrent(q[:, s:e].double() * 128 ** -0.5, k[:, s:e], v[:, s:e], g[:, s:e],
+                                       beta[:, s:e], start, True)
+        assert torch.isfinite(o[:, s:e]).all() and rel_l2(o[:, s:e], ref_o) <= BOUND, n
+        if final:
+            assert torch.isfinite(ht[n]).all() and rel_l2(ht[n:n + 1], ref_ht) <= BOUND, n

@@ -501,33 +501,48 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                      0, bh)
 
     return main
+
 # --8<-- [end:chunk_intra]
 
 
 # --8<-- [start:gated_state_output_pass]
-def gated_state_output_pass(DK, DV, chunk_size=64, block_dv=32, dtype="bfloat16", varlen=False):
+def gated_state_output_pass(DK, DV, chunk_size=64, block_dv=32, dtype="bfloat16", varlen=False, initial_state=True,
+                            final_state=True):
     """Arguments at run time: ``Qw, Kw, W [B, T, H, DK]``, ``U [B, T, H, DV]``, ``A_qk [B, T, H, C]``
     (dtype, scale included), ``decay [B, H, NC, DK]`` and ``h0 [B, H, DK, DV]`` (float32), then the
     outputs ``O [B, T, H, DV]`` (dtype) and ``ht`` (float32). With ``varlen`` (packed sequences,
     ``B = 1``) ``h0`` and ``ht`` are ``[N, H, DK, DV]``, ``decay`` is in the order of the chunk table,
-    and two more arguments follow: ``cu_seqlens [N + 1]`` and ``chunk_offsets [N + 1]`` (int32,
-    ``chunk_table``); the rows of a sequence's last chunk past its end are masked.
+    and three more arguments follow: ``cu_seqlens [N + 1]``, ``chunk_offsets [N + 1]`` and
+    ``seq_groups [NG + 1]`` (int32, ``chunk_table``); the rows of a sequence's last chunk past its
+    end are masked. Without ``initial_state`` the state starts at zero and ``h0`` is a stand-in of
+    shape ``[1, 1, DK, DV]`` that is never read; without ``final_state`` no state is written and
+    ``ht`` is such a stand-in.
 
     Warp-specialised by hand. Warpgroup 0 carries the state's chain (S to shared memory, W S,
     V_new = U - W S, S <- diag(decay) S + Kw^T V_new), warpgroup 1 the output beside it
     (Qw S, then + A_qk V_new), one producer warp loads two chunk slots by TMA. The chain waits
-    for two GEMMs per chunk instead of four (run 39 in results/tuning)."""
+    for two GEMMs per chunk instead of four (run 39 in results/tuning).
+
+    A block carries one sequence (dense) or a group of packed sequences one after another
+    (``seq_groups``: those whose first chunk lies in one window of ``GROUP_CHUNKS`` chunks), the
+    state starting again at each: a thousand short sequences take a few hundred blocks, not one
+    block per sequence, each paying its start and its pipeline's fill."""
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     C, BV = chunk_size, block_dv
     NC = T.dynamic("NC") if varlen else T.ceildiv(S, C)
-    N = T.dynamic("N")
+    N, NG = T.dynamic("N"), T.dynamic("NG")
+    states = N if varlen else B
+    h0_shape = [states, H, DK, DV] if initial_state else [1, 1, DK, DV]
+    ht_shape = [states, H, DK, DV] if final_state else [1, 1, DK, DV]
 
     @T.macro
-    def body(Qw, Kw, W, U, A_qk, decay, h0, O, ht, bv, bh, bb, n, t_first, t_end, n_chunks, c_first):
-        """Value columns ``bv`` of head ``bh`` over sequence ``n``: tokens ``t_first .. t_end`` of
-        batch row ``bb``, ``n_chunks`` chunks from ``c_first`` in ``decay``."""
+    def body(Qw, Kw, W, U, A_qk, decay, h0, O, ht, bv, bh, bb, n_first, n_count, seq):
+        """Value columns ``bv`` of head ``bh``, sequences ``n_first .. n_first + n_count - 1`` of batch
+        row ``bb``; ``seq(n)`` gives sequence ``n``'s first token, end, first chunk in ``decay`` and
+        chunk count. ``j`` counts the block's chunks over all its sequences: slots and barrier
+        phases follow it."""
         dv0 = bv * BV
-        Qw_s = T.alloc_shared([2, C, DK], dtype)         # two slots: chunk c in slot c % 2
+        Qw_s = T.alloc_shared([2, C, DK], dtype)         # two slots: the block's chunk j in slot j % 2
         Kw_s = T.alloc_shared([2, C, DK], dtype)
         W_s = T.alloc_shared([2, C, DK], dtype)
         A_s = T.alloc_shared([2, C, C], dtype)
@@ -546,62 +561,78 @@ def gated_state_output_pass(DK, DV, chunk_size=64, block_dv=32, dtype="bfloat16"
         vn_ready = T.alloc_barrier(arrive_count=128)
         vn_free = T.alloc_barrier(arrive_count=128)
         tx = T.get_thread_binding()
-        # a wait for parity (c + 1) % 2 passes at c = 0 (the phase before the first) and then
-        # waits for the other side's arrival of chunk c - 1
+        j0 = lambda n: seq(n)[2] - seq(n_first)[2]      # the block's count of chunks before sequence n
+        # a wait for parity (j + 1) % 2 passes at j = 0 (the phase before the first) and then
+        # waits for the other side's arrival of chunk j - 1
         if tx < 128:
-            T.copy(h0[n, bh, :, dv0:dv0 + BV], S_f)
-            for c in T.serial(n_chunks):
-                slot = c % 2
-                T.barrier_wait(data_ready[slot], (c // 2) % 2)
-                T.barrier_wait(s_free, (c + 1) % 2)               # warpgroup 1 has read S_s
-                T.copy(S_f, S_s)
-                T.fence_proxy_async()
-                T.barrier_arrive(s_ready)
-                T.gemm(W_s[slot, :, :], S_s, WS, clear_accum=True)
-                T.barrier_wait(vn_free, (c + 1) % 2)
-                for i, j in T.Parallel(C, BV):
-                    if varlen:                  # rows past the sequence are the next one's
-                        Vn_s[i, j] = T.if_then_else(t_first + c * C + i < t_end, U_s[slot, i, j] - WS[i, j], 0.0)
-                    else:
-                        Vn_s[i, j] = U_s[slot, i, j] - WS[i, j]
-                T.fence_proxy_async()
-                T.barrier_arrive(vn_ready)
-                for i, j in T.Parallel(DK, BV):
-                    S_f[i, j] = S_f[i, j] * decay_s[slot, i]
-                T.gemm(Kw_s[slot, :, :], Vn_s, S_f, transpose_A=True)
-                T.barrier_arrive(data_free[slot])
-            T.copy(S_f, ht[n, bh, :, dv0:dv0 + BV])
-        elif tx < 256:
-            for c in T.serial(n_chunks):
-                slot = c % 2
-                T.barrier_wait(data_ready[slot], (c // 2) % 2)
-                T.barrier_wait(s_ready, c % 2)
-                T.gemm(Qw_s[slot, :, :], S_s, acc_o, clear_accum=True)
-                T.barrier_arrive(s_free)
-                T.barrier_wait(vn_ready, c % 2)
-                T.gemm(A_s[slot, :, :], Vn_s, acc_o)
-                T.barrier_arrive(vn_free)
-                T.barrier_arrive(data_free[slot])
-                T.copy(acc_o, O_s)
-                if varlen:
-                    for i, j in T.Parallel(C, BV):
-                        if t_first + c * C + i < t_end:
-                            O[bb, t_first + c * C + i, bh, dv0 + j] = O_s[i, j]
+            for s in T.serial(n_count):
+                n = n_first + s
+                t_first, t_end, c_first, n_chunks = seq(n)
+                if initial_state:
+                    T.copy(h0[n, bh, :, dv0:dv0 + BV], S_f)
                 else:
-                    T.copy(O_s, O[bb, c * C:(c + 1) * C, bh, dv0:dv0 + BV])
+                    T.clear(S_f)
+                for c in T.serial(n_chunks):
+                    j = j0(n) + c
+                    slot = j % 2
+                    T.barrier_wait(data_ready[slot], (j // 2) % 2)
+                    T.barrier_wait(s_free, (j + 1) % 2)               # warpgroup 1 has read S_s
+                    T.copy(S_f, S_s)
+                    T.fence_proxy_async()
+                    T.barrier_arrive(s_ready)
+                    T.gemm(W_s[slot, :, :], S_s, WS, clear_accum=True)
+                    T.barrier_wait(vn_free, (j + 1) % 2)
+                    for i, jj in T.Parallel(C, BV):
+                        if varlen:                  # rows past the sequence are the next one's
+                            Vn_s[i, jj] = T.if_then_else(t_first + c * C + i < t_end, U_s[slot, i, jj] - WS[i, jj], 0.0)
+                        else:
+                            Vn_s[i, jj] = U_s[slot, i, jj] - WS[i, jj]
+                    T.fence_proxy_async()
+                    T.barrier_arrive(vn_ready)
+                    for i, jj in T.Parallel(DK, BV):
+                        S_f[i, jj] = S_f[i, jj] * decay_s[slot, i]
+                    T.gemm(Kw_s[slot, :, :], Vn_s, S_f, transpose_A=True)
+                    T.barrier_arrive(data_free[slot])
+                if final_state:
+                    T.copy(S_f, ht[n, bh, :, dv0:dv0 + BV])
+        elif tx < 256:
+            for s in T.serial(n_count):
+                n = n_first + s
+                t_first, t_end, c_first, n_chunks = seq(n)
+                for c in T.serial(n_chunks):
+                    j = j0(n) + c
+                    slot = j % 2
+                    T.barrier_wait(data_ready[slot], (j // 2) % 2)
+                    T.barrier_wait(s_ready, j % 2)
+                    T.gemm(Qw_s[slot, :, :], S_s, acc_o, clear_accum=True)
+                    T.barrier_arrive(s_free)
+                    T.barrier_wait(vn_ready, j % 2)
+                    T.gemm(A_s[slot, :, :], Vn_s, acc_o)
+                    T.barrier_arrive(vn_free)
+                    T.barrier_arrive(data_free[slot])
+                    T.copy(acc_o, O_s)
+                    if varlen:
+                        for i, jj in T.Parallel(C, BV):
+                            if t_first + c * C + i < t_end:
+                                O[bb, t_first + c * C + i, bh, dv0 + jj] = O_s[i, jj]
+                    else:
+                        T.copy(O_s, O[bb, c * C:(c + 1) * C, bh, dv0:dv0 + BV])
         elif tx < 288:
-            for c in T.serial(n_chunks):
-                slot = c % 2
-                T.barrier_wait(data_free[slot], (c // 2 + 1) % 2)
-                rows = slice(t_first + c * C, t_first + (c + 1) * C)
-                T.tma_copy(Qw[bb, rows, bh, :], Qw_s[slot, :, :], barrier=data_ready[slot])
-                T.tma_copy(Kw[bb, rows, bh, :], Kw_s[slot, :, :], barrier=data_ready[slot])
-                T.tma_copy(W[bb, rows, bh, :], W_s[slot, :, :], barrier=data_ready[slot])
-                T.tma_copy(A_qk[bb, rows, bh, :], A_s[slot, :, :], barrier=data_ready[slot])
-                T.tma_copy(U[bb, rows, bh, dv0:dv0 + BV], U_s[slot, :, :], barrier=data_ready[slot])
-                T.tma_copy(decay[bb, bh, c_first + c, :], decay_s[slot, :], barrier=data_ready[slot])
-                T.barrier_arrive(data_ready[slot])
-
+            for s in T.serial(n_count):
+                n = n_first + s
+                t_first, t_end, c_first, n_chunks = seq(n)
+                for c in T.serial(n_chunks):
+                    j = j0(n) + c
+                    slot = j % 2
+                    T.barrier_wait(data_free[slot], (j // 2 + 1) % 2)
+                    rows = slice(t_first + c * C, t_first + (c + 1) * C)
+                    T.tma_copy(Qw[bb, rows, bh, :], Qw_s[slot, :, :], barrier=data_ready[slot])
+                    T.tma_copy(Kw[bb, rows, bh, :], Kw_s[slot, :, :], barrier=data_ready[slot])
+                    T.tma_copy(W[bb, rows, bh, :], W_s[slot, :, :], barrier=data_ready[slot])
+                    T.tma_copy(A_qk[bb, rows, bh, :], A_s[slot, :, :], barrier=data_ready[slot])
+                    T.tma_copy(U[bb, rows, bh, dv0:dv0 + BV], U_s[slot, :, :], barrier=data_ready[slot])
+                    T.tma_copy(decay[bb, bh, c_first + c, :], decay_s[slot, :], barrier=data_ready[slot])
+                    T.barrier_arrive(data_ready[slot])
 
     if not varlen:
         @T.prim_func
@@ -612,12 +643,12 @@ def gated_state_output_pass(DK, DV, chunk_size=64, block_dv=32, dtype="bfloat16"
             U: T.Tensor([B, S, H, DV], dtype),
             A_qk: T.Tensor([B, S, H, C], dtype),
             decay: T.Tensor([B, H, NC, DK], ACCUM),
-            h0: T.Tensor([B, H, DK, DV], ACCUM),
+            h0: T.Tensor(h0_shape, ACCUM),
             O: T.Tensor([B, S, H, DV], dtype),
-            ht: T.Tensor([B, H, DK, DV], ACCUM),
+            ht: T.Tensor(ht_shape, ACCUM),
         ):
             with T.Kernel(T.ceildiv(DV, BV), H, B, threads=384) as (bv, bh, bb):
-                body(Qw, Kw, W, U, A_qk, decay, h0, O, ht, bv, bh, bb, bb, 0, S, NC, 0)
+                body(Qw, Kw, W, U, A_qk, decay, h0, O, ht, bv, bh, bb, bb, 1, lambda n: (0, S, 0, NC))
     else:
         @T.prim_func
         def main(
@@ -627,15 +658,18 @@ def gated_state_output_pass(DK, DV, chunk_size=64, block_dv=32, dtype="bfloat16"
             U: T.Tensor([1, S, H, DV], dtype),
             A_qk: T.Tensor([1, S, H, C], dtype),
             decay: T.Tensor([1, H, NC, DK], ACCUM),
-            h0: T.Tensor([N, H, DK, DV], ACCUM),
+            h0: T.Tensor(h0_shape, ACCUM),
             O: T.Tensor([1, S, H, DV], dtype),
-            ht: T.Tensor([N, H, DK, DV], ACCUM),
+            ht: T.Tensor(ht_shape, ACCUM),
             cu_seqlens: T.Tensor([N + 1], "int32"),
             chunk_offsets: T.Tensor([N + 1], "int32"),
+            seq_groups: T.Tensor([NG + 1], "int32"),
         ):
-            with T.Kernel(T.ceildiv(DV, BV), H, N, threads=384) as (bv, bh, n):
-                body(Qw, Kw, W, U, A_qk, decay, h0, O, ht, bv, bh, 0, n, cu_seqlens[n], cu_seqlens[n + 1],
-                     chunk_offsets[n + 1] - chunk_offsets[n], chunk_offsets[n])
+            with T.Kernel(T.ceildiv(DV, BV), H, NG, threads=384) as (bv, bh, grp):
+                body(Qw, Kw, W, U, A_qk, decay, h0, O, ht, bv, bh, 0, seq_groups[grp],
+                     seq_groups[grp + 1] - seq_groups[grp],
+                     lambda n: (cu_seqlens[n], cu_seqlens[n + 1], chunk_offsets[n],
+                                chunk_offsets[n + 1] - chunk_offsets[n]))
 
     return main
 # --8<-- [end:gated_state_output_pass]
