@@ -239,6 +239,23 @@ def test_a_cpu_snippet_runs_as_a_script_of_its_own(mini_site, tmp_path):
         sn.run(slow, timeout=1)
 
 
+def test_tilelang_log_lines_stay_out_of_a_snippet_output(mini_site):
+    """tilelang's logger writes to stdout; its lines are not part of the Markdown a snippet prints."""
+    snippet = mini_site("""\
+        # snippet: cpu
+        import logging, sys
+        log = logging.getLogger("TileLang")
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(asctime)s  [TileLang:%(name)s:%(levelname)s]: %(message)s",
+                                               datefmt="%Y-%m-%d %H:%M:%S"))
+        log.addHandler(handler)
+        print("| a |")
+        log.warning("Found kernel 'main' in memory cache")
+        print("|---|")
+        """)
+    assert sn.run(snippet, timeout=60).output == "| a |\n|---|\n"
+
+
 def test_a_notebook_runs_without_a_word_on_the_build_output(tmp_path, capfd):
     """The playground is executed during the build; its kernel must not print into the build's
     output (ipykernel 7 warns about unencrypted TCP, about an orphaned kernel at exit, and can

@@ -270,7 +270,17 @@ def run(snippet: Snippet, timeout: float | None = None, env: dict | None = None)
         data_file = Path(out) / "data.json"
         data = json.loads(data_file.read_text()) if data_file.exists() else None
         figures = {p.name: p.read_bytes() for p in Path(out).glob("*.png")}
-        return Result(stdout, data, figures, seconds)
+        return Result(without_log_lines(stdout), data, figures, seconds)
+
+
+# tilelang logs through tqdm.write, that is to stdout, where a snippet's Markdown goes
+TILELANG_LOG_LINE = re.compile(r"^\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}\s+\[TileLang:[^\]]*\]")
+
+
+def without_log_lines(stdout: str) -> str:
+    """A snippet's output without the lines tilelang's logger printed into it (its cache warnings
+    landed in a recorded table of the level-5 page)."""
+    return "".join(line for line in stdout.splitlines(keepends=True) if not TILELANG_LOG_LINE.match(line))
 
 
 # --- CPU cache -----------------------------------------------------------------------------
