@@ -122,11 +122,15 @@ def test_without_timing_snippets_the_checks_get_the_whole_budget(tmp_path, monke
 
 
 def _kernel(cache: Path, name: str, size: int, mtime: float) -> None:
-    """A tilelang cache entry: a folder of files that do not compress."""
-    entry = cache / "0.1.15" / "cuda-binaries" / name
+    """A tilelang cache entry as tilelang 0.1.15 lays it out: the kernel's folder, files that do not
+    compress, and beside it nvcc's cubin in the compiler cache."""
+    entry = cache / "0.1.15" / "linux-x86_64" / "kernels" / name
     entry.mkdir(parents=True)
-    (entry / "kernel.cubin").write_bytes(os.urandom(size))
+    (entry / "executable.so").write_bytes(os.urandom(size))
     os.utime(entry, (mtime, mtime))
+    binary = cache / "0.1.15" / rr.COMPILER_CACHE / f"{name}-source-hash"
+    binary.mkdir(parents=True)
+    (binary / "kernel.cubin").write_bytes(os.urandom(size))
 
 
 def test_caches_travel_in_parts_and_come_back(tmp_path, monkeypatch):
@@ -150,8 +154,9 @@ def test_caches_travel_in_parts_and_come_back(tmp_path, monkeypatch):
     monkeypatch.setenv("TILELANG_CACHE_DIR", str(fresh_tl))
     monkeypatch.setenv("TRITON_CACHE_DIR", str(fresh_tr))
     assert rr.unpack_caches(out)
-    assert (fresh_tl / "0.1.15" / "cuda-binaries" / "k1" / "kernel.cubin").read_bytes() == \
-        (tl / "0.1.15" / "cuda-binaries" / "k1" / "kernel.cubin").read_bytes()
+    kernel = Path("0.1.15") / "linux-x86_64" / "kernels" / "k1" / "executable.so"
+    assert (fresh_tl / kernel).read_bytes() == (tl / kernel).read_bytes()
+    assert not (fresh_tl / "0.1.15" / rr.COMPILER_CACHE).exists()   # nvcc's cache stays behind
     assert (fresh_tr / "h1" / "f.autotune.json").read_text() == '{"config": 1}'
     assert not (fresh_tr / "h2").exists()
     assert not rr.unpack_caches(tmp_path / "empty")
@@ -173,7 +178,7 @@ def test_a_cache_too_large_keeps_the_choices_and_the_newest_kernels(tmp_path, mo
     monkeypatch.setenv("TILELANG_CACHE_DIR", str(fresh / "tl"))
     monkeypatch.setenv("TRITON_CACHE_DIR", str(fresh / "tr"))
     assert rr.unpack_caches(out)
-    kept = sorted(p.name for p in (fresh / "tl" / "0.1.15" / "cuda-binaries").iterdir())
+    kept = sorted(p.name for p in (fresh / "tl" / "0.1.15" / "linux-x86_64" / "kernels").iterdir())
     assert 2 <= len(kept) <= 3 and kept == [f"k{n}" for n in range(6 - len(kept), 6)]
     assert (fresh / "tr" / "h1" / "f.autotune.json").exists()
     # no room for any kernel: the choices still travel

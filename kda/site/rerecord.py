@@ -158,11 +158,18 @@ def pack_choices(out_dir: Path) -> Path | None:
     return archive
 
 
+# nvcc's output keyed by CUDA source, read only when a kernel is compiled again: a cached kernel loads
+# from its own folder (tilelang 0.1.15, cache/kernel_cache.py). It was about 40% of the packed bytes.
+COMPILER_CACHE = "cuda-binaries"
+
+
 def _kernel_entries(cache: Path) -> list[Path]:
-    """The folders of the tilelang cache that hold files (one compiled kernel each), newest first."""
+    """The folders of the tilelang cache that hold files (one compiled kernel each, with everything
+    it loads from), newest first; nvcc's own cache (``COMPILER_CACHE``) left out."""
     if not cache.is_dir():
         return []
-    entries = [d for d in cache.rglob("*") if d.is_dir() and any(f.is_file() for f in d.iterdir())]
+    entries = [d for d in cache.rglob("*") if d.is_dir() and any(f.is_file() for f in d.iterdir())
+               and COMPILER_CACHE not in d.relative_to(cache).parts]
     return sorted(entries, key=lambda d: d.stat().st_mtime, reverse=True)
 
 
