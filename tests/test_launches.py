@@ -1,0 +1,197 @@
+"""Every CUDA launch path of the package, checked on the CPU without compiling: each kernel's
+``prim_func`` is built, and the launch is replaced by a stand-in that checks the arguments as
+tilelang's binder checks them on the GPU (their count, dtype, rank, static sizes, symbolic sizes
+bound alike across tensors, contiguity, scalars). A wrong argument list otherwise shows only on a
+GPU, at the price of a device call."""
+
+import contextlib
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.tilelang
+
+tvm = pytest.importorskip("tvm")
+
+
+def bind_arguments(func, args, name):
+    """The binder's checks of ``args`` against the ``prim_func`` ``func``; raises ``AssertionError``
+    naming the kernel and the parameter."""
+    params = list(func.params)
+    assert len(args) == len(params), f"{name}: {len(args)} arguments for {len(params)} parameters"
+    analyzer = tvm.arith.Analyzer()
+    bound = {}
+    buffers = [(p, func.buffer_map[p], a) for p, a in zip(params, args) if p in func.buffer_map]
+    for p, a in zip(params, args):
+        if p not in func.buffer_map:
+            assert isinstance(a, (int, float)) and not isinstance(a, bool), f"{name}: {p.name} takes a number"
+    for p, buf, a in buffers:                 # symbols first: a plain symbol in a shape binds to its size
+        assert isinstance(a, torch.Tensor), f"{name}: {buf.name} takes a tensor, got {type(a).__name__}"
+        assert str(a.dtype).removeprefix("torch.") == str(buf.dtype), f"{name}: {buf.name} is {buf.dtype}, got {a.dtype}"
+        assert a.dim() == len(buf.shape), f"{name}: {buf.name} has rank {len(buf.shape)}, got {a.dim()}"
+        assert a.is_contiguous(), f"{name}: {buf.name} must be contiguous"
+        for dim, size in zip(buf.shape, a.shape):
+            if isinstance(dim, tvm.tirx.Var):
+                assert bound.setdefault(dim.name, size) == size, \
+                    f"{name}: {buf.name} binds {dim.name} = {size}, already {bound[dim.name]}"
+                analyzer.bind(dim, size)
+    for p, buf, a in buffers:                 # a symbol seen only as ``symbol + constant`` binds by it
+        for dim, size in zip(buf.shape, a.shape):
+            free = [v for v in _symbols(dim) if v.name not in bound]
+            offset = analyzer.simplify(dim - free[0]) if len(free) == 1 else None
+            if isinstance(offset, tvm.tirx.IntImm):
+                bound[free[0].name] = size - int(offset)
+                analyzer.bind(free[0], size - int(offset))
+    for p, buf, a in buffers:                 # then every size, constant or an expression of symbols
+        for axis, (dim, size) in enumerate(zip(buf.shape, a.shape)):
+            want = analyzer.simplify(dim)
+            assert isinstance(want, tvm.tirx.IntImm), f"{name}: {buf.name} axis {axis}: {dim} is not bound"
+            assert int(want) == size, f"{name}: {buf.name} axis {axis} must be {int(want)} ({dim}), got {size}"
+
+
+def _symbols(expr):
+    found = []
+    tvm.tirx.stmt_functor.post_order_visit(expr, lambda e: found.append(e) if isinstance(e, tvm.tirx.Var) else None)
+    return list({v.name: v for v in found}.values())
+
+
+@pytest.fixture
+def kernel_launches(monkeypatch):
+    """The launch paths run on CPU tensors; every ``compile_program`` returns a stand-in that builds
+    the ``prim_func`` and checks its launch. Yields the list of launches ``(kernel, params)``."""
+    from kda.kernels import build
+
+    launches = []
+
+    def compile_program(program_fn, out_idx, target=None, pass_configs=None, **params):
+        func = program_fn(**params)
+
+        def launch(*args):
+            bind_arguments(func, args, program_fn.__name__)
+            launches.append((program_fn.__name__, params))
+        return launch
+
+    monkeypatch.setattr(build, "compile_program", compile_program)
+    monkeypatch.setattr(build, "sm_count", lambda device: 132)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    return launches
+
+
+def level5_inputs(B=1, T=200, H=2, HV=2, D=64, per_channel=True, dtype=torch.bfloat16):
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(B, T, H, D, generator=gen).to(dtype) for _ in range(2))
+    v = torch.randn(B, T, HV, D, generator=gen).to(dtype)
+    g = -torch.rand((B, T, HV, D) if per_channel else (B, T, HV, 1), generator=gen)
+    beta = torch.rand(B, T, HV, generator=gen)
+    return q, k, v, g, beta
+
+
+@pytest.mark.parametrize("final", [False, True], ids=["no_final", "final"])
+@pytest.mark.parametrize("initial", [False, True], ids=["zero_start", "initial"])
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
+def test_level5(kernel_launches, per_channel, packed, initial, final):
+    """``chunk_intra`` and the state pass, dense (B = 2) and packed (an empty sequence and a
+    single token among them), with and without initial and final states."""
+    from kda.gated_delta import _run_kernels, chunk_table
+
+    bounds = [0, 70, 71, 71, 200]
+    q, k, v, g, beta = level5_inputs(B=1 if packed else 2, per_channel=per_channel)
+    table = chunk_table(bounds, "cpu") if packed else None
+    N = len(bounds) - 1 if packed else 2
+    h0 = torch.randn(N, 2, 64, 64) if initial else None
+    flags = torch.zeros(2, dtype=torch.int32)
+    o, ht = _run_kernels(q, k, v, g, beta, 0.125, h0, flags, table, final)
+    assert [name for name, _ in kernel_launches] == ["chunk_intra", "gated_state_output_pass"]
+    assert o.shape == v.shape and (ht is None) == (not final)
+    assert kernel_launches[1][1]["initial_state"] == initial and kernel_launches[1][1]["final_state"] == final
+
+
+def test_level5_grouped_value_heads(kernel_launches):
+    """q and k with 2 heads, v, g, beta and the states with 6 (value head i reads head i // 3)."""
+    from kda.gated_delta import _run_kernels
+
+    q, k, v, g, beta = level5_inputs(H=2, HV=6)
+    _run_kernels(q, k, v, g, beta, 0.125, torch.randn(1, 6, 64, 64), torch.zeros(2, dtype=torch.int32))
+    assert kernel_launches[0][1]["value_groups"] == 3
+
+
+def test_level5_state_pass_columns_by_groups(kernel_launches):
+    """Packed sequences choose the state pass's width by their groups, not their count: 100
+    one-token sequences of 2 heads of 64 value columns would give 200 blocks of 64 columns, but
+    they are 4 groups (windows of 32 chunks), so the pass takes stripes of 32 to cover more SMs."""
+    from kda.gated_delta import _run_kernels, chunk_table, state_pass_columns
+
+    q, k, v, g, beta = level5_inputs(T=100)
+    table = chunk_table(list(range(101)), "cpu")
+    assert table.seq_groups.tolist() == [0, 32, 64, 96, 100]
+    assert state_pass_columns(100, 2, 64, 132) == 64
+    _run_kernels(q, k, v, g, beta, 0.125, None, torch.zeros(2, dtype=torch.int32), table, False)
+    assert kernel_launches[1][1]["block_dv"] == 32
+
+
+def test_split_maps(kernel_launches):
+    """The intra-card split's maps: the runs as a batch, then two state passes (from zero, and
+    with U = 0 from the identity)."""
+    from kda import distributed
+
+    q, k, v, g, beta = level5_inputs(T=256)
+    runs = distributed.runs_form(distributed.prepare_chunks(q, k, v, g, beta, 0.125), 2)
+    M, Bm = distributed.chunk_maps(runs)
+    assert M.shape == (2, 2, 64, 64) and Bm.shape == (2, 2, 64, 64)
+    assert [name for name, _ in kernel_launches] == ["chunk_intra"] + ["gated_state_output_pass"] * 2
+
+
+@pytest.mark.parametrize("per_channel", [True, False], ids=["per_channel", "scalar"])
+@pytest.mark.parametrize("with_state", [False, True], ids=["stateless", "states"])
+def test_level3(kernel_launches, per_channel, with_state):
+    from kda.gated import _run_gated_kernels
+
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 130, 2, 64, generator=gen).bfloat16() for _ in range(3))
+    g = -torch.rand((2, 130, 2, 64) if per_channel else (2, 130, 2), generator=gen)
+    h0 = torch.randn(2, 2, 64, 64) if with_state else None
+    o, ht, _ = _run_gated_kernels(q, k, v, g, per_channel, 0.125, h0, with_state)
+    assert o.shape == v.shape and (ht is not None) == with_state
+
+
+@pytest.mark.parametrize("with_state", [False, True], ids=["stateless", "states"])
+def test_levels_1_2_and_4(kernel_launches, with_state):
+    from kda import ops
+    from kda.delta import _run_kernels as delta_kernels
+    from kda.kernels import level1, level2
+
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, 130, 2, 64, generator=gen).bfloat16() for _ in range(3))
+    h0 = torch.randn(2, 2, 64, 64) if with_state else None
+    ops._run_kernel(level1.seq_in_loop, q, k, v, (), 0.125, h0, with_state)
+    alpha = ops._log2_alpha_on((0.9, 0.99), "cpu")
+    ops._run_kernel(level2.seq_in_loop, q, k, v, (alpha,), 0.125, h0, with_state)
+    delta_kernels(q, k, v, torch.rand(2, 130, 2, generator=gen), 0.125, h0, with_state)
+    assert len(kernel_launches) >= 3
+
+
+@pytest.mark.parametrize("broken", ["missing", "strided", "float64", "rebinds"])
+def test_the_stand_in_refuses_what_the_binder_refuses(kernel_launches, broken):
+    """The check is not a stand-in that accepts anything: an argument left out, a strided view, a
+    float64 tensor where float32 is declared, and a size that binds a symbol twice differently."""
+    from kda.kernels import level5
+    from kda.kernels.build import compile_program
+
+    q, k, v, g, beta = level5_inputs(T=128)
+    Qw, Kw, W, U = (torch.empty_like(x) for x in (q, k, q, v))
+    decay, A = torch.empty(1, 2, 2, 64), torch.empty(1, 128, 2, 64, dtype=q.dtype)
+    launch = compile_program(level5.gated_state_output_pass, (), DK=64, DV=64)
+    h0, o, ht = torch.zeros(1, 2, 64, 64), torch.empty_like(v), torch.empty(1, 2, 64, 64)
+    args = [Qw, Kw, W, U, A, decay, h0, o, ht]
+    launch(*args)                                                       # as the package calls it
+    if broken == "missing":
+        args.pop(6)
+    elif broken == "strided":
+        args[0] = torch.empty(1, 128, 2, 128, dtype=q.dtype)[..., :64]
+    elif broken == "float64":
+        args[5] = decay.double()
+    else:
+        args[1] = torch.empty(1, 64, 2, 64, dtype=q.dtype)               # T bound to 128 by Qw
+    with pytest.raises(AssertionError):
+        launch(*args)
