@@ -195,3 +195,20 @@ def test_the_stand_in_refuses_what_the_binder_refuses(kernel_launches, broken):
         args[1] = torch.empty(1, 64, 2, 64, dtype=q.dtype)               # T bound to 128 by Qw
     with pytest.raises(AssertionError):
         launch(*args)
+
+
+@pytest.mark.parametrize("kind", ["dense", "packed", "pooled"])
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
+def test_decode(kernel_launches, per_channel, kind):
+    """``fused_recurrent``: one step for a batch of 3 (dense), 3 packed sequences of 1, 2 and 1
+    tokens, and 3 sequences reading and writing a pool of 5 states by index."""
+    from kda.decode import _run_kernel
+
+    B, T = (3, 1) if kind == "dense" else (1, 4)
+    q, k, v, g, beta = level5_inputs(B=B, T=T, per_channel=per_channel)
+    cu = torch.tensor([0, 1, 3, 4]) if kind != "dense" else None
+    pool = torch.randn(5, 2, 64, 64)
+    indices = torch.tensor([4, 0, 2]) if kind == "pooled" else None
+    h0 = pool if kind == "pooled" else torch.randn(3, 2, 64, 64)
+    _run_kernel(q, k, v, g, beta, 0.125, h0, cu, indices, True, False)
+    assert [name for name, _ in kernel_launches] == ["fused_recurrent"]
