@@ -21,8 +21,9 @@ chunk-local cumsum of the gate in log2 units, float32 ``[B, T, H]``). Every fact
 * one producer warp: ``q, k, v, Tb`` of the next chunk by TMA into the second of two slots, ``G``
   by plain loads.
 
-Kernel 1 (``Tb`` and ``G``) is torch here: this run measures the pass. Its kernel would be
-``chunk_intra``'s scalar path without the four big stores.
+Kernel 1 (``gdn_inverse``) makes ``Tb`` and ``G`` from ``k, g, beta`` with level 5's stages (one
+GEMM ``K K^T``, the decay where it is written, the solve); the check compares it with a float64
+version in torch (``chunk_inputs``), and runs the pass on both.
 
 * ``compile``: the pass for sm_90a (registers, spills), 32 and 64 value columns;
 * ``check``: O and ht against ``kda.chunk_gated_delta_rule`` and the float64 recurrence at
@@ -171,6 +172,75 @@ def gdn_pass(DK, DV, chunk_size=64, block_dv=64, dtype="bfloat16"):
     return main
 
 
+def gdn_inverse(DK, chunk_size=64, dtype="bfloat16", threads=256):
+    """Kernel 1 of the pair, every chunk at once: the gate's cumsum ``G`` (log2, float32 ``[B, T,
+    H]``) and ``Tb = T diag(b)`` (dtype ``[B, T, H, C]``) from ``K [B, T, H, DK]``, ``g [B, T, H,
+    1]`` and ``beta [B, T, H]`` (float32), with level 5's stages: one GEMM ``K K^T``, the decay
+    ``2^(G_i - G_j)`` where it is written (``<= 1``), the diagonal blocks by columns and the merge by
+    substitution. Last argument ``flags [2]`` (int32, as ``chunk_intra``)."""
+    from kda.kernels.level5 import SOLVE_BLOCK, invert_diagonal_blocks_by_columns, log2_cumsum_by_columns
+    from kda.kernels.stages import decay_factor, merge_by_substitution
+
+    B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
+    C = chunk_size
+    NC = T.ceildiv(S, C)
+
+    @T.prim_func
+    def main(
+        K: T.Tensor([B, S, H, DK], dtype),
+        g: T.Tensor([B, S, H, 1], ACCUM),
+        beta: T.Tensor([B, S, H], ACCUM),
+        G: T.Tensor([B, S, H], ACCUM),
+        Tb: T.Tensor([B, S, H, C], dtype),
+        flags: T.Tensor([2], "int32"),
+    ):
+        with T.Kernel(NC, H, B, threads=threads) as (c, bh, bb):
+            T.annotate_min_blocks_per_sm(2)
+            t0 = c * C
+            L = T.min(C, S - t0)
+            K_s = T.alloc_shared([C, DK], dtype)
+            G_s = T.alloc_shared([C, 1], ACCUM)
+            beta_s = T.alloc_shared([C], ACCUM)
+            A = T.alloc_fragment([C, C], ACCUM)
+            A_s = T.alloc_shared([C, C], ACCUM)
+            Tinv_s = T.alloc_shared([C, C], ACCUM)
+            Tb_s = T.alloc_shared([C, C], dtype)
+            x_col = T.alloc_local([SOLVE_BLOCK], ACCUM)
+            T.copy(K[bb, t0:t0 + C, bh, :], K_s)
+            T.copy(g[bb, t0:t0 + C, bh, :], G_s)
+            log2_cumsum_by_columns(G_s, G_s, L, C, 1, flags)
+            for i in T.Parallel(C):
+                beta_s[i] = T.if_then_else(i < L, beta[bb, t0 + T.min(i, L - 1), bh], 0.0)
+            T.gemm(K_s, K_s, A, transpose_B=True, clear_accum=True)
+            for i, j in T.Parallel(C, C):
+                A_s[i, j] = T.if_then_else(j < i, A[i, j] * beta_s[i] * decay_factor(G_s[i, 0] - G_s[j, 0]), 0.0)
+            invert_diagonal_blocks_by_columns(A_s, Tinv_s, x_col, C, SOLVE_BLOCK)
+            merge_by_substitution(A_s, Tinv_s, C, SOLVE_BLOCK)
+            for i, j in T.Parallel(C, C):     # blocks above the diagonal are not written: read as 0
+                Tb_s[i, j] = T.if_then_else(i // SOLVE_BLOCK >= j // SOLVE_BLOCK, Tinv_s[i, j] * beta_s[j], 0.0)
+            for i, j in T.Parallel(C, C):
+                if i < L:
+                    Tb[bb, t0 + i, bh, j] = Tb_s[i, j]
+            for i in T.Parallel(C):
+                if i < L:
+                    G[bb, t0 + i, bh] = G_s[i, 0]
+
+    return main
+
+
+def inverse_launch(k, g, beta):
+    import torch
+
+    from kda.kernels.build import compile_program
+    B, Tn, H, D = k.shape
+    kernel = compile_program(gdn_inverse, (), DK=D, dtype="bfloat16")
+    G = torch.full((B, Tn, H), float("nan"), device=k.device)
+    Tb = torch.full((B, Tn, H, 64), float("nan"), dtype=k.dtype, device=k.device)
+    kernel(k, g[..., None].contiguous(), beta.float().contiguous(), G, Tb, torch.zeros(2, dtype=torch.int32,
+                                                                                       device=k.device))
+    return Tb, G
+
+
 def chunk_inputs(q, k, g, beta, C=64):
     """``Tb = T diag(b)`` (bf16) and ``G`` (float32, log2) of every chunk, in float64 on the GPU:
     the kernel that would make them is ``chunk_intra``'s scalar path without its big stores."""
@@ -194,6 +264,11 @@ def chunk_inputs(q, k, g, beta, C=64):
 
 def compile_all():
     from kda.kernels.build import SM90A, compile_program, ptxas_report
+    try:
+        log(RUN, {"what": "compile", "kernel": "gdn_inverse",
+                  **ptxas_report(compile_program(gdn_inverse, (), target=SM90A, DK=128))})
+    except Exception as e:  # noqa: BLE001
+        log(RUN, {"what": "compile", "kernel": "gdn_inverse", "error": repr(e)[-600:]})
     for bv in (32, 64):
         try:
             kernel = compile_program(gdn_pass, (), target=SM90A, DK=128, DV=128, block_dv=bv)
@@ -241,13 +316,18 @@ def check():
             g[:, 40:110] = -20.0
         h0 = torch.randn(B, H, D, D, device="cuda")
         Tb, G = chunk_inputs(q, k, g, beta)
+        Tb_k, G_k = inverse_launch(k, g, beta)
+        log(RUN, {"what": "check", "kernel": "gdn_inverse", "shape": list(shape), "gate": gate,
+                  "nan": bool(Tb_k.isnan().any() or G_k.isnan().any()),
+                  "Tb_vs_float64": rel_l2(Tb_k, Tb), "G_vs_float64": rel_l2(G_k, G)})
         o_k, ht_k = kda.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True)
         small = Tn <= 1000
         if small:
             o_r, ht_r = ref0.recurrent(q.double() * D ** -0.5, k, v, g, beta, h0, True)
-        for bv in (32, 64):
-            o, ht = launch(q, k, v, Tb, G, D ** -0.5, h0, bv)
+        for bv, (Tb_in, G_in) in [(32, (Tb, G)), (64, (Tb, G)), (32, (Tb_k, G_k))]:
+            o, ht = launch(q, k, v, Tb_in, G_in, D ** -0.5, h0, bv)
             row = {"what": "check", "shape": list(shape), "gate": gate, "block_dv": bv,
+                   "inverse": "gdn_inverse" if Tb_in is Tb_k else "torch float64",
                    "nan": bool(o.isnan().any() or ht.isnan().any()),
                    "o_vs_kda": rel_l2(o, o_k), "ht_vs_kda": rel_l2(ht, ht_k)}
             if small:
@@ -272,6 +352,10 @@ def time_all():
         for bv in (32, 64):
             log(RUN, {**base, "impl": f"gdn_pass, {bv} columns",
                       "ms": median_ms(lambda: launch(q, k, v, Tb, G, D ** -0.5, h0, bv))})
+        log(RUN, {**base, "impl": "gdn_inverse", "ms": median_ms(lambda: inverse_launch(k, g, beta))})
+        for bv in (32, 64):
+            log(RUN, {**base, "impl": f"gdn_inverse + gdn_pass, {bv} columns", "ms": median_ms(
+                lambda: launch(q, k, v, *inverse_launch(k, g, beta), D ** -0.5, h0, bv))})
         log(RUN, {**base, "impl": "kda state pass on chunk_intra's output", "ms": median_ms(lambda: run_state_pass(form, None))})
         log(RUN, {**base, "impl": "kda chunk_intra, scalar path", "ms": median_ms(
             lambda: prepare_chunks(q, k, v, g[..., None].contiguous(), beta, D ** -0.5))})
