@@ -169,7 +169,7 @@ def test_levels_1_2_and_4(kernel_launches, with_state):
     alpha = ops._log2_alpha_on((0.9, 0.99), "cpu")
     ops._run_kernel(level2.seq_in_loop, q, k, v, (alpha,), 0.125, h0, with_state)
     delta_kernels(q, k, v, torch.rand(2, 130, 2, generator=gen), 0.125, h0, with_state)
-    assert len(kernel_launches) >= 3
+    assert [name for name, _ in kernel_launches] == ["seq_in_loop", "seq_in_loop", "chunk_wy", "state_output_pass"]
 
 
 @pytest.mark.parametrize("broken", ["missing", "strided", "float64", "rebinds"])
