@@ -242,23 +242,24 @@ def inverse_launch(k, g, beta):
 
 
 def chunk_inputs(q, k, g, beta, C=64):
-    """``Tb = T diag(b)`` (bf16) and ``G`` (float32, log2) of every chunk, in float64 on the GPU:
-    the kernel that would make them is ``chunk_intra``'s scalar path without its big stores."""
+    """``Tb = T diag(b)`` (in the dtype of ``q``) and ``G`` (float32, log2) of every chunk, in
+    float64 with torch: what ``gdn_inverse`` computes, to check it and to run the pass on."""
+    import math
+
     import torch
 
-    B, Tn, H, D = k.shape
-    NC = -(-Tn // C)
-    pad = NC * C - Tn
-    kp = torch.nn.functional.pad(k.double(), (0, 0, 0, 0, 0, pad)).view(B, NC, C, H, D).permute(0, 3, 1, 2, 4)
-    gp = torch.nn.functional.pad(g.double(), (0, 0, 0, pad)).view(B, NC, C, H).permute(0, 3, 1, 2)
-    bp = torch.nn.functional.pad(beta.double(), (0, 0, 0, pad)).view(B, NC, C, H).permute(0, 3, 1, 2)
-    Gc = gp.cumsum(-1) / torch.log(torch.tensor(2.0, dtype=torch.float64))      # [B, H, NC, C], log2
+    from kda.reference.common import from_chunks, to_chunks
+
+    Tn = k.shape[1]
+    kc = to_chunks(k.double(), C)                                          # [B, H, NC, C, D]
+    gc, bc = (to_chunks(x.double()[..., None], C)[..., 0] for x in (g, beta))    # [B, H, NC, C]
+    Gc = gc.cumsum(-1) / math.log(2.0)
     decay = torch.exp2((Gc[..., :, None] - Gc[..., None, :]).clamp(max=0))
-    A = torch.tril(bp[..., :, None] * (kp @ kp.transpose(-1, -2)) * decay, -1)
+    A = torch.tril(bc[..., :, None] * (kc @ kc.transpose(-1, -2)) * decay, -1)
     eye = torch.eye(C, dtype=torch.float64, device=k.device)
     Tm = torch.linalg.solve_triangular(eye + A, eye.expand_as(A), upper=False)
-    Tb = (Tm * bp[..., None, :]).permute(0, 2, 3, 1, 4).reshape(B, NC * C, H, C)[:, :Tn]
-    G = Gc.permute(0, 2, 3, 1).reshape(B, NC * C, H)[:, :Tn]
+    Tb = from_chunks(Tm * bc[..., None, :], Tn)
+    G = from_chunks(Gc[..., None], Tn)[..., 0]
     return Tb.to(q.dtype).contiguous(), G.float().contiguous()
 
 
