@@ -1,4 +1,4 @@
-"""Run 53 (H200, planned): GDN's sequential pass reading the raw inputs, as FlashQLA's does.
+"""Run 53 (H200, 2026-12-01): GDN's sequential pass reading the raw inputs, as FlashQLA's does.
 
 kda's GDN (scalar gate) is ``chunk_intra``'s scalar path, which writes ``Qw, Kw, W, U`` (four
 ``[B, T, H, 128]`` bf16 tensors) and ``A_qk``, then the state pass reads them: about 3.5 GB at
