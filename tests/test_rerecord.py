@@ -232,6 +232,18 @@ def test_the_command_records_what_is_stale_and_returns_it(tmp_path, monkeypatch)
     assert [p.name for p in out.glob("caches.tgz.part*")] == ["caches.tgz.part00"]
 
 
+def test_the_recorder_hashes_the_modules_of_the_run(tmp_path):
+    """The record's hash is taken over the modules the run reports, and the record keeps the list."""
+    snippet = _snippets(tmp_path, {"probe": (False, None)})[0]
+    run = lambda snippet, timeout=None, env=None: sn.Result("| a |", None, {}, 1.0, ["kda/metrics.py"])
+    assert rr.Recorder({"device": "NVIDIA H200"}, log=lambda line: None, run=run).record(snippet, 1.0) == "recorded"
+    record = sn.read_record(snippet)
+    assert record["modules"] == ["kda/metrics.py"]
+    assert record["source_hash"] == sn.source_hash(snippet, modules=["kda/metrics.py"]) != sn.source_hash(
+        snippet, modules=[])
+    assert sn.record_status(snippet)[0] == "ok"
+
+
 def test_the_recorder_tells_a_timeout_from_a_failure(tmp_path):
     """A timeout is retried later in the call, a failure is not: the recorder tells them apart by
     the error's type (sn.SnippetTimeout), whatever its message."""

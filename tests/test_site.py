@@ -179,6 +179,47 @@ def test_hash_follows_the_package_imports(mini_site):
     assert "ops.py" not in files and not any(f.startswith("site/") for f in files)
 
 
+def test_a_gpu_run_lists_the_kda_modules_it_loaded(mini_site):
+    """A GPU snippet's run returns the kda modules imported when it ended: the kernel modules it
+    never loaded are not among them, nor the runner's own ``kda.site``."""
+    snippet = mini_site("# snippet: gpu\nfrom kda.reference import level1\nprint(level1.__name__)\n")
+    result = sn.run(snippet, timeout=300)
+    assert result.output.strip() == "kda.reference.level1"
+    assert {"kda/__init__.py", "kda/reference/level1.py", "kda/reference/common.py"} <= set(result.modules)
+    assert "kda/kernels/level2.py" not in result.modules
+    assert not any(m.startswith("kda/site/") for m in result.modules)
+    bare = mini_site("# snippet: gpu\nimport sys\nsys.exit(0)\n", name="bare.py")
+    assert sn.run(bare, timeout=300).modules == []          # the runner's own import of kda is not counted
+
+
+def test_a_record_with_its_run_modules_goes_stale_only_with_them(mini_site, tmp_path, monkeypatch):
+    """A record that lists its run's modules is stale when one of those files changes or goes,
+    and not when another kda file changes; a record without a list keeps the import rule."""
+    fake = tmp_path / "fake_kda"
+    (fake / "kernels").mkdir(parents=True)
+    (fake / "ops.py").write_text("X = 1\n")
+    (fake / "kernels" / "level2.py").write_text("Y = 1\n")
+    monkeypatch.setattr(sn, "_kda_dir", lambda: fake)
+    snippet = mini_site("# snippet: gpu\nprint(1)\n")
+    result = sn.Result("| a |\n|---|\n| 1 |\n", None, {}, 1.0, ["kda/ops.py"])
+    info = {"device": "NVIDIA H200", "date": "2026-01-01 00:00 UTC", "commit": "0" * 40, "torch": "x"}
+    sn.write_record(snippet, result, sn.source_hash(snippet, modules=result.modules), info,
+                    snippet.root / "results" / "gpu")
+    assert sn.read_record(snippet)["modules"] == ["kda/ops.py"]
+    assert sn.record_status(snippet)[0] == "ok"
+    (fake / "kernels" / "level2.py").write_text("Y = 2\n")
+    assert sn.record_status(snippet)[0] == "ok"
+    (fake / "ops.py").write_text("X = 2\n")
+    assert sn.record_status(snippet)[0] == "stale"
+    (fake / "ops.py").write_text("X = 1\n")
+    assert sn.record_status(snippet)[0] == "ok"
+    (fake / "ops.py").unlink()
+    assert sn.record_status(snippet)[0] == "stale"
+    legacy = mini_site("# snippet: gpu\nprint(2)\n", name="legacy.py")
+    _record(legacy, sn.source_hash(legacy))
+    assert "modules" not in sn.read_record(legacy) and sn.record_status(legacy)[0] == "ok"
+
+
 def test_uses_may_continue_on_the_comment_lines_below_the_header(mini_site):
     snippet = mini_site("# snippet: cpu uses=snippets/a.py\n#   uses=snippets/b.py uses=snippets/c.py\n"
                         "# uses=snippets/d.py\n\n# uses=snippets/not_header.py\nprint(1)\n")

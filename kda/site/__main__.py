@@ -63,9 +63,8 @@ def _run(args) -> int:
         print(f"[{i}/{len(todo)}] {s.path} ...", end=" ", flush=True)
         try:
             if where == "gpu":
-                digest = sn.source_hash(s)
                 result = sn.run(s, timeout=args.timeout)
-                path = sn.write_record(s, result, digest, info)
+                path = sn.write_record(s, result, sn.source_hash(s, modules=result.modules), info)
                 print(f"{result.seconds:.1f} s -> {path.relative_to(ROOT)}", flush=True)
             else:
                 result, hit = sn.cached_run(s, ROOT / ".cache" / "kda-site")

@@ -82,8 +82,8 @@ class Recorder:
     def record(self, snippet: sn.Snippet, timeout: float) -> str:
         """``recorded``, ``timeout`` or ``failed``."""
         try:
-            digest = sn.source_hash(snippet)
             result = self.run(snippet, timeout=timeout)
+            digest = sn.source_hash(snippet, modules=result.modules)
             path = sn.write_record(snippet, result, digest, self.info)
         except sn.SnippetError as e:
             self.log(f"{snippet.path}: not recorded: {str(e).splitlines()[0]}")

@@ -12,8 +12,12 @@ while the site builds and are cached by their source hash; GPU snippets run thro
 ``python -m kda.site run --gpu`` on a GPU machine, which writes one record per snippet and
 device under ``results/gpu/``; the build injects the record and checks its hash.
 
-The source hash covers the snippet, every ``kda`` module it imports (followed through the
-package's own imports, function bodies included) and the records it ``uses``.
+The source hash covers the snippet, the ``kda`` modules it runs and the records it ``uses``. A
+GPU record lists the ``kda`` modules its run had imported when it ended (``modules``), and its
+hash covers those files: a kernel module that a snippet never loaded does not make its record
+stale. Where a record has no list (records made before it existed) and for CPU snippets, the
+modules are found by reading the imports, followed through the package's own imports, function
+bodies included.
 """
 
 from __future__ import annotations
@@ -149,13 +153,43 @@ def kda_closure(source: str) -> list[Path]:
     return sorted(set(seen.values()))
 
 
-def source_hash(snippet: Snippet, records_dir: Path | None = None, device: str = DEFAULT_DEVICE) -> str:
+def _kda_dir() -> Path | None:
+    file = _module_file("kda")
+    return None if file is None else file.parent
+
+
+def loaded_kda_modules(modules: dict) -> list[str]:
+    """The ``kda`` modules among ``modules`` (a copy of ``sys.modules`` taken when a snippet's run
+    ended) as ``kda/...py`` paths, ``kda.site`` left out."""
+    found = set()
+    for name, module in modules.items():
+        file = getattr(module, "__file__", None)
+        if (name == "kda" or name.startswith("kda.")) and not (name == "kda.site" or name.startswith("kda.site.")) \
+                and file and file.endswith(".py"):
+            found.add("kda/" + Path(file).resolve().as_posix().rsplit("/kda/", 1)[-1])
+    return sorted(found)
+
+
+def source_hash(snippet: Snippet, records_dir: Path | None = None, device: str = DEFAULT_DEVICE,
+                modules: list[str] | None = None) -> str:
+    """The hash a record of ``snippet`` must carry. ``modules``: the run's ``kda`` modules (when a
+    record is written); else those its record lists, if it lists them; else ``kda_closure``."""
     h = hashlib.sha256()
     source = snippet.file.read_text(encoding="utf-8")
     h.update(b"snippet\0" + source.encode())
-    for file in kda_closure(source):
-        rel = file.as_posix().rsplit("/kda/", 1)[-1]
-        h.update(f"\0kda/{rel}\0".encode() + file.read_bytes())
+    if modules is None and snippet.where == "gpu":
+        record = read_record(snippet, records_dir, device)
+        modules = record.get("modules") if record else None
+    if modules is not None:
+        h.update(b"\0run modules")
+        kda_dir = _kda_dir()
+        for rel in sorted(modules):
+            file = kda_dir / rel.removeprefix("kda/") if kda_dir else None
+            h.update(f"\0{rel}\0".encode() + (file.read_bytes() if file is not None and file.exists() else b"missing"))
+    else:
+        for file in kda_closure(source):
+            rel = file.as_posix().rsplit("/kda/", 1)[-1]
+            h.update(f"\0kda/{rel}\0".encode() + file.read_bytes())
     for used in snippet.uses:
         record = record_path(load(snippet.root, used), records_dir, device)
         h.update(f"\0uses {used}\0".encode() + (record.read_bytes() if record.exists() else b"missing"))
@@ -170,6 +204,7 @@ class Result:
     data: object = None         # JSON-able data the snippet saved (runtime.save_data)
     figures: dict = field(default_factory=dict)   # name -> bytes
     seconds: float = 0.0
+    modules: list | None = None  # the kda modules the run had imported (GPU snippets)
 
 
 PRELOAD = ["torch"]            # imported once by a fork server; every snippet starts from a copy
@@ -218,10 +253,28 @@ def _child(file: str, root: str, env: dict, stdout: str, stderr: str) -> None:
     os._exit(code)
 
 
+# ``python <snippet>`` as runpy does it, which then writes the kda modules it had imported
+# (``loaded_kda_modules``) to $KDA_SNIPPET_OUT/modules.json, also when the snippet exits
+RUN_AND_LIST_MODULES = """
+import json, os, runpy, sys
+file = sys.argv[1]
+sys.argv = [file]
+sys.path[0] = os.path.dirname(os.path.abspath(file))
+try:
+    runpy.run_path(file, run_name="__main__")
+finally:
+    loaded = dict(sys.modules)          # before the import below adds kda's own
+    from kda.site.snippets import loaded_kda_modules
+    with open(os.path.join(os.environ["KDA_SNIPPET_OUT"], "modules.json"), "w") as f:
+        json.dump(loaded_kda_modules(loaded), f)
+"""
+
+
 def _run_fresh(snippet: Snippet, timeout: float | None, env: dict) -> tuple[int | None, str, str]:
     """``python <snippet>`` in a new interpreter: (exit code, stdout, stderr); ``None`` on timeout."""
     # a session of its own, so that a timeout also stops what the snippet started (compilers)
-    proc = subprocess.Popen([sys.executable, str(snippet.file)], cwd=snippet.root, env=env, text=True,
+    proc = subprocess.Popen([sys.executable, "-c", RUN_AND_LIST_MODULES, str(snippet.file)], cwd=snippet.root,
+                            env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
@@ -270,7 +323,9 @@ def run(snippet: Snippet, timeout: float | None = None, env: dict | None = None)
         data_file = Path(out) / "data.json"
         data = json.loads(data_file.read_text()) if data_file.exists() else None
         figures = {p.name: p.read_bytes() for p in Path(out).glob("*.png")}
-        return Result(without_log_lines(stdout), data, figures, seconds)
+        modules_file = Path(out) / "modules.json"
+        modules = json.loads(modules_file.read_text()) if modules_file.exists() else None
+        return Result(without_log_lines(stdout), data, figures, seconds, modules)
 
 
 # tilelang logs through tqdm.write, that is to stdout, where a snippet's Markdown goes
@@ -354,6 +409,8 @@ def write_record(snippet: Snippet, result: Result, digest: str, info: dict, reco
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"snippet": snippet.path, "source_hash": digest, "output": result.output, "data": result.data,
               "seconds": round(result.seconds, 1), "provenance": info}
+    if result.modules is not None:
+        record["modules"] = result.modules
     path.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     return path
 
