@@ -48,7 +48,7 @@ def _snippets(root: Path, specs: dict) -> list:
         (root / "snippets" / f"{name}.py").write_text("# snippet: gpu\n" + body)
         s = sn.load(root, f"snippets/{name}.py")
         if seconds is not None:
-            sn.write_record(s, sn.Result("old", None, {}, seconds), "0" * 16, {"device": "NVIDIA H200"})
+            sn.write_record(s, sn.Result("old", None, {}, seconds), {"device": "NVIDIA H200"}, digest="0" * 16)
         out.append(s)
     return out
 
@@ -207,7 +207,7 @@ def test_the_command_records_what_is_stale_and_returns_it(tmp_path, monkeypatch)
 
     todo = _snippets(tmp_path, {"err_a": (False, 10), "lat_b": (True, 20), "lat_ok": (True, 30)})
     current = todo[2]
-    sn.write_record(current, sn.Result("kept", None, {}, 30.0), sn.source_hash(current), {"device": "NVIDIA H200"})
+    sn.write_record(current, sn.Result("kept", None, {}, 30.0), {"device": "NVIDIA H200"})
     ran = []
 
     def fake_run(snippet, timeout=None, env=None):

@@ -150,7 +150,7 @@ def test_a_missing_gpu_record_fails_the_strict_build(mini_site, tmp_path):
 def _record(snippet, digest):
     result = sn.Result(output="| a |\n|---|\n| 1 |\n", data=None, seconds=1.0)
     info = {"device": "NVIDIA H200", "date": "2026-01-01 00:00 UTC", "commit": "0" * 40, "torch": "x"}
-    return sn.write_record(snippet, result, digest, info, snippet.root / "results" / "gpu")
+    return sn.write_record(snippet, result, info, snippet.root / "results" / "gpu", digest=digest)
 
 
 def test_a_stale_gpu_record_fails_the_strict_build(mini_site, tmp_path):
@@ -203,8 +203,7 @@ def test_a_record_with_its_run_modules_goes_stale_only_with_them(mini_site, tmp_
     snippet = mini_site("# snippet: gpu\nprint(1)\n")
     result = sn.Result("| a |\n|---|\n| 1 |\n", None, {}, 1.0, ["kda/ops.py"])
     info = {"device": "NVIDIA H200", "date": "2026-01-01 00:00 UTC", "commit": "0" * 40, "torch": "x"}
-    sn.write_record(snippet, result, sn.source_hash(snippet, modules=result.modules), info,
-                    snippet.root / "results" / "gpu")
+    sn.write_record(snippet, result, info, snippet.root / "results" / "gpu")
     assert sn.read_record(snippet)["modules"] == ["kda/ops.py"]
     assert sn.record_status(snippet)[0] == "ok"
     (fake / "kernels" / "level2.py").write_text("Y = 2\n")

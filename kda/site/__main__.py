@@ -64,7 +64,7 @@ def _run(args) -> int:
         try:
             if where == "gpu":
                 result = sn.run(s, timeout=args.timeout)
-                path = sn.write_record(s, result, sn.source_hash(s, modules=result.modules), info)
+                path = sn.write_record(s, result, info)
                 print(f"{result.seconds:.1f} s -> {path.relative_to(ROOT)}", flush=True)
             else:
                 result, hit = sn.cached_run(s, ROOT / ".cache" / "kda-site")

@@ -83,8 +83,7 @@ class Recorder:
         """``recorded``, ``timeout`` or ``failed``."""
         try:
             result = self.run(snippet, timeout=timeout)
-            digest = sn.source_hash(snippet, modules=result.modules)
-            path = sn.write_record(snippet, result, digest, self.info)
+            path = sn.write_record(snippet, result, self.info)
         except sn.SnippetError as e:
             self.log(f"{snippet.path}: not recorded: {str(e).splitlines()[0]}")
             return "timeout" if isinstance(e, sn.SnippetTimeout) else "failed"

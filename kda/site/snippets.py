@@ -142,7 +142,7 @@ def kda_closure(source: str) -> list[Path]:
     todo = list(_imported_modules(source, None))
     while todo:
         name = todo.pop()
-        if name in seen or name == "kda.site" or name.startswith("kda.site."):
+        if name in seen or not _measured(name):
             continue
         file = _module_file(name)
         if file is None:
@@ -153,43 +153,46 @@ def kda_closure(source: str) -> list[Path]:
     return sorted(set(seen.values()))
 
 
+def _measured(name: str) -> bool:
+    """A ``kda`` module whose code a record depends on: ``kda.site`` (this plumbing) formats, it
+    does not measure."""
+    return (name == "kda" or name.startswith("kda.")) and not (name == "kda.site" or name.startswith("kda.site."))
+
+
 def _kda_dir() -> Path | None:
+    """The folder of the ``kda`` package this process imports."""
     file = _module_file("kda")
     return None if file is None else file.parent
 
 
+def _kda_path(file) -> str:
+    """``kda/...py``: a module file's path from the package's folder."""
+    return "kda/" + Path(file).resolve().as_posix().rsplit("/kda/", 1)[-1]
+
+
 def loaded_kda_modules(modules: dict) -> list[str]:
-    """The ``kda`` modules among ``modules`` (a copy of ``sys.modules`` taken when a snippet's run
-    ended) as ``kda/...py`` paths, ``kda.site`` left out."""
-    found = set()
-    for name, module in modules.items():
-        file = getattr(module, "__file__", None)
-        if (name == "kda" or name.startswith("kda.")) and not (name == "kda.site" or name.startswith("kda.site.")) \
-                and file and file.endswith(".py"):
-            found.add("kda/" + Path(file).resolve().as_posix().rsplit("/kda/", 1)[-1])
-    return sorted(found)
+    """The measured ``kda`` modules among ``modules`` (a copy of ``sys.modules`` taken when a
+    snippet's run ended), as ``kda/...py`` paths."""
+    return sorted({_kda_path(m.__file__) for name, m in modules.items()
+                   if _measured(name) and (getattr(m, "__file__", None) or "").endswith(".py")})
 
 
 def source_hash(snippet: Snippet, records_dir: Path | None = None, device: str = DEFAULT_DEVICE,
                 modules: list[str] | None = None) -> str:
-    """The hash a record of ``snippet`` must carry. ``modules``: the run's ``kda`` modules (when a
-    record is written); else those its record lists, if it lists them; else ``kda_closure``."""
+    """The hash a record of ``snippet`` must carry: over ``modules`` (``kda/...py`` paths: a run's, or
+    those its record lists) where given, else over ``kda_closure`` of the snippet's imports."""
     h = hashlib.sha256()
     source = snippet.file.read_text(encoding="utf-8")
     h.update(b"snippet\0" + source.encode())
-    if modules is None and snippet.where == "gpu":
-        record = read_record(snippet, records_dir, device)
-        modules = record.get("modules") if record else None
     if modules is not None:
         h.update(b"\0run modules")
         kda_dir = _kda_dir()
         for rel in sorted(modules):
-            file = kda_dir / rel.removeprefix("kda/") if kda_dir else None
+            file = kda_dir / rel.removeprefix("kda/") if kda_dir is not None else None
             h.update(f"\0{rel}\0".encode() + (file.read_bytes() if file is not None and file.exists() else b"missing"))
     else:
         for file in kda_closure(source):
-            rel = file.as_posix().rsplit("/kda/", 1)[-1]
-            h.update(f"\0kda/{rel}\0".encode() + file.read_bytes())
+            h.update(f"\0{_kda_path(file)}\0".encode() + file.read_bytes())
     for used in snippet.uses:
         record = record_path(load(snippet.root, used), records_dir, device)
         h.update(f"\0uses {used}\0".encode() + (record.read_bytes() if record.exists() else b"missing"))
@@ -402,10 +405,15 @@ def git_commit(where: Path | None = None) -> str | None:
     return res.stdout.strip() or None
 
 
-def write_record(snippet: Snippet, result: Result, digest: str, info: dict, records_dir: Path | None = None) -> Path:
+def write_record(snippet: Snippet, result: Result, info: dict, records_dir: Path | None = None,
+                 digest: str | None = None) -> Path:
+    """The record of a run; its hash over the run's ``modules`` (``digest``: another, for tests)."""
     if result.figures:
         raise SnippetError(f"GPU snippet {snippet.path} made figures; record data and plot in a CPU snippet")
-    path = record_path(snippet, records_dir, device_slug(info["device"]))
+    device = device_slug(info["device"])
+    if digest is None:
+        digest = source_hash(snippet, records_dir, device, modules=result.modules)
+    path = record_path(snippet, records_dir, device)
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"snippet": snippet.path, "source_hash": digest, "output": result.output, "data": result.data,
               "seconds": round(result.seconds, 1), "provenance": info}
@@ -421,9 +429,10 @@ def read_record(snippet: Snippet, records_dir: Path | None = None, device: str =
 
 
 def record_status(snippet: Snippet, records_dir: Path | None = None, device: str = DEFAULT_DEVICE):
-    """``("ok" | "stale" | "missing", record or None, current hash)``."""
-    digest = source_hash(snippet, records_dir, device)
+    """``("ok" | "stale" | "missing", record or None, current hash)``: the hash over the modules the
+    record lists, if it lists them."""
     record = read_record(snippet, records_dir, device)
+    digest = source_hash(snippet, records_dir, device, modules=record.get("modules") if record else None)
     if record is None:
         return "missing", None, digest
     return ("ok" if record["source_hash"] == digest else "stale"), record, digest
