@@ -209,9 +209,10 @@ def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None) -> ChunkForm
 
 def state_pass_columns(B: int, H: int, DV: int, sm_count: int) -> int:
     """Value columns per block of the state pass: 64 while that still gives every SM a block,
-    else 32 (``B``: the blocks' sequences or groups of packed sequences, ``seq_groups``). On the H200 64 columns took the pass from 0.54 to 0.42 ms at (1, 8192, 96) and from
-    0.64 to 0.48 ms at (4, 4096, 64), but at (1, 32768, 32) its 64 blocks left half the SMs idle
-    (0.78 against 0.61 ms; run 39 in results/tuning)."""
+    else 32 (``B``: the blocks' sequences or groups of packed sequences, ``seq_groups``). On the
+    H200 64 columns took the pass from 0.54 to 0.42 ms at (1, 8192, 96) and from 0.64 to 0.48 ms
+    at (4, 4096, 64), but at (1, 32768, 32) its 64 blocks left half the SMs idle (0.78 against
+    0.61 ms; run 39 in results/tuning)."""
     return 64 if B * H * (DV // 64) >= sm_count else 32
 
 

@@ -46,12 +46,14 @@ def _compile(program_fn, target_key: tuple, out_idx: tuple, pass_configs: tuple,
 
     program = program_fn(**dict(params))
     return tilelang.compile(program, out_idx=list(out_idx) or None, target=dict(target_key),
-                            pass_configs=dict(pass_configs) or None)
+                            pass_configs=dict(pass_configs) or None,
+                            compile_flags=list(getattr(program_fn, "compile_flags", ())) or None)
 
 
 def compile_program(program_fn, out_idx, target: dict | None = None, pass_configs: dict | None = None,
                     **params):
-    """Compile ``program_fn(**params)`` once per process for ``target`` (default: the GPU's)."""
+    """Compile ``program_fn(**params)`` once per process for ``target`` (default: the GPU's), with
+    the nvcc flags the factory names in its attribute ``compile_flags``, if it has one."""
     target_key = _key(device_target() if target is None else target)
     return _compile(program_fn, target_key, tuple(out_idx), tuple(sorted((pass_configs or {}).items())),
                     tuple(sorted(params.items())))

@@ -49,9 +49,10 @@ def seq_in_loop(DK, DV, chunk_size=64, block_dv=32, num_stages=3, threads=128,
         else:
             for i, j in T.Parallel(DK, block_dv):                 # place 3, carry side
                 S_f[i, j] = S_f[i, j] * T.exp2(lg * L)
-            for r, j in T.Parallel(C, block_dv):                  # place 2; rows past L are
-                Vw_s[r, j] = T.if_then_else(                      # padding: never exp2 of
-                    r < L, V_s[r, j] * T.exp2(lg * (L - 1 - r)), 0.0)   # a positive number
+            # place 2; rows past L load as zeros, so no mask is needed (a branch per element
+            # cost 9-12%, run 57), and the exponent is clamped so that no factor exceeds 1
+            for r, j in T.Parallel(C, block_dv):
+                Vw_s[r, j] = V_s[r, j] * T.exp2(T.min(lg * (L - 1 - r), 0.0))
 
     @T.macro
     def chunk_loop(Q, K, V, O, log2_alpha, scale, S_f, bb, bh, dv0):
