@@ -59,8 +59,8 @@ def kernel_inputs(q, k, g, use_qk_l2norm_in_kernel):
 
 
 def raise_flagged_values(flags, g, beta) -> None:
-    """After the kernels: the errors of the full value checks if ``chunk_intra`` flagged a gate
-    (``flags[0]``) or a ``beta`` (``flags[1]``) out of range. One read-back, at the end."""
+    """After ``chunk_intra``: the errors of the full value checks if it flagged a gate (``flags[0]``)
+    or a ``beta`` (``flags[1]``) out of range. One read-back, before the state pass is launched."""
     bad_gate, bad_beta = flags.tolist()
     if bad_gate:
         validate.raise_flagged_gates(g)
@@ -103,9 +103,8 @@ def forward_eager(q, k, v, g, beta, scale, initial_state, output_final_state, us
         g_given = g
         q, k, g = kernel_inputs(q, k, g, use_qk_l2norm_in_kernel)
         table = chunk_table(bounds, q.device) if bounds is not None else None
-        o, final = _run_kernels(q, k, v, g, beta, scale, h0, flags, table, output_final_state)
-        if check_values:
-            raise_flagged_values(flags, g_given, beta)
+        check = (lambda: raise_flagged_values(flags, g_given, beta)) if check_values else None
+        o, final = _run_kernels(q, k, v, g, beta, scale, h0, flags, table, output_final_state, check)
         return o.to(v.dtype), (final.float() if output_final_state else None)
     if use_qk_l2norm_in_kernel:
         q, k = ref4.l2_normalize(q.double()), ref4.l2_normalize(k.double())
@@ -243,10 +242,15 @@ def run_state_pass(form: ChunkForm, h0, table=None, output_final_state=True):
     return o, (ht if output_final_state else None)
 
 
-def _run_kernels(q, k, v, g, beta, scale, h0, flags=None, table=None, output_final_state=True):
+def _run_kernels(q, k, v, g, beta, scale, h0, flags=None, table=None, output_final_state=True, check=None):
     """One batch ``[B, T, H, *]`` (or the packed sequences of ``table``) through the level-5
-    pipeline; returns ``o`` and the float32 final states (``None`` without ``output_final_state``)."""
-    return run_state_pass(prepare_chunks(q, k, v, g, beta, scale, flags, table), h0, table, output_final_state)
+    pipeline; returns ``o`` and the float32 final states (``None`` without ``output_final_state``).
+    ``check()`` runs between the two kernels: the read-back of the value flags waits for the first
+    only, and the state pass then runs while the caller's next work does."""
+    form = prepare_chunks(q, k, v, g, beta, scale, flags, table)
+    if check is not None:
+        check()
+    return run_state_pass(form, h0, table, output_final_state)
 # --8<-- [end:run_kernels]
 
 
@@ -274,9 +278,10 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
         allow_neg_eigval: not supported by the chunked forward (raises).
         cu_seqlens: ``[N + 1]`` boundaries of the sequences packed along ``T`` (then ``B = 1``).
         check_values: raise if a gate is not finite and ``<= 0`` or a ``beta`` is outside ``[0, 1]``
-            (not in fla's API). On CUDA the first kernel checks them as it reads them and the host
-            reads two flags back after the launch: a wait for the GPU at the end of every call.
-            ``False`` skips the read-back (a bad value then gives a wrong result, not an error).
+            (not in fla's API). On CUDA the first kernel checks them as it reads them, and the host
+            reads two flags back before it launches the state pass: a wait for the first kernel,
+            after which the pass runs while the caller goes on. ``False`` skips the read-back (a bad
+            value then gives a wrong result, not an error).
         cu_seqlens_cpu: a host copy of ``cu_seqlens`` (as in fla); given, the boundaries are not
             read back from the GPU. It must equal ``cu_seqlens``; that is not checked.
 

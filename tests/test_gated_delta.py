@@ -182,3 +182,26 @@ def test_host_copy_of_cu_seqlens():
         chunk_kda(q, k, v, g, beta, cu_seqlens_cpu=cu)
     with pytest.raises(ValueError, match="cu_seqlens_cpu must be an integer CPU tensor"):
         chunk_kda(q, k, v, g, beta, cu_seqlens=cu, cu_seqlens_cpu=torch.tensor([0, 50]))
+
+
+def test_the_value_flags_are_read_between_the_two_kernels(monkeypatch):
+    """``_run_kernels`` runs ``check`` (the flags' read-back) after ``chunk_intra`` and before the
+    state pass: the host waits for the first kernel only, and a bad value stops the call before the
+    pass is launched."""
+    from kda import gated_delta
+
+    calls = []
+    monkeypatch.setattr(gated_delta, "prepare_chunks", lambda *args: calls.append("chunk_intra") or "form")
+    monkeypatch.setattr(gated_delta, "run_state_pass", lambda form, *args: calls.append(f"pass({form})") or ("o", None))
+    args = (None,) * 7
+
+    assert gated_delta._run_kernels(*args, check=lambda: calls.append("read-back")) == ("o", None)
+    assert calls == ["chunk_intra", "read-back", "pass(form)"]
+
+    def bad_values():
+        raise ValueError("g must be <= 0")
+
+    calls.clear()
+    with pytest.raises(ValueError, match="g must be"):
+        gated_delta._run_kernels(*args, check=bad_values)
+    assert calls == ["chunk_intra"]
