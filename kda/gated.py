@@ -13,10 +13,11 @@ from kda import ops, validate
 from kda.chunking import CHUNK_SIZE, ceildiv
 from kda.reference import level3 as ref3
 
-def _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state):
+def _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state, check=None):
     """Scalar gate: cumsum kernel, then the fused pass. Per-channel gate: level 5's intra-chunk
-    kernel without the delta rule (``chunk_intra(delta=False)``), then the sequential pass.
-    Returns ``o``, the final state or ``None``, and the per-channel kernel's value flags or ``None``."""
+    kernel without the delta rule (``chunk_intra(delta=False)``), then the sequential pass, with
+    ``check(flags)`` between them (the read-back of the value flags waits for the first kernel
+    only). Returns ``o`` and the final state or ``None``."""
     from kda.kernels import level3 as kernels
     from kda.kernels import level5
     from kda.kernels.build import compile_program
@@ -28,7 +29,6 @@ def _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state):
     loop_config = {key: ops.KERNEL_CONFIG[key] for key in ("chunk_size", "block_dv", "num_stages", "threads")}
     with_state = h0 is not None or output_final_state
     q, k, v, g = (x.contiguous() for x in (q, k, v, g))
-    flags = None
     with torch.cuda.device(q.device):
         if not per_channel:
             cumsum = compile_program(kernels.chunk_cumsum, (), D=1, chunk_size=C, gate_dtype=gate_dtype)
@@ -45,18 +45,26 @@ def _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state):
             A = ops.new_output((B, T, H, C), q.dtype, q.device)
             flags = torch.zeros(2, dtype=torch.int32, device=q.device)
             intra(q, k, g, scale, Qw, Kw, decay, A, flags)
+            if check is not None:
+                check(flags)
             inputs = (Qw, Kw, A, decay, v)
             seq = compile_program(kernels.seq_in_loop_per_channel, (), DK=DK, DV=DV, dtype=dtype,
                                   with_state=with_state, **loop_config)
         o = ops.new_output((B, T, H, DV), q.dtype, q.device)
         if not with_state:
             seq(*inputs, o)
-            return o, None, flags
+            return o, None
         if h0 is None:
             h0 = torch.zeros(B, H, DK, DV, dtype=torch.float32, device=q.device)
         ht = ops.new_output((B, H, DK, DV), torch.float32, q.device)
         seq(*inputs, h0.to(torch.float32).contiguous(), o, ht)
-        return o, ht, flags
+        return o, ht
+
+
+def _raise_flagged_gate(flags, g):
+    """The error of the full check of ``g`` where ``chunk_intra`` flagged a gate (``flags[0]``)."""
+    if flags[0].item():
+        validate.raise_flagged_gates(g)
 
 
 # --8<-- [start:gated_attention]
@@ -71,7 +79,7 @@ def gated_attention(q, k, v, g, scale=None, initial_state=None, output_final_sta
             bfloat16 or float16 on CUDA; the kernels sum it in float32.
         check_values: check that ``g`` is finite and ``<= 0`` (one read-back from the GPU: of the
             min and max before the kernels for a scalar gate; of the flags ``chunk_intra`` sets
-            as it reads a per-channel gate, after them, so that a bad gate raises after the launch).
+            as it reads a per-channel gate, after that kernel and before the sequential pass).
         q, k, v, scale, initial_state, output_final_state: as in ``linear_attention``.
 
     Returns:
@@ -83,9 +91,8 @@ def gated_attention(q, k, v, g, scale=None, initial_state=None, output_final_sta
     scale = validate.check_scale(scale, DK)
     h0 = validate.check_initial_state(initial_state, B, H, DK, DV, q.device)
     if q.device.type == "cuda":
-        o, final, flags = _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state)
-        if check_values and flags is not None and flags[0].item():
-            validate.raise_flagged_gates(g)
+        check = (lambda flags: _raise_flagged_gate(flags, g)) if check_values else None
+        o, final = _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state, check)
     else:
         o, final = ref3.chunked(q.double() * scale, k, v, g, CHUNK_SIZE, h0, output_final_state)
         o, final = o.to(q.dtype), (final.float() if final is not None else None)

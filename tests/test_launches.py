@@ -152,8 +152,17 @@ def test_level3(kernel_launches, per_channel, with_state):
     q, k, v = (torch.randn(2, 130, 2, 64, generator=gen).bfloat16() for _ in range(3))
     g = -torch.rand((2, 130, 2, 64) if per_channel else (2, 130, 2), generator=gen)
     h0 = torch.randn(2, 2, 64, 64) if with_state else None
-    o, ht, _ = _run_gated_kernels(q, k, v, g, per_channel, 0.125, h0, with_state)
+    o, ht = _run_gated_kernels(q, k, v, g, per_channel, 0.125, h0, with_state)
     assert o.shape == v.shape and (ht is not None) == with_state
+
+
+def test_level3_reads_the_flags_between_its_kernels(kernel_launches):
+    from kda.gated import _run_gated_kernels
+
+    q, k, v = (torch.randn(1, 64, 1, 64).bfloat16() for _ in range(3))
+    g = -torch.rand(1, 64, 1, 64)
+    _run_gated_kernels(q, k, v, g, True, 0.125, None, False, check=lambda flags: kernel_launches.append(("check", flags)))
+    assert [name for name, _ in kernel_launches] == ["chunk_intra", "check", "seq_in_loop_per_channel"]
 
 
 @pytest.mark.parametrize("with_state", [False, True], ids=["stateless", "states"])
