@@ -61,12 +61,6 @@ def _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state, c
         return o, ht
 
 
-def _raise_flagged_gate(flags, g):
-    """The error of the full check of ``g`` where ``chunk_intra`` flagged a gate (``flags[0]``)."""
-    if flags[0].item():
-        validate.raise_flagged_gates(g)
-
-
 # --8<-- [start:gated_attention]
 def gated_attention(q, k, v, g, scale=None, initial_state=None, output_final_state=False, check_values=True):
     """Linear attention with a data-dependent decay per token: ``S_t = diag(exp g_t) S_{t-1}
@@ -91,7 +85,7 @@ def gated_attention(q, k, v, g, scale=None, initial_state=None, output_final_sta
     scale = validate.check_scale(scale, DK)
     h0 = validate.check_initial_state(initial_state, B, H, DK, DV, q.device)
     if q.device.type == "cuda":
-        check = (lambda flags: _raise_flagged_gate(flags, g)) if check_values else None
+        check = (lambda flags: validate.raise_flagged_values(flags, g)) if check_values else None
         o, final = _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state, check)
     else:
         o, final = ref3.chunked(q.double() * scale, k, v, g, CHUNK_SIZE, h0, output_final_state)

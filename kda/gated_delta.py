@@ -33,9 +33,10 @@ def check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel
                  cu_seqlens_cpu=None, read_bounds=True):
     """Every argument checked (clear errors, nothing computed); returns ``scale`` as a float, the
     initial state or ``None``, and the ``cu_seqlens`` boundaries or ``None``. With
-    ``check_values=False`` the values of ``g`` and ``beta`` are left to ``raise_flagged_values``
-    after the kernels (``chunk_intra`` checks them as it reads them). ``read_bounds=False``
-    (under ``torch.compile``) leaves the boundaries on the device: the op reads them."""
+    ``check_values=False`` the values of ``g`` and ``beta`` are left to
+    ``validate.raise_flagged_values`` after the first kernel (``chunk_intra`` checks them as it
+    reads them). ``read_bounds=False`` (under ``torch.compile``) leaves the boundaries on the
+    device: the op reads them."""
     B, T, H, DK, DV = validate.check_qkv(q, k, v, grouped_values=True)   # H: the value heads
     if validate.check_gates(g, B, T, H, DK, q.device, check_values=check_values) != per_channel:
         form = "[B, T, H, DK] (one gate per key channel)" if per_channel else "[B, T, H] (one gate per head)"
@@ -56,17 +57,6 @@ def kernel_inputs(q, k, g, use_qk_l2norm_in_kernel):
     if g.dim() == 3:
         g = g[..., None]
     return q, k, g.contiguous()
-
-
-def raise_flagged_values(flags, g, beta) -> None:
-    """After ``chunk_intra``: the errors of the full value checks if it flagged a gate (``flags[0]``)
-    or a ``beta`` (``flags[1]``) out of range. One read-back, before the state pass is launched."""
-    bad_gate, bad_beta = flags.tolist()
-    if bad_gate:
-        validate.raise_flagged_gates(g)
-    if bad_beta:
-        validate.check_beta(beta, *beta.shape, beta.device)              # raises with the range found
-        raise ValueError("beta must lie in [0, 1]: the kernel found a value out of range")
 
 
 def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
@@ -103,7 +93,7 @@ def forward_eager(q, k, v, g, beta, scale, initial_state, output_final_state, us
         g_given = g
         q, k, g = kernel_inputs(q, k, g, use_qk_l2norm_in_kernel)
         table = chunk_table(bounds, q.device) if bounds is not None else None
-        check = (lambda: raise_flagged_values(flags, g_given, beta)) if check_values else None
+        check = (lambda flags: validate.raise_flagged_values(flags, g_given, beta)) if check_values else None
         o, final = _run_kernels(q, k, v, g, beta, scale, h0, flags, table, output_final_state, check)
         return o.to(v.dtype), (final.float() if output_final_state else None)
     if use_qk_l2norm_in_kernel:
@@ -182,7 +172,7 @@ def chunk_table(bounds, device, chunk_size=CHUNK_SIZE) -> ChunkTable:
 def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None) -> ChunkForm:
     """Stage 1 of the level-5 pipeline (``chunk_intra``), every chunk of the batch at once.
     ``flags`` (int32 ``[2]``, zeroed) collects the kernel's value checks of ``g`` and ``beta``
-    (``raise_flagged_values``); ``None`` for callers that checked the values before. With the
+    (``validate.raise_flagged_values``); ``None`` for callers that checked the values before. With the
     ``table`` of packed sequences (``chunk_table``, ``B = 1``) every chunk of every sequence is
     one block of the same launch."""
     from kda.kernels import level5
@@ -245,11 +235,11 @@ def run_state_pass(form: ChunkForm, h0, table=None, output_final_state=True):
 def _run_kernels(q, k, v, g, beta, scale, h0, flags=None, table=None, output_final_state=True, check=None):
     """One batch ``[B, T, H, *]`` (or the packed sequences of ``table``) through the level-5
     pipeline; returns ``o`` and the float32 final states (``None`` without ``output_final_state``).
-    ``check()`` runs between the two kernels: the read-back of the value flags waits for the first
+    ``check(flags)`` runs between the two kernels: the read-back of the value flags waits for the first
     only, and the state pass then runs while the caller's next work does."""
     form = prepare_chunks(q, k, v, g, beta, scale, flags, table)
     if check is not None:
-        check()
+        check(flags)
     return run_state_pass(form, h0, table, output_final_state)
 # --8<-- [end:run_kernels]
 

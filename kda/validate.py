@@ -150,6 +150,17 @@ def raise_flagged_gates(g) -> None:
     raise ValueError("g must be finite and <= 0: the kernel found a value out of range")
 
 
+def raise_flagged_values(flags, g, beta=None) -> None:
+    """After ``chunk_intra``: the errors of the full value checks if it flagged a gate (``flags[0]``)
+    or a ``beta`` (``flags[1]``; never without one) out of range. One read-back of the flags."""
+    bad_gate, bad_beta = flags.tolist()
+    if bad_gate:
+        raise_flagged_gates(g)
+    if bad_beta:
+        check_beta(beta, *beta.shape, beta.device)              # raises with the range found
+        raise ValueError("beta must lie in [0, 1]: the kernel found a value out of range")
+
+
 def check_beta(beta, B: int, T: int, H: int, device, check_values: bool = True) -> None:
     """``beta [B, T, H]``, floating, on the device of ``q``, every value in ``[0, 1]``."""
     if not isinstance(beta, torch.Tensor):

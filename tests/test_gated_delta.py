@@ -195,10 +195,10 @@ def test_the_value_flags_are_read_between_the_two_kernels(monkeypatch):
     monkeypatch.setattr(gated_delta, "run_state_pass", lambda form, *args: calls.append(f"pass({form})") or ("o", None))
     args = (None,) * 7
 
-    assert gated_delta._run_kernels(*args, check=lambda: calls.append("read-back")) == ("o", None)
+    assert gated_delta._run_kernels(*args, check=lambda flags: calls.append("read-back")) == ("o", None)
     assert calls == ["chunk_intra", "read-back", "pass(form)"]
 
-    def bad_values():
+    def bad_values(flags):
         raise ValueError("g must be <= 0")
 
     calls.clear()
