@@ -195,11 +195,23 @@ def built(name, states):
 
 
 def record_kernels(states):
+    """The cumsum and the pass of record, called alike under both kernel APIs: ``main``'s of calls
+    1 and 2 (``with_state``, no flags) and the one of branch ``next-bundle`` (state flags with
+    stand-ins, the cumsum's ``flags``): ``cumsum(g, G)``, ``record(q, k, v, G, scale, h0, o, ht)``."""
+    import inspect
+
+    import torch
+
     from kda.kernels import level3
     from kda.kernels.build import compile_program
     cumsum = compile_program(level3.chunk_cumsum, (), D=1, chunk_size=64, gate_dtype="float32")
-    seq = compile_program(level3.seq_in_loop_scalar, (), DK=128, DV=128, dtype="bfloat16", with_state=states)
-    return cumsum, seq
+    if "with_state" in inspect.signature(level3.seq_in_loop_scalar).parameters:
+        seq = compile_program(level3.seq_in_loop_scalar, (), DK=128, DV=128, dtype="bfloat16", with_state=states)
+        return cumsum, (seq if states else lambda q, k, v, G, scale, h0, o, ht: seq(q, k, v, G, scale, o))
+    seq = compile_program(level3.seq_in_loop_scalar, (), DK=128, DV=128, dtype="bfloat16", initial_state=states,
+                          final_state=states)
+    flags = torch.zeros(2, dtype=torch.int32, device="cuda")
+    return (lambda g, G: cumsum(g, G, flags)), seq
 
 
 def gates(B, T, H, kind, seed):
@@ -267,7 +279,7 @@ def time_all(names):
             rows = {"kda op, checked": lambda: gated_attention(q, k, v, g),
                     "kda op, check_values=False": lambda: gated_attention(q, k, v, g, check_values=False),
                     "fla chunk_simple_gla(g)": lambda: chunk_simple_gla(q, k, v, g=g, scale=scale)[0],
-                    "of record: pass": lambda: record(q, k, v, G, scale, o)}
+                    "of record: pass": lambda: record(q, k, v, G, scale, stand_in, o, stand_in)}
         for name, kern in passes.items():
             rows[f"{name}: pass"] = lambda kern=kern: kern(q, k, v, G, scale, stand_in, o, stand_in)
         for label, fn in rows.items():
