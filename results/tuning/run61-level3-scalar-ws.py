@@ -21,6 +21,8 @@ in a 256-thread kernel before (run 57).
 
     python results/tuning/run61-level3-scalar-ws.py compile     # then each variant in its own process
 
+Call 3 also times each pass on level 2's workload (``time_level2``).
+
 Calls 1 and 2 (2026-12-01): with one output warpgroup (2 and 3 slots) the outputs and final states
 are bit-identical to the pass of record (first check shape). Two output warpgroups failed: with the
 scores in registers tilelang 0.1.15's layout inference refuses a fragment shared by 256 output
@@ -286,9 +288,45 @@ def time_all(names):
             log(RUN, {"what": "time", "T": T, "variant": label, "ms": median_ms(fn)})
 
 
+def time_level2(name):
+    """Level 2's workload (RetNet's per-head decays, T = 32768, H = 32): ``name``'s pass fed the
+    chunk-local cumsum of the constant gate, ``G = log2(a) (t mod C + 1)``, beside level 2's kernel of
+    record and fla's ``chunk_simple_gla(g_gamma)`` (the ``of record`` process times those two). Is the
+    split worth a level-2 kernel of its own (level 2 is at 1.49x fla, the goal 1.5x)?"""
+    import inspect
+
+    import torch
+
+    from kda.bench import fla_decay_attention, median_ms, random_qkv
+    from kda.kernels import level2
+    from kda.kernels.build import compile_program
+    H, D, T, C = 32, 128, 32768, 64
+    q, k, v = random_qkv(1, T, H, D, D, seed=T)
+    alpha = 1 - 2.0 ** (-5 - torch.arange(H, dtype=torch.float64))
+    log2_alpha = torch.log2(alpha).float().cuda()
+    G = (log2_alpha.view(1, H, 1) * (torch.arange(T, device="cuda") % C + 1).view(1, 1, T)).contiguous()
+    g_gamma = torch.log(alpha).float().cuda()                  # fla's form of the same decays
+    o = torch.empty_like(v)
+    stand_in = torch.zeros(1, 1, D, D, device="cuda")
+    if name == "of record":
+        kernel = compile_program(level2.seq_in_loop, (), DK=D, DV=D, dtype="bfloat16")
+        if "with_state" in inspect.signature(level2.seq_in_loop).parameters:
+            record = lambda: kernel(q, k, v, log2_alpha, D ** -0.5, o)
+        else:
+            record = lambda: kernel(q, k, v, log2_alpha, D ** -0.5, stand_in, o, stand_in)
+        rows = {"level 2 of record: pass": record,
+                "fla chunk_simple_gla(g_gamma)": lambda: fla_decay_attention(q, k, v, g_gamma, D ** -0.5)}
+    else:
+        kern = built(name, False)
+        rows = {f"{name}: pass on level 2's gates": lambda: kern(q, k, v, G, D ** -0.5, stand_in, o, stand_in)}
+    for label, fn in rows.items():
+        log(RUN, {"what": "time level 2", "T": T, "variant": label, "ms": median_ms(fn)})
+
+
 def check_and_time(name):
     check([name])
     time_all([name])
+    time_level2(name)
 
 
 if __name__ == "__main__":

@@ -98,14 +98,14 @@ def chunk_wy_loop(DK, DV, chunk_size=64, block=16, dtype="bfloat16", threads=128
     return main
 
 
-VARIANTS = {
-    "loop of 4 chunks, 2 stages": dict(chunks_per_block=4, num_stages=2),
+VARIANTS = {          # most telling first: a call's time limit may cut the last ones
+    "one chunk per block, solve by columns": dict(chunks_per_block=1, num_stages=1, solve="columns"),
+    "loop of 8 chunks, 2 stages, solve by columns": dict(chunks_per_block=8, num_stages=2, solve="columns"),
     "loop of 8 chunks, 2 stages": dict(chunks_per_block=8, num_stages=2),
+    "loop of 4 chunks, 2 stages": dict(chunks_per_block=4, num_stages=2),
     "loop of 16 chunks, 2 stages": dict(chunks_per_block=16, num_stages=2),
     "loop of 4 chunks, 1 stage": dict(chunks_per_block=4, num_stages=1),
     "loop of 8 chunks, 2 stages, 256 threads": dict(chunks_per_block=8, num_stages=2, threads=256),
-    "one chunk per block, solve by columns": dict(chunks_per_block=1, num_stages=1, solve="columns"),
-    "loop of 8 chunks, 2 stages, solve by columns": dict(chunks_per_block=8, num_stages=2, solve="columns"),
 }
 NAMES = list(VARIANTS)
 
