@@ -58,6 +58,31 @@ def compile_in_processes(run, n, compile_one):
             log(run, row)
 
 
+def each_in_process(run, names, target, limit_s):
+    """``target(name)`` for each of ``names`` in a spawned process of its own, ``limit_s`` seconds at
+    most: a hand-made pipeline that deadlocks hangs its own process, not the run (run 61's second
+    call lost its timings to one). A process that runs out of time is killed and logged."""
+    for name in names:
+        p = mp.get_context("spawn").Process(target=target, args=(name,))
+        p.start()
+        p.join(limit_s)
+        if p.is_alive():
+            p.kill()
+            log(run, {"what": "hang", "variant": name, "limit_s": limit_s})
+
+
+def scalar_gates(B, T, H, kind, seed):
+    """One gate per head, ``logsigmoid(x)``, ``x ~ N(0, 1)``; ``"runs of -20"`` sets two runs of
+    steps (200 and 20 tokens) to -20 (runs 60 and 61)."""
+    import torch
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, generator=gen, device="cuda"))
+    if kind == "runs of -20":
+        g[:, 100:300] = -20.0
+        g[:, 700:720] = -20.0
+    return g
+
+
 def kda_inputs(B, T, H, D):
     """The level-5 benchmark inputs: bf16 ``q, v`` and unit-row ``k``, float32 gates
     ``logsigmoid(x)``, ``beta`` uniform in ``[0, 1]`` (float32)."""

@@ -38,6 +38,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import ROOT, compile_in_processes, log, variant_module  # noqa: E402
+from harness import scalar_gates as gates  # noqa: E402
 
 sys.path.insert(0, ROOT)
 RUN = "run60"
@@ -140,16 +141,6 @@ def cumsum_call(name, cumsum, g, G, flags):
         cumsum(g.view(B, T, H, 1), G.view(*G.shape, 1))
     else:
         cumsum(g.view(B, T, H, 1), G.view(*G.shape, 1), flags)
-
-
-def gates(B, T, H, kind, seed):
-    import torch
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, generator=gen, device="cuda"))
-    if kind == "runs of -20":
-        g[:, 100:300] = -20.0
-        g[:, 700:720] = -20.0
-    return g
 
 
 def check():

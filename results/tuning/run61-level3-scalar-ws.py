@@ -37,7 +37,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import ROOT, compile_in_processes, log  # noqa: E402
+from harness import ROOT, compile_in_processes, each_in_process, log  # noqa: E402
+from harness import scalar_gates as gates  # noqa: E402
 
 sys.path.insert(0, ROOT)
 RUN = "run61"
@@ -216,16 +217,6 @@ def record_kernels(states):
     return (lambda g, G: cumsum(g, G, flags)), seq
 
 
-def gates(B, T, H, kind, seed):
-    import torch
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, generator=gen, device="cuda"))
-    if kind == "runs of -20":
-        g[:, 100:300] = -20.0
-        g[:, 700:720] = -20.0
-    return g
-
-
 def check(names):
     """Each of ``names`` against the float64 reference and bit for bit against the pass of record."""
     import torch
@@ -330,16 +321,6 @@ def check_and_time(name):
 
 
 if __name__ == "__main__":
-    import multiprocessing as mp
-    steps = sys.argv[1:] or ["compile", "check", "time"]
-    if "compile" in steps:
+    if "compile" in sys.argv[1:]:
         compile_in_processes(RUN, 2 * len(NAMES), compile_one)
-    # one process per variant with a time limit: a hand-made pipeline that deadlocks hangs its process
-    # (run 61's second call lost its timings to one), not the run
-    for name in ["of record"] + NAMES:
-        p = mp.get_context("spawn").Process(target=check_and_time, args=(name,))
-        p.start()
-        p.join(90)
-        if p.is_alive():
-            p.kill()
-            log(RUN, {"what": "hang", "variant": name, "limit_s": 90})
+    each_in_process(RUN, ["of record"] + NAMES, check_and_time, limit_s=90)

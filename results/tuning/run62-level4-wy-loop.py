@@ -27,7 +27,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import ROOT, compile_in_processes, log  # noqa: E402
+from harness import ROOT, compile_in_processes, each_in_process, log  # noqa: E402
 
 sys.path.insert(0, ROOT)
 RUN = "run62"
@@ -177,13 +177,6 @@ def check_and_time(name):
 
 
 if __name__ == "__main__":
-    import multiprocessing as mp
     if "compile" in sys.argv[1:]:
         compile_in_processes(RUN, len(NAMES), compile_one)
-    for name in ["of record"] + NAMES:
-        p = mp.get_context("spawn").Process(target=check_and_time, args=(name,))
-        p.start()
-        p.join(120)
-        if p.is_alive():
-            p.kill()
-            log(RUN, {"what": "hang", "variant": name, "limit_s": 120})
+    each_in_process(RUN, ["of record"] + NAMES, check_and_time, limit_s=120)
