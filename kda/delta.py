@@ -25,14 +25,13 @@ def _run_kernels(q, k, v, beta, scale, h0, output_final_state):
     beta = beta.to(torch.float32).contiguous()
     with torch.cuda.device(q.device):
         wy = compile_program(kernels.chunk_wy, (), DK=DK, DV=DV, chunk_size=C, dtype=dtype)
-        fused = compile_program(kernels.state_output_pass, (), DK=DK, DV=DV, chunk_size=C, dtype=dtype)
+        fused = compile_program(kernels.state_output_pass, (), DK=DK, DV=DV, chunk_size=C, dtype=dtype,
+                                initial_state=h0 is not None, final_state=output_final_state)
         W, U = ops.new_output(k.shape, k.dtype, k.device), ops.new_output(v.shape, v.dtype, v.device)
         wy(k, v, beta, W, U)
-        if h0 is None:
-            h0 = torch.zeros(B, H, DK, DV, dtype=torch.float32, device=q.device)
+        h0, ht = ops.state_arguments(h0, output_final_state, B, H, DK, DV, q.device)
         o = ops.new_output((B, T, H, DV), q.dtype, q.device)
-        ht = ops.new_output((B, H, DK, DV), torch.float32, q.device)
-        fused(q, k, W, U, h0.to(torch.float32).contiguous(), scale, o, ht)
+        fused(q, k, W, U, scale, h0, o, ht)
     return o, (ht if output_final_state else None)
 
 

@@ -28,7 +28,8 @@ from kda.site.snippets import git_commit, kda_closure
 KDA = Path(__file__).resolve().parent
 VERIFIED_ON = "NVIDIA H200 (Hopper, sm_90a)"     # where every GPU test and record of the site ran
 BF16_128 = dict(DK=128, DV=128, dtype="bfloat16")
-STATE_PASS = ("level5", "gated_state_output_pass", BF16_128)
+STATES = dict(BF16_128, initial_state=True, final_state=True)      # the calls below pass h0 and want ht
+STATE_PASS = ("level5", "gated_state_output_pass", STATES)
 
 
 @dataclass(frozen=True)
@@ -44,22 +45,22 @@ OPS = {
     "linear_attention": Op(
         "ops", "level1", "linear_attention(q, k, v, scale=scale, initial_state=h0, output_final_state=True)",
         "recurrent(q * scale, k, v, h0, True)",
-        (("level1", "seq_in_loop", dict(BF16_128, with_state=True)),)),
+        (("level1", "seq_in_loop", STATES),)),
     "decay_attention": Op(
         "ops", "level2", "decay_attention(q, k, v, alpha, scale=scale, initial_state=h0, output_final_state=True)",
         "recurrent(q * scale, k, v, alpha, h0, True)",
-        (("level2", "seq_in_loop", dict(BF16_128, with_state=True)),)),
+        (("level2", "seq_in_loop", STATES),)),
     "gated_attention": Op(
         "gated", "level3", "gated_attention(q, k, v, g, scale=scale, initial_state=h0, output_final_state=True)",
         "recurrent(q * scale, k, v, g, h0, True)",
         (("level3", "chunk_cumsum", dict(D=1)),
-         ("level3", "seq_in_loop_scalar", dict(BF16_128, with_state=True)),
+         ("level3", "seq_in_loop_scalar", STATES),
          ("level5", "chunk_intra", dict(DK=128, dtype="bfloat16", gate_dtype="float32", delta=False)),
-         ("level3", "seq_in_loop_per_channel", dict(BF16_128, with_state=True)))),
+         ("level3", "seq_in_loop_per_channel", STATES))),
     "delta_rule": Op(
         "delta", "level4", "delta_rule(q, k, v, beta, scale=scale, initial_state=h0, output_final_state=True)",
         "recurrent(q * scale, k, v, beta, h0, True)",
-        (("level4", "chunk_wy", BF16_128), ("level4", "state_output_pass", BF16_128))),
+        (("level4", "chunk_wy", BF16_128), ("level4", "state_output_pass", STATES))),
     "chunk_kda": Op(
         "gated_delta", "level0",
         "chunk_kda(q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=True)",

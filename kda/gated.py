@@ -14,10 +14,10 @@ from kda.chunking import CHUNK_SIZE, ceildiv
 from kda.reference import level3 as ref3
 
 def _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state, check=None):
-    """Scalar gate: cumsum kernel, then the fused pass. Per-channel gate: level 5's intra-chunk
-    kernel without the delta rule (``chunk_intra(delta=False)``), then the sequential pass, with
-    ``check(flags)`` between them (the read-back of the value flags waits for the first kernel
-    only). Returns ``o`` and the final state or ``None``."""
+    """Scalar gate: the cumsum kernel, then the fused pass. Per-channel gate: level 5's intra-chunk
+    kernel without the delta rule (``chunk_intra(delta=False)``), then the sequential pass. Both
+    first kernels flag a gate out of range as they read it; ``check(flags)`` runs between the two
+    kernels (the read-back waits for the first only). Returns ``o`` and the final state or ``None``."""
     from kda.kernels import level3 as kernels
     from kda.kernels import level5
     from kda.kernels.build import compile_program
@@ -26,39 +26,32 @@ def _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state, c
     DV = v.shape[-1]
     C = ops.KERNEL_CONFIG["chunk_size"]
     dtype, gate_dtype = ops.dtype_name(q.dtype), str(g.dtype).removeprefix("torch.")
-    loop_config = {key: ops.KERNEL_CONFIG[key] for key in ("chunk_size", "block_dv", "num_stages", "threads")}
-    with_state = h0 is not None or output_final_state
+    pass_config = {key: ops.KERNEL_CONFIG[key] for key in ("chunk_size", "block_dv", "num_stages", "threads")}
+    pass_config.update(DK=DK, DV=DV, dtype=dtype, initial_state=h0 is not None, final_state=output_final_state)
     q, k, v, g = (x.contiguous() for x in (q, k, v, g))
     with torch.cuda.device(q.device):
+        flags = torch.zeros(2, dtype=torch.int32, device=q.device)
         if not per_channel:
             cumsum = compile_program(kernels.chunk_cumsum, (), D=1, chunk_size=C, gate_dtype=gate_dtype)
             G = torch.empty(B, H, ceildiv(T, C) * C, dtype=torch.float32, device=q.device)
-            cumsum(g.view(B, T, H, 1), G.view(*G.shape, 1))
+            cumsum(g.view(B, T, H, 1), G.view(*G.shape, 1), flags)
             inputs = (q, k, v, G, scale)
-            seq = compile_program(kernels.seq_in_loop_scalar, (), DK=DK, DV=DV, dtype=dtype,
-                                  with_state=with_state, **loop_config)
+            seq = compile_program(kernels.seq_in_loop_scalar, (), **pass_config)
         else:
             intra = compile_program(level5.chunk_intra, (), DK=DK, chunk_size=C, dtype=dtype, gate_dtype=gate_dtype,
                                     delta=False)
             Qw, Kw = ops.new_output(q.shape, q.dtype, q.device), ops.new_output(k.shape, k.dtype, k.device)
             decay = ops.new_output((B, H, ceildiv(T, C), DK), torch.float32, q.device)
             A = ops.new_output((B, T, H, C), q.dtype, q.device)
-            flags = torch.zeros(2, dtype=torch.int32, device=q.device)
             intra(q, k, g, scale, Qw, Kw, decay, A, flags)
-            if check is not None:
-                check(flags)
             inputs = (Qw, Kw, A, decay, v)
-            seq = compile_program(kernels.seq_in_loop_per_channel, (), DK=DK, DV=DV, dtype=dtype,
-                                  with_state=with_state, **loop_config)
+            seq = compile_program(kernels.seq_in_loop_per_channel, (), **pass_config)
+        if check is not None:
+            check(flags)
         o = ops.new_output((B, T, H, DV), q.dtype, q.device)
-        if not with_state:
-            seq(*inputs, o)
-            return o, None
-        if h0 is None:
-            h0 = torch.zeros(B, H, DK, DV, dtype=torch.float32, device=q.device)
-        ht = ops.new_output((B, H, DK, DV), torch.float32, q.device)
-        seq(*inputs, h0.to(torch.float32).contiguous(), o, ht)
-        return o, ht
+        h0, ht = ops.state_arguments(h0, output_final_state, B, H, DK, DV, q.device)
+        seq(*inputs, h0, o, ht)
+    return o, (ht if output_final_state else None)
 
 
 # --8<-- [start:gated_attention]
@@ -71,20 +64,20 @@ def gated_attention(q, k, v, g, scale=None, initial_state=None, output_final_sta
             (Mamba2 / GDN style; fla ``chunk_simple_gla(g=...)``). ``[B, T, H, DK]``: one
             gate per key channel (GLA / KDA style; fla ``chunk_gla(g=...)``). float32,
             bfloat16 or float16 on CUDA; the kernels sum it in float32.
-        check_values: check that ``g`` is finite and ``<= 0`` (one read-back from the GPU: of the
-            min and max before the kernels for a scalar gate; of the flags ``chunk_intra`` sets
-            as it reads a per-channel gate, after that kernel and before the sequential pass).
+        check_values: check that ``g`` is finite and ``<= 0``: the first kernel (the cumsum for a
+            scalar gate, ``chunk_intra`` for a per-channel one) sets a flag as it reads the
+            gates, and the flag is read back between the two kernels (one wait, for the first).
         q, k, v, scale, initial_state, output_final_state: as in ``linear_attention``.
 
     Returns:
         ``o [B, T, H, DV]``, or ``(o, final_state)`` when ``output_final_state`` is true.
     """
     B, T, H, DK, DV = validate.check_qkv(q, k, v)
-    in_kernel = q.device.type == "cuda" and isinstance(g, torch.Tensor) and g.dim() == 4   # chunk_intra checks
-    per_channel = validate.check_gates(g, B, T, H, DK, q.device, check_values=check_values and not in_kernel)
+    on_cuda = q.device.type == "cuda"                          # where the first kernel checks the values
+    per_channel = validate.check_gates(g, B, T, H, DK, q.device, check_values=check_values and not on_cuda)
     scale = validate.check_scale(scale, DK)
     h0 = validate.check_initial_state(initial_state, B, H, DK, DV, q.device)
-    if q.device.type == "cuda":
+    if on_cuda:
         check = (lambda flags: validate.raise_flagged_values(flags, g)) if check_values else None
         o, final = _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state, check)
     else:

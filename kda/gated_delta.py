@@ -223,10 +223,8 @@ def run_state_pass(form: ChunkForm, h0, table=None, output_final_state=True):
                                      block_dv=state_pass_columns(lanes, H, DV, sm_count(device)),
                                      dtype=ops.dtype_name(form.Qw.dtype), varlen=table is not None,
                                      initial_state=h0 is not None, final_state=output_final_state)
-        stand_in = lambda: torch.empty(1, 1, DK, DV, dtype=torch.float32, device=device)   # never read or written
-        h0 = h0.to(torch.float32).contiguous() if h0 is not None else stand_in()
+        h0, ht = ops.state_arguments(h0, output_final_state, N, H, DK, DV, device)
         o = ops.new_output((B, T, H, DV), form.U.dtype, device)
-        ht = ops.new_output((N, H, DK, DV), torch.float32, device) if output_final_state else stand_in()
         tables = [] if table is None else [table.cu_seqlens, table.chunk_offsets, table.seq_groups]
         state_pass(*form, h0, o, ht, *tables)
     return o, (ht if output_final_state else None)

@@ -43,26 +43,31 @@ def new_output(shape, dtype, device):
     return torch.empty(shape, dtype=dtype, device=device)
 
 
+def state_arguments(h0, output_final_state, N, H, DK, DV, device):
+    """The ``h0`` and ``ht`` a sequential pass takes (``kda.kernels.stages.state_shape``): ``h0`` in
+    float32 or a stand-in, and a new ``[N, H, DK, DV]`` float32 buffer for the final state or a
+    stand-in. A pass compiled without the state reads and writes no stand-in."""
+    stand_in = lambda: torch.empty(1, 1, DK, DV, dtype=torch.float32, device=device)
+    h0 = h0.to(torch.float32).contiguous() if h0 is not None else stand_in()
+    ht = new_output((N, H, DK, DV), torch.float32, device) if output_final_state else stand_in()
+    return h0, ht
+
+
 def _run_kernel(program_fn, q, k, v, extra, scale, h0, output_final_state):
-    """Compile (once per head sizes, dtype and config) and launch a sequence-in-loop kernel."""
+    """Compile (once per head sizes, dtype, state flags and config) and launch a sequence-in-loop
+    kernel; returns ``o`` and the final state (``None`` without ``output_final_state``)."""
     from kda.kernels.build import compile_program
 
     B, T, H, DK = q.shape
     DV = v.shape[-1]
-    with_state = h0 is not None or output_final_state
     kernel = compile_program(program_fn, out_idx=(), DK=DK, DV=DV, dtype=dtype_name(q.dtype),
-                             with_state=with_state, **KERNEL_CONFIG)
+                             initial_state=h0 is not None, final_state=output_final_state, **KERNEL_CONFIG)
     q, k, v = (x.contiguous() for x in (q, k, v))
-    o = new_output((B, T, H, DV), q.dtype, q.device)
     with torch.cuda.device(q.device):
-        if not with_state:
-            kernel(q, k, v, *extra, scale, o)
-            return o, None
-        if h0 is None:
-            h0 = torch.zeros(B, H, DK, DV, dtype=torch.float32, device=q.device)
-        ht = new_output((B, H, DK, DV), torch.float32, q.device)
-        kernel(q, k, v, *extra, scale, h0.to(torch.float32).contiguous(), o, ht)
-        return o, ht
+        o = new_output((B, T, H, DV), q.dtype, q.device)
+        h0, ht = state_arguments(h0, output_final_state, B, H, DK, DV, q.device)
+        kernel(q, k, v, *extra, scale, h0, o, ht)
+    return o, (ht if output_final_state else None)
 
 
 @functools.lru_cache(maxsize=64)

@@ -101,5 +101,6 @@ def test_state_output_stages(shape, dtype):
     assert rel_l2(o, o_ref) <= 5e-3
 
     o, ht = nan_like((B, T, H, DV), dtype), nan_like((B, H, DK, DV))
-    kernel("state_output_pass", DK=DK, DV=DV, dtype=name)(q, k, W, U, h0, DK ** -0.5, o, ht)
+    kernel("state_output_pass", DK=DK, DV=DV, dtype=name, initial_state=True, final_state=True)(
+        q, k, W, U, DK ** -0.5, h0, o, ht)
     assert rel_l2(o, o_ref) <= 5e-3 and rel_l2(ht, final) <= 5e-3

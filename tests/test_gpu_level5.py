@@ -115,7 +115,7 @@ def test_state_pass_against_reference_stage(shape, dtype, block_dv):
     form = prepare_chunks(q, k, v, g, beta, DK ** -0.5)
     name = "bfloat16" if dtype == torch.bfloat16 else "float16"
     kernel = compile_program(level5.gated_state_output_pass, (), DK=DK, DV=DV, chunk_size=64, block_dv=block_dv,
-                             dtype=name)
+                             dtype=name, initial_state=True, final_state=True)
     o = torch.full((B, T, H, DV), float("nan"), dtype=dtype, device="cuda")
     ht = torch.full((B, H, DK, DV), float("nan"), dtype=torch.float32, device="cuda")
     kernel(*form, h0, o, ht)

@@ -156,13 +156,25 @@ def test_level3(kernel_launches, per_channel, with_state):
     assert o.shape == v.shape and (ht is not None) == with_state
 
 
-def test_level3_reads_the_flags_between_its_kernels(kernel_launches):
+@pytest.mark.parametrize("per_channel", [True, False], ids=["per_channel", "scalar"])
+def test_level3_reads_the_flags_between_its_kernels(kernel_launches, per_channel):
+    """Both gate kinds: the first kernel sets the flags, the check reads them before the pass is
+    launched, and a check that raises leaves the pass unlaunched."""
     from kda.gated import _run_gated_kernels
 
     q, k, v = (torch.randn(1, 64, 1, 64).bfloat16() for _ in range(3))
-    g = -torch.rand(1, 64, 1, 64)
-    _run_gated_kernels(q, k, v, g, True, 0.125, None, False, check=lambda flags: kernel_launches.append(("check", flags)))
-    assert [name for name, _ in kernel_launches] == ["chunk_intra", "check", "seq_in_loop_per_channel"]
+    g = -torch.rand((1, 64, 1, 64) if per_channel else (1, 64, 1))
+    _run_gated_kernels(q, k, v, g, per_channel, 0.125, None, False,
+                       check=lambda flags: kernel_launches.append(("check", flags)))
+    first, second = ("chunk_intra", "seq_in_loop_per_channel") if per_channel else ("chunk_cumsum", "seq_in_loop_scalar")
+    assert [name for name, _ in kernel_launches] == [first, "check", second]
+
+    def refuse(flags):
+        raise ValueError("flagged")
+    kernel_launches.clear()
+    with pytest.raises(ValueError, match="flagged"):
+        _run_gated_kernels(q, k, v, g, per_channel, 0.125, None, False, check=refuse)
+    assert [name for name, _ in kernel_launches] == [first]
 
 
 @pytest.mark.parametrize("with_state", [False, True], ids=["stateless", "states"])
@@ -191,7 +203,7 @@ def test_the_stand_in_refuses_what_the_binder_refuses(kernel_launches, broken):
     q, k, v, g, beta = level5_inputs(T=128)
     Qw, Kw, W, U = (torch.empty_like(x) for x in (q, k, q, v))
     decay, A = torch.empty(1, 2, 2, 64), torch.empty(1, 128, 2, 64, dtype=q.dtype)
-    launch = compile_program(level5.gated_state_output_pass, (), DK=64, DV=64)
+    launch = compile_program(level5.gated_state_output_pass, (), DK=64, DV=64, initial_state=True, final_state=True)
     h0, o, ht = torch.zeros(1, 2, 64, 64), torch.empty_like(v), torch.empty(1, 2, 64, 64)
     args = [Qw, Kw, W, U, A, decay, h0, o, ht]
     launch(*args)                                                       # as the package calls it

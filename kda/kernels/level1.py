@@ -17,7 +17,7 @@ stores clip it). Accumulation is fp32.
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
 import tilelang.language as T
 
-from kda.kernels.stages import ACCUM
+from kda.kernels.stages import ACCUM, state_shape
 
 
 
@@ -88,9 +88,11 @@ def seq_in_grid(DK, DV, chunk_size=64, num_stages=2, threads=128, dtype="float16
 
 # --8<-- [start:seq_in_loop]
 def seq_in_loop(DK, DV, chunk_size=64, block_dv=32, num_stages=3, threads=128,
-                dtype="bfloat16", with_state=False, overlap_gemms=True):
-    """Fused forward. Arguments at run time: ``Q, K, V, scale`` (+ ``h0``), then the
-    outputs ``O`` (+ ``ht``, the fp32 final state ``[B, H, DK, DV]``).
+                dtype="bfloat16", initial_state=False, final_state=False, overlap_gemms=True):
+    """Fused forward. Arguments at run time: ``Q, K, V, scale, h0``, then the outputs ``O`` and
+    ``ht`` (the fp32 final state ``[B, H, DK, DV]``). Without ``initial_state`` the state starts
+    at zero and without ``final_state`` none is written; ``h0``/``ht`` are then ``[1, 1, DK, DV]``
+    stand-ins (``kda.kernels.stages.state_shape``).
 
     ``overlap_gemms=False`` keeps the article's order: read-out, intra term, write-back,
     then the state update, each GEMM waited for before the next starts.
@@ -141,35 +143,25 @@ def seq_in_loop(DK, DV, chunk_size=64, block_dv=32, num_stages=3, threads=128,
                 # state update after the write-back: the exclusive prefix ("shift right")
                 T.gemm(K_s, V_s, S_f, transpose_A=True)
 
-    if not with_state:
-        @T.prim_func
-        def main(
-            Q: T.Tensor([B, S, H, DK], dtype),
-            K: T.Tensor([B, S, H, DK], dtype),
-            V: T.Tensor([B, S, H, DV], dtype),
-            scale: T.float32,
-            O: T.Tensor([B, S, H, DV], dtype),
-        ):
-            with T.Kernel(NV, H, B, threads=threads) as (bv, bh, bb):
-                S_f = T.alloc_fragment([DK, block_dv], ACCUM)   # loop-carried state
-                T.clear(S_f)
-                chunk_loop(Q, K, V, O, scale, S_f, bb, bh, bv * block_dv)
-    else:
-        @T.prim_func
-        def main(
-            Q: T.Tensor([B, S, H, DK], dtype),
-            K: T.Tensor([B, S, H, DK], dtype),
-            V: T.Tensor([B, S, H, DV], dtype),
-            scale: T.float32,
-            h0: T.Tensor([B, H, DK, DV], ACCUM),
-            O: T.Tensor([B, S, H, DV], dtype),
-            ht: T.Tensor([B, H, DK, DV], ACCUM),
-        ):
-            with T.Kernel(NV, H, B, threads=threads) as (bv, bh, bb):
-                dv0 = bv * block_dv
-                S_f = T.alloc_fragment([DK, block_dv], ACCUM)
+    @T.prim_func
+    def main(
+        Q: T.Tensor([B, S, H, DK], dtype),
+        K: T.Tensor([B, S, H, DK], dtype),
+        V: T.Tensor([B, S, H, DV], dtype),
+        scale: T.float32,
+        h0: T.Tensor(state_shape(initial_state, B, H, DK, DV), ACCUM),
+        O: T.Tensor([B, S, H, DV], dtype),
+        ht: T.Tensor(state_shape(final_state, B, H, DK, DV), ACCUM),
+    ):
+        with T.Kernel(NV, H, B, threads=threads) as (bv, bh, bb):
+            dv0 = bv * block_dv
+            S_f = T.alloc_fragment([DK, block_dv], ACCUM)       # loop-carried state
+            if initial_state:
                 T.copy(h0[bb, bh, :, dv0:dv0 + block_dv], S_f)
-                chunk_loop(Q, K, V, O, scale, S_f, bb, bh, dv0)
+            else:
+                T.clear(S_f)
+            chunk_loop(Q, K, V, O, scale, S_f, bb, bh, dv0)
+            if final_state:
                 T.copy(S_f, ht[bb, bh, :, dv0:dv0 + block_dv])
 
     return main

@@ -18,15 +18,15 @@ which matters for the final state. Mirrors ``kda.reference.level2.seq_in_loop``.
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
 import tilelang.language as T
 
-from kda.kernels.stages import ACCUM
+from kda.kernels.stages import ACCUM, state_shape
 
 
 
 # --8<-- [start:seq_in_loop]
 def seq_in_loop(DK, DV, chunk_size=64, block_dv=32, num_stages=3, threads=128,
-                dtype="bfloat16", with_state=False, overlap_gemms=True, weight_tables=False):
-    """Arguments at run time: ``Q, K, V, log2_alpha [H], scale`` (+ ``h0``), then the
-    outputs ``O`` (+ ``ht``). ``overlap_gemms`` as in ``kda.kernels.level1.seq_in_loop``.
+                dtype="bfloat16", initial_state=False, final_state=False, overlap_gemms=True, weight_tables=False):
+    """Arguments at run time: ``Q, K, V, log2_alpha [H], scale, h0``, then the outputs ``O``, ``ht``.
+    The state flags and ``overlap_gemms`` as in ``kda.kernels.level1.seq_in_loop``.
 
     ``Gamma`` (``C x C``) is always a table built once per block. ``weight_tables=True``
     also tabulates the query and key weights and ``a^C``, so that a full chunk calls no
@@ -118,37 +118,26 @@ def seq_in_loop(DK, DV, chunk_size=64, block_dv=32, num_stages=3, threads=128,
                 decay_state(V_s, Vw_s, S_f, W_key, carry[0], lg[0], L)
                 T.gemm(K_s, Vw_s, S_f, transpose_A=True)
 
-    if not with_state:
-        @T.prim_func
-        def main(
-            Q: T.Tensor([B, S, H, DK], dtype),
-            K: T.Tensor([B, S, H, DK], dtype),
-            V: T.Tensor([B, S, H, DV], dtype),
-            log2_alpha: T.Tensor([H], ACCUM),
-            scale: T.float32,
-            O: T.Tensor([B, S, H, DV], dtype),
-        ):
-            with T.Kernel(NV, H, B, threads=threads) as (bv, bh, bb):
-                S_f = T.alloc_fragment([DK, block_dv], ACCUM)
-                T.clear(S_f)
-                chunk_loop(Q, K, V, O, log2_alpha, scale, S_f, bb, bh, bv * block_dv)
-    else:
-        @T.prim_func
-        def main(
-            Q: T.Tensor([B, S, H, DK], dtype),
-            K: T.Tensor([B, S, H, DK], dtype),
-            V: T.Tensor([B, S, H, DV], dtype),
-            log2_alpha: T.Tensor([H], ACCUM),
-            scale: T.float32,
-            h0: T.Tensor([B, H, DK, DV], ACCUM),
-            O: T.Tensor([B, S, H, DV], dtype),
-            ht: T.Tensor([B, H, DK, DV], ACCUM),
-        ):
-            with T.Kernel(NV, H, B, threads=threads) as (bv, bh, bb):
-                dv0 = bv * block_dv
-                S_f = T.alloc_fragment([DK, block_dv], ACCUM)
+    @T.prim_func
+    def main(
+        Q: T.Tensor([B, S, H, DK], dtype),
+        K: T.Tensor([B, S, H, DK], dtype),
+        V: T.Tensor([B, S, H, DV], dtype),
+        log2_alpha: T.Tensor([H], ACCUM),
+        scale: T.float32,
+        h0: T.Tensor(state_shape(initial_state, B, H, DK, DV), ACCUM),
+        O: T.Tensor([B, S, H, DV], dtype),
+        ht: T.Tensor(state_shape(final_state, B, H, DK, DV), ACCUM),
+    ):
+        with T.Kernel(NV, H, B, threads=threads) as (bv, bh, bb):
+            dv0 = bv * block_dv
+            S_f = T.alloc_fragment([DK, block_dv], ACCUM)
+            if initial_state:
                 T.copy(h0[bb, bh, :, dv0:dv0 + block_dv], S_f)
-                chunk_loop(Q, K, V, O, log2_alpha, scale, S_f, bb, bh, dv0)
+            else:
+                T.clear(S_f)
+            chunk_loop(Q, K, V, O, log2_alpha, scale, S_f, bb, bh, dv0)
+            if final_state:
                 T.copy(S_f, ht[bb, bh, :, dv0:dv0 + block_dv])
 
     return main

@@ -4,7 +4,8 @@ Every weight is ``exp2`` of a difference of chunk-local cumulative gates ``G`` (
 ``G = cumsum(g) / ln 2`` inside each chunk) taken so that the argument is never positive.
 
 * ``chunk_cumsum``: ``g [B, T, H, D]`` (``D = 1`` for a scalar gate) -> ``G [B, H, T_pad, D]``
-  float32, each chunk contiguous for the kernels that read it.
+  float32, each chunk contiguous for the kernels that read it, and a flag for a gate out of
+  range (the value check costs no read of ``g`` of its own).
 * Scalar gate (``g [B, T, H]``): ``seq_in_loop_scalar``, the level-2 kernel with the decay
   table rebuilt per chunk from ``G``.
 * Per-channel gate (``g [B, T, H, DK]``): two stages. The first runs over all chunks at once
@@ -21,32 +22,30 @@ Mirrors ``kda.reference.level3`` (``prepare`` and ``kernel_mimic``).
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
 import tilelang.language as T
 
-from kda.kernels.stages import ACCUM, LOG2_E, decay_factor, real
+from kda.kernels.stages import ACCUM, decay_factor, log2_cumsum_by_columns, real, state_shape
 
 
 # --8<-- [start:cumsum]
-@T.macro
-def gates_to_log2_cumsum(g_s, G_s, L, C, D):
-    """``G_s = cumsum(g_s) / ln 2`` down the chunk; rows past the real length ``L`` count as
-    0, so the cumulative gate stays flat over the padding of a tail chunk."""
-    for i, d in T.Parallel(C, D):
-        G_s[i, d] = T.Cast(ACCUM, g_s[i, d]) * LOG2_E * real(i < L)
-    T.cumsum(G_s, dim=0)
-
-
 def chunk_cumsum(D, chunk_size=64, gate_dtype="float32", threads=128):
     """``g [B, T, H, D]`` -> chunk-local cumulative gates in log2 units, ``G [B, H, T_pad, D]``
-    with ``T_pad`` the length rounded up to whole chunks (TMA wants 16-byte row strides)."""
+    with ``T_pad`` the length rounded up to whole chunks (TMA wants 16-byte row strides);
+    ``flags[0] = 1`` where a gate is not finite and ``<= 0`` (``flags`` int32 ``[2]``, zeroed by
+    the caller; ``flags[1]`` is level 5's, for ``beta``). Rows past the end count as 0, so ``G``
+    stays flat over the padding of a tail chunk."""
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     C = chunk_size
 
     @T.prim_func
-    def main(g: T.Tensor([B, S, H, D], gate_dtype), G: T.Tensor([B, H, T.ceildiv(S, C) * C, D], ACCUM)):
+    def main(
+        g: T.Tensor([B, S, H, D], gate_dtype),
+        G: T.Tensor([B, H, T.ceildiv(S, C) * C, D], ACCUM),
+        flags: T.Tensor([2], "int32"),
+    ):
         with T.Kernel(T.ceildiv(S, C), H, B, threads=threads) as (c, bh, bb):
             g_s = T.alloc_shared([C, D], gate_dtype)
             G_s = T.alloc_shared([C, D], ACCUM)
             T.copy(g[bb, c * C:(c + 1) * C, bh, :], g_s)
-            gates_to_log2_cumsum(g_s, G_s, T.min(C, S - c * C), C, D)
+            log2_cumsum_by_columns(g_s, G_s, T.min(C, S - c * C), C, D, flags)
             T.copy(G_s, G[bb, bh, c * C:(c + 1) * C, :])
 
     return main
@@ -55,9 +54,9 @@ def chunk_cumsum(D, chunk_size=64, gate_dtype="float32", threads=128):
 
 # --8<-- [start:seq_in_loop_scalar]
 def seq_in_loop_scalar(DK, DV, chunk_size=64, block_dv=32, num_stages=3, threads=128,
-                       dtype="bfloat16", with_state=False):
+                       dtype="bfloat16", initial_state=False, final_state=False):
     """Scalar gate. Arguments at run time: ``Q, K, V, G [B, H, T_pad]`` (``chunk_cumsum``),
-    ``scale`` (+ ``h0``), then ``O`` (+ ``ht``). Level 2's three weight places with
+    ``scale, h0``, then ``O, ht`` (the state flags as in level 1). Level 2's three weight places with
     ``a^(i-j)`` replaced by ``2^(G_i - G_j)``: the intra table is per chunk now."""
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     C = chunk_size
@@ -104,37 +103,26 @@ def seq_in_loop_scalar(DK, DV, chunk_size=64, block_dv=32, num_stages=3, threads
             T.copy(acc_o, O_s)
             T.copy(O_s, O[bb, c * C:(c + 1) * C, bh, dv0:dv0 + block_dv])
 
-    if not with_state:
-        @T.prim_func
-        def main(
-            Q: T.Tensor([B, S, H, DK], dtype),
-            K: T.Tensor([B, S, H, DK], dtype),
-            V: T.Tensor([B, S, H, DV], dtype),
-            G: T.Tensor([B, H, T.ceildiv(S, C) * C], ACCUM),
-            scale: T.float32,
-            O: T.Tensor([B, S, H, DV], dtype),
-        ):
-            with T.Kernel(NV, H, B, threads=threads) as (bv, bh, bb):
-                S_f = T.alloc_fragment([DK, block_dv], ACCUM)
-                T.clear(S_f)
-                chunk_loop(Q, K, V, G, O, scale, S_f, bb, bh, bv * block_dv)
-    else:
-        @T.prim_func
-        def main(
-            Q: T.Tensor([B, S, H, DK], dtype),
-            K: T.Tensor([B, S, H, DK], dtype),
-            V: T.Tensor([B, S, H, DV], dtype),
-            G: T.Tensor([B, H, T.ceildiv(S, C) * C], ACCUM),
-            scale: T.float32,
-            h0: T.Tensor([B, H, DK, DV], ACCUM),
-            O: T.Tensor([B, S, H, DV], dtype),
-            ht: T.Tensor([B, H, DK, DV], ACCUM),
-        ):
-            with T.Kernel(NV, H, B, threads=threads) as (bv, bh, bb):
-                dv0 = bv * block_dv
-                S_f = T.alloc_fragment([DK, block_dv], ACCUM)
+    @T.prim_func
+    def main(
+        Q: T.Tensor([B, S, H, DK], dtype),
+        K: T.Tensor([B, S, H, DK], dtype),
+        V: T.Tensor([B, S, H, DV], dtype),
+        G: T.Tensor([B, H, T.ceildiv(S, C) * C], ACCUM),
+        scale: T.float32,
+        h0: T.Tensor(state_shape(initial_state, B, H, DK, DV), ACCUM),
+        O: T.Tensor([B, S, H, DV], dtype),
+        ht: T.Tensor(state_shape(final_state, B, H, DK, DV), ACCUM),
+    ):
+        with T.Kernel(NV, H, B, threads=threads) as (bv, bh, bb):
+            dv0 = bv * block_dv
+            S_f = T.alloc_fragment([DK, block_dv], ACCUM)
+            if initial_state:
                 T.copy(h0[bb, bh, :, dv0:dv0 + block_dv], S_f)
-                chunk_loop(Q, K, V, G, O, scale, S_f, bb, bh, dv0)
+            else:
+                T.clear(S_f)
+            chunk_loop(Q, K, V, G, O, scale, S_f, bb, bh, dv0)
+            if final_state:
                 T.copy(S_f, ht[bb, bh, :, dv0:dv0 + block_dv])
 
     return main
@@ -143,9 +131,9 @@ def seq_in_loop_scalar(DK, DV, chunk_size=64, block_dv=32, num_stages=3, threads
 
 # --8<-- [start:seq_in_loop_per_channel]
 def seq_in_loop_per_channel(DK, DV, chunk_size=64, block_dv=32, num_stages=3, threads=128,
-                            dtype="bfloat16", with_state=False):
+                            dtype="bfloat16", initial_state=False, final_state=False):
     """Per-channel gate, the sequential pass over the outputs of ``chunk_intra(delta=False)``.
-    Arguments at run time: ``Qw, Kw, A, decay, V`` (+ ``h0``), then ``O`` (+ ``ht``).
+    Arguments at run time: ``Qw, Kw, A, decay, V, h0``, then ``O, ht`` (the state flags as in level 1).
 
     Per chunk: ``O = Qw S + A V``, then ``S = diag(decay) S + Kw^T V``. The scale is
     already in ``Qw`` and ``A``. Each GEMM is waited for: the three read different
@@ -183,37 +171,26 @@ def seq_in_loop_per_channel(DK, DV, chunk_size=64, block_dv=32, num_stages=3, th
             T.copy(acc_o, O_s)
             T.copy(O_s, O[bb, c * C:(c + 1) * C, bh, dv0:dv0 + block_dv])
 
-    if not with_state:
-        @T.prim_func
-        def main(
-            Qw: T.Tensor([B, S, H, DK], dtype),
-            Kw: T.Tensor([B, S, H, DK], dtype),
-            A: T.Tensor([B, S, H, C], dtype),
-            decay: T.Tensor([B, H, NC, DK], ACCUM),
-            V: T.Tensor([B, S, H, DV], dtype),
-            O: T.Tensor([B, S, H, DV], dtype),
-        ):
-            with T.Kernel(NV, H, B, threads=threads) as (bv, bh, bb):
-                S_f = T.alloc_fragment([DK, block_dv], ACCUM)
-                T.clear(S_f)
-                chunk_loop(Qw, Kw, A, decay, V, O, S_f, bb, bh, bv * block_dv)
-    else:
-        @T.prim_func
-        def main(
-            Qw: T.Tensor([B, S, H, DK], dtype),
-            Kw: T.Tensor([B, S, H, DK], dtype),
-            A: T.Tensor([B, S, H, C], dtype),
-            decay: T.Tensor([B, H, NC, DK], ACCUM),
-            V: T.Tensor([B, S, H, DV], dtype),
-            h0: T.Tensor([B, H, DK, DV], ACCUM),
-            O: T.Tensor([B, S, H, DV], dtype),
-            ht: T.Tensor([B, H, DK, DV], ACCUM),
-        ):
-            with T.Kernel(NV, H, B, threads=threads) as (bv, bh, bb):
-                dv0 = bv * block_dv
-                S_f = T.alloc_fragment([DK, block_dv], ACCUM)
+    @T.prim_func
+    def main(
+        Qw: T.Tensor([B, S, H, DK], dtype),
+        Kw: T.Tensor([B, S, H, DK], dtype),
+        A: T.Tensor([B, S, H, C], dtype),
+        decay: T.Tensor([B, H, NC, DK], ACCUM),
+        V: T.Tensor([B, S, H, DV], dtype),
+        h0: T.Tensor(state_shape(initial_state, B, H, DK, DV), ACCUM),
+        O: T.Tensor([B, S, H, DV], dtype),
+        ht: T.Tensor(state_shape(final_state, B, H, DK, DV), ACCUM),
+    ):
+        with T.Kernel(NV, H, B, threads=threads) as (bv, bh, bb):
+            dv0 = bv * block_dv
+            S_f = T.alloc_fragment([DK, block_dv], ACCUM)
+            if initial_state:
                 T.copy(h0[bb, bh, :, dv0:dv0 + block_dv], S_f)
-                chunk_loop(Qw, Kw, A, decay, V, O, S_f, bb, bh, dv0)
+            else:
+                T.clear(S_f)
+            chunk_loop(Qw, Kw, A, decay, V, O, S_f, bb, bh, dv0)
+            if final_state:
                 T.copy(S_f, ht[bb, bh, :, dv0:dv0 + block_dv])
 
     return main

@@ -17,7 +17,7 @@
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
 import tilelang.language as T
 
-from kda.kernels.stages import ACCUM, merge_by_substitution, real, tf32_nearest, wy_tail
+from kda.kernels.stages import ACCUM, merge_by_substitution, real, state_shape, tf32_nearest, wy_tail
 
 
 # --8<-- [start:invert_diagonal_blocks]
@@ -235,11 +235,13 @@ def chunk_output(DK, DV, chunk_size=64, block_dv=64, threads=128, dtype="bfloat1
 
 
 # --8<-- [start:state_output_pass]
-def state_output_pass(DK, DV, chunk_size=64, block_dv=32, num_stages=3, threads=128, dtype="bfloat16"):
+def state_output_pass(DK, DV, chunk_size=64, block_dv=32, num_stages=3, threads=128, dtype="bfloat16",
+                      initial_state=False, final_state=False):
     """``state_pass`` and ``chunk_output`` fused: the output of a chunk is made while its entering
     state is in registers, so neither the snapshots nor ``U - W S`` go through HBM. Arguments at
-    run time: ``Q, K, W [B, T, H, DK]``, ``U [B, T, H, DV]``, ``h0 [B, H, DK, DV]`` (float32),
-    ``scale``, then the outputs ``O [B, T, H, DV]`` (dtype) and ``ht`` (float32)."""
+    run time: ``Q, K, W [B, T, H, DK]``, ``U [B, T, H, DV]``, ``scale``, ``h0 [B, H, DK, DV]``
+    (float32), then the outputs ``O [B, T, H, DV]`` (dtype) and ``ht`` (float32); the state flags
+    as in ``kda.kernels.level1.seq_in_loop``."""
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     C = chunk_size
 
@@ -249,10 +251,10 @@ def state_output_pass(DK, DV, chunk_size=64, block_dv=32, num_stages=3, threads=
         K: T.Tensor([B, S, H, DK], dtype),
         W: T.Tensor([B, S, H, DK], dtype),
         U: T.Tensor([B, S, H, DV], dtype),
-        h0: T.Tensor([B, H, DK, DV], ACCUM),
         scale: T.float32,
+        h0: T.Tensor(state_shape(initial_state, B, H, DK, DV), ACCUM),
         O: T.Tensor([B, S, H, DV], dtype),
-        ht: T.Tensor([B, H, DK, DV], ACCUM),
+        ht: T.Tensor(state_shape(final_state, B, H, DK, DV), ACCUM),
     ):
         with T.Kernel(T.ceildiv(DV, block_dv), H, B, threads=threads) as (bv, bh, bb):
             dv0 = bv * block_dv
@@ -268,7 +270,10 @@ def state_output_pass(DK, DV, chunk_size=64, block_dv=32, num_stages=3, threads=
             acc_o = T.alloc_fragment([C, block_dv], ACCUM)
             QK = T.alloc_fragment([C, C], ACCUM)
             QK_cast = T.alloc_fragment([C, C], dtype)
-            T.copy(h0[bb, bh, :, dv0:dv0 + block_dv], S_f)
+            if initial_state:
+                T.copy(h0[bb, bh, :, dv0:dv0 + block_dv], S_f)
+            else:
+                T.clear(S_f)
             for c in T.Pipelined(T.ceildiv(S, C), num_stages=num_stages):
                 T.copy(Q[bb, c * C:(c + 1) * C, bh, :], Q_s)
                 T.copy(K[bb, c * C:(c + 1) * C, bh, :], K_s)
@@ -289,7 +294,8 @@ def state_output_pass(DK, DV, chunk_size=64, block_dv=32, num_stages=3, threads=
                 for i, j in T.Parallel(C, block_dv):
                     O_s[i, j] = acc_o[i, j] * scale
                 T.copy(O_s, O[bb, c * C:(c + 1) * C, bh, dv0:dv0 + block_dv])
-            T.copy(S_f, ht[bb, bh, :, dv0:dv0 + block_dv])
+            if final_state:
+                T.copy(S_f, ht[bb, bh, :, dv0:dv0 + block_dv])
 
     return main
 # --8<-- [end:state_output_pass]

@@ -25,8 +25,8 @@ Mirrors ``kda.reference.level5``.
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
 import tilelang.language as T
 
-from kda.kernels.stages import (ACCUM, DIAGONAL_SPAN_MAX, LOG2_E, decay_factor, merge_by_substitution, real,
-                                tf32_nearest, wy_tail)
+from kda.kernels.stages import (ACCUM, DIAGONAL_SPAN_MAX, decay_factor, log2_cumsum_by_columns,
+                                merge_by_substitution, real, state_shape, tf32_nearest, wy_tail)
 
 SOLVE_BLOCK = 16        # the solve's diagonal blocks (level 4), whatever the scores' sub-chunk
 # Rows per score sub-chunk. Where a chunk's gate falls by at most 2^96 over each 32-row half, one
@@ -39,30 +39,6 @@ WIDE_SUBCHUNK = 32      # half the chunk; None: SUBCHUNK in every chunk
 
 
 # --8<-- [start:intra_helpers]
-FLOAT32_MAX = 3.4028234663852886e38
-
-
-@T.macro
-def log2_cumsum_by_columns(g_s, G_s, L, C, D, flags):
-    """``G_s = cumsum(g_s) / ln 2`` down the chunk, one thread per channel (the rows of a column
-    are a running sum in a register; rows past the real length ``L`` count as 0). In place when
-    ``g_s`` is ``G_s``. A gate that is not finite and ``<= 0`` sets ``flags[0]``, so that the
-    caller can raise after the launch instead of reading every gate once more before it."""
-    for d in T.Parallel(D):
-        acc = T.alloc_var(ACCUM)
-        bad = T.alloc_var(ACCUM)
-        acc = 0.0
-        bad = 0.0
-        for i in T.serial(C):
-            x = T.Cast(ACCUM, g_s[i, d])
-            ok = real(x <= 0.0) * real(x >= -FLOAT32_MAX)                      # NaN fails both
-            bad = T.max(bad, T.if_then_else(i < L, 1.0 - ok, 0.0))
-            acc += T.if_then_else(i < L, x * LOG2_E, 0.0)
-            G_s[i, d] = acc
-        if bad > 0.0:
-            flags[0] = 1
-
-
 @T.macro
 def invert_diagonal_blocks_by_columns(A_s, Tinv_s, x, C, block):
     """The diagonal blocks of ``(I + A_s)^-1`` (``A_s [C, C]`` strictly lower, float32, shared) by
@@ -511,8 +487,8 @@ chunk_intra.compile_flags = ("-ftz=true",)
 
 
 # --8<-- [start:gated_state_output_pass]
-def gated_state_output_pass(DK, DV, chunk_size=64, block_dv=32, dtype="bfloat16", varlen=False, initial_state=True,
-                            final_state=True):
+def gated_state_output_pass(DK, DV, chunk_size=64, block_dv=32, dtype="bfloat16", varlen=False, initial_state=False,
+                            final_state=False):
     """Arguments at run time: ``Qw, Kw, W [B, T, H, DK]``, ``U [B, T, H, DV]``, ``A_qk [B, T, H, C]``
     (dtype, scale included), ``decay [B, H, NC, DK]`` and ``h0 [B, H, DK, DV]`` (float32), then the
     outputs ``O [B, T, H, DV]`` (dtype) and ``ht`` (float32). With ``varlen`` (packed sequences,
@@ -537,8 +513,7 @@ def gated_state_output_pass(DK, DV, chunk_size=64, block_dv=32, dtype="bfloat16"
     NC = T.dynamic("NC") if varlen else T.ceildiv(S, C)
     N, NG = T.dynamic("N"), T.dynamic("NG")
     states = N if varlen else B
-    h0_shape = [states, H, DK, DV] if initial_state else [1, 1, DK, DV]
-    ht_shape = [states, H, DK, DV] if final_state else [1, 1, DK, DV]
+    h0_shape, ht_shape = state_shape(initial_state, states, H, DK, DV), state_shape(final_state, states, H, DK, DV)
 
     @T.macro
     def body(Qw, Kw, W, U, A_qk, decay, h0, O, ht, bv, bh, bb, n_first, n_count, seq):

@@ -40,6 +40,42 @@ def tf32_nearest(x):
 # --8<-- [end:helpers]
 
 
+# --8<-- [start:log2_cumsum]
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+@T.macro
+def log2_cumsum_by_columns(g_s, G_s, L, C, D, flags):
+    """``G_s = cumsum(g_s) / ln 2`` down the chunk, one thread per channel (the rows of a column
+    are a running sum in a register; rows past the real length ``L`` count as 0). In place when
+    ``g_s`` is ``G_s``. A gate that is not finite and ``<= 0`` sets ``flags[0]``, so that the
+    caller can raise after the launch instead of reading every gate once more before it. Level 3's
+    ``chunk_cumsum`` (``D = 1``: one thread) and level 5's ``chunk_intra`` (``D = DK``)."""
+    for d in T.Parallel(D):
+        acc = T.alloc_var(ACCUM)
+        bad = T.alloc_var(ACCUM)
+        acc = 0.0
+        bad = 0.0
+        for i in T.serial(C):
+            x = T.Cast(ACCUM, g_s[i, d])
+            ok = real(x <= 0.0) * real(x >= -FLOAT32_MAX)                      # NaN fails both
+            bad = T.max(bad, T.if_then_else(i < L, 1.0 - ok, 0.0))
+            acc += T.if_then_else(i < L, x * LOG2_E, 0.0)
+            G_s[i, d] = acc
+        if bad > 0.0:
+            flags[0] = 1
+# --8<-- [end:log2_cumsum]
+
+
+# --8<-- [start:state_shape]
+def state_shape(present, N, H, DK, DV):
+    """The shape of a sequential pass's initial or final state argument: ``[N, H, DK, DV]``, or,
+    where the kernel is compiled without it, a ``[1, 1, DK, DV]`` stand-in that it never reads or
+    writes. Every pass keeps one signature, ``(inputs..., h0, O, ht)``, whatever its flags."""
+    return [N, H, DK, DV] if present else [1, 1, DK, DV]
+# --8<-- [end:state_shape]
+
+
 # --8<-- [start:merge_by_substitution]
 @T.macro
 def merge_by_substitution(A_s, Tinv_s, C, block):

@@ -18,6 +18,7 @@ B, H, D, C = 1, 32, 128, 64
 SCALE = D ** -0.5
 grid = compile_program(kernels.seq_in_grid, (), DK=D, DV=D, dtype="bfloat16")
 article_order = compile_program(kernels.seq_in_loop, (), DK=D, DV=D, dtype="bfloat16", overlap_gemms=False)
+no_state = torch.empty(1, 1, D, D, device="cuda")   # h0 and ht of a kernel compiled without states
 
 # correctness of everything timed, at the headline shape, against float64
 q, k, v = random_qkv(B, 32768, H, D, D, seed=1)
@@ -25,7 +26,7 @@ expected = ref.chunked(q.double() * SCALE, k, v)[0]
 o_grid = torch.empty_like(v)
 grid(q * SCALE, k, v, o_grid)     # the teaching kernel has no scale argument
 o_article = torch.empty_like(v)
-article_order(q, k, v, SCALE, o_article)
+article_order(q, k, v, SCALE, no_state, o_article, no_state)
 errors = {"kda fused": rel_l2(linear_attention(q, k, v), expected),
           "kda fused, article order": rel_l2(o_article, expected),
           "fla chunk_linear_attn": rel_l2(fla_linear_attention(q, k, v, SCALE), expected),
@@ -40,7 +41,7 @@ for T in (2048, 8192, 32768, 65536):
     o = torch.empty_like(v)
     qs = q * SCALE
     t_kda = median_ms(lambda: linear_attention(q, k, v))
-    t_article = median_ms(lambda: article_order(q, k, v, SCALE, o))
+    t_article = median_ms(lambda: article_order(q, k, v, SCALE, no_state, o, no_state))
     t_fla = median_ms(lambda: fla_linear_attention(q, k, v, SCALE))
     t_grid = median_ms(lambda: grid(qs, k, v, o), warmup_ms=50, rep_ms=300)
     floor = ledger.floor_seconds(ledger.forward_flops(B, T, H, D, D, C), ledger.forward_min_bytes(B, T, H, D, D)) * 1e3

@@ -22,12 +22,13 @@ log2_alpha = torch.log2(alpha).float().cuda()
 g_gamma = torch.log(alpha).float().cuda()          # fla's form of the same decays
 article_order = compile_program(kernels.seq_in_loop, (), DK=D, DV=D, dtype="bfloat16", overlap_gemms=False)
 tables = compile_program(kernels.seq_in_loop, (), DK=D, DV=D, dtype="bfloat16", weight_tables=True)
+no_state = torch.empty(1, 1, D, D, device="cuda")   # h0 and ht of a kernel compiled without states
 
 q, k, v = random_qkv(B, 32768, H, D, D, seed=1)
 expected = ref.chunked(q.double() * SCALE, k, v, alpha)[0]
 o_article, o_tables = torch.empty_like(v), torch.empty_like(v)
-article_order(q, k, v, log2_alpha, SCALE, o_article)
-tables(q, k, v, log2_alpha, SCALE, o_tables)
+article_order(q, k, v, log2_alpha, SCALE, no_state, o_article, no_state)
+tables(q, k, v, log2_alpha, SCALE, no_state, o_tables, no_state)
 errors = {"kda fused": rel_l2(decay_attention(q, k, v, alpha), expected),
           "kda fused, article order": rel_l2(o_article, expected),
           "kda fused, weight tables": rel_l2(o_tables, expected),
@@ -41,8 +42,8 @@ for T in (2048, 8192, 32768, 65536):
     q, k, v = random_qkv(B, T, H, D, D, seed=T)
     o = torch.empty_like(v)
     t_kda = median_ms(lambda: decay_attention(q, k, v, alpha))
-    t_article = median_ms(lambda: article_order(q, k, v, log2_alpha, SCALE, o))
-    t_tables = median_ms(lambda: tables(q, k, v, log2_alpha, SCALE, o))
+    t_article = median_ms(lambda: article_order(q, k, v, log2_alpha, SCALE, no_state, o, no_state))
+    t_tables = median_ms(lambda: tables(q, k, v, log2_alpha, SCALE, no_state, o, no_state))
     t_fla = median_ms(lambda: fla_decay_attention(q, k, v, g_gamma, SCALE))
     floor = ledger.floor_seconds(ledger.forward_flops(B, T, H, D, D, C), ledger.forward_min_bytes(B, T, H, D, D)) * 1e3
     rows.append([T, t_kda, t_article, t_tables, t_fla, t_fla / t_kda, floor, floor / t_kda])

@@ -8,11 +8,10 @@ record = recorded_data("snippets/level3/latency.py")
 stages = {(s["form"], s["stage"]): s["ms"] for s in record["stages"]}
 fig, ax = plt.subplots(figsize=(6.4, 3.4))
 bars = [
-    ("scalar", [("validate.check_gates", "check"), ("chunk_cumsum", "cumsum"), ("seq_in_loop_scalar", "fused pass")]),
+    ("scalar", [("chunk_cumsum", "cumsum"), ("seq_in_loop_scalar", "fused pass")]),
     ("per channel", [("chunk_intra(delta=False)", "intra-chunk stage"), ("seq_in_loop_per_channel", "sequential pass")]),
 ]
-colors = {"check": "#bbbbbb", "cumsum": "#8fbbd9", "fused pass": "#1f77b4", "intra-chunk stage": "#ff7f0e",
-          "sequential pass": "#1f77b4"}
+colors = {"cumsum": "#8fbbd9", "fused pass": "#1f77b4", "intra-chunk stage": "#ff7f0e", "sequential pass": "#1f77b4"}
 labels, y = [], 0
 for form, parts in bars:
     row = next(r for r in record["rows"] if r["op"] == f"gated, {form.replace(' ', '-')} g")

@@ -40,7 +40,8 @@ print(f"\nFloor: {flops / 1e9:.0f} GFLOP at 686 TFLOP/s = {flops / ledger.H200_B
 NC = T // C
 build = lambda fn, **kw: compile_program(fn, (), DK=D, DV=D, chunk_size=C, dtype="bfloat16", **kw)
 wy, wy_products = build(kernels.chunk_wy), build(kernels.chunk_wy, merge="products")
-fused, state, output = build(kernels.state_output_pass), build(kernels.state_pass), build(kernels.chunk_output)
+fused = build(kernels.state_output_pass, initial_state=True, final_state=True)   # like state_pass: h0 in, ht out
+state, output = build(kernels.state_pass), build(kernels.chunk_output)
 beta32 = beta.float()
 W, U = torch.empty_like(k), torch.empty_like(v)
 h = torch.empty(B, NC, H, D, D, dtype=q.dtype, device="cuda")
@@ -55,7 +56,7 @@ for name, what, used, fn in [
     ("chunk_wy, merge='products'", "the same, blocks below the diagonal by 4 tf32 GEMMs", "no",
      lambda: wy_products(k, v, beta32, W, U)),
     ("state_output_pass", "sequential: U - W S, the output, S += K^T (U - W S)", "yes",
-     lambda: fused(q, k, W, U, h0, SCALE, o, ht)),
+     lambda: fused(q, k, W, U, SCALE, h0, o, ht)),
     ("state_pass", "split, sequential: snapshots h and U - W S to HBM", "no",
      lambda: state(k, W, U, h0, h, v_new, ht)),
     ("chunk_output", "split, all chunks at once: Q h + tril(Q K^T) (U - W S)", "no",

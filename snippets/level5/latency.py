@@ -56,7 +56,8 @@ B, T, H, D = SHAPES[0]
 q, k, v, beta, g = inputs(B, T, H, D)
 NC = T // C
 intra = compile_program(level5.chunk_intra, (), DK=D, DV=D, chunk_size=C, dtype="bfloat16")
-state_pass = compile_program(level5.gated_state_output_pass, (), DK=D, DV=D, chunk_size=C, dtype="bfloat16")
+state_pass = compile_program(level5.gated_state_output_pass, (), DK=D, DV=D, chunk_size=C, dtype="bfloat16",
+                             initial_state=True, final_state=True)
 Qw, Kw, W, U, o = (torch.empty_like(q) for _ in range(5))
 decay, A_qk = torch.empty(B, H, NC, D, device="cuda"), torch.empty(B, T, H, C, dtype=q.dtype, device="cuda")
 h0, ht = torch.zeros(B, H, D, D, device="cuda"), torch.empty(B, H, D, D, device="cuda")
