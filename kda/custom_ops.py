@@ -53,8 +53,8 @@ def _(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm,
 
 def _recurrent_forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm, cu_seqlens,
                        cu_seqlens_cpu):
-    o, final = decode._recurrent(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm,
-                                 cu_seqlens, None, g.dim() == 4, False, cu_seqlens_cpu)
+    o, final = decode.recurrent_eager(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm,
+                                      cu_seqlens, None, g.dim() == 4, False, cu_seqlens_cpu)
     return o, (final if final is not None else v.new_empty(0, dtype=torch.float32))
 
 
@@ -75,8 +75,8 @@ def _(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm,
 def fused_recurrent_pooled(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: float, pool: Tensor,
                            ssm_state_indices: Tensor, use_qk_l2norm: bool, cu_seqlens: Optional[Tensor],
                            cu_seqlens_cpu: Optional[Tensor]) -> Tensor:
-    o, _ = decode._recurrent(q, k, v, g, beta, scale, pool, False, use_qk_l2norm, cu_seqlens, ssm_state_indices,
-                             g.dim() == 4, False, cu_seqlens_cpu)
+    o, _ = decode.recurrent_eager(q, k, v, g, beta, scale, pool, False, use_qk_l2norm, cu_seqlens,
+                                  ssm_state_indices, g.dim() == 4, False, cu_seqlens_cpu)
     return o
 
 

@@ -55,8 +55,8 @@ def check_state_pool(pool, indices, N: int, H: int, DK: int, DV: int, device, ch
             raise ValueError(f"ssm_state_indices must be distinct slots in [0, {pool.shape[0]}), got {slots}")
 
 
-def _recurrent(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-               cu_seqlens, ssm_state_indices, per_channel, check_values, cu_seqlens_cpu, options=None):
+def recurrent_eager(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                    cu_seqlens, ssm_state_indices, per_channel, check_values, cu_seqlens_cpu, options=None):
     """Both public functions: checks, then the kernel (CUDA), the float64 recurrence (CPU) or, under
     ``torch.compile``, an op of ``kda.custom_ops``. ``options``: fla's activation arguments."""
     options = options or {}
@@ -92,7 +92,7 @@ def _recurrent(q, k, v, g, beta, scale, initial_state, output_final_state, use_q
         o, final = torch.ops.kda.fused_recurrent(q, k, v, g, beta, scale, h0, output_final_state,
                                                  use_qk_l2norm_in_kernel, cu_seqlens, cu_seqlens_cpu)
         return o, (final if output_final_state else None)
-    if q.device.type == "cuda":
+    if validate.runs_kernels(q.device):
         o, final = _run_kernel(q, k, v, g, beta, scale, initial_state if pooled else h0, cu_seqlens,
                                ssm_state_indices, output_final_state, use_qk_l2norm_in_kernel, act)
     else:
@@ -200,8 +200,8 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, 
     options = dict(A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=use_gate_in_kernel,
                    use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
                    lower_bound=lower_bound, state_v_first=state_v_first)
-    return _recurrent(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                      cu_seqlens, ssm_state_indices, True, check_values, cu_seqlens_cpu, options)
+    return recurrent_eager(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                           cu_seqlens, ssm_state_indices, True, check_values, cu_seqlens_cpu, options)
 # --8<-- [end:fused_recurrent_kda]
 
 
@@ -229,6 +229,6 @@ def fused_recurrent_gated_delta_rule(q, k, v, g=None, gk=None, gv=None, beta=Non
     options = dict(A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=use_gate_in_kernel,
                    use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
                    lower_bound=lower_bound, state_v_first=state_v_first)
-    return _recurrent(q, k, v, g if gk is None else gk, beta, scale, initial_state, output_final_state,
-                      use_qk_l2norm_in_kernel, cu_seqlens, ssm_state_indices, gk is not None, check_values,
-                      cu_seqlens_cpu, options)
+    return recurrent_eager(q, k, v, g if gk is None else gk, beta, scale, initial_state, output_final_state,
+                           use_qk_l2norm_in_kernel, cu_seqlens, ssm_state_indices, gk is not None, check_values,
+                           cu_seqlens_cpu, options)

@@ -58,7 +58,7 @@ def delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state
     h0 = validate.check_initial_state(initial_state, B, H, DK, DV, q.device)
     if use_qk_l2norm:
         q, k = (ref4.l2_normalize(x.float()).to(x.dtype) for x in (q, k))
-    if q.device.type == "cuda":
+    if validate.runs_kernels(q.device):
         o, final = _run_kernels(q, k, v, beta, scale, h0, output_final_state)
     else:
         o, final = ref4.chunked(q.double() * scale, k, v, beta, CHUNK_SIZE, h0, output_final_state)

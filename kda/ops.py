@@ -102,7 +102,7 @@ def linear_attention(q, k, v, scale=None, initial_state=None, output_final_state
     B, T, H, DK, DV = validate.check_qkv(q, k, v)
     scale = validate.check_scale(scale, DK)
     h0 = validate.check_initial_state(initial_state, B, H, DK, DV, q.device)
-    if q.device.type == "cuda":
+    if validate.runs_kernels(q.device):
         from kda.kernels import level1 as kernels
 
         o, final = _run_kernel(kernels.seq_in_loop, q, k, v, (), scale, h0, output_final_state)
@@ -132,7 +132,7 @@ def decay_attention(q, k, v, alpha, scale=None, initial_state=None, output_final
     a = validate.check_alpha(alpha, H)
     scale = validate.check_scale(scale, DK)
     h0 = validate.check_initial_state(initial_state, B, H, DK, DV, q.device)
-    if q.device.type == "cuda":
+    if validate.runs_kernels(q.device):
         from kda.kernels import level2 as kernels
 
         log2_alpha = _log2_alpha_on(a, str(q.device))

@@ -12,6 +12,12 @@ CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 KERNEL_HEAD_SIZES = (64, 128)
 
 
+def runs_kernels(device) -> bool:
+    """Whether tensors on ``device`` take the TileLang kernels (CUDA) or the float64 chunked
+    path (any other device): the one place that decides it, for the checks and for every op."""
+    return torch.device(device).type == "cuda"
+
+
 def no_backward_on_cuda(name: str, t) -> None:
     """The CUDA kernels have no backward yet (issue 18): an input that asks for gradients there
     gets an error instead of an output that silently has none. The CPU path is differentiable."""
@@ -52,7 +58,7 @@ def check_qkv(q, k, v, grouped_values: bool = False) -> tuple[int, int, int, int
             raise ValueError(f"{name} must be on the device of q ({q.device}), got {t.device}")
         if t.dtype != q.dtype:
             raise ValueError(f"{name} must have the dtype of q ({q.dtype}), got {t.dtype}")
-    if q.device.type == "cuda":
+    if runs_kernels(q.device):
         if q.dtype not in KERNEL_DTYPES:
             raise ValueError(f"q, k, v must be float16 or bfloat16 on CUDA, got {q.dtype}")
         for name, size in (("DK (last dim of q, k)", DK), ("DV (last dim of v)", DV)):
@@ -132,7 +138,7 @@ def check_gates(g, B: int, T: int, H: int, DK: int, device, check_values: bool =
     if g.device != device:
         raise ValueError(f"g must be on the device of q ({device}), got {g.device}")
     no_backward_on_cuda("g", g)
-    allowed = GATE_DTYPES if device.type == "cuda" else CPU_DTYPES
+    allowed = GATE_DTYPES if runs_kernels(device) else CPU_DTYPES
     if g.dtype not in allowed:
         raise ValueError(f"g must be one of {allowed} here, got {g.dtype}")
     if check_values:
