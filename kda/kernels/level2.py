@@ -18,7 +18,7 @@ which matters for the final state. Mirrors ``kda.reference.level2.seq_in_loop``.
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
 import tilelang.language as T
 
-from kda.kernels.stages import ACCUM, state_shape
+from kda.kernels.stages import ACCUM, load_state, state_shape, store_state
 
 
 
@@ -132,13 +132,9 @@ def seq_in_loop(DK, DV, chunk_size=64, block_dv=32, num_stages=3, threads=128,
         with T.Kernel(NV, H, B, threads=threads) as (bv, bh, bb):
             dv0 = bv * block_dv
             S_f = T.alloc_fragment([DK, block_dv], ACCUM)
-            if initial_state:
-                T.copy(h0[bb, bh, :, dv0:dv0 + block_dv], S_f)
-            else:
-                T.clear(S_f)
+            load_state(h0, S_f, bb, bh, dv0, initial_state)
             chunk_loop(Q, K, V, O, log2_alpha, scale, S_f, bb, bh, dv0)
-            if final_state:
-                T.copy(S_f, ht[bb, bh, :, dv0:dv0 + block_dv])
+            store_state(S_f, ht, bb, bh, dv0, final_state)
 
     return main
 # --8<-- [end:seq_in_loop]

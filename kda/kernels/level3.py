@@ -22,7 +22,7 @@ Mirrors ``kda.reference.level3`` (``prepare`` and ``kernel_mimic``).
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
 import tilelang.language as T
 
-from kda.kernels.stages import ACCUM, decay_factor, log2_cumsum_by_columns, real, state_shape
+from kda.kernels.stages import ACCUM, decay_factor, load_state, log2_cumsum_by_columns, real, state_shape, store_state
 
 
 # --8<-- [start:cumsum]
@@ -117,13 +117,9 @@ def seq_in_loop_scalar(DK, DV, chunk_size=64, block_dv=32, num_stages=3, threads
         with T.Kernel(NV, H, B, threads=threads) as (bv, bh, bb):
             dv0 = bv * block_dv
             S_f = T.alloc_fragment([DK, block_dv], ACCUM)
-            if initial_state:
-                T.copy(h0[bb, bh, :, dv0:dv0 + block_dv], S_f)
-            else:
-                T.clear(S_f)
+            load_state(h0, S_f, bb, bh, dv0, initial_state)
             chunk_loop(Q, K, V, G, O, scale, S_f, bb, bh, dv0)
-            if final_state:
-                T.copy(S_f, ht[bb, bh, :, dv0:dv0 + block_dv])
+            store_state(S_f, ht, bb, bh, dv0, final_state)
 
     return main
 # --8<-- [end:seq_in_loop_scalar]
@@ -185,13 +181,9 @@ def seq_in_loop_per_channel(DK, DV, chunk_size=64, block_dv=32, num_stages=3, th
         with T.Kernel(NV, H, B, threads=threads) as (bv, bh, bb):
             dv0 = bv * block_dv
             S_f = T.alloc_fragment([DK, block_dv], ACCUM)
-            if initial_state:
-                T.copy(h0[bb, bh, :, dv0:dv0 + block_dv], S_f)
-            else:
-                T.clear(S_f)
+            load_state(h0, S_f, bb, bh, dv0, initial_state)
             chunk_loop(Qw, Kw, A, decay, V, O, S_f, bb, bh, dv0)
-            if final_state:
-                T.copy(S_f, ht[bb, bh, :, dv0:dv0 + block_dv])
+            store_state(S_f, ht, bb, bh, dv0, final_state)
 
     return main
 # --8<-- [end:seq_in_loop_per_channel]

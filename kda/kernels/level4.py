@@ -17,7 +17,8 @@
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
 import tilelang.language as T
 
-from kda.kernels.stages import ACCUM, merge_by_substitution, real, state_shape, tf32_nearest, wy_tail
+from kda.kernels.stages import (ACCUM, load_state, merge_by_substitution, real, state_shape, store_state,
+                                tf32_nearest, wy_tail)
 
 
 # --8<-- [start:invert_diagonal_blocks]
@@ -270,10 +271,7 @@ def state_output_pass(DK, DV, chunk_size=64, block_dv=32, num_stages=3, threads=
             acc_o = T.alloc_fragment([C, block_dv], ACCUM)
             QK = T.alloc_fragment([C, C], ACCUM)
             QK_cast = T.alloc_fragment([C, C], dtype)
-            if initial_state:
-                T.copy(h0[bb, bh, :, dv0:dv0 + block_dv], S_f)
-            else:
-                T.clear(S_f)
+            load_state(h0, S_f, bb, bh, dv0, initial_state)
             for c in T.Pipelined(T.ceildiv(S, C), num_stages=num_stages):
                 T.copy(Q[bb, c * C:(c + 1) * C, bh, :], Q_s)
                 T.copy(K[bb, c * C:(c + 1) * C, bh, :], K_s)
@@ -294,8 +292,7 @@ def state_output_pass(DK, DV, chunk_size=64, block_dv=32, num_stages=3, threads=
                 for i, j in T.Parallel(C, block_dv):
                     O_s[i, j] = acc_o[i, j] * scale
                 T.copy(O_s, O[bb, c * C:(c + 1) * C, bh, dv0:dv0 + block_dv])
-            if final_state:
-                T.copy(S_f, ht[bb, bh, :, dv0:dv0 + block_dv])
+            store_state(S_f, ht, bb, bh, dv0, final_state)
 
     return main
 # --8<-- [end:state_output_pass]

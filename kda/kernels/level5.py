@@ -25,8 +25,8 @@ Mirrors ``kda.reference.level5``.
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
 import tilelang.language as T
 
-from kda.kernels.stages import (ACCUM, DIAGONAL_SPAN_MAX, decay_factor, log2_cumsum_by_columns,
-                                merge_by_substitution, real, state_shape, tf32_nearest, wy_tail)
+from kda.kernels.stages import (ACCUM, DIAGONAL_SPAN_MAX, decay_factor, load_state, log2_cumsum_by_columns,
+                                merge_by_substitution, real, state_shape, store_state, tf32_nearest, wy_tail)
 
 SOLVE_BLOCK = 16        # the solve's diagonal blocks (level 4), whatever the scores' sub-chunk
 # Rows per score sub-chunk. Where a chunk's gate falls by at most 2^96 over each 32-row half, one
@@ -548,10 +548,7 @@ def gated_state_output_pass(DK, DV, chunk_size=64, block_dv=32, dtype="bfloat16"
             for s in T.serial(n_count):
                 n = n_first + s
                 t_first, t_end, c_first, n_chunks = seq(n)
-                if initial_state:
-                    T.copy(h0[n, bh, :, dv0:dv0 + BV], S_f)
-                else:
-                    T.clear(S_f)
+                load_state(h0, S_f, n, bh, dv0, initial_state)
                 for c in T.serial(n_chunks):
                     j = j0(n) + c
                     slot = j % 2
@@ -573,8 +570,7 @@ def gated_state_output_pass(DK, DV, chunk_size=64, block_dv=32, dtype="bfloat16"
                         S_f[i, jj] = S_f[i, jj] * decay_s[slot, i]
                     T.gemm(Kw_s[slot, :, :], Vn_s, S_f, transpose_A=True)
                     T.barrier_arrive(data_free[slot])
-                if final_state:
-                    T.copy(S_f, ht[n, bh, :, dv0:dv0 + BV])
+                store_state(S_f, ht, n, bh, dv0, final_state)
         elif tx < 256:
             for s in T.serial(n_count):
                 n = n_first + s

@@ -73,6 +73,23 @@ def state_shape(present, N, H, DK, DV):
     where the kernel is compiled without it, a ``[1, 1, DK, DV]`` stand-in that it never reads or
     writes. Every pass keeps one signature, ``(inputs..., h0, O, ht)``, whatever its flags."""
     return [N, H, DK, DV] if present else [1, 1, DK, DV]
+
+
+@T.macro
+def load_state(h0, S_f, n, bh, dv0, present):
+    """The state's value columns ``dv0 ..`` of sequence ``n``, head ``bh`` into the fragment
+    ``S_f``: from ``h0`` if ``present``, else zeros (``h0`` is then a stand-in and is not read)."""
+    if present:
+        T.copy(h0[n, bh, :, dv0:dv0 + S_f.shape[1]], S_f)
+    else:
+        T.clear(S_f)
+
+
+@T.macro
+def store_state(S_f, ht, n, bh, dv0, present):
+    """``S_f`` out to ``ht`` if ``present`` (else ``ht`` is a stand-in and nothing is written)."""
+    if present:
+        T.copy(S_f, ht[n, bh, :, dv0:dv0 + S_f.shape[1]])
 # --8<-- [end:state_shape]
 
 
