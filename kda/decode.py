@@ -22,6 +22,8 @@ captured once and replayed.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from kda import ops, validate
@@ -127,6 +129,13 @@ def _run_reference(q, k, v, g, beta, scale, h0, bounds, indices, output_final_st
     return o.to(v.dtype), torch.stack(finals)
 
 
+@functools.lru_cache(maxsize=32)
+def _zeros(shape: tuple, device: torch.device) -> torch.Tensor:
+    """float32 zeros made once per shape and device, never written: the ``A_log`` and ``dt_bias``
+    the kernel takes where none are given (a fill kernel per decode step cost a launch each)."""
+    return torch.zeros(shape, dtype=torch.float32, device=device)
+
+
 def _run_kernel(q, k, v, g, beta, scale, h0, cu_seqlens, indices, output_final_state, l2norm, act=NO_ACTIVATION):
     """One launch of ``fused_recurrent`` for every sequence. Nothing here reads the device or copies
     from the host, so that a CUDA graph can capture it (after a first call has compiled the kernel)."""
@@ -146,8 +155,8 @@ def _run_kernel(q, k, v, g, beta, scale, h0, cu_seqlens, indices, output_final_s
                                  store_final=pooled or output_final_state, pooled=pooled,
                                  gate_act=act.gate, beta_act=act.beta)
         GD = g.shape[-1]
-        A_log = act.A_log if act.A_log is not None else torch.zeros(HV, device=q.device)
-        dt_bias = act.dt_bias if act.dt_bias is not None else torch.zeros(HV, GD, device=q.device)
+        A_log = act.A_log if act.A_log is not None else _zeros((HV,), q.device)
+        dt_bias = act.dt_bias if act.dt_bias is not None else _zeros((HV, GD), q.device)
         stand_in = lambda: torch.empty(1, HV, DK, DV, dtype=torch.float32, device=q.device)
         if pooled:
             h0_arg = ht = h0
