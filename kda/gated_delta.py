@@ -38,10 +38,14 @@ def check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel
     reads them). ``read_bounds=False`` (under ``torch.compile``) leaves the boundaries on the
     device: the op reads them."""
     B, T, H, DK, DV = validate.check_qkv(q, k, v, grouped_values=True)   # H: the value heads
-    if validate.check_gates(g, B, T, H, DK, q.device, check_values=check_values) != per_channel:
+    if validate.check_gates(g, B, T, H, DK, q.device, check_values=False) != per_channel:
         form = "[B, T, H, DK] (one gate per key channel)" if per_channel else "[B, T, H] (one gate per head)"
         raise ValueError(f"g must have shape {form} here, got {validate.shape_of(g)}")
-    validate.check_beta(beta, B, T, H, q.device, check_values=check_values)
+    validate.check_beta(beta, B, T, H, q.device, check_values=False)
+    if check_values:                                      # both ranges in one read-back
+        gate_range, beta_range = validate.value_ranges(g, beta)
+        validate.check_gate_range(g, *gate_range)
+        validate.check_beta_range(*beta_range)
     scale = validate.check_scale(scale, DK)
     bounds = validate.check_cu_seqlens(cu_seqlens, B, T, cu_seqlens_cpu, read_values=read_bounds)
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1

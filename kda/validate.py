@@ -126,7 +126,7 @@ def check_gates(g, B: int, T: int, H: int, DK: int, device, check_values: bool =
     """``g`` is the log of a decay: ``[B, T, H]`` (scalar per head) or ``[B, T, H, DK]`` (per
     key channel), finite and ``<= 0``. Returns ``True`` for per-channel gates.
 
-    The value check reads one flag back from the device, which waits for the GPU;
+    The value check reads the range of ``g`` back from the device, which waits for the GPU;
     ``check_values=False`` skips it for callers that produce ``g`` with a bounded function
     (``logsigmoid``, ``-softplus``), and then a bad value gives a wrong result, not an error.
     """
@@ -142,12 +142,32 @@ def check_gates(g, B: int, T: int, H: int, DK: int, device, check_values: bool =
     if g.dtype not in allowed:
         raise ValueError(f"g must be one of {allowed} here, got {g.dtype}")
     if check_values:
-        low, high = torch.stack(torch.aminmax(g)).tolist()   # one pass; NaN reaches both
-        if not (low > float("-inf") and high <= 0):
-            bad = g[~((g <= 0) & (g > float("-inf")))].flatten()[0].item()
-            raise ValueError(f"g must be finite and <= 0 (the natural log of a decay in (0, 1]), "
-                             f"found {bad!r}; pass check_values=False only for gates known to be in range")
+        check_gate_range(g, *value_ranges(g)[0])
     return g.dim() == 4
+
+
+def value_ranges(*tensors) -> list:
+    """``(min, max)`` of each tensor, with one read-back from the device for all of them (each read
+    waits for the GPU); NaN reaches both ends."""
+    if not tensors:
+        return []
+    ends = torch.stack([torch.stack(torch.aminmax(t)).double() for t in tensors]).tolist()   # exact
+    return [tuple(pair) for pair in ends]
+
+
+def check_gate_range(g, low: float, high: float) -> None:
+    """The error for gates whose range ``[low, high]`` (``value_ranges``) is not finite and ``<= 0``."""
+    if not (low > float("-inf") and high <= 0):
+        bad = g[~((g <= 0) & (g > float("-inf")))].flatten()[0].item()
+        raise ValueError(f"g must be finite and <= 0 (the natural log of a decay in (0, 1]), "
+                         f"found {bad!r}; pass check_values=False only for gates known to be in range")
+
+
+def check_beta_range(low: float, high: float) -> None:
+    """The error for ``beta`` whose range ``[low, high]`` (``value_ranges``) is not within ``[0, 1]``."""
+    if not (low >= 0 and high <= 1):
+        raise ValueError(f"beta must lie in [0, 1] (the step size of the delta rule), found values in "
+                         f"[{low!r}, {high!r}]")
 
 
 def raise_flagged_gates(g) -> None:
@@ -179,10 +199,7 @@ def check_beta(beta, B: int, T: int, H: int, device, check_values: bool = True) 
     if not beta.is_floating_point():
         raise ValueError(f"beta must be a floating tensor, got {beta.dtype}")
     if check_values:
-        low, high = torch.stack(torch.aminmax(beta.float())).tolist()   # NaN reaches both
-        if not (low >= 0 and high <= 1):
-            raise ValueError(f"beta must lie in [0, 1] (the step size of the delta rule), found values in "
-                             f"[{low!r}, {high!r}]")
+        check_beta_range(*value_ranges(beta)[0])
 
 
 def check_cu_seqlens(cu_seqlens, B: int, T: int, cu_seqlens_cpu=None, read_values: bool = True) -> list[int] | None:

@@ -205,3 +205,23 @@ def test_the_value_flags_are_read_between_the_two_kernels(monkeypatch):
     with pytest.raises(ValueError, match="g must be"):
         gated_delta._run_kernels(*args, check=bad_values)
     assert calls == ["chunk_intra"]
+
+
+def test_the_value_checks_read_both_ranges_back_at_once(monkeypatch):
+    """``check_inputs`` (the CPU path and decode) reads the ranges of ``g`` and ``beta`` back in one
+    read-back, and each still gets its own error; a float64 gate just above 0 is not rounded away."""
+    from kda import gated_delta, validate
+
+    calls = []
+    value_ranges = validate.value_ranges
+    monkeypatch.setattr(validate, "value_ranges", lambda *t: calls.append(len(t)) or value_ranges(*t))
+    q, k, v = (torch.randn(1, 8, 2, 4, dtype=torch.float64) for _ in range(3))
+    g, beta = -torch.rand(1, 8, 2, 4, dtype=torch.float64), torch.rand(1, 8, 2, dtype=torch.float64)
+    gated_delta.check_inputs(q, k, v, g, beta, None, None, None, True)
+    assert calls == [2]
+    g[0, 3, 1, 2] = 1e-50
+    with pytest.raises(ValueError, match=r"g must be finite and <= 0 .* found 1e-50"):
+        gated_delta.check_inputs(q, k, v, g, beta, None, None, None, True)
+    beta[0, 5, 0] = 1.5
+    with pytest.raises(ValueError, match=r"beta must lie in \[0, 1\]"):
+        gated_delta.check_inputs(q, k, v, -torch.rand_like(g), beta, None, None, None, True)
