@@ -1,9 +1,9 @@
 """Level 4 TileLang kernels: the delta rule, one function per stage.
 
 1. ``chunk_wy``: per chunk and all chunks at once, ``A = tril(diag(b) K K^T, -1)``, the inverse
-   ``(I + A)^-1`` (``invert_diagonal_blocks``: 16 x 16 diagonal blocks by forward substitution;
-   then ``merge_by_products``, four tf32 GEMMs, or ``merge_by_substitution`` of
-   ``kda.kernels.stages``, block forward substitution on the CUDA cores), and
+   ``(I + A)^-1`` (``invert_diagonal_blocks_by_columns`` of ``kda.kernels.stages``: the 16 x 16
+   diagonal blocks by forward substitution, a thread per column; then ``merge_by_products``, four
+   tf32 GEMMs, or ``merge_by_substitution``, block forward substitution on the CUDA cores), and
    ``W = (I + A)^-1 diag(b) K``, ``U = (I + A)^-1 diag(b) V``.
 2. ``state_pass``: sequence in a loop, grid (value stripes, H, B), state in registers; per
    chunk it writes the entering state (the snapshot the output stage reads) and the corrected
@@ -17,28 +17,8 @@
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
 import tilelang.language as T
 
-from kda.kernels.stages import (ACCUM, load_state, merge_by_substitution, real, state_shape, store_state,
-                                tf32_nearest, wy_tail)
-
-
-# --8<-- [start:invert_diagonal_blocks]
-@T.macro
-def invert_diagonal_blocks(A_s, Tinv_s, C, block):
-    """``Tinv_s`` = the inverse of the block-diagonal part of ``I + A_s`` (``A_s [C, C]`` strictly
-    lower, float32, shared): the ``block x block`` diagonal blocks are independent. Right-looking:
-    once row ``r`` of a block is final, every row below it subtracts ``A_ir`` times it; one step
-    per row, all blocks, rows and columns at once (row ``r`` has no entries right of column ``r``)."""
-    n = C // block
-    for i, j in T.Parallel(C, C):
-        Tinv_s[i, j] = real(i == j)
-    for r in T.serial(block - 1):
-        for I, i, c in T.Parallel(n, block, block):
-            if i > r:
-                if c <= r:
-                    Tinv_s[I * block + i, I * block + c] = (Tinv_s[I * block + i, I * block + c]
-                                                            - A_s[I * block + i, I * block + r]
-                                                            * Tinv_s[I * block + r, I * block + c])
-# --8<-- [end:invert_diagonal_blocks]
+from kda.kernels.stages import (ACCUM, invert_diagonal_blocks_by_columns, load_state, merge_by_substitution, real,
+                                state_shape, store_state, tf32_nearest, wy_tail)
 
 
 # --8<-- [start:merge_by_products]
@@ -94,6 +74,7 @@ def chunk_wy(DK, DV, chunk_size=64, block=16, dtype="bfloat16", threads=128, mer
         A_s = T.alloc_shared([C, C], ACCUM)
         Tinv_s = T.alloc_shared([C, C], ACCUM)
         KK = T.alloc_fragment([C, C], ACCUM)
+        x_col = T.alloc_local([block], ACCUM)
 
         T.copy(K[bb, t0:t0 + C, bh, :], K_s)
         T.copy(V[bb, t0:t0 + C, bh, :], V_s)
@@ -102,7 +83,9 @@ def chunk_wy(DK, DV, chunk_size=64, block=16, dtype="bfloat16", threads=128, mer
         T.gemm(K_s, K_s, KK, transpose_B=True, clear_accum=True)
         for i, j in T.Parallel(C, C):
             A_s[i, j] = KK[i, j] * beta_s[i] * real(j < i)
-        invert_diagonal_blocks(A_s, Tinv_s, C, block)
+        if merge == "products" or write_inverse:        # they read the blocks above the diagonal
+            T.clear(Tinv_s)
+        invert_diagonal_blocks_by_columns(A_s, Tinv_s, x_col, C, block)
         if merge == "products":
             merge_by_products(A_s, Tinv_s, C, block)
         else:

@@ -25,8 +25,9 @@ Mirrors ``kda.reference.level5``.
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
 import tilelang.language as T
 
-from kda.kernels.stages import (ACCUM, DIAGONAL_SPAN_MAX, decay_factor, load_state, log2_cumsum_by_columns,
-                                merge_by_substitution, real, state_shape, store_state, tf32_nearest, wy_tail)
+from kda.kernels.stages import (ACCUM, DIAGONAL_SPAN_MAX, decay_factor, invert_diagonal_blocks_by_columns,
+                                load_state, log2_cumsum_by_columns, merge_by_substitution, real, state_shape,
+                                store_state, tf32_nearest, wy_tail)
 
 SOLVE_BLOCK = 16        # the solve's diagonal blocks (level 4), whatever the scores' sub-chunk
 # Rows per score sub-chunk. Where a chunk's gate falls by at most 2^96 over each 32-row half, one
@@ -39,23 +40,6 @@ WIDE_SUBCHUNK = 32      # half the chunk; None: SUBCHUNK in every chunk
 
 
 # --8<-- [start:intra_helpers]
-@T.macro
-def invert_diagonal_blocks_by_columns(A_s, Tinv_s, x, C, block):
-    """The diagonal blocks of ``(I + A_s)^-1`` (``A_s [C, C]`` strictly lower, float32, shared) by
-    forward substitution, one thread per column of a ``block x block`` block, the column in the
-    registers ``x``: ``x_i = [i = c] - sum_{m < i} A_im x_m``. The same sums in the same order as
-    level 4's right-looking ``invert_diagonal_blocks`` (bit-identical), without its block barrier
-    per row: in ``chunk_intra`` those fifteen barriers held 14% of the time (run 41). The blocks
-    above the diagonal are not written."""
-    for t in T.Parallel(C):
-        for i in T.unroll(block):
-            x[i] = real(i == t % block)
-            for m in T.unroll(i):
-                x[i] = x[i] - A_s[(t // block) * block + i, (t // block) * block + m] * x[m]
-        for i in T.unroll(block):
-            Tinv_s[(t // block) * block + i, t] = x[i]
-
-
 def ref_gate(G_s, s, d, BC):
     """``G_ref`` of sub-chunk ``s``: the cumulative gate at the row before it (0 for ``s = 0``)."""
     return T.if_then_else(s > 0, G_s[T.max(s * BC - 1, 0), d], 0.0)
