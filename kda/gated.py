@@ -43,7 +43,10 @@ def _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state, c
             Qw, Kw = ops.new_output(q.shape, q.dtype, q.device), ops.new_output(k.shape, k.dtype, k.device)
             decay = ops.new_output((B, H, ceildiv(T, C), DK), torch.float32, q.device)
             A = ops.new_output((B, T, H, C), q.dtype, q.device)
-            intra(q, k, g, scale, Qw, Kw, decay, A, flags)
+            # without the delta rule V, beta, W and U are stand-ins, and so is the table of packed chunks
+            rows, beta_rows = ops.stand_in(4, q.dtype, q.device), ops.stand_in(3, torch.float32, q.device)
+            intra(q, k, rows, g, beta_rows, scale, Qw, Kw, decay, A, rows, rows, flags,
+                  ops.stand_in(2, torch.int32, q.device))
             inputs = (Qw, Kw, A, decay, v)
             seq = compile_program(kernels.seq_in_loop_per_channel, (), **pass_config)
         if check is not None:

@@ -196,7 +196,8 @@ def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None) -> ChunkForm
         decay, A_qk, U = new((B, H, NC, DK), torch.float32), new((B, T, H, C)), new(v.shape)
         if flags is None:
             flags = torch.zeros(2, dtype=torch.int32, device=q.device)
-        intra(q, k, v, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, *([] if table is None else [table.chunks]))
+        chunks = table.chunks if table is not None else ops.stand_in(2, torch.int32, q.device)
+        intra(q, k, v, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, chunks)
     return ChunkForm(Qw, Kw, W, U, A_qk, decay)
 
 

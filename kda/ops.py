@@ -43,6 +43,12 @@ def new_output(shape, dtype, device):
     return torch.empty(shape, dtype=dtype, device=device)
 
 
+def stand_in(rank: int, dtype, device) -> torch.Tensor:
+    """A ``[1] * rank`` tensor for a kernel argument that the compiled variant never reads or writes
+    (one signature for every variant of a kernel)."""
+    return torch.empty((1,) * rank, dtype=dtype, device=device)
+
+
 def state_arguments(h0, output_final_state, N, H, DK, DV, device):
     """The ``h0`` and ``ht`` a sequential pass takes (``kda.kernels.stages.state_shape``): ``h0`` in
     float32 or a stand-in, and a new ``[N, H, DK, DV]`` float32 buffer for the final state or a

@@ -80,7 +80,9 @@ def test_prepare_stage(shape, kind):
     kernel = compile_program(level5.chunk_intra, (), DK=DK, chunk_size=64, dtype="bfloat16", gate_dtype="float32",
                              delta=False)
     flags = torch.zeros(2, dtype=torch.int32, device="cuda")
-    kernel(q, k, g, DK ** -0.5, *outs, flags)
+    rows, beta_rows = torch.empty(1, 1, 1, 1, dtype=q.dtype, device="cuda"), torch.empty(1, 1, 1, device="cuda")
+    no_chunks = torch.empty(1, 1, dtype=torch.int32, device="cuda")    # stand-ins: no delta rule, dense
+    kernel(q, k, rows, g, beta_rows, DK ** -0.5, *outs, rows, rows, flags, no_chunks)
     assert flags.tolist() == [0, 0]
     Qw, Kw, decay, A = ref3.prepare(q, k, g, DK ** -0.5)
     for name, got, want in [("Qw", outs[0], from_chunks(Qw, T)), ("Kw", outs[1], from_chunks(Kw, T)),

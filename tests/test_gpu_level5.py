@@ -84,10 +84,12 @@ def test_chunk_intra_against_reference_stage(shape, dtype, kind, delta):
     Qw, Kw, decay, A_qk, W, U = nan(B, T, H, DK), nan(B, T, H, DK), nan(B, H, NC, DK, dt=torch.float32), \
         nan(B, T, H, C), nan(B, T, H, DK), nan(B, T, H, DV)
     flags = torch.zeros(2, dtype=torch.int32, device="cuda")
+    no_chunks = torch.empty(1, 1, dtype=torch.int32, device="cuda")          # dense: the table is a stand-in
     if delta:
-        kernel(q, k, v, g_kernel, beta, scale, Qw, Kw, decay, A_qk, W, U, flags)
-    else:
-        kernel(q, k, g_kernel, scale, Qw, Kw, decay, A_qk, flags)
+        kernel(q, k, v, g_kernel, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, no_chunks)
+    else:                                             # without the delta rule: V, beta, W, U stand-ins
+        rows, beta_rows = torch.empty(1, 1, 1, 1, dtype=dtype, device="cuda"), torch.empty(1, 1, 1, device="cuda")
+        kernel(q, k, rows, g_kernel, beta_rows, scale, Qw, Kw, decay, A_qk, rows, rows, flags, no_chunks)
     assert flags.tolist() == [0, 0]
     r_Qw, r_Kw, r_decay, r_A, r_W, r_U = ref5.intra(q, k, v, g, beta, scale, C)
     outputs = [("Qw", Qw, r_Qw), ("Kw", Kw, r_Kw), ("A_qk", A_qk, r_A)] + ([("W", W, r_W), ("U", U, r_U)] if delta else [])

@@ -83,11 +83,12 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     (float32), ``A_qk [B, T, H, C]`` (dtype, masked, scale in), with ``delta`` ``W = T diag(b)
     (K 2^G)``, ``U = T diag(b) V`` (dtype), and last ``flags [2]`` (int32, zeroed by the caller):
     ``flags[0] = 1`` if a gate is not finite and ``<= 0``, ``flags[1] = 1`` if a ``b`` is outside
-    ``[0, 1]``. Without ``delta`` (level 3's per-channel gate) there is no ``V``, ``beta``, ``W``
-    or ``U`` (and ``DV`` is not used). With ``varlen`` (packed sequences, ``B = 1``) one more argument
-    after ``flags``: ``chunks [NC, 2]`` (int32), the first token and the length of every chunk of
-    every sequence (``chunk_table``); ``decay`` is then ``[1, H, NC, DK]`` in that order, and rows
-    past a chunk's length are neither read as data nor written (they belong to the next sequence).
+    ``[0, 1]``, then ``chunks``. Without ``delta`` (level 3's per-channel gate) ``V``, ``beta``, ``W``
+    and ``U`` are ``[1, ...]`` stand-ins that the kernel never touches (and ``DV`` is not used). With
+    ``varlen`` (packed sequences, ``B = 1``) ``chunks [NC, 2]`` (int32) holds the first token and the
+    length of every chunk of every sequence (``chunk_table``); ``decay`` is then ``[1, H, NC, DK]``
+    in that order, and rows past a chunk's length are neither read as data nor written (they
+    belong to the next sequence). Dense, ``chunks`` is a ``[1, 1]`` stand-in.
     ``Q`` and ``K`` may have fewer heads than the rest (grouped value heads, as in fla):
     ``H = value_groups HQ``, value head ``h`` reading query and key head ``h // value_groups``.
     With ``scalar_gate`` (GDN: one gate per head, passed as ``g [B, T, H, 1]``) the scores are one
@@ -386,79 +387,34 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             store_rows(K_s, W, bb, t0, L, bh)
             store_rows(V_s, U, bb, t0, L, bh)
 
-    # dense: chunk c of sequence bb starts at token c C; varlen: the chunk table says where
-    if delta and not varlen:
-        @T.prim_func
-        def main(
-            Q: T.Tensor([B, S, HQ, DK], dtype),
-            K: T.Tensor([B, S, HQ, DK], dtype),
-            V: T.Tensor([B, S, H, DV], dtype),
-            g: T.Tensor([B, S, H, GD], gate_dtype),
-            beta: T.Tensor([B, S, H], ACCUM),
-            scale: T.float32,
-            Qw: T.Tensor([B, S, H, DK], dtype),
-            Kw: T.Tensor([B, S, H, DK], dtype),
-            decay: T.Tensor([B, H, NC, DK], ACCUM),
-            A_qk: T.Tensor([B, S, H, C], dtype),
-            W: T.Tensor([B, S, H, DK], dtype),
-            U: T.Tensor([B, S, H, DV], dtype),
-            flags: T.Tensor([2], "int32"),
-        ):
-            with T.Kernel(NC, H, B, threads=threads) as (c, bh, bb):
+    # dense: chunk c of sequence bb starts at token c C; varlen (B = 1): the chunk table says where.
+    # One signature for every variant: what a variant does not use is a [1, ...] stand-in, never
+    # read or written (the delta rule's V, beta, W, U; the chunk table of varlen).
+    BB = 1 if varlen else B
+    used = lambda shape, flag: shape if flag else [1] * len(shape)
+
+    @T.prim_func
+    def main(
+        Q: T.Tensor([BB, S, HQ, DK], dtype),
+        K: T.Tensor([BB, S, HQ, DK], dtype),
+        V: T.Tensor(used([BB, S, H, DV], delta), dtype),
+        g: T.Tensor([BB, S, H, GD], gate_dtype),
+        beta: T.Tensor(used([BB, S, H], delta), ACCUM),
+        scale: T.float32,
+        Qw: T.Tensor([BB, S, H, DK], dtype),
+        Kw: T.Tensor([BB, S, H, DK], dtype),
+        decay: T.Tensor([BB, H, NC, DK], ACCUM),
+        A_qk: T.Tensor([BB, S, H, C], dtype),
+        W: T.Tensor(used([BB, S, H, DK], delta), dtype),
+        U: T.Tensor(used([BB, S, H, DV], delta), dtype),
+        flags: T.Tensor([2], "int32"),
+        chunks: T.Tensor(used([NC, 2], varlen), "int32"),
+    ):
+        with T.Kernel(NC, H, BB, threads=threads) as (c, bh, bb):
+            if varlen:
+                body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, c, chunks[c, 0], chunks[c, 1], bb, bh)
+            else:
                 body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, c, c * C, T.min(C, S - c * C), bb, bh)
-    elif delta:
-        @T.prim_func
-        def main(
-            Q: T.Tensor([1, S, HQ, DK], dtype),
-            K: T.Tensor([1, S, HQ, DK], dtype),
-            V: T.Tensor([1, S, H, DV], dtype),
-            g: T.Tensor([1, S, H, GD], gate_dtype),
-            beta: T.Tensor([1, S, H], ACCUM),
-            scale: T.float32,
-            Qw: T.Tensor([1, S, H, DK], dtype),
-            Kw: T.Tensor([1, S, H, DK], dtype),
-            decay: T.Tensor([1, H, NC, DK], ACCUM),
-            A_qk: T.Tensor([1, S, H, C], dtype),
-            W: T.Tensor([1, S, H, DK], dtype),
-            U: T.Tensor([1, S, H, DV], dtype),
-            flags: T.Tensor([2], "int32"),
-            chunks: T.Tensor([NC, 2], "int32"),
-        ):
-            with T.Kernel(NC, H, threads=threads) as (c, bh):
-                body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, c, chunks[c, 0], chunks[c, 1], 0, bh)
-    elif not varlen:
-        @T.prim_func
-        def main(
-            Q: T.Tensor([B, S, HQ, DK], dtype),
-            K: T.Tensor([B, S, HQ, DK], dtype),
-            g: T.Tensor([B, S, H, GD], gate_dtype),
-            scale: T.float32,
-            Qw: T.Tensor([B, S, H, DK], dtype),
-            Kw: T.Tensor([B, S, H, DK], dtype),
-            decay: T.Tensor([B, H, NC, DK], ACCUM),
-            A_qk: T.Tensor([B, S, H, C], dtype),
-            flags: T.Tensor([2], "int32"),
-        ):
-            with T.Kernel(NC, H, B, threads=threads) as (c, bh, bb):
-                body(Q, K, None, g, None, scale, Qw, Kw, decay, A_qk, None, None, flags, c, c * C, T.min(C, S - c * C),
-                     bb, bh)
-    else:
-        @T.prim_func
-        def main(
-            Q: T.Tensor([1, S, HQ, DK], dtype),
-            K: T.Tensor([1, S, HQ, DK], dtype),
-            g: T.Tensor([1, S, H, GD], gate_dtype),
-            scale: T.float32,
-            Qw: T.Tensor([1, S, H, DK], dtype),
-            Kw: T.Tensor([1, S, H, DK], dtype),
-            decay: T.Tensor([1, H, NC, DK], ACCUM),
-            A_qk: T.Tensor([1, S, H, C], dtype),
-            flags: T.Tensor([2], "int32"),
-            chunks: T.Tensor([NC, 2], "int32"),
-        ):
-            with T.Kernel(NC, H, threads=threads) as (c, bh):
-                body(Q, K, None, g, None, scale, Qw, Kw, decay, A_qk, None, None, flags, c, chunks[c, 0], chunks[c, 1],
-                     0, bh)
 
     return main
 
