@@ -34,7 +34,7 @@ def fused_recurrent(DK, DV, block_dv=32, dtype="bfloat16", gate_dtype="float32",
     ``h0``, ``ht`` (float32 ``[N, HV, DK, DV]``, one state per sequence; with ``pooled`` the pool
     ``[P, HV, DK, DV]``, passed twice; a ``[1, HV, DK, DV]`` stand-in where ``with_initial`` or
     ``store_final`` is off), ``cu_seqlens [N + 1]`` (int32) with ``varlen``, ``indices [N]`` (int32)
-    with ``pooled``."""
+    with ``pooled``; each of the last two a ``[1]`` stand-in in the forms without it."""
     assert gate_act in (None, "softplus", "sigmoid") and beta_act in (None, "sigmoid", "2sigmoid")
     B, S, HQ, HV = T.dynamic("B"), T.dynamic("T"), T.dynamic("HQ"), T.dynamic("HV")
     N = T.dynamic("N")
@@ -100,85 +100,35 @@ def fused_recurrent(DK, DV, block_dv=32, dtype="bfloat16", gate_dtype="float32",
         if store_final:
             T.copy(S_f, ht[slot, hv, :, dv0:dv0 + BV])
 
-    # the four launch forms: dense or packed, each with states per sequence or in a pool
-    if not varlen and not pooled:
-        @T.prim_func
-        def main(
-            Q: T.Tensor([B, S, HQ, DK], dtype),
-            K: T.Tensor([B, S, HQ, DK], dtype),
-            V: T.Tensor([B, S, HV, DV], dtype),
-            g: T.Tensor([B, S, HV, GD], gate_dtype),
-            beta: T.Tensor([B, S, HV], ACCUM),
-            scale: T.float32,
-            A_log: T.Tensor([HV], ACCUM),
-            dt_bias: T.Tensor([HV, GD], ACCUM),
-            lower_bound: T.float32,
-            O: T.Tensor([B, S, HV, DV], dtype),
-            h0: T.Tensor([R0, HV, DK, DV], ACCUM),
-            ht: T.Tensor([R1, HV, DK, DV], ACCUM),
-        ):
-            with T.Kernel(NV, HV, B, threads=threads) as (bv, hv, n):
-                body(Q, K, V, g, beta, scale, A_log, dt_bias, lower_bound, O, h0, ht, bv, hv, n, 0, S, n)
-    elif varlen and not pooled:
-        @T.prim_func
-        def main(
-            Q: T.Tensor([1, S, HQ, DK], dtype),
-            K: T.Tensor([1, S, HQ, DK], dtype),
-            V: T.Tensor([1, S, HV, DV], dtype),
-            g: T.Tensor([1, S, HV, GD], gate_dtype),
-            beta: T.Tensor([1, S, HV], ACCUM),
-            scale: T.float32,
-            A_log: T.Tensor([HV], ACCUM),
-            dt_bias: T.Tensor([HV, GD], ACCUM),
-            lower_bound: T.float32,
-            O: T.Tensor([1, S, HV, DV], dtype),
-            h0: T.Tensor([R0, HV, DK, DV], ACCUM),
-            ht: T.Tensor([R1, HV, DK, DV], ACCUM),
-            cu_seqlens: T.Tensor([N + 1], "int32"),
-        ):
-            with T.Kernel(NV, HV, N, threads=threads) as (bv, hv, n):
-                body(Q, K, V, g, beta, scale, A_log, dt_bias, lower_bound, O, h0, ht, bv, hv, 0,
-                     cu_seqlens[n], cu_seqlens[n + 1], n)
-    elif not varlen:
-        @T.prim_func
-        def main(
-            Q: T.Tensor([B, S, HQ, DK], dtype),
-            K: T.Tensor([B, S, HQ, DK], dtype),
-            V: T.Tensor([B, S, HV, DV], dtype),
-            g: T.Tensor([B, S, HV, GD], gate_dtype),
-            beta: T.Tensor([B, S, HV], ACCUM),
-            scale: T.float32,
-            A_log: T.Tensor([HV], ACCUM),
-            dt_bias: T.Tensor([HV, GD], ACCUM),
-            lower_bound: T.float32,
-            O: T.Tensor([B, S, HV, DV], dtype),
-            h0: T.Tensor([R0, HV, DK, DV], ACCUM),
-            ht: T.Tensor([R1, HV, DK, DV], ACCUM),
-            indices: T.Tensor([B], "int32"),
-        ):
-            with T.Kernel(NV, HV, B, threads=threads) as (bv, hv, n):
-                body(Q, K, V, g, beta, scale, A_log, dt_bias, lower_bound, O, h0, ht, bv, hv, n, 0, S, indices[n])
-    else:
-        @T.prim_func
-        def main(
-            Q: T.Tensor([1, S, HQ, DK], dtype),
-            K: T.Tensor([1, S, HQ, DK], dtype),
-            V: T.Tensor([1, S, HV, DV], dtype),
-            g: T.Tensor([1, S, HV, GD], gate_dtype),
-            beta: T.Tensor([1, S, HV], ACCUM),
-            scale: T.float32,
-            A_log: T.Tensor([HV], ACCUM),
-            dt_bias: T.Tensor([HV, GD], ACCUM),
-            lower_bound: T.float32,
-            O: T.Tensor([1, S, HV, DV], dtype),
-            h0: T.Tensor([R0, HV, DK, DV], ACCUM),
-            ht: T.Tensor([R1, HV, DK, DV], ACCUM),
-            cu_seqlens: T.Tensor([N + 1], "int32"),
-            indices: T.Tensor([N], "int32"),
-        ):
-            with T.Kernel(NV, HV, N, threads=threads) as (bv, hv, n):
-                body(Q, K, V, g, beta, scale, A_log, dt_bias, lower_bound, O, h0, ht, bv, hv, 0,
-                     cu_seqlens[n], cu_seqlens[n + 1], indices[n])
+    # the four launch forms (dense or packed, states per sequence or in a pool) share one signature:
+    # the table a form does not use is a [1] stand-in, never read
+    BB = 1 if varlen else B                     # batch rows of the tensors
+    NS = N if varlen else B                     # sequences, one block row each
+
+    @T.prim_func
+    def main(
+        Q: T.Tensor([BB, S, HQ, DK], dtype),
+        K: T.Tensor([BB, S, HQ, DK], dtype),
+        V: T.Tensor([BB, S, HV, DV], dtype),
+        g: T.Tensor([BB, S, HV, GD], gate_dtype),
+        beta: T.Tensor([BB, S, HV], ACCUM),
+        scale: T.float32,
+        A_log: T.Tensor([HV], ACCUM),
+        dt_bias: T.Tensor([HV, GD], ACCUM),
+        lower_bound: T.float32,
+        O: T.Tensor([BB, S, HV, DV], dtype),
+        h0: T.Tensor([R0, HV, DK, DV], ACCUM),
+        ht: T.Tensor([R1, HV, DK, DV], ACCUM),
+        cu_seqlens: T.Tensor([N + 1] if varlen else [1], "int32"),
+        indices: T.Tensor([NS] if pooled else [1], "int32"),
+    ):
+        with T.Kernel(NV, HV, NS, threads=threads) as (bv, hv, n):
+            slot = indices[n] if pooled else n
+            if varlen:
+                body(Q, K, V, g, beta, scale, A_log, dt_bias, lower_bound, O, h0, ht, bv, hv, 0, cu_seqlens[n],
+                     cu_seqlens[n + 1], slot)
+            else:
+                body(Q, K, V, g, beta, scale, A_log, dt_bias, lower_bound, O, h0, ht, bv, hv, n, 0, S, slot)
 
     return main
 # --8<-- [end:fused_recurrent]
