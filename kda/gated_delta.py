@@ -230,7 +230,8 @@ def run_state_pass(form: ChunkForm, h0, table=None, output_final_state=True):
                                      initial_state=h0 is not None, final_state=output_final_state)
         h0, ht = ops.state_arguments(h0, output_final_state, N, H, DK, DV, device)
         o = ops.new_output((B, T, H, DV), form.U.dtype, device)
-        tables = [] if table is None else [table.cu_seqlens, table.chunk_offsets, table.seq_groups]
+        tables = [table.cu_seqlens, table.chunk_offsets, table.seq_groups] if table is not None else \
+            [ops.stand_in(1, torch.int32, device)] * 3
         state_pass(*form, h0, o, ht, *tables)
     return o, (ht if output_final_state else None)
 

@@ -205,7 +205,8 @@ def test_the_stand_in_refuses_what_the_binder_refuses(kernel_launches, broken):
     decay, A = torch.empty(1, 2, 2, 64), torch.empty(1, 128, 2, 64, dtype=q.dtype)
     launch = compile_program(level5.gated_state_output_pass, (), DK=64, DV=64, initial_state=True, final_state=True)
     h0, o, ht = torch.zeros(1, 2, 64, 64), torch.empty_like(v), torch.empty(1, 2, 64, 64)
-    args = [Qw, Kw, W, U, A, decay, h0, o, ht]
+    no_table = torch.empty(1, dtype=torch.int32)
+    args = [Qw, Kw, W, U, A, decay, h0, o, ht, no_table, no_table, no_table]
     launch(*args)                                                       # as the package calls it
     if broken == "missing":
         args.pop(6)

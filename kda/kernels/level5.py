@@ -431,11 +431,11 @@ def gated_state_output_pass(DK, DV, chunk_size=64, block_dv=32, dtype="bfloat16"
                             final_state=False):
     """Arguments at run time: ``Qw, Kw, W [B, T, H, DK]``, ``U [B, T, H, DV]``, ``A_qk [B, T, H, C]``
     (dtype, scale included), ``decay [B, H, NC, DK]`` and ``h0 [B, H, DK, DV]`` (float32), then the
-    outputs ``O [B, T, H, DV]`` (dtype) and ``ht`` (float32). With ``varlen`` (packed sequences,
-    ``B = 1``) ``h0`` and ``ht`` are ``[N, H, DK, DV]``, ``decay`` is in the order of the chunk table,
-    and three more arguments follow: ``cu_seqlens [N + 1]``, ``chunk_offsets [N + 1]`` and
-    ``seq_groups [NG + 1]`` (int32, ``chunk_table``); the rows of a sequence's last chunk past its
-    end are masked. Without ``initial_state`` the state starts at zero and ``h0`` is a stand-in of
+    outputs ``O [B, T, H, DV]`` (dtype) and ``ht`` (float32), and last the tables of packed
+    sequences ``cu_seqlens [N + 1]``, ``chunk_offsets [N + 1]`` and ``seq_groups [NG + 1]`` (int32,
+    ``chunk_table``; dense, ``[1]`` stand-ins). With ``varlen`` (packed sequences, ``B = 1``) ``h0``
+    and ``ht`` are ``[N, H, DK, DV]``, ``decay`` is in the order of the chunk table, and the rows of a
+    sequence's last chunk past its end are masked. Without ``initial_state`` the state starts at zero and ``h0`` is a stand-in of
     shape ``[1, 1, DK, DV]`` that is never read; without ``final_state`` no state is written and
     ``ht`` is such a stand-in.
 
@@ -550,42 +550,33 @@ def gated_state_output_pass(DK, DV, chunk_size=64, block_dv=32, dtype="bfloat16"
                     T.tma_copy(decay[bb, bh, c_first + c, :], decay_s[slot, :], barrier=data_ready[slot])
                     T.barrier_arrive(data_ready[slot])
 
-    if not varlen:
-        @T.prim_func
-        def main(
-            Qw: T.Tensor([B, S, H, DK], dtype),
-            Kw: T.Tensor([B, S, H, DK], dtype),
-            W: T.Tensor([B, S, H, DK], dtype),
-            U: T.Tensor([B, S, H, DV], dtype),
-            A_qk: T.Tensor([B, S, H, C], dtype),
-            decay: T.Tensor([B, H, NC, DK], ACCUM),
-            h0: T.Tensor(h0_shape, ACCUM),
-            O: T.Tensor([B, S, H, DV], dtype),
-            ht: T.Tensor(ht_shape, ACCUM),
-        ):
-            with T.Kernel(T.ceildiv(DV, BV), H, B, threads=384) as (bv, bh, bb):
-                body(Qw, Kw, W, U, A_qk, decay, h0, O, ht, bv, bh, bb, bb, 1, lambda n: (0, S, 0, NC))
-    else:
-        @T.prim_func
-        def main(
-            Qw: T.Tensor([1, S, H, DK], dtype),
-            Kw: T.Tensor([1, S, H, DK], dtype),
-            W: T.Tensor([1, S, H, DK], dtype),
-            U: T.Tensor([1, S, H, DV], dtype),
-            A_qk: T.Tensor([1, S, H, C], dtype),
-            decay: T.Tensor([1, H, NC, DK], ACCUM),
-            h0: T.Tensor(h0_shape, ACCUM),
-            O: T.Tensor([1, S, H, DV], dtype),
-            ht: T.Tensor(ht_shape, ACCUM),
-            cu_seqlens: T.Tensor([N + 1], "int32"),
-            chunk_offsets: T.Tensor([N + 1], "int32"),
-            seq_groups: T.Tensor([NG + 1], "int32"),
-        ):
-            with T.Kernel(T.ceildiv(DV, BV), H, NG, threads=384) as (bv, bh, grp):
-                body(Qw, Kw, W, U, A_qk, decay, h0, O, ht, bv, bh, 0, seq_groups[grp],
-                     seq_groups[grp + 1] - seq_groups[grp],
+    # dense and packed share one signature: dense, the three tables are [1] stand-ins, never read
+    BB = 1 if varlen else B
+    table = lambda rows: [rows] if varlen else [1]
+
+    @T.prim_func
+    def main(
+        Qw: T.Tensor([BB, S, H, DK], dtype),
+        Kw: T.Tensor([BB, S, H, DK], dtype),
+        W: T.Tensor([BB, S, H, DK], dtype),
+        U: T.Tensor([BB, S, H, DV], dtype),
+        A_qk: T.Tensor([BB, S, H, C], dtype),
+        decay: T.Tensor([BB, H, NC, DK], ACCUM),
+        h0: T.Tensor(h0_shape, ACCUM),
+        O: T.Tensor([BB, S, H, DV], dtype),
+        ht: T.Tensor(ht_shape, ACCUM),
+        cu_seqlens: T.Tensor(table(N + 1), "int32"),
+        chunk_offsets: T.Tensor(table(N + 1), "int32"),
+        seq_groups: T.Tensor(table(NG + 1), "int32"),
+    ):
+        with T.Kernel(T.ceildiv(DV, BV), H, NG if varlen else B, threads=384) as (bv, bh, lane):
+            if varlen:                  # lane: a group of packed sequences
+                body(Qw, Kw, W, U, A_qk, decay, h0, O, ht, bv, bh, 0, seq_groups[lane],
+                     seq_groups[lane + 1] - seq_groups[lane],
                      lambda n: (cu_seqlens[n], cu_seqlens[n + 1], chunk_offsets[n],
                                 chunk_offsets[n + 1] - chunk_offsets[n]))
+            else:                       # lane: a batch row, one sequence
+                body(Qw, Kw, W, U, A_qk, decay, h0, O, ht, bv, bh, lane, lane, 1, lambda n: (0, S, 0, NC))
 
     return main
 # --8<-- [end:gated_state_output_pass]

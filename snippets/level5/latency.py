@@ -63,7 +63,8 @@ decay, A_qk = torch.empty(B, H, NC, D, device="cuda"), torch.empty(B, T, H, C, d
 h0, ht = torch.zeros(B, H, D, D, device="cuda"), torch.empty(B, H, D, D, device="cuda")
 beta32 = beta.float()
 flags = torch.zeros(2, dtype=torch.int32, device="cuda")
-no_chunks = torch.empty(1, 1, dtype=torch.int32, device="cuda")   # dense: the chunk table is a stand-in
+no_chunks = torch.empty(1, 1, dtype=torch.int32, device="cuda")   # dense: the chunk tables are stand-ins
+no_table = torch.empty(1, dtype=torch.int32, device="cuda")
 total = rows[0]["ms"]["kda"]                        # chunk_kda at the headline shape, timed above
 stages = Table(["stage", "what it does", "ms", "share of chunk_kda"], formats=[None, None, "{:.3f}", "{:.0%}"])
 for name, what, fn in [
@@ -71,7 +72,7 @@ for name, what, fn in [
      "W and U, checks of g and beta", lambda: intra(q, k, v, g, beta32, D ** -0.5, Qw, Kw, decay, A_qk, W, U, flags,
                                                 no_chunks)),
     ("gated_state_output_pass", "sequential: U - W S, the output, the gated state update",
-     lambda: state_pass(Qw, Kw, W, U, A_qk, decay, h0, o, ht)),
+     lambda: state_pass(Qw, Kw, W, U, A_qk, decay, h0, o, ht, no_table, no_table, no_table)),
 ]:
     t = median_ms(fn)
     stages.rows.append([name, what, t, t / total])
