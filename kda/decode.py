@@ -130,11 +130,10 @@ def _run_reference(q, k, v, g, beta, scale, h0, bounds, indices, output_final_st
 
 
 @functools.lru_cache(maxsize=32)
-def _zeros(shape: tuple, device: torch.device, dtype=torch.float32) -> torch.Tensor:
-    """Zeros made once per shape, device and dtype, never written: the ``A_log`` and ``dt_bias`` the
-    kernel takes where none are given (a fill kernel per decode step cost a launch each), and the
-    stand-ins for the tables a launch form does not have."""
-    return torch.zeros(shape, dtype=dtype, device=device)
+def _zeros(shape: tuple, device: torch.device) -> torch.Tensor:
+    """float32 zeros made once per shape and device, never written: the ``A_log`` and ``dt_bias``
+    the kernel takes where none are given (a fill kernel per decode step cost a launch each)."""
+    return torch.zeros(shape, dtype=torch.float32, device=device)
 
 
 def _run_kernel(q, k, v, g, beta, scale, h0, cu_seqlens, indices, output_final_state, l2norm, act=NO_ACTIVATION):
@@ -165,7 +164,7 @@ def _run_kernel(q, k, v, g, beta, scale, h0, cu_seqlens, indices, output_final_s
             h0_arg = h0.to(torch.float32).contiguous() if h0 is not None else stand_in()
             ht = ops.new_output((N, HV, DK, DV), torch.float32, q.device) if output_final_state else stand_in()
         o = ops.new_output(v.shape, v.dtype, q.device)
-        no_table = _zeros((1,), q.device, torch.int32)      # the stand-in for a table the form has not
+        no_table = ops.stand_in(1, torch.int32, q.device)  # for a table the launch form has not
         bounds = cu_seqlens.to(device=q.device, dtype=torch.int32) if cu_seqlens is not None else no_table
         slots = indices.to(torch.int32) if pooled else no_table
         kernel(q.contiguous(), k.contiguous(), v.contiguous(), g, beta.to(torch.float32).contiguous(), scale,

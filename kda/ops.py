@@ -43,9 +43,11 @@ def new_output(shape, dtype, device):
     return torch.empty(shape, dtype=dtype, device=device)
 
 
+@functools.lru_cache(maxsize=64)
 def stand_in(rank: int, dtype, device) -> torch.Tensor:
     """A ``[1] * rank`` tensor for a kernel argument that the compiled variant never reads or writes
-    (one signature for every variant of a kernel)."""
+    (one signature for every variant of a kernel): one per rank, dtype and device, shared, so that
+    a call allocates none."""
     return torch.empty((1,) * rank, dtype=dtype, device=device)
 
 
@@ -53,9 +55,8 @@ def state_arguments(h0, output_final_state, N, H, DK, DV, device):
     """The ``h0`` and ``ht`` a sequential pass takes (``kda.kernels.stages.state_shape``): ``h0`` in
     float32 or a stand-in, and a new ``[N, H, DK, DV]`` float32 buffer for the final state or a
     stand-in. A pass compiled without the state reads and writes no stand-in."""
-    stand_in = lambda: torch.empty(1, 1, DK, DV, dtype=torch.float32, device=device)
-    h0 = h0.to(torch.float32).contiguous() if h0 is not None else stand_in()
-    ht = new_output((N, H, DK, DV), torch.float32, device) if output_final_state else stand_in()
+    h0 = h0.to(torch.float32).contiguous() if h0 is not None else stand_in(4, torch.float32, device)
+    ht = new_output((N, H, DK, DV), torch.float32, device) if output_final_state else stand_in(4, torch.float32, device)
     return h0, ht
 
 

@@ -91,7 +91,7 @@ def seq_in_loop(DK, DV, chunk_size=64, block_dv=32, num_stages=3, threads=128,
                 dtype="bfloat16", initial_state=False, final_state=False, overlap_gemms=True):
     """Fused forward. Arguments at run time: ``Q, K, V, scale, h0``, then the outputs ``O`` and
     ``ht`` (the fp32 final state ``[B, H, DK, DV]``). Without ``initial_state`` the state starts
-    at zero and without ``final_state`` none is written; ``h0``/``ht`` are then ``[1, 1, DK, DV]``
+    at zero and without ``final_state`` none is written; ``h0``/``ht`` are then ``[1, 1, 1, 1]``
     stand-ins (``kda.kernels.stages.state_shape``).
 
     ``overlap_gemms=False`` keeps the article's order: read-out, intra term, write-back,

@@ -70,9 +70,9 @@ def log2_cumsum_by_columns(g_s, G_s, L, C, D, flags):
 # --8<-- [start:state_shape]
 def state_shape(present, N, H, DK, DV):
     """The shape of a sequential pass's initial or final state argument: ``[N, H, DK, DV]``, or,
-    where the kernel is compiled without it, a ``[1, 1, DK, DV]`` stand-in that it never reads or
+    where the kernel is compiled without it, a ``[1, 1, 1, 1]`` stand-in that it never reads or
     writes. Every pass keeps one signature, ``(inputs..., h0, O, ht)``, whatever its flags."""
-    return [N, H, DK, DV] if present else [1, 1, DK, DV]
+    return [N, H, DK, DV] if present else [1, 1, 1, 1]
 
 
 @T.macro

@@ -18,7 +18,7 @@ B, H, D, C = 1, 32, 128, 64
 SCALE = D ** -0.5
 grid = compile_program(kernels.seq_in_grid, (), DK=D, DV=D, dtype="bfloat16")
 article_order = compile_program(kernels.seq_in_loop, (), DK=D, DV=D, dtype="bfloat16", overlap_gemms=False)
-no_state = torch.empty(1, 1, D, D, device="cuda")   # h0 and ht of a kernel compiled without states
+no_state = torch.empty(1, 1, 1, 1, device="cuda")   # h0 and ht of a kernel compiled without states
 
 # correctness of everything timed, at the headline shape, against float64
 q, k, v = random_qkv(B, 32768, H, D, D, seed=1)

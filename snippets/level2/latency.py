@@ -22,7 +22,7 @@ log2_alpha = torch.log2(alpha).float().cuda()
 g_gamma = torch.log(alpha).float().cuda()          # fla's form of the same decays
 article_order = compile_program(kernels.seq_in_loop, (), DK=D, DV=D, dtype="bfloat16", overlap_gemms=False)
 tables = compile_program(kernels.seq_in_loop, (), DK=D, DV=D, dtype="bfloat16", weight_tables=True)
-no_state = torch.empty(1, 1, D, D, device="cuda")   # h0 and ht of a kernel compiled without states
+no_state = torch.empty(1, 1, 1, 1, device="cuda")   # h0 and ht of a kernel compiled without states
 
 q, k, v = random_qkv(B, 32768, H, D, D, seed=1)
 expected = ref.chunked(q.double() * SCALE, k, v, alpha)[0]

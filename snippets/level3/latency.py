@@ -71,7 +71,7 @@ A = torch.empty(B, T, H, C, dtype=q.dtype, device="cuda")
 flags = torch.zeros(2, dtype=torch.int32, device="cuda")
 rows, beta_rows = torch.empty(1, 1, 1, 1, dtype=q.dtype, device="cuda"), torch.empty(1, 1, 1, device="cuda")
 no_chunks = torch.empty(1, 1, dtype=torch.int32, device="cuda")   # chunk_intra's stand-ins without the delta rule
-no_state = torch.empty(1, 1, D, D, device="cuda")   # the passes' h0 and ht, compiled without states
+no_state = torch.empty(1, 1, 1, 1, device="cuda")   # the passes' h0 and ht, compiled without states
 g_steep = g_channel * 30          # logsigmoid * 30: some sub-chunk of most chunks falls by > 96 (log2)
 stages = Table(["gate", "stage", "what it does", "ms"], formats=[None, None, None, "{:.3f}"])
 for form, name, what, fn in [
