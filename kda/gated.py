@@ -13,6 +13,11 @@ from kda import ops, validate
 from kda.chunking import CHUNK_SIZE, ceildiv
 from kda.reference import level3 as ref3
 
+# The scalar pass's chunk slots and output warpgroups (kernels.level3.seq_in_loop_scalar): run 61 in
+# results/tuning measures 2 and 3 slots with one or two output warpgroups.
+SCALAR_PASS_CONFIG = {"slots": 2, "out_groups": 1}
+
+
 def _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state, check=None):
     """Scalar gate: the cumsum kernel, then the fused pass. Per-channel gate: level 5's intra-chunk
     kernel without the delta rule (``chunk_intra(delta=False)``), then the sequential pass. Both
@@ -26,8 +31,8 @@ def _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state, c
     DV = v.shape[-1]
     C = ops.KERNEL_CONFIG["chunk_size"]
     dtype, gate_dtype = ops.dtype_name(q.dtype), str(g.dtype).removeprefix("torch.")
-    pass_config = {key: ops.KERNEL_CONFIG[key] for key in ("chunk_size", "block_dv", "num_stages", "threads")}
-    pass_config.update(DK=DK, DV=DV, dtype=dtype, initial_state=h0 is not None, final_state=output_final_state)
+    pass_config = dict(DK=DK, DV=DV, dtype=dtype, chunk_size=C, block_dv=ops.KERNEL_CONFIG["block_dv"],
+                       initial_state=h0 is not None, final_state=output_final_state)
     q, k, v, g = (x.contiguous() for x in (q, k, v, g))
     with torch.cuda.device(q.device):
         flags = torch.zeros(2, dtype=torch.int32, device=q.device)
@@ -36,7 +41,7 @@ def _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state, c
             G = torch.empty(B, H, ceildiv(T, C) * C, dtype=torch.float32, device=q.device)
             cumsum(g.view(B, T, H, 1), G.view(*G.shape, 1), flags)
             inputs = (q, k, v, G, scale)
-            seq = compile_program(kernels.seq_in_loop_scalar, (), **pass_config)
+            seq = compile_program(kernels.seq_in_loop_scalar, (), **pass_config, **SCALAR_PASS_CONFIG)
         else:
             intra = compile_program(level5.chunk_intra, (), DK=DK, chunk_size=C, dtype=dtype, gate_dtype=gate_dtype,
                                     delta=False)
@@ -48,7 +53,8 @@ def _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state, c
             intra(q, k, rows, g, beta_rows, scale, Qw, Kw, decay, A, rows, rows, flags,
                   ops.stand_in(2, torch.int32, q.device))
             inputs = (Qw, Kw, A, decay, v)
-            seq = compile_program(kernels.seq_in_loop_per_channel, (), **pass_config)
+            seq = compile_program(kernels.seq_in_loop_per_channel, (), **pass_config,
+                                  num_stages=ops.KERNEL_CONFIG["num_stages"], threads=ops.KERNEL_CONFIG["threads"])
         if check is not None:
             check(flags)
         o = ops.new_output((B, T, H, DV), q.dtype, q.device)

@@ -19,6 +19,7 @@ CASES = [
     ("level3", "chunk_cumsum", dict(D=128, gate_dtype="bfloat16")),
     ("level3", "seq_in_loop_scalar", dict(DK=128, DV=128, dtype="bfloat16")),
     ("level3", "seq_in_loop_scalar", dict(DK=64, DV=128, dtype="float16", initial_state=True, final_state=True)),
+    ("level3", "seq_in_loop_scalar", dict(DK=128, DV=128, dtype="bfloat16", slots=3, out_groups=2)),
     ("level3", "seq_in_loop_per_channel", dict(DK=128, DV=128, dtype="bfloat16")),
     ("level3", "seq_in_loop_per_channel", dict(DK=128, DV=64, dtype="float16", initial_state=True, final_state=True)),
     ("level4", "chunk_wy", dict(DK=128, DV=128, dtype="bfloat16")),

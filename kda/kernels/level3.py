@@ -22,7 +22,7 @@ Mirrors ``kda.reference.level3`` (``prepare`` and ``kernel_mimic``).
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
 import tilelang.language as T
 
-from kda.kernels.stages import ACCUM, decay_factor, load_state, log2_cumsum_by_columns, real, state_shape, store_state
+from kda.kernels.stages import ACCUM, decay_factor, load_state, log2_cumsum_by_columns, state_shape, store_state
 
 
 # --8<-- [start:cumsum]
@@ -53,55 +53,77 @@ def chunk_cumsum(D, chunk_size=64, gate_dtype="float32", threads=128):
 
 
 # --8<-- [start:seq_in_loop_scalar]
-def seq_in_loop_scalar(DK, DV, chunk_size=64, block_dv=32, num_stages=3, threads=128,
-                       dtype="bfloat16", initial_state=False, final_state=False):
+def seq_in_loop_scalar(DK, DV, chunk_size=64, block_dv=32, slots=2, out_groups=1, dtype="bfloat16",
+                       initial_state=False, final_state=False):
     """Scalar gate. Arguments at run time: ``Q, K, V, G [B, H, T_pad]`` (``chunk_cumsum``),
     ``scale, h0``, then ``O, ht`` (the state flags as in level 1). Level 2's three weight places with
-    ``a^(i-j)`` replaced by ``2^(G_i - G_j)``: the intra table is per chunk now."""
+    ``a^(i-j)`` replaced by ``2^(G_i - G_j)``.
+
+    Warp-specialised by hand, as level 5's state pass: warpgroup 0 carries the state's chain
+    (``S`` to shared memory for the output, then ``S <- 2^G_last S + K^T (V 2^(G_last - G))``);
+    ``out_groups`` output warpgroups (1 or 2, taking alternate chunks) form ``Q K^T`` and its decay
+    before the chunk's state is needed, then ``Q S`` times ``scale 2^G_i``, ``+ A V``, the store; one
+    producer warp loads q, k, the value columns and ``G`` by TMA into ``slots`` chunk slots. ``S``
+    goes through two slots of its own, so that the chain can run a chunk ahead of the output."""
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
-    C = chunk_size
-    NV = T.ceildiv(DV, block_dv)
+    C, BV = chunk_size, block_dv
+    NC = T.ceildiv(S, C)
+    assert out_groups in (1, 2), "one or two output warpgroups"
 
     @T.macro
-    def chunk_loop(Q, K, V, G, O, scale, S_f, bb, bh, dv0):
-        Q_s = T.alloc_shared([C, DK], dtype)
-        K_s = T.alloc_shared([C, DK], dtype)
-        V_s = T.alloc_shared([C, block_dv], dtype)
-        G_s = T.alloc_shared([C], ACCUM)
-        Vw_s = T.alloc_shared([C, block_dv], dtype)       # V rows weighted by 2^(G_last - G_r)
-        S_s = T.alloc_shared([DK, block_dv], dtype)
-        O_s = T.alloc_shared([C, block_dv], dtype)
-        w_query = T.alloc_shared([C], ACCUM)              # scale * 2^G_i
-        acc_o = T.alloc_fragment([C, block_dv], ACCUM)
-        A = T.alloc_fragment([C, C], ACCUM)
-        A_cast = T.alloc_fragment([C, C], dtype)
-        g_last = T.alloc_local([1], ACCUM)
-
-        for c in T.Pipelined(T.ceildiv(S, C), num_stages=num_stages):
+    def state_chain(K_s, V_s, G_s, S_s, Vw_s, S_f, g_last, data_ready, data_free, s_ready, s_free, h0, ht,
+                    bb, bh, dv0):
+        load_state(h0, S_f, bb, bh, dv0, initial_state)
+        for c in T.serial(NC):
+            slot = c % slots
             L = T.min(C, S - c * C)
-            T.copy(Q[bb, c * C:(c + 1) * C, bh, :], Q_s)
-            T.copy(K[bb, c * C:(c + 1) * C, bh, :], K_s)
-            T.copy(V[bb, c * C:(c + 1) * C, bh, dv0:dv0 + block_dv], V_s)
-            T.copy(G[bb, bh, c * C:(c + 1) * C], G_s)
-            T.copy(S_f, S_s)                               # the state before this chunk
-            g_last[0] = G_s[L - 1]
-            for i in T.Parallel(C):
-                w_query[i] = scale * T.exp2(G_s[i])
-            for i, j in T.Parallel(DK, block_dv):          # S = 2^G_last S
+            T.barrier_wait(data_ready[slot], (c // slots) % 2)
+            T.barrier_wait(s_free[c % 2], (c // 2 + 1) % 2)      # the output of chunk c - 2 has read it
+            T.copy(S_f, S_s[c % 2, :, :])                          # the state before this chunk
+            T.fence_proxy_async()
+            T.barrier_arrive(s_ready[c % 2])
+            g_last[0] = G_s[slot, L - 1]
+            for i, j in T.Parallel(DK, BV):                        # S = 2^G_last S
                 S_f[i, j] = S_f[i, j] * T.exp2(g_last[0])
-            for r, j in T.Parallel(C, block_dv):           # keys decayed to the chunk end,
-                Vw_s[r, j] = V_s[r, j] * T.exp2(g_last[0] - G_s[r]) * real(r < L)   # on V rows
-            T.gemm(K_s, Vw_s, S_f, transpose_A=True, annotations={"wg_wait": -1})
-            T.gemm(Q_s, S_s, acc_o, clear_accum=True, annotations={"wg_wait": -1})
-            T.gemm(Q_s, K_s, A, transpose_B=True, clear_accum=True)
-            for i, j in T.Parallel(C, block_dv):
-                acc_o[i, j] = acc_o[i, j] * w_query[i]
+            for r, j in T.Parallel(C, BV):     # keys decayed to the chunk end, on V rows (zeros past L)
+                Vw_s[r, j] = V_s[slot, r, j] * T.exp2(T.min(g_last[0] - G_s[slot, r], 0.0))
+            T.fence_proxy_async()
+            T.gemm(K_s[slot, :, :], Vw_s, S_f, transpose_A=True)
+            T.barrier_arrive(data_free[slot])
+        store_state(S_f, ht, bb, bh, dv0, final_state)
+
+    @T.macro
+    def output_chunks(w, Q_s, K_s, V_s, G_s, S_s, O_s, acc_o, A, A_cast, data_ready, data_free, s_ready, s_free,
+                      scale, O, bb, bh, dv0):
+        for cc in T.serial(T.ceildiv(NC - w, out_groups)):
+            c = cc * out_groups + w
+            slot = c % slots
+            T.barrier_wait(data_ready[slot], (c // slots) % 2)
+            T.gemm(Q_s[slot, :, :], K_s[slot, :, :], A, transpose_B=True, clear_accum=True)
             for i, j in T.Parallel(C, C):
-                A[i, j] = A[i, j] * decay_factor(G_s[i] - G_s[j]) * T.if_then_else(j <= i, scale, 0.0)
+                A[i, j] = A[i, j] * decay_factor(G_s[slot, i] - G_s[slot, j]) * T.if_then_else(j <= i, scale, 0.0)
             T.copy(A, A_cast)
-            T.gemm(A_cast, V_s, acc_o)
-            T.copy(acc_o, O_s)
-            T.copy(O_s, O[bb, c * C:(c + 1) * C, bh, dv0:dv0 + block_dv])
+            T.barrier_wait(s_ready[c % 2], (c // 2) % 2)
+            T.gemm(Q_s[slot, :, :], S_s[c % 2, :, :], acc_o, clear_accum=True)
+            T.barrier_arrive(s_free[c % 2])
+            for i, j in T.Parallel(C, BV):
+                acc_o[i, j] = acc_o[i, j] * (scale * T.exp2(G_s[slot, i]))
+            T.gemm(A_cast, V_s[slot, :, :], acc_o)
+            T.barrier_arrive(data_free[slot])
+            T.copy(acc_o, O_s[w, :, :])
+            T.copy(O_s[w, :, :], O[bb, c * C:(c + 1) * C, bh, dv0:dv0 + BV])
+
+    @T.macro
+    def load_chunks(Q, K, V, G, Q_s, K_s, V_s, G_s, data_ready, data_free, bb, bh, dv0):
+        for c in T.serial(NC):
+            slot = c % slots
+            T.barrier_wait(data_free[slot], (c // slots + 1) % 2)
+            rows = slice(c * C, (c + 1) * C)
+            T.tma_copy(Q[bb, rows, bh, :], Q_s[slot, :, :], barrier=data_ready[slot])
+            T.tma_copy(K[bb, rows, bh, :], K_s[slot, :, :], barrier=data_ready[slot])
+            T.tma_copy(V[bb, rows, bh, dv0:dv0 + BV], V_s[slot, :, :], barrier=data_ready[slot])
+            T.tma_copy(G[bb, bh, rows], G_s[slot, :], barrier=data_ready[slot])
+            T.barrier_arrive(data_ready[slot])
 
     @T.prim_func
     def main(
@@ -114,12 +136,42 @@ def seq_in_loop_scalar(DK, DV, chunk_size=64, block_dv=32, num_stages=3, threads
         O: T.Tensor([B, S, H, DV], dtype),
         ht: T.Tensor(state_shape(final_state, B, H, DK, DV), ACCUM),
     ):
-        with T.Kernel(NV, H, B, threads=threads) as (bv, bh, bb):
-            dv0 = bv * block_dv
-            S_f = T.alloc_fragment([DK, block_dv], ACCUM)
-            load_state(h0, S_f, bb, bh, dv0, initial_state)
-            chunk_loop(Q, K, V, G, O, scale, S_f, bb, bh, dv0)
-            store_state(S_f, ht, bb, bh, dv0, final_state)
+        with T.Kernel(T.ceildiv(DV, BV), H, B, threads=128 * (2 + out_groups)) as (bv, bh, bb):
+            dv0 = bv * BV
+            Q_s = T.alloc_shared([slots, C, DK], dtype)
+            K_s = T.alloc_shared([slots, C, DK], dtype)
+            V_s = T.alloc_shared([slots, C, BV], dtype)
+            G_s = T.alloc_shared([slots, C], ACCUM)
+            S_s = T.alloc_shared([2, DK, BV], dtype)
+            Vw_s = T.alloc_shared([C, BV], dtype)
+            O_s = T.alloc_shared([out_groups, C, BV], dtype)
+            S_f = T.alloc_fragment([DK, BV], ACCUM)
+            g_last = T.alloc_local([1], ACCUM)
+            # one set of fragments per output warpgroup: a fragment's layout belongs to one warpgroup
+            acc_o = T.alloc_fragment([C, BV], ACCUM)
+            A = T.alloc_fragment([C, C], ACCUM)
+            A_cast = T.alloc_fragment([C, C], dtype)
+            acc_o_1 = T.alloc_fragment([C, BV], ACCUM)
+            A_1 = T.alloc_fragment([C, C], ACCUM)
+            A_cast_1 = T.alloc_fragment([C, C], dtype)
+            data_ready = T.alloc_barrier(arrive_count=[32] * slots)    # the producer warp, + TMA bytes
+            data_free = T.alloc_barrier(arrive_count=[256] * slots)    # the chain and one output group
+            s_ready = T.alloc_barrier(arrive_count=[128, 128])
+            s_free = T.alloc_barrier(arrive_count=[128, 128])
+            tx = T.get_thread_binding()
+            # one code branch per warpgroup: the barriers tilelang inserts in a branch are its own
+            if tx < 128:
+                state_chain(K_s, V_s, G_s, S_s, Vw_s, S_f, g_last, data_ready, data_free, s_ready, s_free, h0, ht,
+                            bb, bh, dv0)
+            if tx >= 128 and tx < 256:
+                output_chunks(0, Q_s, K_s, V_s, G_s, S_s, O_s, acc_o, A, A_cast, data_ready, data_free, s_ready,
+                              s_free, scale, O, bb, bh, dv0)
+            if out_groups > 1:
+                if tx >= 256 and tx < 384:
+                    output_chunks(1, Q_s, K_s, V_s, G_s, S_s, O_s, acc_o_1, A_1, A_cast_1, data_ready, data_free,
+                                  s_ready, s_free, scale, O, bb, bh, dv0)
+            if tx >= 128 * (1 + out_groups) and tx < 128 * (1 + out_groups) + 32:
+                load_chunks(Q, K, V, G, Q_s, K_s, V_s, G_s, data_ready, data_free, bb, bh, dv0)
 
     return main
 # --8<-- [end:seq_in_loop_scalar]

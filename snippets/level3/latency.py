@@ -7,7 +7,7 @@ one) and read one flag back between their two kernels."""
 import tilelang
 import torch
 
-from kda.gated import gated_attention
+from kda.gated import SCALAR_PASS_CONFIG, gated_attention
 from kda import ledger
 from kda.bench import median_ms, random_qkv
 from kda.kernels import level3 as kernels
@@ -59,7 +59,7 @@ print(table)
 # each stage alone, on the same inputs
 NC = T // C
 cumsum = compile_program(kernels.chunk_cumsum, (), D=1, chunk_size=C, gate_dtype="float32")
-scalar_pass = compile_program(kernels.seq_in_loop_scalar, (), DK=D, DV=D, dtype="bfloat16")
+scalar_pass = compile_program(kernels.seq_in_loop_scalar, (), DK=D, DV=D, dtype="bfloat16", **SCALAR_PASS_CONFIG)
 intra = compile_program(level5.chunk_intra, (), DK=D, chunk_size=C, dtype="bfloat16", gate_dtype="float32",
                         delta=False)
 channel_pass = compile_program(kernels.seq_in_loop_per_channel, (), DK=D, DV=D, dtype="bfloat16")
