@@ -61,6 +61,43 @@ def test_gated_attention_kernels(shape, dtype, kind, per_channel, poisoned):
     assert torch.equal(o_plain, kda.gated_attention(q, k, v, g)), "two runs differ"
 
 
+@pytest.mark.parametrize("config", [dict(slots=2, out_groups=1), dict(slots=3, out_groups=1),
+                                    dict(slots=2, out_groups=2), dict(slots=4, out_groups=2)], ids=str)
+@pytest.mark.parametrize("states", [False, True], ids=["stateless", "states"])
+@pytest.mark.parametrize("shape", [(2, 200, 3, 64, 128), (1, 1000, 2, 128, 64), (1, 64 * 5, 2, 128, 128)])
+def test_scalar_pass_configs(shape, states, config):
+    """The warp-specialised scalar pass in every slot and output-group arrangement (alternate chunks
+    for two groups; whole chunks and a tail), against the float64 chunked reference, its outputs
+    poisoned with NaN; bit-identical across arrangements (each output element is made by one
+    warpgroup the same way)."""
+    from kda.kernels import level3
+    from kda.kernels.build import compile_program
+
+    B, T, H, DK, DV = shape
+    seed = zlib.crc32(repr((shape, states)).encode())
+    q, k, v, h0 = inputs(shape, torch.bfloat16, seed)
+    g = gates("logsigmoid", (B, T, H), seed)
+    G = torch.empty(B, H, -(-T // 64) * 64, device="cuda")
+    flags = torch.zeros(2, dtype=torch.int32, device="cuda")
+    compile_program(level3.chunk_cumsum, (), D=1)(g.view(B, T, H, 1), G.view(*G.shape, 1), flags)
+    kernel = compile_program(level3.seq_in_loop_scalar, (), DK=DK, DV=DV, dtype="bfloat16", initial_state=states,
+                             final_state=states, **config)
+    stand_in = torch.empty(1, 1, DK, DV, device="cuda")
+    o = torch.full_like(v, float("nan"))
+    ht = torch.full_like(h0, float("nan")) if states else stand_in
+    kernel(q, k, v, G, DK ** -0.5, h0 if states else stand_in, o, ht)
+    ref_o, ref_ht = ref3.chunked(q.double() * DK ** -0.5, k, v, g, 64, h0.double() if states else None, True)
+    assert flags.tolist() == [0, 0] and torch.isfinite(o).all()
+    assert rel_l2(o, ref_o) <= TOL[torch.bfloat16], f"o: rel L2 {rel_l2(o, ref_o):.2e}"
+    if states:
+        assert torch.isfinite(ht).all() and rel_l2(ht, ref_ht) <= TOL[torch.bfloat16]
+    first = compile_program(level3.seq_in_loop_scalar, (), DK=DK, DV=DV, dtype="bfloat16", initial_state=states,
+                            final_state=states)                  # the default arrangement
+    o_first = torch.full_like(v, float("nan"))
+    first(q, k, v, G, DK ** -0.5, h0 if states else stand_in, o_first, torch.empty_like(h0) if states else stand_in)
+    assert torch.equal(o, o_first), "the arrangements differ"
+
+
 @pytest.mark.parametrize("kind", GATES)
 @pytest.mark.parametrize("shape", [(2, 200, 3, 64, 128), (1, 1000, 2, 128, 64)])
 def test_prepare_stage(shape, kind):
