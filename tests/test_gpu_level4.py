@@ -86,7 +86,7 @@ def test_state_output_stages(shape, dtype):
     q, k, v, beta, h0 = inputs(shape, dtype, seed=7)
     name = "float16" if dtype == torch.float16 else "bfloat16"
     W, U = torch.empty_like(k), torch.empty_like(v)
-    kernel("chunk_wy", DK=DK, DV=DV, dtype=name)(k, v, beta, W, U)
+    kernel("chunk_wy", DK=DK, DV=DV, dtype=name)(k, v, beta, W, U, torch.empty(1, 1, 1, 1, device="cuda"))
     Qc, Kc, Wc, Uc = (to_chunks(x.double(), 64) for x in (q * DK ** -0.5, k, W, U))
     snapshots, v_new, final = ref4.state_pass(Kc, Wc, Uc, h0.double())
     o_ref = from_chunks(ref4.chunk_output(Qc, Kc, snapshots, v_new), T)

@@ -54,71 +54,63 @@ def merge_by_products(A_s, Tinv_s, C, block):
 
 # --8<-- [start:chunk_wy]
 def chunk_wy(DK, DV, chunk_size=64, block=16, dtype="bfloat16", threads=128, merge="substitution",
-             write_inverse=False):
+             write_inverse=False, chunks_per_block=8, num_stages=2):
     """Arguments at run time: ``K [B, T, H, DK]``, ``V [B, T, H, DV]``, ``beta [B, T, H]``
-    (float32), then the outputs ``W [B, T, H, DK]``, ``U [B, T, H, DV]`` (dtype) and, with
-    ``write_inverse``, ``Ainv [B, T, H, C]`` (float32, to check the solve alone).
-    ``merge``: ``"substitution"`` (CUDA cores, float32) or ``"products"`` (tensor cores, tf32;
-    slower on the H200, see the level-4 chapter)."""
+    (float32), then the outputs ``W [B, T, H, DK]``, ``U [B, T, H, DV]`` (dtype) and ``Ainv
+    [B, T, H, C]`` (float32, to check the solve alone; a ``[1, 1, 1, 1]`` stand-in without
+    ``write_inverse``). ``merge``: ``"substitution"`` (CUDA cores, float32) or ``"products"``
+    (tensor cores, tf32; slower on the H200, see the level-4 chapter).
+
+    A block walks ``chunks_per_block`` chunks of one head in a pipelined loop, so that the next
+    chunk's loads are in flight while a chunk is solved (run 62 in ``results/tuning``); ``W`` and
+    ``U`` go out through buffers of their own, since the loop hands its input buffers back."""
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     C = chunk_size
+    NC = T.ceildiv(S, C)
     assert merge == "substitution" or C == 4 * block, "merge='products' is written for 4 blocks"
 
-    @T.macro
-    def body(K, V, beta, W, U, Ainv, c, bb, bh):
-        t0 = c * C
-        L = T.min(C, S - t0)
-        K_s = T.alloc_shared([C, DK], dtype)
-        V_s = T.alloc_shared([C, DV], dtype)
-        beta_s = T.alloc_shared([C], ACCUM)
-        A_s = T.alloc_shared([C, C], ACCUM)
-        Tinv_s = T.alloc_shared([C, C], ACCUM)
-        KK = T.alloc_fragment([C, C], ACCUM)
-        x_col = T.alloc_local([block], ACCUM)
-
-        T.copy(K[bb, t0:t0 + C, bh, :], K_s)
-        T.copy(V[bb, t0:t0 + C, bh, :], V_s)
-        for i in T.Parallel(C):                            # padding rows: b = 0
-            beta_s[i] = T.if_then_else(i < L, beta[bb, t0 + T.min(i, L - 1), bh], 0.0)
-        T.gemm(K_s, K_s, KK, transpose_B=True, clear_accum=True)
-        for i, j in T.Parallel(C, C):
-            A_s[i, j] = KK[i, j] * beta_s[i] * real(j < i)
-        if merge == "products" or write_inverse:        # they read the blocks above the diagonal
-            T.clear(Tinv_s)
-        invert_diagonal_blocks_by_columns(A_s, Tinv_s, x_col, C, block)
-        if merge == "products":
-            merge_by_products(A_s, Tinv_s, C, block)
-        else:
-            merge_by_substitution(A_s, Tinv_s, C, block)
-        if write_inverse:
-            T.copy(Tinv_s, Ainv[bb, t0:t0 + C, bh, :])
-        wy_tail(Tinv_s, beta_s, K_s, V_s, C, block)       # W into K_s, U into V_s
-        T.copy(K_s, W[bb, t0:t0 + C, bh, :])
-        T.copy(V_s, U[bb, t0:t0 + C, bh, :])
-
-    if write_inverse:
-        @T.prim_func
-        def main(
-            K: T.Tensor([B, S, H, DK], dtype),
-            V: T.Tensor([B, S, H, DV], dtype),
-            beta: T.Tensor([B, S, H], ACCUM),
-            W: T.Tensor([B, S, H, DK], dtype),
-            U: T.Tensor([B, S, H, DV], dtype),
-            Ainv: T.Tensor([B, S, H, C], ACCUM),
-        ):
-            with T.Kernel(T.ceildiv(S, C), H, B, threads=threads) as (c, bh, bb):
-                body(K, V, beta, W, U, Ainv, c, bb, bh)
-    else:
-        @T.prim_func
-        def main(
-            K: T.Tensor([B, S, H, DK], dtype),
-            V: T.Tensor([B, S, H, DV], dtype),
-            beta: T.Tensor([B, S, H], ACCUM),
-            W: T.Tensor([B, S, H, DK], dtype),
-            U: T.Tensor([B, S, H, DV], dtype),
-        ):
-            with T.Kernel(T.ceildiv(S, C), H, B, threads=threads) as (c, bh, bb):
-                body(K, V, beta, W, U, None, c, bb, bh)
+    @T.prim_func
+    def main(
+        K: T.Tensor([B, S, H, DK], dtype),
+        V: T.Tensor([B, S, H, DV], dtype),
+        beta: T.Tensor([B, S, H], ACCUM),
+        W: T.Tensor([B, S, H, DK], dtype),
+        U: T.Tensor([B, S, H, DV], dtype),
+        Ainv: T.Tensor([B, S, H, C] if write_inverse else [1, 1, 1, 1], ACCUM),
+    ):
+        with T.Kernel(T.ceildiv(NC, chunks_per_block), H, B, threads=threads) as (cb, bh, bb):
+            K_s = T.alloc_shared([C, DK], dtype)
+            V_s = T.alloc_shared([C, DV], dtype)
+            W_s = T.alloc_shared([C, DK], dtype)
+            U_s = T.alloc_shared([C, DV], dtype)
+            beta_s = T.alloc_shared([C], ACCUM)
+            A_s = T.alloc_shared([C, C], ACCUM)
+            Tinv_s = T.alloc_shared([C, C], ACCUM)
+            KK = T.alloc_fragment([C, C], ACCUM)
+            x_col = T.alloc_local([block], ACCUM)
+            c0 = cb * chunks_per_block
+            for ci in T.Pipelined(T.min(chunks_per_block, NC - c0), num_stages=num_stages):
+                t0 = (c0 + ci) * C
+                L = T.min(C, S - t0)
+                T.copy(K[bb, t0:t0 + C, bh, :], K_s)
+                T.copy(V[bb, t0:t0 + C, bh, :], V_s)
+                for i in T.Parallel(C):                        # padding rows: b = 0
+                    beta_s[i] = T.if_then_else(i < L, beta[bb, t0 + T.min(i, L - 1), bh], 0.0)
+                T.gemm(K_s, K_s, KK, transpose_B=True, clear_accum=True)
+                for i, j in T.Parallel(C, C):
+                    A_s[i, j] = KK[i, j] * beta_s[i] * real(j < i)
+                if merge == "products" or write_inverse:    # they read the blocks above the diagonal
+                    T.clear(Tinv_s)
+                invert_diagonal_blocks_by_columns(A_s, Tinv_s, x_col, C, block)
+                if merge == "products":
+                    merge_by_products(A_s, Tinv_s, C, block)
+                else:
+                    merge_by_substitution(A_s, Tinv_s, C, block)
+                if write_inverse:
+                    T.copy(Tinv_s, Ainv[bb, t0:t0 + C, bh, :])
+                wy_tail(Tinv_s, beta_s, K_s, V_s, C, block, W_s, U_s)
+                T.copy(W_s, W[bb, t0:t0 + C, bh, :])
+                T.copy(U_s, U[bb, t0:t0 + C, bh, :])
 
     return main
 # --8<-- [end:chunk_wy]

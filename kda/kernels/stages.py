@@ -137,11 +137,12 @@ def merge_by_substitution(A_s, Tinv_s, C, block):
 
 # --8<-- [start:wy_tail]
 @T.macro
-def wy_tail(Tinv_s, beta_s, K_s, V_s, C, block):
-    """The WY form's last step (levels 4 and 5): ``W = T diag(b) K`` into ``K_s`` and
-    ``U = T diag(b) V`` into ``V_s``, ``T = (I + A)^-1`` in ``Tinv_s`` (float32). Blocks above the
-    diagonal are read as zero (level 5's inverse by columns leaves them unwritten). The products
-    go back through shared memory, so that the caller stores whole rows."""
+def wy_tail(Tinv_s, beta_s, K_s, V_s, C, block, W_s=None, U_s=None):
+    """The WY form's last step (levels 4 and 5): ``W = T diag(b) K`` into ``W_s`` and
+    ``U = T diag(b) V`` into ``U_s`` (by default in place of ``K_s`` and ``V_s``; a pipelined loop
+    must not write its input buffers), ``T = (I + A)^-1`` in ``Tinv_s`` (float32). Blocks above the
+    diagonal are read as zero (the inverse by columns leaves them unwritten). The products go back
+    through shared memory, so that the caller stores whole rows."""
     Tb_s = T.alloc_shared([C, C], K_s.dtype)            # T diag(b), cast for the tensor cores
     W_f = T.alloc_fragment([C, K_s.shape[1]], ACCUM)
     U_f = T.alloc_fragment([C, V_s.shape[1]], ACCUM)
@@ -149,6 +150,6 @@ def wy_tail(Tinv_s, beta_s, K_s, V_s, C, block):
         Tb_s[i, j] = T.if_then_else(i // block >= j // block, Tinv_s[i, j] * beta_s[j], 0.0)
     T.gemm(Tb_s, K_s, W_f, clear_accum=True)
     T.gemm(Tb_s, V_s, U_f, clear_accum=True)
-    T.copy(W_f, K_s)
-    T.copy(U_f, V_s)
+    T.copy(W_f, K_s if W_s is None else W_s)
+    T.copy(U_f, V_s if U_s is None else U_s)
 # --8<-- [end:wy_tail]
