@@ -14,8 +14,10 @@ from kda.chunking import CHUNK_SIZE, ceildiv
 from kda.reference import level3 as ref3
 
 # The scalar pass's chunk slots and output warpgroups (kernels.level3.seq_in_loop_scalar): run 61 in
-# results/tuning measures 2 and 3 slots with one or two output warpgroups.
-SCALAR_PASS_CONFIG = {"slots": 2, "out_groups": 1}
+# results/tuning, pass at (1, 32768, 32, 128): 0.561 ms with 4 slots and two output warpgroups taking
+# alternate chunks, 0.566 with 2 slots, 0.693 before the split (one output group: 0.59 to 0.61, its
+# outputs wrong then through shared bytes aliased across warpgroups, see build.WARP_SPECIALISED).
+SCALAR_PASS_CONFIG = {"slots": 4, "out_groups": 2}
 
 
 def _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state, check=None):

@@ -95,3 +95,66 @@ def test_register_budget_bisection_matches_a_scan_from_the_top():
             break
         smallest = budget
     assert found["smallest_without_spills"] == smallest == 120
+
+
+def shared_regions(fn, pass_configs=None, **params):
+    """``{buffer: (first byte, end)}`` of a kernel's dynamic shared memory: the offsets from its
+    generated CUDA, the sizes from the buffers its program allocates."""
+    import re
+
+    import numpy as np
+    import tilelang  # noqa: F401  (puts tilelang's tvm on the path)
+    import tvm
+    from tvm import tirx
+
+    from kda.kernels.build import SM90A, compile_program
+
+    source = compile_program(fn, (), target=SM90A, pass_configs=pass_configs, **params).get_kernel_source()
+    offsets = {name: int(at) for name, at in re.findall(r"void\* (\w+) = \(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ (\d+)\)\)",
+                                                         source)}
+    sizes = {}
+
+    def visit(node):
+        for b in getattr(node, "alloc_buffers", ()):
+            if b.scope() == "shared.dyn":
+                sizes[b.name] = int(np.prod([int(x) for x in b.shape])) * tvm.DataType(str(b.dtype)).bits // 8
+
+    tirx.stmt_functor.post_order_visit(fn(**params).body, visit)
+    assert set(offsets) == set(sizes), (offsets, sizes)
+    return {name: (offsets[name], offsets[name] + sizes[name]) for name in offsets}
+
+
+def overlapping(regions):
+    spans = sorted((first, end, name) for name, (first, end) in regions.items())
+    return [(a[2], b[2]) for a, b in zip(spans, spans[1:]) if b[0] < a[1]]
+
+
+WARP_SPECIALISED = [
+    ("level3", "seq_in_loop_scalar", dict(DK=128, DV=128, dtype="bfloat16", slots=2, out_groups=1)),
+    ("level3", "seq_in_loop_scalar", dict(DK=128, DV=128, dtype="bfloat16", initial_state=True, final_state=True)),
+    ("level5", "gated_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16")),
+    ("level5", "gated_state_output_pass", dict(DK=128, DV=64, dtype="float16", varlen=True, initial_state=True,
+                                               final_state=True)),
+]
+
+
+@pytest.mark.parametrize("module,name,params", WARP_SPECIALISED,
+                         ids=[f"{m}.{n}-{i}" for i, (m, n, _) in enumerate(WARP_SPECIALISED)])
+def test_warp_specialised_kernels_give_each_shared_buffer_its_own_bytes(module, name, params):
+    """Warpgroups run their branches at the same time, so no two shared buffers may share bytes
+    (``build.WARP_SPECIALISED``)."""
+    import importlib
+
+    fn = getattr(importlib.import_module(f"kda.kernels.{module}"), name)
+    assert overlapping(shared_regions(fn, **params)) == []
+
+
+def test_shared_memory_reuse_aliases_buffers_across_warpgroups():
+    """Without ``build.WARP_SPECIALISED``, tilelang 0.1.15 puts the chain's weighted values and the
+    output's staging tile of level 3's scalar pass (one output warpgroup) at one address: run 61's
+    wrong outputs. The check above sees it."""
+    from kda.kernels import level3
+
+    regions = shared_regions(level3.seq_in_loop_scalar, {"tl.disable_shared_memory_reuse": False}, DK=128, DV=128,
+                             dtype="bfloat16", slots=2, out_groups=1)
+    assert ("O_s", "Vw_s") in overlapping(regions) or ("Vw_s", "O_s") in overlapping(regions)

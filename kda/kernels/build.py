@@ -45,15 +45,17 @@ def _compile(program_fn, target_key: tuple, out_idx: tuple, pass_configs: tuple,
     import tilelang
 
     program = program_fn(**dict(params))
+    configs = {**getattr(program_fn, "pass_configs", {}), **dict(pass_configs)}
     return tilelang.compile(program, out_idx=list(out_idx) or None, target=dict(target_key),
-                            pass_configs=dict(pass_configs) or None,
+                            pass_configs=configs or None,
                             compile_flags=list(getattr(program_fn, "compile_flags", ())) or None)
 
 
 def compile_program(program_fn, out_idx, target: dict | None = None, pass_configs: dict | None = None,
                     **params):
     """Compile ``program_fn(**params)`` once per process for ``target`` (default: the GPU's), with
-    the nvcc flags the factory names in its attribute ``compile_flags``, if it has one."""
+    the nvcc flags the factory names in its attribute ``compile_flags`` and the tilelang pass
+    configs of its attribute ``pass_configs`` (those given here win), if it has them."""
     target_key = _key(device_target() if target is None else target)
     return _compile(program_fn, target_key, tuple(out_idx), tuple(sorted((pass_configs or {}).items())),
                     tuple(sorted(params.items())))
@@ -61,6 +63,16 @@ def compile_program(program_fn, out_idx, target: dict | None = None, pass_config
 
 _PTXAS_USED = re.compile(r"Used (\d+) registers")
 _PTXAS_SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+# --8<-- [start:warp_specialised]
+# For kernels warp-specialised by hand: tilelang plans shared memory by the order of the statements,
+# so a buffer used only in one warpgroup's branch and one used only in a later branch look disjoint
+# in time and may share bytes, while the branches run at the same time. Run 61 in results/tuning
+# found level 3's scalar pass giving wrong outputs that way (the chain's weighted V and the output's
+# staging tile at one address). Each buffer gets bytes of its own with this.
+WARP_SPECIALISED = {"tl.disable_shared_memory_reuse": True}
+# --8<-- [end:warp_specialised]
 
 
 def ptxas_report(kernel, arch: str = "sm_90a") -> dict:

@@ -22,6 +22,7 @@ Mirrors ``kda.reference.level3`` (``prepare`` and ``kernel_mimic``).
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
 import tilelang.language as T
 
+from kda.kernels.build import WARP_SPECIALISED
 from kda.kernels.stages import ACCUM, decay_factor, load_state, log2_cumsum_by_columns, state_shape, store_state
 
 
@@ -53,7 +54,7 @@ def chunk_cumsum(D, chunk_size=64, gate_dtype="float32", threads=128):
 
 
 # --8<-- [start:seq_in_loop_scalar]
-def seq_in_loop_scalar(DK, DV, chunk_size=64, block_dv=32, slots=2, out_groups=1, dtype="bfloat16",
+def seq_in_loop_scalar(DK, DV, chunk_size=64, block_dv=32, slots=4, out_groups=2, dtype="bfloat16",
                        initial_state=False, final_state=False):
     """Scalar gate. Arguments at run time: ``Q, K, V, G [B, H, T_pad]`` (``chunk_cumsum``),
     ``scale, h0``, then ``O, ht`` (the state flags as in level 1). Level 2's three weight places with
@@ -174,6 +175,10 @@ def seq_in_loop_scalar(DK, DV, chunk_size=64, block_dv=32, slots=2, out_groups=1
                 load_chunks(Q, K, V, G, Q_s, K_s, V_s, G_s, data_ready, data_free, bb, bh, dv0)
 
     return main
+
+
+# Warpgroups run their branches at once: no two shared buffers may share bytes (build.WARP_SPECIALISED).
+seq_in_loop_scalar.pass_configs = WARP_SPECIALISED
 # --8<-- [end:seq_in_loop_scalar]
 
 

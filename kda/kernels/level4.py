@@ -62,8 +62,10 @@ def chunk_wy(DK, DV, chunk_size=64, block=16, dtype="bfloat16", threads=128, mer
     (tensor cores, tf32; slower on the H200, see the level-4 chapter).
 
     A block walks ``chunks_per_block`` chunks of one head in a pipelined loop, so that the next
-    chunk's loads are in flight while a chunk is solved (run 62 in ``results/tuning``); ``W`` and
-    ``U`` go out through buffers of their own, since the loop hands its input buffers back."""
+    chunk's loads are in flight while a chunk is solved; ``W`` and ``U`` go out through buffers of
+    their own, since the loop hands its input buffers back. Run 62 in ``results/tuning``, at
+    (1, 32768, 32, 128): 0.760 ms against 0.928 for one chunk per block (4 and 16 chunks per block
+    time alike, measured with the right-looking solve)."""
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     C = chunk_size
     NC = T.ceildiv(S, C)

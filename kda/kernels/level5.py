@@ -25,6 +25,7 @@ Mirrors ``kda.reference.level5``.
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
 import tilelang.language as T
 
+from kda.kernels.build import WARP_SPECIALISED
 from kda.kernels.stages import (ACCUM, DIAGONAL_SPAN_MAX, decay_factor, invert_diagonal_blocks_by_columns,
                                 load_state, log2_cumsum_by_columns, merge_by_substitution, real, state_shape,
                                 store_state, tf32_nearest, wy_tail)
@@ -579,4 +580,8 @@ def gated_state_output_pass(DK, DV, chunk_size=64, block_dv=32, dtype="bfloat16"
                 body(Qw, Kw, W, U, A_qk, decay, h0, O, ht, bv, bh, lane, lane, 1, lambda n: (0, S, 0, NC))
 
     return main
+
+
+# Warpgroups run their branches at once: no two shared buffers may share bytes (build.WARP_SPECIALISED).
+gated_state_output_pass.pass_configs = WARP_SPECIALISED
 # --8<-- [end:gated_state_output_pass]

@@ -1,7 +1,7 @@
 # snippet: cpu
 """Registers and spills of the level-3 kernels, compiled for sm_90a (DK = DV = 128, C = 64,
-bf16 inputs, float32 gates). Warp-specialised kernels launch 256 threads: 128 TMA producers and
-128 consumers."""
+bf16 inputs, float32 gates). The per-channel pass is warp-specialised by tilelang (128 TMA
+producers, 128 consumers); the scalar pass by hand (512 threads, no register limit)."""
 import re
 
 import tilelang
