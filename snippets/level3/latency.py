@@ -69,7 +69,7 @@ Qw, Kw = torch.empty_like(q), torch.empty_like(k)
 decay = torch.empty(B, H, NC, D, device="cuda")
 A = torch.empty(B, T, H, C, dtype=q.dtype, device="cuda")
 flags = torch.zeros(2, dtype=torch.int32, device="cuda")
-rows, beta_rows = torch.empty(1, 1, 1, 1, dtype=q.dtype, device="cuda"), torch.empty(1, 1, 1, device="cuda")
+v_rows, beta_rows = torch.empty(1, 1, 1, 1, dtype=q.dtype, device="cuda"), torch.empty(1, 1, 1, device="cuda")
 no_chunks = torch.empty(1, 1, dtype=torch.int32, device="cuda")   # chunk_intra's stand-ins without the delta rule
 no_state = torch.empty(1, 1, 1, 1, device="cuda")   # the passes' h0 and ht, compiled without states
 g_steep = g_channel * 30          # logsigmoid * 30: some sub-chunk of most chunks falls by > 96 (log2)
@@ -80,9 +80,9 @@ for form, name, what, fn in [
     ("scalar", "seq_in_loop_scalar", "the fused pass over the chunks",
      lambda: scalar_pass(q, k, v, G, SCALE, no_state, o, no_state)),
     ("per channel", "chunk_intra(delta=False)", "cumsum and range check, Qw, Kw, decay, A (bf16 diagonal blocks)",
-     lambda: intra(q, k, rows, g_channel, beta_rows, SCALE, Qw, Kw, decay, A, rows, rows, flags, no_chunks)),
+     lambda: intra(q, k, v_rows, g_channel, beta_rows, SCALE, Qw, Kw, decay, A, v_rows, v_rows, flags, no_chunks)),
     ("per channel", "chunk_intra(delta=False), steep gates", "the same with logsigmoid * 30 (pairwise diagonal)",
-     lambda: intra(q, k, rows, g_steep, beta_rows, SCALE, Qw, Kw, decay, A, rows, rows, flags, no_chunks)),
+     lambda: intra(q, k, v_rows, g_steep, beta_rows, SCALE, Qw, Kw, decay, A, v_rows, v_rows, flags, no_chunks)),
     ("per channel", "seq_in_loop_per_channel", "the pass over the chunks: Qw S + A V, state update",
      lambda: channel_pass(Qw, Kw, A, decay, v, no_state, o, no_state)),
 ]:
