@@ -186,10 +186,10 @@ def _compressed_size(entry: Path, cache: Path) -> int:
     return buffer.tell()
 
 
-def pack_caches(out_dir: Path, max_bytes: int = 24 * 2**20) -> list[Path]:
+def pack_caches(out_dir: Path, max_bytes: int = 22 * 2**20) -> list[Path]:
     """The autotune choices (``pack_choices``) and the newest kernels of the tilelang cache that
-    fit in ``max_bytes`` in all (what fits beside the 38 MB offline bundle in a call's 64 MiB
-    carry), the latter as ``caches.tgz.partNN`` files under the size limit of a returned file.
+    fit in ``max_bytes`` in all (what fits beside the 38 MB offline bundle and the working tree in
+    a call's 64 MiB carry), the latter as ``caches.tgz.partNN`` files under the size limit of a returned file.
     Returns the files written. Kernels are left out whole, newest kept: half an archive would
     not be read (a cut archive loses its end)."""
     out_dir = Path(out_dir)
