@@ -436,9 +436,9 @@ def gated_state_output_pass(DK, DV, chunk_size=64, block_dv=32, dtype="bfloat16"
     sequences ``cu_seqlens [N + 1]``, ``chunk_offsets [N + 1]`` and ``seq_groups [NG + 1]`` (int32,
     ``chunk_table``; dense, ``[1]`` stand-ins). With ``varlen`` (packed sequences, ``B = 1``) ``h0``
     and ``ht`` are ``[N, H, DK, DV]``, ``decay`` is in the order of the chunk table, and the rows of a
-    sequence's last chunk past its end are masked. Without ``initial_state`` the state starts at zero and ``h0`` is a stand-in of
-    shape ``[1, 1, 1, 1]`` that is never read; without ``final_state`` no state is written and
-    ``ht`` is such a stand-in.
+    sequence's last chunk past its end are masked. Without ``initial_state`` the state starts at
+    zero and ``h0`` is a stand-in of shape ``[1, 1, 1, 1]`` that is never read; without
+    ``final_state`` no state is written and ``ht`` is such a stand-in.
 
     Warp-specialised by hand. Warpgroup 0 carries the state's chain (S to shared memory, W S,
     V_new = U - W S, S <- diag(decay) S + Kw^T V_new), warpgroup 1 the output beside it
