@@ -215,6 +215,14 @@ def run_state_pass(form: ChunkForm, h0, table=None, output_final_state=True):
     starts from without reading any); returns ``o`` and the float32 final state (``None`` without
     ``output_final_state``: none is written). With the ``table`` of packed sequences, one state per
     sequence: ``h0`` and the final state are ``[N, H, DK, DV]``."""
+    launch, o, ht = state_pass_launch(form, h0, table, output_final_state)
+    launch()
+    return o, ht
+
+
+def state_pass_launch(form: ChunkForm, h0, table=None, output_final_state=True):
+    """``run_state_pass`` up to its launch: the compiled pass with its arguments and outputs ready,
+    as ``(launch, o, final state or None)``; nothing runs until ``launch()``."""
     from kda.kernels import level5
     from kda.kernels.build import compile_program, sm_count
 
@@ -232,19 +240,28 @@ def run_state_pass(form: ChunkForm, h0, table=None, output_final_state=True):
         o = ops.new_output((B, T, H, DV), form.U.dtype, device)
         tables = [table.cu_seqlens, table.chunk_offsets, table.seq_groups] if table is not None else \
             [ops.stand_in(1, torch.int32, device)] * 3
-        state_pass(*form, h0, o, ht, *tables)
-    return o, (ht if output_final_state else None)
+    args = (*form, h0, o, ht, *tables)
+
+    def launch():
+        with torch.cuda.device(device):
+            state_pass(*args)
+
+    return launch, o, (ht if output_final_state else None)
 
 
 def _run_kernels(q, k, v, g, beta, scale, h0, flags=None, table=None, output_final_state=True, check=None):
     """One batch ``[B, T, H, *]`` (or the packed sequences of ``table``) through the level-5
     pipeline; returns ``o`` and the float32 final states (``None`` without ``output_final_state``).
     ``check(flags)`` runs between the two kernels: the read-back of the value flags waits for the first
-    only, and the state pass then runs while the caller's next work does."""
+    only, and the state pass then runs while the caller's next work does. The pass is made ready
+    before the read-back, so that only its launch follows it: the GPU idles for that alone (run 64
+    in results/tuning: 0.038 ms less per checked call of GDN at (1, 32768, 32, 128))."""
     form = prepare_chunks(q, k, v, g, beta, scale, flags, table)
+    launch, o, ht = state_pass_launch(form, h0, table, output_final_state)
     if check is not None:
         check(flags)
-    return run_state_pass(form, h0, table, output_final_state)
+    launch()
+    return o, ht
 # --8<-- [end:run_kernels]
 
 

@@ -187,16 +187,18 @@ def test_host_copy_of_cu_seqlens():
 def test_the_value_flags_are_read_between_the_two_kernels(monkeypatch):
     """``_run_kernels`` runs ``check`` (the flags' read-back) after ``chunk_intra`` and before the
     state pass: the host waits for the first kernel only, and a bad value stops the call before the
-    pass is launched."""
+    pass is launched. The pass is made ready (compiled, its outputs allocated) before the read-back,
+    so that only its launch follows it."""
     from kda import gated_delta
 
     calls = []
     monkeypatch.setattr(gated_delta, "prepare_chunks", lambda *args: calls.append("chunk_intra") or "form")
-    monkeypatch.setattr(gated_delta, "run_state_pass", lambda form, *args: calls.append(f"pass({form})") or ("o", None))
+    monkeypatch.setattr(gated_delta, "state_pass_launch", lambda form, *args: calls.append(f"ready({form})")
+                        or ((lambda: calls.append("launch")), "o", None))
     args = (None,) * 7
 
     assert gated_delta._run_kernels(*args, check=lambda flags: calls.append("read-back")) == ("o", None)
-    assert calls == ["chunk_intra", "read-back", "pass(form)"]
+    assert calls == ["chunk_intra", "ready(form)", "read-back", "launch"]
 
     def bad_values(flags):
         raise ValueError("g must be <= 0")
@@ -204,7 +206,7 @@ def test_the_value_flags_are_read_between_the_two_kernels(monkeypatch):
     calls.clear()
     with pytest.raises(ValueError, match="g must be"):
         gated_delta._run_kernels(*args, check=bad_values)
-    assert calls == ["chunk_intra"]
+    assert calls == ["chunk_intra", "ready(form)"]
 
 
 def test_the_value_checks_read_both_ranges_back_at_once(monkeypatch):
