@@ -3,7 +3,8 @@
 uniform in [0, 1], float32 gates logsigmoid(x), a float32 state per sequence read and written
 back; batch 1, 64 and 512. kda (checked and unchecked) against fla's fused_recurrent_kda and
 fused_recurrent_gated_delta_rule on the same inputs in one process, and the floor: the states
-read and written once plus q, k, v, g, beta and o."""
+read and written once plus q, k, v, g, beta and o. Then both captured in CUDA graphs and replayed,
+as a server runs a decode step: the GPU's time alone, without the host's launch path."""
 import torch
 
 from kda import fused_recurrent_gated_delta_rule, fused_recurrent_kda, ledger
@@ -20,6 +21,25 @@ SCALE = D ** -0.5
 table = Table(["op", "batch", "kda (ms)", "kda, check_values=False (ms)", "fla (ms)", "fla / kda unchecked",
                "floor (ms)", "kda unchecked at % of floor", "rel L2 kda vs fla"],
               formats=[None, None, "{:.4f}", "{:.4f}", "{:.4f}", "{:.2f}x", "{:.4f}", "{:.0%}", sci])
+graphs = Table(["op", "batch", "kda in a graph (ms)", "fla in a graph (ms)", "fla / kda", "floor (ms)",
+                "kda at % of floor"], formats=[None, None, "{:.4f}", "{:.4f}", "{:.2f}x", "{:.4f}", "{:.0%}"])
+failed = []
+
+
+def graph_ms(fn):
+    """``fn`` captured in a CUDA graph (after a warm-up on a side stream, as torch asks), then the
+    median time of a replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return median_ms(graph.replay)
+
+
 rows = []
 for op in ("KDA", "GDN"):
     for B in (1, 64, 512):
@@ -46,8 +66,22 @@ for op in ("KDA", "GDN"):
         table.rows.append([op, B, ms["kda"], ms["kda, check_values=False"], ms["fla"],
                            ms["fla"] / ms["kda, check_values=False"], floor, floor / ms["kda, check_values=False"],
                            agreement])
-        rows.append({"op": op, "B": B, "T": 1, "H": H, "DK": D, "DV": D, "ms": ms, "floor": floor})
+        replayed = {}
+        for name, fn in (("kda", lambda: ours(False)), ("fla", peer)):
+            try:
+                replayed[name] = graph_ms(fn)
+            except Exception as e:  # noqa: BLE001  (a peer that cannot be captured is reported, not hidden)
+                replayed[name] = float("nan")
+                failed.append(f"{op}, batch {B}, {name}: {str(e).splitlines()[0][:160]}")
+        graphs.rows.append([op, B, replayed["kda"], replayed["fla"], replayed["fla"] / replayed["kda"], floor,
+                            floor / replayed["kda"]])
+        rows.append({"op": op, "B": B, "T": 1, "H": H, "DK": D, "DV": D, "ms": ms, "floor": floor,
+                     "graph_ms": replayed})
 print(table)
 print("\nThe floor counts the float32 states read and written once (2 B H K V 4 bytes), q, k, v, o in "
       "bf16 and g, beta in float32, at 4.3 TB/s.")
+print("\nThe same steps captured in CUDA graphs and replayed (kda unchecked: a graph cannot read values back):\n")
+print(graphs)
+for line in failed:
+    print(f"\nCapture failed: {line}")
 save_data({"rows": rows})
