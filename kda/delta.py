@@ -12,8 +12,11 @@ from kda import ops, validate
 from kda.chunking import CHUNK_SIZE
 from kda.reference import level4 as ref4
 
-def _run_kernels(q, k, v, beta, scale, h0, output_final_state):
-    """``chunk_wy`` (all chunks at once), then ``state_output_pass`` (sequential, fused output)."""
+def _run_kernels(q, k, v, beta, scale, h0, output_final_state, check_values=True):
+    """``chunk_wy`` (all chunks at once, checking ``beta`` as it reads it), then
+    ``state_output_pass`` (sequential, fused output). With ``check_values`` the flag of ``chunk_wy``
+    is read back between the two kernels, the pass made ready before, so that only its launch
+    waits for the read-back (as in level 5, run 64 in results/tuning)."""
     from kda.kernels import level4 as kernels
     from kda.kernels.build import compile_program
 
@@ -28,9 +31,12 @@ def _run_kernels(q, k, v, beta, scale, h0, output_final_state):
         fused = compile_program(kernels.state_output_pass, (), DK=DK, DV=DV, chunk_size=C, dtype=dtype,
                                 initial_state=h0 is not None, final_state=output_final_state)
         W, U = ops.new_output(k.shape, k.dtype, k.device), ops.new_output(v.shape, v.dtype, v.device)
-        wy(k, v, beta, W, U, ops.stand_in(4, torch.float32, q.device))   # no inverse written
+        flags = torch.zeros(2, dtype=torch.int32, device=q.device)
+        wy(k, v, beta, W, U, ops.stand_in(4, torch.float32, q.device), flags)   # no inverse written
         h0, ht = ops.state_arguments(h0, output_final_state, B, H, DK, DV, q.device)
         o = ops.new_output((B, T, H, DV), q.dtype, q.device)
+        if check_values:
+            validate.raise_flagged_values(flags, None, beta)
         fused(q, k, W, U, scale, h0, o, ht)
     return o, (ht if output_final_state else None)
 
@@ -45,7 +51,9 @@ def delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state
         use_qk_l2norm: L2-normalize ``q`` and ``k`` over the head dimension first (fla's
             ``use_qk_l2norm_in_kernel``); with unit keys and ``b <= 1`` every step is a
             contraction, which is what keeps the state bounded.
-        check_values: check the values of ``beta`` (one read-back from the GPU).
+        check_values: check that every ``beta`` is in ``[0, 1]``. On CUDA the first kernel checks
+            them as it reads them and the host reads one flag back between the two kernels (a wait
+            for the first); ``False`` skips the read-back.
         q, k, v, scale, initial_state, output_final_state: as in ``kda.linear_attention``.
 
     Returns:
@@ -53,13 +61,14 @@ def delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state
         Same function as fla's ``chunk_delta_rule``.
     """
     B, T, H, DK, DV = validate.check_qkv(q, k, v)
-    validate.check_beta(beta, B, T, H, q.device, check_values=check_values)
+    on_cuda = validate.runs_kernels(q.device)                  # where the first kernel checks the values
+    validate.check_beta(beta, B, T, H, q.device, check_values=check_values and not on_cuda)
     scale = validate.check_scale(scale, DK)
     h0 = validate.check_initial_state(initial_state, B, H, DK, DV, q.device)
     if use_qk_l2norm:
         q, k = (ref4.l2_normalize(x.float()).to(x.dtype) for x in (q, k))
-    if validate.runs_kernels(q.device):
-        o, final = _run_kernels(q, k, v, beta, scale, h0, output_final_state)
+    if on_cuda:
+        o, final = _run_kernels(q, k, v, beta, scale, h0, output_final_state, check_values)
     else:
         o, final = ref4.chunked(q.double() * scale, k, v, beta, CHUNK_SIZE, h0, output_final_state)
         o, final = o.to(q.dtype), (final.float() if final is not None else None)

@@ -177,8 +177,9 @@ def raise_flagged_gates(g) -> None:
 
 
 def raise_flagged_values(flags, g, beta=None) -> None:
-    """After ``chunk_intra``: the errors of the full value checks if it flagged a gate (``flags[0]``)
-    or a ``beta`` (``flags[1]``; never without one) out of range. One read-back of the flags."""
+    """After a first kernel that checks values (``chunk_cumsum``, ``chunk_intra``, ``chunk_wy``): the
+    errors of the full value checks if it flagged a gate (``flags[0]``; ``g`` given) or a ``beta``
+    (``flags[1]``; ``beta`` given) out of range. One read-back of the flags."""
     bad_gate, bad_beta = flags.tolist()
     if bad_gate:
         raise_flagged_gates(g)

@@ -53,6 +53,19 @@ def kernel(name, **params):
     return compile_program(getattr(k4, name), (), chunk_size=64, **params)
 
 
+@pytest.mark.parametrize("value", [1.5, -0.1, float("nan")])
+def test_beta_out_of_range_raises(value):
+    """chunk_wy checks beta as it reads it; delta_rule raises the full check's error, also for one
+    bad value in the tail chunk; without the check it computes, and a good input passes."""
+    q, k, v, beta, _ = inputs((1, 200, 2, 64, 64), torch.bfloat16, seed=3)
+    beta[0, 190, 1] = value
+    with pytest.raises(ValueError, match=r"beta must lie in \[0, 1\]"):
+        kda.delta_rule(q, k, v, beta)
+    kda.delta_rule(q, k, v, beta, check_values=False)      # no read-back, no error
+    beta[0, 190, 1] = 0.5
+    kda.delta_rule(q, k, v, beta)
+
+
 STAGE_SHAPES = [(2, 200, 3, 64, 128), (1, 1000, 2, 128, 64)]
 
 
@@ -64,7 +77,9 @@ def test_wy_stage_and_solve(shape, merge):
     B, T, H, DK, DV = shape
     _, k, v, beta, _ = inputs(shape, torch.bfloat16, seed=5)
     W, U, Ainv = nan_like((B, T, H, DK), k.dtype), nan_like((B, T, H, DV), k.dtype), nan_like((B, T, H, 64))
-    kernel("chunk_wy", DK=DK, DV=DV, dtype="bfloat16", merge=merge, write_inverse=True)(k, v, beta, W, U, Ainv)
+    flags = torch.zeros(2, dtype=torch.int32, device="cuda")
+    kernel("chunk_wy", DK=DK, DV=DV, dtype="bfloat16", merge=merge, write_inverse=True)(k, v, beta, W, U, Ainv, flags)
+    assert flags.tolist() == [0, 0], "beta in [0, 1] flagged"
     Kc, Vc = to_chunks(k.double(), 64), to_chunks(v.double(), 64)
     bc = to_chunks(beta.double()[..., None], 64)[..., 0]
     A = ref4.scaled_kkt(Kc, bc)
@@ -86,7 +101,8 @@ def test_state_output_stages(shape, dtype):
     q, k, v, beta, h0 = inputs(shape, dtype, seed=7)
     name = "float16" if dtype == torch.float16 else "bfloat16"
     W, U = torch.empty_like(k), torch.empty_like(v)
-    kernel("chunk_wy", DK=DK, DV=DV, dtype=name)(k, v, beta, W, U, torch.empty(1, 1, 1, 1, device="cuda"))
+    kernel("chunk_wy", DK=DK, DV=DV, dtype=name)(k, v, beta, W, U, torch.empty(1, 1, 1, 1, device="cuda"),
+                                                 torch.zeros(2, dtype=torch.int32, device="cuda"))
     Qc, Kc, Wc, Uc = (to_chunks(x.double(), 64) for x in (q * DK ** -0.5, k, W, U))
     snapshots, v_new, final = ref4.state_pass(Kc, Wc, Uc, h0.double())
     o_ref = from_chunks(ref4.chunk_output(Qc, Kc, snapshots, v_new), T)

@@ -17,8 +17,8 @@
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
 import tilelang.language as T
 
-from kda.kernels.stages import (ACCUM, invert_diagonal_blocks_by_columns, load_state, merge_by_substitution, real,
-                                state_shape, store_state, tf32_nearest, wy_tail)
+from kda.kernels.stages import (ACCUM, invert_diagonal_blocks_by_columns, load_beta_checked, load_state,
+                                merge_by_substitution, real, state_shape, store_state, tf32_nearest, wy_tail)
 
 
 # --8<-- [start:merge_by_products]
@@ -56,9 +56,10 @@ def merge_by_products(A_s, Tinv_s, C, block):
 def chunk_wy(DK, DV, chunk_size=64, block=16, dtype="bfloat16", threads=128, merge="substitution",
              write_inverse=False, chunks_per_block=8, num_stages=2):
     """Arguments at run time: ``K [B, T, H, DK]``, ``V [B, T, H, DV]``, ``beta [B, T, H]``
-    (float32), then the outputs ``W [B, T, H, DK]``, ``U [B, T, H, DV]`` (dtype) and ``Ainv
+    (float32), then the outputs ``W [B, T, H, DK]``, ``U [B, T, H, DV]`` (dtype), ``Ainv
     [B, T, H, C]`` (float32, to check the solve alone; a ``[1, 1, 1, 1]`` stand-in without
-    ``write_inverse``). ``merge``: ``"substitution"`` (CUDA cores, float32) or ``"products"``
+    ``write_inverse``) and ``flags [2]`` (int32, zeroed by the caller): ``flags[1] = 1`` if a ``b``
+    is outside ``[0, 1]`` (``flags[0]``, the gates' flag of levels 3 and 5, stays 0). ``merge``: ``"substitution"`` (CUDA cores, float32) or ``"products"``
     (tensor cores, tf32; slower on the H200, see the level-4 chapter).
 
     A block walks ``chunks_per_block`` chunks of one head in a pipelined loop, so that the next
@@ -79,6 +80,7 @@ def chunk_wy(DK, DV, chunk_size=64, block=16, dtype="bfloat16", threads=128, mer
         W: T.Tensor([B, S, H, DK], dtype),
         U: T.Tensor([B, S, H, DV], dtype),
         Ainv: T.Tensor([B, S, H, C] if write_inverse else [1, 1, 1, 1], ACCUM),
+        flags: T.Tensor([2], "int32"),
     ):
         with T.Kernel(T.ceildiv(NC, chunks_per_block), H, B, threads=threads) as (cb, bh, bb):
             K_s = T.alloc_shared([C, DK], dtype)
@@ -96,8 +98,7 @@ def chunk_wy(DK, DV, chunk_size=64, block=16, dtype="bfloat16", threads=128, mer
                 L = T.min(C, S - t0)
                 T.copy(K[bb, t0:t0 + C, bh, :], K_s)
                 T.copy(V[bb, t0:t0 + C, bh, :], V_s)
-                for i in T.Parallel(C):                        # padding rows: b = 0
-                    beta_s[i] = T.if_then_else(i < L, beta[bb, t0 + T.min(i, L - 1), bh], 0.0)
+                load_beta_checked(beta, beta_s, flags, t0, L, C, bb, bh)
                 T.gemm(K_s, K_s, KK, transpose_B=True, clear_accum=True)
                 for i, j in T.Parallel(C, C):
                     A_s[i, j] = KK[i, j] * beta_s[i] * real(j < i)

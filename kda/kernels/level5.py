@@ -27,8 +27,8 @@ import tilelang.language as T
 
 from kda.kernels.build import WARP_SPECIALISED
 from kda.kernels.stages import (ACCUM, DIAGONAL_SPAN_MAX, decay_factor, invert_diagonal_blocks_by_columns,
-                                load_state, log2_cumsum_by_columns, merge_by_substitution, real, state_shape,
-                                store_state, tf32_nearest, wy_tail)
+                                load_beta_checked, load_state, log2_cumsum_by_columns, merge_by_substitution, real,
+                                state_shape, store_state, tf32_nearest, wy_tail)
 
 SOLVE_BLOCK = 16        # the solve's diagonal blocks (level 4), whatever the scores' sub-chunk
 # Rows per score sub-chunk. Where a chunk's gate falls by at most 2^96 over each 32-row half, one
@@ -236,16 +236,6 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
         T.gemm(Lft_s, Rgt_s, A, transpose_B=True, clear_accum=True)
 
     @T.macro
-    def load_beta(beta, beta_s, flags, t0, L, bb, bh):
-        """``beta_s`` = the chunk's ``b`` (0 on padding rows); ``flags[1] = 1`` if one is outside [0, 1]."""
-        for i in T.Parallel(C):
-            b = beta[bb, t0 + T.min(i, L - 1), bh]
-            beta_s[i] = T.if_then_else(i < L, b, 0.0)
-            if i < L:
-                if real(b >= 0.0) * real(b <= 1.0) == 0.0:       # NaN fails both
-                    flags[1] = 1
-
-    @T.macro
     def scores_scalar_gate(Qw, Kw, scale, Lft_s, K_s, G_s, Rgt_s, A, Aqk_s, A_s, beta_s, t0, L, bb, bh):
         """One gate per head (``Lft_s`` holds q in its first rows): ``A = [q; k] k^T`` from the raw
         inputs in one GEMM, then ``A_qk`` and ``A_kk`` times the decay ``2^(G_i - G_j)`` (``<= 1`` on
@@ -300,7 +290,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             beta_s = T.alloc_shared([C], ACCUM)
             A_s = T.alloc_shared([C, C], ACCUM)                 # A_kk times b, float32
         if scalar_gate:
-            load_beta(beta, beta_s, flags, t0, L, bb, bh)
+            load_beta_checked(beta, beta_s, flags, t0, L, C, bb, bh)
             scores_scalar_gate(Qw, Kw, scale, Lft_s, K_s, G_s, Rgt_s, A, Aqk_s, A_s, beta_s, t0, L, bb, bh)
         else:
             # Ke = k 2^(G_end - G), float32; in place of G for bf16 (fp16 needs G again for tf32)
@@ -336,7 +326,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             for i, j in T.Parallel(C, C):
                 Aqk_s[i, j] = T.if_then_else(j <= i, A[i, j] * scale, 0.0)
             if delta:
-                load_beta(beta, beta_s, flags, t0, L, bb, bh)
+                load_beta_checked(beta, beta_s, flags, t0, L, C, bb, bh)
                 for i, j in T.Parallel(C, C):
                     A_s[i, j] = T.if_then_else(j < i, A[C + i, j] * beta_s[i], 0.0)
 

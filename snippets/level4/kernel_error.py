@@ -44,7 +44,7 @@ for merge, arithmetic in [("substitution", "float32, CUDA cores"), ("products", 
     W, U = torch.empty_like(k), torch.empty_like(v)
     Ainv = torch.full((1, 4096, 8, 64), float("nan"), device="cuda")
     compile_program(kernels.chunk_wy, (), DK=128, DV=128, chunk_size=64, dtype="bfloat16", merge=merge,
-                    write_inverse=True)(k, v, beta, W, U, Ainv)
+                    write_inverse=True)(k, v, beta, W, U, Ainv, torch.zeros(2, dtype=torch.int32, device="cuda"))
     got = to_chunks(Ainv.double(), 64)
     solve.rows.append([merge, arithmetic, rel_l2(got, exact), (got - exact).abs().max().item()])
 print("\nThe solve alone (512 chunks of 64, bf16 unit keys, b in [0, 1]) against float64 solve_triangular:\n")

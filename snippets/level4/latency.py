@@ -6,7 +6,6 @@ import torch
 
 from kda import ledger
 from kda.bench import median_ms, random_qkv
-from kda import validate
 from kda.delta import delta_rule
 from kda.kernels import level4 as kernels
 from kda.kernels.build import compile_program
@@ -41,6 +40,7 @@ NC = T // C
 build = lambda fn, **kw: compile_program(fn, (), DK=D, DV=D, chunk_size=C, dtype="bfloat16", **kw)
 wy, wy_products = build(kernels.chunk_wy), build(kernels.chunk_wy, merge="products")
 no_inverse = torch.empty(1, 1, 1, 1, device="cuda")       # Ainv's stand-in: the inverse is not written
+flags = torch.zeros(2, dtype=torch.int32, device="cuda")  # chunk_wy's check of beta
 fused = build(kernels.state_output_pass, initial_state=True, final_state=True)   # like state_pass: h0 in, ht out
 state, output = build(kernels.state_pass), build(kernels.chunk_output)
 beta32 = beta.float()
@@ -50,12 +50,10 @@ v_new, o = torch.empty_like(v), torch.empty_like(v)
 h0, ht = torch.zeros(B, H, D, D, device="cuda"), torch.empty(B, H, D, D, device="cuda")
 stages = Table(["stage", "what it does", "in kda.delta_rule", "ms"], formats=[None, None, None, "{:.3f}"])
 for name, what, used, fn in [
-    ("validate.check_beta", "min and max of beta, read back to the host", "yes",
-     lambda: validate.check_beta(beta, B, T, H, q.device)),
-    ("chunk_wy", "K K^T, the solve (CUDA-core merge), W and U; all chunks at once", "yes",
-     lambda: wy(k, v, beta32, W, U, no_inverse)),
+    ("chunk_wy", "the check of beta, K K^T, the solve (CUDA-core merge), W and U; all chunks at once", "yes",
+     lambda: wy(k, v, beta32, W, U, no_inverse, flags)),
     ("chunk_wy, merge='products'", "the same, blocks below the diagonal by 4 tf32 GEMMs", "no",
-     lambda: wy_products(k, v, beta32, W, U, no_inverse)),
+     lambda: wy_products(k, v, beta32, W, U, no_inverse, flags)),
     ("state_output_pass", "sequential: U - W S, the output, S += K^T (U - W S)", "yes",
      lambda: fused(q, k, W, U, SCALE, h0, o, ht)),
     ("state_pass", "split, sequential: snapshots h and U - W S to HBM", "no",
