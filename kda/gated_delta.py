@@ -17,6 +17,7 @@ head ``i // (HV / H)``.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -161,7 +162,13 @@ def seq_groups(chunk_offsets: torch.Tensor, window: int | None = None) -> torch.
 def chunk_table(bounds, device, chunk_size=CHUNK_SIZE) -> ChunkTable:
     """The chunk table of the packed sequences with boundaries ``bounds`` (a host list, as
     ``validate.check_cu_seqlens`` returns it): a sequence of ``n`` tokens has ``ceil(n / C)`` chunks, the
-    last one short; an empty sequence has none. Built on the host, copied to ``device`` once."""
+    last one short; an empty sequence has none. Built on the host and copied to ``device`` once per
+    boundaries: every layer of a model sees the same ones (the last few tables are kept)."""
+    return _chunk_table(tuple(bounds), torch.device(device), chunk_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _chunk_table(bounds: tuple, device: torch.device, chunk_size: int) -> ChunkTable:
     cu = torch.tensor(bounds, dtype=torch.int64)
     counts = ceildiv(cu[1:] - cu[:-1], chunk_size)
     offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import math
 import numbers
 
@@ -225,9 +226,30 @@ def check_cu_seqlens(cu_seqlens, B: int, T: int, cu_seqlens_cpu=None, read_value
                              f"{tuple(cu_seqlens.shape)}, got {cu_seqlens_cpu!r}")
     if not read_values:
         return None
-    bounds = (cu_seqlens if cu_seqlens_cpu is None else cu_seqlens_cpu).tolist()
+    bounds = read_bounds(cu_seqlens if cu_seqlens_cpu is None else cu_seqlens_cpu)
     if len(bounds) < 2 or bounds[0] != 0 or bounds[-1] != T:
         raise ValueError(f"cu_seqlens must start at 0 and end at T = {T}, got {bounds}")
     if any(b < a for a, b in zip(bounds, bounds[1:])):
         raise ValueError(f"cu_seqlens must be non-decreasing, got {bounds}")
+    return bounds
+
+
+# A model calls every layer with the same cu_seqlens tensor, and each read of a device tensor waits for
+# the GPU: the values are read once per tensor and version (an in-place change makes a new version).
+# The tensor is kept with its values, so that its id cannot name another tensor while it is here.
+_BOUNDS: collections.OrderedDict = collections.OrderedDict()
+_BOUNDS_KEPT = 8
+
+
+def read_bounds(cu_seqlens: torch.Tensor) -> list[int]:
+    """The values of ``cu_seqlens`` as Python ints, read back once per tensor and version."""
+    key = (id(cu_seqlens), cu_seqlens._version)
+    kept = _BOUNDS.get(key)
+    if kept is not None and kept[0] is cu_seqlens:
+        _BOUNDS.move_to_end(key)
+        return list(kept[1])
+    bounds = cu_seqlens.tolist()
+    _BOUNDS[key] = (cu_seqlens, tuple(bounds))
+    while len(_BOUNDS) > _BOUNDS_KEPT:
+        _BOUNDS.popitem(last=False)
     return bounds

@@ -227,3 +227,38 @@ def test_the_value_checks_read_both_ranges_back_at_once(monkeypatch):
     beta[0, 5, 0] = 1.5
     with pytest.raises(ValueError, match=r"beta must lie in \[0, 1\]"):
         gated_delta.check_inputs(q, k, v, -torch.rand_like(g), beta, None, None, None, True)
+
+
+def test_the_boundaries_are_read_once_per_tensor_and_version():
+    """``validate.read_bounds`` reads a ``cu_seqlens`` tensor's values once (each read of a device
+    tensor waits for the GPU, and every layer of a model gets the same tensor); an in-place change
+    is a new version and is read again, and another tensor with the same values has its own entry."""
+    from kda import validate
+
+    validate._BOUNDS.clear()
+    cu = torch.tensor([0, 5, 9])
+    assert validate.check_cu_seqlens(cu, 1, 9) == [0, 5, 9]
+    assert validate.check_cu_seqlens(cu, 1, 9) == [0, 5, 9] and len(validate._BOUNDS) == 1
+    cu[1] = 7                                               # in place: a new version
+    assert validate.check_cu_seqlens(cu, 1, 9) == [0, 7, 9]
+    with pytest.raises(ValueError, match="non-decreasing"):
+        cu[1] = 10
+        validate.check_cu_seqlens(cu, 1, 9)
+    other = torch.tensor([0, 7, 9])
+    assert validate.check_cu_seqlens(other, 1, 9) == [0, 7, 9]
+    assert sum(kept[0] is other for kept in validate._BOUNDS.values()) == 1
+    for n in range(20):                                     # a few tensors are kept, not all
+        validate.read_bounds(torch.tensor([0, n]))
+    assert len(validate._BOUNDS) == validate._BOUNDS_KEPT
+
+
+def test_the_chunk_table_is_built_once_per_boundaries():
+    """Equal boundaries give the same table (built and copied to the device once); others give
+    their own, with every chunk where it should be."""
+    from kda import gated_delta
+
+    first = gated_delta.chunk_table([0, 70, 70, 200], "cpu")
+    assert gated_delta.chunk_table([0, 70, 70, 200], "cpu") is first
+    assert first.chunks.tolist() == [[0, 64], [64, 6], [70, 64], [134, 64], [198, 2]]
+    assert first.chunk_offsets.tolist() == [0, 2, 2, 5]
+    assert gated_delta.chunk_table([0, 200], "cpu").chunks.tolist() == [[0, 64], [64, 64], [128, 64], [192, 8]]
