@@ -59,8 +59,9 @@ def chunk_wy(DK, DV, chunk_size=64, block=16, dtype="bfloat16", threads=128, mer
     (float32), then the outputs ``W [B, T, H, DK]``, ``U [B, T, H, DV]`` (dtype), ``Ainv
     [B, T, H, C]`` (float32, to check the solve alone; a ``[1, 1, 1, 1]`` stand-in without
     ``write_inverse``) and ``flags [2]`` (int32, zeroed by the caller): ``flags[1] = 1`` if a ``b``
-    is outside ``[0, 1]`` (``flags[0]``, the gates' flag of levels 3 and 5, stays 0). ``merge``: ``"substitution"`` (CUDA cores, float32) or ``"products"``
-    (tensor cores, tf32; slower on the H200, see the level-4 chapter).
+    is outside ``[0, 1]`` (``flags[0]``, the gates' flag of levels 3 and 5, stays 0). ``merge``:
+    ``"substitution"`` (CUDA cores, float32) or ``"products"`` (tensor cores, tf32; slower on the
+    H200, see the level-4 chapter).
 
     A block walks ``chunks_per_block`` chunks of one head in a pipelined loop, so that the next
     chunk's loads are in flight while a chunk is solved; ``W`` and ``U`` go out through buffers of
