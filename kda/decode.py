@@ -132,7 +132,8 @@ def _run_reference(q, k, v, g, beta, scale, h0, bounds, indices, output_final_st
 @functools.lru_cache(maxsize=32)
 def _zeros(shape: tuple, device: torch.device) -> torch.Tensor:
     """float32 zeros made once per shape and device, never written: the ``A_log`` and ``dt_bias``
-    the kernel takes where none are given (a fill kernel per decode step cost a launch each)."""
+    the kernel takes where none are given (a fill kernel per decode step cost a launch each), and
+    the ``[1, HV, DK, DV]`` state stand-ins of a kernel compiled without an initial or final state."""
     return torch.zeros(shape, dtype=torch.float32, device=device)
 
 
@@ -157,12 +158,12 @@ def _run_kernel(q, k, v, g, beta, scale, h0, cu_seqlens, indices, output_final_s
         GD = g.shape[-1]
         A_log = act.A_log if act.A_log is not None else _zeros((HV,), q.device)
         dt_bias = act.dt_bias if act.dt_bias is not None else _zeros((HV, GD), q.device)
-        stand_in = lambda: torch.empty(1, HV, DK, DV, dtype=torch.float32, device=q.device)
+        stand_in = _zeros((1, HV, DK, DV), q.device)      # never read or written by such a kernel
         if pooled:
             h0_arg = ht = h0
         else:
-            h0_arg = h0.to(torch.float32).contiguous() if h0 is not None else stand_in()
-            ht = ops.new_output((N, HV, DK, DV), torch.float32, q.device) if output_final_state else stand_in()
+            h0_arg = h0.to(torch.float32).contiguous() if h0 is not None else stand_in
+            ht = ops.new_output((N, HV, DK, DV), torch.float32, q.device) if output_final_state else stand_in
         o = ops.new_output(v.shape, v.dtype, q.device)
         no_table = ops.stand_in(1, torch.int32, q.device)  # for a table the launch form has not
         bounds = cu_seqlens.to(device=q.device, dtype=torch.int32) if cu_seqlens is not None else no_table

@@ -12,11 +12,11 @@ from kda import ops, validate
 from kda.chunking import CHUNK_SIZE
 from kda.reference import level4 as ref4
 
-def _run_kernels(q, k, v, beta, scale, h0, output_final_state, check_values=True):
-    """``chunk_wy`` (all chunks at once, checking ``beta`` as it reads it), then
-    ``state_output_pass`` (sequential, fused output). With ``check_values`` the flag of ``chunk_wy``
-    is read back between the two kernels, the pass made ready before, so that only its launch
-    waits for the read-back (as in level 5, run 64 in results/tuning)."""
+def _run_kernels(q, k, v, beta, scale, h0, output_final_state, check=None):
+    """``chunk_wy`` (all chunks at once, flagging a ``beta`` out of range as it reads it), then
+    ``state_output_pass`` (sequential, fused output). ``check(flags)`` runs between the two
+    kernels, the pass made ready before, so that only its launch waits for the read-back (as in
+    level 5, run 64 in results/tuning)."""
     from kda.kernels import level4 as kernels
     from kda.kernels.build import compile_program
 
@@ -35,8 +35,8 @@ def _run_kernels(q, k, v, beta, scale, h0, output_final_state, check_values=True
         wy(k, v, beta, W, U, ops.stand_in(4, torch.float32, q.device), flags)   # no inverse written
         h0, ht = ops.state_arguments(h0, output_final_state, B, H, DK, DV, q.device)
         o = ops.new_output((B, T, H, DV), q.dtype, q.device)
-        if check_values:
-            validate.raise_flagged_values(flags, None, beta)
+        if check is not None:
+            check(flags)
         fused(q, k, W, U, scale, h0, o, ht)
     return o, (ht if output_final_state else None)
 
@@ -68,7 +68,8 @@ def delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state
     if use_qk_l2norm:
         q, k = (ref4.l2_normalize(x.float()).to(x.dtype) for x in (q, k))
     if on_cuda:
-        o, final = _run_kernels(q, k, v, beta, scale, h0, output_final_state, check_values)
+        check = (lambda flags: validate.raise_flagged_values(flags, None, beta)) if check_values else None
+        o, final = _run_kernels(q, k, v, beta, scale, h0, output_final_state, check)
     else:
         o, final = ref4.chunked(q.double() * scale, k, v, beta, CHUNK_SIZE, h0, output_final_state)
         o, final = o.to(q.dtype), (final.float() if final is not None else None)

@@ -57,10 +57,10 @@ def _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state, c
             inputs = (Qw, Kw, A, decay, v)
             seq = compile_program(kernels.seq_in_loop_per_channel, (), **pass_config,
                                   num_stages=ops.KERNEL_CONFIG["num_stages"], threads=ops.KERNEL_CONFIG["threads"])
-        if check is not None:
-            check(flags)
         o = ops.new_output((B, T, H, DV), q.dtype, q.device)
         h0, ht = ops.state_arguments(h0, output_final_state, B, H, DK, DV, q.device)
+        if check is not None:                   # the pass is ready: only its launch waits for this
+            check(flags)
         seq(*inputs, h0, o, ht)
     return o, (ht if output_final_state else None)
 

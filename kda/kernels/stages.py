@@ -45,19 +45,6 @@ FLOAT32_MAX = 3.4028234663852886e38
 
 
 @T.macro
-def load_beta_checked(beta, beta_s, flags, t0, L, C, bb, bh):
-    """``beta_s`` = the chunk's ``b`` from ``beta [B, T, H]`` (0 on the padding rows past ``L``);
-    ``flags[1] = 1`` if one is outside ``[0, 1]``, so that the caller can raise the full check's
-    error after one read-back (levels 4 and 5)."""
-    for i in T.Parallel(C):
-        b = beta[bb, t0 + T.min(i, L - 1), bh]
-        beta_s[i] = T.if_then_else(i < L, b, 0.0)
-        if i < L:
-            if real(b >= 0.0) * real(b <= 1.0) == 0.0:       # NaN fails both
-                flags[1] = 1
-
-
-@T.macro
 def log2_cumsum_by_columns(g_s, G_s, L, C, D, flags):
     """``G_s = cumsum(g_s) / ln 2`` down the chunk, one thread per channel (the rows of a column
     are a running sum in a register; rows past the real length ``L`` count as 0). In place when
@@ -78,6 +65,19 @@ def log2_cumsum_by_columns(g_s, G_s, L, C, D, flags):
         if bad > 0.0:
             flags[0] = 1
 # --8<-- [end:log2_cumsum]
+
+
+@T.macro
+def load_beta_checked(beta, beta_s, flags, t0, L, C, bb, bh):
+    """``beta_s`` = the chunk's ``b`` from ``beta [B, T, H]`` (0 on the padding rows past ``L``);
+    ``flags[1] = 1`` if one is outside ``[0, 1]``, so that the caller can raise the full check's
+    error after one read-back (levels 4 and 5)."""
+    for i in T.Parallel(C):
+        b = beta[bb, t0 + T.min(i, L - 1), bh]
+        beta_s[i] = T.if_then_else(i < L, b, 0.0)
+        if i < L:
+            if real(b >= 0.0) * real(b <= 1.0) == 0.0:       # NaN fails both
+                flags[1] = 1
 
 
 # --8<-- [start:state_shape]
