@@ -14,9 +14,8 @@ from kda.reference import level4 as ref4
 
 def _run_kernels(q, k, v, beta, scale, h0, output_final_state, check=None):
     """``chunk_wy`` (all chunks at once, flagging a ``beta`` out of range as it reads it), then
-    ``state_output_pass`` (sequential, fused output). ``check(flags)`` runs between the two
-    kernels, the pass made ready before, so that only its launch waits for the read-back (as in
-    level 5, run 64 in results/tuning)."""
+    ``state_output_pass`` (sequential, fused output). ``check(flags)`` runs once the pass is
+    queued (``validate.launch_then_check``), as in levels 3 and 5."""
     from kda.kernels import level4 as kernels
     from kda.kernels.build import compile_program
 
@@ -35,9 +34,7 @@ def _run_kernels(q, k, v, beta, scale, h0, output_final_state, check=None):
         wy(k, v, beta, W, U, ops.stand_in(4, torch.float32, q.device), flags)   # no inverse written
         h0, ht = ops.state_arguments(h0, output_final_state, B, H, DK, DV, q.device)
         o = ops.new_output((B, T, H, DV), q.dtype, q.device)
-        if check is not None:
-            check(flags)
-        fused(q, k, W, U, scale, h0, o, ht)
+        validate.launch_then_check(flags, lambda: fused(q, k, W, U, scale, h0, o, ht), check)
     return o, (ht if output_final_state else None)
 
 
@@ -52,8 +49,8 @@ def delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state
             ``use_qk_l2norm_in_kernel``); with unit keys and ``b <= 1`` every step is a
             contraction, which is what keeps the state bounded.
         check_values: check that every ``beta`` is in ``[0, 1]``. On CUDA the first kernel checks
-            them as it reads them and the host reads one flag back between the two kernels (a wait
-            for the first); ``False`` skips the read-back.
+            them as it reads them and the host reads its flag once the second is queued (a wait for
+            the first); ``False`` skips the read-back.
         q, k, v, scale, initial_state, output_final_state: as in ``kda.linear_attention``.
 
     Returns:

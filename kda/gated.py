@@ -13,18 +13,12 @@ from kda import ops, validate
 from kda.chunking import CHUNK_SIZE, ceildiv
 from kda.reference import level3 as ref3
 
-# The scalar pass's chunk slots and output warpgroups (kernels.level3.seq_in_loop_scalar): run 61 in
-# results/tuning, pass at (1, 32768, 32, 128): 0.561 ms with 4 slots and two output warpgroups taking
-# alternate chunks, 0.566 with 2 slots, 0.693 before the split (one output group: 0.59 to 0.61, its
-# outputs wrong then through shared bytes aliased across warpgroups, see build.WARP_SPECIALISED).
-SCALAR_PASS_CONFIG = {"slots": 4, "out_groups": 2}
-
 
 def _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state, check=None):
     """Scalar gate: the cumsum kernel, then the fused pass. Per-channel gate: level 5's intra-chunk
     kernel without the delta rule (``chunk_intra(delta=False)``), then the sequential pass. Both
-    first kernels flag a gate out of range as they read it; ``check(flags)`` runs between the two
-    kernels (the read-back waits for the first only). Returns ``o`` and the final state or ``None``."""
+    first kernels flag a gate out of range as they read it; ``check(flags)`` runs once the pass is
+    queued (``validate.launch_then_check``: the read-back waits for the first kernel only). Returns ``o`` and the final state or ``None``."""
     from kda.kernels import level3 as kernels
     from kda.kernels import level5
     from kda.kernels.build import compile_program
@@ -43,7 +37,7 @@ def _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state, c
             G = torch.empty(B, H, ceildiv(T, C) * C, dtype=torch.float32, device=q.device)
             cumsum(g.view(B, T, H, 1), G.view(*G.shape, 1), flags)
             inputs = (q, k, v, G, scale)
-            seq = compile_program(kernels.seq_in_loop_scalar, (), **pass_config, **SCALAR_PASS_CONFIG)
+            seq = compile_program(kernels.seq_in_loop_scalar, (), **pass_config, **ops.SCALAR_PASS_CONFIG)
         else:
             intra = compile_program(level5.chunk_intra, (), DK=DK, chunk_size=C, dtype=dtype, gate_dtype=gate_dtype,
                                     delta=False)
@@ -59,9 +53,7 @@ def _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state, c
                                   num_stages=ops.KERNEL_CONFIG["num_stages"], threads=ops.KERNEL_CONFIG["threads"])
         o = ops.new_output((B, T, H, DV), q.dtype, q.device)
         h0, ht = ops.state_arguments(h0, output_final_state, B, H, DK, DV, q.device)
-        if check is not None:                   # the pass is ready: only its launch waits for this
-            check(flags)
-        seq(*inputs, h0, o, ht)
+        validate.launch_then_check(flags, lambda: seq(*inputs, h0, o, ht), check)
     return o, (ht if output_final_state else None)
 
 
@@ -77,7 +69,7 @@ def gated_attention(q, k, v, g, scale=None, initial_state=None, output_final_sta
             bfloat16 or float16 on CUDA; the kernels sum it in float32.
         check_values: check that ``g`` is finite and ``<= 0``: the first kernel (the cumsum for a
             scalar gate, ``chunk_intra`` for a per-channel one) sets a flag as it reads the
-            gates, and the flag is read back between the two kernels (one wait, for the first).
+            gates, and the flag is read back once the second is queued (one wait, for the first).
         q, k, v, scale, initial_state, output_final_state: as in ``linear_attention``.
 
     Returns:

@@ -259,15 +259,11 @@ def state_pass_launch(form: ChunkForm, h0, table=None, output_final_state=True):
 def _run_kernels(q, k, v, g, beta, scale, h0, flags=None, table=None, output_final_state=True, check=None):
     """One batch ``[B, T, H, *]`` (or the packed sequences of ``table``) through the level-5
     pipeline; returns ``o`` and the float32 final states (``None`` without ``output_final_state``).
-    ``check(flags)`` runs between the two kernels: the read-back of the value flags waits for the first
-    only, and the state pass then runs while the caller's next work does. The pass is made ready
-    before the read-back, so that only its launch follows it: the GPU idles for that alone (run 64
-    in results/tuning: 0.038 ms less per checked call of GDN at (1, 32768, 32, 128))."""
+    ``check(flags)`` runs once the state pass is queued (``validate.launch_then_check``): the host
+    waits for the first kernel's flags only, and the pass runs while the caller's next work does."""
     form = prepare_chunks(q, k, v, g, beta, scale, flags, table)
     launch, o, ht = state_pass_launch(form, h0, table, output_final_state)
-    if check is not None:
-        check(flags)
-    launch()
+    validate.launch_then_check(flags, launch, check)
     return o, ht
 # --8<-- [end:run_kernels]
 
@@ -297,8 +293,8 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
         cu_seqlens: ``[N + 1]`` boundaries of the sequences packed along ``T`` (then ``B = 1``).
         check_values: raise if a gate is not finite and ``<= 0`` or a ``beta`` is outside ``[0, 1]``
             (not in fla's API). On CUDA the first kernel checks them as it reads them, and the host
-            reads two flags back before it launches the state pass: a wait for the first kernel,
-            after which the pass runs while the caller goes on. ``False`` skips the read-back (a bad
+            reads its two flags once the state pass is queued: a wait for the first kernel, after
+            which the pass runs while the caller goes on. ``False`` skips the read-back (a bad
             value then gives a wrong result, not an error).
         cu_seqlens_cpu: a host copy of ``cu_seqlens`` (as in fla); given, the boundaries are not
             read back from the GPU. It must equal ``cu_seqlens``; that is not checked.

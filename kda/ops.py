@@ -25,6 +25,14 @@ from kda.reference import level2 as ref2
 # beat two by 1-3%.
 KERNEL_CONFIG = {"chunk_size": CHUNK_SIZE, "block_dv": 32, "num_stages": 3, "threads": 128}
 
+# The scalar pass's chunk slots and output warpgroups (kernels.level3.seq_in_loop_scalar): run 61 in
+# results/tuning, pass at (1, 32768, 32, 128): 0.561 ms with 4 slots and two output warpgroups taking
+# alternate chunks, 0.566 with 2 slots, 0.693 before the split (one output group: 0.59 to 0.61, its
+# outputs wrong then through shared bytes aliased across warpgroups, see build.WARP_SPECIALISED).
+# Level 2 runs it too, with its constant decay (run 67: 0.421 ms with 4 slots, 0.536 with 2, 0.517 for
+# level 2's own pipelined kernel, kernels.level2.seq_in_loop).
+SCALAR_PASS_CONFIG = {"slots": 4, "out_groups": 2}
+
 
 def dtype_name(dtype: torch.dtype) -> str:
     """The kernels' name of a half-precision torch dtype (their factories take strings)."""
@@ -60,15 +68,15 @@ def state_arguments(h0, output_final_state, N, H, DK, DV, device):
     return h0, ht
 
 
-def _run_kernel(program_fn, q, k, v, extra, scale, h0, output_final_state):
-    """Compile (once per head sizes, dtype, state flags and config) and launch a sequence-in-loop
+def _run_kernel(program_fn, q, k, v, extra, scale, h0, output_final_state, **config):
+    """Compile (once per head sizes, dtype, state flags and ``config``) and launch a sequence-in-loop
     kernel; returns ``o`` and the final state (``None`` without ``output_final_state``)."""
     from kda.kernels.build import compile_program
 
     B, T, H, DK = q.shape
     DV = v.shape[-1]
     kernel = compile_program(program_fn, out_idx=(), DK=DK, DV=DV, dtype=dtype_name(q.dtype),
-                             initial_state=h0 is not None, final_state=output_final_state, **KERNEL_CONFIG)
+                             initial_state=h0 is not None, final_state=output_final_state, **config)
     q, k, v = (x.contiguous() for x in (q, k, v))
     with torch.cuda.device(q.device):
         o = new_output((B, T, H, DV), q.dtype, q.device)
@@ -112,7 +120,7 @@ def linear_attention(q, k, v, scale=None, initial_state=None, output_final_state
     if validate.runs_kernels(q.device):
         from kda.kernels import level1 as kernels
 
-        o, final = _run_kernel(kernels.seq_in_loop, q, k, v, (), scale, h0, output_final_state)
+        o, final = _run_kernel(kernels.seq_in_loop, q, k, v, (), scale, h0, output_final_state, **KERNEL_CONFIG)
     else:
         o, final = ref1.chunked(q.double() * scale, k, v, CHUNK_SIZE, h0, output_final_state)
         o, final = o.to(q.dtype), (final.float() if final is not None else None)
@@ -140,10 +148,12 @@ def decay_attention(q, k, v, alpha, scale=None, initial_state=None, output_final
     scale = validate.check_scale(scale, DK)
     h0 = validate.check_initial_state(initial_state, B, H, DK, DV, q.device)
     if validate.runs_kernels(q.device):
-        from kda.kernels import level2 as kernels
+        from kda.kernels import level3 as kernels          # level 3's pass, its gate constant (see above)
 
         log2_alpha = _log2_alpha_on(a, str(q.device))
-        o, final = _run_kernel(kernels.seq_in_loop, q, k, v, (log2_alpha,), scale, h0, output_final_state)
+        o, final = _run_kernel(kernels.seq_in_loop_scalar, q, k, v, (log2_alpha,), scale, h0, output_final_state,
+                               constant_decay=True, chunk_size=CHUNK_SIZE, block_dv=KERNEL_CONFIG["block_dv"],
+                               **SCALAR_PASS_CONFIG)
     else:
         o, final = ref2.chunked(q.double() * scale, k, v, torch.tensor(a, dtype=torch.float64), CHUNK_SIZE, h0,
                                 output_final_state)

@@ -55,6 +55,26 @@ def test_decay_attention_kernel(shape, dtype, alpha, poisoned):
     assert torch.equal(o, kda.decay_attention(q, k, v, alpha)), "two runs differ"
 
 
+@pytest.mark.parametrize("variant", [{}, dict(overlap_gemms=False), dict(weight_tables=True)], ids=str)
+@pytest.mark.parametrize("shape", [(2, 200, 3, 64, 128), (1, 1000, 4, 128, 128)])
+def test_level2_pipelined_kernel(shape, variant):
+    """Level 2's own kernel (the chapter's; ``decay_attention`` runs level 3's scalar pass with a
+    constant decay) in each form the chapter times, states in and out, outputs poisoned."""
+    from kda.kernels import level2
+    from kda.kernels.build import compile_program
+
+    B, T, H, DK, DV = shape
+    q, k, v, h0 = inputs(shape, torch.bfloat16, seed=zlib.crc32(repr((shape, variant)).encode()))
+    alpha = torch.linspace(0.3, 1.0, H, dtype=torch.float64)
+    kernel = compile_program(level2.seq_in_loop, (), DK=DK, DV=DV, dtype="bfloat16", initial_state=True,
+                             final_state=True, **variant)
+    o, ht = torch.full_like(v, float("nan")), torch.full_like(h0, float("nan"))
+    kernel(q, k, v, torch.log2(alpha).float().cuda(), DK ** -0.5, h0, o, ht)
+    ref_o, ref_ht = ref2.chunked(q.double() * DK ** -0.5, k, v, alpha, 64, h0.double(), True)
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+    assert rel_l2(o, ref_o) <= TOL[torch.bfloat16] and rel_l2(ht, ref_ht) <= TOL[torch.bfloat16]
+
+
 @pytest.mark.parametrize("level", [1, 2])
 @pytest.mark.parametrize("shape", [(2, 200, 3, 64, 128), (1, 130, 2, 128, 64)])
 def test_states_in_and_out(level, shape, poisoned):

@@ -120,3 +120,30 @@ def test_state_output_stages(shape, dtype):
     kernel("state_output_pass", DK=DK, DV=DV, dtype=name, initial_state=True, final_state=True)(
         q, k, W, U, DK ** -0.5, h0, o, ht)
     assert rel_l2(o, o_ref) <= 5e-3 and rel_l2(ht, final) <= 5e-3
+
+
+@pytest.mark.parametrize("config", [dict(slots=2, out_groups=1), dict(slots=2, out_groups=2),
+                                    dict(slots=3, out_groups=1)], ids=str)
+@pytest.mark.parametrize("shape", [(2, 200, 3, 64, 128), (1, 64 * 5, 2, 128, 128), (1, 1000, 2, 128, 64)])
+def test_state_output_pass_arrangements(shape, config):
+    """The warp-specialised pass in other slot and output-group arrangements than the default: the
+    same products in the same order, so bit-identical outputs and final states (tails included),
+    and within tolerance of the float64 stages."""
+    B, T, H, DK, DV = shape
+    q, k, v, beta, h0 = inputs(shape, torch.bfloat16, seed=zlib.crc32(repr(shape).encode()))
+    W, U = torch.empty_like(k), torch.empty_like(v)
+    kernel("chunk_wy", DK=DK, DV=DV, dtype="bfloat16")(k, v, beta, W, U, torch.empty(1, 1, 1, 1, device="cuda"),
+                                                       torch.zeros(2, dtype=torch.int32, device="cuda"))
+    results = []
+    for params in ({}, config):
+        o, ht = nan_like((B, T, H, DV), torch.bfloat16), nan_like((B, H, DK, DV))
+        kernel("state_output_pass", DK=DK, DV=DV, dtype="bfloat16", initial_state=True, final_state=True,
+               **params)(q, k, W, U, DK ** -0.5, h0, o, ht)
+        results.append((o, ht))
+    (o0, ht0), (o, ht) = results
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+    assert torch.equal(o, o0) and torch.equal(ht, ht0)
+    Qc, Kc, Wc, Uc = (to_chunks(x.double(), 64) for x in (q * DK ** -0.5, k, W, U))
+    snapshots, v_new, final = ref4.state_pass(Kc, Wc, Uc, h0.double())
+    assert rel_l2(o, from_chunks(ref4.chunk_output(Qc, Kc, snapshots, v_new), T)) <= 5e-3
+    assert rel_l2(ht, final) <= 5e-3

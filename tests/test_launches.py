@@ -157,9 +157,9 @@ def test_level3(kernel_launches, per_channel, with_state):
 
 
 @pytest.mark.parametrize("per_channel", [True, False], ids=["per_channel", "scalar"])
-def test_level3_reads_the_flags_between_its_kernels(kernel_launches, per_channel):
-    """Both gate kinds: the first kernel sets the flags, the check reads them before the pass is
-    launched, and a check that raises leaves the pass unlaunched."""
+def test_level3_checks_the_flags_once_the_pass_is_queued(kernel_launches, per_channel):
+    """Both gate kinds: the first kernel sets the flags, the pass is launched, then the check reads
+    the flags (``validate.launch_then_check``), and a check that raises stops the call."""
     from kda.gated import _run_gated_kernels
 
     q, k, v = (torch.randn(1, 64, 1, 64).bfloat16() for _ in range(3))
@@ -167,30 +167,33 @@ def test_level3_reads_the_flags_between_its_kernels(kernel_launches, per_channel
     _run_gated_kernels(q, k, v, g, per_channel, 0.125, None, False,
                        check=lambda flags: kernel_launches.append(("check", flags)))
     first, second = ("chunk_intra", "seq_in_loop_per_channel") if per_channel else ("chunk_cumsum", "seq_in_loop_scalar")
-    assert [name for name, _ in kernel_launches] == [first, "check", second]
+    assert [name for name, _ in kernel_launches] == [first, second, "check"]
 
     def refuse(flags):
         raise ValueError("flagged")
     kernel_launches.clear()
     with pytest.raises(ValueError, match="flagged"):
         _run_gated_kernels(q, k, v, g, per_channel, 0.125, None, False, check=refuse)
-    assert [name for name, _ in kernel_launches] == [first]
 
 
 @pytest.mark.parametrize("with_state", [False, True], ids=["stateless", "states"])
-def test_levels_1_2_and_4(kernel_launches, with_state):
-    from kda import ops
-    from kda.delta import _run_kernels as delta_kernels
-    from kda.kernels import level1, level2
+def test_levels_1_2_and_4(kernel_launches, monkeypatch, with_state):
+    """The public functions of levels 1, 2 and 4 as on CUDA: level 2 takes level 3's scalar pass
+    with its constant decay."""
+    import kda
+    from kda import validate
 
+    monkeypatch.setattr(validate, "runs_kernels", lambda device: True)
     gen = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(2, 130, 2, 64, generator=gen).bfloat16() for _ in range(3))
     h0 = torch.randn(2, 2, 64, 64) if with_state else None
-    ops._run_kernel(level1.seq_in_loop, q, k, v, (), 0.125, h0, with_state)
-    alpha = ops._log2_alpha_on((0.9, 0.99), "cpu")
-    ops._run_kernel(level2.seq_in_loop, q, k, v, (alpha,), 0.125, h0, with_state)
-    delta_kernels(q, k, v, torch.rand(2, 130, 2, generator=gen), 0.125, h0, with_state)
-    assert [name for name, _ in kernel_launches] == ["seq_in_loop", "seq_in_loop", "chunk_wy", "state_output_pass"]
+    kda.linear_attention(q, k, v, initial_state=h0, output_final_state=with_state)
+    kda.decay_attention(q, k, v, torch.tensor([0.9, 0.99]), initial_state=h0, output_final_state=with_state)
+    kda.delta_rule(q, k, v, torch.rand(2, 130, 2, generator=gen), initial_state=h0, output_final_state=with_state,
+                   check_values=False)
+    assert [name for name, _ in kernel_launches] == ["seq_in_loop", "seq_in_loop_scalar", "chunk_wy",
+                                                     "state_output_pass"]
+    assert kernel_launches[1][1]["constant_decay"] and kernel_launches[0][1]["initial_state"] == with_state
 
 
 @pytest.mark.parametrize("broken", ["missing", "strided", "float64", "rebinds"])

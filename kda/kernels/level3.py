@@ -55,10 +55,12 @@ def chunk_cumsum(D, chunk_size=64, gate_dtype="float32", threads=128):
 
 # --8<-- [start:seq_in_loop_scalar]
 def seq_in_loop_scalar(DK, DV, chunk_size=64, block_dv=32, slots=4, out_groups=2, dtype="bfloat16",
-                       initial_state=False, final_state=False):
+                       constant_decay=False, initial_state=False, final_state=False):
     """Scalar gate. Arguments at run time: ``Q, K, V, G [B, H, T_pad]`` (``chunk_cumsum``),
     ``scale, h0``, then ``O, ht`` (the state flags as in level 1). Level 2's three weight places with
-    ``a^(i-j)`` replaced by ``2^(G_i - G_j)``.
+    ``a^(i-j)`` replaced by ``2^(G_i - G_j)``. With ``constant_decay`` it is level 2's operation:
+    ``G [H]`` holds ``log2 a`` per head and ``G_i = (i + 1) log2 a`` inside every chunk, a register
+    instead of a load (``kda.decay_attention`` runs it so: run 67 in results/tuning).
 
     Warp-specialised by hand, as level 5's state pass: warpgroup 0 carries the state's chain
     (``S`` to shared memory for the output, then ``S <- 2^G_last S + K^T (V 2^(G_last - G))``);
@@ -70,6 +72,10 @@ def seq_in_loop_scalar(DK, DV, chunk_size=64, block_dv=32, slots=4, out_groups=2
     C, BV = chunk_size, block_dv
     NC = T.ceildiv(S, C)
     assert out_groups in (1, 2), "one or two output warpgroups"
+
+    def cum_gate(G_s, slot, i):
+        """``G_i`` of the chunk in ``slot``: loaded, or ``(i + 1) log2 a`` with a constant decay."""
+        return (i + 1) * G_s[0] if constant_decay else G_s[slot, i]
 
     @T.macro
     def state_chain(K_s, V_s, G_s, S_s, Vw_s, S_f, g_last, data_ready, data_free, s_ready, s_free, h0, ht,
@@ -83,11 +89,11 @@ def seq_in_loop_scalar(DK, DV, chunk_size=64, block_dv=32, slots=4, out_groups=2
             T.copy(S_f, S_s[c % 2, :, :])                          # the state before this chunk
             T.fence_proxy_async()
             T.barrier_arrive(s_ready[c % 2])
-            g_last[0] = G_s[slot, L - 1]
+            g_last[0] = cum_gate(G_s, slot, L - 1)
             for i, j in T.Parallel(DK, BV):                        # S = 2^G_last S
                 S_f[i, j] = S_f[i, j] * T.exp2(g_last[0])
             for r, j in T.Parallel(C, BV):     # keys decayed to the chunk end, on V rows (zeros past L)
-                Vw_s[r, j] = V_s[slot, r, j] * T.exp2(T.min(g_last[0] - G_s[slot, r], 0.0))
+                Vw_s[r, j] = V_s[slot, r, j] * T.exp2(T.min(g_last[0] - cum_gate(G_s, slot, r), 0.0))
             T.fence_proxy_async()
             T.gemm(K_s[slot, :, :], Vw_s, S_f, transpose_A=True)
             T.barrier_arrive(data_free[slot])
@@ -102,13 +108,14 @@ def seq_in_loop_scalar(DK, DV, chunk_size=64, block_dv=32, slots=4, out_groups=2
             T.barrier_wait(data_ready[slot], (c // slots) % 2)
             T.gemm(Q_s[slot, :, :], K_s[slot, :, :], A, transpose_B=True, clear_accum=True)
             for i, j in T.Parallel(C, C):
-                A[i, j] = A[i, j] * decay_factor(G_s[slot, i] - G_s[slot, j]) * T.if_then_else(j <= i, scale, 0.0)
+                A[i, j] = A[i, j] * decay_factor(cum_gate(G_s, slot, i) - cum_gate(G_s, slot, j)) * \
+                    T.if_then_else(j <= i, scale, 0.0)
             T.copy(A, A_cast)
             T.barrier_wait(s_ready[c % 2], (c // 2) % 2)
             T.gemm(Q_s[slot, :, :], S_s[c % 2, :, :], acc_o, clear_accum=True)
             T.barrier_arrive(s_free[c % 2])
             for i, j in T.Parallel(C, BV):
-                acc_o[i, j] = acc_o[i, j] * (scale * T.exp2(G_s[slot, i]))
+                acc_o[i, j] = acc_o[i, j] * (scale * T.exp2(cum_gate(G_s, slot, i)))
             T.gemm(A_cast, V_s[slot, :, :], acc_o)
             T.barrier_arrive(data_free[slot])
             T.copy(acc_o, O_s[w, :, :])
@@ -123,7 +130,8 @@ def seq_in_loop_scalar(DK, DV, chunk_size=64, block_dv=32, slots=4, out_groups=2
             T.tma_copy(Q[bb, rows, bh, :], Q_s[slot, :, :], barrier=data_ready[slot])
             T.tma_copy(K[bb, rows, bh, :], K_s[slot, :, :], barrier=data_ready[slot])
             T.tma_copy(V[bb, rows, bh, dv0:dv0 + BV], V_s[slot, :, :], barrier=data_ready[slot])
-            T.tma_copy(G[bb, bh, rows], G_s[slot, :], barrier=data_ready[slot])
+            if not constant_decay:
+                T.tma_copy(G[bb, bh, rows], G_s[slot, :], barrier=data_ready[slot])
             T.barrier_arrive(data_ready[slot])
 
     @T.prim_func
@@ -131,7 +139,7 @@ def seq_in_loop_scalar(DK, DV, chunk_size=64, block_dv=32, slots=4, out_groups=2
         Q: T.Tensor([B, S, H, DK], dtype),
         K: T.Tensor([B, S, H, DK], dtype),
         V: T.Tensor([B, S, H, DV], dtype),
-        G: T.Tensor([B, H, T.ceildiv(S, C) * C], ACCUM),
+        G: T.Tensor([H] if constant_decay else [B, H, T.ceildiv(S, C) * C], ACCUM),
         scale: T.float32,
         h0: T.Tensor(state_shape(initial_state, B, H, DK, DV), ACCUM),
         O: T.Tensor([B, S, H, DV], dtype),
@@ -142,7 +150,11 @@ def seq_in_loop_scalar(DK, DV, chunk_size=64, block_dv=32, slots=4, out_groups=2
             Q_s = T.alloc_shared([slots, C, DK], dtype)
             K_s = T.alloc_shared([slots, C, DK], dtype)
             V_s = T.alloc_shared([slots, C, BV], dtype)
-            G_s = T.alloc_shared([slots, C], ACCUM)
+            if constant_decay:
+                G_s = T.alloc_local([1], ACCUM)                       # log2 a of this head
+                G_s[0] = G[bh]
+            else:
+                G_s = T.alloc_shared([slots, C], ACCUM)
             S_s = T.alloc_shared([2, DK, BV], dtype)
             Vw_s = T.alloc_shared([C, BV], dtype)
             O_s = T.alloc_shared([out_groups, C, BV], dtype)

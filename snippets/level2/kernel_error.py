@@ -1,8 +1,9 @@
 # snippet: gpu
-"""The level-2 kernel against the float64 reference on the H200 for several decays (one per
-head included), tails, DK != DV, both dtypes, outputs poisoned with NaN. Then the per-chunk
-error along one long sequence for three decays: with a < 1 the old state, and the error the
-bf16/fp16 copy of it carried, fades by a^64 per chunk (saved for the plot)."""
+"""kda.decay_attention (level 3's scalar pass, the decay constant) against the float64 reference on
+the H200 for several decays (one per head included), tails, DK != DV, both dtypes, outputs
+poisoned with NaN. Then the per-chunk error along one long sequence for three decays: with a < 1
+the old state, and the error the bf16/fp16 copy of it carried, fades by a^64 per chunk (saved for
+the plot)."""
 import torch
 
 from kda import ops

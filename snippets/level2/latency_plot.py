@@ -9,6 +9,7 @@ rows = recorded_data("snippets/level2/latency.py")["rows"]
 T = [r["T"] for r in rows]
 fig, ax = plt.subplots(figsize=(6, 3.6))
 for key, label, style in [("fla", "fla chunk_simple_gla (g_gamma)", "s--"), ("kda", "kda decay_attention", "^-"),
+                          ("kda_pipelined", "this chapter's pipelined kernel", "o-."),
                           ("floor", "hardware floor", ":")]:
     ax.loglog(T, [r[key] for r in rows], style, label=label)
 ax.set_xticks(T, [str(t) for t in T])             # the measured lengths; matplotlib's minor

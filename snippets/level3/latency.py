@@ -3,11 +3,12 @@
 as logsigmoid of a normal (GLA's gate): kda.gated_attention against fla's chunk_simple_gla (scalar
 g) and chunk_gla (per-channel g) on the same inputs in one process, then each kda stage alone. Both
 forms check g inside their first kernel (the cumsum for a scalar gate, chunk_intra for a per-channel
-one) and read one flag back between their two kernels."""
+one) and read one flag back once the second kernel is queued."""
 import tilelang
 import torch
 
-from kda.gated import SCALAR_PASS_CONFIG, gated_attention
+from kda.gated import gated_attention
+from kda.ops import SCALAR_PASS_CONFIG
 from kda import ledger
 from kda.bench import median_ms, random_qkv
 from kda.kernels import level3 as kernels
