@@ -184,21 +184,20 @@ def test_host_copy_of_cu_seqlens():
         chunk_kda(q, k, v, g, beta, cu_seqlens=cu, cu_seqlens_cpu=torch.tensor([0, 50]))
 
 
-def test_the_value_flags_are_read_between_the_two_kernels(monkeypatch):
-    """``_run_kernels`` runs ``check`` (the flags' read-back) after ``chunk_intra`` and before the
-    state pass: the host waits for the first kernel only, and a bad value stops the call before the
-    pass is launched. The pass is made ready (compiled, its outputs allocated) before the read-back,
-    so that only its launch follows it."""
+def test_the_value_flags_are_read_once_the_state_pass_is_queued(monkeypatch):
+    """``_run_kernels`` launches ``chunk_intra``, makes the state pass ready and launches it, and only
+    then runs ``check`` on the flags (``validate.launch_then_check``): the GPU does not wait for the
+    host between the kernels, and a bad value still raises from the call."""
     from kda import gated_delta
 
     calls = []
     monkeypatch.setattr(gated_delta, "prepare_chunks", lambda *args: calls.append("chunk_intra") or "form")
     monkeypatch.setattr(gated_delta, "state_pass_launch", lambda form, *args: calls.append(f"ready({form})")
                         or ((lambda: calls.append("launch")), "o", None))
-    args = (None,) * 7
+    args = (None,) * 7 + (torch.zeros(2, dtype=torch.int32),)
 
     assert gated_delta._run_kernels(*args, check=lambda flags: calls.append("read-back")) == ("o", None)
-    assert calls == ["chunk_intra", "ready(form)", "read-back", "launch"]
+    assert calls == ["chunk_intra", "ready(form)", "launch", "read-back"]
 
     def bad_values(flags):
         raise ValueError("g must be <= 0")
@@ -206,7 +205,7 @@ def test_the_value_flags_are_read_between_the_two_kernels(monkeypatch):
     calls.clear()
     with pytest.raises(ValueError, match="g must be"):
         gated_delta._run_kernels(*args, check=bad_values)
-    assert calls == ["chunk_intra", "ready(form)"]
+    assert calls == ["chunk_intra", "ready(form)", "launch"]
 
 
 def test_the_value_checks_read_both_ranges_back_at_once(monkeypatch):
