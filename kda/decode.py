@@ -14,10 +14,11 @@ fla's activations are done by the kernel as it reads each token: ``use_gate_in_k
 ``A_log``, ``dt_bias`` (and ``lower_bound`` for the bounded form), ``use_beta_sigmoid_in_kernel``
 (``allow_neg_eigval``). ``state_v_first`` is not supported.
 
-The value checks of ``g``, ``beta`` and the pool slots read the values back to the host, a wait for
-the GPU; they are skipped while a CUDA graph is being captured and under ``torch.compile``
-(nowhere else), and the kernel's launch path reads and copies nothing, so a decode step can be
-captured once and replayed.
+The value checks of ``g``, ``beta`` and the pool slots run on the GPU (``value_checks``) before the
+kernel, which writes nothing if they flagged a value; the host reads their three flags once the
+kernel is queued (a wait for the checks only) and then names the bad value. They are skipped while
+a CUDA graph is being captured and under ``torch.compile`` (nowhere else): without them the launch
+path reads and copies nothing, so a decode step can be captured once and replayed.
 """
 
 from __future__ import annotations
@@ -57,33 +58,49 @@ def check_state_pool(pool, indices, N: int, H: int, DK: int, DV: int, device, ch
             raise ValueError(f"ssm_state_indices must be distinct slots in [0, {pool.shape[0]}), got {slots}")
 
 
+def check_values_on_host(g, beta, options, pool, indices, N: int):
+    """The value checks of a step, read back: ``g`` finite and ``<= 0`` and ``beta`` in ``[0, 1]``
+    (only finite, where an activation takes them raw), the pool slots distinct and in range. The
+    CPU path runs them first; on CUDA the GPU runs them (``kernels.decode.value_checks``) and these
+    run only to name what it flagged."""
+    B, T, HV = beta.shape
+    DK = g.shape[3] if g.dim() == 4 else 1
+    act = check_activation(g, beta, check_values=True, **options)        # raw values: finite
+    if act.gate is None:
+        validate.check_gates(g, B, T, HV, DK, g.device)
+    if act.beta is None:
+        validate.check_beta(beta, B, T, HV, g.device)
+    if indices is not None:
+        check_state_pool(pool, indices, N, HV, pool.shape[2], pool.shape[3], g.device, check_values=True)
+
+
 def recurrent_eager(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                     cu_seqlens, ssm_state_indices, per_channel, check_values, cu_seqlens_cpu, options=None):
     """Both public functions: checks, then the kernel (CUDA), the float64 recurrence (CPU) or, under
     ``torch.compile``, an op of ``kda.custom_ops``. ``options``: fla's activation arguments."""
-    options = options or {}
+    options = {name: (options or {}).get(name) for name in (
+        "A_log", "dt_bias", "use_gate_in_kernel", "use_beta_sigmoid_in_kernel", "allow_neg_eigval", "lower_bound",
+        "state_v_first")}
     pooled = ssm_state_indices is not None
     compiling = torch.compiler.is_compiling()             # the checks a graph can hold, then the op
     capturing = q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()   # a CUDA graph: no reads
     check_values = check_values and not compiling and not capturing
-    raw = options.get("use_gate_in_kernel") or options.get("use_beta_sigmoid_in_kernel")
+    cuda = validate.runs_kernels(q.device)
     scale, h0, bounds = check_inputs(q, k, v, g, beta, scale, None if pooled else initial_state, cu_seqlens,
-                                     per_channel, check_values=check_values and not raw,
-                                     cu_seqlens_cpu=cu_seqlens_cpu, read_bounds=not compiling and not capturing)
+                                     per_channel, check_values=False, cu_seqlens_cpu=cu_seqlens_cpu,
+                                     read_bounds=not compiling and not capturing)
     B, T, HV, DK, DV = q.shape[0], q.shape[1], v.shape[2], q.shape[3], v.shape[3]
-    act = check_activation(g, beta, check_values=check_values, **{name: options.get(name) for name in (
-        "A_log", "dt_bias", "use_gate_in_kernel", "use_beta_sigmoid_in_kernel", "allow_neg_eigval", "lower_bound",
-        "state_v_first")})
-    if raw and check_values:                              # the values given as they are: the usual ranges
-        if act.gate is None:
-            validate.check_gates(g, B, T, HV, DK, q.device)
-        if act.beta is None:
-            validate.check_beta(beta, B, T, HV, q.device)
+    act = check_activation(g, beta, check_values=False, **options)
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     if pooled:
         if initial_state is None:
             raise ValueError("ssm_state_indices needs initial_state: the state pool the indices point into")
-        check_state_pool(initial_state, ssm_state_indices, N, HV, DK, DV, q.device, check_values)
+        check_state_pool(initial_state, ssm_state_indices, N, HV, DK, DV, q.device, check_values=False)
+    if check_values and not cuda:
+        check_values_on_host(g, beta, options, initial_state, ssm_state_indices, N)
+    # on CUDA the GPU checks the values (no wait before the kernel); the host names what it flagged
+    recheck = (lambda flags: _raise_flagged(flags, g, beta, options, initial_state, ssm_state_indices, N)) \
+        if check_values and cuda else None
     if compiling:                                         # the activations in torch, then the op
         g, beta = act.apply(g, beta)
         g, beta = g.float(), beta.float()
@@ -94,14 +111,23 @@ def recurrent_eager(q, k, v, g, beta, scale, initial_state, output_final_state, 
         o, final = torch.ops.kda.fused_recurrent(q, k, v, g, beta, scale, h0, output_final_state,
                                                  use_qk_l2norm_in_kernel, cu_seqlens, cu_seqlens_cpu)
         return o, (final if output_final_state else None)
-    if validate.runs_kernels(q.device):
+    if cuda:
         o, final = _run_kernel(q, k, v, g, beta, scale, initial_state if pooled else h0, cu_seqlens,
-                               ssm_state_indices, output_final_state, use_qk_l2norm_in_kernel, act)
+                               ssm_state_indices, output_final_state, use_qk_l2norm_in_kernel, act, recheck)
     else:
         g, beta = act.apply(g, beta)
         o, final = _run_reference(q, k, v, g, beta, scale, initial_state if pooled else h0, bounds,
                                   ssm_state_indices, output_final_state, use_qk_l2norm_in_kernel)
     return o, (final if output_final_state else None)
+
+
+def _raise_flagged(flags, g, beta, options, pool, indices, N) -> None:
+    """After ``value_checks`` flagged a value (``flags`` on the host): the host checks' error, which
+    names the value. The guarded kernel has written nothing, so a pool is as it was."""
+    if any(flags.tolist()):
+        check_values_on_host(g, beta, options, pool, indices, N)
+        raise ValueError(f"a value of g, beta or ssm_state_indices is out of range: the GPU check flagged "
+                         f"{flags.tolist()} (gate, beta, slots)")
 
 
 def _run_reference(q, k, v, g, beta, scale, h0, bounds, indices, output_final_state, l2norm):
@@ -137,9 +163,13 @@ def _zeros(shape: tuple, device: torch.device) -> torch.Tensor:
     return torch.zeros(shape, dtype=torch.float32, device=device)
 
 
-def _run_kernel(q, k, v, g, beta, scale, h0, cu_seqlens, indices, output_final_state, l2norm, act=NO_ACTIVATION):
-    """One launch of ``fused_recurrent`` for every sequence. Nothing here reads the device or copies
-    from the host, so that a CUDA graph can capture it (after a first call has compiled the kernel)."""
+def _run_kernel(q, k, v, g, beta, scale, h0, cu_seqlens, indices, output_final_state, l2norm, act=NO_ACTIVATION,
+                check=None):
+    """One launch of ``fused_recurrent`` for every sequence. Without ``check`` nothing here reads the
+    device or copies from the host, so that a CUDA graph can capture it (after a first call has
+    compiled the kernel). With ``check(flags)``: ``value_checks`` first, the kernel guarded by its
+    flags (nothing written if one is set), and the flags read once the kernel is queued
+    (``validate.launch_then_check``): the host waits for the checks only."""
     from kda.kernels import decode
     from kda.kernels.build import compile_program
 
@@ -154,7 +184,7 @@ def _run_kernel(q, k, v, g, beta, scale, h0, cu_seqlens, indices, output_final_s
                                  scalar_gate=g.shape[-1] == 1, value_groups=HV // q.shape[2],
                                  varlen=cu_seqlens is not None, with_initial=h0 is not None,
                                  store_final=pooled or output_final_state, pooled=pooled,
-                                 gate_act=act.gate, beta_act=act.beta)
+                                 gate_act=act.gate, beta_act=act.beta, guarded=check is not None)
         GD = g.shape[-1]
         A_log = act.A_log if act.A_log is not None else _zeros((HV,), q.device)
         dt_bias = act.dt_bias if act.dt_bias is not None else _zeros((HV, GD), q.device)
@@ -168,8 +198,16 @@ def _run_kernel(q, k, v, g, beta, scale, h0, cu_seqlens, indices, output_final_s
         no_table = ops.stand_in(1, torch.int32, q.device)  # for a table the launch form has not
         bounds = cu_seqlens.to(device=q.device, dtype=torch.int32) if cu_seqlens is not None else no_table
         slots = indices.to(torch.int32) if pooled else no_table
-        kernel(q.contiguous(), k.contiguous(), v.contiguous(), g, beta.to(torch.float32).contiguous(), scale,
-               A_log, dt_bias, act.lower_bound, o, h0_arg, ht, bounds, slots)
+        beta = beta.to(torch.float32).contiguous()
+        flags = torch.zeros(3, dtype=torch.int32, device=q.device) if check is not None else no_table
+        if check is not None:
+            checks = compile_program(decode.value_checks, (), gate_dtype=str(g.dtype).removeprefix("torch."),
+                                     gate_finite_only=act.gate is not None, beta_finite_only=act.beta is not None,
+                                     pooled=pooled)
+            checks(g.view(-1), beta.view(-1), slots, h0.shape[0] if pooled else 0, flags)
+        args = (q.contiguous(), k.contiguous(), v.contiguous(), g, beta, scale, A_log, dt_bias, act.lower_bound, o,
+                h0_arg, ht, bounds, slots, flags)
+        validate.launch_then_check(flags, lambda: kernel(*args), check)
     return o, ht
 
 

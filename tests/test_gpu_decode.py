@@ -72,6 +72,60 @@ def test_packed_sequences_into_a_pool(per_channel, poisoned):
     assert torch.equal(pool[[2, 4]], before[[2, 4]])                     # slots no sequence owns
 
 
+BAD_VALUES = {
+    "gate above 0": (dict(), lambda g, beta: g.view(-1)[5].fill_(0.5), "g must be finite and <= 0"),
+    "gate NaN": (dict(), lambda g, beta: g.view(-1)[-1].fill_(float("nan")), "g must be finite"),
+    "beta above 1": (dict(), lambda g, beta: beta.view(-1)[3].fill_(1.5), r"beta must lie in \[0, 1\]"),
+    "raw gate inf": (dict(use_gate_in_kernel=True, lower_bound=-5.0), lambda g, beta: g.view(-1)[0].fill_(float("inf")),
+                     "g must be finite"),
+    "raw beta NaN": (dict(use_beta_sigmoid_in_kernel=True), lambda g, beta: beta.view(-1)[0].fill_(float("nan")),
+                     "beta must be finite"),
+    "slot out of range": (dict(), None, "ssm_state_indices must be distinct slots"),
+    "slot taken twice": (dict(), None, "ssm_state_indices must be distinct slots"),
+}
+
+
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
+@pytest.mark.parametrize("case", list(BAD_VALUES))
+def test_a_bad_value_raises_and_leaves_the_pool_as_it_was(case, per_channel):
+    """On CUDA the values are checked on the GPU (``value_checks``) and the guarded kernel writes
+    nothing when one is flagged: the call raises the host check's error, and the pool is unchanged."""
+    options, spoil, message = BAD_VALUES[case]
+    q, k, v, g, beta, _ = inputs(4, 1, 2, 4, 128, 128, torch.bfloat16, per_channel, seed=11)
+    pool = torch.randn(6, 4, 128, 128, device="cuda")
+    slots = {"slot out of range": [5, 0, 6, 1], "slot taken twice": [5, 0, 5, 1]}.get(case, [5, 0, 3, 1])
+    if spoil is not None:
+        spoil(g, beta)
+    before = pool.clone()
+    with pytest.raises(ValueError, match=message):
+        call(per_channel, q, k, v, g, beta, initial_state=pool, ssm_state_indices=torch.tensor(slots, device="cuda"),
+             **options)
+    torch.cuda.synchronize()
+    assert torch.equal(pool, before), "a flagged step wrote the pool"
+
+
+def test_the_guarded_kernel_writes_nothing_when_flagged():
+    """``fused_recurrent(guarded=True)`` with a flag set by hand: the output stays poisoned and the
+    final states unwritten; with the flags clear it computes as the unguarded kernel, bit for bit."""
+    from kda.kernels import decode
+    from kda.kernels.build import compile_program
+
+    q, k, v, g, beta, h0 = inputs(2, 3, 2, 2, 128, 128, torch.bfloat16, True, seed=12)
+    build = lambda guarded: compile_program(decode.fused_recurrent, (), DK=128, DV=128, guarded=guarded)
+    zeros = lambda *shape: torch.zeros(shape, device="cuda")
+    no_table = torch.zeros(1, dtype=torch.int32, device="cuda")
+    outputs = []
+    for guarded, flags in [(False, no_table), (True, torch.zeros(3, dtype=torch.int32, device="cuda")),
+                           (True, torch.tensor([0, 1, 0], dtype=torch.int32, device="cuda"))]:
+        o, ht = torch.full_like(v, float("nan")), torch.full_like(h0, float("nan"))
+        build(guarded)(q, k, v, g, beta, 128 ** -0.5, zeros(2), zeros(2, 128), 0.0, o, h0, ht, no_table, no_table,
+                       flags)
+        outputs.append((o, ht))
+    (o, ht), (o_guarded, ht_guarded), (o_flagged, ht_flagged) = outputs
+    assert torch.equal(o, o_guarded) and torch.equal(ht, ht_guarded)
+    assert o_flagged.isnan().all() and ht_flagged.isnan().all()
+
+
 def test_prefill_then_decode_is_one_forward():
     """chunk_kda over 100 tokens, then three decode steps from its final state: the outputs of the
     steps are those of chunk_kda over all 103 tokens."""

@@ -55,6 +55,12 @@ CASES = [
     ("decode", "fused_recurrent", dict(DK=128, DV=128, dtype="bfloat16", gate_act="softplus", beta_act="sigmoid")),
     ("decode", "fused_recurrent", dict(DK=128, DV=128, dtype="bfloat16", scalar_gate=True, gate_act="sigmoid",
                                        beta_act="2sigmoid", pooled=True)),
+    ("decode", "fused_recurrent", dict(DK=128, DV=128, dtype="bfloat16", guarded=True)),
+    ("decode", "fused_recurrent", dict(DK=64, DV=128, dtype="float16", scalar_gate=True, varlen=True, pooled=True,
+                                       guarded=True)),
+    ("decode", "value_checks", dict()),
+    ("decode", "value_checks", dict(gate_dtype="bfloat16", pooled=True)),
+    ("decode", "value_checks", dict(gate_finite_only=True, beta_finite_only=True, pooled=True)),
 ]
 
 

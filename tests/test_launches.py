@@ -238,3 +238,8 @@ def test_decode(kernel_launches, per_channel, kind):
     h0 = pool if kind == "pooled" else torch.randn(3, 2, 64, 64)
     _run_kernel(q, k, v, g, beta, 0.125, h0, cu, indices, True, False)
     assert [name for name, _ in kernel_launches] == ["fused_recurrent"]
+    kernel_launches.clear()                  # checked: the GPU's checks first, the kernel guarded, then the flags
+    _run_kernel(q, k, v, g, beta, 0.125, h0, cu, indices, True, False,
+                check=lambda flags: kernel_launches.append(("check", {"flags": flags.tolist()})))
+    assert [name for name, _ in kernel_launches] == ["value_checks", "fused_recurrent", "check"]
+    assert kernel_launches[1][1]["guarded"] and kernel_launches[0][1]["pooled"] == (kind == "pooled")

@@ -21,20 +21,22 @@ and sequence ``n`` reads and writes slot ``indices[n]`` in place (continuous bat
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
 import tilelang.language as T
 
-from kda.kernels.stages import ACCUM, LOG2_E
+from kda.kernels.stages import ACCUM, FLOAT32_MAX, LOG2_E, real
 
 
 # --8<-- [start:fused_recurrent]
 def fused_recurrent(DK, DV, block_dv=32, dtype="bfloat16", gate_dtype="float32", scalar_gate=False,
                     value_groups=1, varlen=False, with_initial=True, store_final=True, pooled=False,
-                    gate_act=None, beta_act=None, threads=128):
+                    gate_act=None, beta_act=None, guarded=False, threads=128):
     """Arguments at run time: ``Q, K [B, T, HQ, DK]``, ``V [B, T, HV, DV]``, ``g [B, T, HV, DK or 1]``
     (natural log, ``<= 0``), ``beta [B, T, HV]`` (float32), ``scale``, ``A_log [HV]``, ``dt_bias
     [HV, DK or 1]`` (float32), ``lower_bound``, ``O [B, T, HV, DV]``; then
     ``h0``, ``ht`` (float32 ``[N, HV, DK, DV]``, one state per sequence; with ``pooled`` the pool
     ``[P, HV, DK, DV]``, passed twice; a ``[1, HV, DK, DV]`` stand-in where ``with_initial`` or
     ``store_final`` is off), ``cu_seqlens [N + 1]`` (int32) with ``varlen``, ``indices [N]`` (int32)
-    with ``pooled``; each of the last two a ``[1]`` stand-in in the forms without it."""
+    with ``pooled``; each of the last two a ``[1]`` stand-in in the forms without it; ``flags [3]``
+    (int32, ``value_checks``' verdict) with ``guarded``: a block then writes nothing, neither ``O``
+    nor a state, if any flag is set, so that a step with a bad value leaves a pool as it was."""
     assert gate_act in (None, "softplus", "sigmoid") and beta_act in (None, "sigmoid", "2sigmoid")
     B, S, HQ, HV = T.dynamic("B"), T.dynamic("T"), T.dynamic("HQ"), T.dynamic("HV")
     N = T.dynamic("N")
@@ -121,14 +123,76 @@ def fused_recurrent(DK, DV, block_dv=32, dtype="bfloat16", gate_dtype="float32",
         ht: T.Tensor([R1, HV, DK, DV], ACCUM),
         cu_seqlens: T.Tensor([N + 1] if varlen else [1], "int32"),
         indices: T.Tensor([NS] if pooled else [1], "int32"),
+        flags: T.Tensor([3] if guarded else [1], "int32"),
     ):
         with T.Kernel(NV, HV, NS, threads=threads) as (bv, hv, n):
             slot = indices[n] if pooled else n
-            if varlen:
-                body(Q, K, V, g, beta, scale, A_log, dt_bias, lower_bound, O, h0, ht, bv, hv, 0, cu_seqlens[n],
-                     cu_seqlens[n + 1], slot)
-            else:
-                body(Q, K, V, g, beta, scale, A_log, dt_bias, lower_bound, O, h0, ht, bv, hv, n, 0, S, slot)
+            clean = (flags[0] + flags[1] + flags[2] == 0) if guarded else True
+            if clean:
+                if varlen:
+                    body(Q, K, V, g, beta, scale, A_log, dt_bias, lower_bound, O, h0, ht, bv, hv, 0, cu_seqlens[n],
+                         cu_seqlens[n + 1], slot)
+                else:
+                    body(Q, K, V, g, beta, scale, A_log, dt_bias, lower_bound, O, h0, ht, bv, hv, n, 0, S, slot)
 
     return main
 # --8<-- [end:fused_recurrent]
+
+
+# --8<-- [start:value_checks]
+def value_checks(gate_dtype="float32", gate_finite_only=False, beta_finite_only=False, pooled=False, per_thread=8,
+                 threads=128):
+    """The checks of a decode step's values, on the GPU, for ``fused_recurrent(guarded=True)`` to
+    read: ``flags[0] = 1`` if a gate is not finite and ``<= 0`` (only not finite, for a raw gate that an
+    activation turns into one), ``flags[1] = 1`` if a ``beta`` is outside ``[0, 1]`` (not finite, for
+    raw logits), ``flags[2] = 1`` with ``pooled`` if a slot is outside ``[0, P)`` or taken twice.
+    Arguments at run time: ``g [E]`` (every gate, flat), ``beta [R]`` (float32, flat), ``indices
+    [N]`` (int32; a ``[1]`` stand-in without ``pooled``), ``P`` (the pool's slots), then ``flags [3]``,
+    zeroed by the caller. A block checks ``threads * per_thread`` values, coalesced; a slot is
+    compared with every other one (``N`` is a decode batch)."""
+    E, R, N = T.dynamic("E"), T.dynamic("R"), T.dynamic("N")
+    span = threads * per_thread
+    NG, NB = T.ceildiv(E, span), T.ceildiv(R, span)
+    NI = T.ceildiv(N, threads) if pooled else 0
+
+    def out_of_range(x, finite_only, lo, hi):
+        """``x`` outside ``[lo, hi]``, or not finite; NaN fails every comparison."""
+        if finite_only:
+            lo, hi = -FLOAT32_MAX, FLOAT32_MAX
+        return real(x >= lo) * real(x <= hi) == 0.0
+
+    @T.prim_func
+    def main(
+        g: T.Tensor([E], gate_dtype),
+        beta: T.Tensor([R], "float32"),
+        indices: T.Tensor([N] if pooled else [1], "int32"),
+        P: T.int32,
+        flags: T.Tensor([3], "int32"),
+    ):
+        with T.Kernel(NG + NB + NI, threads=threads) as bx:
+            tx = T.get_thread_binding()
+            if bx < NG:
+                for u in T.serial(per_thread):
+                    e = (bx * per_thread + u) * threads + tx
+                    if e < E:
+                        if out_of_range(T.Cast(ACCUM, g[e]), gate_finite_only, -FLOAT32_MAX, 0.0):
+                            flags[0] = 1
+            if bx >= NG and bx < NG + NB:
+                for u in T.serial(per_thread):
+                    r = ((bx - NG) * per_thread + u) * threads + tx
+                    if r < R:
+                        if out_of_range(beta[r], beta_finite_only, 0.0, 1.0):
+                            flags[1] = 1
+            if pooled:
+                if bx >= NG + NB:
+                    m = (bx - NG - NB) * threads + tx
+                    if m < N:
+                        slot = indices[m]
+                        if real(slot >= 0) * real(slot < P) == 0.0:
+                            flags[2] = 1
+                        for j in T.serial(N):             # every thread reads the same j: one broadcast
+                            if real(j != m) * real(indices[j] == slot) > 0.0:
+                                flags[2] = 1
+
+    return main
+# --8<-- [end:value_checks]
