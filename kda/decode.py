@@ -236,8 +236,9 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, 
         state_v_first: not supported (raises).
         cu_seqlens: ``[N + 1]`` boundaries of sequences packed along ``T`` (then ``B = 1``).
         ssm_state_indices: ``[N]`` pool slot of each sequence (continuous batching).
-        check_values: check ``g``, ``beta`` and the slots (a read-back; skipped during CUDA graph
-            capture and under ``torch.compile``).
+        check_values: check ``g``, ``beta`` and the slots (on CUDA by a kernel before the step's,
+            which then writes nothing if one is bad, and a read-back of its flags; skipped during
+            CUDA graph capture and under ``torch.compile``).
         cu_seqlens_cpu: a host copy of ``cu_seqlens``, trusted to equal it.
 
     Returns:
