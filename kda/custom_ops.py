@@ -19,7 +19,6 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from kda import decode, gated_delta
 
 
 def _final_like(v: Tensor, q: Tensor, cu_seqlens: Optional[Tensor], output_final_state: bool) -> Tensor:
@@ -33,6 +32,7 @@ def _final_like(v: Tensor, q: Tensor, cu_seqlens: Optional[Tensor], output_final
 
 def _chunk_forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm, cu_seqlens,
                    cu_seqlens_cpu):
+    from kda import gated_delta            # here, not above: importing kda loads no level until used
     o, final = gated_delta.forward_eager(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm,
                                          cu_seqlens, g.dim() == 4, False, cu_seqlens_cpu)
     return o, (final if final is not None else v.new_empty(0, dtype=torch.float32))
@@ -53,6 +53,7 @@ def _(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm,
 
 def _recurrent_forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm, cu_seqlens,
                        cu_seqlens_cpu):
+    from kda import decode
     o, final = decode.recurrent_eager(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm,
                                       cu_seqlens, None, g.dim() == 4, False, cu_seqlens_cpu)
     return o, (final if final is not None else v.new_empty(0, dtype=torch.float32))
@@ -75,6 +76,8 @@ def _(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm,
 def fused_recurrent_pooled(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: float, pool: Tensor,
                            ssm_state_indices: Tensor, use_qk_l2norm: bool, cu_seqlens: Optional[Tensor],
                            cu_seqlens_cpu: Optional[Tensor]) -> Tensor:
+    from kda import decode
+
     o, _ = decode.recurrent_eager(q, k, v, g, beta, scale, pool, False, use_qk_l2norm, cu_seqlens,
                                   ssm_state_indices, g.dim() == 4, False, cu_seqlens_cpu)
     return o
