@@ -47,8 +47,8 @@ def __dir__():
 
 
 if TYPE_CHECKING:                             # for type checkers and editors
-    from kda.decode import fused_recurrent_gated_delta_rule, fused_recurrent_kda
-    from kda.delta import delta_rule
-    from kda.gated import gated_attention
-    from kda.gated_delta import chunk_gated_delta_rule, chunk_kda
-    from kda.ops import decay_attention, linear_attention
+    from kda.decode import fused_recurrent_gated_delta_rule, fused_recurrent_kda  # noqa: F401
+    from kda.delta import delta_rule  # noqa: F401
+    from kda.gated import gated_attention  # noqa: F401
+    from kda.gated_delta import chunk_gated_delta_rule, chunk_kda  # noqa: F401
+    from kda.ops import decay_attention, linear_attention  # noqa: F401

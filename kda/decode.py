@@ -89,7 +89,7 @@ def recurrent_eager(q, k, v, g, beta, scale, initial_state, output_final_state, 
     scale, h0, bounds = check_inputs(q, k, v, g, beta, scale, None if pooled else initial_state, cu_seqlens,
                                      per_channel, check_values=False, cu_seqlens_cpu=cu_seqlens_cpu,
                                      read_bounds=not compiling and not capturing)
-    B, T, HV, DK, DV = q.shape[0], q.shape[1], v.shape[2], q.shape[3], v.shape[3]
+    B, HV, DK, DV = q.shape[0], v.shape[2], q.shape[3], v.shape[3]
     act = check_activation(g, beta, check_values=False, **options)
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     if pooled:

@@ -34,7 +34,8 @@ def _run_kernels(q, k, v, beta, scale, h0, output_final_state, check=None):
         wy(k, v, beta, W, U, ops.stand_in(4, torch.float32, q.device), flags)   # no inverse written
         h0, ht = ops.state_arguments(h0, output_final_state, B, H, DK, DV, q.device)
         o = ops.new_output((B, T, H, DV), q.dtype, q.device)
-        validate.launch_then_check(flags, lambda: fused(q, k, W, U, scale, h0, o, ht), check)
+        no_gate = ops.stand_in(1, torch.float32, q.device)
+        validate.launch_then_check(flags, lambda: fused(q, k, U, W, no_gate, scale, h0, o, ht), check)
     return o, (ht if output_final_state else None)
 
 

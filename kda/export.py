@@ -49,7 +49,7 @@ OPS = {
     "decay_attention": Op(
         "ops", "level2", "decay_attention(q, k, v, alpha, scale=scale, initial_state=h0, output_final_state=True)",
         "recurrent(q * scale, k, v, alpha, h0, True)",
-        (("level3", "seq_in_loop_scalar", dict(STATES, constant_decay=True)),)),
+        (("level3", "seq_in_loop_scalar", dict(STATES, gate="constant")),)),
     "gated_attention": Op(
         "gated", "level3", "gated_attention(q, k, v, g, scale=scale, initial_state=h0, output_final_state=True)",
         "recurrent(q * scale, k, v, g, h0, True)",

@@ -36,7 +36,7 @@ def _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state, c
             cumsum = compile_program(kernels.chunk_cumsum, (), D=1, chunk_size=C, gate_dtype=gate_dtype)
             G = torch.empty(B, H, ceildiv(T, C) * C, dtype=torch.float32, device=q.device)
             cumsum(g.view(B, T, H, 1), G.view(*G.shape, 1), flags)
-            inputs = (q, k, v, G, scale)
+            inputs = (q, k, v, ops.stand_in(4, q.dtype, q.device), G, scale)   # no W
             seq = compile_program(kernels.seq_in_loop_scalar, (), **pass_config, **ops.SCALAR_PASS_CONFIG)
         else:
             intra = compile_program(level5.chunk_intra, (), DK=DK, chunk_size=C, dtype=dtype, gate_dtype=gate_dtype,

@@ -151,8 +151,9 @@ def decay_attention(q, k, v, alpha, scale=None, initial_state=None, output_final
         from kda.kernels import level3 as kernels          # level 3's pass, its gate constant (see above)
 
         log2_alpha = _log2_alpha_on(a, str(q.device))
-        o, final = _run_kernel(kernels.seq_in_loop_scalar, q, k, v, (log2_alpha,), scale, h0, output_final_state,
-                               constant_decay=True, chunk_size=CHUNK_SIZE, block_dv=KERNEL_CONFIG["block_dv"],
+        no_w = stand_in(4, q.dtype, q.device)
+        o, final = _run_kernel(kernels.seq_in_loop_scalar, q, k, v, (no_w, log2_alpha), scale, h0, output_final_state,
+                               gate="constant", chunk_size=CHUNK_SIZE, block_dv=KERNEL_CONFIG["block_dv"],
                                **SCALAR_PASS_CONFIG)
     else:
         o, final = ref2.chunked(q.double() * scale, k, v, torch.tensor(a, dtype=torch.float64), CHUNK_SIZE, h0,

@@ -85,7 +85,7 @@ def test_scalar_pass_configs(shape, states, config):
     stand_in = torch.empty(1, 1, 1, 1, device="cuda")     # h0 and ht of a pass compiled without states
     o = torch.full_like(v, float("nan"))
     ht = torch.full_like(h0, float("nan")) if states else stand_in
-    kernel(q, k, v, G, DK ** -0.5, h0 if states else stand_in, o, ht)
+    kernel(q, k, v, stand_in.bfloat16(), G, DK ** -0.5, h0 if states else stand_in, o, ht)
     ref_o, ref_ht = ref3.chunked(q.double() * DK ** -0.5, k, v, g, 64, h0.double() if states else None, True)
     assert flags.tolist() == [0, 0] and torch.isfinite(o).all()
     assert rel_l2(o, ref_o) <= TOL[torch.bfloat16], f"o: rel L2 {rel_l2(o, ref_o):.2e}"
@@ -94,7 +94,7 @@ def test_scalar_pass_configs(shape, states, config):
     first = compile_program(level3.seq_in_loop_scalar, (), DK=DK, DV=DV, dtype="bfloat16", initial_state=states,
                             final_state=states)                  # the default arrangement
     o_first = torch.full_like(v, float("nan"))
-    first(q, k, v, G, DK ** -0.5, h0 if states else stand_in, o_first, torch.empty_like(h0) if states else stand_in)
+    first(q, k, v, stand_in.bfloat16(), G, DK ** -0.5, h0 if states else stand_in, o_first, torch.empty_like(h0) if states else stand_in)
     assert torch.equal(o, o_first), "the arrangements differ"
 
 

@@ -118,7 +118,7 @@ def test_state_output_stages(shape, dtype):
 
     o, ht = nan_like((B, T, H, DV), dtype), nan_like((B, H, DK, DV))
     kernel("state_output_pass", DK=DK, DV=DV, dtype=name, initial_state=True, final_state=True)(
-        q, k, W, U, DK ** -0.5, h0, o, ht)
+        q, k, U, W, torch.empty(1, device="cuda"), DK ** -0.5, h0, o, ht)
     assert rel_l2(o, o_ref) <= 5e-3 and rel_l2(ht, final) <= 5e-3
 
 
@@ -138,7 +138,7 @@ def test_state_output_pass_arrangements(shape, config):
     for params in ({}, config):
         o, ht = nan_like((B, T, H, DV), torch.bfloat16), nan_like((B, H, DK, DV))
         kernel("state_output_pass", DK=DK, DV=DV, dtype="bfloat16", initial_state=True, final_state=True,
-               **params)(q, k, W, U, DK ** -0.5, h0, o, ht)
+               **params)(q, k, U, W, torch.empty(1, device="cuda"), DK ** -0.5, h0, o, ht)
         results.append((o, ht))
     (o0, ht0), (o, ht) = results
     assert torch.isfinite(o).all() and torch.isfinite(ht).all()

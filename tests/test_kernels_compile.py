@@ -20,8 +20,8 @@ CASES = [
     ("level3", "seq_in_loop_scalar", dict(DK=128, DV=128, dtype="bfloat16")),
     ("level3", "seq_in_loop_scalar", dict(DK=64, DV=128, dtype="float16", initial_state=True, final_state=True)),
     ("level3", "seq_in_loop_scalar", dict(DK=128, DV=128, dtype="bfloat16", slots=3, out_groups=2)),
-    ("level3", "seq_in_loop_scalar", dict(DK=128, DV=128, dtype="bfloat16", constant_decay=True)),
-    ("level3", "seq_in_loop_scalar", dict(DK=64, DV=64, dtype="float16", constant_decay=True, initial_state=True,
+    ("level3", "seq_in_loop_scalar", dict(DK=128, DV=128, dtype="bfloat16", gate="constant")),
+    ("level3", "seq_in_loop_scalar", dict(DK=64, DV=64, dtype="float16", gate="constant", initial_state=True,
                                           final_state=True)),
     ("level3", "seq_in_loop_per_channel", dict(DK=128, DV=128, dtype="bfloat16")),
     ("level3", "seq_in_loop_per_channel", dict(DK=128, DV=64, dtype="float16", initial_state=True, final_state=True)),
@@ -130,7 +130,7 @@ def shared_regions(fn, pass_configs=None, **params):
                 sizes[b.name] = int(np.prod([int(x) for x in b.shape])) * tvm.DataType(str(b.dtype)).bits // 8
 
     tirx.stmt_functor.post_order_visit(fn(**params).body, visit)
-    assert set(offsets) == set(sizes), (offsets, sizes)
+    assert offsets and set(offsets) <= set(sizes), (offsets, sizes)     # a buffer a variant never uses is dropped
     return {name: (offsets[name], offsets[name] + sizes[name]) for name in offsets}
 
 
@@ -142,7 +142,7 @@ def overlapping(regions):
 WARP_SPECIALISED = [
     ("level3", "seq_in_loop_scalar", dict(DK=128, DV=128, dtype="bfloat16", slots=2, out_groups=1)),
     ("level3", "seq_in_loop_scalar", dict(DK=128, DV=128, dtype="bfloat16", initial_state=True, final_state=True)),
-    ("level3", "seq_in_loop_scalar", dict(DK=128, DV=128, dtype="bfloat16", constant_decay=True)),
+    ("level3", "seq_in_loop_scalar", dict(DK=128, DV=128, dtype="bfloat16", gate="constant")),
     ("level4", "state_output_pass", dict(DK=128, DV=128, dtype="bfloat16")),
     ("level4", "state_output_pass", dict(DK=64, DV=128, dtype="float16", slots=2, out_groups=1, initial_state=True,
                                          final_state=True)),

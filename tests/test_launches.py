@@ -193,7 +193,7 @@ def test_levels_1_2_and_4(kernel_launches, monkeypatch, with_state):
                    check_values=False)
     assert [name for name, _ in kernel_launches] == ["seq_in_loop", "seq_in_loop_scalar", "chunk_wy",
                                                      "state_output_pass"]
-    assert kernel_launches[1][1]["constant_decay"] and kernel_launches[0][1]["initial_state"] == with_state
+    assert kernel_launches[1][1]["gate"] == "constant" and kernel_launches[0][1]["initial_state"] == with_state
 
 
 @pytest.mark.parametrize("broken", ["missing", "strided", "float64", "rebinds"])

@@ -55,31 +55,44 @@ def chunk_cumsum(D, chunk_size=64, gate_dtype="float32", threads=128):
 
 # --8<-- [start:seq_in_loop_scalar]
 def seq_in_loop_scalar(DK, DV, chunk_size=64, block_dv=32, slots=4, out_groups=2, dtype="bfloat16",
-                       constant_decay=False, initial_state=False, final_state=False):
-    """Scalar gate. Arguments at run time: ``Q, K, V, G [B, H, T_pad]`` (``chunk_cumsum``),
-    ``scale, h0``, then ``O, ht`` (the state flags as in level 1). Level 2's three weight places with
-    ``a^(i-j)`` replaced by ``2^(G_i - G_j)``. With ``constant_decay`` it is level 2's operation:
-    ``G [H]`` holds ``log2 a`` per head and ``G_i = (i + 1) log2 a`` inside every chunk, a register
-    instead of a load (``kda.decay_attention`` runs it so: run 67 in results/tuning).
+                       gate="per_token", delta=False, initial_state=False, final_state=False):
+    """One gate per token and head. Arguments at run time: ``Q, K, V [B, T, H, *]``, ``W`` (with
+    ``delta``, else a ``[1, 1, 1, 1]`` stand-in), ``G``, ``scale, h0``, then ``O, ht`` (the state
+    flags as in level 1). Level 2's three weight places with ``a^(i-j)`` replaced by ``2^(G_i - G_j)``.
+
+    ``gate``: ``"per_token"``, ``G [B, H, T_pad]`` from ``chunk_cumsum``; ``"constant"``, level 2's
+    operation, ``G [H]`` holds ``log2 a`` per head and ``G_i = (i + 1) log2 a`` comes from a register
+    (``kda.decay_attention``, run 67 in results/tuning); ``"none"``, no decay (``G`` a ``[1]``
+    stand-in). ``delta``: the delta rule's chain (level 4's ``state_output_pass``): ``V`` holds ``U``,
+    and the chain forms ``V_new = U - W S`` before the update, which the output then multiplies its
+    scores by instead of ``V``.
 
     Warp-specialised by hand, as level 5's state pass: warpgroup 0 carries the state's chain
-    (``S`` to shared memory for the output, then ``S <- 2^G_last S + K^T (V 2^(G_last - G))``);
-    ``out_groups`` output warpgroups (1 or 2, taking alternate chunks) form ``Q K^T`` and its decay
-    before the chunk's state is needed, then ``Q S`` times ``scale 2^G_i``, ``+ A V``, the store; one
-    producer warp loads q, k, the value columns and ``G`` by TMA into ``slots`` chunk slots. ``S``
-    goes through two slots of its own, so that the chain can run a chunk ahead of the output."""
+    (``S`` to shared memory for the output, ``V_new`` with ``delta``, then ``S <- 2^G_last S + K^T
+    (V 2^(G_last - G))``); ``out_groups`` output warpgroups (1 or 2, taking alternate chunks) form
+    ``Q K^T`` and its decay before the chunk's state is needed, then ``Q S`` times ``scale 2^G_i``,
+    ``+ A V``, the store; one producer warp loads q, k, the value columns, ``W`` and ``G`` by TMA into
+    ``slots`` chunk slots. ``S`` and ``V_new`` go through two slots of their own, so that the chain
+    can run a chunk ahead of the output."""
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     C, BV = chunk_size, block_dv
     NC = T.ceildiv(S, C)
     assert out_groups in (1, 2), "one or two output warpgroups"
+    assert gate in ("per_token", "constant", "none")
+    decayed = gate != "none"
 
     def cum_gate(G_s, slot, i):
         """``G_i`` of the chunk in ``slot``: loaded, or ``(i + 1) log2 a`` with a constant decay."""
-        return (i + 1) * G_s[0] if constant_decay else G_s[slot, i]
+        return (i + 1) * G_s[0] if gate == "constant" else G_s[slot, i]
+
+    def score_weight(G_s, slot, i, j, scale):
+        """What ``(Q K^T)_ij`` is multiplied by: causal mask, ``scale`` and the decay ``2^(G_i - G_j)``."""
+        causal = T.if_then_else(j <= i, scale, 0.0)
+        return decay_factor(cum_gate(G_s, slot, i) - cum_gate(G_s, slot, j)) * causal if decayed else causal
 
     @T.macro
-    def state_chain(K_s, V_s, G_s, S_s, Vw_s, S_f, g_last, data_ready, data_free, s_ready, s_free, h0, ht,
-                    bb, bh, dv0):
+    def state_chain(K_s, V_s, W_s, G_s, S_s, Vn_s, Vw_s, S_f, WS, g_last, data_ready, data_free, s_ready, s_free,
+                    vn_ready, vn_free, h0, ht, bb, bh, dv0):
         load_state(h0, S_f, bb, bh, dv0, initial_state)
         for c in T.serial(NC):
             slot = c % slots
@@ -89,40 +102,63 @@ def seq_in_loop_scalar(DK, DV, chunk_size=64, block_dv=32, slots=4, out_groups=2
             T.copy(S_f, S_s[c % 2, :, :])                          # the state before this chunk
             T.fence_proxy_async()
             T.barrier_arrive(s_ready[c % 2])
-            g_last[0] = cum_gate(G_s, slot, L - 1)
-            for i, j in T.Parallel(DK, BV):                        # S = 2^G_last S
-                S_f[i, j] = S_f[i, j] * T.exp2(g_last[0])
-            for r, j in T.Parallel(C, BV):     # keys decayed to the chunk end, on V rows (zeros past L)
-                Vw_s[r, j] = V_s[slot, r, j] * T.exp2(T.min(g_last[0] - cum_gate(G_s, slot, r), 0.0))
-            T.fence_proxy_async()
-            T.gemm(K_s[slot, :, :], Vw_s, S_f, transpose_A=True)
+            if delta:                                              # V_new = U - W S, for both sides
+                T.gemm(W_s[slot, :, :], S_s[c % 2, :, :], WS, clear_accum=True)
+                T.barrier_wait(vn_free[c % 2], (c // 2 + 1) % 2)
+                for i, j in T.Parallel(C, BV):                     # rows past the end: 0 - 0 as loaded
+                    Vn_s[c % 2, i, j] = V_s[slot, i, j] - WS[i, j]
+                T.fence_proxy_async()
+                T.barrier_arrive(vn_ready[c % 2])
+            if decayed:
+                g_last[0] = cum_gate(G_s, slot, L - 1)
+                for i, j in T.Parallel(DK, BV):                    # S = 2^G_last S
+                    S_f[i, j] = S_f[i, j] * T.exp2(g_last[0])
+                for r, j in T.Parallel(C, BV):  # keys decayed to the chunk end, on value rows (zeros past L)
+                    if delta:
+                        Vw_s[r, j] = Vn_s[c % 2, r, j] * T.exp2(T.min(g_last[0] - cum_gate(G_s, slot, r), 0.0))
+                    else:
+                        Vw_s[r, j] = V_s[slot, r, j] * T.exp2(T.min(g_last[0] - cum_gate(G_s, slot, r), 0.0))
+                T.fence_proxy_async()
+                T.gemm(K_s[slot, :, :], Vw_s, S_f, transpose_A=True)
+            else:
+                if delta:
+                    T.gemm(K_s[slot, :, :], Vn_s[c % 2, :, :], S_f, transpose_A=True)
+                else:
+                    T.gemm(K_s[slot, :, :], V_s[slot, :, :], S_f, transpose_A=True)
             T.barrier_arrive(data_free[slot])
         store_state(S_f, ht, bb, bh, dv0, final_state)
 
     @T.macro
-    def output_chunks(w, Q_s, K_s, V_s, G_s, S_s, O_s, acc_o, A, A_cast, data_ready, data_free, s_ready, s_free,
-                      scale, O, bb, bh, dv0):
+    def output_chunks(w, Q_s, K_s, V_s, G_s, S_s, Vn_s, O_s, acc_o, A, A_cast, data_ready, data_free, s_ready,
+                      s_free, vn_ready, vn_free, scale, O, bb, bh, dv0):
         for cc in T.serial(T.ceildiv(NC - w, out_groups)):
             c = cc * out_groups + w
             slot = c % slots
             T.barrier_wait(data_ready[slot], (c // slots) % 2)
             T.gemm(Q_s[slot, :, :], K_s[slot, :, :], A, transpose_B=True, clear_accum=True)
             for i, j in T.Parallel(C, C):
-                A[i, j] = A[i, j] * decay_factor(cum_gate(G_s, slot, i) - cum_gate(G_s, slot, j)) * \
-                    T.if_then_else(j <= i, scale, 0.0)
+                A[i, j] = A[i, j] * score_weight(G_s, slot, i, j, scale)
             T.copy(A, A_cast)
             T.barrier_wait(s_ready[c % 2], (c // 2) % 2)
             T.gemm(Q_s[slot, :, :], S_s[c % 2, :, :], acc_o, clear_accum=True)
             T.barrier_arrive(s_free[c % 2])
             for i, j in T.Parallel(C, BV):
-                acc_o[i, j] = acc_o[i, j] * (scale * T.exp2(cum_gate(G_s, slot, i)))
-            T.gemm(A_cast, V_s[slot, :, :], acc_o)
+                if decayed:
+                    acc_o[i, j] = acc_o[i, j] * (scale * T.exp2(cum_gate(G_s, slot, i)))
+                else:
+                    acc_o[i, j] = acc_o[i, j] * scale
+            if delta:
+                T.barrier_wait(vn_ready[c % 2], (c // 2) % 2)
+                T.gemm(A_cast, Vn_s[c % 2, :, :], acc_o)
+                T.barrier_arrive(vn_free[c % 2])
+            else:
+                T.gemm(A_cast, V_s[slot, :, :], acc_o)
             T.barrier_arrive(data_free[slot])
             T.copy(acc_o, O_s[w, :, :])
             T.copy(O_s[w, :, :], O[bb, c * C:(c + 1) * C, bh, dv0:dv0 + BV])
 
     @T.macro
-    def load_chunks(Q, K, V, G, Q_s, K_s, V_s, G_s, data_ready, data_free, bb, bh, dv0):
+    def load_chunks(Q, K, V, W, G, Q_s, K_s, V_s, W_s, G_s, data_ready, data_free, bb, bh, dv0):
         for c in T.serial(NC):
             slot = c % slots
             T.barrier_wait(data_free[slot], (c // slots + 1) % 2)
@@ -130,16 +166,21 @@ def seq_in_loop_scalar(DK, DV, chunk_size=64, block_dv=32, slots=4, out_groups=2
             T.tma_copy(Q[bb, rows, bh, :], Q_s[slot, :, :], barrier=data_ready[slot])
             T.tma_copy(K[bb, rows, bh, :], K_s[slot, :, :], barrier=data_ready[slot])
             T.tma_copy(V[bb, rows, bh, dv0:dv0 + BV], V_s[slot, :, :], barrier=data_ready[slot])
-            if not constant_decay:
+            if delta:
+                T.tma_copy(W[bb, rows, bh, :], W_s[slot, :, :], barrier=data_ready[slot])
+            if gate == "per_token":
                 T.tma_copy(G[bb, bh, rows], G_s[slot, :], barrier=data_ready[slot])
             T.barrier_arrive(data_ready[slot])
+
+    g_shape = {"per_token": [B, H, T.ceildiv(S, C) * C], "constant": [H], "none": [1]}[gate]
 
     @T.prim_func
     def main(
         Q: T.Tensor([B, S, H, DK], dtype),
         K: T.Tensor([B, S, H, DK], dtype),
         V: T.Tensor([B, S, H, DV], dtype),
-        G: T.Tensor([H] if constant_decay else [B, H, T.ceildiv(S, C) * C], ACCUM),
+        W: T.Tensor([B, S, H, DK] if delta else [1, 1, 1, 1], dtype),
+        G: T.Tensor(g_shape, ACCUM),
         scale: T.float32,
         h0: T.Tensor(state_shape(initial_state, B, H, DK, DV), ACCUM),
         O: T.Tensor([B, S, H, DV], dtype),
@@ -150,15 +191,18 @@ def seq_in_loop_scalar(DK, DV, chunk_size=64, block_dv=32, slots=4, out_groups=2
             Q_s = T.alloc_shared([slots, C, DK], dtype)
             K_s = T.alloc_shared([slots, C, DK], dtype)
             V_s = T.alloc_shared([slots, C, BV], dtype)
-            if constant_decay:
+            W_s = T.alloc_shared([slots if delta else 1, C, DK], dtype)
+            if gate == "constant":
                 G_s = T.alloc_local([1], ACCUM)                       # log2 a of this head
                 G_s[0] = G[bh]
             else:
                 G_s = T.alloc_shared([slots, C], ACCUM)
             S_s = T.alloc_shared([2, DK, BV], dtype)
+            Vn_s = T.alloc_shared([2 if delta else 1, C, BV], dtype)
             Vw_s = T.alloc_shared([C, BV], dtype)
             O_s = T.alloc_shared([out_groups, C, BV], dtype)
             S_f = T.alloc_fragment([DK, BV], ACCUM)
+            WS = T.alloc_fragment([C, BV], ACCUM)
             g_last = T.alloc_local([1], ACCUM)
             # one set of fragments per output warpgroup: a fragment's layout belongs to one warpgroup
             acc_o = T.alloc_fragment([C, BV], ACCUM)
@@ -171,20 +215,22 @@ def seq_in_loop_scalar(DK, DV, chunk_size=64, block_dv=32, slots=4, out_groups=2
             data_free = T.alloc_barrier(arrive_count=[256] * slots)    # the chain and one output group
             s_ready = T.alloc_barrier(arrive_count=[128, 128])
             s_free = T.alloc_barrier(arrive_count=[128, 128])
+            vn_ready = T.alloc_barrier(arrive_count=[128, 128])
+            vn_free = T.alloc_barrier(arrive_count=[128, 128])
             tx = T.get_thread_binding()
             # one code branch per warpgroup: the barriers tilelang inserts in a branch are its own
             if tx < 128:
-                state_chain(K_s, V_s, G_s, S_s, Vw_s, S_f, g_last, data_ready, data_free, s_ready, s_free, h0, ht,
-                            bb, bh, dv0)
+                state_chain(K_s, V_s, W_s, G_s, S_s, Vn_s, Vw_s, S_f, WS, g_last, data_ready, data_free, s_ready,
+                            s_free, vn_ready, vn_free, h0, ht, bb, bh, dv0)
             if tx >= 128 and tx < 256:
-                output_chunks(0, Q_s, K_s, V_s, G_s, S_s, O_s, acc_o, A, A_cast, data_ready, data_free, s_ready,
-                              s_free, scale, O, bb, bh, dv0)
+                output_chunks(0, Q_s, K_s, V_s, G_s, S_s, Vn_s, O_s, acc_o, A, A_cast, data_ready, data_free,
+                              s_ready, s_free, vn_ready, vn_free, scale, O, bb, bh, dv0)
             if out_groups > 1:
                 if tx >= 256 and tx < 384:
-                    output_chunks(1, Q_s, K_s, V_s, G_s, S_s, O_s, acc_o_1, A_1, A_cast_1, data_ready, data_free,
-                                  s_ready, s_free, scale, O, bb, bh, dv0)
+                    output_chunks(1, Q_s, K_s, V_s, G_s, S_s, Vn_s, O_s, acc_o_1, A_1, A_cast_1, data_ready,
+                                  data_free, s_ready, s_free, vn_ready, vn_free, scale, O, bb, bh, dv0)
             if tx >= 128 * (1 + out_groups) and tx < 128 * (1 + out_groups) + 32:
-                load_chunks(Q, K, V, G, Q_s, K_s, V_s, G_s, data_ready, data_free, bb, bh, dv0)
+                load_chunks(Q, K, V, W, G, Q_s, K_s, V_s, W_s, G_s, data_ready, data_free, bb, bh, dv0)
 
     return main
 

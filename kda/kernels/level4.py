@@ -19,8 +19,9 @@
 import tilelang.language as T
 
 from kda.kernels.build import WARP_SPECIALISED
-from kda.kernels.stages import (ACCUM, invert_diagonal_blocks_by_columns, load_beta_checked, load_state,
-                                merge_by_substitution, real, state_shape, store_state, tf32_nearest, wy_tail)
+from kda.kernels.level3 import seq_in_loop_scalar
+from kda.kernels.stages import (ACCUM, invert_diagonal_blocks_by_columns, load_beta_checked, merge_by_substitution,
+                                real, tf32_nearest, wy_tail)
 
 
 # --8<-- [start:merge_by_products]
@@ -220,129 +221,17 @@ def chunk_output(DK, DV, chunk_size=64, block_dv=64, threads=128, dtype="bfloat1
 def state_output_pass(DK, DV, chunk_size=64, block_dv=32, slots=3, out_groups=2, dtype="bfloat16",
                       initial_state=False, final_state=False):
     """``state_pass`` and ``chunk_output`` fused: the output of a chunk is made from the state it
-    enters with, so neither the snapshots nor ``U - W S`` go through HBM. Arguments at run time:
-    ``Q, K, W [B, T, H, DK]``, ``U [B, T, H, DV]``, ``scale``, ``h0 [B, H, DK, DV]`` (float32),
-    then the outputs ``O [B, T, H, DV]`` (dtype) and ``ht`` (float32); the state flags as in
-    ``kda.kernels.level1.seq_in_loop``.
-
-    Warp-specialised by hand, as level 3's scalar pass: warpgroup 0 carries the chain (``S`` to
-    shared memory, ``V_new = U - W S`` to shared memory, ``S <- S + K^T V_new``); ``out_groups``
-    output warpgroups (taking alternate chunks) form ``tril(Q K^T)`` before the chunk's state is
-    needed, then ``Q S + tril(Q K^T) V_new`` times ``scale``; one producer warp loads q, k, W and
-    U's value columns by TMA into ``slots`` chunk slots. ``S`` and ``V_new`` have two slots each,
-    so that the chain can run a chunk ahead of the output."""
-    B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
-    C, BV = chunk_size, block_dv
-    NC = T.ceildiv(S, C)
-    assert out_groups in (1, 2), "one or two output warpgroups"
-
-    @T.macro
-    def state_chain(K_s, W_s, U_s, S_s, Vn_s, S_f, WS, data_ready, data_free, s_ready, s_free, vn_ready, vn_free,
-                    h0, ht, bb, bh, dv0):
-        load_state(h0, S_f, bb, bh, dv0, initial_state)
-        for c in T.serial(NC):
-            slot = c % slots
-            T.barrier_wait(data_ready[slot], (c // slots) % 2)
-            T.barrier_wait(s_free[c % 2], (c // 2 + 1) % 2)          # the output of chunk c - 2 has read it
-            T.copy(S_f, S_s[c % 2, :, :])                              # the state before this chunk
-            T.fence_proxy_async()
-            T.barrier_arrive(s_ready[c % 2])
-            T.gemm(W_s[slot, :, :], S_s[c % 2, :, :], WS, clear_accum=True)
-            T.barrier_wait(vn_free[c % 2], (c // 2 + 1) % 2)
-            for i, j in T.Parallel(C, BV):                             # rows past the end: 0 - 0 as loaded
-                Vn_s[c % 2, i, j] = U_s[slot, i, j] - WS[i, j]
-            T.fence_proxy_async()
-            T.barrier_arrive(vn_ready[c % 2])
-            T.gemm(K_s[slot, :, :], Vn_s[c % 2, :, :], S_f, transpose_A=True)
-            T.barrier_arrive(data_free[slot])
-        store_state(S_f, ht, bb, bh, dv0, final_state)
-
-    @T.macro
-    def output_chunks(w, Q_s, K_s, S_s, Vn_s, O_s, acc_o, QK, QK_cast, data_ready, data_free, s_ready, s_free,
-                      vn_ready, vn_free, scale, O, bb, bh, dv0):
-        for cc in T.serial(T.ceildiv(NC - w, out_groups)):
-            c = cc * out_groups + w
-            slot = c % slots
-            T.barrier_wait(data_ready[slot], (c // slots) % 2)
-            T.gemm(Q_s[slot, :, :], K_s[slot, :, :], QK, transpose_B=True, clear_accum=True)
-            for i, j in T.Parallel(C, C):
-                QK_cast[i, j] = QK[i, j] * real(j <= i)
-            T.barrier_wait(s_ready[c % 2], (c // 2) % 2)
-            T.gemm(Q_s[slot, :, :], S_s[c % 2, :, :], acc_o, clear_accum=True)
-            T.barrier_arrive(s_free[c % 2])
-            T.barrier_wait(vn_ready[c % 2], (c // 2) % 2)
-            T.gemm(QK_cast, Vn_s[c % 2, :, :], acc_o)
-            T.barrier_arrive(vn_free[c % 2])
-            T.barrier_arrive(data_free[slot])
-            for i, j in T.Parallel(C, BV):
-                O_s[w, i, j] = acc_o[i, j] * scale
-            T.copy(O_s[w, :, :], O[bb, c * C:(c + 1) * C, bh, dv0:dv0 + BV])
-
-    @T.macro
-    def load_chunks(Q, K, W, U, Q_s, K_s, W_s, U_s, data_ready, data_free, bb, bh, dv0):
-        for c in T.serial(NC):
-            slot = c % slots
-            T.barrier_wait(data_free[slot], (c // slots + 1) % 2)
-            rows = slice(c * C, (c + 1) * C)
-            T.tma_copy(Q[bb, rows, bh, :], Q_s[slot, :, :], barrier=data_ready[slot])
-            T.tma_copy(K[bb, rows, bh, :], K_s[slot, :, :], barrier=data_ready[slot])
-            T.tma_copy(W[bb, rows, bh, :], W_s[slot, :, :], barrier=data_ready[slot])
-            T.tma_copy(U[bb, rows, bh, dv0:dv0 + BV], U_s[slot, :, :], barrier=data_ready[slot])
-            T.barrier_arrive(data_ready[slot])
-
-    @T.prim_func
-    def main(
-        Q: T.Tensor([B, S, H, DK], dtype),
-        K: T.Tensor([B, S, H, DK], dtype),
-        W: T.Tensor([B, S, H, DK], dtype),
-        U: T.Tensor([B, S, H, DV], dtype),
-        scale: T.float32,
-        h0: T.Tensor(state_shape(initial_state, B, H, DK, DV), ACCUM),
-        O: T.Tensor([B, S, H, DV], dtype),
-        ht: T.Tensor(state_shape(final_state, B, H, DK, DV), ACCUM),
-    ):
-        with T.Kernel(T.ceildiv(DV, BV), H, B, threads=128 * (2 + out_groups)) as (bv, bh, bb):
-            dv0 = bv * BV
-            Q_s = T.alloc_shared([slots, C, DK], dtype)
-            K_s = T.alloc_shared([slots, C, DK], dtype)
-            W_s = T.alloc_shared([slots, C, DK], dtype)
-            U_s = T.alloc_shared([slots, C, BV], dtype)
-            S_s = T.alloc_shared([2, DK, BV], dtype)
-            Vn_s = T.alloc_shared([2, C, BV], dtype)
-            O_s = T.alloc_shared([out_groups, C, BV], dtype)
-            S_f = T.alloc_fragment([DK, BV], ACCUM)
-            WS = T.alloc_fragment([C, BV], ACCUM)
-            # one set of fragments per output warpgroup: a fragment's layout belongs to one warpgroup
-            acc_o = T.alloc_fragment([C, BV], ACCUM)
-            QK = T.alloc_fragment([C, C], ACCUM)
-            QK_cast = T.alloc_fragment([C, C], dtype)
-            acc_o_1 = T.alloc_fragment([C, BV], ACCUM)
-            QK_1 = T.alloc_fragment([C, C], ACCUM)
-            QK_cast_1 = T.alloc_fragment([C, C], dtype)
-            data_ready = T.alloc_barrier(arrive_count=[32] * slots)    # the producer warp, + TMA bytes
-            data_free = T.alloc_barrier(arrive_count=[256] * slots)    # the chain and one output group
-            s_ready = T.alloc_barrier(arrive_count=[128, 128])
-            s_free = T.alloc_barrier(arrive_count=[128, 128])
-            vn_ready = T.alloc_barrier(arrive_count=[128, 128])
-            vn_free = T.alloc_barrier(arrive_count=[128, 128])
-            tx = T.get_thread_binding()
-            # one code branch per warpgroup: the barriers tilelang inserts in a branch are its own
-            if tx < 128:
-                state_chain(K_s, W_s, U_s, S_s, Vn_s, S_f, WS, data_ready, data_free, s_ready, s_free, vn_ready,
-                            vn_free, h0, ht, bb, bh, dv0)
-            if tx >= 128 and tx < 256:
-                output_chunks(0, Q_s, K_s, S_s, Vn_s, O_s, acc_o, QK, QK_cast, data_ready, data_free, s_ready,
-                              s_free, vn_ready, vn_free, scale, O, bb, bh, dv0)
-            if out_groups > 1:
-                if tx >= 256 and tx < 384:
-                    output_chunks(1, Q_s, K_s, S_s, Vn_s, O_s, acc_o_1, QK_1, QK_cast_1, data_ready, data_free,
-                                  s_ready, s_free, vn_ready, vn_free, scale, O, bb, bh, dv0)
-            if tx >= 128 * (1 + out_groups) and tx < 128 * (1 + out_groups) + 32:
-                load_chunks(Q, K, W, U, Q_s, K_s, W_s, U_s, data_ready, data_free, bb, bh, dv0)
-
-    return main
+    enters with, so neither the snapshots nor ``U - W S`` go through HBM. It is level 3's
+    warp-specialised pass (``kernels.level3.seq_in_loop_scalar``) with no gate and the delta rule's
+    chain: warpgroup 0 writes ``S`` and ``V_new = U - W S`` to shared memory and updates ``S <- S + K^T
+    V_new``; ``out_groups`` output warpgroups form ``tril(Q K^T)`` before the chunk's state is needed,
+    then ``scale (Q S + tril(Q K^T) V_new)``; one producer warp loads q, k, U's value columns and ``W``.
+    Arguments at run time: ``Q, K [B, T, H, DK]``, ``U [B, T, H, DV]``, ``W [B, T, H, DK]``, a ``[1]``
+    stand-in for the gate, ``scale``, ``h0 [B, H, DK, DV]`` (float32), then the outputs ``O [B, T, H,
+    DV]`` (dtype) and ``ht`` (float32); the state flags as in ``kda.kernels.level1.seq_in_loop``."""
+    return seq_in_loop_scalar(DK, DV, chunk_size, block_dv, slots, out_groups, dtype, gate="none", delta=True,
+                              initial_state=initial_state, final_state=final_state)
 
 
-# Warpgroups run their branches at once: no two shared buffers may share bytes (build.WARP_SPECIALISED).
 state_output_pass.pass_configs = WARP_SPECIALISED
 # --8<-- [end:state_output_pass]

@@ -73,13 +73,14 @@ flags = torch.zeros(2, dtype=torch.int32, device="cuda")
 v_rows, beta_rows = torch.empty(1, 1, 1, 1, dtype=q.dtype, device="cuda"), torch.empty(1, 1, 1, device="cuda")
 no_chunks = torch.empty(1, 1, dtype=torch.int32, device="cuda")   # chunk_intra's stand-ins without the delta rule
 no_state = torch.empty(1, 1, 1, 1, device="cuda")   # the passes' h0 and ht, compiled without states
+no_w = torch.empty(1, 1, 1, 1, device="cuda", dtype=torch.bfloat16)   # the scalar pass's W: no delta rule
 g_steep = g_channel * 30          # logsigmoid * 30: some sub-chunk of most chunks falls by > 96 (log2)
 stages = Table(["gate", "stage", "what it does", "ms"], formats=[None, None, None, "{:.3f}"])
 for form, name, what, fn in [
     ("scalar", "chunk_cumsum", "G = chunk-local cumsum of g / ln 2, and the range check of g",
      lambda: cumsum(g_scalar.view(B, T, H, 1), G.view(B, H, T, 1), flags)),
     ("scalar", "seq_in_loop_scalar", "the fused pass over the chunks",
-     lambda: scalar_pass(q, k, v, G, SCALE, no_state, o, no_state)),
+     lambda: scalar_pass(q, k, v, no_w, G, SCALE, no_state, o, no_state)),
     ("per channel", "chunk_intra(delta=False)", "cumsum and range check, Qw, Kw, decay, A (bf16 diagonal blocks)",
      lambda: intra(q, k, v_rows, g_channel, beta_rows, SCALE, Qw, Kw, decay, A, v_rows, v_rows, flags, no_chunks)),
     ("per channel", "chunk_intra(delta=False), steep gates", "the same with logsigmoid * 30 (pairwise diagonal)",

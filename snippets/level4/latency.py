@@ -40,6 +40,7 @@ NC = T // C
 build = lambda fn, **kw: compile_program(fn, (), DK=D, DV=D, chunk_size=C, dtype="bfloat16", **kw)
 wy, wy_products = build(kernels.chunk_wy), build(kernels.chunk_wy, merge="products")
 no_inverse = torch.empty(1, 1, 1, 1, device="cuda")       # Ainv's stand-in: the inverse is not written
+no_gate = torch.empty(1, device="cuda")                   # state_output_pass has no gate
 flags = torch.zeros(2, dtype=torch.int32, device="cuda")  # chunk_wy's check of beta
 fused = build(kernels.state_output_pass, initial_state=True, final_state=True)   # like state_pass: h0 in, ht out
 state, output = build(kernels.state_pass), build(kernels.chunk_output)
@@ -55,7 +56,7 @@ for name, what, used, fn in [
     ("chunk_wy, merge='products'", "the same, blocks below the diagonal by 4 tf32 GEMMs", "no",
      lambda: wy_products(k, v, beta32, W, U, no_inverse, flags)),
     ("state_output_pass", "sequential: U - W S, the output, S += K^T (U - W S)", "yes",
-     lambda: fused(q, k, W, U, SCALE, h0, o, ht)),
+     lambda: fused(q, k, U, W, no_gate, SCALE, h0, o, ht)),
     ("state_pass", "split, sequential: snapshots h and U - W S to HBM", "no",
      lambda: state(k, W, U, h0, h, v_new, ht)),
     ("chunk_output", "split, all chunks at once: Q h + tril(Q K^T) (U - W S)", "no",
