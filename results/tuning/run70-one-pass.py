@@ -10,7 +10,9 @@ headline shape). Here:
    poisoned), timed beside ``kda.delta_rule`` and fla's ``chunk_delta_rule`` (record of 7ed8b80:
    pass 0.598 ms, call 1.384 ms checked, fla 2.106).
 2. Levels 2 and 3: ``decay_attention`` and the scalar ``gated_attention`` timed (record of 7ed8b80:
-   0.425 and 0.550 ms), to see that the flags cost nothing where they are off.
+   0.425 and 0.550 ms), to see that the flags cost nothing where they are off; and level 1's
+   operation by the same pass with ``gate="none"`` beside ``kda.linear_attention`` (0.485 ms in the
+   record, level 1's pipelined kernel): level 2's pass beat its pipelined kernel by 20%.
 3. GDN: ``seq_in_loop_scalar(gate="per_token", delta=True)`` fed ``chunk_intra``'s W and U (scalar
    gate) and ``chunk_cumsum``'s G, against level 5's ``gated_state_output_pass`` on the same chunk
    form (and the float64 recurrence on small shapes), then both passes timed at (1, 32768, 32, 128).
@@ -54,7 +56,7 @@ def level4_part(_):
 
     import kda
     from kda.bench import median_ms, random_qkv
-    from kda.kernels import level4
+    from kda.kernels import level3, level4
     from kda.kernels.build import compile_program
     from kda.metrics import rel_l2
     from kda.reference import level4 as ref4
@@ -86,12 +88,17 @@ def level4_part(_):
        torch.zeros(2, dtype=torch.int32, device="cuda"))
     stand_in = torch.empty(1, 1, 1, 1, device="cuda")
     fused = compile_program(level4.state_output_pass, (), DK=128, DV=128, dtype="bfloat16")
+    plain = compile_program(level3.seq_in_loop_scalar, (), DK=128, DV=128, dtype="bfloat16", gate="none")
+    no_w = torch.empty(1, 1, 1, 1, device="cuda", dtype=torch.bfloat16)
     alpha = 1 - 2.0 ** (-5 - torch.arange(32, dtype=torch.float64))
     g = torch.nn.functional.logsigmoid(torch.randn(1, 32768, 32, device="cuda"))
     for label, fn in {"state_output_pass": lambda: fused(q, k, U, W, no_gate, 128 ** -0.5, stand_in, o, stand_in),
                       "kda.delta_rule": lambda: kda.delta_rule(q, k, v, beta),
                       "kda.delta_rule, check_values=False": lambda: kda.delta_rule(q, k, v, beta, check_values=False),
                       "fla chunk_delta_rule": lambda: chunk_delta_rule(q, k, v, beta, scale=128 ** -0.5)[0],
+                      "kda.linear_attention": lambda: kda.linear_attention(q, k, v),
+                      "level 1 by the pass, gate='none'": lambda: plain(q, k, v, no_w, no_gate, 128 ** -0.5, stand_in,
+                                                                      o, stand_in),
                       "kda.decay_attention": lambda: kda.decay_attention(q, k, v, alpha),
                       "kda.gated_attention, scalar": lambda: kda.gated_attention(q, k, v, g)}.items():
         log(RUN, {"what": "time", "T": 32768, "stage": label, "ms": median_ms(fn)})
