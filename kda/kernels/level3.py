@@ -23,7 +23,8 @@ Mirrors ``kda.reference.level3`` (``prepare`` and ``kernel_mimic``).
 import tilelang.language as T
 
 from kda.kernels.build import WARP_SPECIALISED
-from kda.kernels.stages import ACCUM, decay_factor, load_state, log2_cumsum_by_columns, state_shape, store_state
+from kda.kernels.stages import (ACCUM, decay_factor, load_state, log2_cumsum_by_columns, real, state_shape,
+                                store_state)
 
 
 # --8<-- [start:cumsum]
@@ -85,10 +86,12 @@ def seq_in_loop_scalar(DK, DV, chunk_size=64, block_dv=32, slots=4, out_groups=2
         """``G_i`` of the chunk in ``slot``: loaded, or ``(i + 1) log2 a`` with a constant decay."""
         return (i + 1) * G_s[0] if gate == "constant" else G_s[slot, i]
 
-    def score_weight(G_s, slot, i, j, scale):
-        """What ``(Q K^T)_ij`` is multiplied by: causal mask, ``scale`` and the decay ``2^(G_i - G_j)``."""
-        causal = T.if_then_else(j <= i, scale, 0.0)
-        return decay_factor(cum_gate(G_s, slot, i) - cum_gate(G_s, slot, j)) * causal if decayed else causal
+    def weighted_score(x, G_s, slot, i, j, scale):
+        """The score ``x = (Q K^T)_ij`` times the decay ``2^(G_i - G_j)``, the causal mask and ``scale``;
+        without a gate the mask alone (``scale`` then multiplies the output once, as level 4 did)."""
+        if not decayed:
+            return x * real(j <= i)
+        return x * decay_factor(cum_gate(G_s, slot, i) - cum_gate(G_s, slot, j)) * T.if_then_else(j <= i, scale, 0.0)
 
     @T.macro
     def state_chain(K_s, V_s, W_s, G_s, S_s, Vn_s, Vw_s, S_f, WS, g_last, data_ready, data_free, s_ready, s_free,
@@ -136,17 +139,19 @@ def seq_in_loop_scalar(DK, DV, chunk_size=64, block_dv=32, slots=4, out_groups=2
             slot = c % slots
             T.barrier_wait(data_ready[slot], (c // slots) % 2)
             T.gemm(Q_s[slot, :, :], K_s[slot, :, :], A, transpose_B=True, clear_accum=True)
-            for i, j in T.Parallel(C, C):
-                A[i, j] = A[i, j] * score_weight(G_s, slot, i, j, scale)
-            T.copy(A, A_cast)
+            if decayed:
+                for i, j in T.Parallel(C, C):
+                    A[i, j] = weighted_score(A[i, j], G_s, slot, i, j, scale)
+                T.copy(A, A_cast)
+            else:                                                  # the mask is exact: cast in the same pass
+                for i, j in T.Parallel(C, C):
+                    A_cast[i, j] = weighted_score(A[i, j], G_s, slot, i, j, scale)
             T.barrier_wait(s_ready[c % 2], (c // 2) % 2)
             T.gemm(Q_s[slot, :, :], S_s[c % 2, :, :], acc_o, clear_accum=True)
             T.barrier_arrive(s_free[c % 2])
-            for i, j in T.Parallel(C, BV):
-                if decayed:
+            if decayed:
+                for i, j in T.Parallel(C, BV):
                     acc_o[i, j] = acc_o[i, j] * (scale * T.exp2(cum_gate(G_s, slot, i)))
-                else:
-                    acc_o[i, j] = acc_o[i, j] * scale
             if delta:
                 T.barrier_wait(vn_ready[c % 2], (c // 2) % 2)
                 T.gemm(A_cast, Vn_s[c % 2, :, :], acc_o)
@@ -154,7 +159,11 @@ def seq_in_loop_scalar(DK, DV, chunk_size=64, block_dv=32, slots=4, out_groups=2
             else:
                 T.gemm(A_cast, V_s[slot, :, :], acc_o)
             T.barrier_arrive(data_free[slot])
-            T.copy(acc_o, O_s[w, :, :])
+            if decayed:
+                T.copy(acc_o, O_s[w, :, :])
+            else:
+                for i, j in T.Parallel(C, BV):
+                    O_s[w, i, j] = acc_o[i, j] * scale
             T.copy(O_s[w, :, :], O[bb, c * C:(c + 1) * C, bh, dv0:dv0 + BV])
 
     @T.macro
@@ -165,9 +174,9 @@ def seq_in_loop_scalar(DK, DV, chunk_size=64, block_dv=32, slots=4, out_groups=2
             rows = slice(c * C, (c + 1) * C)
             T.tma_copy(Q[bb, rows, bh, :], Q_s[slot, :, :], barrier=data_ready[slot])
             T.tma_copy(K[bb, rows, bh, :], K_s[slot, :, :], barrier=data_ready[slot])
-            T.tma_copy(V[bb, rows, bh, dv0:dv0 + BV], V_s[slot, :, :], barrier=data_ready[slot])
             if delta:
                 T.tma_copy(W[bb, rows, bh, :], W_s[slot, :, :], barrier=data_ready[slot])
+            T.tma_copy(V[bb, rows, bh, dv0:dv0 + BV], V_s[slot, :, :], barrier=data_ready[slot])
             if gate == "per_token":
                 T.tma_copy(G[bb, bh, rows], G_s[slot, :], barrier=data_ready[slot])
             T.barrier_arrive(data_ready[slot])
@@ -215,8 +224,8 @@ def seq_in_loop_scalar(DK, DV, chunk_size=64, block_dv=32, slots=4, out_groups=2
             data_free = T.alloc_barrier(arrive_count=[256] * slots)    # the chain and one output group
             s_ready = T.alloc_barrier(arrive_count=[128, 128])
             s_free = T.alloc_barrier(arrive_count=[128, 128])
-            vn_ready = T.alloc_barrier(arrive_count=[128, 128])
-            vn_free = T.alloc_barrier(arrive_count=[128, 128])
+            vn_ready = T.alloc_barrier(arrive_count=[128, 128]) if delta else None     # V_new's two slots
+            vn_free = T.alloc_barrier(arrive_count=[128, 128]) if delta else None
             tx = T.get_thread_binding()
             # one code branch per warpgroup: the barriers tilelang inserts in a branch are its own
             if tx < 128:
