@@ -35,8 +35,13 @@ __all__ = [*_HOMES, "__version__"]
 
 
 def __getattr__(name: str):
-    if name not in _HOMES:
-        raise AttributeError(f"module 'kda' has no attribute {name!r}")
+    if name not in _HOMES:                    # a submodule (kda.ops, ...), as when they were imported here
+        try:
+            return importlib.import_module(f"kda.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"kda.{name}":
+                raise
+            raise AttributeError(f"module 'kda' has no attribute {name!r}") from None
     value = getattr(importlib.import_module(_HOMES[name]), name)
     globals()[name] = value                   # found directly from now on
     return value

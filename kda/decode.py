@@ -156,20 +156,22 @@ def _run_reference(q, k, v, g, beta, scale, h0, bounds, indices, output_final_st
 
 
 @functools.lru_cache(maxsize=32)
-def _zeros(shape: tuple, device: torch.device) -> torch.Tensor:
-    """float32 zeros made once per shape and device, never written: the ``A_log`` and ``dt_bias``
-    the kernel takes where none are given (a fill kernel per decode step cost a launch each), and
-    the ``[1, HV, DK, DV]`` state stand-ins of a kernel compiled without an initial or final state."""
-    return torch.zeros(shape, dtype=torch.float32, device=device)
+def _zeros(shape: tuple, device: torch.device, dtype=torch.float32) -> torch.Tensor:
+    """Zeros made once per shape, device and dtype, never written: the ``A_log`` and ``dt_bias`` the
+    kernel takes where none are given (a fill kernel per decode step cost a launch each), the
+    ``[1, HV, DK, DV]`` state stand-ins of a kernel compiled without an initial or final state, and
+    the clear flags of an unchecked step."""
+    return torch.zeros(shape, dtype=dtype, device=device)
 
 
 def _run_kernel(q, k, v, g, beta, scale, h0, cu_seqlens, indices, output_final_state, l2norm, act=NO_ACTIVATION,
                 check=None):
-    """One launch of ``fused_recurrent`` for every sequence. Without ``check`` nothing here reads the
-    device or copies from the host, so that a CUDA graph can capture it (after a first call has
-    compiled the kernel). With ``check(flags)``: ``value_checks`` first, the kernel guarded by its
-    flags (nothing written if one is set), and the flags read once the kernel is queued
-    (``validate.launch_then_check``): the host waits for the checks only."""
+    """One launch of ``fused_recurrent`` for every sequence. With ``check(flags)``: ``value_checks``
+    first, the kernel guarded by its flags (nothing written if one is set), and the flags read once
+    the kernel is queued (``validate.launch_then_check``): the host waits for the checks only.
+    Without: the same kernel reads flags that are always clear (cached zeros), and nothing here
+    reads the device or copies from the host, so that a CUDA graph can capture it after a first
+    call, checked or not, has compiled the kernel."""
     from kda.kernels import decode
     from kda.kernels.build import compile_program
 
@@ -184,7 +186,7 @@ def _run_kernel(q, k, v, g, beta, scale, h0, cu_seqlens, indices, output_final_s
                                  scalar_gate=g.shape[-1] == 1, value_groups=HV // q.shape[2],
                                  varlen=cu_seqlens is not None, with_initial=h0 is not None,
                                  store_final=pooled or output_final_state, pooled=pooled,
-                                 gate_act=act.gate, beta_act=act.beta, guarded=check is not None)
+                                 gate_act=act.gate, beta_act=act.beta, guarded=True)
         GD = g.shape[-1]
         A_log = act.A_log if act.A_log is not None else _zeros((HV,), q.device)
         dt_bias = act.dt_bias if act.dt_bias is not None else _zeros((HV, GD), q.device)
@@ -199,12 +201,15 @@ def _run_kernel(q, k, v, g, beta, scale, h0, cu_seqlens, indices, output_final_s
         bounds = cu_seqlens.to(device=q.device, dtype=torch.int32) if cu_seqlens is not None else no_table
         slots = indices.to(torch.int32) if pooled else no_table
         beta = beta.to(torch.float32).contiguous()
-        flags = torch.zeros(3, dtype=torch.int32, device=q.device) if check is not None else no_table
+        flags = _zeros((3,), q.device, torch.int32)       # clear: an unchecked step
         if check is not None:
+            flags = torch.zeros(3, dtype=torch.int32, device=q.device)
+            # the slots as given: an int64 slot of 2^32 or more would pass as int32 (it wraps)
+            given = indices if pooled else no_table
             checks = compile_program(decode.value_checks, (), gate_dtype=str(g.dtype).removeprefix("torch."),
                                      gate_finite_only=act.gate is not None, beta_finite_only=act.beta is not None,
-                                     pooled=pooled)
-            checks(g.view(-1), beta.view(-1), slots, h0.shape[0] if pooled else 0, flags)
+                                     pooled=pooled, index_dtype=str(given.dtype).removeprefix("torch."))
+            checks(g.view(-1), beta.view(-1), given, h0.shape[0] if pooled else 0, flags)
         args = (q.contiguous(), k.contiguous(), v.contiguous(), g, beta, scale, A_log, dt_bias, act.lower_bound, o,
                 h0_arg, ht, bounds, slots, flags)
         validate.launch_then_check(flags, lambda: kernel(*args), check)

@@ -75,13 +75,15 @@ OPS = {
         "decode", "level0",
         "fused_recurrent_kda(q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=True)",
         "recurrent(q * scale, k, v, g, beta, h0, True)",
-        (("decode", "fused_recurrent", dict(BF16_128, gate_dtype="float32")),)),
+        (("decode", "value_checks", dict()),
+         ("decode", "fused_recurrent", dict(BF16_128, gate_dtype="float32", guarded=True)))),
     "fused_recurrent_gated_delta_rule": Op(
         "decode", "level0",
         "fused_recurrent_gated_delta_rule(q, k, v, g=g_head, beta=beta, scale=scale, initial_state=h0, "
         "output_final_state=True)",
         "recurrent(q * scale, k, v, g_head, beta, h0, True)",
-        (("decode", "fused_recurrent", dict(BF16_128, gate_dtype="float32", scalar_gate=True)),)),
+        (("decode", "value_checks", dict()),
+         ("decode", "fused_recurrent", dict(BF16_128, gate_dtype="float32", scalar_gate=True, guarded=True)))),
 }
 
 

@@ -82,6 +82,7 @@ BAD_VALUES = {
                      "beta must be finite"),
     "slot out of range": (dict(), None, "ssm_state_indices must be distinct slots"),
     "slot taken twice": (dict(), None, "ssm_state_indices must be distinct slots"),
+    "slot past int32": (dict(), None, "ssm_state_indices must be distinct slots"),
 }
 
 
@@ -93,7 +94,8 @@ def test_a_bad_value_raises_and_leaves_the_pool_as_it_was(case, per_channel):
     options, spoil, message = BAD_VALUES[case]
     q, k, v, g, beta, _ = inputs(4, 1, 2, 4, 128, 128, torch.bfloat16, per_channel, seed=11)
     pool = torch.randn(6, 4, 128, 128, device="cuda")
-    slots = {"slot out of range": [5, 0, 6, 1], "slot taken twice": [5, 0, 5, 1]}.get(case, [5, 0, 3, 1])
+    slots = {"slot out of range": [5, 0, 6, 1], "slot taken twice": [5, 0, 5, 1],
+             "slot past int32": [5, 0, 2 ** 32 + 3, 1]}.get(case, [5, 0, 3, 1])   # int64: wraps to 3 as int32
     if spoil is not None:
         spoil(g, beta)
     before = pool.clone()

@@ -61,6 +61,7 @@ CASES = [
     ("decode", "value_checks", dict()),
     ("decode", "value_checks", dict(gate_dtype="bfloat16", pooled=True)),
     ("decode", "value_checks", dict(gate_finite_only=True, beta_finite_only=True, pooled=True)),
+    ("decode", "value_checks", dict(pooled=True, index_dtype="int64")),
 ]
 
 

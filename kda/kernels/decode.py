@@ -140,15 +140,15 @@ def fused_recurrent(DK, DV, block_dv=32, dtype="bfloat16", gate_dtype="float32",
 
 
 # --8<-- [start:value_checks]
-def value_checks(gate_dtype="float32", gate_finite_only=False, beta_finite_only=False, pooled=False, per_thread=8,
-                 threads=128):
+def value_checks(gate_dtype="float32", gate_finite_only=False, beta_finite_only=False, pooled=False,
+                 index_dtype="int32", per_thread=8, threads=128):
     """The checks of a decode step's values, on the GPU, for ``fused_recurrent(guarded=True)`` to
-    read: ``flags[0] = 1`` if a gate is not finite and ``<= 0`` (only not finite, for a raw gate that an
-    activation turns into one), ``flags[1] = 1`` if a ``beta`` is outside ``[0, 1]`` (not finite, for
-    raw logits), ``flags[2] = 1`` with ``pooled`` if a slot is outside ``[0, P)`` or taken twice.
-    Arguments at run time: ``g [E]`` (every gate, flat), ``beta [R]`` (float32, flat), ``indices
-    [N]`` (int32; a ``[1]`` stand-in without ``pooled``), ``P`` (the pool's slots), then ``flags [3]``,
-    zeroed by the caller. A block checks ``threads * per_thread`` values, coalesced; a slot is
+    read: ``flags[0] = 1`` if a gate is not (finite and ``<= 0``) (only not finite, for a raw gate
+    that an activation turns into one), ``flags[1] = 1`` if a ``beta`` is outside ``[0, 1]`` (not
+    finite, for raw logits), ``flags[2] = 1`` with ``pooled`` if a slot is outside ``[0, P)`` or taken
+    twice. Arguments at run time: ``g [E]`` (every gate, flat), ``beta [R]`` (float32, flat),
+    ``indices [N]`` (``index_dtype``, as the caller gave them; a ``[1]`` stand-in without
+    ``pooled``), ``P`` (the pool's slots), then ``flags [3]``, zeroed by the caller. A block checks ``threads * per_thread`` values, coalesced; a slot is
     compared with every other one (``N`` is a decode batch)."""
     E, R, N = T.dynamic("E"), T.dynamic("R"), T.dynamic("N")
     span = threads * per_thread
@@ -165,7 +165,7 @@ def value_checks(gate_dtype="float32", gate_finite_only=False, beta_finite_only=
     def main(
         g: T.Tensor([E], gate_dtype),
         beta: T.Tensor([R], "float32"),
-        indices: T.Tensor([N] if pooled else [1], "int32"),
+        indices: T.Tensor([N] if pooled else [1], index_dtype),
         P: T.int32,
         flags: T.Tensor([3], "int32"),
     ):
@@ -188,7 +188,7 @@ def value_checks(gate_dtype="float32", gate_finite_only=False, beta_finite_only=
                     m = (bx - NG - NB) * threads + tx
                     if m < N:
                         slot = indices[m]
-                        if real(slot >= 0) * real(slot < P) == 0.0:
+                        if real(slot >= 0) * real(slot < T.Cast(index_dtype, P)) == 0.0:
                             flags[2] = 1
                         for j in T.serial(N):             # every thread reads the same j: one broadcast
                             if real(j != m) * real(indices[j] == slot) > 0.0:

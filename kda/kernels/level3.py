@@ -108,18 +108,22 @@ def seq_in_loop_scalar(DK, DV, chunk_size=64, block_dv=32, slots=4, out_groups=2
             if delta:                                              # V_new = U - W S, for both sides
                 T.gemm(W_s[slot, :, :], S_s[c % 2, :, :], WS, clear_accum=True)
                 T.barrier_wait(vn_free[c % 2], (c // 2 + 1) % 2)
+                if decayed:
+                    g_last[0] = cum_gate(G_s, slot, L - 1)
                 for i, j in T.Parallel(C, BV):                     # rows past the end: 0 - 0 as loaded
                     Vn_s[c % 2, i, j] = V_s[slot, i, j] - WS[i, j]
+                    if decayed:                    # weighted from the same registers: no read of Vn_s
+                        Vw_s[i, j] = (V_s[slot, i, j] - WS[i, j]) * \
+                            T.exp2(T.min(g_last[0] - cum_gate(G_s, slot, i), 0.0))
                 T.fence_proxy_async()
                 T.barrier_arrive(vn_ready[c % 2])
             if decayed:
-                g_last[0] = cum_gate(G_s, slot, L - 1)
+                if not delta:
+                    g_last[0] = cum_gate(G_s, slot, L - 1)
                 for i, j in T.Parallel(DK, BV):                    # S = 2^G_last S
                     S_f[i, j] = S_f[i, j] * T.exp2(g_last[0])
-                for r, j in T.Parallel(C, BV):  # keys decayed to the chunk end, on value rows (zeros past L)
-                    if delta:
-                        Vw_s[r, j] = Vn_s[c % 2, r, j] * T.exp2(T.min(g_last[0] - cum_gate(G_s, slot, r), 0.0))
-                    else:
+                if not delta:
+                    for r, j in T.Parallel(C, BV):  # keys decayed to the chunk end, on V rows (zeros past L)
                         Vw_s[r, j] = V_s[slot, r, j] * T.exp2(T.min(g_last[0] - cum_gate(G_s, slot, r), 0.0))
                 T.fence_proxy_async()
                 T.gemm(K_s[slot, :, :], Vw_s, S_f, transpose_A=True)
