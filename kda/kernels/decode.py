@@ -148,8 +148,9 @@ def value_checks(gate_dtype="float32", gate_finite_only=False, beta_finite_only=
     finite, for raw logits), ``flags[2] = 1`` with ``pooled`` if a slot is outside ``[0, P)`` or taken
     twice. Arguments at run time: ``g [E]`` (every gate, flat), ``beta [R]`` (float32, flat),
     ``indices [N]`` (``index_dtype``, as the caller gave them; a ``[1]`` stand-in without
-    ``pooled``), ``P`` (the pool's slots), then ``flags [3]``, zeroed by the caller. A block checks ``threads * per_thread`` values, coalesced; a slot is
-    compared with every other one (``N`` is a decode batch)."""
+    ``pooled``), ``P`` (the pool's slots), then ``flags [3]``, zeroed by the caller. A block checks
+    ``threads * per_thread`` values, coalesced; a slot is compared with every other one (``N`` is a
+    decode batch)."""
     E, R, N = T.dynamic("E"), T.dynamic("R"), T.dynamic("N")
     span = threads * per_thread
     NG, NB = T.ceildiv(E, span), T.ceildiv(R, span)
