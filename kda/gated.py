@@ -18,7 +18,8 @@ def _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state, c
     """Scalar gate: the cumsum kernel, then the fused pass. Per-channel gate: level 5's intra-chunk
     kernel without the delta rule (``chunk_intra(delta=False)``), then the sequential pass. Both
     first kernels flag a gate out of range as they read it; ``check(flags)`` runs once the pass is
-    queued (``validate.launch_then_check``: the read-back waits for the first kernel only). Returns ``o`` and the final state or ``None``."""
+    queued (``validate.launch_then_check``: the read-back waits for the first kernel only). Returns
+    ``o`` and the final state or ``None``."""
     from kda.kernels import level3 as kernels
     from kda.kernels import level5
     from kda.kernels.build import compile_program
