@@ -57,9 +57,10 @@ def chunk_cumsum(D, chunk_size=64, gate_dtype="float32", threads=128):
 # --8<-- [start:seq_in_loop_scalar]
 def seq_in_loop_scalar(DK, DV, chunk_size=64, block_dv=32, slots=4, out_groups=2, dtype="bfloat16",
                        gate="per_token", delta=False, initial_state=False, final_state=False):
-    """One gate per token and head. Arguments at run time: ``Q, K, V [B, T, H, *]``, ``W`` (with
-    ``delta``, else a ``[1, 1, 1, 1]`` stand-in), ``G``, ``scale, h0``, then ``O, ht`` (the state
-    flags as in level 1). Level 2's three weight places with ``a^(i-j)`` replaced by ``2^(G_i - G_j)``.
+    """The fused sequential pass of levels 2 to 4, at most one gate per token and head (a scalar gate).
+    Arguments at run time: ``Q, K, V [B, T, H, *]``, ``W`` (with ``delta``, else a ``[1, 1, 1, 1]``
+    stand-in), ``G``, ``scale, h0``, then ``O, ht`` (the state flags as in level 1). Level 2's three
+    weight places with ``a^(i-j)`` replaced by ``2^(G_i - G_j)``.
 
     ``gate``: ``"per_token"``, ``G [B, H, T_pad]`` from ``chunk_cumsum``; ``"constant"``, level 2's
     operation, ``G [H]`` holds ``log2 a`` per head and ``G_i = (i + 1) log2 a`` comes from a register
