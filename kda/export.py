@@ -45,7 +45,7 @@ OPS = {
     "linear_attention": Op(
         "ops", "level1", "linear_attention(q, k, v, scale=scale, initial_state=h0, output_final_state=True)",
         "recurrent(q * scale, k, v, h0, True)",
-        (("level1", "seq_in_loop", STATES),)),
+        (("level3", "seq_in_loop_scalar", dict(STATES, gate="none")),)),
     "decay_attention": Op(
         "ops", "level2", "decay_attention(q, k, v, alpha, scale=scale, initial_state=h0, output_final_state=True)",
         "recurrent(q * scale, k, v, alpha, h0, True)",

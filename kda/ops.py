@@ -30,7 +30,8 @@ KERNEL_CONFIG = {"chunk_size": CHUNK_SIZE, "block_dv": 32, "num_stages": 3, "thr
 # alternate chunks, 0.566 with 2 slots, 0.693 before the split (one output group: 0.59 to 0.61, its
 # outputs wrong then through shared bytes aliased across warpgroups, see build.WARP_SPECIALISED).
 # Level 2 runs it too, with its constant decay (run 67: 0.421 ms with 4 slots, 0.536 with 2, 0.517 for
-# level 2's own pipelined kernel, kernels.level2.seq_in_loop).
+# level 2's own pipelined kernel, kernels.level2.seq_in_loop), and level 1 without a gate (run 70: 0.402 ms
+# against 0.469 for level 1's own pipelined kernel, kernels.level1.seq_in_loop).
 SCALAR_PASS_CONFIG = {"slots": 4, "out_groups": 2}
 
 
@@ -118,9 +119,12 @@ def linear_attention(q, k, v, scale=None, initial_state=None, output_final_state
     scale = validate.check_scale(scale, DK)
     h0 = validate.check_initial_state(initial_state, B, H, DK, DV, q.device)
     if validate.runs_kernels(q.device):
-        from kda.kernels import level1 as kernels
+        from kda.kernels import level3 as kernels          # level 3's pass without a gate (see above)
 
-        o, final = _run_kernel(kernels.seq_in_loop, q, k, v, (), scale, h0, output_final_state, **KERNEL_CONFIG)
+        no_w, no_gate = stand_in(4, q.dtype, q.device), stand_in(1, torch.float32, q.device)
+        o, final = _run_kernel(kernels.seq_in_loop_scalar, q, k, v, (no_w, no_gate), scale, h0, output_final_state,
+                               gate="none", chunk_size=CHUNK_SIZE, block_dv=KERNEL_CONFIG["block_dv"],
+                               **SCALAR_PASS_CONFIG)
     else:
         o, final = ref1.chunked(q.double() * scale, k, v, CHUNK_SIZE, h0, output_final_state)
         o, final = o.to(q.dtype), (final.float() if final is not None else None)

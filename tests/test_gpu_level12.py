@@ -75,6 +75,25 @@ def test_level2_pipelined_kernel(shape, variant):
     assert rel_l2(o, ref_o) <= TOL[torch.bfloat16] and rel_l2(ht, ref_ht) <= TOL[torch.bfloat16]
 
 
+@pytest.mark.parametrize("variant", [{}, dict(overlap_gemms=False)], ids=str)
+@pytest.mark.parametrize("shape", [(2, 200, 3, 64, 128), (1, 1000, 4, 128, 128)])
+def test_level1_pipelined_kernel(shape, variant):
+    """Level 1's own kernel (the chapter's; ``linear_attention`` runs level 3's scalar pass without a
+    gate) in both GEMM orders the chapter times, states in and out, outputs poisoned."""
+    from kda.kernels import level1
+    from kda.kernels.build import compile_program
+
+    B, T, H, DK, DV = shape
+    q, k, v, h0 = inputs(shape, torch.bfloat16, seed=zlib.crc32(repr((shape, variant)).encode()))
+    kernel = compile_program(level1.seq_in_loop, (), DK=DK, DV=DV, dtype="bfloat16", initial_state=True,
+                             final_state=True, **variant)
+    o, ht = torch.full_like(v, float("nan")), torch.full_like(h0, float("nan"))
+    kernel(q, k, v, DK ** -0.5, h0, o, ht)
+    ref_o, ref_ht = ref1.chunked(q.double() * DK ** -0.5, k, v, 64, h0.double(), True)
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+    assert rel_l2(o, ref_o) <= TOL[torch.bfloat16] and rel_l2(ht, ref_ht) <= TOL[torch.bfloat16]
+
+
 @pytest.mark.parametrize("level", [1, 2])
 @pytest.mark.parametrize("shape", [(2, 200, 3, 64, 128), (1, 130, 2, 128, 64)])
 def test_states_in_and_out(level, shape, poisoned):

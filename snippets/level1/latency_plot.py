@@ -9,7 +9,8 @@ rows = recorded_data("snippets/level1/latency.py")["rows"]
 T = [r["T"] for r in rows]
 fig, ax = plt.subplots(figsize=(6, 3.6))
 for key, label, style in [("seq_in_grid", "kda seq_in_grid", "o-"), ("fla", "fla chunk_linear_attn", "s--"),
-                          ("kda", "kda fused (seq_in_loop)", "^-"), ("floor", "hardware floor", ":")]:
+                          ("kda_fused", "kda fused (seq_in_loop)", "v-"), ("kda", "kda.linear_attention", "^-"),
+                          ("floor", "hardware floor", ":")]:
     ax.loglog(T, [r[key] for r in rows], style, label=label)
 ax.set_xticks(T, [str(t) for t in T])             # the measured lengths; matplotlib's minor
 ax.xaxis.set_minor_formatter(NullFormatter())     # labels (2 x 10^3, 3 x 10^3, ...) overlapped
