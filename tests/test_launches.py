@@ -178,8 +178,8 @@ def test_level3_checks_the_flags_once_the_pass_is_queued(kernel_launches, per_ch
 
 @pytest.mark.parametrize("with_state", [False, True], ids=["stateless", "states"])
 def test_levels_1_2_and_4(kernel_launches, monkeypatch, with_state):
-    """The public functions of levels 1, 2 and 4 as on CUDA: level 2 takes level 3's scalar pass
-    with its constant decay."""
+    """The public functions of levels 1, 2 and 4 as on CUDA: levels 1 and 2 take level 3's scalar
+    pass, without a gate and with its constant decay."""
     import kda
     from kda import validate
 
@@ -191,9 +191,10 @@ def test_levels_1_2_and_4(kernel_launches, monkeypatch, with_state):
     kda.decay_attention(q, k, v, torch.tensor([0.9, 0.99]), initial_state=h0, output_final_state=with_state)
     kda.delta_rule(q, k, v, torch.rand(2, 130, 2, generator=gen), initial_state=h0, output_final_state=with_state,
                    check_values=False)
-    assert [name for name, _ in kernel_launches] == ["seq_in_loop", "seq_in_loop_scalar", "chunk_wy",
+    assert [name for name, _ in kernel_launches] == ["seq_in_loop_scalar", "seq_in_loop_scalar", "chunk_wy",
                                                      "state_output_pass"]
-    assert kernel_launches[1][1]["gate"] == "constant" and kernel_launches[0][1]["initial_state"] == with_state
+    assert [params["gate"] for _, params in kernel_launches[:2]] == ["none", "constant"]
+    assert kernel_launches[0][1]["initial_state"] == with_state
 
 
 @pytest.mark.parametrize("broken", ["missing", "strided", "float64", "rebinds"])
