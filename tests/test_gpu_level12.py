@@ -55,41 +55,28 @@ def test_decay_attention_kernel(shape, dtype, alpha, poisoned):
     assert torch.equal(o, kda.decay_attention(q, k, v, alpha)), "two runs differ"
 
 
-@pytest.mark.parametrize("variant", [{}, dict(overlap_gemms=False), dict(weight_tables=True)], ids=str)
+@pytest.mark.parametrize("level,variant", [(1, {}), (1, dict(overlap_gemms=False)), (2, {}),
+                                           (2, dict(overlap_gemms=False)), (2, dict(weight_tables=True))], ids=str)
 @pytest.mark.parametrize("shape", [(2, 200, 3, 64, 128), (1, 1000, 4, 128, 128)])
-def test_level2_pipelined_kernel(shape, variant):
-    """Level 2's own kernel (the chapter's; ``decay_attention`` runs level 3's scalar pass with a
-    constant decay) in each form the chapter times, states in and out, outputs poisoned."""
-    from kda.kernels import level2
+def test_pipelined_kernels(level, variant, shape):
+    """The chapters' own kernels of levels 1 and 2 (``linear_attention`` and ``decay_attention`` run
+    level 3's scalar pass, without a gate and with a constant decay) in each form the chapters time,
+    states in and out, outputs poisoned."""
+    from kda.kernels import level1, level2
     from kda.kernels.build import compile_program
 
     B, T, H, DK, DV = shape
-    q, k, v, h0 = inputs(shape, torch.bfloat16, seed=zlib.crc32(repr((shape, variant)).encode()))
+    q, k, v, h0 = inputs(shape, torch.bfloat16, seed=zlib.crc32(repr((level, shape, variant)).encode()))
     alpha = torch.linspace(0.3, 1.0, H, dtype=torch.float64)
-    kernel = compile_program(level2.seq_in_loop, (), DK=DK, DV=DV, dtype="bfloat16", initial_state=True,
-                             final_state=True, **variant)
+    kernel = compile_program((level1 if level == 1 else level2).seq_in_loop, (), DK=DK, DV=DV, dtype="bfloat16",
+                             initial_state=True, final_state=True, **variant)
+    decays = () if level == 1 else (torch.log2(alpha).float().cuda(),)
     o, ht = torch.full_like(v, float("nan")), torch.full_like(h0, float("nan"))
-    kernel(q, k, v, torch.log2(alpha).float().cuda(), DK ** -0.5, h0, o, ht)
-    ref_o, ref_ht = ref2.chunked(q.double() * DK ** -0.5, k, v, alpha, 64, h0.double(), True)
-    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
-    assert rel_l2(o, ref_o) <= TOL[torch.bfloat16] and rel_l2(ht, ref_ht) <= TOL[torch.bfloat16]
-
-
-@pytest.mark.parametrize("variant", [{}, dict(overlap_gemms=False)], ids=str)
-@pytest.mark.parametrize("shape", [(2, 200, 3, 64, 128), (1, 1000, 4, 128, 128)])
-def test_level1_pipelined_kernel(shape, variant):
-    """Level 1's own kernel (the chapter's; ``linear_attention`` runs level 3's scalar pass without a
-    gate) in both GEMM orders the chapter times, states in and out, outputs poisoned."""
-    from kda.kernels import level1
-    from kda.kernels.build import compile_program
-
-    B, T, H, DK, DV = shape
-    q, k, v, h0 = inputs(shape, torch.bfloat16, seed=zlib.crc32(repr((shape, variant)).encode()))
-    kernel = compile_program(level1.seq_in_loop, (), DK=DK, DV=DV, dtype="bfloat16", initial_state=True,
-                             final_state=True, **variant)
-    o, ht = torch.full_like(v, float("nan")), torch.full_like(h0, float("nan"))
-    kernel(q, k, v, DK ** -0.5, h0, o, ht)
-    ref_o, ref_ht = ref1.chunked(q.double() * DK ** -0.5, k, v, 64, h0.double(), True)
+    kernel(q, k, v, *decays, DK ** -0.5, h0, o, ht)
+    if level == 1:
+        ref_o, ref_ht = ref1.chunked(q.double() * DK ** -0.5, k, v, 64, h0.double(), True)
+    else:
+        ref_o, ref_ht = ref2.chunked(q.double() * DK ** -0.5, k, v, alpha, 64, h0.double(), True)
     assert torch.isfinite(o).all() and torch.isfinite(ht).all()
     assert rel_l2(o, ref_o) <= TOL[torch.bfloat16] and rel_l2(ht, ref_ht) <= TOL[torch.bfloat16]
 
