@@ -3,7 +3,9 @@
     python -m kda.site run --gpu              run every GPU snippet, write results/gpu/*.json
     python -m kda.site run --gpu --stale      only the GPU snippets whose record is missing or stale
     python -m kda.site run --cpu              run the CPU snippets into the build cache
-    python -m kda.site status                 every snippet: where it runs, hash, record state
+    python -m kda.site status                 every snippet: where it runs, hash, record state;
+                                              exit 1 on a missing GPU record
+    python -m kda.site status --fresh         exit 1 on a stale GPU record too (before publishing)
     python -m kda.site rerecord --out $OUT    the stale GPU records in one device call (kda.site.rerecord):
                                               compiles in parallel, times one at a time, returns
                                               records.tar and the caches for the next call
@@ -23,15 +25,24 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _status(args) -> int:
-    bad = 0
+    """Every snippet and the state of its record; the exit code is 1 on a missing GPU record, and
+    with ``--fresh`` (what a GPU runner checks before it publishes) on a stale one too."""
+    count = {"ok": 0, "stale": 0, "missing": 0}
     for s in sn.discover(ROOT):
         if s.where == "gpu":
             state, record, digest = sn.record_status(s, device=args.device)
-            bad += state != "ok"
-            print(f"gpu  {state:8s} {digest}  {s.path}")
+            count[state] += 1
+            line = f"gpu  {state:8s} {digest}  {s.path}"
+            if state == "stale":
+                changed = sn.changed_since(s, record, device=args.device)
+                commit = (record["provenance"].get("commit") or "unknown")[:10]
+                line += f"  (measured at {commit}; changed since: {', '.join(changed) if changed is not None else 'unknown'})"
+            print(line)
         else:
             print(f"cpu  {'-':8s} {sn.source_hash(s)}  {s.path}")
-    return 1 if bad else 0
+    total = sum(count.values())
+    print(f"GPU records: {count['ok']} of {total} fresh, {count['stale']} stale, {count['missing']} missing")
+    return 1 if count["missing"] or (args.fresh and count["stale"]) else 0
 
 
 def _select(where: str, only: str | None, device: str, stale: bool) -> list:
@@ -130,6 +141,8 @@ def main(argv=None) -> int:
     again.add_argument("--device", default=sn.DEFAULT_DEVICE)
     status = sub.add_parser("status", help="list snippets and the state of their GPU records")
     status.add_argument("--device", default=sn.DEFAULT_DEVICE)
+    status.add_argument("--fresh", action="store_true",
+                        help="exit non-zero on a stale record too (the check before publishing)")
     args = parser.parse_args(argv)
     cuda_tools_on_path()
     return {"status": _status, "run": _run, "rerecord": _rerecord}[args.command](args)

@@ -2,9 +2,14 @@
 
 * ``<!-- snippet: snippets/x/y.py -->`` on a line of its own becomes the snippet's code and,
   under it, its output: run now (CPU, cached by source hash) or read from its GPU record
-  (with a one-line provenance note). A snippet that raises, a missing GPU record and a
-  stale one are logged as warnings, which ``mkdocs build --strict`` turns into a failure;
-  the page says so visibly either way. ``code=hide`` shows the output only.
+  (with a one-line provenance note). A snippet that raises and a missing GPU record are logged
+  as warnings, which ``mkdocs build --strict`` turns into a failure. A stale GPU record (the
+  code changed after it was measured) keeps its output under a notice that names its commit
+  and the files changed since; it is logged at INFO, and fails only the publishing check
+  (``KDA_SITE_FRESH=1``). The page says so visibly either way. ``code=hide`` shows the output only.
+* ``<!-- gpu-records: line -->`` and ``<!-- gpu-records: list -->`` become how many GPU records
+  were measured on the current code, in a sentence or with the stale and missing ones linked
+  to the pages that show them (the home and benchmarks pages).
 * ``docs/assets`` is shared by both languages; notebooks are executed here (cached by
   source hash) so that mkdocs-jupyter only renders them.
 * The Chinese build (the original, ``docs/zh``) builds the English edition (``docs/en``)
@@ -35,17 +40,34 @@ from kda.site import snippets as sn
 log = logging.getLogger("mkdocs.plugins.kda_site")
 
 MARKER = re.compile(r"^<!--\s*snippet:\s*(\S+)([^>]*?)-->[ \t]*$", re.MULTILINE)
+RECORDS_MARKER = re.compile(r"^<!--\s*gpu-records:\s*(line|list)\s*-->[ \t]*$", re.MULTILINE)
 FIGURE = re.compile(r"FIGURE\(([^)]+)\)")
 
 TEXT = {
     "zh": {"missing": "尚未测量（not measured yet）", "stale": "记录已过期（stale）", "error": "代码段运行失败",
            "recorded": "GPU 记录", "missing_body": "这一段需要 GPU，还没有与当前代码相符的记录。",
-           "stale_body": "记录之后代码改过：记录的源码哈希是 {old}，现在是 {new}。下面是旧记录的输出。",
-           "rerun": "在 GPU 机器上运行 `python -m kda.site run --gpu` 重新测量。"},
+           "stale_body": "这份记录测于 {date}，提交 `{commit}`；之后改过的文件：{files}。"
+                         "下面仍是那次运行的输出（记录的源码哈希 {old}，现在是 {new}）。",
+           "unknown_files": "无法判断（记录没有逐文件哈希，本仓库里也没有它的提交）",
+           "rerun": "在 GPU 机器上运行 `python -m kda.site run --gpu` 重新测量。",
+           "records_line": "GPU 记录：{fresh} / {total} 份是在当前代码上测得的{rest}。",
+           "records_rest": "（过期 {stale} 份，缺失 {missing} 份，见[基准测试]({link})）",
+           "records_all": "全部与代码相符",
+           "stale_list": "过期（代码在测量之后改过，页面上仍显示旧输出）：",
+           "missing_list": "缺失（页面上写着「尚未测量」）：",
+           "on_page": "见"},
     "en": {"missing": "Not measured yet", "stale": "Stale record", "error": "Snippet failed",
            "recorded": "GPU record", "missing_body": "This snippet needs a GPU and has no record that matches the current code.",
-           "stale_body": "The code changed after this record: recorded source hash {old}, now {new}. The old output follows.",
-           "rerun": "Run `python -m kda.site run --gpu` on a GPU machine to measure again."},
+           "stale_body": "This record was measured on {date} at commit `{commit}`; changed since: {files}. "
+                         "The output below is still that run's (recorded source hash {old}, now {new}).",
+           "unknown_files": "unknown (the record has no per-file hashes and this checkout lacks its commit)",
+           "rerun": "Run `python -m kda.site run --gpu` on a GPU machine to measure again.",
+           "records_line": "GPU records: {fresh} of {total} measured on the current code{rest}.",
+           "records_rest": " ({stale} stale, {missing} missing; see [Benchmarks]({link}))",
+           "records_all": "all of them match the code",
+           "stale_list": "Stale (the code changed after the measurement; the page still shows the old output):",
+           "missing_list": "Missing (the page says \"not measured yet\"):",
+           "on_page": "on"},
 }
 
 _state: dict = {}
@@ -97,8 +119,12 @@ def on_files(files, config):
     # run (or load) every snippet the pages name now, so that their figures are files of
     # the build and links to them are checked like any other; each CPU snippet runs in its own
     # process, so they run side by side, one per core
-    paths = list(dict.fromkeys(match.group(1) for file in files.documentation_pages()
-                               for match in MARKER.finditer(Path(file.abs_src_path).read_text(encoding="utf-8"))))
+    pages: dict = {}
+    for file in files.documentation_pages():
+        for match in MARKER.finditer(Path(file.abs_src_path).read_text(encoding="utf-8")):
+            pages.setdefault(match.group(1), file.src_uri)
+    _state["pages"] = pages
+    paths = list(pages)
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         list(pool.map(_prepare, sorted(paths, key=_compiles_kernels, reverse=True)))
     for dest, blob in _state["figures"].items():
@@ -205,10 +231,19 @@ def _code_block(snippet: sn.Snippet) -> str:
 LIBRARY_LOG = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d +\[TileLang:.*\n?", re.MULTILINE)
 
 
+# runtime.text(zh, en): words of a snippet's output in both languages
+BILINGUAL = re.compile(r"⟦zh:(.*?)¦en:(.*?)⟧", re.DOTALL)
+
+
+def in_language(output: str, lang: str) -> str:
+    """A snippet's output with each ``runtime.text`` pair resolved to the page's language."""
+    return BILINGUAL.sub(lambda m: m.group(1) if lang == "zh" else m.group(2), output)
+
+
 def _place_figures(output: str, snippet: sn.Snippet, page) -> str:
-    """``FIGURE(name.png)`` -> a path relative to the page's source, which MkDocs checks; and
-    library log lines dropped."""
-    output = LIBRARY_LOG.sub("", output)
+    """``FIGURE(name.png)`` -> a path relative to the page's source, which MkDocs checks; words in
+    the page's language; and library log lines dropped."""
+    output = in_language(LIBRARY_LOG.sub("", output), _state["lang"])
     return FIGURE.sub(lambda m: get_relative_url(f"figures/{snippet.slug}/{m.group(1)}", page.file.src_uri), output)
 
 
@@ -236,14 +271,48 @@ def _expand(match, page) -> str:
     body = '<div class="kda-output" markdown>\n\n' + _place_figures(record["output"], snippet, page) + "\n\n</div>\n"
     note = f'<p class="kda-provenance">{t["recorded"]}: {html.escape(sn.provenance_line(record))}</p>\n'
     if status == "stale":
-        log.warning(f"GPU record stale for snippet {path} {where}: recorded hash {record['source_hash']}, "
-                    f"current {digest}; run python -m kda.site run --gpu")
-        parts.append(_notice("warning", t["stale"], t["stale_body"].format(old=record["source_hash"], new=digest)
-                             + "\n\n" + t["rerun"]))
+        changed = sn.changed_since(snippet, record, _state["records"], _state["device"])
+        message = (f"GPU record stale for snippet {path} {where}: measured at commit "
+                   f"{(record['provenance'].get('commit') or 'unknown')[:10]}, changed since: "
+                   f"{', '.join(changed) if changed is not None else 'unknown'}; run python -m kda.site run --gpu")
+        # shown, not fatal: only the publishing check (KDA_SITE_FRESH=1) fails on it
+        (log.warning if sn.fresh_mode() else log.info)(message)
+        files = ", ".join(f"`{f}`" for f in changed) if changed is not None else t["unknown_files"]
+        p = record["provenance"]
+        parts.append(_notice("warning", t["stale"], t["stale_body"].format(
+            date=p.get("date", "?"), commit=(p.get("commit") or "unknown")[:10], files=files,
+            old=record["source_hash"], new=digest) + "\n\n" + t["rerun"]))
     return "\n".join(parts + [body, note])
 
 
+def _records_summary(kind: str, page) -> str:
+    """How many GPU records match the current code: one sentence (``line``), or that sentence
+    with the stale and missing records listed and linked to the pages showing them (``list``)."""
+    t = TEXT[_state["lang"]]
+    states = sn.gpu_record_states(_state["root"], _state["records"], _state["device"])
+    count = {k: sum(v == k for v in states.values()) for k in ("ok", "stale", "missing")}
+    link = get_relative_url("benchmarks.md", page.file.src_uri)
+    rest = (t["records_rest"].format(stale=count["stale"], missing=count["missing"], link=link)
+            if count["ok"] < len(states) else "")
+    line = t["records_line"].format(fresh=count["ok"], total=len(states), rest=rest)
+    if kind == "line":
+        return line
+    out = [f'<p class="kda-records" markdown>{line}</p>\n']
+    for state, title in (("stale", t["stale_list"]), ("missing", t["missing_list"])):
+        names = [p for p, v in states.items() if v == state]
+        if names:
+            out.append(title + "\n")
+            for name in names:
+                shown = _state.get("pages", {}).get(name)
+                where = f" ({t['on_page']} [{shown.removesuffix('.md')}]({get_relative_url(shown, page.file.src_uri)}))" \
+                    if shown else ""
+                out.append(f"* `{name}`{where}")
+            out.append("")
+    return "\n".join(out)
+
+
 def on_page_markdown(markdown, page, config, files):
+    markdown = RECORDS_MARKER.sub(lambda m: _records_summary(m.group(1), page), markdown)
     return MARKER.sub(lambda m: _expand(m, page), markdown)
 
 

@@ -23,6 +23,12 @@ def figure(fig, name: str, alt: str | None = None) -> None:
     print(f"\n![{alt or name}](FIGURE({name}.png))\n")
 
 
+def text(zh: str, en: str) -> str:
+    """Words in both languages in a snippet's output (a caption, a table header, a cell): the
+    Chinese page shows ``zh``, the English page ``en``; run by hand, the marker prints as is."""
+    return f"⟦zh:{zh}¦en:{en}⟧"
+
+
 def save_data(data) -> None:
     """Keep JSON-able data with the record (GPU snippets: what a CPU plot reads back)."""
     out = _out()

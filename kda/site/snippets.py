@@ -419,6 +419,8 @@ def write_record(snippet: Snippet, result: Result, info: dict, records_dir: Path
               "seconds": round(result.seconds, 1), "provenance": info}
     if result.modules is not None:
         record["modules"] = result.modules
+    # each input's own hash, so that a stale record can name the files that changed since
+    record["files"] = {path: _file_hash(file) for path, file in record_inputs(snippet, record, records_dir, device)}
     path.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     return path
 
@@ -436,6 +438,85 @@ def record_status(snippet: Snippet, records_dir: Path | None = None, device: str
     if record is None:
         return "missing", None, digest
     return ("ok" if record["source_hash"] == digest else "stale"), record, digest
+
+
+def record_inputs(snippet: Snippet, record: dict, records_dir: Path | None = None,
+                  device: str = DEFAULT_DEVICE) -> list[tuple[str, Path]]:
+    """The files a record's hash covers, as (path from the project root, file): the snippet, the
+    ``kda`` modules the record lists (else those its imports reach), and the records it uses."""
+    inputs = [(snippet.path, snippet.file)]
+    kda_dir = _kda_dir()
+    if record.get("modules") is not None:
+        modules = [(rel, kda_dir / rel.removeprefix("kda/") if kda_dir is not None else None)
+                   for rel in record["modules"]]
+    else:
+        modules = [(_kda_path(file), file) for file in kda_closure(snippet.file.read_text(encoding="utf-8"))]
+    inputs += sorted(modules)
+    for used in snippet.uses:
+        record_file = record_path(load(snippet.root, used), records_dir, device)
+        inputs.append((_root_relative(record_file, snippet.root), record_file))
+    return inputs
+
+
+def _root_relative(path: Path, root: Path) -> str:
+    """``path`` from the project root where it lies inside, else its file name."""
+    try:
+        return Path(path).resolve().relative_to(Path(root).resolve()).as_posix()
+    except ValueError:
+        return Path(path).name
+
+
+def _file_hash(file: Path | None) -> str:
+    return hashlib.sha256(file.read_bytes()).hexdigest()[:16] if file is not None and file.exists() else "missing"
+
+
+def changed_since(snippet: Snippet, record: dict, records_dir: Path | None = None,
+                  device: str = DEFAULT_DEVICE) -> list[str] | None:
+    """The inputs of a record that changed after it was made (paths from the project root), or
+    ``None`` where that cannot be told. A record carries each input's hash (``files``); an older
+    one is compared with its inputs as they were at its commit, read from git."""
+    inputs = record_inputs(snippet, record, records_dir, device)
+    if "files" in record:
+        return [path for path, file in inputs if record["files"].get(path) != _file_hash(file)]
+    commit = record.get("provenance", {}).get("commit")
+    if not commit:
+        return None
+    changed = []
+    for path, file in inputs:
+        old = _git_show(snippet.root, commit, path)
+        if old is _UNKNOWN_COMMIT:
+            return None
+        now = file.read_bytes() if file is not None and file.exists() else None
+        if old != now:
+            changed.append(path)
+    return changed
+
+
+_UNKNOWN_COMMIT = object()
+
+
+def _git_show(root: Path, commit: str, path: str):
+    """The bytes of ``path`` at ``commit`` (``None`` where the file did not exist then), or
+    ``_UNKNOWN_COMMIT`` where this checkout does not have that commit."""
+    try:
+        known = subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=root, capture_output=True,
+                               timeout=30)
+        if known.returncode != 0:
+            return _UNKNOWN_COMMIT
+        res = subprocess.run(["git", "show", f"{commit}:{path}"], cwd=root, capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return _UNKNOWN_COMMIT
+    return res.stdout if res.returncode == 0 else None
+
+
+def gpu_record_states(root: Path, records_dir: Path | None = None, device: str = DEFAULT_DEVICE) -> dict:
+    """``{snippet path: "ok" | "stale" | "missing"}`` for every GPU snippet of the project."""
+    return {s.path: record_status(s, records_dir, device)[0] for s in discover(root) if s.where == "gpu"}
+
+
+def fresh_mode() -> bool:
+    """``KDA_SITE_FRESH=1``: the publishing check, in which a stale record fails like a missing one."""
+    return os.environ.get("KDA_SITE_FRESH", "") not in ("", "0")
 
 
 def provenance_line(record: dict) -> str:

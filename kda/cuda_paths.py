@@ -1,0 +1,48 @@
+"""CUDA paths that land before their GPU tests have passed.
+
+Kernel work reaches ``main`` once a machine without a GPU has checked what it can (sm_90a
+compiles, launch tests, float64 stage references). Until its GPU tests pass on the H200, such a
+path stays off: a module-level switch next to its code, ``False`` by default, listed here and on
+the API page ("not yet run on a GPU"). The commit that adds the path's GPU test log under
+``results/`` turns the switch on and names the log here; ``tests/test_cuda_paths.py`` holds
+every switch that is on by default to a log that exists.
+
+A call that would need a path that is off raises through ``require`` with a message that says
+which switch and why, instead of computing on an unchecked kernel.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CudaPath:
+    name: str                 # what the path does, e.g. "gdn_scalar_gate_forward"
+    module: str               # the module that holds the switch, next to the code it guards
+    switch: str               # the module-level bool
+    what: dict                # {"en": ..., "zh": ...}: one line for the API page
+    gpu_log: str | None = None  # results/... : the GPU test log of the commit that turned it on
+
+
+# Every CUDA path that landed before its GPU tests, with its switch. None waits at present: the
+# paths of the package all passed their GPU tests (results/tuning/gpu-tests-*.txt and the run logs).
+PATHS: tuple[CudaPath, ...] = ()
+
+
+def enabled(path: CudaPath) -> bool:
+    return bool(getattr(importlib.import_module(path.module), path.switch))
+
+
+def unverified(paths=None) -> list[CudaPath]:
+    """The paths still off by default (no GPU test log yet)."""
+    return [p for p in (PATHS if paths is None else paths) if p.gpu_log is None]
+
+
+def require(path: CudaPath, call: str) -> None:
+    """Raise a clear error where ``call`` needs ``path`` and its switch is off."""
+    if not enabled(path):
+        raise NotImplementedError(
+            f"{call} needs the CUDA path '{path.name}', which has not yet passed its GPU tests and is off by default; "
+            f"set {path.module}.{path.switch} = True to run it unverified, or use CPU tensors (the float64 path)")
