@@ -95,4 +95,4 @@ def activated(q, k, v, g, beta, per_channel: bool, options: dict, check_values: 
         raise ValueError(f"g must have shape {form} here, got {validate.shape_of(g)}")
     validate.check_beta(beta, B, T, H, q.device, check_values=False)
     act = check_activation(g, beta, check_values=check_values, **options)
-    return act.apply(g, beta, torch.float32 if validate.runs_kernels(q.device) else torch.float64)
+    return act.apply(g, beta, torch.float32 if validate.runs_kernels(q) else torch.float64)

@@ -83,9 +83,9 @@ def recurrent_eager(q, k, v, g, beta, scale, initial_state, output_final_state, 
         "state_v_first")}
     pooled = ssm_state_indices is not None
     compiling = torch.compiler.is_compiling()             # the checks a graph can hold, then the op
-    capturing = q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()   # a CUDA graph: no reads
+    cuda = validate.runs_kernels(q)
+    capturing = cuda and torch.cuda.is_current_stream_capturing()          # a CUDA graph: no reads
     check_values = check_values and not compiling and not capturing
-    cuda = validate.runs_kernels(q.device)
     scale, h0, bounds = check_inputs(q, k, v, g, beta, scale, None if pooled else initial_state, cu_seqlens,
                                      per_channel, check_values=False, cu_seqlens_cpu=cu_seqlens_cpu,
                                      read_bounds=not compiling and not capturing)

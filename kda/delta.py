@@ -59,7 +59,7 @@ def delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state
         Same function as fla's ``chunk_delta_rule``.
     """
     B, T, H, DK, DV = validate.check_qkv(q, k, v)
-    on_cuda = validate.runs_kernels(q.device)                  # where the first kernel checks the values
+    on_cuda = validate.runs_kernels(q)                  # where the first kernel checks the values
     validate.check_beta(beta, B, T, H, q.device, check_values=check_values and not on_cuda)
     scale = validate.check_scale(scale, DK)
     h0 = validate.check_initial_state(initial_state, B, H, DK, DV, q.device)

@@ -102,7 +102,7 @@ def context_parallel(q, k, v, g, beta, scale=None, initial_state=None, output_fi
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     scale, h0, _ = check_inputs(q, k, v, g, beta, scale, initial_state, None, g.dim() == 4)
     _check_ungrouped(q, v)
-    if validate.runs_kernels(q.device):
+    if validate.runs_kernels(q):
         q, k, g = kernel_inputs(q, k, g, use_qk_l2norm_in_kernel)
         form = prepare_chunks(q, k, v, g, beta, scale)            # once: for the map and the recompute
         M, Bm = chunk_maps(form)
@@ -116,7 +116,7 @@ def context_parallel(q, k, v, g, beta, scale=None, initial_state=None, output_fi
     dist.all_gather(maps_B, Bm, group=group)
     S = fold(S0, zip(maps_M[:rank], maps_B[:rank]))[-1]
     last = rank == world - 1
-    if validate.runs_kernels(q.device):
+    if validate.runs_kernels(q):
         o, final = run_state_pass(form, S, output_final_state=output_final_state and last)
     else:
         o, final = _plain_forward(g)(q, k, v, g, beta, scale, S, True, use_qk_l2norm_in_kernel)
@@ -169,12 +169,12 @@ def split_forward(q, k, v, g, beta, pieces: int | None = None, scale=None, initi
         raise ValueError(f"pieces must be a positive int or None, got {pieces!r}")
     scale, h0, _ = check_inputs(q, k, v, g, beta, scale, initial_state, None, g.dim() == 4)
     _check_ungrouped(q, v)
-    if validate.runs_kernels(q.device) and chunk_size != CHUNK_SIZE:
+    if validate.runs_kernels(q) and chunk_size != CHUNK_SIZE:
         raise ValueError(f"chunk_size must be {CHUNK_SIZE} on CUDA (the kernels' chunk), got {chunk_size}")
     B, T, H, _ = q.shape
     chunks = ceildiv(T, chunk_size)
     if pieces is None:
-        sms = sm_count(q.device) if validate.runs_kernels(q.device) else 1
+        sms = sm_count(q.device) if validate.runs_kernels(q) else 1
         pieces = choose_pieces(B, H, v.shape[-1], T, sms, chunk_size=chunk_size)
     run_chunks = ceildiv(chunks, pieces)
     pieces = ceildiv(chunks, run_chunks)                         # no empty run
@@ -182,7 +182,7 @@ def split_forward(q, k, v, g, beta, pieces: int | None = None, scale=None, initi
     if pieces == 1:                                           # nothing to fold
         return _plain_forward(g)(q, k, v, g, beta, scale, initial_state, output_final_state,
                                  use_qk_l2norm_in_kernel)
-    if validate.runs_kernels(q.device):
+    if validate.runs_kernels(q):
         return _split_forward_cuda(q, k, v, g, beta, pieces, run_len, scale, h0, output_final_state,
                                    use_qk_l2norm_in_kernel)
     runs = [slice(s, min(s + run_len, T)) for s in range(0, T, run_len)]

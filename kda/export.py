@@ -1,13 +1,14 @@
 """``python -m kda.export <op> <dir>``: one public op as a folder that runs without ``kda``.
 
-The folder holds a package ``kda_<op>`` (the op's module and every ``kda`` module it imports,
-kernels, input checks and float64 references, with the imports renamed), a test
-``test_kda_<op>.py`` (the CPU path against the float64 token recurrence, the kernels compiled for
+The folder is the package ``kda_<op>`` (the op's module and every ``kda`` module it imports,
+kernels, input checks and float64 references, with the imports renamed): from its parent folder,
+``from kda_<op> import <op>``. Beside the modules it holds a test ``test_kda_<op>.py`` (the CPU path against the float64 token recurrence, the kernels compiled for
 sm_90a, the CUDA path against the recurrence where there is a GPU), ``requirements.txt`` with the
 pinned tilelang, and ``SOURCE.json``: the commit and the SHA-256 of every file it was cut from.
 
     python -m kda.export chunk_kda vendor/
     python -m pytest vendor/kda_chunk_kda/test_kda_chunk_kda.py
+    cd vendor && python -c "from kda_chunk_kda import chunk_kda"
 """
 
 from __future__ import annotations
@@ -103,11 +104,18 @@ def rename_imports(source: str, package: str) -> str:
 
 
 def _tilelang_pin() -> str:
-    for req in metadata.requires("kda") or []:
+    """The tilelang version kda pins: from its installed metadata, or from the checkout's
+    pyproject.toml where kda is imported from a source tree that pip did not install."""
+    try:
+        requirements = metadata.requires("kda") or []
+    except metadata.PackageNotFoundError:
+        pyproject = KDA.parent / "pyproject.toml"
+        requirements = re.findall(r'"(tilelang\s*==[^"]+)"', pyproject.read_text()) if pyproject.exists() else []
+    for req in requirements:
         m = re.match(r"tilelang\s*==\s*([\w.]+)", req)
         if m:
             return m.group(1)
-    raise RuntimeError("kda's metadata pins no tilelang version")
+    raise RuntimeError("kda pins no tilelang version (neither its metadata nor pyproject.toml)")
 
 
 TEST = '''"""The exported {name}: the CPU path against the float64 token recurrence, the kernels compiled
@@ -191,13 +199,17 @@ its SHA-256). Verified on: {verified}. The kernels are written for Hopper (TMA, 
 GPUs were not tried. tilelang compiles them on first use with nvcc: a CUDA toolkit on PATH, or
 `pip install nvidia-cuda-nvcc` (13.0 or later).
 
-    cd kda_{name}
-    pip install -r requirements.txt
-    python -m pytest test_kda_{name}.py
+This folder is the package: put its parent folder on the import path (or copy the folder into
+your project's source tree), then
 
 ```python
 from kda_{name} import {name}
 ```
+
+and check it where it landed:
+
+    pip install -r kda_{name}/requirements.txt
+    python -m pytest kda_{name}/test_kda_{name}.py
 """
 
 
@@ -215,13 +227,13 @@ def export(name: str, dest: Path) -> Path:
     files = {}
     for src in sorted(set().union(*(closure(r) for r in roots))):
         rel = src.resolve().relative_to(KDA)
-        out = folder / package / rel
+        out = folder / rel
         out.parent.mkdir(parents=True, exist_ok=True)
         for parent in rel.parents:
-            (folder / package / parent / "__init__.py").touch()
+            (folder / parent / "__init__.py").touch()
         out.write_text(rename_imports(src.read_text(encoding="utf-8"), package), encoding="utf-8")
         files[f"kda/{rel.as_posix()}"] = hashlib.sha256(src.read_bytes()).hexdigest()
-    (folder / package / "__init__.py").write_text(
+    (folder / "__init__.py").write_text(
         f'"""{name}, exported from kda (SOURCE.json beside this package)."""\n\n'
         f"from {package}.{op.module} import {name}\n\n__all__ = [\"{name}\"]\n", encoding="utf-8")
     (folder / f"test_{package}.py").write_text(TEST.format(
@@ -249,11 +261,18 @@ sys.exit(pytest.main(sys.argv[1:]))
 """
 
 
-def run_exported_test(folder: Path, *pytest_args: str) -> subprocess.CompletedProcess:
-    """The export's own test in a fresh interpreter that refuses every import of ``kda``."""
+def run_exported_test(folder: Path, *pytest_args: str, check: bool = False) -> subprocess.CompletedProcess:
+    """The export's own test in a fresh interpreter that refuses every import of ``kda``, run from
+    the folder's parent as a user would; with ``check``, a run that fails raises with its output
+    (pytest missing, say), so a caller never parses the output of a run that did not happen."""
     test = next(Path(folder).glob("test_kda_*.py"))
-    return subprocess.run([sys.executable, "-c", WITHOUT_KDA, "-q", "-p", "no:cacheprovider", "-rs", test.name,
-                           *pytest_args], cwd=folder, capture_output=True, text=True)
+    res = subprocess.run([sys.executable, "-c", WITHOUT_KDA, "-q", "-p", "no:cacheprovider", "-rs",
+                          f"{Path(folder).name}/{test.name}", *pytest_args], cwd=Path(folder).parent,
+                         capture_output=True, text=True)
+    if check and res.returncode != 0:
+        raise RuntimeError(f"the exported test of {Path(folder).name} failed (exit {res.returncode}):\n"
+                           + (res.stdout[-2000:] + res.stderr[-2000:]).strip())
+    return res
 
 
 def main(argv=None) -> int:

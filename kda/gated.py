@@ -77,7 +77,7 @@ def gated_attention(q, k, v, g, scale=None, initial_state=None, output_final_sta
         ``o [B, T, H, DV]``, or ``(o, final_state)`` when ``output_final_state`` is true.
     """
     B, T, H, DK, DV = validate.check_qkv(q, k, v)
-    on_cuda = validate.runs_kernels(q.device)                  # where the first kernel checks the values
+    on_cuda = validate.runs_kernels(q)                  # where the first kernel checks the values
     per_channel = validate.check_gates(g, B, T, H, DK, q.device, check_values=check_values and not on_cuda)
     scale = validate.check_scale(scale, DK)
     h0 = validate.check_initial_state(initial_state, B, H, DK, DV, q.device)

@@ -85,7 +85,7 @@ def forward_eager(q, k, v, g, beta, scale, initial_state, output_final_state, us
                   cu_seqlens, per_channel: bool, check_values: bool, cu_seqlens_cpu=None):
     """``chunk_kda`` / ``chunk_gated_delta_rule`` outside ``torch.compile`` (and inside the op
     ``kda::chunk_gated_delta`` that a compiled graph calls)."""
-    cuda = validate.runs_kernels(q.device)
+    cuda = validate.runs_kernels(q)
     capturing = cuda and torch.cuda.is_current_stream_capturing()    # a CUDA graph: nothing read back
     if capturing and cu_seqlens is not None:
         raise ValueError("packed sequences (cu_seqlens) cannot be captured in a CUDA graph yet: their chunk table "

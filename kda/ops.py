@@ -118,7 +118,7 @@ def linear_attention(q, k, v, scale=None, initial_state=None, output_final_state
     B, T, H, DK, DV = validate.check_qkv(q, k, v)
     scale = validate.check_scale(scale, DK)
     h0 = validate.check_initial_state(initial_state, B, H, DK, DV, q.device)
-    if validate.runs_kernels(q.device):
+    if validate.runs_kernels(q):
         from kda.kernels import level3 as kernels          # level 3's pass without a gate (see above)
 
         no_w, no_gate = stand_in(4, q.dtype, q.device), stand_in(1, torch.float32, q.device)
@@ -151,7 +151,7 @@ def decay_attention(q, k, v, alpha, scale=None, initial_state=None, output_final
     a = validate.check_alpha(alpha, H)
     scale = validate.check_scale(scale, DK)
     h0 = validate.check_initial_state(initial_state, B, H, DK, DV, q.device)
-    if validate.runs_kernels(q.device):
+    if validate.runs_kernels(q):
         from kda.kernels import level3 as kernels          # level 3's pass, its gate constant (see above)
 
         log2_alpha = _log2_alpha_on(a, str(q.device))

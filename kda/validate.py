@@ -13,10 +13,15 @@ CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 KERNEL_HEAD_SIZES = (64, 128)
 
 
-def runs_kernels(device) -> bool:
-    """Whether tensors on ``device`` take the TileLang kernels (CUDA) or the float64 chunked
-    path (any other device): the one place that decides it, for the checks and for every op."""
-    return torch.device(device).type == "cuda"
+def runs_kernels(where) -> bool:
+    """Whether tensors on ``where`` (a device, or the tensor ``q`` itself) take the TileLang kernels
+    (CUDA) or the float64 chunked path (any other device): the one place that decides it, for the
+    checks and for every op. The ops ask it first, so a ``q`` that is no tensor is refused here."""
+    if isinstance(where, torch.Tensor):
+        where = where.device
+    elif not isinstance(where, (torch.device, str)):
+        raise ValueError(f"q must be a torch.Tensor of shape [B, T, H, DK], got {type(where).__name__}")
+    return torch.device(where).type == "cuda"
 
 
 def no_backward_on_cuda(name: str, t) -> None:
@@ -54,6 +59,8 @@ def check_qkv(q, k, v, grouped_values: bool = False) -> tuple[int, int, int, int
     if min(B, T, H, DK, DV, v.shape[2]) == 0:
         raise ValueError(f"q and v must have no empty dimension, got q {shape_of(q)} and v {shape_of(v)}")
     H = v.shape[2] if grouped_values else H
+    if not q.is_floating_point():
+        raise ValueError(f"q, k, v must be a floating dtype (float16 or bfloat16 on CUDA), got q {q.dtype}")
     for name, t in (("k", k), ("v", v)):
         if t.device != q.device:
             raise ValueError(f"{name} must be on the device of q ({q.device}), got {t.device}")

@@ -155,3 +155,27 @@ def test_the_value_check_switch_has_one_name():
         params = inspect.signature(fn).parameters
         assert params["check_values"].default is True, fn.__name__
         assert [p for p in params if p.startswith("check")] == ["check_values"], fn.__name__
+
+
+@pytest.mark.parametrize("op", ["linear_attention", "decay_attention", "gated_attention", "delta_rule", "chunk_kda",
+                                "chunk_gated_delta_rule", "fused_recurrent_kda", "fused_recurrent_gated_delta_rule"])
+def test_a_q_that_is_no_tensor_is_named(op):
+    """A Python list as q gets the checks' error, not an AttributeError from reading its device."""
+    q, k, v = qkv()
+    B, T, H, K = q.shape
+    g = torch.zeros(B, T, H, *([] if op in ("gated_attention", "chunk_gated_delta_rule",
+                                            "fused_recurrent_gated_delta_rule") else [K]))
+    extra = {"decay_attention": [0.5], "gated_attention": [g], "delta_rule": [torch.rand(B, T, H)]}.get(
+        op, [g, torch.rand(B, T, H)])
+    call = getattr(kda, op)
+    with pytest.raises(ValueError, match=r"q must be a torch.Tensor of shape \[B, T, H, DK\], got list"):
+        if op == "fused_recurrent_gated_delta_rule":          # fla's signature: g, gk, gv, beta
+            call(q.tolist(), k, v, g=g, beta=extra[1])
+        else:
+            call(q.tolist(), k, v, *([] if op == "linear_attention" else extra))
+
+
+def test_an_integer_q_is_refused_for_its_own_dtype():
+    """An int64 q with float32 k is told that q must be floating, not that k must match q's int64."""
+    q, k, v = qkv()
+    raises(r"q, k, v must be a floating dtype .* got q torch.int64", kda.linear_attention, q.long(), k, v)

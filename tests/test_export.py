@@ -31,7 +31,7 @@ def test_the_export_records_where_it_came_from(tmp_path):
     assert "kda/delta.py" in source["files"] and "kda/kernels/level4.py" in source["files"]
     for rel, digest in source["files"].items():
         assert hashlib.sha256((ROOT / rel).read_bytes()).hexdigest() == digest, rel
-    copied = (folder / "kda_delta_rule" / "delta.py").read_text()
+    copied = (folder / "delta.py").read_text()
     assert "from kda_delta_rule import ops, validate" in copied and "from kda " not in copied
 
 
@@ -44,3 +44,35 @@ def test_imports_are_renamed_and_nothing_else():
 def test_an_unknown_op_is_refused(tmp_path):
     with pytest.raises(ValueError, match="op must be one of .*chunk_kda"):
         export.export("kda_forward", tmp_path)
+
+
+def test_the_folder_is_the_package_and_imports_from_its_parent(tmp_path):
+    """``DIR/kda_<op>/`` is itself the package: from ``DIR``, ``from kda_<op> import <op>`` gives the
+    function, in an interpreter that refuses every import of ``kda``."""
+    import subprocess
+    import sys
+
+    export.export("delta_rule", tmp_path)
+    program = export.WITHOUT_KDA.split("import pytest")[0] + (
+        "from kda_delta_rule import delta_rule\nprint(delta_rule.__module__)\n")
+    res = subprocess.run([sys.executable, "-c", program], cwd=tmp_path, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "kda_delta_rule.delta"
+
+
+def test_the_export_works_from_a_checkout_that_pip_did_not_install(tmp_path, monkeypatch):
+    from importlib import metadata
+
+    def not_installed(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(export.metadata, "requires", not_installed)
+    assert export._tilelang_pin() == "0.1.15"
+    assert (export.export("delta_rule", tmp_path) / "requirements.txt").read_text().count("tilelang==0.1.15") == 1
+
+
+def test_a_failed_exported_test_raises_with_its_output(tmp_path, monkeypatch):
+    folder = export.export("delta_rule", tmp_path)
+    (folder / "test_kda_delta_rule.py").write_text("raise ImportError('no module named pytest_probe')\n")
+    with pytest.raises(RuntimeError, match="no module named pytest_probe"):
+        export.run_exported_test(folder, check=True)

@@ -131,7 +131,7 @@ site_name: t
 docs_dir: docs/zh
 theme: {{name: material, language: zh, font: false}}
 hooks: [{hooks}]
-markdown_extensions: [admonition, md_in_html, tables, pymdownx.superfences]
+markdown_extensions: [admonition, md_in_html, tables, pymdownx.details, pymdownx.superfences]
 extra: {{kda: {{language: zh}}}}
 """
 
@@ -395,3 +395,60 @@ def test_included_code_lines_fit_the_page_column():
                 lines = lines[starts[0] + 1:ends[0]]
             wide += [f"{page.relative_to(ROOT)}: {match.group(1)}:{section} {len(line)}" for line in lines if len(line) > 122]
     assert wide == []
+
+
+# --- rendering: what Markdown leaves as raw text ---------------------------------------------
+
+RUN_ON_ITEM = re.compile(r"(?:^|\n)[ \t]*(?:[*+-]|\d+\.)[ \t]+\S")
+RAW_TABLE_ROW = re.compile(r"(?:^|\n)[ \t]*\|.*\|[ \t]*(?:\n|$)")
+
+
+def rendering_faults(html: str) -> list[str]:
+    """Paragraphs that hold a list item (a list run into its paragraph for lack of a blank line) and
+    Markdown table rows left as text (a row whose cells do not match its header, or a bare ``|``)."""
+    from bs4 import BeautifulSoup
+
+    soup = BeautifulSoup(html, "html.parser")
+    for skip in soup.select("pre, code, script, style, .arithmatex"):
+        skip.decompose()
+    faults = []
+    for p in soup.find_all(["p", "li", "td", "th"]):
+        text = p.get_text()
+        if p.name == "p" and RUN_ON_ITEM.search(text) and not RUN_ON_ITEM.match(text):
+            faults.append("list run into a paragraph: " + text.strip()[:120])
+        if RAW_TABLE_ROW.search(text):
+            faults.append("table left as text: " + text.strip()[:120])
+    return faults
+
+
+def test_rendering_faults_are_found():
+    assert rendering_faults("<p>Four points:\n* one\n* two</p>")
+    assert rendering_faults("<p>Steps\n1. first</p>")
+    assert rendering_faults("<p>| a | b |\n|---|---|\n| 1 | 2 | 3 |</p>")
+    assert not rendering_faults("<p>a - b and 3. c</p><ul><li>one</li></ul><table><tr><td>1</td></tr></table>")
+    assert not rendering_faults("<pre><code>* not a list\n| not | a table |</code></pre>")
+
+
+@pytest.mark.parametrize("lang", ["", "en/"])
+def test_no_page_shows_raw_lists_or_tables(built_site, lang):
+    faults = {}
+    for page in sorted((built_site / lang).glob("*/index.html")) + [built_site / lang / "index.html"]:
+        if lang == "" and page.parent.name == "en":
+            continue
+        found = rendering_faults(page.read_text(encoding="utf-8"))
+        if found:
+            faults[page.parent.name] = found
+    assert not faults, faults
+
+
+@pytest.mark.parametrize("lang", ["zh", "en"])
+def test_the_home_ladder_links_every_chapter(lang):
+    """The ladder on the home page has a row for every chapter (decode and the backward too), and the
+    README's ladder a row for each level, decode and the backward."""
+    home = (ROOT / "docs" / lang / "index.md").read_text(encoding="utf-8")
+    ladder = home.split("\n## ")[1]
+    chapters = [p.stem for p in (ROOT / "docs" / lang).glob("*.md") if p.stem not in ("index", "api", "benchmarks")]
+    assert sorted(c for c in chapters if f"]({c}.md)" not in ladder) == []
+    readme_rows = [line.split("|")[1].strip() for line in (ROOT / "README.md").read_text().splitlines()
+                   if line.startswith("| ") and not line.startswith("| level")]
+    assert {"0", "1", "2", "3", "4", "5", "decode", "backward", "CP"} <= set(readme_rows)

@@ -34,6 +34,7 @@ from mkdocs.structure.files import File
 from mkdocs.utils import get_relative_url
 
 from kda.site import search_text
+from kda.site.runtime import in_language
 from kda.site.toolkit import cuda_tools_on_path
 from kda.site import snippets as sn
 
@@ -55,7 +56,8 @@ TEXT = {
            "records_all": "全部与代码相符",
            "stale_list": "过期（代码在测量之后改过，页面上仍显示旧输出）：",
            "missing_list": "缺失（页面上写着「尚未测量」）：",
-           "on_page": "见"},
+           "on_page": "见",
+           "code": "这段输出的代码：{path}"},
     "en": {"missing": "Not measured yet", "stale": "Stale record", "error": "Snippet failed",
            "recorded": "GPU record", "missing_body": "This snippet needs a GPU and has no record that matches the current code.",
            "stale_body": "This record was measured on {date} at commit `{commit}`; changed since: {files}. "
@@ -67,7 +69,8 @@ TEXT = {
            "records_all": "all of them match the code",
            "stale_list": "Stale (the code changed after the measurement; the page still shows the old output):",
            "missing_list": "Missing (the page says \"not measured yet\"):",
-           "on_page": "on"},
+           "on_page": "on",
+           "code": "The code of this output: {path}"},
 }
 
 _state: dict = {}
@@ -231,20 +234,21 @@ def _code_block(snippet: sn.Snippet) -> str:
 LIBRARY_LOG = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d +\[TileLang:.*\n?", re.MULTILINE)
 
 
-# runtime.text(zh, en): words of a snippet's output in both languages
-BILINGUAL = re.compile(r"⟦zh:(.*?)¦en:(.*?)⟧", re.DOTALL)
-
-
-def in_language(output: str, lang: str) -> str:
-    """A snippet's output with each ``runtime.text`` pair resolved to the page's language."""
-    return BILINGUAL.sub(lambda m: m.group(1) if lang == "zh" else m.group(2), output)
-
-
 def _place_figures(output: str, snippet: sn.Snippet, page) -> str:
-    """``FIGURE(name.png)`` -> a path relative to the page's source, which MkDocs checks; words in
-    the page's language; and library log lines dropped."""
-    output = in_language(LIBRARY_LOG.sub("", output), _state["lang"])
-    return FIGURE.sub(lambda m: get_relative_url(f"figures/{snippet.slug}/{m.group(1)}", page.file.src_uri), output)
+    """``FIGURE(name.png)`` -> the image in the page's language (``name.<lang>.png``, else the one
+    image) by a path relative to the page's source, which MkDocs checks; words in the page's language
+    (``runtime.text``); and library log lines dropped."""
+    lang = _state["lang"]
+    output = in_language(LIBRARY_LOG.sub("", output), lang)
+
+    def image(m):
+        name = m.group(1)
+        own = f"{name.removesuffix('.png')}.{lang}.png"
+        if f"figures/{snippet.slug}/{own}" in _state["figures"]:
+            name = own
+        return get_relative_url(f"figures/{snippet.slug}/{name}", page.file.src_uri)
+
+    return FIGURE.sub(image, output)
 
 
 def _expand(match, page) -> str:
@@ -256,13 +260,43 @@ def _expand(match, page) -> str:
         log.warning(f"{outcome['error']} {where}")
         return _notice("failure", t["error"], str(outcome["error"]))
     snippet = outcome["snippet"]
-    parts = [] if "code=hide" in options else [_code_block(snippet)]
     if "error" in outcome:
         log.warning(f"{outcome['error']} {where}")
-        return "\n".join(parts + [_notice("failure", t["error"], f"```text\n{outcome['error']}\n```")])
+        return "\n".join([_code_block(snippet), _notice("failure", t["error"], f"```text\n{outcome['error']}\n```")])
+    return _with_code(snippet, options, _shown_output(snippet, outcome, page, t, where))
+
+
+FOLD_LINES = 40
+
+
+def _code_folded(snippet: sn.Snippet, options: str) -> bool:
+    """Results before code where the code is plumbing: a recording (GPU) snippet, one that reads
+    records to plot or tabulate them, or a long one shows its output first and its code folded
+    below; a short example keeps its code open above its output (``code=fold`` / ``code=open``
+    decide by hand)."""
+    if "code=fold" in options or "code=open" in options:
+        return "code=fold" in options
+    lines = snippet.file.read_text(encoding="utf-8").count("\n")
+    return snippet.where == "gpu" or bool(snippet.uses) or lines > FOLD_LINES
+
+
+def _with_code(snippet: sn.Snippet, options: str, shown: str) -> str:
+    if "code=hide" in options:
+        return shown
+    if _code_folded(snippet, options):
+        title = TEXT[_state["lang"]]["code"].format(path=snippet.path)
+        folded = f'??? abstract "{title}"\n\n' + "\n".join("    " + line if line else "" for line in
+                                                           _code_block(snippet).splitlines()) + "\n"
+        return shown + "\n" + folded
+    return _code_block(snippet) + "\n" + shown
+
+
+def _shown_output(snippet: sn.Snippet, outcome: dict, page, t: dict, where: str) -> str:
+    """The output block of a snippet that ran (or its record), with its notices."""
     if snippet.where == "cpu":
         output = _place_figures(outcome["result"].output, snippet, page)
-        return "\n".join(parts + ['<div class="kda-output" markdown>\n\n' + output + "\n\n</div>\n"])
+        return '<div class="kda-output" markdown>\n\n' + output + "\n\n</div>\n"
+    path, parts = snippet.path, []
 
     status, record, digest = outcome["status"]
     if status == "missing":

@@ -26,7 +26,11 @@ class Table:
     formats: list = field(default_factory=list)   # per column: None (str()), a format string or a callable
 
     def column(self, name: str) -> list:
-        i = self.columns.index(name)
+        """The values of the column headed ``name``: its English words where the header is in both
+        languages (``kda.site.runtime.text``)."""
+        from kda.site.runtime import in_language
+
+        i = [in_language(c, "en") for c in self.columns].index(name)
         return [row[i] for row in self.rows]
 
     def _cell(self, value, fmt) -> str:

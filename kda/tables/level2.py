@@ -10,6 +10,7 @@ import torch
 from kda.metrics import max_abs, rel_l2
 from kda.reference import level1 as ref1
 from kda.reference import level2 as ref
+from kda.site.runtime import text
 from kda.tables import Table, sci
 
 ALPHAS = (0.99, 0.95, 0.9, 0.8, 0.5)
@@ -29,12 +30,17 @@ def agreement(seed: int = 0, alpha: float = 0.9, B=2, T=12, H=2, D=4, chunk_size
     """Section 4.4: every form against the recurrence, and the alpha = 1 degeneration."""
     q, k, v = _inputs(B, T, H, D, seed)
     a = ref.recurrent(q, k, v, alpha)[0]
-    rows = [("B chunked (ratio form) vs A recurrent", ref.chunked(q, k, v, alpha, chunk_size)[0], a),
-            ("C seq-in-grid vs A", ref.seq_in_grid(q, k, v, alpha, chunk_size)[0], a),
-            ("D seq-in-loop vs A", ref.seq_in_loop(q, k, v, alpha, chunk_size, block_dv=2)[0], a),
-            ("B factorized form vs A", ref.chunked(q, k, v, alpha, chunk_size, intra="factorized")[0], a),
-            ("B with alpha = 1 vs level-1 A", ref.chunked(q, k, v, 1.0, chunk_size)[0], ref1.recurrent(q, k, v)[0])]
-    table = Table(["comparison", "max abs", "rel L2"], formats=[None, sci, sci])
+    rows = [(text(zh="B 分块（比值形式）vs A 递推", en="B chunked (ratio form) vs A recurrent"),
+             ref.chunked(q, k, v, alpha, chunk_size)[0], a),
+            (text(zh="C 序列在 grid 里 vs A", en="C seq-in-grid vs A"), ref.seq_in_grid(q, k, v, alpha, chunk_size)[0], a),
+            (text(zh="D 序列在循环里 vs A", en="D seq-in-loop vs A"),
+             ref.seq_in_loop(q, k, v, alpha, chunk_size, block_dv=2)[0], a),
+            (text(zh="B 因式分解形式 vs A", en="B factorized form vs A"),
+             ref.chunked(q, k, v, alpha, chunk_size, intra="factorized")[0], a),
+            (text(zh="B 取 alpha = 1 vs 第一级 A", en="B with alpha = 1 vs level-1 A"),
+             ref.chunked(q, k, v, 1.0, chunk_size)[0], ref1.recurrent(q, k, v)[0])]
+    table = Table([text(zh="对照", en="comparison"), text(zh="最大绝对误差", en="max abs"), "rel L2"],
+                  formats=[None, sci, sci])
     for name, out, against in rows:
         table.rows.append([name, max_abs(out, against), rel_l2(out, against)])
     return table
@@ -51,10 +57,13 @@ def per_token(seed: int = 0, B=2, T=12, H=2, D=4, low=0.85, high=0.999) -> Table
     vector_form = ref.recurrent(q, k, v, alpha_t)[0]
     matrix_form, gamma = ref.parallel_form(q, k, v, alpha_t)
     causal = gamma[torch.ones_like(gamma, dtype=torch.bool).tril()]
-    table = Table(["check", "value"], formats=[None, None])
-    table.rows.append(["matrix form vs vector form, rel L2", sci(rel_l2(matrix_form, vector_form))])
-    table.rows.append(["Gamma on and below the diagonal: min", f"{causal.min().item():.3f}"])
-    table.rows.append(["Gamma on and below the diagonal: max", f"{causal.max().item():.3f}"])
+    table = Table([text(zh="检验", en="check"), text(zh="值", en="value")], formats=[None, None])
+    table.rows.append([text(zh="矩阵形式 vs 向量形式，rel L2", en="matrix form vs vector form, rel L2"),
+                       sci(rel_l2(matrix_form, vector_form))])
+    table.rows.append([text(zh="Gamma 对角线及其下方：最小值", en="Gamma on and below the diagonal: min"),
+                       f"{causal.min().item():.3f}"])
+    table.rows.append([text(zh="Gamma 对角线及其下方：最大值", en="Gamma on and below the diagonal: max"),
+                       f"{causal.max().item():.3f}"])
     return table
 # --8<-- [end:per_token]
 
@@ -69,7 +78,8 @@ def largest_exponent(alpha: float, limit: float) -> int:
 def overflow(alphas=ALPHAS) -> Table:
     """Section 3: the largest factor ``alpha^-(C-1)`` the factorized form materialises."""
     table = Table(["alpha", "alpha^-31 (C=32)", "alpha^-63 (C=64)", "alpha^-127 (C=128)",
-                   "fp16: largest n with alpha^-n finite", "fp32: largest n"],
+                   text(zh="fp16：alpha^-n 仍有限的最大 n", en="fp16: largest n with alpha^-n finite"),
+                   text(zh="fp32：最大 n", en="fp32: largest n")],
                   formats=[None, sci, sci, sci, None, None])
     for a in alphas:
         table.rows.append([a, a ** -31, a ** -63, a ** -127, largest_exponent(a, FP16_MAX),
@@ -89,7 +99,8 @@ def fp16_single_chunk(alphas=ALPHAS, C=64, D=64, trials=20, seed=0) -> Table:
     """
     i = torch.arange(C, dtype=torch.float64)
     mask = torch.ones(C, C).tril()
-    table = Table(["alpha", "ratio form rel L2", "factorized rel L2", "alpha^-(C-1)"], formats=[None, sci, sci, sci])
+    table = Table(["alpha", text(zh="比值形式 rel L2", en="ratio form rel L2"),
+                   text(zh="因式分解 rel L2", en="factorized rel L2"), "alpha^-(C-1)"], formats=[None, sci, sci, sci])
     for a in alphas:
         gamma = torch.where(i[:, None] >= i[None, :], a ** (i[:, None] - i[None, :]).clamp(min=0), 0.0)
         g = torch.Generator().manual_seed(seed)
@@ -121,7 +132,9 @@ def _fp_class(x: float, dtype: torch.dtype) -> str:
 def gamma_range(alphas=(0.99, 0.9, 0.5), C=128) -> Table:
     """Section 3.1: the causal entries of Gamma in fp32 (all in (0, 1]); the smallest is alpha^(C-1)."""
     i = torch.arange(C, dtype=torch.float64)
-    table = Table(["alpha", "C", "max", "smallest nonzero", "fp32 class of the smallest", "share underflowed to 0"],
+    table = Table(["alpha", "C", text(zh="最大值", en="max"), text(zh="最小非零值", en="smallest nonzero"),
+                   text(zh="最小值的 fp32 类别", en="fp32 class of the smallest"),
+                   text(zh="下溢为 0 的比例", en="share underflowed to 0")],
                   formats=[None, None, "{:.3f}", sci, None, "{:.1%}"])
     for a in alphas:
         causal = (i[:, None] - i[None, :])[torch.ones(C, C, dtype=torch.bool).tril()]
@@ -137,7 +150,7 @@ def fp16_underflow(alphas=ALPHAS, Cs=(64, 128)) -> Table:
     """Section 3.2: the smallest weight alpha^(C-1) if Gamma were stored in fp16."""
     columns = ["alpha"]
     for C in Cs:
-        columns += [f"alpha^{C - 1} (C={C})", f"in fp16 (C={C})"]
+        columns += [f"alpha^{C - 1} (C={C})", text(zh=f"存为 fp16 (C={C})", en=f"in fp16 (C={C})")]
     table = Table(columns, formats=[None] + [sci, None] * len(Cs))
     for a in alphas:
         row = [a]
@@ -149,7 +162,8 @@ def fp16_underflow(alphas=ALPHAS, Cs=(64, 128)) -> Table:
 
 def memory_length(alphas=(0.999, 0.99, 0.95, 0.9, 0.5), C=64, threshold=1e-3) -> Table:
     """Section 6: tokens until a contribution has decayed to ``threshold``: ``ln(threshold) / ln(alpha)``."""
-    table = Table(["alpha", f"alpha^{C}", "effective memory length (tokens)"], formats=[None, sci, "{:.0f}"])
+    table = Table(["alpha", f"alpha^{C}", text(zh="有效记忆长度（token 数）", en="effective memory length (tokens)")],
+                  formats=[None, sci, "{:.0f}"])
     for a in alphas:
         table.rows.append([a, a ** C, math.log(threshold) / math.log(a)])
     return table

@@ -8,6 +8,7 @@ import torch
 
 from kda.reference import level3 as ref
 from kda.reference.common import causal_mask
+from kda.site.runtime import text
 from kda.tables import Table, sci
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -45,7 +46,9 @@ def factorization_limits(tolerance: float = 1e-2) -> Table:
     """For each chunk size and operand dtype, the weakest constant gate ``g`` per step at which
     the single-GEMM factorization fails (inf/NaN, or a relative error above ``tolerance``),
     found by bisection on ``|g|``; and the decay ``e^g`` it corresponds to."""
-    table = Table(["C", "operands", "fails from g =", "decay e^g per step", "key factor e^(C abs(g)) there"],
+    table = Table(["C", text(zh="操作数", en="operands"), text(zh="从 g = 起失效", en="fails from g ="),
+                   text(zh="每步衰减 e^g", en="decay e^g per step"),
+                   text(zh="该处的 key 因子 e^(C abs(g))", en="key factor e^(C abs(g)) there")],
                   formats=[None, None, "{:.3f}", "{:.3f}", sci])
     for C in (64, 32, 16):
         q, k = _inputs(C)
@@ -67,8 +70,9 @@ def strong_gates(gates=(-0.1, -5.0, -20.0, -1e4)) -> Table:
     under strong constant gates, against the pairwise definition."""
     C = 64
     q, k = _inputs(C)
-    table = Table(["g per step", "one GEMM, fp32 operands", "one GEMM, bf16 operands", "sub-chunks of 16, float64"],
-                  formats=[None, sci, sci, sci])
+    table = Table([text(zh="每步 g", en="g per step"), text(zh="一个 GEMM，fp32 操作数", en="one GEMM, fp32 operands"),
+                   text(zh="一个 GEMM，bf16 操作数", en="one GEMM, bf16 operands"),
+                   text(zh="16 行子块，float64", en="sub-chunks of 16, float64")], formats=[None, sci, sci, sci])
     for g in gates:
         G = ref.chunk_gates(torch.full((1, C, 1, q.shape[-1]), g, dtype=torch.float64), C)[0, 0, 0]
         exact = ref.pairwise_scores(q, k, G)
@@ -95,14 +99,19 @@ def diagonal_path_share(span_max_log2: float, subchunk: int = 16, C: int = 64, T
     softplus = torch.nn.functional.softplus
     draws = {
         "logsigmoid(x) (GLA)": lsig(x),
-        "logsigmoid(x) / 16 (GLA's gate normaliser)": lsig(x) / 16,
-        "-2 softplus(x) (KDA-style, exp(A_log) = 2)": -2 * softplus(x),
+        text(zh="logsigmoid(x) / 16（GLA 的门控归一化）",
+             en="logsigmoid(x) / 16 (GLA's gate normaliser)"): lsig(x) / 16,
+        text(zh="-2 softplus(x)（KDA 式，exp(A_log) = 2）",
+             en="-2 softplus(x) (KDA-style, exp(A_log) = 2)"): -2 * softplus(x),
         "-4 softplus(x) (exp(A_log) = 4)": -4 * softplus(x),
         "-8 softplus(x) (exp(A_log) = 8)": -8 * softplus(x),
         "logsigmoid(x) * 30": lsig(x) * 30,
+        # (this name stays in English on both pages: tests look it up)
         "uniform in [-20, 0]": -20 * torch.rand(1, T, H, D, generator=gen, dtype=torch.float64),
     }
-    table = Table(["gate", "mean g", "largest sub-chunk fall (log2)", "chunks on the pairwise path"],
+    table = Table([text(zh="门控", en="gate"), text(zh="g 的均值", en="mean g"),
+                   text(zh="子块内的最大下降（log2）", en="largest sub-chunk fall (log2)"),
+                   text(zh="走逐对路径的块", en="chunks on the pairwise path")],
                   formats=[None, "{:.3f}", "{:.1f}", "{:.1%}"])
     for name, g in draws.items():
         G = ref.chunk_gates(g / math.log(2), C)                          # [1, H, NC, C, D], log2

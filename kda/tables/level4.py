@@ -6,6 +6,7 @@ import torch
 
 from kda.reference import level4 as ref
 from kda.reference.common import to_chunks
+from kda.site.runtime import text
 from kda.tables import Table, sci
 
 
@@ -16,8 +17,11 @@ def solve_conditioning(C: int = 64, D: int = 128, chunks: int = 64, seed: int = 
     its inverse, and the error of the blocked inverse computed in float32 against float64's
     ``solve_triangular``."""
     gen = torch.Generator().manual_seed(seed)
-    table = Table(["keys", "cond(I + A), median", "cond(I + A), max", "largest entry of (I + A)^-1",
-                   "blocked inverse in fp32: rel error"], formats=[None, sci, sci, sci, sci])
+    table = Table([text(zh="键", en="keys"), text(zh="cond(I + A)，中位数", en="cond(I + A), median"),
+                   text(zh="cond(I + A)，最大值", en="cond(I + A), max"),
+                   text(zh="(I + A)^-1 的最大元素", en="largest entry of (I + A)^-1"),
+                   text(zh="fp32 分块求逆：相对误差", en="blocked inverse in fp32: rel error")],
+                  formats=[None, sci, sci, sci, sci])
     for name in ("L2-normalized", "raw N(0, 1)"):
         k = torch.randn(1, chunks * C, 1, D, generator=gen, dtype=torch.float64)
         if name == "L2-normalized":

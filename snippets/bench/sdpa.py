@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from kda import ledger
 from kda.bench import median_ms
-from kda.site.runtime import save_data
+from kda.site.runtime import save_data, text
 from kda.tables import Table
 
 B, H, D = 1, 32, 128
@@ -21,5 +21,7 @@ for T in (2048, 8192, 32768, 65536):
     rows.append([T, ms, flops / (ms * 1e-3) / 1e12, floor, floor / ms])
     data.append(dict(T=T, sdpa=ms, floor=floor))
 save_data({"B": B, "H": H, "D": D, "rows": data})
-print(Table(["T", "SDPA causal (ms)", "achieved TFLOP/s", "floor (ms)", "at % of floor"], rows,
+print(Table(["T", text(zh="SDPA 因果（ms）", en="SDPA causal (ms)"),
+             text(zh="实际达到的 TFLOP/s", en="achieved TFLOP/s"),
+             text(zh="下限（ms）", en="floor (ms)"), text(zh="达到下限的比例", en="at % of floor")], rows,
             [None, "{:.3f}", "{:.0f}", "{:.3f}", "{:.0%}"]))

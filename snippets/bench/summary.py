@@ -9,7 +9,7 @@ the long-context shape of the intra-card split (B = 1, H = 4, T = 131072)."""
 import matplotlib.pyplot as plt
 from matplotlib.ticker import NullFormatter
 
-from kda.site.runtime import figure, recorded_data
+from kda.site.runtime import figure, recorded_data, text
 from kda.tables import Table
 
 level1 = recorded_data("snippets/level1/latency.py")["rows"]
@@ -19,8 +19,11 @@ level4 = recorded_data("snippets/level4/latency.py")["rows"]
 level5 = recorded_data("snippets/level5/latency.py")["rows"] + recorded_data("snippets/level5/gdn_latency.py")["rows"]
 sdpa = {r["T"]: r["sdpa"] for r in recorded_data("snippets/bench/sdpa.py")["rows"]}
 
-table = Table(["level", "kda kernel", "fla peer", "T", "kda (ms)", "fla (ms)", "fla / kda", "kda at % of floor",
-               "SDPA causal (ms)", "SDPA / kda"],
+table = Table([text(zh="级", en="level"), text(zh="kda 的 kernel", en="kda kernel"),
+               text(zh="fla 对应算子", en="fla peer"), "T", "kda (ms)", "fla (ms)", "fla / kda",
+               text(zh="kda 达到下限的比例", en="kda at % of floor"),
+               text(zh="SDPA 因果（ms）", en="SDPA causal (ms)"),
+               "SDPA / kda"],
               formats=[None, None, None, None, "{:.3f}", "{:.3f}", "{:.2f}x", "{:.0%}", "{:.3f}", "{:.1f}x"])
 for level, name, peer, rows in [(1, "linear_attention", "chunk_linear_attn", level1),
                                 (2, "decay_attention", "chunk_simple_gla(g_gamma)", level2)]:
@@ -32,16 +35,18 @@ def peer_of(row):
     return next(name for name in row["ms"] if name.startswith("fla "))
 
 
+GATES = {"scalar g": "标量 g", "per-channel g": "逐通道 g"}      # the gate forms of level 3, in Chinese
 for r in level3:                                  # one length, both gate forms (uniform rows)
-    ms, peer = r["ms"], peer_of(r)
-    table.rows.append([3, f"gated_attention, {r['op'].removeprefix('gated, ')}", peer.removeprefix("fla "), r["T"],
-                       ms["kda"], ms[peer], ms[peer] / ms["kda"], r["floor"] / ms["kda"], sdpa[r["T"]],
-                       sdpa[r["T"]] / ms["kda"]])
+    ms, peer, gate = r["ms"], peer_of(r), r["op"].removeprefix("gated, ")
+    table.rows.append([3, text(zh=f"gated_attention，{GATES[gate]}", en=f"gated_attention, {gate}"),
+                       peer.removeprefix("fla "), r["T"], ms["kda"], ms[peer], ms[peer] / ms["kda"],
+                       r["floor"] / ms["kda"], sdpa[r["T"]], sdpa[r["T"]] / ms["kda"]])
 for r in level4:
     table.rows.append([4, "delta_rule", "chunk_delta_rule", r["T"], r["kda"], r["fla"], r["fla"] / r["kda"],
                        r["floor"] / r["kda"], sdpa[r["T"]], sdpa[r["T"]] / r["kda"]])
 LEVEL5 = {"KDA": ("chunk_kda", [("fla chunk_kda", "chunk_kda")]),
-          "GDN": ("chunk_gated_delta_rule", [("fla chunk_gated_delta_rule (Triton)", "chunk_gated_delta_rule, Triton"),
+          "GDN": ("chunk_gated_delta_rule", [("fla chunk_gated_delta_rule (Triton)",
+                                              "chunk_gated_delta_rule, Triton"),
                                              ("FlashQLA 0.1.3", "FlashQLA chunk_gated_delta_rule")])}
 level5 = [r for r in level5 if (r["B"], r["H"]) == (1, 32)]      # the shape of the other levels
 for r in level5:                                                    # rows in the uniform schema
@@ -52,35 +57,85 @@ for r in level5:                                                    # rows in th
                            sdpa[r["T"]], sdpa[r["T"]] / ms["kda"]])
 print(table)
 
+# one panel per level: levels 1 and 2 against T, levels 3 to 5 at their one length as bars
+COLOR = {"kda": "C0", "fla": "C1", "FlashQLA": "C2", "floor": "0.5", "SDPA": "C3"}
+LABEL = {"kda": "kda", "fla": "fla", "FlashQLA": "FlashQLA", "floor": text(zh="下限", en="floor")}
+fig = plt.figure(figsize=(10, 7), layout="constrained")
+grid = fig.add_gridspec(2, 1, height_ratios=[1, 1.1])
+sweeps = grid[0].subgridspec(1, 2).subplots(sharey=True)
 T = [r["T"] for r in level1]
-fig, ax = plt.subplots(figsize=(6.4, 4.2))
-ax.loglog(T, [sdpa[t] for t in T], "o:", label="causal softmax attention (SDPA)")
-for rows, level, style in [(level1, 1, "-"), (level2, 2, "--")]:
-    ax.loglog(T, [r["fla"] for r in rows], "s" + style, label=f"fla, level {level}")
-    ax.loglog(T, [r["kda"] for r in rows], "^" + style, label=f"kda, level {level}")
-ax.loglog(T, [r["floor"] for r in level1], "k:", label="floor of the linear kernels")
-for r, marker in zip(level3, ("D", "P")):
-    ax.loglog([r["T"]], [r["ms"]["kda"]], marker, label=f"kda, level 3 ({r['op'].removeprefix('gated, ')})")
-    ax.loglog([r["T"]], [r["ms"][peer_of(r)]], marker, mfc="none", label=peer_of(r))
-for r in level4:
-    ax.loglog([r["T"]], [r["kda"]], "X", label="kda, level 4 (delta rule)")
-    ax.loglog([r["T"]], [r["fla"]], "X", mfc="none", label="fla chunk_delta_rule")
-for r, marker in zip(level5, ("v", "<")):
-    ax.loglog([r["T"]], [r["ms"]["kda"]], marker, label=f"kda, level 5 ({r['op']})")
-ax.set_xticks(T, [str(t) for t in T])             # the measured lengths; matplotlib's minor
-ax.xaxis.set_minor_formatter(NullFormatter())     # labels would overlap
-ax.set_xlabel("T (B = 1, H = 32, D = 128, bf16)")
-ax.set_ylabel("latency (ms)")
-ax.grid(True, which="both", alpha=0.3)
-ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)   # beside the data
-figure(fig, "latency-all", "latency of every kernel against T on the H200")
+for ax, measured, title in [(sweeps[0], level1, text(zh="第一级：linear_attention", en="level 1: linear_attention")),
+                            (sweeps[1], level2, text(zh="第二级：decay_attention", en="level 2: decay_attention"))]:
+    ax.loglog(T, [r["kda"] for r in measured], "^-", color=COLOR["kda"], label="kda")
+    ax.loglog(T, [r["fla"] for r in measured], "s-", color=COLOR["fla"],
+              label=text(zh="fla 对应算子", en="fla peer"))
+    ax.loglog(T, [r["floor"] for r in measured], ":", color=COLOR["floor"], linewidth=2,
+              label=text(zh="硬件下限", en="hardware floor"))
+    ax.loglog(T, [sdpa[t] for t in T], "o:", color=COLOR["SDPA"], mfc="none", markersize=8,   # open: fla is close
+              label=text(zh="因果 softmax 注意力（SDPA）", en="causal softmax attention (SDPA)"))
+    ax.set_xticks(T, [str(t) for t in T])         # the measured lengths; matplotlib's minor
+    ax.xaxis.set_minor_formatter(NullFormatter())  # labels would overlap
+    ax.set_xlabel("T (B = 1, H = 32, D = 128, bf16)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+sweeps[0].set_ylabel(text(zh="延迟（ms）", en="latency (ms)"))
+
+
+def bars(ax, groups, title):
+    """Bars at T = 32768, one group per operation: kda, its peers and the floor, each value written on top."""
+    x = 0
+    for group, values in groups:                   # names under the bars are annotations, not tick labels:
+        first = x                                  # figure() puts annotations in each language
+        for kind, ms in values:
+            ax.bar_label(ax.bar(x, ms, color=COLOR[kind]), fmt="%.2f", fontsize=7)
+            ax.annotate(LABEL[kind], (x, 0), xycoords=("data", "axes fraction"), xytext=(0, -4),
+                        textcoords="offset points", ha="center", va="top", fontsize=8)
+            x += 1
+        if group:
+            ax.annotate(group, ((first + x - 1) / 2, 0), xycoords=("data", "axes fraction"), xytext=(0, -20),
+                        textcoords="offset points", ha="center", va="top", fontsize=9)
+        x += 0.6                                   # a gap between groups
+    ax.set_xticks([])
+    ax.margins(y=0.08)                             # room for the value on the tallest bar
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, axis="y", alpha=0.3)
+
+
+def level5_bars(r):
+    """kda, then the peers in LEVEL5's order (fla's Triton path, FlashQLA), then the floor."""
+    peers = [("FlashQLA" if key.startswith("FlashQLA") else "fla", r["ms"][key]) for key, _ in LEVEL5[r["op"]][1]]
+    return [("kda", r["ms"]["kda"])] + peers + [("floor", r["floor"])]
+
+
+gate_of = lambda r: r["op"].removeprefix("gated, ")               # "scalar g" or "per-channel g"
+levels = grid[1].subgridspec(1, 3, width_ratios=[6.6, 3, 7.6]).subplots(sharey=True)
+bars(levels[0], [(text(zh=GATES[gate_of(r)], en=gate_of(r)),
+                  [("kda", r["ms"]["kda"]), ("fla", r["ms"][peer_of(r)]), ("floor", r["floor"])]) for r in level3],
+     text(zh="第三级：gated_attention", en="level 3: gated_attention"))
+bars(levels[1], [(None, [("kda", r["kda"]), ("fla", r["fla"]), ("floor", r["floor"])]) for r in level4],
+     text(zh="第四级：delta_rule", en="level 4: delta_rule"))
+bars(levels[2], [(r["op"], level5_bars(r)) for r in level5],
+     text(zh="第五级：chunk_kda、chunk_gated_delta_rule", en="level 5: chunk_kda, chunk_gated_delta_rule"))
+levels[0].set_ylabel(text(zh="T = 32768 时的延迟（ms）", en="latency at T = 32768 (ms)"))
+handles, labels = sweeps[0].get_legend_handles_labels()
+handles.insert(2, plt.Rectangle((0, 0), 1, 1, color=COLOR["FlashQLA"]))      # a level 5 peer only
+labels.insert(2, "FlashQLA 0.1.3")
+fig.legend(handles, labels, loc="outside upper center", ncol=5, fontsize=8)
+figure(fig, "latency-all", text(zh="H200 上每个 kernel 的延迟：第一、二级随 T 变化，第三至五级在 T = 32768",
+                                en="latency of every kernel on the H200: levels 1 and 2 against T, "
+                                   "levels 3 to 5 at T = 32768"))
 
 split = recorded_data("snippets/cp/split_latency.py")["rows"]
-long = Table(["op", "implementation", "ms", "at % of floor"], formats=[None, None, "{:.3f}", "{:.0%}"])
+long = Table(["op", text(zh="实现", en="implementation"), "ms", text(zh="达到下限的比例", en="at % of floor")],
+             formats=[None, None, "{:.3f}", "{:.0%}"])
 for r in split:
+    in_chinese = {"kda, no split": "kda，不切分",
+                  f"kda, split into {r['pieces']} (auto)": f"kda，切成 {r['pieces']} 段（自动）"}
     for name, ms in r.items():
         if isinstance(ms, float) and name != "floor":
-            long.rows.append([r["op"], name, ms, r["floor"] / ms])
-print(f"\nB = {split[0]['B']}, T = {split[0]['T']}, H = {split[0]['H']}, D = 128, bf16 "
-      "(the intra-card split, Context parallelism, Section 4):\n")
+            label = text(zh=in_chinese[name], en=name) if name in in_chinese else name
+            long.rows.append([r["op"], label, ms, r["floor"] / ms])
+print(f"\nB = {split[0]['B']}, T = {split[0]['T']}, H = {split[0]['H']}, D = 128, bf16"
+      + text(zh="（卡内切分，上下文并行第 4 节）：",
+             en=" (the intra-card split, Context parallelism, Section 4):") + "\n")
 print(long)

@@ -14,6 +14,7 @@ from kda.distributed import context_parallel, map_bytes
 from kda.gated_delta import chunk_kda
 from kda.metrics import rel_l2
 from kda.reference.level4 import l2_normalize
+from kda.site.runtime import text
 from kda.tables import Table, sci
 
 B, T, H, K, V = 1, 300, 2, 32, 16
@@ -44,7 +45,9 @@ def rank_main(rank, world, port, bounds, out_dir):
 if __name__ == "__main__":                # the ranks are spawned: they import this file
     q, k, v, g, beta, h0 = inputs()
     o_ref, final_ref = chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
-    table = Table(["ranks", "slice lengths", "rel L2 o", "rel L2 final state", "map bytes per rank (float64)"],
+    table = Table([text(zh="rank 数", en="ranks"), text(zh="各段长度", en="slice lengths"), "rel L2 o",
+                   text(zh="rel L2 末状态", en="rel L2 final state"),
+                   text(zh="每个 rank 的映射字节数（float64）", en="map bytes per rank (float64)")],
                   formats=[None, None, sci, sci, "{:,}"])
     for bounds in ([0, 100, 300], [0, 7, 100, 229, 300]):
         world = len(bounds) - 1
@@ -58,5 +61,7 @@ if __name__ == "__main__":                # the ranks are spawned: they import t
         table.rows.append([world, " + ".join(str(b - a) for a, b in zip(bounds, bounds[1:])),
                            rel_l2(o, o_ref), rel_l2(parts[-1]["final"], final_ref),
                            map_bytes(B, H, K, V)])
-    print(f"B, T, H, K, V = {B}, {T}, {H}, {K}, {V}; float64 on the CPU; final states are float32\n")
+    print(f"B, T, H, K, V = {B}, {T}, {H}, {K}, {V}"
+          + text(zh="；CPU 上用 float64；末状态为 float32",
+                 en="; float64 on the CPU; final states are float32") + "\n")
     print(table)

@@ -12,6 +12,7 @@ from kda.metrics import rel_l2
 from kda.reference import level0 as ref0
 from kda.reference import level4 as ref
 from kda.reference.level3 import per_channel
+from kda.site.runtime import text
 from kda.tables import Table, sci
 
 B, T, H, D = 1, 8192, 2, 128
@@ -23,10 +24,13 @@ beta = torch.rand(B, T, H, generator=gen, device="cuda")
 h0 = torch.randn(B, H, D, D, generator=gen, device="cuda")
 x = torch.randn(B, T, H, D, generator=gen, device="cuda")
 GATES = {"logsigmoid": torch.nn.functional.logsigmoid(x),
-         "mild": -0.005 * torch.rand(B, T, H, D, generator=gen, device="cuda")}
+         text(zh="温和", en="mild"): -0.005 * torch.rand(B, T, H, D, generator=gen, device="cuda")}
 
-table = Table(["op", "gates", "runs P", "tokens per run", "memory over a run", "rel L2 o", "rel L2 final state",
-               "rel L2 o vs unsplit"], formats=[None, None, None, None, sci, sci, sci, sci])
+table = Table([text(zh="算子", en="op"), text(zh="门控", en="gates"), text(zh="段数 P", en="runs P"),
+               text(zh="每段 token 数", en="tokens per run"), text(zh="一段的记忆", en="memory over a run"),
+               "rel L2 o", text(zh="rel L2 最终状态", en="rel L2 final state"),
+               text(zh="rel L2 o 对比不切分", en="rel L2 o vs unsplit")],
+              formats=[None, None, None, None, sci, sci, sci, sci])
 for op, forward in [("KDA", chunk_kda), ("GDN", chunk_gated_delta_rule)]:
     for name, g in GATES.items():
         g = g if op == "KDA" else g[..., 0].contiguous()
@@ -39,6 +43,9 @@ for op, forward in [("KDA", chunk_kda), ("GDN", chunk_gated_delta_rule)]:
             # the state that survives one run (1 = the whole sequence for P = 1)
             memory = per_channel(g.double(), D).reshape(B, P, run, H, D).sum(2).exp().mean().item()
             table.rows.append([op, name, P, run, memory, rel_l2(o, ref_o), rel_l2(s, ref_s), rel_l2(o, plain)])
-print(f"B, T, H, D = {B}, {T}, {H}, {D}, bf16, initial state; references: the float64 token recurrence "
-      "(rel L2 o, final state) and the unsplit kernel (P = 1)\n")
+print(text(zh=f"B, T, H, D = {B}, {T}, {H}, {D}，bf16，带初始状态；参照：float64 的逐 token 递推"
+             "（rel L2 o、最终状态）"
+             "与不切分的 kernel（P = 1）\n",
+           en=f"B, T, H, D = {B}, {T}, {H}, {D}, bf16, initial state; references: the float64 token recurrence "
+           "(rel L2 o, final state) and the unsplit kernel (P = 1)\n"))
 print(table)

@@ -11,18 +11,23 @@ from kda import fused_recurrent_gated_delta_rule, fused_recurrent_kda, ledger
 from kda.bench import median_ms, random_qkv
 from kda.metrics import rel_l2
 from kda.reference import level4 as ref
-from kda.site.runtime import save_data
+from kda.site.runtime import save_data, text
 from kda.tables import Table, sci
 from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla_gdn
 from fla.ops.kda import fused_recurrent_kda as fla_kda
 
 H, D = 32, 128
 SCALE = D ** -0.5
-table = Table(["op", "batch", "kda (ms)", "kda, check_values=False (ms)", "fla (ms)", "fla / kda unchecked",
-               "floor (ms)", "kda unchecked at % of floor", "rel L2 kda vs fla"],
+table = Table([text(zh="算子", en="op"), "batch", "kda (ms)", "kda, check_values=False (ms)", "fla (ms)",
+               text(zh="fla / 不检查的 kda", en="fla / kda unchecked"), text(zh="下限（ms）", en="floor (ms)"),
+               text(zh="kda 不检查时达到下限的比例", en="kda unchecked at % of floor"),
+               text(zh="rel L2 kda 对比 fla", en="rel L2 kda vs fla")],
               formats=[None, None, "{:.4f}", "{:.4f}", "{:.4f}", "{:.2f}x", "{:.4f}", "{:.0%}", sci])
-graphs = Table(["op", "batch", "kda in a graph (ms)", "fla in a graph (ms)", "fla / kda", "floor (ms)",
-                "kda at % of floor"], formats=[None, None, "{:.4f}", "{:.4f}", "{:.2f}x", "{:.4f}", "{:.0%}"])
+graphs = Table([text(zh="算子", en="op"), "batch", text(zh="kda 在图中（ms）", en="kda in a graph (ms)"),
+                text(zh="fla 在图中（ms）", en="fla in a graph (ms)"), "fla / kda",
+                text(zh="下限（ms）", en="floor (ms)"),
+                text(zh="kda 达到下限的比例", en="kda at % of floor")],
+               formats=[None, None, "{:.4f}", "{:.4f}", "{:.2f}x", "{:.4f}", "{:.0%}"])
 failed = []
 
 
@@ -78,10 +83,15 @@ for op in ("KDA", "GDN"):
         rows.append({"op": op, "B": B, "T": 1, "H": H, "DK": D, "DV": D, "ms": ms, "floor": floor,
                      "graph_ms": replayed})
 print(table)
-print("\nThe floor counts the float32 states read and written once (2 B H K V 4 bytes), q, k, v, o in "
-      "bf16 and g, beta in float32, at 4.3 TB/s.")
-print("\nThe same steps captured in CUDA graphs and replayed (kda unchecked: a graph cannot read values back):\n")
+print(text(zh="\n下限计入 float32 状态的一次读取和一次写回（2 B H K V 4 字节）、"
+              "bf16 的 q、k、v、o 与 float32 的 g、beta，"
+              "按 4.3 TB/s 计。",
+           en="\nThe floor counts the float32 states read and written once (2 B H K V 4 bytes), q, k, v, o in "
+           "bf16 and g, beta in float32, at 4.3 TB/s."))
+print(text(zh="\n同样的步骤捕获进 CUDA graph 后重放（kda 不检查：graph 里不能把值读回）：\n",
+           en="\nThe same steps captured in CUDA graphs and replayed (kda unchecked: a graph cannot read values "
+           "back):\n"))
 print(graphs)
 for line in failed:
-    print(f"\nCapture failed: {line}")
+    print(text(zh=f"\n捕获失败：{line}", en=f"\nCapture failed: {line}"))
 save_data({"rows": rows})

@@ -2,14 +2,16 @@
 """Plot of the per-chunk error recorded on the H200 by kernel_error.py."""
 import matplotlib.pyplot as plt
 
-from kda.site.runtime import figure, recorded_data
+from kda.site.runtime import figure, recorded_data, text
 
 data = recorded_data("snippets/level1/kernel_error.py")
 fig, ax = plt.subplots(figsize=(6, 3.4))
 for name, errs in data["per_chunk_rel_l2"].items():
     ax.semilogy(range(len(errs)), errs, label=name, lw=0.8)
-ax.set_xlabel(f"chunk index (chunk = {data['chunk_size']} tokens)")
-ax.set_ylabel("relative L2 error of the chunk")
+ax.set_xlabel(text(zh=f"块号（chunk = {data['chunk_size']} 个 token）",
+                   en=f"chunk index (chunk = {data['chunk_size']} tokens)"))
+ax.set_ylabel(text(zh="该块的相对 L2 误差", en="relative L2 error of the chunk"))
 ax.grid(True, which="both", alpha=0.3)
 ax.legend()
-figure(fig, "error-vs-chunk", "per-chunk error of kda.linear_attention")
+figure(fig, "error-vs-chunk",
+       text(zh="kda.linear_attention 的逐块误差", en="per-chunk error of kda.linear_attention"))

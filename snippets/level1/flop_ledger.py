@@ -3,7 +3,7 @@
 import matplotlib.pyplot as plt
 
 from kda import ledger
-from kda.site.runtime import figure
+from kda.site.runtime import figure, text
 from kda.tables import level1
 
 D, C = 64, 64
@@ -11,11 +11,14 @@ print(level1.flop_ledger(D=D, C=C, Ns=(512, 2048, 8192, 16384, 65536)))
 
 Ns = [2 ** p for p in range(9, 18)]
 fig, ax = plt.subplots(figsize=(6, 3.6))
-ax.loglog(Ns, [ledger.seq_in_grid_state_flops(n, D, C) for n in Ns], "o-", label="sequence in grid, step (1)")
-ax.loglog(Ns, [ledger.causal_attention_flops(n, D) for n in Ns], "s--", label="causal softmax attention")
-ax.loglog(Ns, [ledger.chunked_ideal_flops(n, D, C) for n in Ns], "^-", label="chunked, each chunk once")
-ax.set_xlabel("sequence length N")
+ax.loglog(Ns, [ledger.seq_in_grid_state_flops(n, D, C) for n in Ns], "o-",
+          label=text(zh="序列在 grid 里，步骤①", en="sequence in grid, step (1)"))
+ax.loglog(Ns, [ledger.causal_attention_flops(n, D) for n in Ns], "s--",
+          label=text(zh="因果 softmax 注意力", en="causal softmax attention"))
+ax.loglog(Ns, [ledger.chunked_ideal_flops(n, D, C) for n in Ns], "^-",
+          label=text(zh="分块，每块只算一次", en="chunked, each chunk once"))
+ax.set_xlabel(text(zh="序列长度 N", en="sequence length N"))
 ax.set_ylabel("FLOPs")
 ax.grid(True, which="both", alpha=0.3)
 ax.legend()
-figure(fig, "flops-vs-n", "FLOPs against N, log-log")
+figure(fig, "flops-vs-n", text(zh="FLOPs 随 N 的变化，双对数坐标", en="FLOPs against N, log-log"))

@@ -11,7 +11,7 @@ from kda.kernels import level1 as kernels
 from kda.kernels.build import compile_program
 from kda.metrics import rel_l2
 from kda.reference import level1 as ref
-from kda.site.runtime import save_data
+from kda.site.runtime import save_data, text
 from kda.tables import Table, sci
 
 ops.poison_outputs = True
@@ -33,7 +33,7 @@ def grid_kernel(q, k, v):
     return o
 
 table = Table(["B, T, H, DK, DV", "dtype", "linear_attention rel L2", "seq_in_loop rel L2", "seq_in_grid rel L2",
-               "NaN or inf"], formats=[None, None, sci, sci, sci, None])
+               text(zh="出现 NaN 或 inf", en="NaN or inf")], formats=[None, None, sci, sci, sci, None])
 for B, T, H, DK, DV in [(2, 1000, 4, 128, 128), (1, 4133, 8, 64, 64), (3, 2000, 2, 128, 64), (1, 77, 16, 64, 128)]:
     for dtype in (torch.float16, torch.bfloat16):
         q, k, v = (torch.randn(B, T, H, d, device="cuda").to(dtype) for d in (DK, DK, DV))
@@ -41,7 +41,7 @@ for B, T, H, DK, DV in [(2, 1000, 4, 128, 128), (1, 4133, 8, 64, 64), (3, 2000, 
         outputs = [linear_attention(q, k, v, scale=1.0), fused_kernel(q, k, v), grid_kernel(q, k, v)]
         bad = not all(torch.isfinite(o).all() for o in outputs)
         table.rows.append([f"{B}, {T}, {H}, {DK}, {DV}", NAMES[dtype], *(rel_l2(o, expected) for o in outputs),
-                           "yes" if bad else "no"])
+                           text(zh="是", en="yes") if bad else text(zh="否", en="no")])
 print(table)
 
 # error of each chunk along one sequence: does it grow with the chunk index?
@@ -55,7 +55,9 @@ for dtype in (torch.float16, torch.bfloat16):
     norm = expected.reshape(B, T // C, C, H, D).pow(2).sum(dim=(0, 2, 3, 4)).sqrt()
     profile[NAMES[dtype]] = (diff / norm).tolist()
 save_data({"chunk_size": C, "T": T, "per_chunk_rel_l2": profile})
-print(f"\nPer-chunk error along T = {T} (H = {H}, D = {D}): first chunk, middle, last")
-print("\n| dtype | chunk 0 | chunk %d | chunk %d |\n|---|---|---|---|" % (T // C // 2, T // C - 1))
+print(text(zh=f"\n沿 T = {T} 逐块的误差（H = {H}, D = {D}）：第一块、中间一块、最后一块",
+           en=f"\nPer-chunk error along T = {T} (H = {H}, D = {D}): first chunk, middle, last"))
+print(text(zh="\n| dtype | 第 0 块 | 第 %d 块 | 第 %d 块 |\n|---|---|---|---|" % (T // C // 2, T // C - 1),
+           en="\n| dtype | chunk 0 | chunk %d | chunk %d |\n|---|---|---|---|" % (T // C // 2, T // C - 1)))
 for name, errs in profile.items():
     print(f"| {name} | {sci(errs[0])} | {sci(errs[len(errs) // 2])} | {sci(errs[-1])} |")

@@ -12,7 +12,7 @@ from kda.kernels import level1 as kernels
 from kda.kernels.build import compile_program
 from kda.metrics import rel_l2
 from kda.reference import level1 as ref
-from kda.site.runtime import save_data
+from kda.site.runtime import save_data, text
 from kda.tables import Table, sci
 
 B, H, D, C = 1, 32, 128, 64
@@ -31,12 +31,13 @@ o_fused, o_article = torch.empty_like(v), torch.empty_like(v)
 fused(q, k, v, SCALE, no_state, o_fused, no_state)
 article_order(q, k, v, SCALE, no_state, o_article, no_state)
 errors = {"kda linear_attention": rel_l2(linear_attention(q, k, v), expected),
-          "kda fused": rel_l2(o_fused, expected),
-          "kda fused, article order": rel_l2(o_article, expected),
+          text(zh="kda 融合 kernel", en="kda fused"): rel_l2(o_fused, expected),
+          text(zh="kda 融合 kernel，原文顺序", en="kda fused, article order"): rel_l2(o_article, expected),
           "fla chunk_linear_attn": rel_l2(fla_linear_attention(q, k, v, SCALE), expected),
           "kda seq_in_grid": rel_l2(o_grid, expected)}
-print("Error against float64 at T = 32768 (same inputs): " +
-      ", ".join(f"{name} {sci(e)}" for name, e in errors.items()) + "\n")
+print(text(zh="与 float64 的误差，T = 32768（同一批输入）：",
+           en="Error against float64 at T = 32768 (same inputs): ") +
+      text(zh="；", en=", ").join(f"{name} {sci(e)}" for name, e in errors.items()) + "\n")
 del expected
 
 rows, data = [], []
@@ -49,12 +50,16 @@ for T in (2048, 8192, 32768, 65536):
     t_article = median_ms(lambda: article_order(q, k, v, SCALE, no_state, o, no_state))
     t_fla = median_ms(lambda: fla_linear_attention(q, k, v, SCALE))
     t_grid = median_ms(lambda: grid(qs, k, v, o), warmup_ms=50, rep_ms=300)
-    floor = ledger.floor_seconds(ledger.forward_flops(B, T, H, D, D, C), ledger.forward_min_bytes(B, T, H, D, D)) * 1e3
+    floor = ledger.floor_seconds(ledger.forward_flops(B, T, H, D, D, C),
+                                 ledger.forward_min_bytes(B, T, H, D, D)) * 1e3
     rows.append([T, t_kda, t_fused, t_article, t_fla, t_fla / t_kda, floor, floor / t_kda, t_grid, t_grid / t_fused,
                  ledger.redundancy(T, C)])
     data.append(dict(T=T, kda=t_kda, kda_fused=t_fused, kda_article_order=t_article, fla=t_fla, seq_in_grid=t_grid,
                      floor=floor))
 save_data({"B": B, "H": H, "D": D, "rows": data})
-print(Table(["T", "kda (ms)", "fused kernel (ms)", "article order (ms)", "fla (ms)", "fla / kda", "floor (ms)",
-             "kda at % of floor", "seq_in_grid (ms)", "seq_in_grid / fused", "(NC-1)/2"], rows,
-            [None, "{:.3f}", "{:.3f}", "{:.3f}", "{:.3f}", "{:.2f}x", "{:.3f}", "{:.0%}", "{:.2f}", "{:.1f}x", "{:.1f}"]))
+print(Table(["T", "kda (ms)", text(zh="融合 kernel（ms）", en="fused kernel (ms)"),
+             text(zh="原文顺序（ms）", en="article order (ms)"), "fla (ms)", "fla / kda",
+             text(zh="下限（ms）", en="floor (ms)"), text(zh="kda 达到下限的比例", en="kda at % of floor"),
+             "seq_in_grid (ms)", text(zh="seq_in_grid / 融合", en="seq_in_grid / fused"), "(NC-1)/2"], rows,
+            [None, "{:.3f}", "{:.3f}", "{:.3f}", "{:.3f}", "{:.2f}x", "{:.3f}", "{:.0%}", "{:.2f}", "{:.1f}x",
+             "{:.1f}"]))

@@ -6,12 +6,14 @@ import tilelang
 from kda.kernels import level1
 from kda.kernels.build import SM90A, compile_program
 from kda.kernels.registers import report
+from kda.site.runtime import text
 from kda.tables import Table
 
 tilelang.set_log_level("WARNING")   # its INFO lines go to stdout, which is this page's output
 
-table = Table(["kernel", "DK x DV", "ptxas registers", "spill stores", "spill loads",
-               "consumer: smallest budget without spills"])
+table = Table(["kernel", "DK x DV", text(zh="ptxas 寄存器数", en="ptxas registers"),
+               text(zh="溢出写入", en="spill stores"), text(zh="溢出读取", en="spill loads"),
+               text(zh="消费者：不溢出的最小预算", en="consumer: smallest budget without spills")])
 for name, fn, params in [("seq_in_grid", level1.seq_in_grid, {}),
                          ("seq_in_loop (block_dv 32)", level1.seq_in_loop, {"block_dv": 32})]:
     for dk, dv in [(64, 64), (128, 128)]:

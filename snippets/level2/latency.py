@@ -13,7 +13,7 @@ from kda.kernels import level2 as kernels
 from kda.kernels.build import compile_program
 from kda.metrics import rel_l2
 from kda.reference import level2 as ref
-from kda.site.runtime import save_data
+from kda.site.runtime import save_data, text
 from kda.tables import Table, sci
 
 B, H, D, C = 1, 32, 128, 64
@@ -33,12 +33,13 @@ pipelined(q, k, v, log2_alpha, SCALE, no_state, o_pipelined, no_state)
 article_order(q, k, v, log2_alpha, SCALE, no_state, o_article, no_state)
 tables(q, k, v, log2_alpha, SCALE, no_state, o_tables, no_state)
 errors = {"kda decay_attention": rel_l2(decay_attention(q, k, v, alpha), expected),
-          "pipelined kernel": rel_l2(o_pipelined, expected),
-          "article order": rel_l2(o_article, expected),
-          "weight tables": rel_l2(o_tables, expected),
+          text(zh="流水线 kernel", en="pipelined kernel"): rel_l2(o_pipelined, expected),
+          text(zh="原文顺序", en="article order"): rel_l2(o_article, expected),
+          text(zh="权重表", en="weight tables"): rel_l2(o_tables, expected),
           "fla chunk_simple_gla": rel_l2(fla_decay_attention(q, k, v, g_gamma, SCALE), expected)}
-print("Error against float64 at T = 32768 (same inputs): " +
-      ", ".join(f"{name} {sci(e)}" for name, e in errors.items()) + "\n")
+print(text(zh="与 float64 的误差，T = 32768（同一批输入）：",
+           en="Error against float64 at T = 32768 (same inputs): ") +
+      text(zh="；", en=", ").join(f"{name} {sci(e)}" for name, e in errors.items()) + "\n")
 del expected
 
 rows, data = [], []
@@ -50,11 +51,14 @@ for T in (2048, 8192, 32768, 65536):
     t_article = median_ms(lambda: article_order(q, k, v, log2_alpha, SCALE, no_state, o, no_state))
     t_tables = median_ms(lambda: tables(q, k, v, log2_alpha, SCALE, no_state, o, no_state))
     t_fla = median_ms(lambda: fla_decay_attention(q, k, v, g_gamma, SCALE))
-    floor = ledger.floor_seconds(ledger.forward_flops(B, T, H, D, D, C), ledger.forward_min_bytes(B, T, H, D, D)) * 1e3
+    floor = ledger.floor_seconds(ledger.forward_flops(B, T, H, D, D, C),
+                                 ledger.forward_min_bytes(B, T, H, D, D)) * 1e3
     rows.append([T, t_kda, t_pipelined, t_article, t_tables, t_fla, t_fla / t_kda, floor, floor / t_kda])
     data.append(dict(T=T, kda=t_kda, kda_pipelined=t_pipelined, kda_article_order=t_article,
                      kda_weight_tables=t_tables, fla=t_fla, floor=floor))
 save_data({"B": B, "H": H, "D": D, "rows": data})
-print(Table(["T", "kda (ms)", "pipelined kernel (ms)", "article order (ms)", "weight tables (ms)", "fla (ms)",
-             "fla / kda", "floor (ms)", "kda at % of floor"], rows,
+print(Table(["T", "kda (ms)", text(zh="流水线 kernel（ms）", en="pipelined kernel (ms)"),
+             text(zh="原文顺序（ms）", en="article order (ms)"), text(zh="权重表（ms）", en="weight tables (ms)"),
+             "fla (ms)", "fla / kda", text(zh="下限（ms）", en="floor (ms)"),
+             text(zh="kda 达到下限的比例", en="kda at % of floor")], rows,
             [None, "{:.3f}", "{:.3f}", "{:.3f}", "{:.3f}", "{:.3f}", "{:.2f}x", "{:.3f}", "{:.0%}"]))

@@ -6,11 +6,13 @@ T = 8192, H = 8, D = 128; for both sizes the kernel uses: 32-row sub-chunks (one
 diagonal instead of three) in a chunk where they hold, 16-row ones where they do not."""
 from kda.kernels.stages import DIAGONAL_SPAN_MAX
 from kda.kernels.level5 import SUBCHUNK, WIDE_SUBCHUNK
+from kda.site.runtime import text
 from kda.tables import level3
 
-print(f"bound: {DIAGONAL_SPAN_MAX:g} in log2 units, a fall of e^-{DIAGONAL_SPAN_MAX * 0.6931:.1f} "
-      f"over the sub-chunk\n")
+print(text(zh=f"界：以 2 为底 {DIAGONAL_SPAN_MAX:g}，即子块内衰减至 e^-{DIAGONAL_SPAN_MAX * 0.6931:.1f}\n",
+           en=f"bound: {DIAGONAL_SPAN_MAX:g} in log2 units, a fall of e^-{DIAGONAL_SPAN_MAX * 0.6931:.1f} "
+              f"over the sub-chunk\n"))
 for rows in (SUBCHUNK, WIDE_SUBCHUNK):
-    print(f"{rows}-row sub-chunks:\n")
+    print(text(zh=f"{rows} 行子块：\n", en=f"{rows}-row sub-chunks:\n"))
     print(level3.diagonal_path_share(DIAGONAL_SPAN_MAX, subchunk=rows))
     print()

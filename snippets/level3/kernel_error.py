@@ -11,6 +11,7 @@ from kda.kernels.stages import DIAGONAL_SPAN_MAX
 from kda.kernels.level5 import SUBCHUNK
 from kda.metrics import rel_l2
 from kda.reference import level3 as ref
+from kda.site.runtime import text
 from kda.tables import Table, sci
 
 ops.poison_outputs = True
@@ -43,8 +44,10 @@ def steep_share(g, C=64):
 
 
 B, T, H, DK, DV = 2, 1000, 4, 128, 64
-table = Table(["gate", "form", "dtype", "rel L2 o", "rel L2 final state", "chunks on the pairwise path",
-               "NaN or inf"], formats=[None, None, None, sci, sci, None, None])
+table = Table([text(zh="门控", en="gate"), text(zh="形式", en="form"), "dtype", "rel L2 o",
+               text(zh="rel L2 最终状态", en="rel L2 final state"),
+               text(zh="走逐对路径的块", en="chunks on the pairwise path"),
+               text(zh="出现 NaN 或 inf", en="NaN or inf")], formats=[None, None, None, sci, sci, None, None])
 for kind in ("mild", "logsigmoid", "uniform to -20", "runs of -20"):
     for form in ("scalar", "per channel"):
         g = gates(kind, (B, T, H) if form == "scalar" else (B, T, H, DK))
@@ -56,19 +59,28 @@ for kind in ("mild", "logsigmoid", "uniform to -20", "runs of -20"):
             expected, expected_ht = ref.chunked(q.double() * DK ** -0.5, k, v, g, initial_state=h0,
                                                 output_final_state=True)
             share = f"{steep_share(g):.0%}" if form == "per channel" else "-"
-            table.rows.append([kind, form, NAMES[dtype], rel_l2(o, expected), rel_l2(ht, expected_ht), share,
-                               "no" if torch.isfinite(o).all() and torch.isfinite(ht).all() else "yes"])
-print(f"B, T, H, DK, DV = {B}, {T}, {H}, {DK}, {DV}; scale = DK^-0.5; initial state N(0, 1)\n")
+            table.rows.append([text(zh={"mild": "温和", "uniform to -20": "均匀分布到 -20",
+                                        "runs of -20": "成段的 -20"}.get(kind, kind), en=kind),
+                               text(zh={"scalar": "标量", "per channel": "逐通道"}.get(form, form), en=form),
+                               NAMES[dtype], rel_l2(o, expected), rel_l2(ht, expected_ht), share,
+                               text(zh="否", en="no") if torch.isfinite(o).all() and torch.isfinite(ht).all()
+                               else text(zh="是", en="yes")])
+print(text(zh=f"B, T, H, DK, DV = {B}, {T}, {H}, {DK}, {DV}；scale = DK^-0.5；初始状态 N(0, 1)\n",
+           en=f"B, T, H, DK, DV = {B}, {T}, {H}, {DK}, {DV}; scale = DK^-0.5; initial state N(0, 1)\n"))
 print(table)
 
-short = Table(["T", "gate", "form", "dtype", "rel L2 o"], formats=[None, None, None, None, sci])
+short = Table(["T", text(zh="门控", en="gate"), text(zh="形式", en="form"), "dtype", "rel L2 o"],
+              formats=[None, None, None, None, sci])
 for T_short in (1, 16, 65):
     for dtype in (torch.float16, torch.bfloat16):
         for form in ("scalar", "per channel"):
             g = gates("logsigmoid", (1, T_short, H) if form == "scalar" else (1, T_short, H, DK))
             q, k, v = (torch.randn(1, T_short, H, DK, device="cuda").to(dtype) for _ in range(3))
             o = gated_attention(q, k, v, g)
-            short.rows.append([T_short, "logsigmoid", form, NAMES[dtype],
+            short.rows.append([T_short, "logsigmoid",
+                               text(zh={"scalar": "标量", "per channel": "逐通道"}.get(form, form), en=form),
+                               NAMES[dtype],
                                rel_l2(o, ref.recurrent(q.double() * DK ** -0.5, k, v, g)[0])])
-print("\nShort sequences (B = 1, H = 4, D = 128), against the token recurrence:\n")
+print(text(zh="\n短序列（B = 1, H = 4, D = 128），对照逐 token 递推：\n",
+           en="\nShort sequences (B = 1, H = 4, D = 128), against the token recurrence:\n"))
 print(short)

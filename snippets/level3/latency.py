@@ -15,7 +15,7 @@ from kda.kernels import level3 as kernels
 from kda.kernels import level5
 from kda.kernels.build import compile_program
 from kda.metrics import rel_l2
-from kda.site.runtime import save_data
+from kda.site.runtime import save_data, text
 from kda.tables import Table, sci
 from fla.ops.gla import chunk_gla
 from fla.ops.simple_gla import chunk_simple_gla
@@ -28,7 +28,8 @@ gen = torch.Generator(device="cuda").manual_seed(4)
 g_scalar = torch.nn.functional.logsigmoid(torch.randn(B, T, H, generator=gen, device="cuda"))
 g_channel = torch.nn.functional.logsigmoid(torch.randn(B, T, H, D, generator=gen, device="cuda"))
 
-OPS = {"scalar": ("gated, scalar g", "fla chunk_simple_gla(g)"), "per channel": ("gated, per-channel g", "fla chunk_gla")}
+OPS = {"scalar": ("gated, scalar g", "fla chunk_simple_gla(g)"),
+       "per channel": ("gated, per-channel g", "fla chunk_gla")}
 runs = {
     "scalar": {
         "kda": lambda: gated_attention(q, k, v, g_scalar),
@@ -41,8 +42,10 @@ runs = {
         "fla chunk_gla": lambda: chunk_gla(q, k, v, g=g_channel, scale=SCALE)[0],
     },
 }
-table = Table(["gate", "fla peer", "kda (ms)", "kda, check_values=False (ms)", "fla (ms)", "fla / kda",
-               "floor (ms)", "kda at % of floor", "rel L2 kda vs fla"],
+table = Table([text(zh="门控", en="gate"), text(zh="fla 对应算子", en="fla peer"), "kda (ms)",
+               "kda, check_values=False (ms)", "fla (ms)", "fla / kda", text(zh="下限（ms）", en="floor (ms)"),
+               text(zh="kda 达到下限的比例", en="kda at % of floor"),
+               text(zh="rel L2 kda 对比 fla", en="rel L2 kda vs fla")],
               formats=[None, None, "{:.3f}", "{:.3f}", "{:.3f}", "{:.2f}x", "{:.3f}", "{:.0%}", sci])
 rows = []
 for form, fns in runs.items():
@@ -52,7 +55,8 @@ for form, fns in runs.items():
     ms = {name: median_ms(fn) for name, fn in fns.items()}
     nbytes = ledger.forward_min_bytes(B, T, H, D, D) + g.numel() * g.element_size()   # + the gates, read once
     floor = ledger.floor_seconds(ledger.forward_flops(B, T, H, D, D, C), nbytes) * 1e3
-    table.rows.append([form, peer.removeprefix("fla "), ms["kda"], ms["kda, check_values=False"], ms[peer],
+    table.rows.append([text(zh={"scalar": "标量", "per channel": "逐通道"}.get(form, form), en=form),
+                       peer.removeprefix("fla "), ms["kda"], ms["kda, check_values=False"], ms[peer],
                        ms[peer] / ms["kda"], floor, floor / ms["kda"], agreement])
     rows.append({"op": op, "B": B, "T": T, "H": H, "DK": D, "DV": D, "ms": ms, "floor": floor})
 print(table)
@@ -75,21 +79,28 @@ no_chunks = torch.empty(1, 1, dtype=torch.int32, device="cuda")   # chunk_intra'
 no_state = torch.empty(1, 1, 1, 1, device="cuda")   # the passes' h0 and ht, compiled without states
 no_w = torch.empty(1, 1, 1, 1, device="cuda", dtype=torch.bfloat16)   # the scalar pass's W: no delta rule
 g_steep = g_channel * 30          # logsigmoid * 30: some sub-chunk of most chunks falls by > 96 (log2)
-stages = Table(["gate", "stage", "what it does", "ms"], formats=[None, None, None, "{:.3f}"])
+stages = Table([text(zh="门控", en="gate"), text(zh="阶段", en="stage"), text(zh="做什么", en="what it does"), "ms"],
+               formats=[None, None, None, "{:.3f}"])
 for form, name, what, fn in [
-    ("scalar", "chunk_cumsum", "G = chunk-local cumsum of g / ln 2, and the range check of g",
+    ("scalar", "chunk_cumsum", text(zh="G = g / ln 2 的块内前缀和，以及 g 的取值范围检查",
+                                    en="G = chunk-local cumsum of g / ln 2, and the range check of g"),
      lambda: cumsum(g_scalar.view(B, T, H, 1), G.view(B, H, T, 1), flags)),
-    ("scalar", "seq_in_loop_scalar", "the fused pass over the chunks",
+    ("scalar", "seq_in_loop_scalar", text(zh="对各块的融合遍历", en="the fused pass over the chunks"),
      lambda: scalar_pass(q, k, v, no_w, G, SCALE, no_state, o, no_state)),
-    ("per channel", "chunk_intra(delta=False)", "cumsum and range check, Qw, Kw, decay, A (bf16 diagonal blocks)",
+    ("per channel", "chunk_intra(delta=False)",
+     text(zh="前缀和与取值范围检查，Qw、Kw、decay、A（bf16 对角块）",
+          en="cumsum and range check, Qw, Kw, decay, A (bf16 diagonal blocks)"),
      lambda: intra(q, k, v_rows, g_channel, beta_rows, SCALE, Qw, Kw, decay, A, v_rows, v_rows, flags, no_chunks)),
-    ("per channel", "chunk_intra(delta=False), steep gates", "the same with logsigmoid * 30 (pairwise diagonal)",
+    ("per channel", "chunk_intra(delta=False), steep gates",
+     text(zh="同上，门控为 logsigmoid * 30（对角块走逐对路径）",
+          en="the same with logsigmoid * 30 (pairwise diagonal)"),
      lambda: intra(q, k, v_rows, g_steep, beta_rows, SCALE, Qw, Kw, decay, A, v_rows, v_rows, flags, no_chunks)),
-    ("per channel", "seq_in_loop_per_channel", "the pass over the chunks: Qw S + A V, state update",
+    ("per channel", "seq_in_loop_per_channel",
+     text(zh="对各块的遍历：Qw S + A V，状态更新", en="the pass over the chunks: Qw S + A V, state update"),
      lambda: channel_pass(Qw, Kw, A, decay, v, no_state, o, no_state)),
 ]:
     stages.rows.append([form, name, what, median_ms(fn)])
-print("\nEach stage alone (same inputs):\n")
+print(text(zh="\n各阶段单独计时（同一批输入）：\n", en="\nEach stage alone (same inputs):\n"))
 print(stages)
 save_data({"B": B, "H": H, "D": D, "rows": rows,
            "stages": [dict(form=r[0], stage=r[1], ms=r[3]) for r in stages.rows]})

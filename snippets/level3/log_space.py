@@ -5,11 +5,12 @@ the weights need becomes 0 / 0. The cumulative sum G of g stays an ordinary numb
 exp(G_i - G_j) is the same weight with no intermediate out of range."""
 import torch
 
+from kda.site.runtime import text
 from kda.tables import Table, sci
 
 C = 64
-table = Table(["g per step", "P_63 = prod a (fp32)", "P_63 / P_62 (fp32)", "exp(G_63 - G_62) (fp32)",
-               "exact e^g"], formats=[None, sci, sci, sci, sci])
+table = Table([text(zh="每步 g", en="g per step"), "P_63 = prod a (fp32)", "P_63 / P_62 (fp32)",
+               "exp(G_63 - G_62) (fp32)", text(zh="精确的 e^g", en="exact e^g")], formats=[None, sci, sci, sci, sci])
 for g in (-0.1, -1.0, -2.0, -5.0):
     a = torch.full((C,), g, dtype=torch.float32).exp()
     P = torch.cumprod(a, dim=0)

@@ -9,13 +9,15 @@ import tilelang
 from kda.kernels import level3, level5
 from kda.kernels.build import SM90A, compile_program
 from kda.kernels.registers import report
+from kda.site.runtime import text
 from kda.tables import Table
 
 tilelang.set_log_level("WARNING")   # its INFO lines go to stdout, which is this page's output
 
 
-table = Table(["kernel", "grid", "threads", "ptxas registers", "spill stores (bytes)",
-               "consumer: smallest budget without spills"])
+table = Table(["kernel", "grid", text(zh="线程数", en="threads"), text(zh="ptxas 寄存器数", en="ptxas registers"),
+               text(zh="溢出写入（字节）", en="spill stores (bytes)"),
+               text(zh="消费者：不溢出的最小预算", en="consumer: smallest budget without spills")])
 for name, fn, params, grid in [
     ("chunk_cumsum", level3.chunk_cumsum, dict(D=1), "(NC, H, B)"),
     ("seq_in_loop_scalar", level3.seq_in_loop_scalar, dict(DK=128, DV=128), "(DV/32, H, B)"),
@@ -27,5 +29,5 @@ for name, fn, params, grid in [
     budget = r["smallest_without_spills"]
     threads = re.search(r"__launch_bounds__[(](\d+)", kernel.get_kernel_source()).group(1)
     table.rows.append([name, grid, threads, r["registers"], r["spill_store_bytes"],
-                       budget if budget is not None else "not warp-specialised"])
+                       budget if budget is not None else text(zh="未做 warp 特化", en="not warp-specialised")])
 print(table)

@@ -9,12 +9,16 @@ from kda.distributed import local_affine_map
 from kda.metrics import rel_l2 as rel
 from kda.reference import level0, level5
 from kda.reference.level4 import l2_normalize
+from kda.site.runtime import text
 from kda.tables import Table, sci
 
-table = Table(["gate", "T", "strongest gate", "chunked", "kernel mimic", "final state by composed maps"],
+table = Table([text(zh="门控", en="gate"), "T", text(zh="最强的门控", en="strongest gate"),
+               text(zh="分块", en="chunked"), text(zh="kernel 模仿", en="kernel mimic"),
+               text(zh="复合映射得到的最终状态", en="final state by composed maps")],
               formats=[None, None, None, sci, sci, sci])
 gen = torch.Generator().manual_seed(0)
-for form, per_channel_gate in [("KDA (per channel)", True), ("GDN (scalar)", False)]:
+for form, per_channel_gate in [(text(zh="KDA（逐通道）", en="KDA (per channel)"), True),
+                               (text(zh="GDN（标量）", en="GDN (scalar)"), False)]:
     for T, strength in [(1, 1.0), (130, 1.0), (200, 20.0)]:
         q = torch.randn(2, T, 3, 16, dtype=torch.float64, generator=gen)
         v = torch.randn(2, T, 3, 8, dtype=torch.float64, generator=gen)
@@ -26,6 +30,7 @@ for form, per_channel_gate in [("KDA (per channel)", True), ("GDN (scalar)", Fal
         o_b, _ = level0.chunked(q, k, v, g, beta, 64, h0, True)
         o_m, _ = level5.kernel_mimic(q, k, v, g, beta, 1.0, 64, h0, True)
         M, Bm = local_affine_map(k, v, g, beta)                  # the chunks' maps, composed
-        table.rows.append([form, T, f"-{strength:g} per step", rel(o_b, o_a), rel(o_m, o_a), rel(M @ h0 + Bm, s_a)])
-print("Relative L2 difference from the token recurrence:\n")
+        table.rows.append([form, T, text(zh=f"每步 -{strength:g}", en=f"-{strength:g} per step"),
+                           rel(o_b, o_a), rel(o_m, o_a), rel(M @ h0 + Bm, s_a)])
+print(text(zh="与逐 token 递推的相对 L2 差异：\n", en="Relative L2 difference from the token recurrence:\n"))
 print(table)

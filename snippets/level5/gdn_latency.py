@@ -11,7 +11,7 @@ from kda.bench import median_ms, random_qkv
 from kda.gated_delta import chunk_gated_delta_rule
 from kda.metrics import rel_l2
 from kda.reference import level4 as ref
-from kda.site.runtime import save_data
+from kda.site.runtime import save_data, text
 from kda.tables import Table, sci
 from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_gdn
 import flash_qla
@@ -20,7 +20,8 @@ assert os.environ.get("FLA_FLASH_QLA") == "0", "run with FLA_FLASH_QLA=0 so that
 SHAPES = [(1, 32768, 32, 128), (1, 8192, 96, 128)]   # (B, T, H, D)
 C = 64
 
-table = Table(["B, T, H, D", "implementation", "ms", "kda faster by", "at % of floor", "rel L2 vs kda"],
+table = Table(["B, T, H, D", text(zh="实现", en="implementation"), "ms", text(zh="kda 快的倍数", en="kda faster by"),
+               text(zh="达到下限的比例", en="at % of floor"), text(zh="rel L2 对比 kda", en="rel L2 vs kda")],
               formats=[None, None, "{:.3f}", "{:.2f}x", "{:.0%}", sci])
 rows = []
 for B, T, H, D in SHAPES:
@@ -34,7 +35,8 @@ for B, T, H, D in SHAPES:
            "kda, check_values=False": lambda: chunk_gated_delta_rule(q, k, v, g, beta, check_values=False)[0],
            "fla chunk_gated_delta_rule (Triton)": lambda: fla_gdn(q, k, v, g, beta, scale=scale)[0],
            "FlashQLA 0.1.3": lambda: flash_qla.chunk_gated_delta_rule(q, k, v, g, beta, scale=scale)[0]}
-    nbytes = ledger.forward_min_bytes(B, T, H, D, D) + g.numel() * g.element_size() + beta.numel() * beta.element_size()
+    nbytes = (ledger.forward_min_bytes(B, T, H, D, D) + g.numel() * g.element_size()
+              + beta.numel() * beta.element_size())
     floor = ledger.floor_seconds(ledger.forward_flops(B, T, H, D, D, C, delta=True), nbytes) * 1e3
     ours = fns["kda"]().double()
     ms = {name: median_ms(fn) for name, fn in fns.items()}
@@ -43,6 +45,8 @@ for B, T, H, D in SHAPES:
                            0.0 if name == "kda" else rel_l2(fn(), ours)])
     rows.append({"op": "GDN", "B": B, "T": T, "H": H, "DK": D, "DV": D, "ms": ms, "floor": floor})
 print(table)
-print("\n`kda faster by` = that implementation's time over kda's; the floor counts q, k, v, o, g and beta "
-      "once, and the delta rule's FLOPs.")
+print(text(zh="\n「kda 快的倍数」= 该实现的时间除以 kda 的时间；下限计入 q、k、v、o、g 与 beta 各一次，"
+              "以及 delta 规则的 FLOPs。",
+           en="\n`kda faster by` = that implementation's time over kda's; the floor counts q, k, v, o, g and beta "
+           "once, and the delta rule's FLOPs."))
 save_data({"rows": rows})

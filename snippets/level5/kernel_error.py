@@ -10,6 +10,7 @@ from kda.gated_delta import chunk_gated_delta_rule, chunk_kda
 from kda.metrics import rel_l2
 from kda.reference import level0 as ref0
 from kda.reference import level4 as ref4
+from kda.site.runtime import text
 from kda.tables import Table, sci
 from fla.ops.kda import chunk_kda as fla_chunk_kda
 
@@ -20,14 +21,18 @@ GATES = {
     "logsigmoid(x)": lambda shape: torch.nn.functional.logsigmoid(torch.randn(shape, device="cuda")),
     # KDA-style: most chunks too steep for the 32-row sub-chunks, so they take the 16-row ones
     "-2 softplus(x)": lambda shape: -2 * torch.nn.functional.softplus(torch.randn(shape, device="cuda")),
-    "uniform in [-20, 0]": lambda shape: -20 * torch.rand(shape, device="cuda"),
-    "logsigmoid, tokens 40-109 at -20": lambda shape: torch.nn.functional.logsigmoid(
-        torch.randn(shape, device="cuda")).index_fill_(1, torch.arange(40, 110, device="cuda"), -20.0),
+    text(zh="[-20, 0] 上均匀分布", en="uniform in [-20, 0]"): lambda shape: -20 * torch.rand(shape, device="cuda"),
+    text(zh="logsigmoid，token 40-109 取 -20", en="logsigmoid, tokens 40-109 at -20"):
+        lambda shape: torch.nn.functional.logsigmoid(torch.randn(shape, device="cuda")).index_fill_(
+            1, torch.arange(40, 110, device="cuda"), -20.0),
 }
 not_run = "—"                     # fla's GDN is not compared here
 sci_or_text = lambda x: x if isinstance(x, str) else sci(x)
-table = Table(["op", "gate", "dtype", "error o", "error final state", "NaN or inf", "error of fla chunk_kda",
-               "kda vs fla"], formats=[None, None, None, sci, sci, None, sci_or_text, sci_or_text])
+table = Table([text(zh="算子", en="op"), text(zh="门控", en="gate"), "dtype", text(zh="误差 o", en="error o"),
+               text(zh="最终状态误差", en="error final state"), text(zh="出现 NaN 或 inf", en="NaN or inf"),
+               text(zh="fla chunk_kda 的误差", en="error of fla chunk_kda"),
+               text(zh="kda 对比 fla", en="kda vs fla")],
+              formats=[None, None, None, sci, sci, None, sci_or_text, sci_or_text])
 for op, per_channel in [("chunk_kda", True), ("chunk_gated_delta_rule", False)]:
     for gate, make in GATES.items():
         for dtype in (torch.float16, torch.bfloat16):
@@ -46,7 +51,11 @@ for op, per_channel in [("chunk_kda", True), ("chunk_gated_delta_rule", False)]:
                 o_fla, _ = fla_chunk_kda(q, k, v, g, beta.to(dtype), initial_state=h0, output_final_state=True)
                 fla_err, agree = rel_l2(o_fla, ref_o), rel_l2(o, o_fla.double())
             table.rows.append([op, gate, {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype], rel_l2(o, ref_o),
-                               rel_l2(ht, ref_ht), "no" if finite else "yes", fla_err, agree])
-print(f"B, T, H, DK, DV = {B}, {T}, {H}, {DK}, {DV}; unit keys; scale = DK^-0.5; fla's columns for KDA only "
-      f"(its GDN runs through FlashQLA or Triton: the latency section compares them; {not_run} in the GDN rows)\n")
+                               rel_l2(ht, ref_ht), text(zh="否", en="no") if finite else text(zh="是", en="yes"),
+                               fla_err, agree])
+print(text(zh=f"B, T, H, DK, DV = {B}, {T}, {H}, {DK}, {DV}；单位键；scale = DK^-0.5；fla 的两列只针对 KDA"
+              f"（它的 GDN 走 FlashQLA 或 Triton，延迟一节比较了它们；GDN 各行记为 {not_run}）\n",
+           en=f"B, T, H, DK, DV = {B}, {T}, {H}, {DK}, {DV}; unit keys; scale = DK^-0.5; fla's columns for KDA only "
+           f"(its GDN runs through FlashQLA or Triton: the latency section compares them; {not_run} in the GDN "
+           "rows)\n"))
 print(table)

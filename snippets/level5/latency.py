@@ -13,7 +13,7 @@ from kda.kernels import level5
 from kda.kernels.build import compile_program
 from kda.metrics import rel_l2
 from kda.reference import level4 as ref
-from kda.site.runtime import save_data
+from kda.site.runtime import save_data, text
 from kda.tables import Table, sci
 from fla.ops.kda import chunk_kda as fla_kda
 
@@ -30,7 +30,9 @@ def inputs(B, T, H, D):
     return q, k, v, beta, g
 
 
-table = Table(["op", "B, T, H, D", "implementation", "ms", "kda faster by", "at % of floor", "rel L2 vs kda"],
+table = Table([text(zh="算子", en="op"), "B, T, H, D", text(zh="实现", en="implementation"), "ms",
+               text(zh="kda 快的倍数", en="kda faster by"), text(zh="达到下限的比例", en="at % of floor"),
+               text(zh="rel L2 对比 kda", en="rel L2 vs kda")],
               formats=[None, None, None, "{:.3f}", "{:.2f}x", "{:.0%}", sci])
 rows = []
 for B, T, H, D in SHAPES:
@@ -39,7 +41,8 @@ for B, T, H, D in SHAPES:
     fns = {"kda": lambda: chunk_kda(q, k, v, g, beta)[0],
            "kda, check_values=False": lambda: chunk_kda(q, k, v, g, beta, check_values=False)[0],
            "fla chunk_kda": lambda: fla_kda(q, k, v, g, beta, scale=scale)[0]}
-    nbytes = ledger.forward_min_bytes(B, T, H, D, D) + g.numel() * g.element_size() + beta.numel() * beta.element_size()
+    nbytes = (ledger.forward_min_bytes(B, T, H, D, D) + g.numel() * g.element_size()
+              + beta.numel() * beta.element_size())
     floor = ledger.floor_seconds(ledger.forward_flops(B, T, H, D, D, C, delta=True), nbytes) * 1e3
     ours = fns["kda"]().double()
     ms = {name: median_ms(fn) for name, fn in fns.items()}
@@ -48,8 +51,10 @@ for B, T, H, D in SHAPES:
                            0.0 if name == "kda" else rel_l2(fn(), ours)])
     rows.append({"op": "KDA", "B": B, "T": T, "H": H, "DK": D, "DV": D, "ms": ms, "floor": floor})
 print(table)
-print("\n`kda faster by` = that implementation's time over kda's; the floor counts q, k, v, o, g and beta "
-      "once, and the delta rule's FLOPs (kda.ledger.forward_flops with delta=True).")
+print(text(zh="\n「kda 快的倍数」= 该实现的时间除以 kda 的时间；下限计入 q、k、v、o、g 与 beta 各一次，"
+              "以及 delta 规则的 FLOPs（kda.ledger.forward_flops，delta=True）。",
+           en="\n`kda faster by` = that implementation's time over kda's; the floor counts q, k, v, o, g and beta "
+           "once, and the delta rule's FLOPs (kda.ledger.forward_flops with delta=True)."))
 
 # each stage alone (KDA, the headline shape, the same inputs)
 B, T, H, D = SHAPES[0]
@@ -66,18 +71,24 @@ flags = torch.zeros(2, dtype=torch.int32, device="cuda")
 no_chunks = torch.empty(1, 1, dtype=torch.int32, device="cuda")   # dense: the chunk tables are stand-ins
 no_table = torch.empty(1, dtype=torch.int32, device="cuda")
 total = rows[0]["ms"]["kda"]                        # chunk_kda at the headline shape, timed above
-stages = Table(["stage", "what it does", "ms", "share of chunk_kda"], formats=[None, None, "{:.3f}", "{:.0%}"])
+stages = Table([text(zh="阶段", en="stage"), text(zh="做什么", en="what it does"), "ms",
+                text(zh="占 chunk_kda 的比例", en="share of chunk_kda")], formats=[None, None, "{:.3f}", "{:.0%}"])
 for name, what, fn in [
-    ("chunk_intra", "cumsum, factor tables, Qw, Kw, decay, A_qk and A_kk from one set of GEMMs, the solve, "
-     "W and U, checks of g and beta", lambda: intra(q, k, v, g, beta32, D ** -0.5, Qw, Kw, decay, A_qk, W, U, flags,
-                                                no_chunks)),
-    ("gated_state_output_pass", "sequential: U - W S, the output, the gated state update",
+    ("chunk_intra", text(zh="前缀和、因子表、由同一组 GEMM 算出的 Qw、Kw、decay、A_qk 与 A_kk、求解、W 与 U、"
+                         "g 与 beta 的检查",
+                         en="cumsum, factor tables, Qw, Kw, decay, A_qk and A_kk from one set of GEMMs, the solve, "
+                         "W and U, checks of g and beta"),
+     lambda: intra(q, k, v, g, beta32, D ** -0.5, Qw, Kw, decay, A_qk, W, U, flags, no_chunks)),
+    ("gated_state_output_pass", text(zh="顺序：U - W S、输出、带门控的状态更新",
+                                     en="sequential: U - W S, the output, the gated state update"),
      lambda: state_pass(Qw, Kw, W, U, A_qk, decay, h0, o, ht, no_table, no_table, no_table)),
 ]:
     t = median_ms(fn)
     stages.rows.append([name, what, t, t / total])
 rest = total - sum(r[2] for r in stages.rows)
-stages.rows.append(["the rest", "the flags read back, beta to float32, allocations", rest, rest / total])
-print(f"\nEach KDA stage alone at B, T, H, D = {B}, {T}, {H}, {D} (chunk_kda: {total:.3f} ms):\n")
+stages.rows.append(["the rest", text(zh="读回标志、beta 转成 float32、内存分配",
+                                    en="the flags read back, beta to float32, allocations"), rest, rest / total])
+print(text(zh=f"\nKDA 各阶段单独计时，B, T, H, D = {B}, {T}, {H}, {D}（chunk_kda：{total:.3f} ms）：\n",
+           en=f"\nEach KDA stage alone at B, T, H, D = {B}, {T}, {H}, {D} (chunk_kda: {total:.3f} ms):\n"))
 print(stages)
 save_data({"rows": rows, "total_ms": total, "stages": [dict(stage=r[0], ms=r[2]) for r in stages.rows]})

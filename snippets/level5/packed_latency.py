@@ -15,7 +15,7 @@ from kda.bench import median_ms, random_qkv
 from kda.gated_delta import chunk_gated_delta_rule, chunk_kda
 from kda.metrics import rel_l2
 from kda.reference import level4 as ref
-from kda.site.runtime import save_data
+from kda.site.runtime import save_data, text
 from kda.tables import Table, sci
 from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_gdn
 from fla.ops.kda import chunk_kda as fla_kda
@@ -45,12 +45,16 @@ def inputs(T, HQ, HV):
 
 
 def floor_ms(T, HQ, HV, g, beta):
-    nbytes = 2 * T * HQ * D * 2 + 2 * T * HV * D * 2 + g.numel() * g.element_size() + beta.numel() * beta.element_size()
+    nbytes = (2 * T * HQ * D * 2 + 2 * T * HV * D * 2 + g.numel() * g.element_size()
+              + beta.numel() * beta.element_size())
     return ledger.floor_seconds(ledger.forward_flops(1, T, HV, D, D, C, delta=True), nbytes) * 1e3
 
 
-table = Table(["case", "op", "implementation", "ms", "kda faster by", "at % of floor", "rel L2 vs kda"],
-              formats=[None, None, None, "{:.3f}", "{:.2f}x", "{:.0%}", lambda x: x if isinstance(x, str) else sci(x)])
+table = Table([text(zh="情形", en="case"), text(zh="算子", en="op"), text(zh="实现", en="implementation"), "ms",
+               text(zh="kda 快的倍数", en="kda faster by"), text(zh="达到下限的比例", en="at % of floor"),
+               text(zh="rel L2 对比 kda", en="rel L2 vs kda")],
+              formats=[None, None, None, "{:.3f}", "{:.2f}x", "{:.0%}",
+                       lambda x: x if isinstance(x, str) else sci(x)])
 rows = []
 scale = D ** -0.5
 for case in ["96 random lengths", "1024 sequences of 1 to 64 tokens", "grouped value heads, 16 / 32"]:
@@ -85,14 +89,24 @@ for case in ["96 random lengths", "1024 sequences of 1 to 64 tokens", "grouped v
         ms = {name: median_ms(fn) for name, fn in fns.items()}
         for name, fn in fns.items():
             same_math = not name.startswith("kda, one sequence")       # one sequence carries the state across
-            table.rows.append([case, op, name, ms[name], ms[name] / ms["kda"], floor / ms[name],
+            table.rows.append([text(zh={"96 random lengths": "96 条随机长度的序列",
+                                        "1024 sequences of 1 to 64 tokens": "1024 条 1 到 64 个 token 的序列",
+                                        "grouped value heads, 16 / 32": "分组的 value head，16 / 32"}.get(case, case),
+                                    en=case), op,
+                               text(zh={"kda, one sequence of the same tokens": "kda，同样的 token "
+                                                                                "作为一条序列"}.get(name, name),
+                                    en=name),
+                               ms[name], ms[name] / ms["kda"], floor / ms[name],
                                (0.0 if name == "kda" else rel_l2(fn(), ours)) if same_math else "—"])
         rows.append({"op": op, "case": case, "B": 1, "T": T, "H": H, "HQ": HQ, "DK": D, "DV": D,
                      "sequences": len(lens), "ms": ms, "floor": floor})
     del q, k, v, beta, g_kda, g_gdn
     torch.cuda.empty_cache()
 print(table)
-print("\n`kda faster by` = that implementation's time over kda's (packed); `one sequence of the same tokens` is "
-      "the unpacked time the packed call is measured against; the floor counts q, k, v, o, g and beta once, and the "
-      "delta rule's FLOPs.")
+print(text(zh="\n「kda 快的倍数」= 该实现的时间除以 kda（打包调用）的时间；"
+              "「同样的 token 作为一条序列」是不打包时的时间，"
+              "打包调用以它为对照；下限计入 q、k、v、o、g 与 beta 各一次，以及 delta 规则的 FLOPs。",
+           en="\n`kda faster by` = that implementation's time over kda's (packed); `one sequence of the same tokens` "
+           "is the unpacked time the packed call is measured against; the floor counts q, k, v, o, g and beta once, "
+           "and the delta rule's FLOPs."))
 save_data({"rows": rows})

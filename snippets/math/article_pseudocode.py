@@ -7,6 +7,7 @@ import torch
 
 from kda.metrics import rel_l2
 from kda.reference import level0 as ref
+from kda.site.runtime import text
 from kda.tables import Table, sci
 
 gen = torch.Generator().manual_seed(0)
@@ -40,10 +41,15 @@ o_true, s_true = ref.recurrent(Q[None, :, None], K[None, :, None], V[None, :, No
 o_true, s_true = o_true[0, :, 0], s_true[0, 0]
 M_true, B_true = ref.chunk_affine(K, V, step, beta)
 
-table = Table(["version", "M vs chunk_affine", "B vs final state", "O_local vs recurrence"], formats=[None, sci, sci, sci])
-versions = [("as printed, solved with torch.linalg.solve", torch.linalg.solve, False, "K"),
-            ("as printed, with a forward substitution", ref.forward_substitution, False, "K"),
-            ("corrected: tril(-1), and K e^-G in the output", ref.forward_substitution, True, "K_inv")]
+table = Table([text(zh="版本", en="version"), text(zh="M 对比 chunk_affine", en="M vs chunk_affine"),
+               text(zh="B 对比最终状态", en="B vs final state"),
+               text(zh="O_local 对比递推", en="O_local vs recurrence")], formats=[None, sci, sci, sci])
+versions = [(text(zh="照原样，用 torch.linalg.solve 求解", en="as printed, solved with torch.linalg.solve"),
+             torch.linalg.solve, False, "K"),
+            (text(zh="照原样，用前向代入", en="as printed, with a forward substitution"),
+             ref.forward_substitution, False, "K"),
+            (text(zh="改正后：tril(-1)，输出中用 K e^-G", en="corrected: tril(-1), and K e^-G in the output"),
+             ref.forward_substitution, True, "K_inv")]
 for name, solve, strict, keys in versions:
     M, B, O = chunk_step(solve, strict, keys)
     table.rows.append([name, rel_l2(M, M_true), rel_l2(B, s_true), rel_l2(O, o_true)])

@@ -7,6 +7,7 @@ import torch
 
 from kda.metrics import rel_l2
 from kda.reference import level0 as ref
+from kda.site.runtime import text
 from kda.tables import Table, sci
 
 gen = torch.Generator().manual_seed(1)
@@ -40,13 +41,17 @@ for r, (M, Bm) in enumerate(maps):                                            # 
     o, _ = ref.chunked(q[:, lo:hi], k[:, lo:hi], v[:, lo:hi], g[:, lo:hi], beta[:, lo:hi], C, state)  # step 4
     outputs.append(o)
     state = M @ state + Bm
-table = Table(["check", "rel L2"], formats=[None, sci])
-table.rows.append([f"outputs, {len(slices)} ranks with slices {slices}", rel_l2(torch.cat(outputs, dim=1), o_ref)])
-table.rows.append(["final state after the fold", rel_l2(state, s_ref)])
+table = Table([text(zh="检验", en="check"), "rel L2"], formats=[None, sci])
+table.rows.append([text(zh=f"输出，{len(slices)} 个 rank，各段长度 {slices}",
+                        en=f"outputs, {len(slices)} ranks with slices {slices}"),
+                   rel_l2(torch.cat(outputs, dim=1), o_ref)])
+table.rows.append([text(zh="折叠后的最终状态", en="final state after the fold"), rel_l2(state, s_ref)])
 print(table)
 
 print()
-sent = Table(["H", "D", "bytes one rank sends: H (D^2 + D^2) fp32"], formats=[None, None, "{:,}"])
+sent = Table(["H", "D", text(zh="一个 rank 发出的字节数：H (D^2 + D^2) fp32",
+                             en="bytes one rank sends: H (D^2 + D^2) fp32")],
+             formats=[None, None, "{:,}"])
 for heads, d in [(32, 128), (64, 128), (16, 64)]:
     sent.rows.append([heads, d, heads * (d * d + d * d) * 4])
 print(sent)

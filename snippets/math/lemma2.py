@@ -5,11 +5,13 @@ import torch
 
 from kda.metrics import rel_l2
 from kda.reference.level0 import forward_substitution
+from kda.site.runtime import text
 from kda.tables import Table, sci
 
 g = torch.Generator().manual_seed(0)
-table = Table(["C", "forward substitution vs solve_triangular", "series vs solve_triangular",
-               "||L X - I|| / ||I||"], formats=[None, sci, sci, sci])
+table = Table(["C", text(zh="前向代入对比 solve_triangular", en="forward substitution vs solve_triangular"),
+               text(zh="级数对比 solve_triangular", en="series vs solve_triangular"),
+               "‖L X − I‖ / ‖I‖"], formats=[None, sci, sci, sci])
 for C in (4, 16, 64):
     N = torch.randn(C, C, generator=g, dtype=torch.float64).tril(-1) / C ** 0.5   # strictly lower
     eye = torch.eye(C, dtype=torch.float64)

@@ -8,6 +8,7 @@ import math
 import torch
 
 from kda.metrics import rel_l2
+from kda.site.runtime import text
 from kda.tables import Table, sci
 
 g = torch.Generator().manual_seed(0)
@@ -26,8 +27,9 @@ def split(K, G, dtype):
     return torch.where(mask, A, torch.zeros((), dtype=dtype))
 
 
-table = Table(["per-step gate g", "split vs pairwise, float64 rel L2", "max exp(-G) in the chunk"],
-              formats=[None, sci, sci])
+table = Table([text(zh="每步门控 g", en="per-step gate g"),
+               text(zh="拆分对比逐对计算，float64 rel L2", en="split vs pairwise, float64 rel L2"),
+               text(zh="块内最大的 exp(-G)", en="max exp(-G) in the chunk")], formats=[None, sci, sci])
 for step in (-0.01, -0.1, -1.0, -5.0, -20.0):
     G = torch.cumsum(torch.full((C, dk), step, dtype=torch.float64), 0)
     table.rows.append([step, rel_l2(split(K, G, torch.float64), pairwise(K, G)), torch.exp(-G).max().item()])
@@ -46,7 +48,8 @@ def first_overflow(chunk, dtype):
 
 
 print()
-limits = Table(["chunk C", "fp32: first overflow at g =", "fp16: first overflow at g =", "-ln(max)/C (fp32, fp16)"],
+limits = Table([text(zh="块长 C", en="chunk C"), text(zh="fp32：首次溢出于 g =", en="fp32: first overflow at g ="),
+                text(zh="fp16：首次溢出于 g =", en="fp16: first overflow at g ="), "-ln(max)/C (fp32, fp16)"],
                formats=[None, "{:.3f}", "{:.3f}", None])
 for chunk in (16, 32, 64):
     bound = ", ".join(f"{-math.log(torch.finfo(dt).max) / chunk:.3f}" for dt in (torch.float32, torch.float16))

@@ -6,10 +6,12 @@ import torch
 
 from kda.metrics import rel_l2
 from kda.reference.level0 import chunk_wy
+from kda.site.runtime import text
 from kda.tables import Table, sci
 
 g = torch.Generator().manual_seed(0)
-table = Table(["C", "d_k", "d_v", "gate per step", "rel L2 of U - W S against the recurrence", "max exp(-G)"],
+table = Table(["C", "d_k", "d_v", text(zh="每步门控", en="gate per step"),
+               text(zh="U - W S 对比递推的 rel L2", en="rel L2 of U - W S against the recurrence"), "max exp(-G)"],
               formats=[None, None, None, None, sci, sci])
 for C, dk, dv, strength in [(4, 3, 2, 0.1), (16, 8, 8, 0.5), (64, 64, 32, 0.05), (64, 64, 32, 3.0)]:
     k = torch.nn.functional.normalize(torch.randn(C, dk, generator=g, dtype=torch.float64), dim=-1)
