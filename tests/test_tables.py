@@ -4,13 +4,19 @@ import math
 
 import pytest
 
+from kda.site.runtime import in_language
 from kda.tables import level1 as t1
 from kda.tables import level2 as t2
 
 
+def en(words: str) -> str:
+    """A table's cell in English (cells may carry both languages, kda.site.runtime.text)."""
+    return in_language(words, "en")
+
+
 def test_level1_agreement_structure():
     t = t1.agreement()
-    errs = dict(zip(t.column("comparison"), t.column("rel L2")))
+    errs = dict(zip(map(en, t.column("comparison")), t.column("rel L2")))
     assert all(e < 1e-15 for name, e in errs.items() if "without" not in name)
     assert errs["B without the right shift vs A"] > 0.1          # article: 7.78e-1 on its inputs
 
@@ -82,8 +88,8 @@ def test_gamma_range_and_underflow():
     for got, printed in zip(t.column("smallest nonzero"), (2.79e-1, 1.55e-6, 5.88e-39)):
         assert math.isclose(got, printed, rel_tol=1e-2)
     # the article calls 5.88e-39 a normal fp32 number; it is below fp32's smallest normal
-    assert t.column("fp32 class of the smallest")[2] == "subnormal"
-    classes = {row[0]: (row[2], row[4]) for row in t2.fp16_underflow().rows}
+    assert en(t.column("fp32 class of the smallest")[2]) == "subnormal"
+    classes = {row[0]: (en(row[2]), en(row[4])) for row in t2.fp16_underflow().rows}
     assert classes[0.9] == ("normal", "subnormal") and classes[0.8] == ("subnormal", "underflows to 0")
     assert classes[0.5] == ("underflows to 0", "underflows to 0")
 
@@ -133,7 +139,7 @@ def test_level3_strong_gates_and_diagonal_path():
     rows = t3.strong_gates().rows
     assert all(math.isnan(r[1]) and math.isnan(r[2]) for r in rows if r[0] <= -5)
     assert all(r[3] < 1e-12 for r in rows)
-    share = {r[0]: r[3] for r in t3.diagonal_path_share(96.0, T=1024, H=2).rows}
+    share = {en(r[0]): r[3] for r in t3.diagonal_path_share(96.0, T=1024, H=2).rows}
     assert share["logsigmoid(x) (GLA)"] == 0 and share["uniform in [-20, 0]"] == 1
 
 
@@ -141,7 +147,7 @@ def test_level4_solve_conditioning():
     """Unit keys keep I + A well conditioned (the inverse's entries stay at most 1); raw keys do not."""
     from kda.tables import level4 as t4
 
-    rows = {r[0]: r for r in t4.solve_conditioning(chunks=8).rows}
+    rows = {en(r[0]): r for r in t4.solve_conditioning(chunks=8).rows}
     assert rows["L2-normalized"][2] < 10 and rows["L2-normalized"][3] <= 1 + 1e-9
     assert rows["L2-normalized"][4] < 1e-6
     assert rows["raw N(0, 1)"][2] > 1e6

@@ -29,8 +29,10 @@ def agreement(seed: int = 0, B=2, T=12, H=2, D=4, chunk_size=4) -> Table:
     b_no_shift = ref.chunked(q, k, v, chunk_size, shift=False)[0]
     table = Table([text(zh="对照", en="comparison"), text(zh="最大绝对误差", en="max abs"), "rel L2"],
                   formats=[None, sci, sci])
-    for name, out, against in [("B chunked vs A recurrent", b, a), ("C seq-in-grid vs A recurrent", c, a),
-                               ("C vs B", c, b), ("B without the right shift vs A", b_no_shift, a)]:
+    for name, out, against in [(text(zh="B 分块 vs A 递推", en="B chunked vs A recurrent"), b, a),
+                               (text(zh="C 序列在 grid 里 vs A 递推", en="C seq-in-grid vs A recurrent"), c, a),
+                               ("C vs B", c, b),
+                               (text(zh="B 不右移 vs A", en="B without the right shift vs A"), b_no_shift, a)]:
         table.rows.append([name, max_abs(out, against), rel_l2(out, against)])
     return table
 # --8<-- [end:agreement]

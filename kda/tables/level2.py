@@ -124,8 +124,10 @@ def fp16_single_chunk(alphas=ALPHAS, C=64, D=64, trials=20, seed=0) -> Table:
 def _fp_class(x: float, dtype: torch.dtype) -> str:
     y = torch.tensor(x, dtype=torch.float64).to(dtype).item()
     if y == 0.0:
-        return "underflows to 0"
-    return "normal" if abs(y) >= torch.finfo(dtype).tiny else "subnormal"
+        return text(zh="下溢为 0", en="underflows to 0")
+    if abs(y) >= torch.finfo(dtype).tiny:
+        return text(zh="正规数", en="normal")
+    return text(zh="非正规数", en="subnormal")
 
 
 # --8<-- [start:gamma_range]

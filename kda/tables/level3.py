@@ -106,8 +106,8 @@ def diagonal_path_share(span_max_log2: float, subchunk: int = 16, C: int = 64, T
         "-4 softplus(x) (exp(A_log) = 4)": -4 * softplus(x),
         "-8 softplus(x) (exp(A_log) = 8)": -8 * softplus(x),
         "logsigmoid(x) * 30": lsig(x) * 30,
-        # (this name stays in English on both pages: tests look it up)
-        "uniform in [-20, 0]": -20 * torch.rand(1, T, H, D, generator=gen, dtype=torch.float64),
+        text(zh="[-20, 0] 上均匀分布", en="uniform in [-20, 0]"):
+            -20 * torch.rand(1, T, H, D, generator=gen, dtype=torch.float64),
     }
     table = Table([text(zh="门控", en="gate"), text(zh="g 的均值", en="mean g"),
                    text(zh="子块内的最大下降（log2）", en="largest sub-chunk fall (log2)"),

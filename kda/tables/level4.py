@@ -22,9 +22,10 @@ def solve_conditioning(C: int = 64, D: int = 128, chunks: int = 64, seed: int = 
                    text(zh="(I + A)^-1 的最大元素", en="largest entry of (I + A)^-1"),
                    text(zh="fp32 分块求逆：相对误差", en="blocked inverse in fp32: rel error")],
                   formats=[None, sci, sci, sci, sci])
-    for name in ("L2-normalized", "raw N(0, 1)"):
+    for unit, name in ((True, text(zh="L2 归一化", en="L2-normalized")),
+                       (False, text(zh="原始 N(0, 1)", en="raw N(0, 1)"))):
         k = torch.randn(1, chunks * C, 1, D, generator=gen, dtype=torch.float64)
-        if name == "L2-normalized":
+        if unit:
             k = ref.l2_normalize(k)
         beta = torch.rand(1, chunks * C, 1, generator=gen, dtype=torch.float64)
         A = ref.scaled_kkt(to_chunks(k, C), to_chunks(beta[..., None], C)[..., 0])
