@@ -122,10 +122,12 @@ def on_files(files, config):
     # run (or load) every snippet the pages name now, so that their figures are files of
     # the build and links to them are checked like any other; each CPU snippet runs in its own
     # process, so they run side by side, one per core
-    pages: dict = {}
+    pages: dict = {}                  # snippet -> (the page that shows it, that page's title)
     for file in files.documentation_pages():
-        for match in MARKER.finditer(Path(file.abs_src_path).read_text(encoding="utf-8")):
-            pages.setdefault(match.group(1), file.src_uri)
+        source = Path(file.abs_src_path).read_text(encoding="utf-8")
+        title = next((line[2:].strip() for line in source.splitlines() if line.startswith("# ")), file.src_uri)
+        for match in MARKER.finditer(source):
+            pages.setdefault(match.group(1), (file.src_uri, title))
     _state["pages"] = pages
     paths = list(pages)
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
@@ -327,7 +329,7 @@ def _records_summary(kind: str, page) -> str:
     count = {k: sum(v == k for v in states.values()) for k in ("ok", "stale", "missing")}
     link = get_relative_url("benchmarks.md", page.file.src_uri)
     rest = (t["records_rest"].format(stale=count["stale"], missing=count["missing"], link=link)
-            if count["ok"] < len(states) else "")
+            if count["ok"] < len(states) and kind == "line" else "")
     line = t["records_line"].format(fresh=count["ok"], total=len(states), rest=rest)
     if kind == "line":
         return line
@@ -337,9 +339,8 @@ def _records_summary(kind: str, page) -> str:
         if names:
             out.append(title + "\n")
             for name in names:
-                shown = _state.get("pages", {}).get(name)
-                where = f" ({t['on_page']} [{shown.removesuffix('.md')}]({get_relative_url(shown, page.file.src_uri)}))" \
-                    if shown else ""
+                shown, shown_title = _state.get("pages", {}).get(name, (None, None))
+                where = f" ({t['on_page']} [{shown_title}]({get_relative_url(shown, page.file.src_uri)}))" if shown else ""
                 out.append(f"* `{name}`{where}")
             out.append("")
     return "\n".join(out)
