@@ -84,7 +84,8 @@ def recurrent_eager(q, k, v, g, beta, scale, initial_state, output_final_state, 
     pooled = ssm_state_indices is not None
     compiling = torch.compiler.is_compiling()             # the checks a graph can hold, then the op
     cuda = validate.runs_kernels(q)
-    capturing = cuda and torch.cuda.is_current_stream_capturing()          # a CUDA graph: no reads
+    # a CUDA graph: no reads (dynamo cannot trace the capture query, and compiling skips the reads anyway)
+    capturing = cuda and not compiling and torch.cuda.is_current_stream_capturing()
     check_values = check_values and not compiling and not capturing
     scale, h0, bounds = check_inputs(q, k, v, g, beta, scale, None if pooled else initial_state, cu_seqlens,
                                      per_channel, check_values=False, cu_seqlens_cpu=cu_seqlens_cpu,

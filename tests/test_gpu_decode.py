@@ -268,3 +268,15 @@ def test_inputs_that_ask_for_gradients_raise_on_cuda():
         kda.fused_recurrent_kda(q, k, v, g, beta)
     with torch.no_grad():
         kda.chunk_kda(q, k, v, g, beta)
+
+
+@pytest.mark.parametrize("per_channel", [True, False])
+def test_decode_compiles_fullgraph_on_cuda(per_channel):
+    """torch.compile(fullgraph=True) of a decode step on CUDA tensors: dynamo traces the checks (not the
+    CUDA-graph capture query, which it cannot), then the op; it equals eager."""
+    torch._dynamo.reset()
+    q, k, v, g, beta, h0 = inputs(4, 1, 2, 4, 128, 128, torch.bfloat16, per_channel, seed=7)
+    step = lambda *a: call(per_channel, *a, initial_state=h0, output_final_state=True)
+    want = step(q, k, v, g, beta)
+    got = torch.compile(step, fullgraph=True)(q, k, v, g, beta)
+    assert rel_l2(got[0], want[0]) < 1e-6 and rel_l2(got[1], want[1]) < 1e-6
