@@ -275,3 +275,27 @@ def test_a_timeout_stops_what_the_snippet_started(tmp_path):
     pid = int(pid_file.read_text())
     time.sleep(0.2)
     assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+def test_a_failure_is_logged_with_the_exception_it_ended_with(tmp_path):
+    """The log line of a failed snippet names the last line of its error, the exception, not only
+    "raised (exit 1):" (run 88 lost a call's three GDN records to an assertion it did not show)."""
+    snippet = _snippets(tmp_path, {"probe": (False, None)})[0]
+    lines = []
+
+    def run(snippet, timeout=None, env=None):
+        raise sn.SnippetError("snippet snippets/probe.py raised (exit 1):\nTraceback ...\n"
+                              "AssertionError: run with FLA_FLASH_QLA=0")
+
+    recorder = rr.Recorder({"device": "NVIDIA H200"}, log=lines.append, run=run)
+    assert recorder.record(snippet, 1.0) == "failed"
+    assert recorder.warm(snippet, 1.0, tmp_path) is None
+    assert all("raised (exit 1):" in line and "AssertionError: run with FLA_FLASH_QLA=0" in line for line in lines)
+
+
+def test_gpu_snippets_run_with_fla_own_gdn_kernels(tmp_path):
+    """Every snippet runs with FLA_FLASH_QLA=0 unless the caller says otherwise: the GDN snippets
+    time fla's Triton kernels beside FlashQLA, and fla would dispatch to FlashQLA without it."""
+    (tmp_path / "snippets").mkdir()
+    (tmp_path / "snippets" / "probe.py").write_text("# snippet: gpu\nimport os\nprint(os.environ['FLA_FLASH_QLA'])\n")
+    assert sn.run(sn.load(tmp_path, "snippets/probe.py"), timeout=120).output.strip() == "0"

@@ -73,6 +73,13 @@ def keep_compiled(warm: Path, cache: Path) -> int:
     return copied
 
 
+def _first_and_last(error: Exception) -> str:
+    """A snippet's error in one line: what failed and the exception it ended with (run 88 logged
+    only "raised (exit 1):" for three snippets whose assertion said why)."""
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return " ... ".join(dict.fromkeys([lines[0], lines[-1]])) if lines else type(error).__name__
+
+
 class Recorder:
     """Runs snippets and writes their records, logging one line per event."""
 
@@ -85,7 +92,7 @@ class Recorder:
             result = self.run(snippet, timeout=timeout)
             path = sn.write_record(snippet, result, self.info)
         except sn.SnippetError as e:
-            self.log(f"{snippet.path}: not recorded: {str(e).splitlines()[0]}")
+            self.log(f"{snippet.path}: not recorded: {_first_and_last(e)}")
             return "timeout" if isinstance(e, sn.SnippetTimeout) else "failed"
         self.log(f"{snippet.path}: recorded in {result.seconds:.1f} s -> {path.name}")
         return "recorded"
@@ -96,7 +103,7 @@ class Recorder:
         try:
             self.run(snippet, timeout=timeout, env={"TRITON_CACHE_DIR": str(triton_dir)})
         except sn.SnippetError as e:
-            self.log(f"{snippet.path}: warm-up stopped ({str(e).splitlines()[0]})")
+            self.log(f"{snippet.path}: warm-up stopped ({_first_and_last(e)})")
             return None
         seconds = time.monotonic() - start
         self.log(f"{snippet.path}: warm-up finished in {seconds:.0f} s")

@@ -312,6 +312,9 @@ def run(snippet: Snippet, timeout: float | None = None, env: dict | None = None)
         child_env["KDA_SNIPPET_OUT"] = out
         child_env["PYTHONPATH"] = os.pathsep.join([str(snippet.root)] + [p for p in [child_env.get("PYTHONPATH")] if p])
         child_env.setdefault("MPLBACKEND", "Agg")
+        # the GDN snippets time fla's own Triton kernels: with flash_qla importable, fla's
+        # chunk_gated_delta_rule would dispatch to FlashQLA (they assert this is set)
+        child_env.setdefault("FLA_FLASH_QLA", "0")
         start = time.time()
         if snippet.where == "gpu":
             code, stdout, stderr = _run_fresh(snippet, timeout, child_env)
