@@ -34,7 +34,7 @@ def figure(fig, name: str, alt: str | None = None) -> None:
     print(f"\n![{alt or name}](FIGURE({name}.png))\n")
 
 
-def matplotlib_family() -> list[str]:
+def _matplotlib_family() -> list[str]:
     import matplotlib
 
     family = matplotlib.rcParams["font.family"]
@@ -58,6 +58,7 @@ def _in_language(fig, lang: str) -> None:
     figure can be saved again in the other language). Without a Chinese font the Chinese image
     keeps the English words rather than showing empty boxes."""
     from matplotlib.text import Text
+    from matplotlib.ticker import FixedFormatter, FuncFormatter
 
     cjk = _cjk_font()
     shown = lang if cjk is not None or lang == "en" else "en"
@@ -70,8 +71,6 @@ def _in_language(fig, lang: str) -> None:
             artist.set_text(words)
         if cjk is not None and shown == "zh" and words != original:
             artist.set_fontfamily([*artist.get_fontfamily(), cjk])
-    from matplotlib.ticker import FixedFormatter, FuncFormatter
-
     for axis in (a for ax in fig.axes for a in (ax.xaxis, ax.yaxis)):
         formatter = axis.get_major_formatter()     # tick labels given as words are made anew at each draw
         if isinstance(formatter, FixedFormatter):
@@ -87,7 +86,7 @@ def _in_language(fig, lang: str) -> None:
         else:
             continue
         if cjk is not None and shown == "zh":
-            axis.set_tick_params(labelfontfamily=[*matplotlib_family(), cjk])
+            axis.set_tick_params(labelfontfamily=[*_matplotlib_family(), cjk])
 
 
 BILINGUAL = re.compile(r"⟦zh:(.*?)¦en:(.*?)⟧", re.DOTALL)
