@@ -305,7 +305,7 @@ def _shown_output(snippet: sn.Snippet, outcome: dict, page, t: dict, where: str)
         log.warning(f"GPU record missing for snippet {path} {where}: run python -m kda.site run --gpu")
         return "\n".join(parts + [_notice("failure", t["missing"], t["missing_body"] + "\n\n" + t["rerun"])])
     body = '<div class="kda-output" markdown>\n\n' + _place_figures(record["output"], snippet, page) + "\n\n</div>\n"
-    note = f'<p class="kda-provenance">{t["recorded"]}: {html.escape(sn.provenance_line(record))}</p>\n'
+    note = f'<p class="kda-provenance">{t["recorded"]}: {html.escape(sn.provenance_line(record, _state["lang"]))}</p>\n'
     if status == "stale":
         changed = sn.changed_since(snippet, record, _state["records"], _state["device"])
         message = (f"GPU record stale for snippet {path} {where}: measured at commit "

@@ -522,15 +522,21 @@ def fresh_mode() -> bool:
     return os.environ.get("KDA_SITE_FRESH", "") not in ("", "0")
 
 
-def provenance_line(record: dict) -> str:
+PROVENANCE_WORDS = {"en": {"driver": "driver", "commit": "commit", "unknown": "unknown", "hash": "source hash"},
+                    "zh": {"driver": "驱动", "commit": "提交", "unknown": "未知", "hash": "源码哈希"}}
+
+
+def provenance_line(record: dict, lang: str = "en") -> str:
+    """Where a record was made, in one line of ``lang``: device, driver and versions, commit, date, hash."""
+    words = PROVENANCE_WORDS[lang]
     p = record["provenance"]
     parts = [p.get("device", "?")]
     if p.get("driver"):
-        parts.append(f"driver {p['driver']}")
+        parts.append(f"{words['driver']} {p['driver']}")
     if p.get("cuda"):
         parts.append(f"CUDA {p['cuda']}")
     for name in ("torch", "triton", "tilelang", "fla-core", "flash-qla"):
         if p.get(name):
             parts.append(f"{name} {p[name]}")
-    commit = (p.get("commit") or "unknown")[:10]
-    return f"{', '.join(parts)}; commit {commit}; {p.get('date', '?')}; source hash {record['source_hash']}"
+    commit = (p.get("commit") or words["unknown"])[:10]
+    return f"{', '.join(parts)}; {words['commit']} {commit}; {p.get('date', '?')}; {words['hash']} {record['source_hash']}"
