@@ -177,22 +177,25 @@ def loaded_kda_modules(modules: dict) -> list[str]:
                    if _measured(name) and (getattr(m, "__file__", None) or "").endswith(".py")})
 
 
+def _module_files(snippet: Snippet, modules: list[str] | None) -> list[tuple[str, Path | None]]:
+    """(``kda/...py``, its file) for the modules a hash covers: ``modules`` where given (a run's, or
+    those its record lists), else the ``kda_closure`` of the snippet's imports; sorted."""
+    if modules is not None:
+        kda_dir = _kda_dir()
+        return [(rel, kda_dir / rel.removeprefix("kda/") if kda_dir is not None else None) for rel in sorted(modules)]
+    return [(_kda_path(file), file) for file in kda_closure(snippet.file.read_text(encoding="utf-8"))]
+
+
 def source_hash(snippet: Snippet, records_dir: Path | None = None, device: str = DEFAULT_DEVICE,
                 modules: list[str] | None = None) -> str:
     """The hash a record of ``snippet`` must carry: over ``modules`` (``kda/...py`` paths: a run's, or
     those its record lists) where given, else over ``kda_closure`` of the snippet's imports."""
     h = hashlib.sha256()
-    source = snippet.file.read_text(encoding="utf-8")
-    h.update(b"snippet\0" + source.encode())
+    h.update(b"snippet\0" + snippet.file.read_text(encoding="utf-8").encode())
     if modules is not None:
         h.update(b"\0run modules")
-        kda_dir = _kda_dir()
-        for rel in sorted(modules):
-            file = kda_dir / rel.removeprefix("kda/") if kda_dir is not None else None
-            h.update(f"\0{rel}\0".encode() + (file.read_bytes() if file is not None and file.exists() else b"missing"))
-    else:
-        for file in kda_closure(source):
-            h.update(f"\0{_kda_path(file)}\0".encode() + file.read_bytes())
+    for rel, file in _module_files(snippet, modules):
+        h.update(f"\0{rel}\0".encode() + (file.read_bytes() if file is not None and file.exists() else b"missing"))
     for used in snippet.uses:
         record = record_path(load(snippet.root, used), records_dir, device)
         h.update(f"\0uses {used}\0".encode() + (record.read_bytes() if record.exists() else b"missing"))
@@ -447,14 +450,7 @@ def record_inputs(snippet: Snippet, record: dict, records_dir: Path | None = Non
                   device: str = DEFAULT_DEVICE) -> list[tuple[str, Path]]:
     """The files a record's hash covers, as (path from the project root, file): the snippet, the
     ``kda`` modules the record lists (else those its imports reach), and the records it uses."""
-    inputs = [(snippet.path, snippet.file)]
-    kda_dir = _kda_dir()
-    if record.get("modules") is not None:
-        modules = [(rel, kda_dir / rel.removeprefix("kda/") if kda_dir is not None else None)
-                   for rel in record["modules"]]
-    else:
-        modules = [(_kda_path(file), file) for file in kda_closure(snippet.file.read_text(encoding="utf-8"))]
-    inputs += sorted(modules)
+    inputs = [(snippet.path, snippet.file)] + _module_files(snippet, record.get("modules"))
     for used in snippet.uses:
         record_file = record_path(load(snippet.root, used), records_dir, device)
         inputs.append((_root_relative(record_file, snippet.root), record_file))
