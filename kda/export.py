@@ -2,9 +2,10 @@
 
 The folder is the package ``kda_<op>`` (the op's module and every ``kda`` module it imports,
 kernels, input checks and float64 references, with the imports renamed): from its parent folder,
-``from kda_<op> import <op>``. Beside the modules it holds a test ``test_kda_<op>.py`` (the CPU path against the float64 token recurrence, the kernels compiled for
-sm_90a, the CUDA path against the recurrence where there is a GPU), ``requirements.txt`` with the
-pinned tilelang, and ``SOURCE.json``: the commit and the SHA-256 of every file it was cut from.
+``from kda_<op> import <op>``. Beside the modules it holds a test ``test_kda_<op>.py`` (the CPU
+path against the float64 token recurrence, the kernels compiled for sm_90a, the CUDA path against
+the recurrence where there is a GPU), ``requirements.txt`` with the pinned tilelang, and
+``SOURCE.json``: the commit and the SHA-256 of every file it was cut from.
 
     python -m kda.export chunk_kda vendor/
     python -m pytest vendor/kda_chunk_kda/test_kda_chunk_kda.py

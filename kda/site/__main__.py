@@ -34,9 +34,7 @@ def _status(args) -> int:
             count[state] += 1
             line = f"gpu  {state:8s} {digest}  {s.path}"
             if state == "stale":
-                changed = sn.changed_since(s, record, device=args.device)
-                commit = (record["provenance"].get("commit") or "unknown")[:10]
-                line += f"  (measured at {commit}; changed since: {', '.join(changed) if changed is not None else 'unknown'})"
+                line += f"  ({sn.stale_description(record, sn.changed_since(s, record, device=args.device))})"
             print(line)
         else:
             print(f"cpu  {'-':8s} {sn.source_hash(s)}  {s.path}")

@@ -53,7 +53,6 @@ TEXT = {
            "rerun": "在 GPU 机器上运行 `python -m kda.site run --gpu` 重新测量。",
            "records_line": "GPU 记录：{fresh} / {total} 份是在当前代码上测得的{rest}。",
            "records_rest": "（过期 {stale} 份，缺失 {missing} 份，见[基准测试]({link})）",
-           "records_all": "全部与代码相符",
            "stale_list": "过期（代码在测量之后改过，页面上仍显示旧输出）：",
            "missing_list": "缺失（页面上写着「尚未测量」）：",
            "on_page": "见",
@@ -66,7 +65,6 @@ TEXT = {
            "rerun": "Run `python -m kda.site run --gpu` on a GPU machine to measure again.",
            "records_line": "GPU records: {fresh} of {total} measured on the current code{rest}.",
            "records_rest": " ({stale} stale, {missing} missing; see [Benchmarks]({link}))",
-           "records_all": "all of them match the code",
            "stale_list": "Stale (the code changed after the measurement; the page still shows the old output):",
            "missing_list": "Missing (the page says \"not measured yet\"):",
            "on_page": "on",
@@ -308,9 +306,9 @@ def _shown_output(snippet: sn.Snippet, outcome: dict, page, t: dict, where: str)
     note = f'<p class="kda-provenance">{t["recorded"]}: {html.escape(sn.provenance_line(record, _state["lang"]))}</p>\n'
     if status == "stale":
         changed = sn.changed_since(snippet, record, _state["records"], _state["device"])
-        message = (f"GPU record stale for snippet {path} {where}: measured at commit "
-                   f"{(record['provenance'].get('commit') or 'unknown')[:10]}, changed since: "
-                   f"{', '.join(changed) if changed is not None else 'unknown'}; run python -m kda.site run --gpu")
+        message = (f"GPU record stale for snippet {path} {where}: "
+                   f"{sn.stale_description(record, changed)}; "
+                   f"run python -m kda.site run --gpu")
         # shown, not fatal: only the publishing check (KDA_SITE_FRESH=1) fails on it
         (log.warning if sn.fresh_mode() else log.info)(message)
         files = ", ".join(f"`{f}`" for f in changed) if changed is not None else t["unknown_files"]

@@ -478,34 +478,31 @@ def changed_since(snippet: Snippet, record: dict, records_dir: Path | None = Non
     if "files" in record:
         return [path for path, file in inputs if record["files"].get(path) != _file_hash(file)]
     commit = record.get("provenance", {}).get("commit")
-    if not commit:
+    if not commit or not _git(snippet.root, "cat-file", "-e", f"{commit}^{{commit}}")[0]:
         return None
     changed = []
     for path, file in inputs:
-        old = _git_show(snippet.root, commit, path)
-        if old is _UNKNOWN_COMMIT:
-            return None
+        known, old = _git(snippet.root, "show", f"{commit}:{path}")
         now = file.read_bytes() if file is not None and file.exists() else None
-        if old != now:
+        if (old if known else None) != now:
             changed.append(path)
     return changed
 
 
-_UNKNOWN_COMMIT = object()
-
-
-def _git_show(root: Path, commit: str, path: str):
-    """The bytes of ``path`` at ``commit`` (``None`` where the file did not exist then), or
-    ``_UNKNOWN_COMMIT`` where this checkout does not have that commit."""
+def _git(root: Path, *args: str) -> tuple[bool, bytes]:
+    """``git args`` in ``root``: (whether it succeeded, its output)."""
     try:
-        known = subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=root, capture_output=True,
-                               timeout=30)
-        if known.returncode != 0:
-            return _UNKNOWN_COMMIT
-        res = subprocess.run(["git", "show", f"{commit}:{path}"], cwd=root, capture_output=True, timeout=30)
+        res = subprocess.run(["git", *args], cwd=root, capture_output=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
-        return _UNKNOWN_COMMIT
-    return res.stdout if res.returncode == 0 else None
+        return False, b""
+    return res.returncode == 0, res.stdout
+
+
+def stale_description(record: dict, changed: list[str] | None) -> str:
+    """One line for the build's log and ``status``: where a stale record was measured and what
+    changed since (``changed_since``)."""
+    return (f"measured at {(record['provenance'].get('commit') or 'unknown')[:10]}; changed since: "
+            f"{', '.join(changed) if changed is not None else 'unknown'}")
 
 
 def gpu_record_states(root: Path, records_dir: Path | None = None, device: str = DEFAULT_DEVICE) -> dict:
