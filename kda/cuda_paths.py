@@ -26,9 +26,18 @@ class CudaPath:
     gpu_log: str | None = None  # results/... : the GPU test log of the commit that turned it on
 
 
-# Every CUDA path that landed before its GPU tests, with its switch. None waits at present: the
-# paths of the package all passed their GPU tests (results/tuning/gpu-tests-*.txt and the run logs).
-PATHS: tuple[CudaPath, ...] = ()
+# Every CUDA path that landed before its GPU tests, with its switch.
+PATHS: tuple[CudaPath, ...] = (
+    CudaPath(
+        name="gdn_scalar_gate",
+        module="kda.gated_delta",
+        switch="SCALAR_GATE_PATH",
+        what={"en": "chunk_gated_delta_rule by kda/kernels/scalar_gate.py (the gated inverse, then a pass that "
+                    "forms K S and Q K^T itself) where there are enough heads to fill the SMs",
+              "zh": "chunk_gated_delta_rule 经由 kda/kernels/scalar_gate.py（先求带门控的逆矩阵，再由一趟顺序遍历"
+                    "自行计算 K S 与 Q K^T），用于头数足以占满各 SM 的形状"},
+    ),
+)
 
 
 def enabled(path: CudaPath) -> bool:

@@ -256,11 +256,65 @@ def state_pass_launch(form: ChunkForm, h0, table=None, output_final_state=True):
     return launch, o, (ht if output_final_state else None)
 
 
+# The scalar-gate path (``kda.kernels.scalar_gate``), off until its GPU tests pass (``kda.cuda_paths``).
+SCALAR_GATE_PATH = False
+
+# The scalar-gate path takes one value block of this many columns per (head, sequence) and runs where
+# there are enough of those blocks to fill the SMs: below that, level 5's path with 32-column blocks is
+# faster (runs 53-56 in results/tuning: at (1, 8192, 96, 128) the pair took 0.93 ms against 1.31-1.56,
+# at 32 heads never less than level 5's path).
+SCALAR_GATE_COLUMNS = 128
+SCALAR_GATE_MIN_BLOCKS = 0.5       # blocks per SM
+
+
+def scalar_gate_columns(B: int, H: int, DV: int, sm_count: int) -> int | None:
+    """Value columns per block of the scalar-gate pass for ``B`` sequences of ``H`` value heads, or
+    ``None`` where level 5's path is the faster one (too few blocks to fill the SMs)."""
+    columns = min(SCALAR_GATE_COLUMNS, DV)
+    return columns if B * H * (DV // columns) >= SCALAR_GATE_MIN_BLOCKS * sm_count else None
+
+
+def _run_scalar_gate(q, k, v, g, beta, scale, h0, flags, output_final_state, check, block_dv):
+    """GDN through ``kda.kernels.scalar_gate``: ``chunk_gated_inverse`` (``G`` and ``Tb``, checking
+    ``g`` and ``beta`` as it reads them), then ``inverse_state_output_pass``; ``g [B, T, H, 1]``."""
+    from kda.kernels import scalar_gate
+    from kda.kernels.build import compile_program
+
+    B, T, HQ, DK = q.shape
+    H, DV, C = v.shape[2], v.shape[-1], CHUNK_SIZE
+    dtype, gate_dtype = ops.dtype_name(q.dtype), str(g.dtype).removeprefix("torch.")
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    g, beta = g.reshape(B, T, H).contiguous(), beta.to(torch.float32).contiguous()
+    with torch.cuda.device(q.device):
+        inverse = compile_program(scalar_gate.chunk_gated_inverse, (), DK=DK, chunk_size=C, dtype=dtype,
+                                  gate_dtype=gate_dtype, value_groups=H // HQ)
+        state_pass = compile_program(scalar_gate.inverse_state_output_pass, (), DK=DK, DV=DV, chunk_size=C,
+                                     block_dv=block_dv, dtype=dtype, value_groups=H // HQ,
+                                     initial_state=h0 is not None, final_state=output_final_state)
+        G = ops.new_output((B, H, ceildiv(T, C) * C), torch.float32, q.device)
+        Tb = ops.new_output((B, T, H, C), q.dtype, q.device)
+        if flags is None:
+            flags = torch.zeros(2, dtype=torch.int32, device=q.device)
+        inverse(k, g, beta, G, Tb, flags)
+        h0, ht = ops.state_arguments(h0, output_final_state, B, H, DK, DV, q.device)
+        o = ops.new_output((B, T, H, DV), v.dtype, q.device)
+        validate.launch_then_check(flags, lambda: state_pass(q, k, v, Tb, G, scale, h0, o, ht), check)
+    return o, (ht if output_final_state else None)
+
+
 def _run_kernels(q, k, v, g, beta, scale, h0, flags=None, table=None, output_final_state=True, check=None):
     """One batch ``[B, T, H, *]`` (or the packed sequences of ``table``) through the level-5
-    pipeline; returns ``o`` and the float32 final states (``None`` without ``output_final_state``).
-    ``check(flags)`` runs once the state pass is queued (``validate.launch_then_check``): the host
-    waits for the first kernel's flags only, and the pass runs while the caller's next work does."""
+    pipeline, or a scalar gate through ``kda.kernels.scalar_gate`` where that is faster (dense
+    batches; ``scalar_gate_columns``); returns ``o`` and the float32 final states (``None`` without
+    ``output_final_state``). ``check(flags)`` runs once the state pass is queued
+    (``validate.launch_then_check``): the host waits for the first kernel's flags only, and the pass
+    runs while the caller's next work does."""
+    if SCALAR_GATE_PATH and table is None and g.shape[-1] == 1:
+        from kda.kernels.build import sm_count
+
+        block_dv = scalar_gate_columns(q.shape[0], v.shape[2], v.shape[-1], sm_count(q.device))
+        if block_dv is not None:
+            return _run_scalar_gate(q, k, v, g, beta, scale, h0, flags, output_final_state, check, block_dv)
     form = prepare_chunks(q, k, v, g, beta, scale, flags, table)
     launch, o, ht = state_pass_launch(form, h0, table, output_final_state)
     validate.launch_then_check(flags, launch, check)

@@ -48,6 +48,13 @@ CASES = [
                                                initial_state=True, final_state=True)),
     ("level5", "gated_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16")),
     ("level5", "gated_state_output_pass", dict(DK=128, DV=64, dtype="float16", varlen=True, final_state=True)),
+    ("scalar_gate", "chunk_gated_inverse", dict(DK=128, dtype="bfloat16")),
+    ("scalar_gate", "chunk_gated_inverse", dict(DK=64, dtype="float16", gate_dtype="bfloat16", value_groups=2)),
+    ("scalar_gate", "inverse_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16")),
+    ("scalar_gate", "inverse_state_output_pass", dict(DK=128, DV=128, block_dv=64, dtype="float16", value_groups=2,
+                                                      initial_state=True, final_state=True)),
+    ("scalar_gate", "inverse_state_output_pass", dict(DK=64, DV=64, block_dv=64, dtype="bfloat16",
+                                                      initial_state=True, final_state=True)),
     ("decode", "fused_recurrent", dict(DK=128, DV=128, dtype="bfloat16")),
     ("decode", "fused_recurrent", dict(DK=64, DV=128, dtype="float16", scalar_gate=True, varlen=True, pooled=True)),
     ("decode", "fused_recurrent", dict(DK=128, DV=64, dtype="bfloat16", value_groups=2, with_initial=False,
@@ -150,6 +157,8 @@ WARP_SPECIALISED = [
     ("level5", "gated_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16")),
     ("level5", "gated_state_output_pass", dict(DK=128, DV=64, dtype="float16", varlen=True, initial_state=True,
                                                final_state=True)),
+    ("scalar_gate", "inverse_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", initial_state=True,
+                                                      final_state=True)),
 ]
 
 

@@ -108,6 +108,43 @@ def test_level5(kernel_launches, per_channel, packed, initial, final):
     assert kernel_launches[1][1]["initial_state"] == initial and kernel_launches[1][1]["final_state"] == final
 
 
+@pytest.mark.parametrize("final", [False, True], ids=["no_final", "final"])
+@pytest.mark.parametrize("initial", [False, True], ids=["zero_start", "initial"])
+@pytest.mark.parametrize("HV,D", [(2, 64), (6, 128)], ids=["heads", "grouped_128"])
+def test_gdn_scalar_gate_path(kernel_launches, monkeypatch, HV, D, initial, final):
+    """With its switch on and blocks enough, GDN takes ``kda.kernels.scalar_gate``'s two kernels
+    (grouped value heads, states in and out); the columns per block follow ``DV``."""
+    from kda import gated_delta
+
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", True)
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_MIN_BLOCKS", 0.0)
+    q, k, v, g, beta = level5_inputs(B=2, H=2, HV=HV, D=D, per_channel=False)
+    h0 = torch.randn(2, HV, D, D) if initial else None
+    o, ht = gated_delta._run_kernels(q, k, v, g, beta, 0.125, h0, torch.zeros(2, dtype=torch.int32),
+                                     output_final_state=final)
+    assert [name for name, _ in kernel_launches] == ["chunk_gated_inverse", "inverse_state_output_pass"]
+    inverse, state_pass = (params for _, params in kernel_launches)
+    assert inverse["value_groups"] == state_pass["value_groups"] == HV // 2
+    assert state_pass["block_dv"] == D and state_pass["initial_state"] == initial
+    assert o.shape == v.shape and (ht is None) == (not final)
+
+
+def test_gdn_scalar_gate_path_only_where_it_pays(kernel_launches, monkeypatch):
+    """Switched on, the scalar-gate path still leaves to level 5 a batch of too few blocks for the
+    SMs, a per-channel gate and packed sequences."""
+    from kda import gated_delta
+
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", True)
+    assert gated_delta.scalar_gate_columns(1, 96, 128, 132) == 128
+    assert gated_delta.scalar_gate_columns(1, 32, 128, 132) is None
+    assert gated_delta.scalar_gate_columns(4, 32, 64, 132) == 64
+    for per_channel, table in ((False, None), (True, None), (False, gated_delta.chunk_table([0, 70, 200], "cpu"))):
+        kernel_launches.clear()
+        q, k, v, g, beta = level5_inputs(B=1 if table is not None else 2, per_channel=per_channel)
+        gated_delta._run_kernels(q, k, v, g, beta, 0.125, None, torch.zeros(2, dtype=torch.int32), table)
+        assert [name for name, _ in kernel_launches] == ["chunk_intra", "gated_state_output_pass"]
+
+
 def test_level5_grouped_value_heads(kernel_launches):
     """q and k with 2 heads, v, g, beta and the states with 6 (value head i reads head i // 3)."""
     from kda.gated_delta import _run_kernels

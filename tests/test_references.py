@@ -112,6 +112,27 @@ def test_gated_delta_chunked_matches_recurrence(scalar_gate, T, C):
     assert rel_l2(o_b, o_a) < EPS and rel_l2(s_b, s_a) < EPS
 
 
+@pytest.mark.parametrize("gates", ["logsigmoid", "runs_of_-20", "zero"])
+@pytest.mark.parametrize("T", [1, 64, 130])
+def test_scalar_gate_chunked_matches_recurrence(gates, T):
+    """GDN by the gated inverse alone (``kda.kernels.scalar_gate``'s arithmetic) is the recurrence:
+    tails, an initial state, runs of -20 (a decay of e^-1400 over a chunk) and no decay at all."""
+    gen = torch.Generator().manual_seed(T)
+    B, H, DK, DV = 2, 3, 8, 12
+    q, v = torch.randn(B, T, H, DK, generator=gen), torch.randn(B, T, H, DV, generator=gen)
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, DK, generator=gen), dim=-1)
+    g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, generator=gen))
+    if gates == "runs_of_-20":
+        g[:, 20:90] = -20.0
+    elif gates == "zero":
+        g = torch.zeros_like(g)
+    beta, h0 = torch.rand(B, T, H, generator=gen), torch.randn(B, H, DK, DV, generator=gen)
+    o, S = ref0.scalar_gate_chunked(q, k, v, g, beta, 64, h0, True)
+    ref_o, ref_S = ref0.recurrent(q, k, v, g, beta, h0, True)
+    assert torch.isfinite(o).all() and torch.isfinite(S).all()
+    assert rel_l2(o, ref_o) < 1e-12 and rel_l2(S, ref_S) < 1e-12
+
+
 def test_chunk_affine_map_and_composition():
     q, k, v, gate, beta, h0 = delta_inputs(1, 40, 2, 8, 4, strength=2.0)
     per_chunk = lambda s: [x[:, s].transpose(1, 2) for x in (k, v, gate)] + [beta[:, s].transpose(1, 2)]

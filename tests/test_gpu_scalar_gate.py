@@ -1,0 +1,134 @@
+"""GDN's scalar-gate path (``kda.kernels.scalar_gate``) on the GPU against the float64 recurrence
+(marked ``gpu``). The path is switched on and taken for every shape here (``SCALAR_GATE_MIN_BLOCKS``
+0), whatever the switch's default; outputs are poisoned with NaN before each launch."""
+
+import zlib
+
+import pytest
+import torch
+
+import kda
+from kda.metrics import rel_l2
+from kda.reference import level0 as ref0
+
+from test_gpu_level5 import BOUND, GATES, SHAPES, inputs
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def scalar_path(monkeypatch, poisoned):
+    from kda import gated_delta
+
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", True)
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_MIN_BLOCKS", 0.0)
+    launches = []
+    run = gated_delta._run_scalar_gate
+    monkeypatch.setattr(gated_delta, "_run_scalar_gate", lambda *a: launches.append(a[-1]) or run(*a))
+    return launches
+
+
+@pytest.mark.parametrize("columns", [128, 64])
+@pytest.mark.parametrize("kind", GATES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_forward_against_token_recurrence(shape, dtype, kind, columns, scalar_path, monkeypatch):
+    from kda import gated_delta
+
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_COLUMNS", columns)
+    q, k, v, g, beta, h0 = inputs(shape, dtype, kind, False, zlib.crc32(repr((shape, kind, "sg")).encode()))
+    o, ht = kda.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    assert scalar_path == [min(columns, shape[4])]
+    ref_o, ref_ht = ref0.recurrent(q.double() * shape[3] ** -0.5, k, v, g, beta, h0, True)
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+    assert rel_l2(o, ref_o) <= BOUND, f"o: {rel_l2(o, ref_o):.2e}"
+    assert rel_l2(ht, ref_ht) <= BOUND, f"final state: {rel_l2(ht, ref_ht):.2e}"
+
+
+@pytest.mark.parametrize("kind", ["logsigmoid", "runs_of_-20"])
+@pytest.mark.parametrize("shape", [(2, 200, 3, 64, 128), (1, 129, 2, 128, 64)])
+def test_inverse_against_reference_stage(shape, kind):
+    """``chunk_gated_inverse`` alone: ``G`` (log2, flat past the end) and ``Tb`` against float64,
+    outputs poisoned, the ragged last chunk included (its rows past the end are not written)."""
+    from kda.kernels import scalar_gate
+    from kda.kernels.build import compile_program
+
+    B, T, H, DK, _ = shape
+    C, NC = 64, -(-shape[1] // 64)
+    q, k, v, g, beta, _ = inputs(shape, torch.bfloat16, kind, False, seed=zlib.crc32(repr((shape, kind)).encode()))
+    G = torch.full((B, H, NC * C), float("nan"), device="cuda")
+    Tb = torch.full((B, T, H, C), float("nan"), dtype=torch.bfloat16, device="cuda")
+    flags = torch.zeros(2, dtype=torch.int32, device="cuda")
+    compile_program(scalar_gate.chunk_gated_inverse, (), DK=DK, dtype="bfloat16")(k, g, beta, G, Tb, flags)
+    assert flags.tolist() == [0, 0] and torch.isfinite(G).all() and torch.isfinite(Tb).all()
+    for c in range(NC):
+        rows = slice(c * C, min((c + 1) * C, T))
+        L = rows.stop - rows.start
+        Gc = torch.cumsum(g[:, rows].double(), dim=1).transpose(1, 2)             # [B, H, L], natural log
+        assert rel_l2(G[:, :, rows], Gc / torch.log(torch.tensor(2.0))) <= 1e-5, c
+        assert torch.equal(G[:, :, rows.stop - 1:c * C + C], G[:, :, rows.stop - 1:rows.stop].expand(B, H, C - L + 1))
+        K, b = k[:, rows].double().transpose(1, 2), beta[:, rows].double().transpose(1, 2)
+        decay = torch.exp((Gc[..., :, None] - Gc[..., None, :]).tril())
+        A = torch.eye(L, dtype=torch.float64, device="cuda") + (b[..., None] * (K @ K.transpose(-1, -2)) * decay).tril(-1)
+        ref = torch.linalg.solve_triangular(A, torch.diag_embed(b), upper=False, unitriangular=True)
+        got = Tb[:, rows].transpose(1, 2)                                        # [B, H, L, C]
+        assert rel_l2(got[..., :L], ref) <= 5e-3, c
+        assert (got[..., L:] == 0).all(), c                                       # columns past the end
+
+
+@pytest.mark.parametrize("final", [False, True], ids=["no_final", "final"])
+@pytest.mark.parametrize("initial", [False, True], ids=["zero_start", "initial"])
+def test_state_flags(initial, final, scalar_path):
+    q, k, v, g, beta, h0 = inputs((2, 200, 3, 128, 128), torch.bfloat16, "logsigmoid", False, seed=31)
+    o, ht = kda.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0 if initial else None,
+                                       output_final_state=final)
+    assert (ht is not None) == final and scalar_path == [128]
+    start = h0 if initial else torch.zeros_like(h0)
+    ref_o, ref_ht = ref0.recurrent(q.double() * 128 ** -0.5, k, v, g, beta, start, True)
+    assert torch.isfinite(o).all() and rel_l2(o, ref_o) <= BOUND
+    if final:
+        assert torch.isfinite(ht).all() and rel_l2(ht, ref_ht) <= BOUND
+
+
+def test_grouped_value_heads(scalar_path):
+    """q, k with 2 heads, v, g, beta and the states with 6: the same bits as q and k repeated."""
+    q, k, v, g, beta, _ = inputs((1, 300, 6, 128, 128), torch.bfloat16, "logsigmoid", False, seed=23)
+    q, k = q[:, :, ::3].contiguous(), k[:, :, ::3].contiguous()
+    h0 = torch.randn(1, 6, 128, 128, device="cuda")
+    o, ht = kda.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    q3, k3 = q.repeat_interleave(3, dim=2), k.repeat_interleave(3, dim=2)
+    o3, ht3 = kda.chunk_gated_delta_rule(q3, k3, v, g, beta, initial_state=h0, output_final_state=True)
+    assert torch.equal(o, o3) and torch.equal(ht, ht3) and scalar_path == [128, 128]
+    ref_o, ref_ht = ref0.recurrent(q3.double() * 128 ** -0.5, k3, v, g, beta, h0, True)
+    assert rel_l2(o, ref_o) <= BOUND and rel_l2(ht, ref_ht) <= BOUND
+
+
+def test_agrees_with_level5_path(scalar_path, monkeypatch):
+    """The two GDN paths on the same inputs (a few thousand tokens, many heads): within the
+    rounding of two bf16 pipelines."""
+    from kda import gated_delta
+
+    q, k, v, g, beta, h0 = inputs((2, 4000, 8, 128, 128), torch.bfloat16, "logsigmoid", False, seed=37)
+    o, ht = kda.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", False)
+    o5, ht5 = kda.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    assert scalar_path == [128]
+    assert rel_l2(o, o5.double()) <= BOUND and rel_l2(ht, ht5.double()) <= BOUND
+
+
+BAD_VALUES = [("g", 0.5), ("g", float("nan")), ("g", float("-inf")), ("beta", 1.5), ("beta", float("nan")),
+              ("beta", -0.1)]
+
+
+@pytest.mark.parametrize("what,value", BAD_VALUES, ids=[f"{w}={v}" for w, v in BAD_VALUES])
+def test_values_out_of_range_raise(what, value, scalar_path):
+    """``chunk_gated_inverse`` checks g and beta as it reads them (one bad value in the tail chunk)."""
+    q, k, v, g, beta, _ = inputs((1, 200, 2, 64, 64), torch.bfloat16, "logsigmoid", False, seed=5)
+    (g if what == "g" else beta)[0, 190, 1] = value
+    message = "g must be finite and <= 0" if what == "g" else "beta must lie in"
+    with pytest.raises(ValueError, match=message):
+        kda.chunk_gated_delta_rule(q, k, v, g, beta)
+    kda.chunk_gated_delta_rule(q, k, v, g, beta, check_values=False)       # no read-back, no error
+    (g if what == "g" else beta)[0, 190, 1] = -0.5 if what == "g" else 0.5
+    kda.chunk_gated_delta_rule(q, k, v, g, beta)
+    assert len(scalar_path) == 3
