@@ -268,53 +268,61 @@ SCALAR_GATE_MIN_BLOCKS = 0.5       # blocks per SM
 
 
 def scalar_gate_columns(B: int, H: int, DV: int, sm_count: int) -> int | None:
-    """Value columns per block of the scalar-gate pass for ``B`` sequences of ``H`` value heads, or
-    ``None`` where level 5's path is the faster one (too few blocks to fill the SMs)."""
+    """Value columns per block of the scalar-gate pass for ``B`` sequences (or groups of packed
+    sequences, ``seq_groups``) of ``H`` value heads, or ``None`` where level 5's path is the faster one
+    (too few blocks to fill the SMs)."""
     columns = min(SCALAR_GATE_COLUMNS, DV)
     return columns if B * H * (DV // columns) >= SCALAR_GATE_MIN_BLOCKS * sm_count else None
 
 
-def _run_scalar_gate(q, k, v, g, beta, scale, h0, flags, output_final_state, check, block_dv):
+def _run_scalar_gate(q, k, v, g, beta, scale, h0, flags, table, output_final_state, check, block_dv):
     """GDN through ``kda.kernels.scalar_gate``: ``chunk_gated_inverse`` (``G`` and ``Tb``, checking
-    ``g`` and ``beta`` as it reads them), then ``inverse_state_output_pass``; ``g [B, T, H, 1]``."""
+    ``g`` and ``beta`` as it reads them), then ``inverse_state_output_pass``; ``g [B, T, H, 1]``. With
+    the ``table`` of packed sequences, each kernel is one launch for all of them, as level 5's."""
     from kda.kernels import scalar_gate
     from kda.kernels.build import compile_program
 
     B, T, HQ, DK = q.shape
     H, DV, C = v.shape[2], v.shape[-1], CHUNK_SIZE
+    NC = ceildiv(T, C) if table is None else table.chunks.shape[0]
+    N = B if table is None else table.cu_seqlens.shape[0] - 1
     dtype, gate_dtype = ops.dtype_name(q.dtype), str(g.dtype).removeprefix("torch.")
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     g, beta = g.reshape(B, T, H).contiguous(), beta.to(torch.float32).contiguous()
+    packed = table is not None
     with torch.cuda.device(q.device):
         inverse = compile_program(scalar_gate.chunk_gated_inverse, (), DK=DK, chunk_size=C, dtype=dtype,
-                                  gate_dtype=gate_dtype, value_groups=H // HQ)
+                                  gate_dtype=gate_dtype, value_groups=H // HQ, varlen=packed)
         state_pass = compile_program(scalar_gate.inverse_state_output_pass, (), DK=DK, DV=DV, chunk_size=C,
-                                     block_dv=block_dv, dtype=dtype, value_groups=H // HQ,
+                                     block_dv=block_dv, dtype=dtype, value_groups=H // HQ, varlen=packed,
                                      initial_state=h0 is not None, final_state=output_final_state)
-        G = ops.new_output((B, H, ceildiv(T, C) * C), torch.float32, q.device)
+        G = ops.new_output((B, H, NC * C), torch.float32, q.device)
         Tb = ops.new_output((B, T, H, C), q.dtype, q.device)
         if flags is None:
             flags = torch.zeros(2, dtype=torch.int32, device=q.device)
-        inverse(k, g, beta, G, Tb, flags)
-        h0, ht = ops.state_arguments(h0, output_final_state, B, H, DK, DV, q.device)
+        inverse(k, g, beta, G, Tb, flags, table.chunks if packed else ops.stand_in(2, torch.int32, q.device))
+        h0, ht = ops.state_arguments(h0, output_final_state, N, H, DK, DV, q.device)
         o = ops.new_output((B, T, H, DV), v.dtype, q.device)
-        validate.launch_then_check(flags, lambda: state_pass(q, k, v, Tb, G, scale, h0, o, ht), check)
+        tables = [table.cu_seqlens, table.chunk_offsets, table.seq_groups] if packed else \
+            [ops.stand_in(1, torch.int32, q.device)] * 3
+        validate.launch_then_check(flags, lambda: state_pass(q, k, v, Tb, G, scale, h0, o, ht, *tables), check)
     return o, (ht if output_final_state else None)
 
 
 def _run_kernels(q, k, v, g, beta, scale, h0, flags=None, table=None, output_final_state=True, check=None):
     """One batch ``[B, T, H, *]`` (or the packed sequences of ``table``) through the level-5
-    pipeline, or a scalar gate through ``kda.kernels.scalar_gate`` where that is faster (dense
-    batches; ``scalar_gate_columns``); returns ``o`` and the float32 final states (``None`` without
+    pipeline, or a scalar gate through ``kda.kernels.scalar_gate`` where that is faster
+    (``scalar_gate_columns``); returns ``o`` and the float32 final states (``None`` without
     ``output_final_state``). ``check(flags)`` runs once the state pass is queued
     (``validate.launch_then_check``): the host waits for the first kernel's flags only, and the pass
     runs while the caller's next work does."""
-    if SCALAR_GATE_PATH and table is None and g.shape[-1] == 1:
+    if SCALAR_GATE_PATH and g.shape[-1] == 1:
         from kda.kernels.build import sm_count
 
-        block_dv = scalar_gate_columns(q.shape[0], v.shape[2], v.shape[-1], sm_count(q.device))
+        lanes = q.shape[0] if table is None else table.seq_groups.shape[0] - 1   # blocks per head and value block
+        block_dv = scalar_gate_columns(lanes, v.shape[2], v.shape[-1], sm_count(q.device))
         if block_dv is not None:
-            return _run_scalar_gate(q, k, v, g, beta, scale, h0, flags, output_final_state, check, block_dv)
+            return _run_scalar_gate(q, k, v, g, beta, scale, h0, flags, table, output_final_state, check, block_dv)
     form = prepare_chunks(q, k, v, g, beta, scale, flags, table)
     launch, o, ht = state_pass_launch(form, h0, table, output_final_state)
     validate.launch_then_check(flags, launch, check)

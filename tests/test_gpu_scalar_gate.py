@@ -132,3 +132,54 @@ def test_values_out_of_range_raise(what, value, scalar_path):
     (g if what == "g" else beta)[0, 190, 1] = -0.5 if what == "g" else 0.5
     kda.chunk_gated_delta_rule(q, k, v, g, beta)
     assert len(scalar_path) == 3
+
+
+@pytest.mark.parametrize("final", [False, True], ids=["no_final", "final"])
+@pytest.mark.parametrize("initial", [False, True], ids=["zero_start", "initial"])
+def test_packed_sequences(initial, final, scalar_path):
+    """Uneven packed lengths (an empty one, a single token, ragged tails) with per-sequence states,
+    grouped value heads (2 query/key heads, 4 value heads), against the recurrence per sequence."""
+    lengths = [130, 0, 64, 1, 77, 300]
+    T = sum(lengths)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda")
+    q, k, v, g, beta, _ = inputs((1, T, 4, 128, 128), torch.bfloat16, "runs_of_-20", False, seed=41)
+    q, k = q[:, :, ::2].contiguous(), k[:, :, ::2].contiguous()
+    h0 = torch.randn(len(lengths), 4, 128, 128, device="cuda") if initial else None
+    o, ht = kda.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=final, cu_seqlens=cu)
+    assert scalar_path == [128] and (ht is not None) == final
+    q2, k2 = q.repeat_interleave(2, dim=2), k.repeat_interleave(2, dim=2)
+    bounds = cu.tolist()
+    for n, (s, e) in enumerate(zip(bounds, bounds[1:])):
+        start = h0[n:n + 1] if initial else torch.zeros(1, 4, 128, 128, device="cuda")
+        if e == s:
+            if final:
+                assert torch.equal(ht[n], start[0]), n
+            continue
+        ref_o, ref_ht = ref0.recurrent(q2[:, s:e].double() * 128 ** -0.5, k2[:, s:e], v[:, s:e], g[:, s:e],
+                                       beta[:, s:e], start, True)
+        assert torch.isfinite(o[:, s:e]).all() and rel_l2(o[:, s:e], ref_o) <= BOUND, n
+        if final:
+            assert torch.isfinite(ht[n]).all() and rel_l2(ht[n:n + 1], ref_ht) <= BOUND, n
+
+
+def test_many_short_packed_sequences(scalar_path):
+    """300 sequences of 0 to 64 tokens (groups of sequences per block) against each one run alone
+    through the same path."""
+    gen = torch.Generator().manual_seed(17)
+    lengths = torch.randint(0, 65, (300,), generator=gen).tolist()
+    T = sum(lengths)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda")
+    q, k, v, g, beta, _ = inputs((1, T, 2, 128, 64), torch.bfloat16, "logsigmoid", False, seed=19)
+    h0 = torch.randn(len(lengths), 2, 128, 64, device="cuda")
+    o, ht = kda.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+                                       cu_seqlens_cpu=cu.cpu())
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+    bounds = cu.tolist()
+    for n, (s, e) in enumerate(zip(bounds, bounds[1:])):
+        if e == s:
+            assert torch.equal(ht[n], h0[n]), n
+            continue
+        o_n, ht_n = kda.chunk_gated_delta_rule(q[:, s:e], k[:, s:e], v[:, s:e], g[:, s:e], beta[:, s:e],
+                                               initial_state=h0[n:n + 1], output_final_state=True)
+        assert rel_l2(o[:, s:e], o_n) <= 1e-5 and rel_l2(ht[n:n + 1], ht_n) <= 1e-5, n
+    assert scalar_path[0] == 64 and len(scalar_path) == 1 + sum(1 for x in lengths if x)

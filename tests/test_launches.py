@@ -129,9 +129,28 @@ def test_gdn_scalar_gate_path(kernel_launches, monkeypatch, HV, D, initial, fina
     assert o.shape == v.shape and (ht is None) == (not final)
 
 
+@pytest.mark.parametrize("final", [False, True], ids=["no_final", "final"])
+@pytest.mark.parametrize("initial", [False, True], ids=["zero_start", "initial"])
+def test_gdn_scalar_gate_path_packed(kernel_launches, monkeypatch, initial, final):
+    """Packed sequences (an empty one and a single token among them) through the scalar-gate path:
+    the chunk table in the first kernel, the sequence tables and one state per sequence in the pass."""
+    from kda import gated_delta
+
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", True)
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_MIN_BLOCKS", 0.0)
+    bounds = [0, 70, 71, 71, 200]
+    q, k, v, g, beta = level5_inputs(B=1, H=2, HV=4, per_channel=False)
+    h0 = torch.randn(4, 4, 64, 64) if initial else None
+    o, ht = gated_delta._run_kernels(q, k, v, g, beta, 0.125, h0, torch.zeros(2, dtype=torch.int32),
+                                     gated_delta.chunk_table(bounds, "cpu"), final)
+    assert [name for name, _ in kernel_launches] == ["chunk_gated_inverse", "inverse_state_output_pass"]
+    assert all(params["varlen"] for _, params in kernel_launches)
+    assert o.shape == v.shape and (ht is None) == (not final) and (ht is None or ht.shape == (4, 4, 64, 64))
+
+
 def test_gdn_scalar_gate_path_only_where_it_pays(kernel_launches, monkeypatch):
     """Switched on, the scalar-gate path still leaves to level 5 a batch of too few blocks for the
-    SMs, a per-channel gate and packed sequences."""
+    SMs and a per-channel gate."""
     from kda import gated_delta
 
     monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", True)

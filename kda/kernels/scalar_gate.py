@@ -30,29 +30,33 @@ from kda.kernels.stages import (ACCUM, decay_factor, invert_diagonal_blocks_by_c
 
 # --8<-- [start:chunk_gated_inverse]
 def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtype="float32", value_groups=1,
-                        threads=128, chunks_per_block=8, num_stages=2):
+                        varlen=False, threads=128, chunks_per_block=8, num_stages=2):
     """Arguments at run time: ``K [B, T, HQ, DK]``, ``g [B, T, H]`` (``gate_dtype``, natural log),
-    ``beta [B, T, H]`` (float32), then the outputs ``G [B, H, T_pad]`` (float32, ``T_pad`` the length
-    rounded up to whole chunks; flat past the end), ``Tb [B, T, H, C]`` (dtype; zero above the diagonal
-    and in the columns past the end) and ``flags [2]`` (int32, zeroed by the caller: ``flags[0]`` a gate
-    not finite and ``<= 0``, ``flags[1]`` a ``b`` outside ``[0, 1]``). ``H = value_groups HQ``: value head
-    ``h`` reads key head ``h // value_groups``. The solve is level 4's (``chunk_wy``): the diagonal
-    blocks by columns, then block substitution; ``chunks_per_block`` chunks of one head per block."""
+    ``beta [B, T, H]`` (float32), then the outputs ``G [B, H, NC C]`` (float32: chunk ``c``'s cumsum in
+    log2 units at ``c C ..``, flat past the end), ``Tb [B, T, H, C]`` (dtype; zero above the diagonal and
+    in the columns past the end) and ``flags [2]`` (int32, zeroed by the caller: ``flags[0]`` a gate not
+    finite and ``<= 0``, ``flags[1]`` a ``b`` outside ``[0, 1]``), and last the chunk table ``chunks [NC,
+    2]`` of packed sequences (``varlen``, ``B = 1``: each chunk's first token and length; dense, a ``[1,
+    1]`` stand-in). ``H = value_groups HQ``: value head ``h`` reads key head ``h // value_groups``. The
+    solve is level 4's (``chunk_wy``): the diagonal blocks by columns, then block substitution;
+    ``chunks_per_block`` chunks of one head per block, the next one's loads in flight."""
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     HQ = T.dynamic("HQ")
     C = chunk_size
-    NC = T.ceildiv(S, C)
+    NC = T.dynamic("NC") if varlen else T.ceildiv(S, C)
+    BB = 1 if varlen else B
 
     @T.prim_func
     def main(
-        K: T.Tensor([B, S, HQ, DK], dtype),
-        g: T.Tensor([B, S, H], gate_dtype),
-        beta: T.Tensor([B, S, H], ACCUM),
-        G: T.Tensor([B, H, T.ceildiv(S, C) * C], ACCUM),
-        Tb: T.Tensor([B, S, H, C], dtype),
+        K: T.Tensor([BB, S, HQ, DK], dtype),
+        g: T.Tensor([BB, S, H], gate_dtype),
+        beta: T.Tensor([BB, S, H], ACCUM),
+        G: T.Tensor([BB, H, NC * C], ACCUM),
+        Tb: T.Tensor([BB, S, H, C], dtype),
         flags: T.Tensor([2], "int32"),
+        chunks: T.Tensor([NC, 2] if varlen else [1, 1], "int32"),
     ):
-        with T.Kernel(T.ceildiv(NC, chunks_per_block), H, B, threads=threads) as (cb, bh, bb):
+        with T.Kernel(T.ceildiv(NC, chunks_per_block), H, BB, threads=threads) as (cb, bh, bb):
             K_s = T.alloc_shared([C, DK], dtype)
             G_s = T.alloc_shared([C, 1], ACCUM)               # the gate, then its cumsum in place
             beta_s = T.alloc_shared([C], ACCUM)
@@ -64,15 +68,16 @@ def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtyp
             hq = bh // value_groups if value_groups > 1 else bh
             c0 = cb * chunks_per_block
             for ci in T.Pipelined(T.min(chunks_per_block, NC - c0), num_stages=num_stages):
-                t0 = (c0 + ci) * C
-                L = T.min(C, S - t0)
-                T.copy(K[bb, t0:t0 + C, hq, :], K_s)
+                c = c0 + ci
+                t0 = chunks[c, 0] if varlen else c * C
+                L = chunks[c, 1] if varlen else T.min(C, S - t0)
+                T.copy(K[bb, t0:t0 + C, hq, :], K_s)          # rows past L: the next sequence's, or zeros
                 load_beta_checked(beta, beta_s, flags, t0, L, C, bb, bh)
                 for i in T.Parallel(C):
                     G_s[i, 0] = T.Cast(ACCUM, g[bb, t0 + T.min(i, L - 1), bh])
                 log2_cumsum_by_columns(G_s, G_s, L, C, 1, flags)
                 for i in T.Parallel(C):
-                    G[bb, bh, t0 + i] = G_s[i, 0]
+                    G[bb, bh, c * C + i] = G_s[i, 0]
                 T.gemm(K_s, K_s, KK, transpose_B=True, clear_accum=True)
                 for i, j in T.Parallel(C, C):       # rows past the end: b = 0
                     A_s[i, j] = KK[i, j] * beta_s[i] * decay_factor(G_s[i, 0] - G_s[j, 0]) * real(j < i)
@@ -80,20 +85,29 @@ def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtyp
                 merge_by_substitution(A_s, Tinv_s, C, block)
                 for i, j in T.Parallel(C, C):       # the blocks above the diagonal were never written
                     Tb_s[i, j] = T.if_then_else(i // block >= j // block, Tinv_s[i, j] * beta_s[j], 0.0)
-                T.copy(Tb_s, Tb[bb, t0:t0 + C, bh, :])
+                if varlen:                          # the tile's rows past L are the next sequence's
+                    for i, j in T.Parallel(C, C):
+                        if i < L:
+                            Tb[bb, t0 + i, bh, j] = Tb_s[i, j]
+                else:
+                    T.copy(Tb_s, Tb[bb, t0:t0 + C, bh, :])
 
     return main
 # --8<-- [end:chunk_gated_inverse]
 
 
 # --8<-- [start:inverse_state_output_pass]
-def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat16", value_groups=1,
+def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat16", value_groups=1, varlen=False,
                               initial_state=False, final_state=False, registers=(160, 128, 128, 40)):
     """Arguments at run time: ``Q, K [B, T, HQ, DK]``, ``V [B, T, H, DV]``, ``Tb [B, T, H, C]`` and
-    ``G [B, H, T_pad]`` of ``chunk_gated_inverse``, ``scale``, ``h0``, then ``O [B, T, H, DV]`` (dtype)
-    and ``ht`` (the state flags as in ``kda.kernels.level1.seq_in_loop``).
+    ``G [B, H, NC C]`` of ``chunk_gated_inverse``, ``scale``, ``h0``, then ``O [B, T, H, DV]`` (dtype)
+    and ``ht`` (the state flags as in ``kda.kernels.level1.seq_in_loop``), and last the tables of packed
+    sequences ``cu_seqlens [N + 1]``, ``chunk_offsets [N + 1]`` and ``seq_groups [NG + 1]`` (int32, as
+    level 5's ``gated_state_output_pass`` takes them; dense, ``[1]`` stand-ins). With ``varlen`` ``h0``
+    and ``ht`` are ``[N, H, DK, DV]``.
 
-    One block per (value block, head, sequence), 512 threads, warp-specialised by hand:
+    One block per (value block, head, sequence or group of packed sequences), 512 threads,
+    warp-specialised by hand:
 
     * warpgroup 0, the chain: ``S`` to shared memory (bf16) for the others, ``S <- 2^G_last S``, then
       ``+ K^T V'`` once warpgroup 1 has ``V'``;
@@ -105,153 +119,180 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
       ``2^G``, ``2^(G_last - G)`` once per row (the consumers read them instead of an ``exp2`` per
       element: run 54).
 
-    Rows past the end load as zeros and ``G`` is flat there, so the last chunk needs no mask.
+    Rows past the end of the data load as zeros and ``G`` is flat there. Rows past a packed
+    sequence's end are the next sequence's: ``Tb``'s columns there are zero, their ``2^(G_last - G)``
+    is set to 0 so that they leave the state alone, and their outputs are not stored.
     ``registers``: ``setmaxnreg`` of the four warpgroups (the chain holds ``S``: ``DK x block_dv``
     float32 over 128 threads)."""
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     HQ = T.dynamic("HQ")
     C, BV = chunk_size, block_dv
-    NC = T.ceildiv(S, C)
+    NC = T.ceildiv(S, C)                             # dense: the chunks of a sequence
+    G_len = T.dynamic("G_len") if varlen else NC * C   # varlen: C rows per chunk of the chunk table
+    N, NG = T.dynamic("N"), T.dynamic("NG")
+    BB = 1 if varlen else B
+    states = N if varlen else B
 
     @T.macro
-    def chain(k_s, E_s, vn_s, S_s, S_f, data_ready, data_free, s_ready, s_free, vn_ready, h0, ht, bb, bh, dv0):
-        load_state(h0, S_f, bb, bh, dv0, initial_state)
-        for c in T.serial(NC):
-            slot = c % 2
-            T.barrier_wait(data_ready[slot], (c // 2) % 2)
-            T.barrier_wait(s_free, (c + 1) % 2)                   # both readers are done with chunk c - 1's
-            T.copy(S_f, S_s)
-            T.fence_proxy_async()
-            T.barrier_arrive(s_ready)
-            for i, j in T.Parallel(DK, BV):
-                S_f[i, j] = S_f[i, j] * E_s[slot, C - 1]
-            T.barrier_wait(vn_ready, c % 2)
-            T.gemm(k_s[slot, :, :], vn_s, S_f, transpose_A=True)
-            T.barrier_arrive(data_free[slot])
-        store_state(S_f, ht, bb, bh, dv0, final_state)
+    def body(Q, K, V, Tb, G, scale, h0, O, ht, bv, bh, bb, n_first, n_count, seq):
+        """Value columns ``bv`` of head ``bh``, sequences ``n_first .. n_first + n_count - 1`` of batch
+        row ``bb``; ``seq(n)`` gives sequence ``n``'s first token, end, first chunk and chunk count.
+        ``j`` counts the block's chunks over all its sequences: slots and barrier phases follow it."""
+        dv0 = bv * BV
+        hq = bh // value_groups if value_groups > 1 else bh
+        q_s = T.alloc_shared([2, C, DK], dtype)          # two slots: the block's chunk j in slot j % 2
+        k_s = T.alloc_shared([2, C, DK], dtype)
+        v_s = T.alloc_shared([2, C, BV], dtype)          # V, then X = V - 2^G K S
+        tb_s = T.alloc_shared([2, C, C], dtype)
+        G_s = T.alloc_shared([2, C], ACCUM)
+        E_s = T.alloc_shared([2, C], ACCUM)              # 2^G
+        R_s = T.alloc_shared([2, C], ACCUM)              # 2^(G_last - G), 0 past the sequence
+        S_s = T.alloc_shared([DK, BV], dtype)
+        vd_s = T.alloc_shared([C, BV], dtype)            # V_new, for the output
+        vn_s = T.alloc_shared([C, BV], dtype)            # V' = 2^(G_last - G) V_new, for the chain
+        p_s = T.alloc_shared([C, C], dtype)
+        o_s = T.alloc_shared([C, BV], dtype)
+        S_f = T.alloc_fragment([DK, BV], ACCUM)
+        KS = T.alloc_fragment([C, BV], ACCUM)
+        VD = T.alloc_fragment([C, BV], ACCUM)
+        P_f = T.alloc_fragment([C, C], ACCUM)
+        O_f = T.alloc_fragment([C, BV], ACCUM)
+        data_ready = T.alloc_barrier(arrive_count=[32, 32])      # the producer warp, + TMA bytes
+        data_free = T.alloc_barrier(arrive_count=[384, 384])     # the three warpgroups
+        s_ready = T.alloc_barrier(arrive_count=128)              # chain -> warpgroups 1, 2
+        s_free = T.alloc_barrier(arrive_count=256)               # warpgroups 1, 2 -> chain
+        vn_ready = T.alloc_barrier(arrive_count=128)             # warpgroup 1 -> chain
+        vd_ready = T.alloc_barrier(arrive_count=128)             # warpgroup 1 -> output
+        vd_free = T.alloc_barrier(arrive_count=128)              # output -> warpgroup 1
+        tx = T.get_thread_binding()
+        j0 = lambda n: seq(n)[2] - seq(n_first)[2]              # the block's count of chunks before sequence n
+        # one code branch per warpgroup; a wait for parity (j + 1) % 2 passes at j = 0 and then waits
+        # for the other side's arrival of chunk j - 1
+        if tx < 128:                                             # the chain
+            T.set_max_nreg(registers[0], 1)
+            for s in T.serial(n_count):
+                n = n_first + s
+                load_state(h0, S_f, n, bh, dv0, initial_state)
+                for c in T.serial(seq(n)[3]):
+                    j = j0(n) + c
+                    slot = j % 2
+                    T.barrier_wait(data_ready[slot], (j // 2) % 2)
+                    T.barrier_wait(s_free, (j + 1) % 2)          # both readers are done with chunk j - 1's
+                    T.copy(S_f, S_s)
+                    T.fence_proxy_async()
+                    T.barrier_arrive(s_ready)
+                    for i, jj in T.Parallel(DK, BV):
+                        S_f[i, jj] = S_f[i, jj] * E_s[slot, C - 1]
+                    T.barrier_wait(vn_ready, j % 2)
+                    T.gemm(k_s[slot, :, :], vn_s, S_f, transpose_A=True)
+                    T.barrier_arrive(data_free[slot])
+                store_state(S_f, ht, n, bh, dv0, final_state)
+        elif tx < 256:                                           # V_new and V'
+            T.set_max_nreg(registers[1], 1)
+            for s in T.serial(n_count):
+                n = n_first + s
+                for c in T.serial(seq(n)[3]):
+                    j = j0(n) + c
+                    slot = j % 2
+                    T.barrier_wait(data_ready[slot], (j // 2) % 2)
+                    T.barrier_wait(s_ready, j % 2)
+                    T.gemm(k_s[slot, :, :], S_s, KS, clear_accum=True)
+                    T.barrier_arrive(s_free)
+                    for i, jj in T.Parallel(C, BV):
+                        v_s[slot, i, jj] = v_s[slot, i, jj] - E_s[slot, i] * KS[i, jj]
+                    T.fence_proxy_async()
+                    T.gemm(tb_s[slot, :, :], v_s[slot, :, :], VD, clear_accum=True)
+                    for i, jj in T.Parallel(C, BV):
+                        vn_s[i, jj] = VD[i, jj] * R_s[slot, i]
+                    T.fence_proxy_async()
+                    T.barrier_arrive(vn_ready)
+                    T.barrier_wait(vd_free, (j + 1) % 2)
+                    T.copy(VD, vd_s)
+                    T.fence_proxy_async()
+                    T.barrier_arrive(vd_ready)
+                    T.barrier_arrive(data_free[slot])
+        elif tx < 384:                                           # the output
+            T.set_max_nreg(registers[2], 1)
+            for s in T.serial(n_count):
+                n = n_first + s
+                t_first, t_end, c_first, n_chunks = seq(n)
+                for c in T.serial(n_chunks):
+                    j = j0(n) + c
+                    slot = j % 2
+                    t0 = t_first + c * C
+                    T.barrier_wait(data_ready[slot], (j // 2) % 2)
+                    T.gemm(q_s[slot, :, :], k_s[slot, :, :], P_f, transpose_B=True, clear_accum=True)
+                    for i, jj in T.Parallel(C, C):
+                        p_s[i, jj] = P_f[i, jj] * decay_factor(G_s[slot, i] - G_s[slot, jj]) * \
+                            T.if_then_else(jj <= i, scale, 0.0)
+                    T.fence_proxy_async()
+                    T.barrier_wait(s_ready, j % 2)
+                    T.gemm(q_s[slot, :, :], S_s, O_f, clear_accum=True)
+                    T.barrier_arrive(s_free)
+                    for i, jj in T.Parallel(C, BV):
+                        O_f[i, jj] = O_f[i, jj] * (scale * E_s[slot, i])
+                    T.barrier_wait(vd_ready, j % 2)
+                    T.gemm(p_s, vd_s, O_f)
+                    T.barrier_arrive(vd_free)
+                    T.barrier_arrive(data_free[slot])
+                    T.copy(O_f, o_s)
+                    if varlen:                                   # the tile's rows past the end are the next one's
+                        for i, jj in T.Parallel(C, BV):
+                            if t0 + i < t_end:
+                                O[bb, t0 + i, bh, dv0 + jj] = o_s[i, jj]
+                    else:
+                        T.copy(o_s, O[bb, t0:t0 + C, bh, dv0:dv0 + BV])
+        else:                                                    # the producer warp
+            T.set_max_nreg(registers[3], 0)
+            if tx < 416:
+                lane = tx - 384
+                for s in T.serial(n_count):
+                    n = n_first + s
+                    t_first, t_end, c_first, n_chunks = seq(n)
+                    for c in T.serial(n_chunks):
+                        j = j0(n) + c
+                        slot = j % 2
+                        t0 = t_first + c * C
+                        T.barrier_wait(data_free[slot], (j // 2 + 1) % 2)
+                        rows = slice(t0, t0 + C)
+                        T.tma_copy(Q[bb, rows, hq, :], q_s[slot, :, :], barrier=data_ready[slot])
+                        T.tma_copy(K[bb, rows, hq, :], k_s[slot, :, :], barrier=data_ready[slot])
+                        T.tma_copy(V[bb, rows, bh, dv0:dv0 + BV], v_s[slot, :, :], barrier=data_ready[slot])
+                        T.tma_copy(Tb[bb, rows, bh, :], tb_s[slot, :, :], barrier=data_ready[slot])
+                        g0 = (c_first + c) * C                   # the chunk's cumsum in G
+                        g_last = G[bb, bh, g0 + C - 1]           # flat past the end: the last row's
+                        for r in T.unroll(C // 32):              # the warp's 32 lanes, C rows
+                            i = lane + 32 * r
+                            G_s[slot, i] = G[bb, bh, g0 + i]
+                            E_s[slot, i] = T.exp2(G[bb, bh, g0 + i])
+                            R_s[slot, i] = T.exp2(g_last - G[bb, bh, g0 + i]) * real(t0 + i < t_end)
+                        T.barrier_arrive(data_ready[slot])
 
-    @T.macro
-    def corrected_values(k_s, v_s, tb_s, E_s, R_s, S_s, vd_s, vn_s, KS, VD, data_ready, data_free, s_ready,
-                         s_free, vn_ready, vd_ready, vd_free):
-        for c in T.serial(NC):
-            slot = c % 2
-            T.barrier_wait(data_ready[slot], (c // 2) % 2)
-            T.barrier_wait(s_ready, c % 2)
-            T.gemm(k_s[slot, :, :], S_s, KS, clear_accum=True)
-            T.barrier_arrive(s_free)
-            for i, j in T.Parallel(C, BV):
-                v_s[slot, i, j] = v_s[slot, i, j] - E_s[slot, i] * KS[i, j]
-            T.fence_proxy_async()
-            T.gemm(tb_s[slot, :, :], v_s[slot, :, :], VD, clear_accum=True)
-            for i, j in T.Parallel(C, BV):
-                vn_s[i, j] = VD[i, j] * R_s[slot, i]
-            T.fence_proxy_async()
-            T.barrier_arrive(vn_ready)
-            T.barrier_wait(vd_free, (c + 1) % 2)
-            T.copy(VD, vd_s)
-            T.fence_proxy_async()
-            T.barrier_arrive(vd_ready)
-            T.barrier_arrive(data_free[slot])
-
-    @T.macro
-    def output(q_s, k_s, G_s, E_s, S_s, vd_s, p_s, o_s, P_f, O_f, data_ready, data_free, s_ready, s_free,
-               vd_ready, vd_free, scale, O, bb, bh, dv0):
-        for c in T.serial(NC):
-            slot = c % 2
-            T.barrier_wait(data_ready[slot], (c // 2) % 2)
-            T.gemm(q_s[slot, :, :], k_s[slot, :, :], P_f, transpose_B=True, clear_accum=True)
-            for i, j in T.Parallel(C, C):
-                p_s[i, j] = P_f[i, j] * decay_factor(G_s[slot, i] - G_s[slot, j]) * T.if_then_else(j <= i, scale, 0.0)
-            T.fence_proxy_async()
-            T.barrier_wait(s_ready, c % 2)
-            T.gemm(q_s[slot, :, :], S_s, O_f, clear_accum=True)
-            T.barrier_arrive(s_free)
-            for i, j in T.Parallel(C, BV):
-                O_f[i, j] = O_f[i, j] * (scale * E_s[slot, i])
-            T.barrier_wait(vd_ready, c % 2)
-            T.gemm(p_s, vd_s, O_f)
-            T.barrier_arrive(vd_free)
-            T.barrier_arrive(data_free[slot])
-            T.copy(O_f, o_s)
-            T.copy(o_s, O[bb, c * C:(c + 1) * C, bh, dv0:dv0 + BV])
-
-    @T.macro
-    def load_chunks(Q, K, V, Tb, G, q_s, k_s, v_s, tb_s, G_s, E_s, R_s, data_ready, data_free, lane, bb, bh, hq,
-                    dv0):
-        for c in T.serial(NC):
-            slot = c % 2
-            T.barrier_wait(data_free[slot], (c // 2 + 1) % 2)
-            rows = slice(c * C, (c + 1) * C)
-            T.tma_copy(Q[bb, rows, hq, :], q_s[slot, :, :], barrier=data_ready[slot])
-            T.tma_copy(K[bb, rows, hq, :], k_s[slot, :, :], barrier=data_ready[slot])
-            T.tma_copy(V[bb, rows, bh, dv0:dv0 + BV], v_s[slot, :, :], barrier=data_ready[slot])
-            T.tma_copy(Tb[bb, rows, bh, :], tb_s[slot, :, :], barrier=data_ready[slot])
-            g_last = G[bb, bh, c * C + C - 1]
-            for r in T.unroll(C // 32):                            # the warp's 32 lanes, C rows
-                i = lane + 32 * r
-                G_s[slot, i] = G[bb, bh, c * C + i]
-                E_s[slot, i] = T.exp2(G[bb, bh, c * C + i])
-                R_s[slot, i] = T.exp2(g_last - G[bb, bh, c * C + i])
-            T.barrier_arrive(data_ready[slot])
+    table = lambda rows: [rows] if varlen else [1]
 
     @T.prim_func
     def main(
-        Q: T.Tensor([B, S, HQ, DK], dtype),
-        K: T.Tensor([B, S, HQ, DK], dtype),
-        V: T.Tensor([B, S, H, DV], dtype),
-        Tb: T.Tensor([B, S, H, C], dtype),
-        G: T.Tensor([B, H, T.ceildiv(S, C) * C], ACCUM),
+        Q: T.Tensor([BB, S, HQ, DK], dtype),
+        K: T.Tensor([BB, S, HQ, DK], dtype),
+        V: T.Tensor([BB, S, H, DV], dtype),
+        Tb: T.Tensor([BB, S, H, C], dtype),
+        G: T.Tensor([BB, H, G_len], ACCUM),
         scale: T.float32,
-        h0: T.Tensor(state_shape(initial_state, B, H, DK, DV), ACCUM),
-        O: T.Tensor([B, S, H, DV], dtype),
-        ht: T.Tensor(state_shape(final_state, B, H, DK, DV), ACCUM),
+        h0: T.Tensor(state_shape(initial_state, states, H, DK, DV), ACCUM),
+        O: T.Tensor([BB, S, H, DV], dtype),
+        ht: T.Tensor(state_shape(final_state, states, H, DK, DV), ACCUM),
+        cu_seqlens: T.Tensor(table(N + 1), "int32"),
+        chunk_offsets: T.Tensor(table(N + 1), "int32"),
+        seq_groups: T.Tensor(table(NG + 1), "int32"),
     ):
-        with T.Kernel(T.ceildiv(DV, BV), H, B, threads=512) as (bv, bh, bb):
-            dv0 = bv * BV
-            hq = bh // value_groups if value_groups > 1 else bh
-            q_s = T.alloc_shared([2, C, DK], dtype)          # two slots: chunk c in slot c % 2
-            k_s = T.alloc_shared([2, C, DK], dtype)
-            v_s = T.alloc_shared([2, C, BV], dtype)          # V, then X = V - 2^G K S
-            tb_s = T.alloc_shared([2, C, C], dtype)
-            G_s = T.alloc_shared([2, C], ACCUM)
-            E_s = T.alloc_shared([2, C], ACCUM)              # 2^G
-            R_s = T.alloc_shared([2, C], ACCUM)              # 2^(G_last - G)
-            S_s = T.alloc_shared([DK, BV], dtype)
-            vd_s = T.alloc_shared([C, BV], dtype)            # V_new, for the output
-            vn_s = T.alloc_shared([C, BV], dtype)            # V' = 2^(G_last - G) V_new, for the chain
-            p_s = T.alloc_shared([C, C], dtype)
-            o_s = T.alloc_shared([C, BV], dtype)
-            S_f = T.alloc_fragment([DK, BV], ACCUM)
-            KS = T.alloc_fragment([C, BV], ACCUM)
-            VD = T.alloc_fragment([C, BV], ACCUM)
-            P_f = T.alloc_fragment([C, C], ACCUM)
-            O_f = T.alloc_fragment([C, BV], ACCUM)
-            data_ready = T.alloc_barrier(arrive_count=[32, 32])      # the producer warp, + TMA bytes
-            data_free = T.alloc_barrier(arrive_count=[384, 384])     # the three warpgroups
-            s_ready = T.alloc_barrier(arrive_count=128)              # chain -> warpgroups 1, 2
-            s_free = T.alloc_barrier(arrive_count=256)               # warpgroups 1, 2 -> chain
-            vn_ready = T.alloc_barrier(arrive_count=128)             # warpgroup 1 -> chain
-            vd_ready = T.alloc_barrier(arrive_count=128)             # warpgroup 1 -> output
-            vd_free = T.alloc_barrier(arrive_count=128)              # output -> warpgroup 1
-            tx = T.get_thread_binding()
-            # one code branch per warpgroup; a wait for parity (c + 1) % 2 passes at c = 0
-            if tx < 128:
-                T.set_max_nreg(registers[0], 1)
-                chain(k_s, E_s, vn_s, S_s, S_f, data_ready, data_free, s_ready, s_free, vn_ready, h0, ht, bb, bh,
-                      dv0)
-            elif tx < 256:
-                T.set_max_nreg(registers[1], 1)
-                corrected_values(k_s, v_s, tb_s, E_s, R_s, S_s, vd_s, vn_s, KS, VD, data_ready, data_free, s_ready,
-                                 s_free, vn_ready, vd_ready, vd_free)
-            elif tx < 384:
-                T.set_max_nreg(registers[2], 1)
-                output(q_s, k_s, G_s, E_s, S_s, vd_s, p_s, o_s, P_f, O_f, data_ready, data_free, s_ready, s_free,
-                       vd_ready, vd_free, scale, O, bb, bh, dv0)
-            else:
-                T.set_max_nreg(registers[3], 0)
-                if tx < 416:
-                    load_chunks(Q, K, V, Tb, G, q_s, k_s, v_s, tb_s, G_s, E_s, R_s, data_ready, data_free, tx - 384,
-                                bb, bh, hq, dv0)
+        with T.Kernel(T.ceildiv(DV, BV), H, NG if varlen else B, threads=512) as (bv, bh, lane):
+            if varlen:                  # lane: a group of packed sequences
+                body(Q, K, V, Tb, G, scale, h0, O, ht, bv, bh, 0, seq_groups[lane],
+                     seq_groups[lane + 1] - seq_groups[lane],
+                     lambda n: (cu_seqlens[n], cu_seqlens[n + 1], chunk_offsets[n],
+                                chunk_offsets[n + 1] - chunk_offsets[n]))
+            else:                       # lane: a batch row, one sequence
+                body(Q, K, V, Tb, G, scale, h0, O, ht, bv, bh, lane, lane, 1, lambda n: (0, S, 0, NC))
 
     return main
 
