@@ -8,7 +8,9 @@ from few to many (head, sequence) pairs, to set where ``kda.gated_delta`` takes 
   the new path alone, fla (``FLA_FLASH_QLA=0``) and FlashQLA 0.1.3; every output against level 5's
   (rel L2) and the new path's against fla's.
 
-    FLA_FLASH_QLA=0 python results/tuning/run89-gdn-scalar-path.py compile time
+* ``packed``: 96 random lengths and 1024 short sequences, both paths, packed and as one sequence.
+
+    FLA_FLASH_QLA=0 python results/tuning/run89-gdn-scalar-path.py compile time packed
 """
 import os
 import sys
@@ -23,7 +25,8 @@ SHAPES = [(1, 32768, 32, 32, 128), (1, 8192, 96, 96, 128), (1, 16384, 64, 64, 12
           (4, 4096, 64, 64, 128), (8, 4096, 32, 32, 128), (1, 32768, 16, 32, 128), (4, 8192, 16, 32, 128)]
 VARIANTS = [("inverse", {}), ("pass", dict(block_dv=128)), ("pass", dict(block_dv=64)),
             ("pass", dict(block_dv=128, value_groups=2)), ("inverse", dict(value_groups=2)),
-            ("pass", dict(block_dv=64, value_groups=2))]
+            ("pass", dict(block_dv=64, value_groups=2)), ("inverse", dict(varlen=True)),
+            ("pass", dict(block_dv=128, varlen=True)), ("pass", dict(block_dv=64, varlen=True))]
 
 
 def compile_one(i):
@@ -108,8 +111,51 @@ def time_shapes():
         torch.cuda.empty_cache()
 
 
+def time_packed():
+    """Packed sequences: 96 random lengths and 1024 sequences of 1 to 64 tokens (H = 32 and 96), both
+    paths, against the same tokens as one sequence."""
+    import torch
+
+    from kda import gated_delta
+    from kda.bench import median_ms
+    from kda.metrics import rel_l2
+    from kda.reference import level4 as ref4
+
+    gen = torch.Generator().manual_seed(3)
+    split = torch.distributions.Dirichlet(torch.ones(96)).sample()
+    short = torch.randint(1, 65, (1024,), generator=gen)
+    for H in (32, 96):
+        tokens = 32768 if H == 32 else 8192          # the issue's two shapes
+        cases = {"96 random lengths": (split * tokens).round().clamp(min=1).long(), "1024 of 1-64 tokens": short}
+        for name, lengths in cases.items():
+            T = int(lengths.sum())
+            cu = torch.tensor([0, *lengths.cumsum(0).tolist()], device="cuda", dtype=torch.int32)
+            g_ = torch.Generator(device="cuda").manual_seed(5)
+            q = torch.randn(1, T, H, 128, generator=g_, device="cuda").bfloat16()
+            k = ref4.l2_normalize(torch.randn(1, T, H, 128, generator=g_, device="cuda")).bfloat16()
+            v = torch.randn(1, T, H, 128, generator=g_, device="cuda").bfloat16()
+            beta = torch.rand(1, T, H, generator=g_, device="cuda")
+            g = torch.nn.functional.logsigmoid(torch.randn(1, T, H, generator=g_, device="cuda"))
+            cpu = cu.cpu()
+            outs = {}
+            for path in (False, True):
+                gated_delta.SCALAR_GATE_PATH, gated_delta.SCALAR_GATE_MIN_BLOCKS = path, 0.0
+                for packed in (True, False):
+                    fn = (lambda: gated_delta.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu,
+                                                                     cu_seqlens_cpu=cpu)[0]) if packed else \
+                        (lambda: gated_delta.chunk_gated_delta_rule(q, k, v, g, beta)[0])
+                    out = fn()
+                    key = ("scalar" if path else "level5", packed)
+                    outs[key] = out
+                    log(RUN, {"what": "packed", "case": name, "H": H, "T": T, "N": len(lengths),
+                              "path": key[0], "packed": packed, "ms": round(median_ms(fn), 4),
+                              "rel_l2_vs_level5": rel_l2(out, outs.get(("level5", packed), out).double())})
+
+
 if __name__ == "__main__":
     if "compile" in sys.argv:
         compile_in_processes(RUN, len(VARIANTS), compile_one)
     if "time" in sys.argv:
         time_shapes()
+    if "packed" in sys.argv:
+        time_packed()
