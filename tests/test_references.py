@@ -82,6 +82,7 @@ def test_bad_intra_form():
 # --- level 0: the gated delta rule, its WY form and the chunk affine map ----------------------
 
 from kda.reference import level0 as ref0  # noqa: E402
+from kda.reference import scalar_gate as ref_scalar  # noqa: E402
 
 
 def delta_inputs(B, T, H, DK, DV, scalar_gate=False, strength=0.3, seed=0):
@@ -127,7 +128,7 @@ def test_scalar_gate_chunked_matches_recurrence(gates, T):
     elif gates == "zero":
         g = torch.zeros_like(g)
     beta, h0 = torch.rand(B, T, H, generator=gen), torch.randn(B, H, DK, DV, generator=gen)
-    o, S = ref0.scalar_gate_chunked(q, k, v, g, beta, 64, h0, True)
+    o, S = ref_scalar.scalar_gate_chunked(q, k, v, g, beta, 64, h0, True)
     ref_o, ref_S = ref0.recurrent(q, k, v, g, beta, h0, True)
     assert torch.isfinite(o).all() and torch.isfinite(S).all()
     assert rel_l2(o, ref_o) < 1e-12 and rel_l2(S, ref_S) < 1e-12

@@ -16,7 +16,7 @@ Level 5's GDN form (``chunk_intra``'s scalar path, then ``gated_state_output_pas
 ``Qw, Kw, W, U`` and ``A_qk`` to HBM for its pass; this one writes ``Tb`` and ``G`` only, and pays for
 it by forming ``K S`` and ``Q K^T`` once per value block inside the pass. It wins where the pass can
 take wide value blocks (many heads or sequences): runs 53-56 in results/tuning. Mirrors
-``kda.reference.level0.scalar_gate_chunked``.
+``kda.reference.scalar_gate.scalar_gate_chunked``.
 """
 
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
