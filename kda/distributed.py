@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from kda import validate
 from kda.chunking import CHUNK_SIZE, ceildiv
+from kda import gated_delta
 from kda.gated_delta import (ChunkForm, check_inputs, kernel_inputs, chunk_gated_delta_rule,
                              chunk_kda, prepare_chunks, run_state_pass)
 from kda.kernels.build import sm_count
@@ -124,6 +125,11 @@ def context_parallel(q, k, v, g, beta, scale=None, initial_state=None, output_fi
 # --8<-- [end:context_parallel]
 
 
+# GDN's split by the scalar-gate path: its passes take 128 value columns per block, so the runs are
+# what fills the SMs, and each run's three passes cost less than level 5's (no chunk_intra per run).
+SCALAR_GATE_MIN_RUN_CHUNKS = 32
+
+
 # --8<-- [start:choose_pieces]
 def choose_pieces(B: int, H: int, DV: int, T: int, sm_count: int, block_dv: int = 32,
                   chunk_size: int = CHUNK_SIZE, min_run_chunks: int = 256) -> int:
@@ -175,7 +181,11 @@ def split_forward(q, k, v, g, beta, pieces: int | None = None, scale=None, initi
     chunks = ceildiv(T, chunk_size)
     if pieces is None:
         sms = sm_count(q.device) if validate.runs_kernels(q) else 1
-        pieces = choose_pieces(B, H, v.shape[-1], T, sms, chunk_size=chunk_size)
+        if g.dim() == 3 and gated_delta.SCALAR_GATE_PATH:      # GDN's split by the scalar-gate path
+            pieces = choose_pieces(B, H, v.shape[-1], T, sms, gated_delta.SCALAR_GATE_COLUMNS, chunk_size,
+                                   SCALAR_GATE_MIN_RUN_CHUNKS)
+        else:
+            pieces = choose_pieces(B, H, v.shape[-1], T, sms, chunk_size=chunk_size)
     run_chunks = ceildiv(chunks, pieces)
     pieces = ceildiv(chunks, run_chunks)                         # no empty run
     run_len = run_chunks * chunk_size
@@ -212,10 +222,15 @@ def _pad_time(x, pad: int):
 
 def _split_forward_cuda(q, k, v, g, beta, pieces, run_len, scale, h0, output_final_state, use_qk_l2norm_in_kernel):
     B, T, H, K = q.shape
+    scalar_gate = g.dim() == 3 and gated_delta.SCALAR_GATE_PATH
     q, k, g = kernel_inputs(q, k, g, use_qk_l2norm_in_kernel)
     pad = pieces * run_len - T                                # only ever inside the last run
     if pad:
         q, k, v, g, beta = (_pad_time(x, pad) for x in (q, k, v, g, beta))
+    if scalar_gate:
+        o, final = _split_scalar_gate(q, k, v, g, beta, pieces, scale, h0)
+        o = o[:, :T]
+        return (o.contiguous() if pad else o), (final if output_final_state else None)
     runs = runs_form(prepare_chunks(q, k, v, g, beta, scale), pieces)     # every chunk of every run at once
     M, Bm = (x.reshape(B, pieces, *x.shape[1:]) for x in chunk_maps(runs))
     starts = fold(_start_state32(h0, Bm[:, 0]), [(M[:, p], Bm[:, p]) for p in range(pieces - 1)])
@@ -223,4 +238,31 @@ def _split_forward_cuda(q, k, v, g, beta, pieces, run_len, scale, h0, output_fin
     o = o.reshape(B, pieces * run_len, H, -1)[:, :T]
     final = ht.reshape(B, pieces, *ht.shape[1:])[:, -1].contiguous()
     return (o.contiguous() if pad else o), (final if output_final_state else None)
+
+
+def _split_scalar_gate(q, k, v, g, beta, pieces, scale, h0):
+    """GDN's split by ``kda.kernels.scalar_gate``: the inverse once for every chunk, then each run's map
+    by the pass over a batch of ``B * pieces`` runs (``M`` from the identity with ``V = 0``, ``B`` from
+    zero), the fold, and the pass again from each run's true start. ``q, k, v, g [B, T, H, 1], beta``
+    padded to whole runs; returns ``o`` and the final state."""
+    B, T, H, K = q.shape
+    DV, L, R = v.shape[-1], T // pieces, B * pieces
+    G, Tb = gated_delta.scalar_gate_inverse(k, g, beta, H)
+    runs = lambda x: x.reshape(R, L, *x.shape[2:])                         # views: runs of whole chunks
+    G = G.reshape(B, H, pieces, L).transpose(1, 2).reshape(R, H, L)        # each run's chunks contiguous
+    q, k, v, Tb = runs(q), runs(k), runs(v), runs(Tb)
+    block = lambda D: min(gated_delta.SCALAR_GATE_COLUMNS, D)            # the pieces were chosen to fill the SMs
+    homogeneous = torch.zeros(R, L, H, K, dtype=v.dtype, device=v.device)
+    eye = torch.eye(K, dtype=torch.float32, device=q.device).expand(R, H, K, K).contiguous()
+    maps = []
+    for values, start in ((homogeneous, eye), (v, None)):                  # M, then B
+        launch, _, end = gated_delta.scalar_gate_pass_launch(q, k, values, Tb, G, scale, start, block(values.shape[-1]))
+        launch()
+        maps.append(end.reshape(B, pieces, H, K, -1))
+    M, Bm = maps
+    starts = fold(_start_state32(h0, Bm[:, 0]), [(M[:, p], Bm[:, p]) for p in range(pieces - 1)])
+    launch, o, ht = gated_delta.scalar_gate_pass_launch(q, k, v, Tb, G, scale,
+                                                        torch.stack(starts, dim=1).reshape(R, H, K, DV), block(DV))
+    launch()
+    return o.reshape(B, T, H, DV), ht.reshape(B, pieces, H, K, DV)[:, -1].contiguous()
 # --8<-- [end:split_forward]

@@ -275,38 +275,68 @@ def scalar_gate_columns(B: int, H: int, DV: int, sm_count: int) -> int | None:
     return columns if B * H * (DV // columns) >= SCALAR_GATE_MIN_BLOCKS * sm_count else None
 
 
-def _run_scalar_gate(q, k, v, g, beta, scale, h0, flags, table, output_final_state, check, block_dv):
-    """GDN through ``kda.kernels.scalar_gate``: ``chunk_gated_inverse`` (``G`` and ``Tb``, checking
-    ``g`` and ``beta`` as it reads them), then ``inverse_state_output_pass``; ``g [B, T, H, 1]``. With
-    the ``table`` of packed sequences, each kernel is one launch for all of them, as level 5's."""
+def scalar_gate_inverse(k, g, beta, H, flags=None, table=None):
+    """``chunk_gated_inverse`` over every chunk (of the packed sequences of ``table``): ``(G [B, H, NC C],
+    Tb [B, T, H, C])``, ``g [B, T, H(, 1)]``, ``H`` the value heads; ``flags`` (int32 ``[2]``, zeroed)
+    collects its value checks of ``g`` and ``beta``."""
+    from kda.kernels import scalar_gate
+    from kda.kernels.build import compile_program
+
+    B, T, HQ, DK = k.shape
+    C = CHUNK_SIZE
+    NC = ceildiv(T, C) if table is None else table.chunks.shape[0]
+    with torch.cuda.device(k.device):
+        inverse = compile_program(scalar_gate.chunk_gated_inverse, (), DK=DK, chunk_size=C,
+                                  dtype=ops.dtype_name(k.dtype), gate_dtype=str(g.dtype).removeprefix("torch."),
+                                  value_groups=H // HQ, varlen=table is not None)
+        G = ops.new_output((B, H, NC * C), torch.float32, k.device)
+        Tb = ops.new_output((B, T, H, C), k.dtype, k.device)
+        if flags is None:
+            flags = torch.zeros(2, dtype=torch.int32, device=k.device)
+        chunks = table.chunks if table is not None else ops.stand_in(2, torch.int32, k.device)
+        inverse(k.contiguous(), g.reshape(B, T, H).contiguous(), beta.to(torch.float32).contiguous(), G, Tb, flags,
+                chunks)
+    return G, Tb
+
+
+def scalar_gate_pass_launch(q, k, v, Tb, G, scale, h0, block_dv, table=None, output_final_state=True):
+    """``inverse_state_output_pass`` up to its launch, as ``(launch, o, final state or None)``
+    (``state_pass_launch``'s form); one state per sequence (``[N, H, DK, DV]`` with ``table``)."""
     from kda.kernels import scalar_gate
     from kda.kernels.build import compile_program
 
     B, T, HQ, DK = q.shape
-    H, DV, C = v.shape[2], v.shape[-1], CHUNK_SIZE
-    NC = ceildiv(T, C) if table is None else table.chunks.shape[0]
+    H, DV = v.shape[2], v.shape[-1]
     N = B if table is None else table.cu_seqlens.shape[0] - 1
-    dtype, gate_dtype = ops.dtype_name(q.dtype), str(g.dtype).removeprefix("torch.")
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    g, beta = g.reshape(B, T, H).contiguous(), beta.to(torch.float32).contiguous()
-    packed = table is not None
-    with torch.cuda.device(q.device):
-        inverse = compile_program(scalar_gate.chunk_gated_inverse, (), DK=DK, chunk_size=C, dtype=dtype,
-                                  gate_dtype=gate_dtype, value_groups=H // HQ, varlen=packed)
-        state_pass = compile_program(scalar_gate.inverse_state_output_pass, (), DK=DK, DV=DV, chunk_size=C,
-                                     block_dv=block_dv, dtype=dtype, value_groups=H // HQ, varlen=packed,
-                                     initial_state=h0 is not None, final_state=output_final_state)
-        G = ops.new_output((B, H, NC * C), torch.float32, q.device)
-        Tb = ops.new_output((B, T, H, C), q.dtype, q.device)
-        if flags is None:
-            flags = torch.zeros(2, dtype=torch.int32, device=q.device)
-        inverse(k, g, beta, G, Tb, flags, table.chunks if packed else ops.stand_in(2, torch.int32, q.device))
-        h0, ht = ops.state_arguments(h0, output_final_state, N, H, DK, DV, q.device)
-        o = ops.new_output((B, T, H, DV), v.dtype, q.device)
-        tables = [table.cu_seqlens, table.chunk_offsets, table.seq_groups] if packed else \
-            [ops.stand_in(1, torch.int32, q.device)] * 3
-        validate.launch_then_check(flags, lambda: state_pass(q, k, v, Tb, G, scale, h0, o, ht, *tables), check)
-    return o, (ht if output_final_state else None)
+    device = q.device
+    with torch.cuda.device(device):
+        state_pass = compile_program(scalar_gate.inverse_state_output_pass, (), DK=DK, DV=DV, chunk_size=CHUNK_SIZE,
+                                     block_dv=block_dv, dtype=ops.dtype_name(q.dtype), value_groups=H // HQ,
+                                     varlen=table is not None, initial_state=h0 is not None,
+                                     final_state=output_final_state)
+        h0, ht = ops.state_arguments(h0, output_final_state, N, H, DK, DV, device)
+        o = ops.new_output((B, T, H, DV), v.dtype, device)
+        tables = [table.cu_seqlens, table.chunk_offsets, table.seq_groups] if table is not None else \
+            [ops.stand_in(1, torch.int32, device)] * 3
+    args = (q.contiguous(), k.contiguous(), v.contiguous(), Tb, G, scale, h0, o, ht, *tables)
+
+    def launch():
+        with torch.cuda.device(device):
+            state_pass(*args)
+
+    return launch, o, (ht if output_final_state else None)
+
+
+def _run_scalar_gate(q, k, v, g, beta, scale, h0, flags, table, output_final_state, check, block_dv):
+    """GDN through ``kda.kernels.scalar_gate``: ``chunk_gated_inverse`` (``G`` and ``Tb``, checking
+    ``g`` and ``beta`` as it reads them), then ``inverse_state_output_pass``. With the ``table`` of
+    packed sequences, each kernel is one launch for all of them, as level 5's."""
+    if flags is None:
+        flags = torch.zeros(2, dtype=torch.int32, device=q.device)
+    G, Tb = scalar_gate_inverse(k, g, beta, v.shape[2], flags, table)
+    launch, o, ht = scalar_gate_pass_launch(q, k, v, Tb, G, scale, h0, block_dv, table, output_final_state)
+    validate.launch_then_check(flags, launch, check)
+    return o, ht
 
 
 def _run_kernels(q, k, v, g, beta, scale, h0, flags=None, table=None, output_final_state=True, check=None):

@@ -183,3 +183,20 @@ def test_many_short_packed_sequences(scalar_path):
                                                initial_state=h0[n:n + 1], output_final_state=True)
         assert rel_l2(o[:, s:e], o_n) <= 1e-5 and rel_l2(ht[n:n + 1], ht_n) <= 1e-5, n
     assert scalar_path[0] == 64 and len(scalar_path) == 1 + sum(1 for x in lengths if x)
+
+
+@pytest.mark.parametrize("pieces", [2, 5])
+@pytest.mark.parametrize("kind", ["logsigmoid", "runs_of_-20", "mild"])
+def test_split_forward(kind, pieces, scalar_path):
+    """GDN's intra-card split by the scalar-gate path (the inverse once, the runs' maps and the
+    recompute as passes over a batch of runs): a ragged length, an initial state, against the
+    recurrence and the unsplit call."""
+    from kda.distributed import split_forward
+
+    q, k, v, g, beta, h0 = inputs((2, 1000, 3, 128, 128), torch.bfloat16, kind, False, seed=43)
+    o, ht = split_forward(q, k, v, g, beta, pieces, initial_state=h0, output_final_state=True)
+    ref_o, ref_ht = ref0.recurrent(q.double() * 128 ** -0.5, k, v, g, beta, h0, True)
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+    assert rel_l2(o, ref_o) <= BOUND and rel_l2(ht, ref_ht) <= BOUND
+    o1, ht1 = kda.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    assert rel_l2(o, o1.double()) <= BOUND and rel_l2(ht, ht1.double()) <= BOUND

@@ -199,6 +199,24 @@ def test_split_maps(kernel_launches):
     assert [name for name, _ in kernel_launches] == ["chunk_intra"] + ["gated_state_output_pass"] * 2
 
 
+@pytest.mark.parametrize("initial", [False, True], ids=["zero_start", "initial"])
+def test_split_by_the_scalar_gate_path(kernel_launches, monkeypatch, initial):
+    """GDN's split with the scalar-gate path on: the inverse once, then three passes over the runs as
+    a batch (M from the identity with V = 0, B from zero, then from each run's start); a ragged
+    length padded to whole runs."""
+    from kda import distributed, gated_delta
+
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", True)
+    q, k, v, g, beta = level5_inputs(B=2, T=250, per_channel=False)
+    g = g[..., 0]
+    h0 = torch.randn(2, 2, 64, 64) if initial else None
+    o, ht = distributed._split_forward_cuda(q, k, v, g, beta, 2, 128, 0.125, h0, True, False)
+    assert [name for name, _ in kernel_launches] == ["chunk_gated_inverse"] + ["inverse_state_output_pass"] * 3
+    passes = [params for _, params in kernel_launches[1:]]
+    assert [p["initial_state"] for p in passes] == [True, False, True] and passes[0]["DV"] == 64
+    assert o.shape == v.shape and ht.shape == (2, 2, 64, 64)
+
+
 @pytest.mark.parametrize("per_channel", [True, False], ids=["per_channel", "scalar"])
 @pytest.mark.parametrize("with_state", [False, True], ids=["stateless", "states"])
 def test_level3(kernel_launches, per_channel, with_state):
