@@ -15,6 +15,6 @@ timeout ${TEST_S:-300} python -m pytest -o addopts="" -n 14 -q -p no:cacheprovid
 echo "tests done after $(( $(date +%s) - start )) s"
 cp $OUT/run89.jsonl $OUT/run89-compile.jsonl 2>/dev/null; rm -f $OUT/run89.jsonl
 left=$(( ${TOTAL:-570} - ($(date +%s) - start) ))
-timeout $(( left > 30 ? left - 10 : 20 )) python results/tuning/run89-gdn-scalar-path.py time packed 2>&1 | grep -v "^20" | tail -80
+timeout $(( left > 30 ? left - 10 : 20 )) python results/tuning/run89-gdn-scalar-path.py split time packed 2>&1 | grep -v "^20" | tail -80
 timeout 40 python -c "import os; from pathlib import Path; from kda.site.rerecord import pack_caches; pack_caches(Path(os.environ['OUT']))"
 echo "done after $(( $(date +%s) - start )) s"

@@ -8,7 +8,8 @@ from few to many (head, sequence) pairs, to set where ``kda.gated_delta`` takes 
   the new path alone, fla (``FLA_FLASH_QLA=0``) and FlashQLA 0.1.3; every output against level 5's
   (rel L2) and the new path's against fla's.
 
-* ``packed``: 96 random lengths and 1024 short sequences, both paths, packed and as one sequence.
+* ``packed``: 96 random lengths and 1024 short sequences, both paths, packed and as one sequence;
+* ``split``: the intra-card split by the scalar-gate path against level 5's and FlashQLA's.
 
     FLA_FLASH_QLA=0 python results/tuning/run89-gdn-scalar-path.py compile time packed
 """
@@ -152,10 +153,50 @@ def time_packed():
                               "rel_l2_vs_level5": rel_l2(out, outs.get(("level5", packed), out).double())})
 
 
+def time_split():
+    """Long context, few heads: GDN's split by the scalar-gate path (several run counts) against
+    level 5's split (``choose_pieces``), FlashQLA (its automatic split) and fla, at (1, 131072, 4, 128),
+    and the headline shape (1, 32768, 32, 128)."""
+    import torch
+    import flash_qla
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_gdn
+
+    from kda import gated_delta
+    from kda.bench import median_ms
+    from kda.distributed import split_forward
+    from kda.metrics import rel_l2
+    from kda.reference import level4 as ref4
+
+    for B, T, H, D in ((1, 131072, 4, 128), (1, 32768, 32, 128)):
+        gen = torch.Generator(device="cuda").manual_seed(7)
+        q = torch.randn(B, T, H, D, generator=gen, device="cuda").bfloat16()
+        k = ref4.l2_normalize(torch.randn(B, T, H, D, generator=gen, device="cuda")).bfloat16()
+        v = torch.randn(B, T, H, D, generator=gen, device="cuda").bfloat16()
+        beta = torch.rand(B, T, H, generator=gen, device="cuda")
+        g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, generator=gen, device="cuda"))
+        scale = D ** -0.5
+        gated_delta.SCALAR_GATE_PATH, gated_delta.SCALAR_GATE_MIN_BLOCKS = False, 0.5
+        ref = split_forward(q, k, v, g, beta)[0].double()
+        rows = {"level5 split (auto)": lambda: split_forward(q, k, v, g, beta)[0]}
+        for P in (1, 4, 8, 16, 32, 64):
+            rows[f"scalar split {P}"] = (lambda P=P: split_forward(q, k, v, g, beta, P)[0])
+        rows["scalar split (auto)"] = lambda: split_forward(q, k, v, g, beta)[0]
+        rows["fla Triton"] = lambda: fla_gdn(q, k, v, g, beta, scale=scale)[0]
+        rows["FlashQLA (auto_cp)"] = lambda: flash_qla.chunk_gated_delta_rule(q, k, v, g, beta, scale=scale)[0]
+        for name, fn in rows.items():
+            gated_delta.SCALAR_GATE_PATH = name.startswith("scalar")
+            try:
+                out = fn()
+                log(RUN, {"what": "split", "B": B, "T": T, "H": H, "impl": name, "ms": round(median_ms(fn), 4),
+                          "rel_l2_vs_level5_split": rel_l2(out, ref)})
+            except Exception as e:  # noqa: BLE001
+                log(RUN, {"what": "split", "B": B, "T": T, "H": H, "impl": name, "error": repr(e)[-300:]})
+        del q, k, v, g, beta, ref
+        torch.cuda.empty_cache()
+
+
 if __name__ == "__main__":
-    if "compile" in sys.argv:
-        compile_in_processes(RUN, len(VARIANTS), compile_one)
-    if "time" in sys.argv:
-        time_shapes()
-    if "packed" in sys.argv:
-        time_packed()
+    stages = {"compile": lambda: compile_in_processes(RUN, len(VARIANTS), compile_one), "time": time_shapes,
+              "packed": time_packed, "split": time_split}
+    for stage in sys.argv[1:]:                # in the order given
+        stages[stage]()
