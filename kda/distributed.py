@@ -249,7 +249,7 @@ def _split_scalar_gate(q, k, v, g, beta, pieces, scale, h0):
     DV, L, R = v.shape[-1], T // pieces, B * pieces
     G, Tb = gated_delta.scalar_gate_inverse(k, g, beta, H)
     runs = lambda x: x.reshape(R, L, *x.shape[2:])                         # views: runs of whole chunks
-    G = G.reshape(B, H, pieces, L).transpose(1, 2).reshape(R, H, L)        # each run's chunks contiguous
+    G = G.reshape(B, H, pieces, L).transpose(1, 2).reshape(R, H, L).contiguous()   # each run's chunks together
     q, k, v, Tb = runs(q), runs(k), runs(v), runs(Tb)
     block = lambda D: min(gated_delta.SCALAR_GATE_COLUMNS, D)            # the pieces were chosen to fill the SMs
     homogeneous = torch.zeros(R, L, H, K, dtype=v.dtype, device=v.device)

@@ -59,7 +59,8 @@ def test_inverse_against_reference_stage(shape, kind):
     G = torch.full((B, H, NC * C), float("nan"), device="cuda")
     Tb = torch.full((B, T, H, C), float("nan"), dtype=torch.bfloat16, device="cuda")
     flags = torch.zeros(2, dtype=torch.int32, device="cuda")
-    compile_program(scalar_gate.chunk_gated_inverse, (), DK=DK, dtype="bfloat16")(k, g, beta, G, Tb, flags)
+    no_table = torch.empty(1, 1, dtype=torch.int32, device="cuda")          # dense: the chunk table's stand-in
+    compile_program(scalar_gate.chunk_gated_inverse, (), DK=DK, dtype="bfloat16")(k, g, beta, G, Tb, flags, no_table)
     assert flags.tolist() == [0, 0] and torch.isfinite(G).all() and torch.isfinite(Tb).all()
     for c in range(NC):
         rows = slice(c * C, min((c + 1) * C, T))
@@ -74,6 +75,52 @@ def test_inverse_against_reference_stage(shape, kind):
         got = Tb[:, rows].transpose(1, 2)                                        # [B, H, L, C]
         assert rel_l2(got[..., :L], ref) <= 5e-3, c
         assert (got[..., L:] == 0).all(), c                                       # columns past the end
+
+
+def reference_inverse(k, g, beta, C=64):
+    """``G`` (log2, ``[B, H, NC C]``, flat past the end) and ``Tb`` (``[B, T, H, C]``) in float64, as
+    ``chunk_gated_inverse`` makes them."""
+    B, T, H, _ = k.shape
+    NC = -(-T // C)
+    G = torch.zeros(B, H, NC * C, dtype=torch.float64, device=k.device)
+    Tb = torch.zeros(B, T, H, C, dtype=torch.float64, device=k.device)
+    for c in range(NC):
+        rows = slice(c * C, min((c + 1) * C, T))
+        L = rows.stop - rows.start
+        Gc = torch.cumsum(g[:, rows].double(), dim=1).transpose(1, 2)             # [B, H, L]
+        G[:, :, c * C:c * C + L] = Gc / torch.log(torch.tensor(2.0, dtype=torch.float64))
+        G[:, :, c * C + L:(c + 1) * C] = G[:, :, c * C + L - 1:c * C + L]
+        K, b = k[:, rows].double().transpose(1, 2), beta[:, rows].double().transpose(1, 2)
+        decay = torch.exp((Gc[..., :, None] - Gc[..., None, :]).tril())
+        A = torch.eye(L, dtype=torch.float64, device=k.device) + (b[..., None] * (K @ K.transpose(-1, -2)) * decay).tril(-1)
+        Tb[:, rows, :, :L] = torch.linalg.solve_triangular(A, torch.diag_embed(b), upper=False,
+                                                           unitriangular=True).transpose(1, 2)
+    return G, Tb
+
+
+@pytest.mark.parametrize("columns", [128, 64])
+@pytest.mark.parametrize("kind", ["logsigmoid", "runs_of_-20"])
+@pytest.mark.parametrize("shape", [(2, 200, 3, 64, 128), (1, 129, 2, 128, 128)])
+def test_pass_against_reference_stage(shape, kind, columns):
+    """``inverse_state_output_pass`` alone on a float64 ``Tb`` and ``G`` (rounded as the kernel
+    would write them), outputs poisoned, against the recurrence."""
+    from kda.kernels import scalar_gate
+    from kda.kernels.build import compile_program
+
+    B, T, H, DK, DV = shape
+    q, k, v, g, beta, h0 = inputs(shape, torch.bfloat16, kind, False, seed=zlib.crc32(repr((shape, kind)).encode()))
+    G, Tb = reference_inverse(k, g, beta)
+    G, Tb = G.float(), Tb.bfloat16()
+    o = torch.full((B, T, H, DV), float("nan"), dtype=torch.bfloat16, device="cuda")
+    ht = torch.full((B, H, DK, DV), float("nan"), device="cuda")
+    no_table = torch.empty(1, dtype=torch.int32, device="cuda")
+    compile_program(scalar_gate.inverse_state_output_pass, (), DK=DK, DV=DV, block_dv=min(columns, DV),
+                    dtype="bfloat16", initial_state=True, final_state=True)(
+        q, k, v, Tb, G, DK ** -0.5, h0, o, ht, no_table, no_table, no_table)
+    ref_o, ref_ht = ref0.recurrent(q.double() * DK ** -0.5, k, v, g, beta, h0, True)
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+    assert rel_l2(o, ref_o) <= BOUND, f"o: {rel_l2(o, ref_o):.2e}"
+    assert rel_l2(ht, ref_ht) <= BOUND, f"final state: {rel_l2(ht, ref_ht):.2e}"
 
 
 @pytest.mark.parametrize("final", [False, True], ids=["no_final", "final"])

@@ -58,8 +58,12 @@ def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtyp
     ):
         with T.Kernel(T.ceildiv(NC, chunks_per_block), H, BB, threads=threads) as (cb, bh, bb):
             K_s = T.alloc_shared([C, DK], dtype)
-            G_s = T.alloc_shared([C, 1], ACCUM)               # the gate, then its cumsum in place
+            g_s = T.alloc_shared([C, 1], ACCUM)
             beta_s = T.alloc_shared([C], ACCUM)
+            # the loop hands its loaded buffers back to the producer once the last GEMM that reads one
+            # of them (K K^T) is issued (tilelang 0.1.15), so what is read after it gets copies of its own
+            G_s = T.alloc_shared([C, 1], ACCUM)
+            b_s = T.alloc_shared([C], ACCUM)
             A_s = T.alloc_shared([C, C], ACCUM)
             Tinv_s = T.alloc_shared([C, C], ACCUM)
             Tb_s = T.alloc_shared([C, C], dtype)
@@ -74,17 +78,18 @@ def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtyp
                 T.copy(K[bb, t0:t0 + C, hq, :], K_s)          # rows past L: the next sequence's, or zeros
                 load_beta_checked(beta, beta_s, flags, t0, L, C, bb, bh)
                 for i in T.Parallel(C):
-                    G_s[i, 0] = T.Cast(ACCUM, g[bb, t0 + T.min(i, L - 1), bh])
-                log2_cumsum_by_columns(G_s, G_s, L, C, 1, flags)
+                    g_s[i, 0] = T.Cast(ACCUM, g[bb, t0 + T.min(i, L - 1), bh])
+                log2_cumsum_by_columns(g_s, G_s, L, C, 1, flags)
                 for i in T.Parallel(C):
+                    b_s[i] = beta_s[i]
                     G[bb, bh, c * C + i] = G_s[i, 0]
                 T.gemm(K_s, K_s, KK, transpose_B=True, clear_accum=True)
                 for i, j in T.Parallel(C, C):       # rows past the end: b = 0
-                    A_s[i, j] = KK[i, j] * beta_s[i] * decay_factor(G_s[i, 0] - G_s[j, 0]) * real(j < i)
+                    A_s[i, j] = KK[i, j] * b_s[i] * decay_factor(G_s[i, 0] - G_s[j, 0]) * real(j < i)
                 invert_diagonal_blocks_by_columns(A_s, Tinv_s, x_col, C, block)
                 merge_by_substitution(A_s, Tinv_s, C, block)
                 for i, j in T.Parallel(C, C):       # the blocks above the diagonal were never written
-                    Tb_s[i, j] = T.if_then_else(i // block >= j // block, Tinv_s[i, j] * beta_s[j], 0.0)
+                    Tb_s[i, j] = T.if_then_else(i // block >= j // block, Tinv_s[i, j] * b_s[j], 0.0)
                 if varlen:                          # the tile's rows past L are the next sequence's
                     for i, j in T.Parallel(C, C):
                         if i < L:

@@ -65,12 +65,12 @@ def time_shapes():
         scale = D ** -0.5
         shape = {"B": B, "T": T, "H": H, "HV": HV, "D": D}
 
-        def kda_gdn(path, columns=None, check=False):
-            gated_delta.SCALAR_GATE_PATH = path
-            gated_delta.SCALAR_GATE_MIN_BLOCKS = 0.0
-            if columns:
-                gated_delta.SCALAR_GATE_COLUMNS = columns
-            return lambda: gated_delta.chunk_gated_delta_rule(q, k, v, g, beta, check_values=check)[0]
+        def kda_gdn(path, columns=128, check=False):
+            def run():
+                gated_delta.SCALAR_GATE_PATH, gated_delta.SCALAR_GATE_COLUMNS = path, columns
+                gated_delta.SCALAR_GATE_MIN_BLOCKS = 0.0
+                return gated_delta.chunk_gated_delta_rule(q, k, v, g, beta, check_values=check)[0]
+            return run
 
         fns = {"level5 path": kda_gdn(False), "level5 path, checked": kda_gdn(False, check=True),
                "scalar path 128": kda_gdn(True, 128), "scalar path 128, checked": kda_gdn(True, 128, True),
@@ -89,15 +89,18 @@ def time_shapes():
         Tb = torch.empty(B, T, HV, C, dtype=torch.bfloat16, device="cuda")
         flags = torch.zeros(2, dtype=torch.int32, device="cuda")
         gf, bf = g.contiguous(), beta.float().contiguous()
+        no_table = torch.empty(1, 1, dtype=torch.int32, device="cuda")
         log(RUN, {"what": "stage", **shape, "stage": "chunk_gated_inverse",
-                  "ms": round(median_ms(lambda: inverse(k, gf, bf, G, Tb, flags)), 4)})
+                  "ms": round(median_ms(lambda: inverse(k, gf, bf, G, Tb, flags, no_table)), 4)})
         for cols in (128, 64):
             state_pass = compile_program(scalar_gate.inverse_state_output_pass, (), DK=D, DV=D, block_dv=cols,
                                          dtype="bfloat16", value_groups=groups)
             o = torch.empty_like(v)
             none = torch.empty(1, 1, 1, 1, device="cuda")
+            stand_in = torch.empty(1, dtype=torch.int32, device="cuda")
             log(RUN, {"what": "stage", **shape, "stage": f"inverse_state_output_pass {cols}",
-                      "ms": round(median_ms(lambda: state_pass(q, k, v, Tb, G, scale, none, o, none)), 4)})
+                      "ms": round(median_ms(lambda: state_pass(q, k, v, Tb, G, scale, none, o, none, stand_in,
+                                                               stand_in, stand_in)), 4)})
         peers = {"fla Triton": lambda: fla_gdn(q, k, v, g, beta, scale=scale)[0],
                  "FlashQLA": lambda: flash_qla.chunk_gated_delta_rule(q, k, v, g, beta, scale=scale)[0]}
         for name, fn in peers.items():
