@@ -36,6 +36,7 @@ PATHS: tuple[CudaPath, ...] = (
                     "forms K S and Q K^T itself) where there are enough heads to fill the SMs",
               "zh": "chunk_gated_delta_rule 经由 kda/kernels/scalar_gate.py（先求带门控的逆矩阵，再由一趟顺序遍历"
                     "自行计算 K S 与 Q K^T），用于头数足以占满各 SM 的形状"},
+        gpu_log="results/tuning/run89/gpu-tests.txt",
     ),
 )
 

@@ -256,8 +256,8 @@ def state_pass_launch(form: ChunkForm, h0, table=None, output_final_state=True):
     return launch, o, (ht if output_final_state else None)
 
 
-# The scalar-gate path (``kda.kernels.scalar_gate``), off until its GPU tests pass (``kda.cuda_paths``).
-SCALAR_GATE_PATH = False
+# The scalar-gate path (``kda.kernels.scalar_gate``); its GPU tests: results/tuning/run89/gpu-tests.txt.
+SCALAR_GATE_PATH = True
 
 # The scalar-gate path takes one value block of this many columns per (head, sequence) and runs where
 # there are enough of those blocks to fill the SMs: below that, level 5's path with 32-column blocks is
