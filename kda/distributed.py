@@ -126,7 +126,8 @@ def context_parallel(q, k, v, g, beta, scale=None, initial_state=None, output_fi
 
 
 # GDN's split by the scalar-gate path: its passes take 128 value columns per block, so the runs are
-# what fills the SMs, and each run's three passes cost less than level 5's (no chunk_intra per run).
+# what fills the SMs. Not by default until a timing says where it pays (run 89 in results/tuning).
+SCALAR_GATE_SPLIT = False
 SCALAR_GATE_MIN_RUN_CHUNKS = 32
 
 
@@ -181,7 +182,7 @@ def split_forward(q, k, v, g, beta, pieces: int | None = None, scale=None, initi
     chunks = ceildiv(T, chunk_size)
     if pieces is None:
         sms = sm_count(q.device) if validate.runs_kernels(q) else 1
-        if g.dim() == 3 and gated_delta.SCALAR_GATE_PATH:      # GDN's split by the scalar-gate path
+        if g.dim() == 3 and gated_delta.SCALAR_GATE_PATH and SCALAR_GATE_SPLIT:   # GDN by the scalar-gate path
             pieces = choose_pieces(B, H, v.shape[-1], T, sms, gated_delta.SCALAR_GATE_COLUMNS, chunk_size,
                                    SCALAR_GATE_MIN_RUN_CHUNKS)
         else:
@@ -222,7 +223,7 @@ def _pad_time(x, pad: int):
 
 def _split_forward_cuda(q, k, v, g, beta, pieces, run_len, scale, h0, output_final_state, use_qk_l2norm_in_kernel):
     B, T, H, K = q.shape
-    scalar_gate = g.dim() == 3 and gated_delta.SCALAR_GATE_PATH
+    scalar_gate = g.dim() == 3 and gated_delta.SCALAR_GATE_PATH and SCALAR_GATE_SPLIT
     q, k, g = kernel_inputs(q, k, g, use_qk_l2norm_in_kernel)
     pad = pieces * run_len - T                                # only ever inside the last run
     if pad:

@@ -265,6 +265,9 @@ SCALAR_GATE_PATH = True
 # at 32 heads never less than level 5's path).
 SCALAR_GATE_COLUMNS = 128
 SCALAR_GATE_MIN_BLOCKS = 0.5       # blocks per SM
+# Packed sequences can take it too (one launch per kernel, groups of sequences per block); not by
+# default until a timing says where it pays.
+SCALAR_GATE_PACKED = False
 
 
 def scalar_gate_columns(B: int, H: int, DV: int, sm_count: int) -> int | None:
@@ -346,7 +349,7 @@ def _run_kernels(q, k, v, g, beta, scale, h0, flags=None, table=None, output_fin
     ``output_final_state``). ``check(flags)`` runs once the state pass is queued
     (``validate.launch_then_check``): the host waits for the first kernel's flags only, and the pass
     runs while the caller's next work does."""
-    if SCALAR_GATE_PATH and g.shape[-1] == 1:
+    if SCALAR_GATE_PATH and g.shape[-1] == 1 and (table is None or SCALAR_GATE_PACKED):
         from kda.kernels.build import sm_count
 
         lanes = q.shape[0] if table is None else table.seq_groups.shape[0] - 1   # blocks per head and value block

@@ -191,6 +191,7 @@ def test_the_value_flags_are_read_once_the_state_pass_is_queued(monkeypatch):
     from kda import gated_delta
 
     calls = []
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", False)           # level 5's two kernels
     monkeypatch.setattr(gated_delta, "prepare_chunks", lambda *args: calls.append("chunk_intra") or "form")
     monkeypatch.setattr(gated_delta, "state_pass_launch", lambda form, *args: calls.append(f"ready({form})")
                         or ((lambda: calls.append("launch")), "o", None))

@@ -20,7 +20,11 @@ pytestmark = pytest.mark.gpu
 def scalar_path(monkeypatch, poisoned):
     from kda import gated_delta
 
+    from kda import distributed
+
     monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", True)
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_PACKED", True)
+    monkeypatch.setattr(distributed, "SCALAR_GATE_SPLIT", True)
     monkeypatch.setattr(gated_delta, "SCALAR_GATE_MIN_BLOCKS", 0.0)
     launches = []
     run = gated_delta._run_scalar_gate

@@ -137,6 +137,7 @@ def test_gdn_scalar_gate_path_packed(kernel_launches, monkeypatch, initial, fina
     from kda import gated_delta
 
     monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", True)
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_PACKED", True)
     monkeypatch.setattr(gated_delta, "SCALAR_GATE_MIN_BLOCKS", 0.0)
     bounds = [0, 70, 71, 71, 200]
     q, k, v, g, beta = level5_inputs(B=1, H=2, HV=4, per_channel=False)
@@ -150,7 +151,7 @@ def test_gdn_scalar_gate_path_packed(kernel_launches, monkeypatch, initial, fina
 
 def test_gdn_scalar_gate_path_only_where_it_pays(kernel_launches, monkeypatch):
     """Switched on, the scalar-gate path still leaves to level 5 a batch of too few blocks for the
-    SMs and a per-channel gate."""
+    SMs, a per-channel gate and (by default) packed sequences."""
     from kda import gated_delta
 
     monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", True)
@@ -207,6 +208,7 @@ def test_split_by_the_scalar_gate_path(kernel_launches, monkeypatch, initial):
     from kda import distributed, gated_delta
 
     monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", True)
+    monkeypatch.setattr(distributed, "SCALAR_GATE_SPLIT", True)
     q, k, v, g, beta = level5_inputs(B=2, T=250, per_channel=False)
     g = g[..., 0]
     h0 = torch.randn(2, 2, 64, 64) if initial else None

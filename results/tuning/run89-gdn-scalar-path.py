@@ -144,6 +144,7 @@ def time_packed():
             outs = {}
             for path in (False, True):
                 gated_delta.SCALAR_GATE_PATH, gated_delta.SCALAR_GATE_MIN_BLOCKS = path, 0.0
+                gated_delta.SCALAR_GATE_PACKED = path
                 for packed in (True, False):
                     fn = (lambda: gated_delta.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu,
                                                                      cu_seqlens_cpu=cpu)[0]) if packed else \
@@ -164,7 +165,7 @@ def time_split():
     import flash_qla
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_gdn
 
-    from kda import gated_delta
+    from kda import distributed, gated_delta
     from kda.bench import median_ms
     from kda.distributed import split_forward
     from kda.metrics import rel_l2
@@ -179,6 +180,7 @@ def time_split():
         g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, generator=gen, device="cuda"))
         scale = D ** -0.5
         gated_delta.SCALAR_GATE_PATH, gated_delta.SCALAR_GATE_MIN_BLOCKS = False, 0.5
+        distributed.SCALAR_GATE_SPLIT = False
         ref = split_forward(q, k, v, g, beta)[0].double()
         rows = {"level5 split (auto)": lambda: split_forward(q, k, v, g, beta)[0]}
         for P in (1, 4, 8, 16, 32, 64):
@@ -187,7 +189,7 @@ def time_split():
         rows["fla Triton"] = lambda: fla_gdn(q, k, v, g, beta, scale=scale)[0]
         rows["FlashQLA (auto_cp)"] = lambda: flash_qla.chunk_gated_delta_rule(q, k, v, g, beta, scale=scale)[0]
         for name, fn in rows.items():
-            gated_delta.SCALAR_GATE_PATH = name.startswith("scalar")
+            gated_delta.SCALAR_GATE_PATH = distributed.SCALAR_GATE_SPLIT = name.startswith("scalar")
             try:
                 out = fn()
                 log(RUN, {"what": "split", "B": B, "T": T, "H": H, "impl": name, "ms": round(median_ms(fn), 4),
