@@ -256,13 +256,16 @@ def state_pass_launch(form: ChunkForm, h0, table=None, output_final_state=True):
     return launch, o, (ht if output_final_state else None)
 
 
-# The scalar-gate path (``kda.kernels.scalar_gate``); its GPU tests: results/tuning/run89/gpu-tests.txt.
-SCALAR_GATE_PATH = True
+# The scalar-gate path (``kda.kernels.scalar_gate``). Its GPU tests passed on the H200
+# (results/tuning/run89/gpu-tests.txt), but it is off by default: it was slower than level 5's path at
+# every shape run 89 timed (bf16, ms: 1.265 against 1.214 at (1, 8192, 96, 128), 3.04 against 1.69 at
+# (1, 32768, 32, 128)). Its first kernel is the limiter (0.74 ms of the 1.265; FlashQLA's solve takes
+# 0.17 ms there), while its pass at 128 columns (0.51 ms) is 2.4x faster than level 5's whole op.
+SCALAR_GATE_PATH = False
 
-# The scalar-gate path takes one value block of this many columns per (head, sequence) and runs where
-# there are enough of those blocks to fill the SMs: below that, level 5's path with 32-column blocks is
-# faster (runs 53-56 in results/tuning: at (1, 8192, 96, 128) the pair took 0.93 ms against 1.31-1.56,
-# at 32 heads never less than level 5's path).
+# Where it is on, it takes one value block of this many columns per (head, sequence) and runs where
+# there are enough of those blocks to fill the SMs: with fewer, its pass repeats Q K^T and K S per value
+# block or leaves SMs idle (run 89: 2.60 ms at 64 columns and 3.04 at 128 for 32 heads).
 SCALAR_GATE_COLUMNS = 128
 SCALAR_GATE_MIN_BLOCKS = 0.5       # blocks per SM
 # Packed sequences can take it too (one launch per kernel, groups of sequences per block); not by

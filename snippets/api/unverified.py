@@ -1,16 +1,28 @@
 # snippet: cpu
-"""The CUDA paths that landed before their GPU tests: each is off by default behind its switch."""
+"""The CUDA paths that landed before their GPU tests (each off by default behind its switch), and
+those that passed them but stay off by default (slower than the path they would replace)."""
 from kda import cuda_paths
 from kda.site.runtime import text
 
 waiting = cuda_paths.unverified()
 if not waiting:
-    print(text(zh="目前没有：包里的每条 CUDA 路径都已在 H200 上通过 GPU 测试，默认开启。",
-               en="None at present: every CUDA path of the package has passed its GPU tests on the H200 "
-                  "and is on by default."))
+    print(text(zh="尚未在 GPU 上运行过的路径：目前没有，包里的每条 CUDA 路径都已在 H200 上通过 GPU 测试。",
+               en="Paths not yet run on a GPU: none at present; every CUDA path of the package has passed its "
+                  "GPU tests on the H200."))
 else:
     print("| " + text(zh="路径", en="path") + " | " + text(zh="开关（默认关）", en="switch (off by default)")
           + " | " + text(zh="做什么", en="what it does") + " |")
     print("|---|---|---|")
     for path in waiting:
         print(f"| `{path.name}` | `{path.module}.{path.switch}` | {text(zh=path.what['zh'], en=path.what['en'])} |")
+off = [p for p in cuda_paths.PATHS if p.gpu_log is not None and not cuda_paths.enabled(p)]
+if off:
+    print(text(zh="\n通过了 GPU 测试、但默认关闭的路径（比它要替代的路径慢，原因写在开关旁的注释里）：\n",
+               en="\nPaths that passed their GPU tests but stay off by default (slower than the path they would "
+                  "replace; the comment beside the switch says by how much):\n"))
+    print("| " + text(zh="路径", en="path") + " | " + text(zh="开关", en="switch") + " | "
+          + text(zh="GPU 测试记录", en="GPU test log") + " | " + text(zh="做什么", en="what it does") + " |")
+    print("|---|---|---|---|")
+    for path in off:
+        print(f"| `{path.name}` | `{path.module}.{path.switch}` | `{path.gpu_log}` | "
+              f"{text(zh=path.what['zh'], en=path.what['en'])} |")
