@@ -268,6 +268,9 @@ SCALAR_GATE_PATH = False
 # block or leaves SMs idle (run 89: 2.60 ms at 64 columns and 3.04 at 128 for 32 heads).
 SCALAR_GATE_COLUMNS = 128
 SCALAR_GATE_MIN_BLOCKS = 0.5       # blocks per SM
+# chunk_gated_inverse's arrangement (chunks per block, pipeline stages, blocks per SM): run 90 times
+# the candidates (results/tuning/run90-gdn-inverse.py).
+SCALAR_GATE_INVERSE_CONFIG: dict = {}
 # Packed sequences can take it too (one launch per kernel, groups of sequences per block); not by
 # default until a timing says where it pays.
 SCALAR_GATE_PACKED = False
@@ -294,7 +297,7 @@ def scalar_gate_inverse(k, g, beta, H, flags=None, table=None):
     with torch.cuda.device(k.device):
         inverse = compile_program(scalar_gate.chunk_gated_inverse, (), DK=DK, chunk_size=C,
                                   dtype=ops.dtype_name(k.dtype), gate_dtype=str(g.dtype).removeprefix("torch."),
-                                  value_groups=H // HQ, varlen=table is not None)
+                                  value_groups=H // HQ, varlen=table is not None, **SCALAR_GATE_INVERSE_CONFIG)
         G = ops.new_output((B, H, NC * C), torch.float32, k.device)
         Tb = ops.new_output((B, T, H, C), k.dtype, k.device)
         if flags is None:

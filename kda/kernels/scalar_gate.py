@@ -30,7 +30,7 @@ from kda.kernels.stages import (ACCUM, decay_factor, invert_diagonal_blocks_by_c
 
 # --8<-- [start:chunk_gated_inverse]
 def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtype="float32", value_groups=1,
-                        varlen=False, threads=128, chunks_per_block=8, num_stages=2):
+                        varlen=False, threads=128, chunks_per_block=8, num_stages=2, min_blocks=1):
     """Arguments at run time: ``K [B, T, HQ, DK]``, ``g [B, T, H]`` (``gate_dtype``, natural log),
     ``beta [B, T, H]`` (float32), then the outputs ``G [B, H, NC C]`` (float32: chunk ``c``'s cumsum in
     log2 units at ``c C ..``, flat past the end), ``Tb [B, T, H, C]`` (dtype; zero above the diagonal and
@@ -39,7 +39,8 @@ def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtyp
     2]`` of packed sequences (``varlen``, ``B = 1``: each chunk's first token and length; dense, a ``[1,
     1]`` stand-in). ``H = value_groups HQ``: value head ``h`` reads key head ``h // value_groups``. The
     solve is level 4's (``chunk_wy``): the diagonal blocks by columns, then block substitution;
-    ``chunks_per_block`` chunks of one head per block, the next one's loads in flight."""
+    ``chunks_per_block`` chunks of one head per block, the next one's loads in flight; ``min_blocks``
+    blocks per SM (registers capped to fit them)."""
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     HQ = T.dynamic("HQ")
     C = chunk_size
@@ -70,6 +71,8 @@ def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtyp
             KK = T.alloc_fragment([C, C], ACCUM)
             x_col = T.alloc_local([block], ACCUM)
             hq = bh // value_groups if value_groups > 1 else bh
+            if min_blocks > 1:                                # registers capped so that this many fit an SM
+                T.annotate_min_blocks_per_sm(min_blocks)
             c0 = cb * chunks_per_block
             for ci in T.Pipelined(T.min(chunks_per_block, NC - c0), num_stages=num_stages):
                 c = c0 + ci
