@@ -30,7 +30,8 @@ from kda.kernels.stages import (ACCUM, decay_factor, invert_diagonal_blocks_by_c
 
 # --8<-- [start:chunk_gated_inverse]
 def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtype="float32", value_groups=1,
-                        varlen=False, threads=128, chunks_per_block=8, num_stages=2, min_blocks=1):
+                        varlen=False, threads=128, chunks_per_block=8, num_stages=2, min_blocks=1,
+                        merge="substitution"):
     """Arguments at run time: ``K [B, T, HQ, DK]``, ``g [B, T, H]`` (``gate_dtype``, natural log),
     ``beta [B, T, H]`` (float32), then the outputs ``G [B, H, NC C]`` (float32: chunk ``c``'s cumsum in
     log2 units at ``c C ..``, flat past the end), ``Tb [B, T, H, C]`` (dtype; zero above the diagonal and
@@ -40,12 +41,16 @@ def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtyp
     1]`` stand-in). ``H = value_groups HQ``: value head ``h`` reads key head ``h // value_groups``. The
     solve is level 4's (``chunk_wy``): the diagonal blocks by columns, then block substitution;
     ``chunks_per_block`` chunks of one head per block, the next one's loads in flight; ``min_blocks``
-    blocks per SM (registers capped to fit them)."""
+    blocks per SM (registers capped to fit them); ``merge="products"`` merges the blocks by four tf32
+    GEMMs instead (``kda.kernels.level4.merge_by_products``)."""
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     HQ = T.dynamic("HQ")
     C = chunk_size
     NC = T.dynamic("NC") if varlen else T.ceildiv(S, C)
     BB = 1 if varlen else B
+    assert merge in ("substitution", "products") and (merge == "substitution" or C == 4 * block)
+    if merge == "products":
+        from kda.kernels.level4 import merge_by_products
 
     @T.prim_func
     def main(
@@ -87,10 +92,15 @@ def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtyp
                     b_s[i] = beta_s[i]
                     G[bb, bh, c * C + i] = G_s[i, 0]
                 T.gemm(K_s, K_s, KK, transpose_B=True, clear_accum=True)
+                if merge == "products":             # it reads the blocks above the diagonal
+                    T.clear(Tinv_s)
                 for i, j in T.Parallel(C, C):       # rows past the end: b = 0
                     A_s[i, j] = KK[i, j] * b_s[i] * decay_factor(G_s[i, 0] - G_s[j, 0]) * real(j < i)
                 invert_diagonal_blocks_by_columns(A_s, Tinv_s, x_col, C, block)
-                merge_by_substitution(A_s, Tinv_s, C, block)
+                if merge == "products":             # four tf32 GEMMs (level 4's merge_by_products)
+                    merge_by_products(A_s, Tinv_s, C, block)
+                else:
+                    merge_by_substitution(A_s, Tinv_s, C, block)
                 for i, j in T.Parallel(C, C):       # the blocks above the diagonal were never written
                     Tb_s[i, j] = T.if_then_else(i // block >= j // block, Tinv_s[i, j] * b_s[j], 0.0)
                 if varlen:                          # the tile's rows past L are the next sequence's
