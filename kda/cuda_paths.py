@@ -4,8 +4,9 @@ Kernel work reaches ``main`` once a machine without a GPU has checked what it ca
 compiles, launch tests, float64 stage references). Until its GPU tests pass on the H200, such a
 path stays off: a module-level switch next to its code, ``False`` by default, listed here and on
 the API page ("not yet run on a GPU"). The commit that adds the path's GPU test log under
-``results/`` turns the switch on and names the log here; ``tests/test_cuda_paths.py`` holds
-every switch that is on by default to a log that exists.
+``results/`` names the log here and turns the switch on, unless the measurements say the path it
+would replace is faster (then it stays off, listed apart); ``tests/test_cuda_paths.py`` holds every
+switch that is on by default to a log that exists.
 
 A call that would need a path that is off raises through ``require`` with a message that says
 which switch and why, instead of computing on an unchecked kernel.
@@ -23,7 +24,7 @@ class CudaPath:
     module: str               # the module that holds the switch, next to the code it guards
     switch: str               # the module-level bool
     what: dict                # {"en": ..., "zh": ...}: one line for the API page
-    gpu_log: str | None = None  # results/... : the GPU test log of the commit that turned it on
+    gpu_log: str | None = None  # results/... : the log of the GPU tests it passed
 
 
 # Every CUDA path that landed before its GPU tests, with its switch; a path whose GPU tests have passed
@@ -34,9 +35,9 @@ PATHS: tuple[CudaPath, ...] = (
         module="kda.gated_delta",
         switch="SCALAR_GATE_PATH",
         what={"en": "chunk_gated_delta_rule by kda/kernels/scalar_gate.py (the gated inverse, then a pass that "
-                    "forms K S and Q K^T itself) where there are enough heads to fill the SMs",
+                    "forms K S and Q K^T itself) where its blocks fill at least half the SMs",
               "zh": "chunk_gated_delta_rule 经由 kda/kernels/scalar_gate.py（先求带门控的逆矩阵，再由一趟顺序遍历"
-                    "自行计算 K S 与 Q K^T），用于头数足以占满各 SM 的形状"},
+                    "自行计算 K S 与 Q K^T），用于其 block 至少占满一半 SM 的形状"},
         gpu_log="results/tuning/run89/gpu-tests.txt",
     ),
 )
@@ -54,6 +55,9 @@ def unverified(paths=None) -> list[CudaPath]:
 def require(path: CudaPath, call: str) -> None:
     """Raise a clear error where ``call`` needs ``path`` and its switch is off."""
     if not enabled(path):
-        raise NotImplementedError(
-            f"{call} needs the CUDA path '{path.name}', which has not yet passed its GPU tests and is off by default; "
-            f"set {path.module}.{path.switch} = True to run it unverified, or use CPU tensors (the float64 path)")
+        if path.gpu_log is None:
+            why, how = "has not yet passed its GPU tests and is off by default", "to run it unverified"
+        else:
+            why, how = f"passed its GPU tests ({path.gpu_log}) but is off by default, being slower", "to use it"
+        raise NotImplementedError(f"{call} needs the CUDA path '{path.name}', which {why}; set "
+                                  f"{path.module}.{path.switch} = True {how}, or use CPU tensors (the float64 path)")

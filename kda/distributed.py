@@ -126,8 +126,8 @@ def context_parallel(q, k, v, g, beta, scale=None, initial_state=None, output_fi
 
 
 # GDN's split by the scalar-gate path: its passes take 128 value columns per block, so the runs are
-# what fills the SMs. Off: run 89 timed it slower than level 5's split (best 2.38 ms with 16 runs
-# against 1.77 ms at (1, 131072, 4, 128); FlashQLA 0.44), the inverse again the larger part.
+# what fills the SMs. Off: run 89 timed it slower than level 5's split (best 2.11 ms, with 33 runs,
+# against 1.77 ms at (1, 131072, 4, 128); FlashQLA 0.44).
 SCALAR_GATE_SPLIT = False
 SCALAR_GATE_MIN_RUN_CHUNKS = 32
 

@@ -256,10 +256,31 @@ def state_pass_launch(form: ChunkForm, h0, table=None, output_final_state=True):
     return launch, o, (ht if output_final_state else None)
 
 
+def _run_kernels(q, k, v, g, beta, scale, h0, flags=None, table=None, output_final_state=True, check=None):
+    """One batch ``[B, T, H, *]`` (or the packed sequences of ``table``) through the level-5
+    pipeline, or a scalar gate through ``kda.kernels.scalar_gate`` where its switch and its block rule
+    send it (``SCALAR_GATE_PATH``, ``scalar_gate_columns``; off by default, see below); returns ``o``
+    and the float32 final states (``None`` without ``output_final_state``). ``check(flags)`` runs once
+    the state pass is queued (``validate.launch_then_check``): the host waits for the first kernel's
+    flags only, and the pass runs while the caller's next work does."""
+    if SCALAR_GATE_PATH and g.shape[-1] == 1 and (table is None or SCALAR_GATE_PACKED):
+        from kda.kernels.build import sm_count
+
+        lanes = q.shape[0] if table is None else table.seq_groups.shape[0] - 1   # blocks per head and value block
+        block_dv = scalar_gate_columns(lanes, v.shape[2], v.shape[-1], sm_count(q.device))
+        if block_dv is not None:
+            return _run_scalar_gate(q, k, v, g, beta, scale, h0, flags, table, output_final_state, check, block_dv)
+    form = prepare_chunks(q, k, v, g, beta, scale, flags, table)
+    launch, o, ht = state_pass_launch(form, h0, table, output_final_state)
+    validate.launch_then_check(flags, launch, check)
+    return o, ht
+# --8<-- [end:run_kernels]
+
+
 # The scalar-gate path (``kda.kernels.scalar_gate``). Its GPU tests passed on the H200
 # (results/tuning/run89/gpu-tests.txt), but it is off by default: it was slower than level 5's path at
-# every shape run 89 timed (bf16, ms: 1.265 against 1.214 at (1, 8192, 96, 128), 3.04 against 1.69 at
-# (1, 32768, 32, 128)). Its first kernel is the limiter (0.74 ms of the 1.265; FlashQLA's solve takes
+# every shape run 89 timed (bf16, ms: 1.264 against 1.214 at (1, 8192, 96, 128), 3.04 against 1.69 at
+# (1, 32768, 32, 128)). Its first kernel is the limiter (0.74 ms of the 1.264; FlashQLA's solve takes
 # 0.17 ms there), while its pass at 128 columns (0.51 ms) is 2.4x faster than level 5's whole op.
 SCALAR_GATE_PATH = False
 
@@ -278,8 +299,8 @@ SCALAR_GATE_PACKED = False
 
 def scalar_gate_columns(B: int, H: int, DV: int, sm_count: int) -> int | None:
     """Value columns per block of the scalar-gate pass for ``B`` sequences (or groups of packed
-    sequences, ``seq_groups``) of ``H`` value heads, or ``None`` where level 5's path is the faster one
-    (too few blocks to fill the SMs)."""
+    sequences, ``seq_groups``) of ``H`` value heads, or ``None`` where its blocks would fill less than
+    ``SCALAR_GATE_MIN_BLOCKS`` of the SMs (level 5's path then)."""
     columns = min(SCALAR_GATE_COLUMNS, DV)
     return columns if B * H * (DV // columns) >= SCALAR_GATE_MIN_BLOCKS * sm_count else None
 
@@ -346,27 +367,6 @@ def _run_scalar_gate(q, k, v, g, beta, scale, h0, flags, table, output_final_sta
     launch, o, ht = scalar_gate_pass_launch(q, k, v, Tb, G, scale, h0, block_dv, table, output_final_state)
     validate.launch_then_check(flags, launch, check)
     return o, ht
-
-
-def _run_kernels(q, k, v, g, beta, scale, h0, flags=None, table=None, output_final_state=True, check=None):
-    """One batch ``[B, T, H, *]`` (or the packed sequences of ``table``) through the level-5
-    pipeline, or a scalar gate through ``kda.kernels.scalar_gate`` where that is faster
-    (``scalar_gate_columns``); returns ``o`` and the float32 final states (``None`` without
-    ``output_final_state``). ``check(flags)`` runs once the state pass is queued
-    (``validate.launch_then_check``): the host waits for the first kernel's flags only, and the pass
-    runs while the caller's next work does."""
-    if SCALAR_GATE_PATH and g.shape[-1] == 1 and (table is None or SCALAR_GATE_PACKED):
-        from kda.kernels.build import sm_count
-
-        lanes = q.shape[0] if table is None else table.seq_groups.shape[0] - 1   # blocks per head and value block
-        block_dv = scalar_gate_columns(lanes, v.shape[2], v.shape[-1], sm_count(q.device))
-        if block_dv is not None:
-            return _run_scalar_gate(q, k, v, g, beta, scale, h0, flags, table, output_final_state, check, block_dv)
-    form = prepare_chunks(q, k, v, g, beta, scale, flags, table)
-    launch, o, ht = state_pass_launch(form, h0, table, output_final_state)
-    validate.launch_then_check(flags, launch, check)
-    return o, ht
-# --8<-- [end:run_kernels]
 
 
 # --8<-- [start:chunk_kda]

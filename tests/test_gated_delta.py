@@ -209,6 +209,25 @@ def test_the_value_flags_are_read_once_the_state_pass_is_queued(monkeypatch):
     assert calls == ["chunk_intra", "ready(form)", "launch"]
 
 
+def test_the_scalar_gate_path_reads_the_flags_once_its_pass_is_queued(monkeypatch):
+    """The same order on the scalar-gate path: ``chunk_gated_inverse``, the pass made ready and
+    launched, then the flags."""
+    from kda import gated_delta
+    from kda.kernels import build
+
+    calls = []
+    monkeypatch.setattr(build, "sm_count", lambda device: 132)
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", True)
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_MIN_BLOCKS", 0.0)
+    monkeypatch.setattr(gated_delta, "scalar_gate_inverse", lambda *a: calls.append("inverse") or ("G", "Tb"))
+    monkeypatch.setattr(gated_delta, "scalar_gate_pass_launch", lambda q, k, v, Tb, G, *a: calls.append(f"ready({Tb})")
+                        or ((lambda: calls.append("launch")), "o", None))
+    q, v, g = torch.zeros(1, 64, 2, 64), torch.zeros(1, 64, 2, 64), torch.zeros(1, 64, 2, 1)
+    args = (q, q, v, g, None, 0.125, None, torch.zeros(2, dtype=torch.int32))
+    assert gated_delta._run_kernels(*args, check=lambda flags: calls.append("read-back")) == ("o", None)
+    assert calls == ["inverse", "ready(Tb)", "launch", "read-back"]
+
+
 def test_the_value_checks_read_both_ranges_back_at_once(monkeypatch):
     """``check_inputs`` (the CPU path and decode) reads the ranges of ``g`` and ``beta`` back in one
     read-back, and each still gets its own error; a float64 gate just above 0 is not rounded away."""

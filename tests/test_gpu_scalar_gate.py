@@ -53,7 +53,7 @@ def test_forward_against_token_recurrence(shape, dtype, kind, columns, scalar_pa
 @pytest.mark.parametrize("shape", [(2, 200, 3, 64, 128), (1, 129, 2, 128, 64)])
 def test_inverse_against_reference_stage(shape, kind):
     """``chunk_gated_inverse`` alone: ``G`` (log2, flat past the end) and ``Tb`` against float64,
-    outputs poisoned, the ragged last chunk included (its rows past the end are not written)."""
+    outputs poisoned, the ragged last chunk included."""
     from kda.kernels import scalar_gate
     from kda.kernels.build import compile_program
 
@@ -175,12 +175,12 @@ BAD_VALUES = [("g", 0.5), ("g", float("nan")), ("g", float("-inf")), ("beta", 1.
 def test_values_out_of_range_raise(what, value, scalar_path):
     """``chunk_gated_inverse`` checks g and beta as it reads them (one bad value in the tail chunk)."""
     q, k, v, g, beta, _ = inputs((1, 200, 2, 64, 64), torch.bfloat16, "logsigmoid", False, seed=5)
-    (g if what == "g" else beta)[0, 190, 1] = value
+    (g if what == "g" else beta)[0, 195, 1] = value
     message = "g must be finite and <= 0" if what == "g" else "beta must lie in"
     with pytest.raises(ValueError, match=message):
         kda.chunk_gated_delta_rule(q, k, v, g, beta)
     kda.chunk_gated_delta_rule(q, k, v, g, beta, check_values=False)       # no read-back, no error
-    (g if what == "g" else beta)[0, 190, 1] = -0.5 if what == "g" else 0.5
+    (g if what == "g" else beta)[0, 195, 1] = -0.5 if what == "g" else 0.5
     kda.chunk_gated_delta_rule(q, k, v, g, beta)
     assert len(scalar_path) == 3
 
@@ -242,10 +242,16 @@ def test_split_forward(kind, pieces, scalar_path):
     """GDN's intra-card split by the scalar-gate path (the inverse once, the runs' maps and the
     recompute as passes over a batch of runs): a ragged length, an initial state, against the
     recurrence and the unsplit call."""
+    from kda import gated_delta
     from kda.distributed import split_forward
 
     q, k, v, g, beta, h0 = inputs((2, 1000, 3, 128, 128), torch.bfloat16, kind, False, seed=43)
-    o, ht = split_forward(q, k, v, g, beta, pieces, initial_state=h0, output_final_state=True)
+    inverses = []
+    inverse = gated_delta.scalar_gate_inverse
+    with pytest.MonkeyPatch.context() as patch:           # the split must go through the scalar-gate path
+        patch.setattr(gated_delta, "scalar_gate_inverse", lambda *a, **kw: inverses.append(1) or inverse(*a, **kw))
+        o, ht = split_forward(q, k, v, g, beta, pieces, initial_state=h0, output_final_state=True)
+    assert inverses == [1]
     ref_o, ref_ht = ref0.recurrent(q.double() * 128 ** -0.5, k, v, g, beta, h0, True)
     assert torch.isfinite(o).all() and torch.isfinite(ht).all()
     assert rel_l2(o, ref_o) <= BOUND and rel_l2(ht, ref_ht) <= BOUND

@@ -158,7 +158,9 @@ def test_gdn_scalar_gate_path_only_where_it_pays(kernel_launches, monkeypatch):
     assert gated_delta.scalar_gate_columns(1, 96, 128, 132) == 128
     assert gated_delta.scalar_gate_columns(1, 32, 128, 132) is None
     assert gated_delta.scalar_gate_columns(4, 32, 64, 132) == 64
-    for per_channel, table in ((False, None), (True, None), (False, gated_delta.chunk_table([0, 70, 200], "cpu"))):
+    for per_channel, table, blocks in ((False, None, 0.5), (True, None, 0.0),
+                                       (False, gated_delta.chunk_table([0, 70, 200], "cpu"), 0.0)):
+        monkeypatch.setattr(gated_delta, "SCALAR_GATE_MIN_BLOCKS", blocks)   # 0: only the gate or packing decides
         kernel_launches.clear()
         q, k, v, g, beta = level5_inputs(B=1 if table is not None else 2, per_channel=per_channel)
         gated_delta._run_kernels(q, k, v, g, beta, 0.125, None, torch.zeros(2, dtype=torch.int32), table)

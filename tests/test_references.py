@@ -117,7 +117,7 @@ def test_gated_delta_chunked_matches_recurrence(scalar_gate, T, C):
 @pytest.mark.parametrize("T", [1, 64, 130])
 def test_scalar_gate_chunked_matches_recurrence(gates, T):
     """GDN by the gated inverse alone (``kda.kernels.scalar_gate``'s arithmetic) is the recurrence:
-    tails, an initial state, runs of -20 (a decay of e^-1400 over a chunk) and no decay at all."""
+    tails, an initial state, runs of -20 (a decay of e^-880 over one chunk) and no decay at all."""
     gen = torch.Generator().manual_seed(T)
     B, H, DK, DV = 2, 3, 8, 12
     q, v = torch.randn(B, T, H, DK, generator=gen), torch.randn(B, T, H, DV, generator=gen)

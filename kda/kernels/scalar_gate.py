@@ -14,9 +14,10 @@ output need can be made from the raw ``q, k, v`` and one ``C x C`` matrix per ch
 
 Level 5's GDN form (``chunk_intra``'s scalar path, then ``gated_state_output_pass``) writes
 ``Qw, Kw, W, U`` and ``A_qk`` to HBM for its pass; this one writes ``Tb`` and ``G`` only, and pays for
-it by forming ``K S`` and ``Q K^T`` once per value block inside the pass. It wins where the pass can
-take wide value blocks (many heads or sequences): runs 53-56 in results/tuning. Mirrors
-``kda.reference.scalar_gate.scalar_gate_chunked``.
+it by forming ``K S`` and ``Q K^T`` once per value block inside the pass, which pays only with wide value
+blocks (many heads or sequences: runs 53-56 in results/tuning). Run 89 found the pass fast there (0.51 ms
+at (1, 8192, 96, 128)) and the first kernel slow (0.74 ms), so the path is off by default
+(``kda.gated_delta.SCALAR_GATE_PATH``). Mirrors ``kda.reference.scalar_gate.scalar_gate_chunked``.
 """
 
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.

@@ -30,7 +30,7 @@ def scalar_gate_chunked(q, k, v, g, beta, chunk_size=64, initial_state=None, out
         K, Q, b = k[:, :, c], q[:, :, c], beta[:, :, c]
         eye = torch.eye(K.shape[-2], dtype=K.dtype, device=K.device)
         A = eye + (b[..., None] * (K @ K.transpose(-1, -2)) * decay).tril(-1)
-        Tb = forward_substitution(A, torch.diag_embed(b))                         # (I + A)^-1 diag(b)
+        Tb = forward_substitution(A, torch.diag_embed(b))                         # A^-1 diag(b)
         new = Tb @ (v[:, :, c] - torch.exp(G)[..., None] * (K @ S))
         out[:, :, c] = torch.exp(G)[..., None] * (Q @ S) + ((Q @ K.transpose(-1, -2)) * decay).tril() @ new
         S = torch.exp(G[..., -1])[..., None, None] * S + \
