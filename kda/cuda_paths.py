@@ -52,6 +52,11 @@ def unverified(paths=None) -> list[CudaPath]:
     return [p for p in (PATHS if paths is None else paths) if p.gpu_log is None]
 
 
+def tested_but_off(paths=None) -> list[CudaPath]:
+    """The paths that passed their GPU tests and still stay off by default (slower where measured)."""
+    return [p for p in (PATHS if paths is None else paths) if p.gpu_log is not None and not enabled(p)]
+
+
 def require(path: CudaPath, call: str) -> None:
     """Raise a clear error where ``call`` needs ``path`` and its switch is off."""
     if not enabled(path):

@@ -132,6 +132,11 @@ SCALAR_GATE_SPLIT = False
 SCALAR_GATE_MIN_RUN_CHUNKS = 32
 
 
+def _splits_by_scalar_gate(g) -> bool:
+    """Whether GDN's split goes through the scalar-gate path (both switches on, one gate per head)."""
+    return g.dim() == 3 and gated_delta.SCALAR_GATE_PATH and SCALAR_GATE_SPLIT
+
+
 # --8<-- [start:choose_pieces]
 def choose_pieces(B: int, H: int, DV: int, T: int, sm_count: int, block_dv: int = 32,
                   chunk_size: int = CHUNK_SIZE, min_run_chunks: int = 256) -> int:
@@ -183,7 +188,7 @@ def split_forward(q, k, v, g, beta, pieces: int | None = None, scale=None, initi
     chunks = ceildiv(T, chunk_size)
     if pieces is None:
         sms = sm_count(q.device) if validate.runs_kernels(q) else 1
-        if g.dim() == 3 and gated_delta.SCALAR_GATE_PATH and SCALAR_GATE_SPLIT:   # GDN by the scalar-gate path
+        if _splits_by_scalar_gate(g):
             pieces = choose_pieces(B, H, v.shape[-1], T, sms, gated_delta.SCALAR_GATE_COLUMNS, chunk_size,
                                    SCALAR_GATE_MIN_RUN_CHUNKS)
         else:
@@ -224,7 +229,7 @@ def _pad_time(x, pad: int):
 
 def _split_forward_cuda(q, k, v, g, beta, pieces, run_len, scale, h0, output_final_state, use_qk_l2norm_in_kernel):
     B, T, H, K = q.shape
-    scalar_gate = g.dim() == 3 and gated_delta.SCALAR_GATE_PATH and SCALAR_GATE_SPLIT
+    scalar_gate = _splits_by_scalar_gate(g)                   # before g becomes [B, T, H, 1]
     q, k, g = kernel_inputs(q, k, g, use_qk_l2norm_in_kernel)
     pad = pieces * run_len - T                                # only ever inside the last run
     if pad:

@@ -227,6 +227,26 @@ def run_state_pass(form: ChunkForm, h0, table=None, output_final_state=True):
     return o, ht
 
 
+def sequence_tables(table, B: int, device):
+    """What a sequential pass takes for the packed sequences of ``table`` (``None``: a dense batch of
+    ``B`` sequences): ``(states, lanes, tables)`` with ``states`` the sequences, ``lanes`` the blocks per
+    head and value block (groups of packed sequences, ``seq_groups``) and ``tables`` the pass's last
+    three arguments (``cu_seqlens, chunk_offsets, seq_groups``, or ``[1]`` stand-ins)."""
+    if table is None:
+        return B, B, [ops.stand_in(1, torch.int32, device)] * 3
+    return (table.cu_seqlens.shape[0] - 1, table.seq_groups.shape[0] - 1,
+            [table.cu_seqlens, table.chunk_offsets, table.seq_groups])
+
+
+def queued(kernel, args, device):
+    """``kernel(*args)`` on ``device`` as a function to call later (``validate.launch_then_check``)."""
+    def launch():
+        with torch.cuda.device(device):
+            kernel(*args)
+
+    return launch
+
+
 def state_pass_launch(form: ChunkForm, h0, table=None, output_final_state=True):
     """``run_state_pass`` up to its launch: the compiled pass with its arguments and outputs ready,
     as ``(launch, o, final state or None)``; nothing runs until ``launch()``."""
@@ -235,9 +255,8 @@ def state_pass_launch(form: ChunkForm, h0, table=None, output_final_state=True):
 
     B, T, H, DK = form.Qw.shape
     DV = form.U.shape[-1]
-    N = B if table is None else table.cu_seqlens.shape[0] - 1       # states
-    lanes = B if table is None else table.seq_groups.shape[0] - 1  # blocks per value stripe and head
     device = form.Qw.device
+    N, lanes, tables = sequence_tables(table, B, device)
     with torch.cuda.device(device):
         state_pass = compile_program(level5.gated_state_output_pass, (), DK=DK, DV=DV, chunk_size=CHUNK_SIZE,
                                      block_dv=state_pass_columns(lanes, H, DV, sm_count(device)),
@@ -245,15 +264,7 @@ def state_pass_launch(form: ChunkForm, h0, table=None, output_final_state=True):
                                      initial_state=h0 is not None, final_state=output_final_state)
         h0, ht = ops.state_arguments(h0, output_final_state, N, H, DK, DV, device)
         o = ops.new_output((B, T, H, DV), form.U.dtype, device)
-        tables = [table.cu_seqlens, table.chunk_offsets, table.seq_groups] if table is not None else \
-            [ops.stand_in(1, torch.int32, device)] * 3
-    args = (*form, h0, o, ht, *tables)
-
-    def launch():
-        with torch.cuda.device(device):
-            state_pass(*args)
-
-    return launch, o, (ht if output_final_state else None)
+    return queued(state_pass, (*form, h0, o, ht, *tables), device), o, (ht if output_final_state else None)
 
 
 def _run_kernels(q, k, v, g, beta, scale, h0, flags=None, table=None, output_final_state=True, check=None):
@@ -266,7 +277,7 @@ def _run_kernels(q, k, v, g, beta, scale, h0, flags=None, table=None, output_fin
     if SCALAR_GATE_PATH and g.shape[-1] == 1 and (table is None or SCALAR_GATE_PACKED):
         from kda.kernels.build import sm_count
 
-        lanes = q.shape[0] if table is None else table.seq_groups.shape[0] - 1   # blocks per head and value block
+        _, lanes, _ = sequence_tables(table, q.shape[0], q.device)
         block_dv = scalar_gate_columns(lanes, v.shape[2], v.shape[-1], sm_count(q.device))
         if block_dv is not None:
             return _run_scalar_gate(q, k, v, g, beta, scale, h0, flags, table, output_final_state, check, block_dv)
@@ -337,8 +348,8 @@ def scalar_gate_pass_launch(q, k, v, Tb, G, scale, h0, block_dv, table=None, out
 
     B, T, HQ, DK = q.shape
     H, DV = v.shape[2], v.shape[-1]
-    N = B if table is None else table.cu_seqlens.shape[0] - 1
     device = q.device
+    N, _, tables = sequence_tables(table, B, device)
     with torch.cuda.device(device):
         state_pass = compile_program(scalar_gate.inverse_state_output_pass, (), DK=DK, DV=DV, chunk_size=CHUNK_SIZE,
                                      block_dv=block_dv, dtype=ops.dtype_name(q.dtype), value_groups=H // HQ,
@@ -346,23 +357,14 @@ def scalar_gate_pass_launch(q, k, v, Tb, G, scale, h0, block_dv, table=None, out
                                      final_state=output_final_state)
         h0, ht = ops.state_arguments(h0, output_final_state, N, H, DK, DV, device)
         o = ops.new_output((B, T, H, DV), v.dtype, device)
-        tables = [table.cu_seqlens, table.chunk_offsets, table.seq_groups] if table is not None else \
-            [ops.stand_in(1, torch.int32, device)] * 3
     args = (q.contiguous(), k.contiguous(), v.contiguous(), Tb, G, scale, h0, o, ht, *tables)
-
-    def launch():
-        with torch.cuda.device(device):
-            state_pass(*args)
-
-    return launch, o, (ht if output_final_state else None)
+    return queued(state_pass, args, device), o, (ht if output_final_state else None)
 
 
 def _run_scalar_gate(q, k, v, g, beta, scale, h0, flags, table, output_final_state, check, block_dv):
     """GDN through ``kda.kernels.scalar_gate``: ``chunk_gated_inverse`` (``G`` and ``Tb``, checking
     ``g`` and ``beta`` as it reads them), then ``inverse_state_output_pass``. With the ``table`` of
     packed sequences, each kernel is one launch for all of them, as level 5's."""
-    if flags is None:
-        flags = torch.zeros(2, dtype=torch.int32, device=q.device)
     G, Tb = scalar_gate_inverse(k, g, beta, v.shape[2], flags, table)
     launch, o, ht = scalar_gate_pass_launch(q, k, v, Tb, G, scale, h0, block_dv, table, output_final_state)
     validate.launch_then_check(flags, launch, check)

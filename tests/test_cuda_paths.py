@@ -36,5 +36,6 @@ def test_a_path_that_is_off_raises_naming_its_switch(monkeypatch):
     logged = cuda_paths.CudaPath("fake_stage", "kda_fake_stage", "FAST_STAGE", path.what, "results/x.txt")
     assert cuda_paths.unverified([path, logged]) == [path]
     module.FAST_STAGE = False                                     # tested, but off where it is slower
+    assert cuda_paths.tested_but_off([path, logged]) == [logged]
     with pytest.raises(NotImplementedError, match=r"passed its GPU tests \(results/x\.txt\).*= True to use it"):
         cuda_paths.require(logged, "chunk_kda's backward")
