@@ -81,7 +81,7 @@ def time_variants():
             same = all(torch.equal(a, b) for a, b in zip(outputs[name], outputs["default"]))
             if not same:     # the tf32 merge rounds otherwise: within bf16's rounding of the default's Tb
                 same = params.get("merge") == "products" and torch.equal(G, outputs["default"][0]) and \
-                    ((Tb.float() - outputs["default"][1].float()).norm() / outputs["default"][1].float().norm()) < 4e-3
+                    bool(((Tb.float() - outputs["default"][1].float()).norm() / outputs["default"][1].float().norm()) < 4e-3)
             ms = median_ms(run)
             log(RUN, {"what": "inverse", **shape, "variant": name, "ms": round(ms, 4), "same_bits": same})
             if same and (best is None or ms < best[1]):
