@@ -28,7 +28,7 @@ class CudaPath:
 
 
 # Every CUDA path that landed before its GPU tests, with its switch; a path whose GPU tests have passed
-# names their log (and may still be off by default where it is slower, as gdn_scalar_gate is).
+# names their log (and may still be off by default where it is slower than the path it would replace).
 PATHS: tuple[CudaPath, ...] = (
     CudaPath(
         name="gdn_scalar_gate",
@@ -38,7 +38,7 @@ PATHS: tuple[CudaPath, ...] = (
                     "forms K S and Q K^T itself) where its blocks fill at least half the SMs",
               "zh": "chunk_gated_delta_rule 经由 kda/kernels/scalar_gate.py（先求带门控的逆矩阵，再由一趟顺序遍历"
                     "自行计算 K S 与 Q K^T），用于其 block 至少占满一半 SM 的形状"},
-        gpu_log="results/tuning/run89/gpu-tests.txt",
+        gpu_log="results/tuning/run90/gpu-tests.txt",
     ),
 )
 

@@ -270,7 +270,7 @@ def state_pass_launch(form: ChunkForm, h0, table=None, output_final_state=True):
 def _run_kernels(q, k, v, g, beta, scale, h0, flags=None, table=None, output_final_state=True, check=None):
     """One batch ``[B, T, H, *]`` (or the packed sequences of ``table``) through the level-5
     pipeline, or a scalar gate through ``kda.kernels.scalar_gate`` where its switch and its block rule
-    send it (``SCALAR_GATE_PATH``, ``scalar_gate_columns``; off by default, see below); returns ``o``
+    send it (``SCALAR_GATE_PATH``, ``scalar_gate_columns``; see below); returns ``o``
     and the float32 final states (``None`` without ``output_final_state``). ``check(flags)`` runs once
     the state pass is queued (``validate.launch_then_check``): the host waits for the first kernel's
     flags only, and the pass runs while the caller's next work does."""
@@ -288,20 +288,22 @@ def _run_kernels(q, k, v, g, beta, scale, h0, flags=None, table=None, output_fin
 # --8<-- [end:run_kernels]
 
 
-# The scalar-gate path (``kda.kernels.scalar_gate``). Its GPU tests passed on the H200
-# (results/tuning/run89/gpu-tests.txt), but it is off by default: it was slower than level 5's path at
-# every shape run 89 timed (bf16, ms: 1.264 against 1.214 at (1, 8192, 96, 128), 3.04 against 1.69 at
-# (1, 32768, 32, 128)). Its first kernel is the limiter (0.74 ms of the 1.264; FlashQLA's solve takes
-# 0.17 ms there), while its pass at 128 columns (0.51 ms) is 2.4x faster than level 5's whole op.
-SCALAR_GATE_PATH = False
+# The scalar-gate path (``kda.kernels.scalar_gate``), on for GDN where its blocks fill enough SMs. Run 90
+# (H200, bf16, ms; results/tuning/run90/) against level 5's path: 0.871 / 1.215 at (1, 8192, 96, 128),
+# 0.985 / 1.477 at (4, 4096, 64, 128), 1.478 / 1.696 at (1, 16384, 64, 128), 0.870 / 1.211 at
+# (2, 8192, 48, 128); but 2.503 / 1.680 at (1, 32768, 32, 128), where 32 blocks leave most SMs idle.
+# Run 89 had it slower everywhere: its first kernel then took 0.74 ms, 0.35 now (chunk_gated_inverse's
+# defaults).
+SCALAR_GATE_PATH = True
 
-# Where it is on, it takes one value block of this many columns per (head, sequence) and runs where
-# there are enough of those blocks to fill the SMs: with fewer, its pass repeats Q K^T and K S per value
-# block or leaves SMs idle (run 89: 2.60 ms at 64 columns and 3.04 at 128 for 32 heads).
+# It takes one value block of this many columns per (head, sequence) and runs where those blocks fill
+# at least SCALAR_GATE_MIN_BLOCKS of the SMs (0.4 of 132: 64 heads take it, 32 do not): with fewer, its
+# pass repeats Q K^T and K S per value block or leaves SMs idle (run 89: 2.60 ms at 64 columns and 3.04
+# at 128 for 32 heads).
 SCALAR_GATE_COLUMNS = 128
-SCALAR_GATE_MIN_BLOCKS = 0.5       # blocks per SM
-# chunk_gated_inverse's arrangement (chunks per block, pipeline stages, blocks per SM): run 90 times
-# the candidates (results/tuning/run90-gdn-inverse.py).
+SCALAR_GATE_MIN_BLOCKS = 0.4       # blocks per SM
+# chunk_gated_inverse's arrangement beyond its defaults (chunks per block, stages, blocks per SM):
+# run 90 timed ten (results/tuning/run90-gdn-inverse.py); the defaults are its best.
 SCALAR_GATE_INVERSE_CONFIG: dict = {}
 # Packed sequences can take it too (one launch per kernel, groups of sequences per block); not by
 # default until a timing says where it pays.

@@ -56,7 +56,7 @@ CASES = [
     ("scalar_gate", "inverse_state_output_pass", dict(DK=64, DV=64, block_dv=64, dtype="bfloat16",
                                                       initial_state=True, final_state=True)),
     ("scalar_gate", "chunk_gated_inverse", dict(DK=128, dtype="bfloat16", varlen=True, value_groups=2)),
-    ("scalar_gate", "chunk_gated_inverse", dict(DK=128, dtype="bfloat16", merge="products")),
+    ("scalar_gate", "chunk_gated_inverse", dict(DK=128, dtype="bfloat16", merge="products", min_blocks=1)),
     ("scalar_gate", "inverse_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", varlen=True,
                                                       value_groups=2, initial_state=True, final_state=True)),
     ("decode", "fused_recurrent", dict(DK=128, DV=128, dtype="bfloat16")),

@@ -16,8 +16,9 @@ Level 5's GDN form (``chunk_intra``'s scalar path, then ``gated_state_output_pas
 ``Qw, Kw, W, U`` and ``A_qk`` to HBM for its pass; this one writes ``Tb`` and ``G`` only, and pays for
 it by forming ``K S`` and ``Q K^T`` once per value block inside the pass, which pays only with wide value
 blocks (many heads or sequences: runs 53-56 in results/tuning). Run 89 found the pass fast there (0.51 ms
-at (1, 8192, 96, 128)) and the first kernel slow (0.74 ms), so the path is off by default
-(``kda.gated_delta.SCALAR_GATE_PATH``). Mirrors ``kda.reference.scalar_gate.scalar_gate_chunked``.
+at (1, 8192, 96, 128)) and the first kernel slow (0.74 ms); run 90's arrangement of it takes 0.35 ms, and
+the path is GDN's where its blocks fill the SMs (``kda.gated_delta.SCALAR_GATE_PATH``, 0.871 ms against
+1.215 for level 5's path there). Mirrors ``kda.reference.scalar_gate.scalar_gate_chunked``.
 """
 
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
@@ -31,7 +32,7 @@ from kda.kernels.stages import (ACCUM, decay_factor, invert_diagonal_blocks_by_c
 
 # --8<-- [start:chunk_gated_inverse]
 def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtype="float32", value_groups=1,
-                        varlen=False, threads=128, chunks_per_block=8, num_stages=2, min_blocks=1,
+                        varlen=False, threads=128, chunks_per_block=4, num_stages=1, min_blocks=3,
                         merge="substitution"):
     """Arguments at run time: ``K [B, T, HQ, DK]``, ``g [B, T, H]`` (``gate_dtype``, natural log),
     ``beta [B, T, H]`` (float32), then the outputs ``G [B, H, NC C]`` (float32: chunk ``c``'s cumsum in
@@ -41,9 +42,12 @@ def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtyp
     2]`` of packed sequences (``varlen``, ``B = 1``: each chunk's first token and length; dense, a ``[1,
     1]`` stand-in). ``H = value_groups HQ``: value head ``h`` reads key head ``h // value_groups``. The
     solve is level 4's (``chunk_wy``): the diagonal blocks by columns, then block substitution;
-    ``chunks_per_block`` chunks of one head per block, the next one's loads in flight; ``min_blocks``
-    blocks per SM (registers capped to fit them); ``merge="products"`` merges the blocks by four tf32
-    GEMMs instead (``kda.kernels.level4.merge_by_products``)."""
+    ``chunks_per_block`` chunks of one head per block, the next one's loads in flight when
+    ``num_stages > 1``; ``min_blocks`` blocks per SM (registers capped to fit them); ``merge="products"``
+    merges the blocks by four tf32 GEMMs instead (``kda.kernels.level4.merge_by_products``). The
+    defaults are run 90's fastest (H200, bit for bit the same ``G`` and ``Tb`` as every other
+    arrangement): 0.350 ms at (1, 8192, 96, 128) against 0.745 for 8 chunks, two stages and one block
+    per SM (159 registers); three blocks per SM need 78 registers and one stage to fit in shared memory."""
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     HQ = T.dynamic("HQ")
     C = chunk_size
