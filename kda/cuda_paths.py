@@ -40,7 +40,20 @@ PATHS: tuple[CudaPath, ...] = (
                     "自行计算 K S 与 Q K^T），用于其 block 至少占满一半 SM 的形状"},
         gpu_log="results/tuning/run90/gpu-tests.txt",
     ),
+    CudaPath(
+        name="chunk_backward",
+        module="kda.backward",
+        switch="DEVICE_BACKWARD",
+        what={"en": "gradients of chunk_kda and chunk_gated_delta_rule on CUDA by kda/backward.py (the backward's "
+                    "three stages in float32 torch operations; no TileLang kernels yet)",
+              "zh": "chunk_kda 与 chunk_gated_delta_rule 在 CUDA 上的梯度，由 kda/backward.py 计算（反向的三个阶段，"
+                    "用 float32 的 torch 运算；还没有 TileLang kernel）"},
+    ),
 )
+
+
+def by_name(name: str) -> CudaPath:
+    return next(p for p in PATHS if p.name == name)
 
 
 def enabled(path: CudaPath) -> bool:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from kda.reference.common import as_f64, from_chunks, start_state, to_chunks
+from kda.reference.common import from_chunks, start_state, to_chunks
 from kda.reference import level0, level3
 from kda.reference.level3 import chunk_gates, per_channel
 
@@ -42,12 +42,13 @@ def _pairs(G: torch.Tensor, diagonal: bool) -> torch.Tensor:
 
 
 # --8<-- [start:pieces]
-def chunk_pieces(q, k, v, g, beta, scale, chunk_size):
+def chunk_pieces(q, k, v, g, beta, scale, chunk_size, dtype=torch.float64):
     """Everything of the forward that does not depend on the state, per chunk ``[B, H, NC, C, *]``
-    (as ``chunk_intra`` computes it, here in float64 and with pairwise decays)."""
+    (as ``chunk_intra`` computes it, here in float64 and with pairwise decays; ``kda.backward``
+    runs it in float32 on a few chunks at a time)."""
     B, T, H, DK = q.shape
-    Q, K, V = (to_chunks(x, chunk_size) for x in as_f64(q * scale, k, v))
-    G = chunk_gates(per_channel(g.to(torch.float64), DK), chunk_size) if g is not None else torch.zeros_like(K)
+    Q, K, V = (to_chunks(x.to(dtype), chunk_size) for x in (q * scale, k, v))
+    G = chunk_gates(per_channel(g.to(dtype), DK), chunk_size) if g is not None else torch.zeros_like(K)
     E_qk, E_kk = _pairs(G, diagonal=True), _pairs(G, diagonal=False)
     P = torch.einsum("...id,...jd,...ijd->...ij", Q, K, E_qk)
     p = {"Q": Q, "K": K, "V": V, "G": G, "E_qk": E_qk, "E_kk": E_kk, "P": P,
@@ -55,9 +56,9 @@ def chunk_pieces(q, k, v, g, beta, scale, chunk_size):
     if beta is None:                                    # levels 1-3: no delta rule
         p.update(b=None, W=torch.zeros_like(K), U=V)
         return p
-    b = to_chunks(beta.to(torch.float64)[..., None], chunk_size)[..., 0]      # padding rows: b = 0
+    b = to_chunks(beta.to(dtype)[..., None], chunk_size)[..., 0]              # padding rows: b = 0
     scores_kk = torch.einsum("...id,...jd,...ijd->...ij", K, K, E_kk)
-    eye = torch.eye(chunk_size, dtype=torch.float64, device=q.device)
+    eye = torch.eye(chunk_size, dtype=dtype, device=q.device)
     Tinv = torch.linalg.solve_triangular(eye + b[..., None] * scores_kk, eye, upper=False, unitriangular=True)
     Kg = K * torch.exp(G)
     p.update(b=b, scores_kk=scores_kk, T=Tinv, Kg=Kg, W=Tinv @ (b[..., None] * Kg), U=Tinv @ (b[..., None] * V))
@@ -69,7 +70,7 @@ def chunk_pieces(q, k, v, g, beta, scale, chunk_size):
 def forward_states(p, S0):
     """The state entering each chunk ``[B, H, NC, DK, DV]``, and the final state."""
     S, entering = S0, []
-    for c in range(p["Q"].shape[2]):
+    for c in range(p["U"].shape[2]):
         entering.append(S)
         new = p["U"][:, :, c] - p["W"][:, :, c] @ S
         S = p["decay"][:, :, c, :, None] * S + p["Kd"][:, :, c].transpose(-1, -2) @ new
@@ -82,7 +83,7 @@ def reverse_state_pass(p, dO, dS_final):
     """The gradient of the state leaving each chunk ``[B, H, NC, DK, DV]`` (the last one is the
     gradient of the final state), and that of the initial state."""
     dS, leaving = dS_final, []
-    for c in reversed(range(p["Q"].shape[2])):
+    for c in reversed(range(p["U"].shape[2])):
         leaving.append(dS)
         dnew = p["P"][:, :, c].transpose(-1, -2) @ dO[:, :, c] + p["Kd"][:, :, c] @ dS
         dS = (p["Qg"][:, :, c].transpose(-1, -2) @ dO[:, :, c] + p["decay"][:, :, c, :, None] * dS

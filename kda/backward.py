@@ -1,0 +1,151 @@
+"""The backward of ``chunk_kda`` and ``chunk_gated_delta_rule`` on any device, CUDA included.
+
+The three stages of ``kda.reference.backward`` (the state entering every chunk, the reverse state
+pass, every chunk's gradients), run in ``float32`` on the inputs' device instead of float64 on the
+CPU. Two things make them fit a GPU's memory at a model's shapes:
+
+* the chunk-local work (the scores with their pairwise decays ``[C, C, DK]``, the inverse, the
+  chunk's gradients) is done for a group of chunks at a time, sized by ``MEMORY_BUDGET``; only what
+  the two state passes read is kept for every chunk (``STATE_PIECES``), and the states entering each
+  chunk (float32 ``[DK, DV]`` per chunk and head, recomputed, not saved by the forward);
+* packed sequences are laid end to end, each padded to whole chunks, so that the chunk-local work
+  runs over all of them at once and only the state passes go sequence by sequence.
+
+It is the CUDA backward's first form: torch operations, correct for any gate (every decay is a
+pairwise ``exp`` of a number ``<= 0``), not yet TileLang kernels; those will replace its stages one
+by one. On CUDA it is off until its GPU tests pass (``DEVICE_BACKWARD``, listed in
+``kda.cuda_paths``); on the CPU the public functions keep autograd through their float64 path.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kda.chunking import ceildiv
+from kda.reference import backward as stages
+from kda.reference.common import from_chunks, to_chunks
+
+# CUDA: gradients for chunk_kda and chunk_gated_delta_rule by this module. Off until its GPU tests
+# pass (tests/test_gpu_backward.py); with it off, an input that requires grad on CUDA is refused.
+DEVICE_BACKWARD = False
+
+# Bytes that one group of chunks may take for its pairwise decay tables and their temporaries.
+MEMORY_BUDGET = 2 << 30
+CHUNK_SIZE = 64
+
+# What the two state passes read, kept for every chunk (W, U, the gated q and k, the scores, the decay).
+STATE_PIECES = ("U", "W", "Kd", "Qg", "P", "decay")
+
+
+# --8<-- [start:l2_normalize_backward]
+def l2_normalize_backward(x: torch.Tensor, dn: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """The gradient through ``n = x / sqrt(|x|^2 + eps)`` (``use_qk_l2norm_in_kernel``):
+    ``dx = r dn - r^3 x (x . dn)``, ``r = (|x|^2 + eps)^(-1/2)``."""
+    r = torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+    return r * dn - r ** 3 * x * (x * dn).sum(-1, keepdim=True)
+# --8<-- [end:l2_normalize_backward]
+
+
+def chunk_groups(B: int, H: int, NC: int, C: int, DK: int, budget: int = None) -> list[tuple[int, int]]:
+    """Ranges of chunks whose pairwise tables (two of ``[C, C, DK]`` per chunk and head, and about
+    six temporaries of that size in the gradients) stay within ``budget`` bytes in float32."""
+    per_chunk = B * H * C * C * DK * 4 * 8
+    n = max(1, (MEMORY_BUDGET if budget is None else budget) // per_chunk)
+    return [(s, min(s + n, NC)) for s in range(0, NC, n)]
+
+
+def packed_layout(bounds: list[int], C: int, device) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+    """For sequences ``bounds`` (``cu_seqlens`` on the host): the position in the padded layout of
+    every token (each sequence starts at a chunk boundary) and each sequence's range of chunks."""
+    where, segments, first = [], [], 0
+    for s, e in zip(bounds[:-1], bounds[1:]):
+        where.append(torch.arange(first * C, first * C + e - s, device=device))
+        nc = ceildiv(e - s, C)
+        segments.append((first, first + nc))
+        first += nc
+    return torch.cat(where) if where else torch.zeros(0, dtype=torch.long, device=device), segments
+
+
+# --8<-- [start:chunked_gradients]
+def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk_size=CHUNK_SIZE,
+                      dtype=torch.float32, budget=None):
+    """``dq, dk, dv, dg, dbeta, dh0`` of ``sum(o * do) + sum(S_final * dht)``, all ``[B, T, H, *]``
+    with one key head per value head, in ``dtype``. ``segments``: the chunk ranges of packed
+    sequences (``B = 1``; ``h0`` and ``dht`` then ``[N, H, DK, DV]``), ``None`` for one sequence per
+    batch row. ``g`` ``[B, T, H(, DK)]`` or ``None``; ``beta`` ``None`` without a delta rule."""
+    B, T, H, DK = q.shape
+    DV, C = v.shape[-1], chunk_size
+    NC = ceildiv(T, C)
+    segments = segments if segments is not None else [(0, NC)]
+    N = len(segments) * B
+    S0 = h0.to(dtype) if h0 is not None else q.new_zeros(N, H, DK, DV, dtype=dtype)
+    dS_final = dht.to(dtype) if dht is not None else torch.zeros_like(S0)
+    if NC == 0:                                              # no token: the final state is the initial one
+        zero = lambda x: torch.zeros_like(x, dtype=dtype) if x is not None else None
+        return zero(q), zero(k), zero(v), zero(g), zero(beta), dS_final.clone()
+    pick = lambda x, s, e: x[:, s * C:e * C] if x is not None else None
+    groups = chunk_groups(B, H, NC, C, DK, budget)
+    pieces = lambda s, e: stages.chunk_pieces(*(pick(x, s, e) for x in (q, k, v, g, beta)), scale, C, dtype)
+    # 1. what the state passes read, for every chunk, a group of chunks at a time
+    kept = [{name: p[name] for name in STATE_PIECES} for p in (pieces(s, e) for s, e in groups)]
+    whole = {name: torch.cat([part[name] for part in kept], dim=2) for name in STATE_PIECES}
+    del kept
+    dO = to_chunks(do.to(dtype), C)
+    # 2. the states entering every chunk and the gradients of those leaving it, sequence by sequence
+    S, dS = (torch.zeros(B, H, NC, DK, DV, dtype=dtype, device=q.device) for _ in range(2))
+    dh0 = torch.zeros_like(S0)
+    for n, (s, e) in enumerate(segments):
+        rows = slice(n, n + 1) if len(segments) > 1 else slice(0, B)
+        if e == s:                                           # an empty sequence: its state passes through
+            dh0[rows] = dS_final[rows]
+            continue
+        part = {name: x[:, :, s:e] for name, x in whole.items()}
+        S[:, :, s:e] = stages.forward_states(part, S0[rows])[0]
+        dS[:, :, s:e], dh0[rows] = stages.reverse_state_pass(part, dO[:, :, s:e], dS_final[rows])
+    del whole
+    # 3. every chunk's gradients, a group of chunks at a time
+    out = [stages.chunk_gradients(pieces(s, e), S[:, :, s:e], dS[:, :, s:e], dO[:, :, s:e]) for s, e in groups]
+    dQ, dK, dV, dG = (torch.cat([o[i] for o in out], dim=2) for i in (0, 1, 2, 4))
+    dg = None
+    if g is not None:                                        # G_i = sum_{j <= i} g_j within a chunk
+        dg = from_chunks(dG.flip(-2).cumsum(-2).flip(-2), T)
+        dg = dg if g.dim() == 4 else dg.sum(-1)
+    dbeta = from_chunks(torch.cat([o[3] for o in out], dim=2)[..., None], T)[..., 0] if beta is not None else None
+    return from_chunks(dQ, T) * scale, from_chunks(dK, T), from_chunks(dV, T), dg, dbeta, dh0
+# --8<-- [end:chunked_gradients]
+
+
+# --8<-- [start:op_gradients]
+def op_gradients(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, cu_seqlens, do, dht, budget=None,
+                 dtype=torch.float32):
+    """The gradients of the op ``kda::chunk_gated_delta`` (``chunk_kda``, ``chunk_gated_delta_rule``)
+    in its arguments' layouts and dtypes: ``[dq, dk, dv, dg, dbeta]``, then ``dh0`` when there is an
+    initial state. Grouped value heads, packed sequences (``cu_seqlens``), the L2 norm of ``q`` and
+    ``k`` in the op and a gate ``[B, T, H]``, ``[B, T, H, 1]`` or ``[B, T, H, DK]`` included. Computed
+    in ``dtype`` (float32 on CUDA; float64 shows the arithmetic exact)."""
+    B, T, HQ, DK = q.shape
+    H = v.shape[2]
+    f32 = lambda x: x.to(dtype) if x is not None else None
+    qn, kn = f32(q), f32(k)
+    if use_qk_l2norm:
+        qn, kn = (x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6) for x in (qn, kn))
+    group = H // HQ                                          # value head i reads key head i // group
+    qn, kn = qn.repeat_interleave(group, dim=2), kn.repeat_interleave(group, dim=2)
+    gate = f32(g[..., 0] if g.dim() == 4 and g.shape[-1] == 1 else g)
+    args = [qn, kn, f32(v), gate, f32(beta), f32(do)]
+    segments = None
+    if cu_seqlens is not None:                               # end to end, each sequence from a chunk boundary
+        where, segments = packed_layout(cu_seqlens.tolist(), CHUNK_SIZE, q.device)
+        length = segments[-1][1] * CHUNK_SIZE if segments else 0
+        spread = lambda x: x.new_zeros(1, length, *x.shape[2:]).index_copy_(1, where, x)
+        args = [spread(x) for x in args]
+    dq, dk, dv, dg, dbeta, dh0 = chunked_gradients(*args[:5], args[5], f32(dht), scale, f32(initial_state),
+                                                   segments, budget=budget, dtype=dtype)
+    if cu_seqlens is not None:
+        dq, dk, dv, dg, dbeta = (x.index_select(1, where) for x in (dq, dk, dv, dg, dbeta))
+    dq, dk = (x.view(B, T, HQ, group, DK).sum(3) for x in (dq, dk))
+    if use_qk_l2norm:
+        dq, dk = l2_normalize_backward(f32(q), dq), l2_normalize_backward(f32(k), dk)
+    grads = [dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.reshape(g.shape).to(g.dtype), dbeta.to(beta.dtype)]
+    return grads + ([dh0.to(initial_state.dtype)] if initial_state is not None else [])
+# --8<-- [end:op_gradients]

@@ -1,0 +1,153 @@
+"""kda.backward, the backward that CUDA runs (float32 torch stages), checked on the CPU: the same
+code in float64 equals autograd through the token recurrence to rounding, in float32 to ~1e-6; its
+grouping of chunks, packed layout, grouped value heads and L2 norm; and the op's route to it."""
+
+import pytest
+import torch
+
+import kda
+from kda import backward, custom_ops
+from kda.metrics import rel_l2
+from kda.reference import backward as ref
+from kda.reference import level4 as ref4
+
+F64 = dict(dtype=torch.float64)
+
+
+def inputs(B=2, T=70, H=2, K=8, V=5, seed=0, per_channel=True, strong=False, HQ=None):
+    gen = torch.Generator().manual_seed(seed)
+    HQ = HQ or H
+    q = torch.randn(B, T, HQ, K, generator=gen, **F64)
+    k = ref4.l2_normalize(torch.randn(B, T, HQ, K, generator=gen, **F64))
+    v = torch.randn(B, T, H, V, generator=gen, **F64)
+    g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, *([K] if per_channel else []), generator=gen, **F64))
+    if strong:
+        g[:, T // 3: 2 * T // 3] = -20.0
+    beta = torch.rand(B, T, H, generator=gen, **F64)
+    h0 = torch.randn(B, H, K, V, generator=gen, **F64)
+    do = torch.randn(B, T, H, V, generator=gen, **F64)
+    dht = torch.randn(B, H, K, V, generator=gen, **F64)
+    return q, k, v, g, beta, h0, do, dht
+
+
+@pytest.mark.parametrize("per_channel", [True, False], ids=["per_channel", "scalar"])
+@pytest.mark.parametrize("strong", [False, True], ids=["logsigmoid", "runs_of_-20"])
+@pytest.mark.parametrize("dtype,budget,bound", [(torch.float64, None, 1e-12), (torch.float64, 1, 1e-12),
+                                                (torch.float32, None, 2e-5)], ids=["f64", "f64_one_chunk", "f32"])
+def test_chunked_gradients_are_the_recurrence_gradients(per_channel, strong, dtype, budget, bound):
+    """T = 70 in chunks of 16 (four full chunks and a tail); ``budget=1`` makes every group one chunk."""
+    q, k, v, g, beta, h0, do, dht = inputs(per_channel=per_channel, strong=strong)
+    want = ref.recurrence_backward(q, k, v, g, beta, do, dht, 0.5, h0)
+    got = backward.chunked_gradients(q, k, v, g, beta, do, dht, 0.5, h0, chunk_size=16, dtype=dtype, budget=budget)
+    for name, a, b in zip("dq dk dv dg dbeta dh0".split(), got, want):
+        assert a.dtype == dtype and torch.isfinite(a).all(), name
+        assert rel_l2(a, b) < bound, f"{name}: {rel_l2(a, b):.1e}"
+
+
+@pytest.mark.parametrize("level", ["linear", "gated", "delta"])
+def test_chunked_gradients_without_gate_or_delta_rule(level):
+    """Levels 1-4 are the same stages with no gate (``g=None``) or no delta rule (``beta=None``)."""
+    q, k, v, g, beta, h0, do, dht = inputs(T=37, seed=1)
+    g = None if level in ("linear", "delta") else g
+    beta = None if level in ("linear", "gated") else beta
+    want = ref.recurrence_backward(q, k, v, g, beta, do, dht, 1.0, h0)
+    got = backward.chunked_gradients(q, k, v, g, beta, do, dht, 1.0, h0, chunk_size=16, dtype=torch.float64)
+    for name, a, b in zip("dq dk dv dg dbeta dh0".split(), got, want):
+        assert (a is None) == (b is None), name
+        if a is not None:
+            assert rel_l2(a, b) < 1e-12, f"{name}: {rel_l2(a, b):.1e}"
+
+
+def test_chunk_groups_cover_every_chunk_within_the_budget():
+    per_chunk = 1 * 4 * 64 * 64 * 128 * 4 * 8
+    assert backward.chunk_groups(1, 4, 10, 64, 128, budget=3 * per_chunk) == [(0, 3), (3, 6), (6, 9), (9, 10)]
+    assert backward.chunk_groups(1, 4, 10, 64, 128, budget=1) == [(c, c + 1) for c in range(10)]
+    assert backward.chunk_groups(1, 4, 0, 64, 128) == []
+
+
+def test_packed_layout_starts_every_sequence_on_a_chunk():
+    where, segments = backward.packed_layout([0, 3, 3, 20, 21], 16, "cpu")
+    assert segments == [(0, 1), (1, 1), (1, 3), (3, 4)]
+    assert where.tolist() == [0, 1, 2, *range(16, 33), 48]
+
+
+def op_inputs(per_channel, T=75, HQ=2, H=2, seed=2, with_state=True):
+    q, k, v, g, beta, h0, do, dht = inputs(B=1, T=T, H=H, HQ=HQ, K=8, V=6, seed=seed, per_channel=per_channel)
+    return q * 3, k * 2, v, g, beta, h0, do, dht      # keys not unit: the L2 norm has work to do
+
+
+def autograd_gradients(q, k, v, g, beta, h0, do, dht, cu_seqlens, l2norm):
+    """The CPU path's gradients: autograd through kda's float64 forward."""
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v, g, beta)]
+    h0 = h0.detach().clone().requires_grad_() if h0 is not None else None
+    fn = kda.chunk_kda if g.dim() == 4 else kda.chunk_gated_delta_rule
+    o, final = fn(*leaves, scale=0.4, initial_state=h0, output_final_state=dht is not None,
+                  use_qk_l2norm_in_kernel=l2norm, cu_seqlens=cu_seqlens)
+    loss = (o * do).sum() + ((final * dht).sum() if dht is not None else 0)
+    wanted = leaves + ([h0] if h0 is not None else [])
+    return torch.autograd.grad(loss, wanted)
+
+
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
+@pytest.mark.parametrize("case", ["dense", "packed", "grouped_heads", "l2norm", "no_state"])
+def test_op_gradients_equal_the_cpu_path(per_channel, case):
+    """``op_gradients`` (what the op's backward runs on CUDA) against autograd through the CPU path:
+    packed sequences with an empty one, one of length 1 and lengths not a multiple of 64; grouped value
+    heads; the L2 norm in the op; no initial state and no final state."""
+    HQ, H = (1, 2) if case == "grouped_heads" else (2, 2)
+    q, k, v, g, beta, h0, do, dht = op_inputs(per_channel, T=150, HQ=HQ, H=H)
+    cu = torch.tensor([0, 70, 70, 71, 150]) if case == "packed" else None
+    if case == "packed":
+        gen = torch.Generator().manual_seed(5)
+        h0, dht = (torch.randn(4, H, 8, 6, generator=gen, **F64) for _ in range(2))
+    if case == "no_state":
+        h0, dht = None, None
+    l2norm = case == "l2norm"
+    want = autograd_gradients(q, k, v, g, beta, h0, do, dht, cu, l2norm)
+    got = backward.op_gradients(q, k, v, g, beta, 0.4, h0, l2norm, cu, do, dht)
+    assert len(got) == len(want)
+    for name, a, b in zip("dq dk dv dg dbeta dh0".split(), got, want):
+        assert a.shape == b.shape and a.dtype == b.dtype, name
+        assert rel_l2(a, b) < 2e-5, f"{name}: {rel_l2(a, b):.1e}"      # float32 stages against float64
+
+
+def test_op_gradients_of_a_gate_per_head_with_a_unit_channel():
+    """The kernels' scalar gate layout ``[B, T, H, 1]`` gets its gradient in that layout."""
+    q, k, v, g, beta, h0, do, dht = op_inputs(False, T=40)
+    full = backward.op_gradients(q, k, v, g, beta, 0.4, h0, False, None, do, dht)
+    unit = backward.op_gradients(q, k, v, g[..., None], beta, 0.4, h0, False, None, do, dht)
+    assert unit[3].shape == (*g.shape, 1) and torch.equal(unit[3][..., 0], full[3])
+
+
+def test_the_op_backward_routes_to_kda_backward(monkeypatch):
+    """The registered backward of ``kda::chunk_gated_delta`` takes ``kda.backward`` where the device
+    route says so (CUDA; forced here on CPU tensors), and refuses while its switch is off."""
+    q, k, v, g, beta, h0, do, dht = op_inputs(True, T=70)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, g, beta, h0)]
+
+    def grads():
+        o, final = torch.ops.kda.chunk_gated_delta(*leaves[:5], 0.4, leaves[5], True, False, None, None)
+        return torch.autograd.grad((o * do).sum() + (final * dht).sum(), leaves)
+
+    on_cpu = grads()
+    monkeypatch.setattr(custom_ops, "uses_device_backward", lambda q: True)
+    monkeypatch.setattr(backward, "DEVICE_BACKWARD", False)
+    with pytest.raises(NotImplementedError, match="kda.backward.DEVICE_BACKWARD = True"):
+        grads()
+    monkeypatch.setattr(backward, "DEVICE_BACKWARD", True)
+    for name, a, b in zip("dq dk dv dg dbeta dh0".split(), grads(), on_cpu):
+        assert rel_l2(a, b) < 2e-5, f"{name}: {rel_l2(a, b):.1e}"
+
+
+def test_l2_normalize_backward_is_autograds():
+    x = torch.randn(3, 5, 8, **F64, requires_grad=True)
+    dn = torch.randn(3, 5, 8, **F64)
+    (want,) = torch.autograd.grad(ref4.l2_normalize(x), x, dn)
+    assert rel_l2(backward.l2_normalize_backward(x.detach(), dn), want) < 1e-14
+
+
+def test_empty_sequence_batch():
+    """No token at all: the initial state's gradient is the final state's."""
+    q, k, v, g, beta, h0, do, dht = inputs(T=0)
+    got = backward.chunked_gradients(q, k, v, g, beta, do, dht, 1.0, h0, dtype=torch.float64)
+    assert torch.equal(got[5], dht) and all(x.numel() == 0 for x in got[:5])
