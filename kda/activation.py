@@ -91,11 +91,11 @@ def activated(q, k, v, g, beta, per_channel: bool, options: dict, check_values: 
 
     from kda import backward
 
-    grads = backward.DEVICE_BACKWARD                       # chunk_kda's CUDA backward, where it is on
-    B, T, H, DK, _ = validate.check_qkv(q, k, v, grouped_values=True, differentiable=grads)
-    if validate.check_gates(g, B, T, H, DK, q.device, check_values=False, differentiable=grads) != per_channel:
-        form = "[B, T, H, DK] (one gate per key channel)" if per_channel else "[B, T, H] (one gate per head)"
-        raise ValueError(f"g must have shape {form} here, got {validate.shape_of(g)}")
-    validate.check_beta(beta, B, T, H, q.device, check_values=False, differentiable=grads)
-    act = check_activation(g, beta, check_values=check_values, **options)
+    with backward.checks_allow_gradients():
+        B, T, H, DK, _ = validate.check_qkv(q, k, v, grouped_values=True)
+        if validate.check_gates(g, B, T, H, DK, q.device, check_values=False) != per_channel:
+            form = "[B, T, H, DK] (one gate per key channel)" if per_channel else "[B, T, H] (one gate per head)"
+            raise ValueError(f"g must have shape {form} here, got {validate.shape_of(g)}")
+        validate.check_beta(beta, B, T, H, q.device, check_values=False)
+        act = check_activation(g, beta, check_values=check_values, **options)
     return act.apply(g, beta, torch.float32 if validate.runs_kernels(q) else torch.float64)

@@ -13,14 +13,19 @@ CPU. Two things make them fit a GPU's memory at a model's shapes:
 
 It is the CUDA backward's first form: torch operations, correct for any gate (every decay is a
 pairwise ``exp`` of a number ``<= 0``), not yet TileLang kernels; those will replace its stages one
-by one. On CUDA it is off until its GPU tests pass (``DEVICE_BACKWARD``, listed in
-``kda.cuda_paths``); on the CPU the public functions keep autograd through their float64 path.
+by one. It is the CUDA implementation of the backward op of ``kda::chunk_gated_delta``
+(``kda.custom_ops``), and a CUDA call that needs gradients goes through that op. On CUDA it is off
+until its GPU tests pass (``DEVICE_BACKWARD``, listed in ``kda.cuda_paths``); on the CPU the public
+functions keep autograd through their float64 path.
 """
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
+from kda import custom_ops, validate
 from kda.chunking import ceildiv
 from kda.reference import backward as stages
 from kda.reference.common import from_chunks, to_chunks
@@ -35,6 +40,28 @@ CHUNK_SIZE = 64
 
 # What the two state passes read, kept for every chunk (W, U, the gated q and k, the scores, the decay).
 STATE_PIECES = ("U", "W", "Kd", "Qg", "P", "decay")
+
+
+def differentiates(q, **others) -> bool:
+    """Whether a CUDA call of ``chunk_kda`` / ``chunk_gated_delta_rule`` will be differentiated: then
+    it goes through the op ``kda::chunk_gated_delta``, whose CUDA backward is below. With the switch
+    off, an input that requires grad there is refused, naming the switch."""
+    named = {"q": q, **others}
+    if not (torch.is_grad_enabled() and validate.runs_kernels(q)):
+        return False
+    wanting = [name for name, t in named.items() if isinstance(t, torch.Tensor) and t.requires_grad]
+    if wanting and not DEVICE_BACKWARD:
+        raise ValueError(f"{wanting[0]} requires grad, but the CUDA kernels have no backward yet (issue 18): call "
+                         f"under torch.no_grad() or torch.inference_mode(), or run on CPU tensors (float64, "
+                         f"differentiable); or set kda.backward.DEVICE_BACKWARD = True to differentiate it by "
+                         f"kda.backward, which has not run on a GPU yet")
+    return bool(wanting)
+
+
+def checks_allow_gradients():
+    """The context of the input checks of the chunked ops: ``validate`` refuses a CUDA input that
+    requires grad only while grad mode is on, and with the switch on such a call is differentiable."""
+    return torch.no_grad() if DEVICE_BACKWARD else contextlib.nullcontext()
 
 
 # --8<-- [start:l2_normalize_backward]
@@ -149,3 +176,15 @@ def op_gradients(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, cu_seqle
     grads = [dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.reshape(g.shape).to(g.dtype), dbeta.to(beta.dtype)]
     return grads + ([dh0.to(initial_state.dtype)] if initial_state is not None else [])
 # --8<-- [end:op_gradients]
+
+
+@torch.library.register_kernel("kda::chunk_gated_delta_backward", "cuda")
+def cuda_gradients(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm, cu_seqlens,
+                   cu_seqlens_cpu, do, dfinal):
+    """The CUDA implementation of ``kda::chunk_gated_delta``'s backward op (``kda.custom_ops``; its
+    CPU one differentiates the float64 forward): ``op_gradients``, where the switch is on."""
+    from kda import cuda_paths
+
+    cuda_paths.require(cuda_paths.by_name("chunk_backward"), "the backward of chunk_kda and chunk_gated_delta_rule")
+    return op_gradients(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, cu_seqlens, do,
+                        dfinal if output_final_state else None)

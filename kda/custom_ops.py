@@ -7,11 +7,9 @@ value checks that read tensors back to the host (a graph cannot hold them), and 
 below, which runs the eager path inside the compiled graph. Each op has a fake implementation:
 the output shapes, nothing computed. ``chunk_gated_delta`` and ``fused_recurrent`` also have a
 backward (``register_autograd``), so that a compiled graph trains: on the CPU it recomputes the
-float64 forward and takes autograd's gradients through it, exactly what an eager call gives. On
-CUDA ``chunk_gated_delta``'s backward is ``kda.backward`` (float32 torch stages, no kernels yet),
-and an eager CUDA call that needs gradients goes through the op too; where its switch
-(``kda.backward.DEVICE_BACKWARD``) is off, and for the decode op, the public functions refuse
-inputs that require grad on CUDA before the op is reached. Importing ``kda`` registers them.
+float64 forward and takes autograd's gradients through it, exactly what an eager call gives; on
+CUDA there are no backward kernels yet (issue 18) and the public functions refuse inputs that
+require grad before the op is reached. Importing ``kda`` registers them.
 """
 
 from __future__ import annotations
@@ -130,26 +128,8 @@ def chunk_gated_delta_backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta:
                                dfinal: Tensor) -> list[Tensor]:
     """``dq, dk, dv, dg, dbeta`` and, with an initial state, its gradient: an op of its own, so that
     a compiled graph's backward calls it without tracing into the float64 recompute."""
-    inputs = (q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm, cu_seqlens, cu_seqlens_cpu)
-    if uses_device_backward(q):
-        return device_gradients(inputs, do, dfinal)
-    return _recomputed_gradients(_chunk_forward, inputs, do, dfinal)
-
-
-def uses_device_backward(q: Tensor) -> bool:
-    """CUDA tensors take ``kda.backward`` (float32 torch stages); CPU tensors autograd's gradients
-    through the float64 forward."""
-    return q.is_cuda
-
-
-def device_gradients(inputs, do, dfinal) -> list[Tensor]:
-    """The gradients of ``chunk_gated_delta`` by ``kda.backward.op_gradients``, where its switch is on."""
-    from kda import backward, cuda_paths
-
-    cuda_paths.require(cuda_paths.by_name("chunk_backward"), "the backward of chunk_kda and chunk_gated_delta_rule")
-    q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm, cu_seqlens, _ = inputs
-    return backward.op_gradients(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, cu_seqlens, do,
-                                 dfinal if output_final_state else None)
+    return _recomputed_gradients(_chunk_forward, (q, k, v, g, beta, scale, initial_state, output_final_state,
+                                                  use_qk_l2norm, cu_seqlens, cu_seqlens_cpu), do, dfinal)
 
 
 def _gradients_like(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm, cu_seqlens,

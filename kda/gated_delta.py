@@ -38,20 +38,20 @@ def check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel
     ``validate.raise_flagged_values`` after the first kernel (``chunk_intra`` checks them as it
     reads them). ``read_bounds=False`` (under ``torch.compile``) leaves the boundaries on the
     device: the op reads them."""
-    grads = backward.DEVICE_BACKWARD                     # on CUDA, inputs may require grad where it is on
-    B, T, H, DK, DV = validate.check_qkv(q, k, v, grouped_values=True, differentiable=grads)   # H: value heads
-    if validate.check_gates(g, B, T, H, DK, q.device, check_values=False, differentiable=grads) != per_channel:
-        form = "[B, T, H, DK] (one gate per key channel)" if per_channel else "[B, T, H] (one gate per head)"
-        raise ValueError(f"g must have shape {form} here, got {validate.shape_of(g)}")
-    validate.check_beta(beta, B, T, H, q.device, check_values=False, differentiable=grads)
-    if check_values:                                      # both ranges in one read-back
-        gate_range, beta_range = validate.value_ranges(g, beta)
-        validate.check_gate_range(g, *gate_range)
-        validate.check_beta_range(*beta_range)
-    scale = validate.check_scale(scale, DK)
-    bounds = validate.check_cu_seqlens(cu_seqlens, B, T, cu_seqlens_cpu, read_values=read_bounds)
-    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    h0 = validate.check_initial_state(initial_state, N, H, DK, DV, q.device, differentiable=grads)
+    with backward.checks_allow_gradients():              # on CUDA, inputs may require grad where it is on
+        B, T, H, DK, DV = validate.check_qkv(q, k, v, grouped_values=True)   # H: the value heads
+        if validate.check_gates(g, B, T, H, DK, q.device, check_values=False) != per_channel:
+            form = "[B, T, H, DK] (one gate per key channel)" if per_channel else "[B, T, H] (one gate per head)"
+            raise ValueError(f"g must have shape {form} here, got {validate.shape_of(g)}")
+        validate.check_beta(beta, B, T, H, q.device, check_values=False)
+        if check_values:                                  # both ranges in one read-back
+            gate_range, beta_range = validate.value_ranges(g, beta)
+            validate.check_gate_range(g, *gate_range)
+            validate.check_beta_range(*beta_range)
+        scale = validate.check_scale(scale, DK)
+        bounds = validate.check_cu_seqlens(cu_seqlens, B, T, cu_seqlens_cpu, read_values=read_bounds)
+        N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+        h0 = validate.check_initial_state(initial_state, N, H, DK, DV, q.device)
     return scale, h0, bounds
 
 
@@ -73,7 +73,7 @@ def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_
         g, beta = activated(q, k, v, g, beta, per_channel, options,
                             check_values and not torch.compiler.is_compiling())
     compiling = torch.compiler.is_compiling()
-    if compiling or _wants_cuda_gradients(q, k, v, g, beta, initial_state):
+    if compiling or backward.differentiates(q, k=k, v=v, g=g, beta=beta, initial_state=initial_state):
         # the checks a graph can hold, then the op: its registered backward is kda.backward on CUDA
         scale, h0, _ = check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel,
                                     check_values=check_values and not compiling, cu_seqlens_cpu=cu_seqlens_cpu,
@@ -83,13 +83,6 @@ def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_
         return o, (final if output_final_state else None)
     return forward_eager(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                          cu_seqlens, per_channel, check_values, cu_seqlens_cpu)
-
-
-def _wants_cuda_gradients(*tensors) -> bool:
-    """A CUDA call that autograd will differentiate (``kda.backward``'s switch on; with it off,
-    ``check_inputs`` refuses such inputs)."""
-    return (backward.DEVICE_BACKWARD and torch.is_grad_enabled() and validate.runs_kernels(tensors[0])
-            and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors))
 
 
 def forward_eager(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,

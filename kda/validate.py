@@ -24,35 +24,26 @@ def runs_kernels(where) -> bool:
     return torch.device(where).type == "cuda"
 
 
-def no_backward_on_cuda(name: str, t, differentiable: bool = False) -> None:
-    """The CUDA kernels have no backward kernels yet (issue 18): an input that asks for gradients there
-    gets an error instead of an output that silently has none, unless the caller has a backward
-    (``differentiable``: ``chunk_kda`` and ``chunk_gated_delta_rule`` with ``kda.backward``'s switch
-    on). The CPU path is differentiable."""
-    if differentiable or not (isinstance(t, torch.Tensor) and t.is_cuda and t.requires_grad and torch.is_grad_enabled()):
-        return
-    from kda import backward
-
-    hint = "" if backward.DEVICE_BACKWARD else (
-        "; chunk_kda and chunk_gated_delta_rule have a CUDA backward in torch stages that has not run on a GPU yet: "
-        "set kda.backward.DEVICE_BACKWARD = True to use it unverified")
-    raise ValueError(f"{name} requires grad, but the CUDA kernels have no backward yet (issue 18): call under "
-                     f"torch.no_grad() or torch.inference_mode(), or run on CPU tensors (float64, differentiable)"
-                     + hint)
+def no_backward_on_cuda(name: str, t) -> None:
+    """The CUDA kernels have no backward yet (issue 18): an input that asks for gradients there
+    gets an error instead of an output that silently has none. The CPU path is differentiable."""
+    if isinstance(t, torch.Tensor) and t.is_cuda and t.requires_grad and torch.is_grad_enabled():
+        raise ValueError(f"{name} requires grad, but the CUDA kernels have no backward yet (issue 18): call under "
+                         f"torch.no_grad() or torch.inference_mode(), or run on CPU tensors (float64, differentiable)")
 
 
 def shape_of(t: torch.Tensor) -> str:
     return "(" + ", ".join(str(s) for s in t.shape) + ")"
 
 
-def check_qkv(q, k, v, grouped_values: bool = False, differentiable: bool = False) -> tuple[int, int, int, int, int]:
+def check_qkv(q, k, v, grouped_values: bool = False) -> tuple[int, int, int, int, int]:
     """``q, k: [B, T, H, DK]``, ``v: [B, T, H, DV]``, one dtype, one device. Returns the sizes.
     With ``grouped_values`` ``v`` may have ``HV`` heads, a multiple of ``H`` (grouped value heads);
     the ``H`` returned is then ``HV``."""
     for name, t, last in (("q", q, "DK"), ("k", k, "DK"), ("v", v, "DV")):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor of shape [B, T, H, {last}], got {type(t).__name__}")
-        no_backward_on_cuda(name, t, differentiable)
+        no_backward_on_cuda(name, t)
         if t.dim() != 4:
             raise ValueError(f"{name} must be 4-D [B, T, H, {last}], got shape {shape_of(t)}")
     if k.shape != q.shape:
@@ -95,8 +86,7 @@ def check_scale(scale, DK: int) -> float:
     return float(scale)
 
 
-def check_initial_state(initial_state, B: int, H: int, DK: int, DV: int, device,
-                        differentiable: bool = False) -> torch.Tensor | None:
+def check_initial_state(initial_state, B: int, H: int, DK: int, DV: int, device) -> torch.Tensor | None:
     if initial_state is None:
         return None
     if not isinstance(initial_state, torch.Tensor):
@@ -105,7 +95,7 @@ def check_initial_state(initial_state, B: int, H: int, DK: int, DV: int, device,
         raise ValueError(f"initial_state must have shape [B, H, DK, DV] = {(B, H, DK, DV)}, got {shape_of(initial_state)}")
     if initial_state.device != device:
         raise ValueError(f"initial_state must be on the device of q ({device}), got {initial_state.device}")
-    no_backward_on_cuda("initial_state", initial_state, differentiable)
+    no_backward_on_cuda("initial_state", initial_state)
     if not initial_state.is_floating_point():
         raise ValueError(f"initial_state must be a floating tensor, got {initial_state.dtype}")
     return initial_state
@@ -140,8 +130,7 @@ def check_alpha(alpha, H: int) -> tuple[float, ...]:
 GATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def check_gates(g, B: int, T: int, H: int, DK: int, device, check_values: bool = True,
-                differentiable: bool = False) -> bool:
+def check_gates(g, B: int, T: int, H: int, DK: int, device, check_values: bool = True) -> bool:
     """``g`` is the log of a decay: ``[B, T, H]`` (scalar per head) or ``[B, T, H, DK]`` (per
     key channel), finite and ``<= 0``. Returns ``True`` for per-channel gates.
 
@@ -156,7 +145,7 @@ def check_gates(g, B: int, T: int, H: int, DK: int, device, check_values: bool =
                          f"{(B, T, H, DK)} (per-channel gate), got {shape_of(g)}")
     if g.device != device:
         raise ValueError(f"g must be on the device of q ({device}), got {g.device}")
-    no_backward_on_cuda("g", g, differentiable)
+    no_backward_on_cuda("g", g)
     allowed = GATE_DTYPES if runs_kernels(device) else CPU_DTYPES
     if g.dtype not in allowed:
         raise ValueError(f"g must be one of {allowed} here, got {g.dtype}")
@@ -229,7 +218,7 @@ def raise_flagged_values(flags, g, beta=None) -> None:
         raise ValueError("beta must lie in [0, 1]: the kernel found a value out of range")
 
 
-def check_beta(beta, B: int, T: int, H: int, device, check_values: bool = True, differentiable: bool = False) -> None:
+def check_beta(beta, B: int, T: int, H: int, device, check_values: bool = True) -> None:
     """``beta [B, T, H]``, floating, on the device of ``q``, every value in ``[0, 1]``."""
     if not isinstance(beta, torch.Tensor):
         raise ValueError(f"beta must be a tensor [B, T, H], got {type(beta).__name__}")
@@ -237,7 +226,7 @@ def check_beta(beta, B: int, T: int, H: int, device, check_values: bool = True, 
         raise ValueError(f"beta must have shape [B, T, H] = {(B, T, H)}, got {shape_of(beta)}")
     if beta.device != device:
         raise ValueError(f"beta must be on the device of q ({device}), got {beta.device}")
-    no_backward_on_cuda("beta", beta, differentiable)
+    no_backward_on_cuda("beta", beta)
     if not beta.is_floating_point():
         raise ValueError(f"beta must be a floating tensor, got {beta.dtype}")
     if check_values:

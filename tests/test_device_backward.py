@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import kda
-from kda import backward, custom_ops
+from kda import backward
 from kda.metrics import rel_l2
 from kda.reference import backward as ref
 from kda.reference import level4 as ref4
@@ -119,24 +119,26 @@ def test_op_gradients_of_a_gate_per_head_with_a_unit_channel():
     assert unit[3].shape == (*g.shape, 1) and torch.equal(unit[3][..., 0], full[3])
 
 
-def test_the_op_backward_routes_to_kda_backward(monkeypatch):
-    """The registered backward of ``kda::chunk_gated_delta`` takes ``kda.backward`` where the device
-    route says so (CUDA; forced here on CPU tensors), and refuses while its switch is off."""
+def test_the_op_backward_on_cuda_is_kda_backward(monkeypatch):
+    """``kda::chunk_gated_delta_backward`` has a CUDA kernel, ``backward.cuda_gradients`` (called here
+    on CPU tensors): it refuses while the switch is off and otherwise gives the CPU kernel's gradients."""
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("kda::chunk_gated_delta_backward", "CUDA")
     q, k, v, g, beta, h0, do, dht = op_inputs(True, T=70)
-    leaves = [x.clone().requires_grad_() for x in (q, k, v, g, beta, h0)]
-
-    def grads():
-        o, final = torch.ops.kda.chunk_gated_delta(*leaves[:5], 0.4, leaves[5], True, False, None, None)
-        return torch.autograd.grad((o * do).sum() + (final * dht).sum(), leaves)
-
-    on_cpu = grads()
-    monkeypatch.setattr(custom_ops, "uses_device_backward", lambda q: True)
+    args = (q, k, v, g, beta, 0.4, h0, True, True, None, None, do, dht)
+    on_cpu = torch.ops.kda.chunk_gated_delta_backward(*args)
     monkeypatch.setattr(backward, "DEVICE_BACKWARD", False)
     with pytest.raises(NotImplementedError, match="kda.backward.DEVICE_BACKWARD = True"):
-        grads()
+        backward.cuda_gradients(*args)
     monkeypatch.setattr(backward, "DEVICE_BACKWARD", True)
-    for name, a, b in zip("dq dk dv dg dbeta dh0".split(), grads(), on_cpu):
+    for name, a, b in zip("dq dk dv dg dbeta dh0".split(), backward.cuda_gradients(*args), on_cpu):
         assert rel_l2(a, b) < 2e-5, f"{name}: {rel_l2(a, b):.1e}"
+
+
+def test_cpu_calls_do_not_ask_for_the_switch():
+    """``differentiates`` is about CUDA calls: a CPU input that requires grad is differentiated by
+    autograd through the float64 path, switch or not."""
+    q, k, v, g, beta, h0, do, dht = op_inputs(True, T=10)
+    assert not backward.differentiates(q.requires_grad_(), k=k, v=v, g=g, beta=beta, initial_state=h0)
 
 
 def test_l2_normalize_backward_is_autograds():
