@@ -73,10 +73,12 @@ def l2_normalize_backward(x: torch.Tensor, dn: torch.Tensor, eps: float = 1e-6) 
 # --8<-- [end:l2_normalize_backward]
 
 
-def chunk_groups(B: int, H: int, NC: int, C: int, DK: int, budget: int = None) -> list[tuple[int, int]]:
-    """Ranges of chunks whose pairwise tables (two of ``[C, C, DK]`` per chunk and head, and about
-    six temporaries of that size in the gradients) stay within ``budget`` bytes in float32."""
-    per_chunk = B * H * C * C * DK * 4 * 8
+def chunk_groups(B: int, H: int, NC: int, C: int, DK: int, DV: int, width: int,
+                 budget: int = None) -> list[tuple[int, int]]:
+    """Ranges of chunks whose work stays within ``budget`` bytes in float32: per chunk and head, the
+    pairwise tables (two of ``[C, C, width]``, ``width`` ``DK`` or 1 for a gate per head, and about six
+    temporaries of that size in the gradients) and about eight ``[C, DK + DV]`` tensors."""
+    per_chunk = B * H * C * (C * width * 8 + (DK + DV) * 8) * 4
     n = max(1, (MEMORY_BUDGET if budget is None else budget) // per_chunk)
     return [(s, min(s + n, NC)) for s in range(0, NC, n)]
 
@@ -111,7 +113,8 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
         zero = lambda x: torch.zeros_like(x, dtype=dtype) if x is not None else None
         return zero(q), zero(k), zero(v), zero(g), zero(beta), dS_final.clone()
     pick = lambda x, s, e: x[:, s * C:e * C] if x is not None else None
-    groups = chunk_groups(B, H, NC, C, DK, budget)
+    width = g.shape[-1] if g is not None and g.dim() == 4 else 1
+    groups = chunk_groups(B, H, NC, C, DK, DV, width, budget)
     pieces = lambda s, e: stages.chunk_pieces(*(pick(x, s, e) for x in (q, k, v, g, beta)), scale, C, dtype)
     # 1. what the state passes read, for every chunk, a group of chunks at a time
     kept = [{name: p[name] for name in STATE_PIECES} for p in (pieces(s, e) for s, e in groups)]

@@ -59,10 +59,11 @@ def test_chunked_gradients_without_gate_or_delta_rule(level):
 
 
 def test_chunk_groups_cover_every_chunk_within_the_budget():
-    per_chunk = 1 * 4 * 64 * 64 * 128 * 4 * 8
-    assert backward.chunk_groups(1, 4, 10, 64, 128, budget=3 * per_chunk) == [(0, 3), (3, 6), (6, 9), (9, 10)]
-    assert backward.chunk_groups(1, 4, 10, 64, 128, budget=1) == [(c, c + 1) for c in range(10)]
-    assert backward.chunk_groups(1, 4, 0, 64, 128) == []
+    per_chunk = 1 * 4 * 64 * (64 * 128 * 8 + 256 * 8) * 4
+    assert backward.chunk_groups(1, 4, 10, 64, 128, 128, 128, budget=3 * per_chunk) == [(0, 3), (3, 6), (6, 9), (9, 10)]
+    assert backward.chunk_groups(1, 4, 10, 64, 128, 128, 128, budget=1) == [(c, c + 1) for c in range(10)]
+    assert backward.chunk_groups(1, 4, 0, 64, 128, 128, 128) == []
+    assert len(backward.chunk_groups(1, 4, 10, 64, 128, 128, 1, budget=3 * per_chunk)) == 1   # a gate per head
 
 
 def test_packed_layout_starts_every_sequence_on_a_chunk():

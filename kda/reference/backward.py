@@ -31,7 +31,7 @@ import torch
 
 from kda.reference.common import from_chunks, start_state, to_chunks
 from kda.reference import level0, level3
-from kda.reference.level3 import chunk_gates, per_channel
+from kda.reference.level3 import chunk_gates
 
 
 def _pairs(G: torch.Tensor, diagonal: bool) -> torch.Tensor:
@@ -41,6 +41,37 @@ def _pairs(G: torch.Tensor, diagonal: bool) -> torch.Tensor:
     return torch.where(keep, torch.exp(torch.where(keep, G[..., :, None, :] - G[..., None, :, :], 0.0)), 0.0)
 
 
+# A gate per head is a gate of width 1 (``G [..., C, 1]``): its decays ``E_ij`` are one number per pair,
+# the sums over the channels below are plain matrix products (no ``[C, C, DK]`` table), and every
+# term of its gradient is summed over the channels.
+def _scores(x, y, E):
+    """``sum_d x_id y_jd E_ijd``."""
+    if E.shape[-1] == 1:
+        return (x @ y.transpose(-1, -2)) * E[..., 0]
+    return torch.einsum("...id,...jd,...ijd->...ij", x, y, E)
+
+
+def _rows(s, y, E):
+    """``sum_j s_ij y_jd E_ijd``."""
+    if E.shape[-1] == 1:
+        return (s * E[..., 0]) @ y
+    return torch.einsum("...ij,...jd,...ijd->...id", s, y, E)
+
+
+def _cols(s, x, E):
+    """``sum_i s_ij x_id E_ijd``."""
+    if E.shape[-1] == 1:
+        return (s * E[..., 0]).transpose(-1, -2) @ x
+    return torch.einsum("...ij,...id,...ijd->...jd", s, x, E)
+
+
+def _pair_terms(s, x, y, E):
+    """``M_ijd = s_ij x_id y_jd E_ijd`` (summed over ``d`` for a gate of width 1)."""
+    if E.shape[-1] == 1:
+        return (s * _scores(x, y, E))[..., None]
+    return s[..., None] * x[..., :, None, :] * y[..., None, :, :] * E
+
+
 # --8<-- [start:pieces]
 def chunk_pieces(q, k, v, g, beta, scale, chunk_size, dtype=torch.float64):
     """Everything of the forward that does not depend on the state, per chunk ``[B, H, NC, C, *]``
@@ -48,16 +79,19 @@ def chunk_pieces(q, k, v, g, beta, scale, chunk_size, dtype=torch.float64):
     runs it in float32 on a few chunks at a time)."""
     B, T, H, DK = q.shape
     Q, K, V = (to_chunks(x.to(dtype), chunk_size) for x in (q * scale, k, v))
-    G = chunk_gates(per_channel(g.to(dtype), DK), chunk_size) if g is not None else torch.zeros_like(K)
+    if g is None:                                       # no gate: G = 0, of width 1
+        G = torch.zeros_like(K[..., :1])
+    else:                                               # [B, H, NC, C, DK], or width 1 for a gate per head
+        G = chunk_gates(g.to(dtype) if g.dim() == 4 else g.to(dtype)[..., None], chunk_size)
     E_qk, E_kk = _pairs(G, diagonal=True), _pairs(G, diagonal=False)
-    P = torch.einsum("...id,...jd,...ijd->...ij", Q, K, E_qk)
+    P = _scores(Q, K, E_qk)
     p = {"Q": Q, "K": K, "V": V, "G": G, "E_qk": E_qk, "E_kk": E_kk, "P": P,
          "Qg": Q * torch.exp(G), "Kd": K * torch.exp(G[..., -1:, :] - G), "decay": torch.exp(G[..., -1, :])}
     if beta is None:                                    # levels 1-3: no delta rule
         p.update(b=None, W=torch.zeros_like(K), U=V)
         return p
     b = to_chunks(beta.to(dtype)[..., None], chunk_size)[..., 0]              # padding rows: b = 0
-    scores_kk = torch.einsum("...id,...jd,...ijd->...ij", K, K, E_kk)
+    scores_kk = _scores(K, K, E_kk)
     eye = torch.eye(chunk_size, dtype=dtype, device=q.device)
     Tinv = torch.linalg.solve_triangular(eye + b[..., None] * scores_kk, eye, upper=False, unitriangular=True)
     Kg = K * torch.exp(G)
@@ -97,20 +131,21 @@ def chunk_gradients(p, S, dS, dO):
     """Every chunk at once, given the state entering it (``S``) and the gradient of the state
     leaving it (``dS``): ``dQ``, ``dK``, ``dV``, ``db`` (or ``None``) and ``dG``, chunk layout."""
     Q, K, V, G, Qg, Kd = p["Q"], p["K"], p["V"], p["G"], p["Qg"], p["Kd"]
+    fit = (lambda x: x.sum(-1, keepdim=True)) if G.shape[-1] == 1 else (lambda x: x)   # dG in G's width
     new = p["U"] - p["W"] @ S
     dnew = p["P"].transpose(-1, -2) @ dO + Kd @ dS
     # the output O = Qg S + P V': the state read and the scores
     dQg = dO @ S.transpose(-1, -2)
     dP = torch.tril(dO @ new.transpose(-1, -2))
-    pair = dP[..., None] * Q[..., :, None, :] * K[..., None, :, :] * p["E_qk"]     # M_ijd of P
-    dQ = dQg * torch.exp(G) + torch.einsum("...ij,...jd,...ijd->...id", dP, K, p["E_qk"])
-    dK = torch.einsum("...ij,...id,...ijd->...jd", dP, Q, p["E_qk"])
-    dG = dQg * Qg
+    pair = _pair_terms(dP, Q, K, p["E_qk"])                                      # M_ijd of P
+    dQ = dQg * torch.exp(G) + _rows(dP, K, p["E_qk"])
+    dK = _cols(dP, Q, p["E_qk"])
+    dG = fit(dQg * Qg)
     # the state update S' = diag(decay) S + Kd^T V'
     dKd = new @ dS.transpose(-1, -2)
     dK = dK + dKd * torch.exp(G[..., -1:, :] - G)
-    dG = dG - dKd * Kd
-    dG_last = (dKd * Kd).sum(-2) + (S * dS).sum(-1) * p["decay"]
+    dG = dG - fit(dKd * Kd)
+    dG_last = fit((dKd * Kd).sum(-2) + (S * dS).sum(-1) * p["decay"])
     if p["b"] is None:
         dV, db = dnew, None
     else:
@@ -123,10 +158,9 @@ def chunk_gradients(p, S, dS, dO):
         dKg = b[..., None] * dXw
         db = (dXu * V).sum(-1) + (dXw * Kg).sum(-1) + (dA * p["scores_kk"]).sum(-1)
         dAb = dA * b[..., None]
-        pair = pair + dAb[..., None] * K[..., :, None, :] * K[..., None, :, :] * p["E_kk"]
-        dK = (dK + dKg * torch.exp(G) + torch.einsum("...ij,...jd,...ijd->...id", dAb, K, p["E_kk"])
-              + torch.einsum("...ij,...id,...ijd->...jd", dAb, K, p["E_kk"]))
-        dG = dG + dKg * Kg
+        pair = pair + _pair_terms(dAb, K, K, p["E_kk"])
+        dK = dK + dKg * torch.exp(G) + _rows(dAb, K, p["E_kk"]) + _cols(dAb, K, p["E_kk"])
+        dG = dG + fit(dKg * Kg)
     dG = dG + pair.sum(-2) - pair.sum(-3)                # a pair (i, j) adds to G_i, takes from G_j
     dG[..., -1, :] += dG_last
     return dQ, dK, dV, db, dG
