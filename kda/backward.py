@@ -4,8 +4,11 @@ The three stages of ``kda.reference.backward`` (the state entering every chunk, 
 pass, every chunk's gradients), run in ``float32`` on the inputs' device instead of float64 on the
 CPU. Two things make them fit a GPU's memory at a model's shapes:
 
-* the chunk-local work (the scores with their pairwise decays ``[C, C, DK]``, the inverse, the
-  chunk's gradients) is done for a group of chunks at a time, sized by ``MEMORY_BUDGET``; only what
+* the decays of a gate per channel are factored through a reference row per sub-chunk of 16 rows
+  (``SubChunked``), so the chunk's sums are matrix products and only the pairs inside a sub-chunk
+  are formed;
+* the chunk-local work (the scores, the inverse, the chunk's gradients) is done for a group of
+  chunks at a time, sized by ``MEMORY_BUDGET``; only what
   the two state passes read is kept for every chunk (``STATE_PIECES``), and the states entering each
   chunk (float32 ``[DK, DV]`` per chunk and head, recomputed, not saved by the forward);
 * packed sequences are laid end to end, each padded to whole chunks, so that the chunk-local work
@@ -64,6 +67,64 @@ def checks_allow_gradients():
     return torch.no_grad() if DEVICE_BACKWARD else contextlib.nullcontext()
 
 
+# --8<-- [start:sub_chunked]
+class SubChunked:
+    """``kda.reference.backward.Pairwise``'s three sums with the decays of a gate per channel factored
+    through one reference row per block of ``BLOCK`` rows, as the forward's kernels do: for ``i`` in a
+    block that starts at row ``r`` and ``j < r``, ``E_ijd = exp(G_id - G_rd) exp(G_rd - G_jd)``, both
+    factors ``<= 1``, so the block's sums are matrix products of gated rows; only the pairs inside a
+    block are formed pairwise (``C x BLOCK x DK`` numbers per chunk instead of ``C x C x DK``). A factor
+    that underflows stands for a product smaller still, so nothing is lost that float32 would keep. A
+    gate per head (width 1) needs no table: ``Pairwise``'s products."""
+
+    BLOCK = 16
+
+    @staticmethod
+    def _blocks(G):
+        C = G.shape[-2]
+        return [(r, min(r + SubChunked.BLOCK, C)) for r in range(0, C, SubChunked.BLOCK)]
+
+    @staticmethod
+    def scores(x, y, G, diagonal=True):
+        if G.shape[-1] == 1:
+            return stages.Pairwise.scores(x, y, G, diagonal)
+        out = x.new_zeros(*x.shape[:-1], x.shape[-2])
+        for r, e in SubChunked._blocks(G):
+            Gr = G[..., r:r + 1, :]
+            if r:
+                out[..., r:e, :r] = (x[..., r:e, :] * torch.exp(G[..., r:e, :] - Gr)) @ \
+                    (y[..., :r, :] * torch.exp(Gr - G[..., :r, :])).transpose(-1, -2)
+            out[..., r:e, r:e] = stages.Pairwise.scores(x[..., r:e, :], y[..., r:e, :], G[..., r:e, :], diagonal)
+        return out
+
+    @staticmethod
+    def rows(s, y, G):
+        if G.shape[-1] == 1:
+            return stages.Pairwise.rows(s, y, G)
+        out = torch.zeros_like(y)
+        for r, e in SubChunked._blocks(G):
+            Gr = G[..., r:r + 1, :]
+            if r:
+                out[..., r:e, :] = torch.exp(G[..., r:e, :] - Gr) * \
+                    (s[..., r:e, :r] @ (y[..., :r, :] * torch.exp(Gr - G[..., :r, :])))
+            out[..., r:e, :] += stages.Pairwise.rows(s[..., r:e, r:e], y[..., r:e, :], G[..., r:e, :])
+        return out
+
+    @staticmethod
+    def cols(s, x, G):
+        if G.shape[-1] == 1:
+            return stages.Pairwise.cols(s, x, G)
+        out = torch.zeros_like(x)
+        for r, e in SubChunked._blocks(G):
+            Gr = G[..., r:r + 1, :]
+            if r:
+                out[..., :r, :] += torch.exp(Gr - G[..., :r, :]) * \
+                    (s[..., r:e, :r].transpose(-1, -2) @ (x[..., r:e, :] * torch.exp(G[..., r:e, :] - Gr)))
+            out[..., r:e, :] += stages.Pairwise.cols(s[..., r:e, r:e], x[..., r:e, :], G[..., r:e, :])
+        return out
+# --8<-- [end:sub_chunked]
+
+
 # --8<-- [start:l2_normalize_backward]
 def l2_normalize_backward(x: torch.Tensor, dn: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """The gradient through ``n = x / sqrt(|x|^2 + eps)`` (``use_qk_l2norm_in_kernel``):
@@ -76,9 +137,9 @@ def l2_normalize_backward(x: torch.Tensor, dn: torch.Tensor, eps: float = 1e-6) 
 def chunk_groups(B: int, H: int, NC: int, C: int, DK: int, DV: int, width: int,
                  budget: int = None) -> list[tuple[int, int]]:
     """Ranges of chunks whose work stays within ``budget`` bytes in float32: per chunk and head, the
-    pairwise tables (two of ``[C, C, width]``, ``width`` ``DK`` or 1 for a gate per head, and about six
-    temporaries of that size in the gradients) and about eight ``[C, DK + DV]`` tensors."""
-    per_chunk = B * H * C * (C * width * 8 + (DK + DV) * 8) * 4
+    pairwise tables inside the sub-chunks (``[C, BLOCK, width]``, ``width`` ``DK`` or 1 for a gate per
+    head, with about six temporaries of that size) and about sixteen ``[C, DK + DV]`` tensors."""
+    per_chunk = B * H * C * (SubChunked.BLOCK * width * 8 + (DK + DV) * 16) * 4
     n = max(1, (MEMORY_BUDGET if budget is None else budget) // per_chunk)
     return [(s, min(s + n, NC)) for s in range(0, NC, n)]
 
@@ -115,7 +176,8 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
     pick = lambda x, s, e: x[:, s * C:e * C] if x is not None else None
     width = g.shape[-1] if g is not None and g.dim() == 4 else 1
     groups = chunk_groups(B, H, NC, C, DK, DV, width, budget)
-    pieces = lambda s, e: stages.chunk_pieces(*(pick(x, s, e) for x in (q, k, v, g, beta)), scale, C, dtype)
+    pieces = lambda s, e: stages.chunk_pieces(*(pick(x, s, e) for x in (q, k, v, g, beta)), scale, C, dtype,
+                                              SubChunked)
     # 1. what the state passes read, for every chunk, a group of chunks at a time
     kept = [{name: p[name] for name in STATE_PIECES} for p in (pieces(s, e) for s, e in groups)]
     whole = {name: torch.cat([part[name] for part in kept], dim=2) for name in STATE_PIECES}

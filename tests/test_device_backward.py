@@ -59,7 +59,7 @@ def test_chunked_gradients_without_gate_or_delta_rule(level):
 
 
 def test_chunk_groups_cover_every_chunk_within_the_budget():
-    per_chunk = 1 * 4 * 64 * (64 * 128 * 8 + 256 * 8) * 4
+    per_chunk = 1 * 4 * 64 * (16 * 128 * 8 + 256 * 16) * 4
     assert backward.chunk_groups(1, 4, 10, 64, 128, 128, 128, budget=3 * per_chunk) == [(0, 3), (3, 6), (6, 9), (9, 10)]
     assert backward.chunk_groups(1, 4, 10, 64, 128, 128, 128, budget=1) == [(c, c + 1) for c in range(10)]
     assert backward.chunk_groups(1, 4, 0, 64, 128, 128, 128) == []
@@ -154,3 +154,20 @@ def test_empty_sequence_batch():
     q, k, v, g, beta, h0, do, dht = inputs(T=0)
     got = backward.chunked_gradients(q, k, v, g, beta, do, dht, 1.0, h0, dtype=torch.float64)
     assert torch.equal(got[5], dht) and all(x.numel() == 0 for x in got[:5])
+
+
+@pytest.mark.parametrize("C", [64, 16, 24])
+def test_sub_chunked_sums_are_the_pairwise_sums(C):
+    """``SubChunked`` against ``Pairwise`` on one chunk of ``C`` rows (a last block shorter than 16 at 24),
+    gates with runs of -20 included: the scores with and without the diagonal, and both sums."""
+    gen = torch.Generator().manual_seed(C)
+    x, y = (torch.randn(3, C, 8, generator=gen, **F64) for _ in range(2))
+    g = torch.nn.functional.logsigmoid(torch.randn(3, C, 8, generator=gen, **F64))
+    g[1, C // 4: C // 2] = -20.0
+    G = g.cumsum(-2)
+    s = torch.randn(3, C, C, generator=gen, **F64).tril()
+    for diagonal in (True, False):
+        a, b = backward.SubChunked.scores(x, y, G, diagonal), ref.Pairwise.scores(x, y, G, diagonal)
+        assert rel_l2(a, b) < 1e-14
+    assert rel_l2(backward.SubChunked.rows(s, y, G), ref.Pairwise.rows(s, y, G)) < 1e-14
+    assert rel_l2(backward.SubChunked.cols(s, x, G), ref.Pairwise.cols(s, x, G)) < 1e-14

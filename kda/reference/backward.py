@@ -22,7 +22,9 @@ The backward runs in three stages, as the kernels will:
 
 Every decay is evaluated pairwise (``E_ijd``, never ``exp`` of a positive number), so the reference
 holds for any gate, runs of ``-20`` included. The gate's gradient is then a sum of pair terms
-``M_ijd = dScore_ij x_id y_jd E_ijd``: it adds to ``dG_id`` and subtracts from ``dG_jd``.
+``M_ijd = dScore_ij x_id y_jd E_ijd``: it adds to ``dG_id`` and subtracts from ``dG_jd``, that is
+``x_id sum_j dScore_ij y_jd E_ijd`` to row ``i`` and ``y_jd sum_i dScore_ij x_id E_ijd`` from column
+``j``: the same two sums that ``dq`` and ``dk`` need, so no pair term is ever formed.
 """
 
 from __future__ import annotations
@@ -41,57 +43,56 @@ def _pairs(G: torch.Tensor, diagonal: bool) -> torch.Tensor:
     return torch.where(keep, torch.exp(torch.where(keep, G[..., :, None, :] - G[..., None, :, :], 0.0)), 0.0)
 
 
-# A gate per head is a gate of width 1 (``G [..., C, 1]``): its decays ``E_ij`` are one number per pair,
-# the sums over the channels below are plain matrix products (no ``[C, C, DK]`` table), and every
-# term of its gradient is summed over the channels.
-def _scores(x, y, E):
-    """``sum_d x_id y_jd E_ijd``."""
-    if E.shape[-1] == 1:
-        return (x @ y.transpose(-1, -2)) * E[..., 0]
-    return torch.einsum("...id,...jd,...ijd->...ij", x, y, E)
+# The three sums over the channels that every score and gradient of a chunk is made of. A gate per
+# head is a gate of width 1 (``G [..., C, 1]``): its decays are one number per pair and the sums are
+# plain matrix products. ``kda.backward.SubChunked`` computes the same sums without a [C, C, DK] table.
+class Pairwise:
+    """Every decay ``E_ijd = exp(G_id - G_jd)`` formed (``j <= i``): exact for any gate."""
 
+    @staticmethod
+    def scores(x, y, G, diagonal=True):
+        """``sum_d x_id y_jd E_ijd`` for ``j <= i`` (``j < i`` without the diagonal), else 0."""
+        E = _pairs(G, diagonal)
+        if E.shape[-1] == 1:
+            return (x @ y.transpose(-1, -2)) * E[..., 0]
+        return torch.einsum("...id,...jd,...ijd->...ij", x, y, E)
 
-def _rows(s, y, E):
-    """``sum_j s_ij y_jd E_ijd``."""
-    if E.shape[-1] == 1:
-        return (s * E[..., 0]) @ y
-    return torch.einsum("...ij,...jd,...ijd->...id", s, y, E)
+    @staticmethod
+    def rows(s, y, G):
+        """``sum_j s_ij y_jd E_ijd`` for a lower-triangular ``s``."""
+        E = _pairs(G, diagonal=True)
+        if E.shape[-1] == 1:
+            return (s * E[..., 0]) @ y
+        return torch.einsum("...ij,...jd,...ijd->...id", s, y, E)
 
-
-def _cols(s, x, E):
-    """``sum_i s_ij x_id E_ijd``."""
-    if E.shape[-1] == 1:
-        return (s * E[..., 0]).transpose(-1, -2) @ x
-    return torch.einsum("...ij,...id,...ijd->...jd", s, x, E)
-
-
-def _pair_terms(s, x, y, E):
-    """``M_ijd = s_ij x_id y_jd E_ijd`` (summed over ``d`` for a gate of width 1)."""
-    if E.shape[-1] == 1:
-        return (s * _scores(x, y, E))[..., None]
-    return s[..., None] * x[..., :, None, :] * y[..., None, :, :] * E
+    @staticmethod
+    def cols(s, x, G):
+        """``sum_i s_ij x_id E_ijd`` for a lower-triangular ``s``."""
+        E = _pairs(G, diagonal=True)
+        if E.shape[-1] == 1:
+            return (s * E[..., 0]).transpose(-1, -2) @ x
+        return torch.einsum("...ij,...id,...ijd->...jd", s, x, E)
 
 
 # --8<-- [start:pieces]
-def chunk_pieces(q, k, v, g, beta, scale, chunk_size, dtype=torch.float64):
+def chunk_pieces(q, k, v, g, beta, scale, chunk_size, dtype=torch.float64, sums=Pairwise):
     """Everything of the forward that does not depend on the state, per chunk ``[B, H, NC, C, *]``
     (as ``chunk_intra`` computes it, here in float64 and with pairwise decays; ``kda.backward``
-    runs it in float32 on a few chunks at a time)."""
+    runs it in float32 on a few chunks at a time, its ``sums`` factored by sub-chunks)."""
     B, T, H, DK = q.shape
     Q, K, V = (to_chunks(x.to(dtype), chunk_size) for x in (q * scale, k, v))
     if g is None:                                       # no gate: G = 0, of width 1
         G = torch.zeros_like(K[..., :1])
     else:                                               # [B, H, NC, C, DK], or width 1 for a gate per head
         G = chunk_gates(g.to(dtype) if g.dim() == 4 else g.to(dtype)[..., None], chunk_size)
-    E_qk, E_kk = _pairs(G, diagonal=True), _pairs(G, diagonal=False)
-    P = _scores(Q, K, E_qk)
-    p = {"Q": Q, "K": K, "V": V, "G": G, "E_qk": E_qk, "E_kk": E_kk, "P": P,
+    P = sums.scores(Q, K, G)
+    p = {"Q": Q, "K": K, "V": V, "G": G, "sums": sums, "P": P,
          "Qg": Q * torch.exp(G), "Kd": K * torch.exp(G[..., -1:, :] - G), "decay": torch.exp(G[..., -1, :])}
     if beta is None:                                    # levels 1-3: no delta rule
         p.update(b=None, W=torch.zeros_like(K), U=V)
         return p
     b = to_chunks(beta.to(dtype)[..., None], chunk_size)[..., 0]              # padding rows: b = 0
-    scores_kk = _scores(K, K, E_kk)
+    scores_kk = sums.scores(K, K, G, diagonal=False)
     eye = torch.eye(chunk_size, dtype=dtype, device=q.device)
     Tinv = torch.linalg.solve_triangular(eye + b[..., None] * scores_kk, eye, upper=False, unitriangular=True)
     Kg = K * torch.exp(G)
@@ -130,17 +131,17 @@ def reverse_state_pass(p, dO, dS_final):
 def chunk_gradients(p, S, dS, dO):
     """Every chunk at once, given the state entering it (``S``) and the gradient of the state
     leaving it (``dS``): ``dQ``, ``dK``, ``dV``, ``db`` (or ``None``) and ``dG``, chunk layout."""
-    Q, K, V, G, Qg, Kd = p["Q"], p["K"], p["V"], p["G"], p["Qg"], p["Kd"]
+    Q, K, V, G, Qg, Kd, sums = p["Q"], p["K"], p["V"], p["G"], p["Qg"], p["Kd"], p["sums"]
     fit = (lambda x: x.sum(-1, keepdim=True)) if G.shape[-1] == 1 else (lambda x: x)   # dG in G's width
     new = p["U"] - p["W"] @ S
     dnew = p["P"].transpose(-1, -2) @ dO + Kd @ dS
     # the output O = Qg S + P V': the state read and the scores
     dQg = dO @ S.transpose(-1, -2)
     dP = torch.tril(dO @ new.transpose(-1, -2))
-    pair = _pair_terms(dP, Q, K, p["E_qk"])                                      # M_ijd of P
-    dQ = dQg * torch.exp(G) + _rows(dP, K, p["E_qk"])
-    dK = _cols(dP, Q, p["E_qk"])
-    dG = fit(dQg * Qg)
+    rows, cols = sums.rows(dP, K, G), sums.cols(dP, Q, G)
+    dQ = dQg * torch.exp(G) + rows
+    dK = cols
+    dG = fit(dQg * Qg + Q * rows - K * cols)            # the pair terms of P: + on row i, - on column j
     # the state update S' = diag(decay) S + Kd^T V'
     dKd = new @ dS.transpose(-1, -2)
     dK = dK + dKd * torch.exp(G[..., -1:, :] - G)
@@ -158,10 +159,9 @@ def chunk_gradients(p, S, dS, dO):
         dKg = b[..., None] * dXw
         db = (dXu * V).sum(-1) + (dXw * Kg).sum(-1) + (dA * p["scores_kk"]).sum(-1)
         dAb = dA * b[..., None]
-        pair = pair + _pair_terms(dAb, K, K, p["E_kk"])
-        dK = dK + dKg * torch.exp(G) + _rows(dAb, K, p["E_kk"]) + _cols(dAb, K, p["E_kk"])
-        dG = dG + fit(dKg * Kg)
-    dG = dG + pair.sum(-2) - pair.sum(-3)                # a pair (i, j) adds to G_i, takes from G_j
+        rows, cols = sums.rows(dAb, K, G), sums.cols(dAb, K, G)
+        dK = dK + dKg * torch.exp(G) + rows + cols
+        dG = dG + fit(dKg * Kg + K * rows - K * cols)   # the pair terms of A
     dG[..., -1, :] += dG_last
     return dQ, dK, dV, db, dG
 # --8<-- [end:chunk_gradients]

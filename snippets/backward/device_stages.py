@@ -44,8 +44,10 @@ table = Table([text(zh="情形", en="case"), "dtype", "dq", "dk", "dv", "dg", "d
               formats=[None, None] + [sci] * 6)
 cases = [(name, g, dict()) for name, g in gates.items()]
 cases.append((text(zh="KDA，op 内做 L2 归一化", en="KDA, L2 norm in the op"), gates["KDA"], dict(l2norm=True)))
-cases.append((text(zh="GDN，分组 value 头 2 / 4", en="GDN, grouped value heads 2 / 4"), gates["GDN"], dict(group=2)))
-cases.append((text(zh="KDA，4 条打包序列", en="KDA, 4 packed sequences"), gates["KDA"], dict(cu=[0, 0, 1, 91, 200])))
+cases.append((text(zh="GDN，分组 value 头 2 / 4", en="GDN, grouped value heads 2 / 4"), gates["GDN"],
+              dict(group=2)))
+cases.append((text(zh="KDA，4 条打包序列", en="KDA, 4 packed sequences"), gates["KDA"],
+              dict(cu=[0, 0, 1, 91, 200])))
 for name, g, how in cases:
     qq, kk, gg, bb, vv, hh, oo, ss = q * 3, k * 2, g, beta, v, h0, dO, dS   # keys not unit: the norm has work
     if how.get("group"):
