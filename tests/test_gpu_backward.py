@@ -16,7 +16,8 @@ from test_gpu_level5 import GATES, SHAPES, inputs
 
 pytestmark = pytest.mark.gpu
 
-BOUND = 1e-4          # float32 stages on the rounded inputs: no bf16 rounding inside the backward
+# float32 stages on the rounded inputs, so the bound is the rounding of the gradient's own dtype
+BOUND = {torch.float32: 1e-4, torch.float16: 1e-3, torch.bfloat16: 5e-3}
 
 
 @pytest.fixture
@@ -36,7 +37,7 @@ def gradients_on_cuda(fn, leaves, do, dht, **kwargs):
 def check(got, want):
     for name, a, b in zip("dq dk dv dg dbeta dh0".split(), got, want):
         assert a.is_cuda and torch.isfinite(a).all(), f"{name}: not finite"
-        assert rel_l2(a.double().cpu(), b) <= BOUND, f"{name}: {rel_l2(a.double().cpu(), b):.2e}"
+        assert rel_l2(a.double().cpu(), b) <= BOUND[a.dtype], f"{name}: {rel_l2(a.double().cpu(), b):.2e}"
 
 
 @pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
@@ -47,8 +48,8 @@ def test_gradients_against_token_recurrence(shape, dtype, kind, per_channel, dev
     leaves = inputs(shape, dtype, kind, per_channel, zlib.crc32(repr((shape, kind, "bwd")).encode()))
     B, T, H, DK, DV = shape
     gen = torch.Generator(device="cuda").manual_seed(3)
-    do, dht = torch.randn(B, T, H, DV, generator=gen, device="cuda"), torch.randn(B, H, DK, DV, generator=gen,
-                                                                                    device="cuda")
+    do = torch.randn(B, T, H, DV, generator=gen, device="cuda").to(dtype).float()   # o's gradient arrives in o's dtype
+    dht = torch.randn(B, H, DK, DV, generator=gen, device="cuda")
     fn = kda.chunk_kda if per_channel else kda.chunk_gated_delta_rule
     got = gradients_on_cuda(fn, leaves, do, dht)
     q, k, v, g, beta, h0 = (x.double().cpu() for x in leaves)
@@ -64,7 +65,7 @@ def test_packed_sequences(per_channel, device_backward):
     q, k, v, g, beta, _ = inputs((1, T, H, DK, DV), torch.bfloat16, "runs_of_-20", per_channel, 17)
     gen = torch.Generator(device="cuda").manual_seed(4)
     h0, dht = (torch.randn(len(lengths), H, DK, DV, generator=gen, device="cuda") for _ in range(2))
-    do = torch.randn(1, T, H, DV, generator=gen, device="cuda")
+    do = torch.randn(1, T, H, DV, generator=gen, device="cuda").bfloat16().float()
     fn = kda.chunk_kda if per_channel else kda.chunk_gated_delta_rule
     got = gradients_on_cuda(fn, (q, k, v, g, beta, h0), do, dht, cu_seqlens=cu)
     want = ref.packed_backward(*(x.double().cpu() for x in (q, k, v, g, beta, do)), cu.cpu(),

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Run 91, one device call (carry .gpu and .carry): the GPU tests of the CUDA backward (issue 18, landed
+# unverified), then its timing against fla and FlashQLA (run91-backward.py); results in $OUT.
+set -u
+cd "$(dirname "$0")/../.."
+export PYTHONUNBUFFERED=1 FLA_FLASH_QLA=0
+start=$(date +%s)
+bash .gpu/install.sh /tmp/site > /tmp/install.txt 2>&1 || { cat /tmp/install.txt; exit 1; }
+export PYTHONPATH=/tmp/site:$PWD
+[ -d .carry ] && python -c "from kda.site.rerecord import unpack_caches; print('caches back:', unpack_caches('.carry'))"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv
+timeout "${TEST_S:-240}" python -m pytest -o addopts="" -n 14 -m gpu -q -p no:cacheprovider \
+  tests/test_gpu_backward.py 2>&1 | tee $OUT/gpu-tests-backward.txt | tail -15
+timeout $(( ${TOTAL:-560} - 40 - $(date +%s) + start )) python results/tuning/run91-backward.py 2>&1 | grep -v "^20" | tail -40
+timeout 40 python -c "import os; from pathlib import Path; from kda.site.rerecord import pack_caches; pack_caches(Path(os.environ['OUT']))"
+echo "done after $(( $(date +%s) - start )) s"
