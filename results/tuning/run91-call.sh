@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Run 91, one device call (carry .gpu and .carry): the GPU tests of the CUDA backward (issue 18, landed
-# unverified), then its timing against fla and FlashQLA (run91-backward.py); results in $OUT.
+# Run 91 (carry .gpu and .carry): the GPU tests of the CUDA backward (issue 18, landed unverified),
+# its timing against fla and FlashQLA (run91-backward.py), then the training check (run91-train.py),
+# each within what is left of TOTAL seconds; STAGES picks some ("tests time train"); results in $OUT.
 set -u
 cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1 FLA_FLASH_QLA=0
@@ -9,8 +10,11 @@ bash .gpu/install.sh /tmp/site > /tmp/install.txt 2>&1 || { cat /tmp/install.txt
 export PYTHONPATH=/tmp/site:$PWD
 [ -d .carry ] && python -c "from kda.site.rerecord import unpack_caches; print('caches back:', unpack_caches('.carry'))"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv
-timeout "${TEST_S:-240}" python -m pytest -o addopts="" -n 14 -m gpu -q -p no:cacheprovider \
-  tests/test_gpu_backward.py 2>&1 | tee $OUT/gpu-tests-backward.txt | tail -15
-timeout $(( ${TOTAL:-560} - 40 - $(date +%s) + start )) python results/tuning/run91-backward.py 2>&1 | grep -v "^20" | tail -40
+stages=${STAGES:-tests time train}
+left() { echo $(( ${TOTAL:-560} - 40 - $(date +%s) + start )); }
+[[ $stages == *tests* ]] && timeout "${TEST_S:-240}" python -m pytest -o addopts="" -n 14 -m gpu -q \
+  -p no:cacheprovider tests/test_gpu_backward.py 2>&1 | tee $OUT/gpu-tests-backward.txt | tail -15
+[[ $stages == *time* ]] && timeout "$(left)" python results/tuning/run91-backward.py 2>&1 | grep -v "^20" | tail -40
+[[ $stages == *train* ]] && timeout "$(left)" python results/tuning/run91-train.py "${STEPS:-300}" 2>&1 | tail -12
 timeout 40 python -c "import os; from pathlib import Path; from kda.site.rerecord import pack_caches; pack_caches(Path(os.environ['OUT']))"
 echo "done after $(( $(date +%s) - start )) s"
