@@ -83,19 +83,18 @@ NO_ACTIVATION = Activation(None, None, None, None, 0.0)
 
 
 
-def activated(q, k, v, g, beta, per_channel: bool, options: dict, check_values: bool):
+def activated(q, k, v, g, beta, per_channel: bool, options: dict, check_values: bool, differentiable=False):
     """``g`` and ``beta`` after the activations that ``options`` (fla's arguments) ask for, in
     float32 on CUDA and float64 on the CPU; shapes checked first, so that a wrong tensor gets the
-    usual error. The chunked forward's path: it applies them in torch before its kernels."""
-    from kda import validate
+    usual error. The chunked forward's path: it applies them in torch before its kernels.
+    ``differentiable``: a CUDA call that ``kda.backward`` differentiates (its inputs may require grad)."""
+    from kda import backward, validate
 
-    from kda import backward
-
-    with backward.checks_allow_gradients():
+    with backward.checks_allow_gradients(differentiable):
         B, T, H, DK, _ = validate.check_qkv(q, k, v, grouped_values=True)
         if validate.check_gates(g, B, T, H, DK, q.device, check_values=False) != per_channel:
             form = "[B, T, H, DK] (one gate per key channel)" if per_channel else "[B, T, H] (one gate per head)"
             raise ValueError(f"g must have shape {form} here, got {validate.shape_of(g)}")
         validate.check_beta(beta, B, T, H, q.device, check_values=False)
-        act = check_activation(g, beta, check_values=check_values, **options)
+    act = check_activation(g, beta, check_values=check_values, **options)    # builds dt_bias's view: graph on
     return act.apply(g, beta, torch.float32 if validate.runs_kernels(q) else torch.float64)

@@ -37,6 +37,12 @@ from kda.reference.common import from_chunks, to_chunks
 # pass (tests/test_gpu_backward.py); with it off, an input that requires grad on CUDA is refused.
 DEVICE_BACKWARD = False
 
+# CUDA: the two state passes by the TileLang kernels of kda/kernels/backward_states.py (one launch each,
+# dense batches) instead of torch launches per chunk, their GEMM operands in STATE_KERNELS_DTYPE. Off
+# until their GPU tests pass (tests/test_gpu_backward.py) and a timing says they pay.
+STATE_KERNELS = False
+STATE_KERNELS_DTYPE = torch.bfloat16
+
 # Bytes that one group of chunks may take for its pairwise decay tables and their temporaries.
 MEMORY_BUDGET = 2 << 30
 CHUNK_SIZE = 64
@@ -61,10 +67,23 @@ def differentiates(q, **others) -> bool:
     return bool(wanting)
 
 
-def checks_allow_gradients():
-    """The context of the input checks of the chunked ops: ``validate`` refuses a CUDA input that
-    requires grad only while grad mode is on, and with the switch on such a call is differentiable."""
-    return torch.no_grad() if DEVICE_BACKWARD else contextlib.nullcontext()
+@contextlib.contextmanager
+def full_float32_matmuls():
+    """float32 products in float32, whatever the caller set (a training script's TF32 would round
+    the stages' operands to 10 bits)."""
+    saved = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(saved)
+
+
+def checks_allow_gradients(differentiable: bool):
+    """The context of the input checks of a chunked op's call: ``validate`` refuses a CUDA input that
+    requires grad only while grad mode is on, and a call that goes through the op (``differentiates``)
+    has a backward. Only the checks run in it, nothing that builds the graph."""
+    return torch.no_grad() if differentiable else contextlib.nullcontext()
 
 
 # --8<-- [start:sub_chunked]
@@ -186,6 +205,9 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
     # 2. the states entering every chunk and the gradients of those leaving it, sequence by sequence
     S, dS = (torch.zeros(B, H, NC, DK, DV, dtype=dtype, device=q.device) for _ in range(2))
     dh0 = torch.zeros_like(S0)
+    if STATE_KERNELS and q.is_cuda and len(segments) == 1 and DV % 64 == 0:
+        S, dS, dh0 = kernel_state_passes(whole, S0, dO, dS_final)
+        segments = []                                        # done: no pass below
     for n, (s, e) in enumerate(segments):
         rows = slice(n, n + 1) if len(segments) > 1 else slice(0, B)
         if e == s:                                           # an empty sequence: its state passes through
@@ -197,14 +219,41 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
     del whole
     # 3. every chunk's gradients, a group of chunks at a time
     out = [stages.chunk_gradients(pieces(s, e), S[:, :, s:e], dS[:, :, s:e], dO[:, :, s:e]) for s, e in groups]
-    dQ, dK, dV, dG = (torch.cat([o[i] for o in out], dim=2) for i in (0, 1, 2, 4))
-    dg = None
-    if g is not None:                                        # G_i = sum_{j <= i} g_j within a chunk
-        dg = from_chunks(dG.flip(-2).cumsum(-2).flip(-2), T)
-        dg = dg if g.dim() == 4 else dg.sum(-1)
+    dQ, dK, dV, dg = (torch.cat([o[i] for o in out], dim=2) for i in (0, 1, 2, 4))
+    if g is not None:
+        dg = from_chunks(dg, T)
+        dg = dg if g.dim() == 4 else dg[..., 0]
+    else:
+        dg = None
     dbeta = from_chunks(torch.cat([o[3] for o in out], dim=2)[..., None], T)[..., 0] if beta is not None else None
     return from_chunks(dQ, T) * scale, from_chunks(dK, T), from_chunks(dV, T), dg, dbeta, dh0
 # --8<-- [end:chunked_gradients]
+
+
+def kernel_state_passes(whole, S0, dO, dS_final):
+    """``forward_states`` and ``reverse_state_pass`` for a dense batch by
+    ``kda.kernels.backward_states``: the states entering every chunk, the gradients of those leaving
+    it and that of the initial state (float32), from the pieces rounded to ``STATE_KERNELS_DTYPE``."""
+    from kda import ops
+    from kda.kernels import backward_states
+    from kda.kernels.build import compile_program
+
+    B, H, NC, C, DK = whole["W"].shape
+    DV = whole["U"].shape[-1]
+    flat = lambda x: x.reshape(B, H, NC * C, x.shape[-1]).to(STATE_KERNELS_DTYPE).contiguous()
+    decay = whole["decay"].expand(B, H, NC, DK).float().contiguous()      # a gate per head: width 1
+    name = str(STATE_KERNELS_DTYPE).removeprefix("torch.")
+    # float32 operands (tf32 products) take twice the shared memory: one pipeline stage
+    shapes = dict(DK=DK, DV=DV, chunk_size=C, block_dv=64, dtype=name, num_stages=1 if name == "float32" else 2)
+    with torch.cuda.device(S0.device):
+        forward = compile_program(backward_states.forward_states_pass, (), **shapes)
+        reverse = compile_program(backward_states.reverse_state_pass, (), **shapes)
+        S, dS = (ops.new_output((B, H, NC, DK, DV), torch.float32, S0.device) for _ in range(2))
+        dh0 = ops.new_output(S0.shape, torch.float32, S0.device)
+        W, Kd = flat(whole["W"]), flat(whole["Kd"])
+        forward(W, Kd, flat(whole["U"]), decay, S0.float().contiguous(), S)
+        reverse(flat(whole["P"]), Kd, flat(whole["Qg"]), W, flat(dO), decay, dS_final.float().contiguous(), dS, dh0)
+    return S.to(S0.dtype), dS.to(S0.dtype), dh0.to(S0.dtype)
 
 
 # --8<-- [start:op_gradients]
@@ -231,8 +280,9 @@ def op_gradients(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, cu_seqle
         length = segments[-1][1] * CHUNK_SIZE if segments else 0
         spread = lambda x: x.new_zeros(1, length, *x.shape[2:]).index_copy_(1, where, x)
         args = [spread(x) for x in args]
-    dq, dk, dv, dg, dbeta, dh0 = chunked_gradients(*args[:5], args[5], f32(dht), scale, f32(initial_state),
-                                                   segments, budget=budget, dtype=dtype)
+    with full_float32_matmuls():
+        dq, dk, dv, dg, dbeta, dh0 = chunked_gradients(*args[:5], args[5], f32(dht), scale, f32(initial_state),
+                                                       segments, budget=budget, dtype=dtype)
     if cu_seqlens is not None:
         dq, dk, dv, dg, dbeta = (x.index_select(1, where) for x in (dq, dk, dv, dg, dbeta))
     dq, dk = (x.view(B, T, HQ, group, DK).sum(3) for x in (dq, dk))

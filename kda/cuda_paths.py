@@ -49,6 +49,15 @@ PATHS: tuple[CudaPath, ...] = (
               "zh": "chunk_kda 与 chunk_gated_delta_rule 在 CUDA 上的梯度，由 kda/backward.py 计算（反向的三个阶段，"
                     "用 float32 的 torch 运算；还没有 TileLang kernel）"},
     ),
+    CudaPath(
+        name="backward_state_kernels",
+        module="kda.backward",
+        switch="STATE_KERNELS",
+        what={"en": "the backward's two sequential passes by kda/kernels/backward_states.py, one launch each "
+                    "(dense batches), instead of torch launches per chunk",
+              "zh": "反向的两趟顺序遍历由 kda/kernels/backward_states.py 完成，每趟一次启动（非打包的批），"
+                    "取代每个块若干次 torch 启动"},
+    ),
 )
 
 

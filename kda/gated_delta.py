@@ -31,14 +31,15 @@ from kda.reference import level4 as ref4
 
 
 def check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel: bool, check_values=True,
-                 cu_seqlens_cpu=None, read_bounds=True):
+                 cu_seqlens_cpu=None, read_bounds=True, differentiable=False):
     """Every argument checked (clear errors, nothing computed); returns ``scale`` as a float, the
     initial state or ``None``, and the ``cu_seqlens`` boundaries or ``None``. With
     ``check_values=False`` the values of ``g`` and ``beta`` are left to
     ``validate.raise_flagged_values`` after the first kernel (``chunk_intra`` checks them as it
     reads them). ``read_bounds=False`` (under ``torch.compile``) leaves the boundaries on the
-    device: the op reads them."""
-    with backward.checks_allow_gradients():              # on CUDA, inputs may require grad where it is on
+    device: the op reads them. ``differentiable``: a CUDA call that ``kda.backward`` differentiates
+    (through the op), whose inputs may require grad."""
+    with backward.checks_allow_gradients(differentiable):
         B, T, H, DK, DV = validate.check_qkv(q, k, v, grouped_values=True)   # H: the value heads
         if validate.check_gates(g, B, T, H, DK, q.device, check_values=False) != per_channel:
             form = "[B, T, H, DK] (one gate per key channel)" if per_channel else "[B, T, H] (one gate per head)"
@@ -67,17 +68,19 @@ def kernel_inputs(q, k, g, use_qk_l2norm_in_kernel):
 
 def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
              cu_seqlens, per_channel: bool, check_values: bool, cu_seqlens_cpu=None, options=None):
+    compiling = torch.compiler.is_compiling()
+    weights = {name: options[name] for name in ("A_log", "dt_bias")} if options else {}
+    grads = not compiling and backward.differentiates(q, k=k, v=v, g=g, beta=beta, initial_state=initial_state,
+                                                      **weights)
     if options and (options["use_gate_in_kernel"] or options["use_beta_sigmoid_in_kernel"]
                     or options["allow_neg_eigval"] or options["A_log"] is not None or options["dt_bias"] is not None
                     or options["lower_bound"] is not None):
-        g, beta = activated(q, k, v, g, beta, per_channel, options,
-                            check_values and not torch.compiler.is_compiling())
-    compiling = torch.compiler.is_compiling()
-    if compiling or backward.differentiates(q, k=k, v=v, g=g, beta=beta, initial_state=initial_state):
+        g, beta = activated(q, k, v, g, beta, per_channel, options, check_values and not compiling, grads)
+    if compiling or grads:
         # the checks a graph can hold, then the op: its registered backward is kda.backward on CUDA
         scale, h0, _ = check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel,
                                     check_values=check_values and not compiling, cu_seqlens_cpu=cu_seqlens_cpu,
-                                    read_bounds=not compiling)
+                                    read_bounds=not compiling, differentiable=grads)
         o, final = torch.ops.kda.chunk_gated_delta(q, k, v, g, beta, scale, h0, output_final_state,
                                                     use_qk_l2norm_in_kernel, cu_seqlens, cu_seqlens_cpu)
         return o, (final if output_final_state else None)

@@ -171,3 +171,73 @@ def test_sub_chunked_sums_are_the_pairwise_sums(C):
         assert rel_l2(a, b) < 1e-14
     assert rel_l2(backward.SubChunked.rows(s, y, G), ref.Pairwise.rows(s, y, G)) < 1e-14
     assert rel_l2(backward.SubChunked.cols(s, x, G), ref.Pairwise.cols(s, x, G)) < 1e-14
+
+
+def test_kernel_state_passes_bind_the_kernels_arguments(monkeypatch):
+    """``kernel_state_passes`` on the CPU, the two kernels replaced by torch stand-ins that read their
+    arguments as the kernels' docstrings say (head-major chunk layout, the order of the signature):
+    the states and gradients equal the reference's passes, for a gate per channel and per head."""
+    from kda.kernels import backward_states
+    from kda.kernels import build
+
+    def forward_states(W, Kd, U, decay, h0, S_in):
+        B, H, L, DK = W.shape
+        chunks = lambda x: x.reshape(B, H, L // 16, 16, x.shape[-1]).double()
+        S_in.copy_(ref.forward_states({"W": chunks(W), "Kd": chunks(Kd), "U": chunks(U), "decay": decay.double()},
+                                      h0.double())[0])
+
+    def reverse(P, Kd, Qg, W, dO, decay, dht, dS_out, dh0):
+        B, H, L, DK = W.shape
+        chunks = lambda x: x.reshape(B, H, L // 16, 16, x.shape[-1]).double()
+        part = {"P": chunks(P), "Kd": chunks(Kd), "Qg": chunks(Qg), "W": chunks(W), "decay": decay.double(),
+                "U": chunks(dO)}
+        out, first = ref.reverse_state_pass(part, chunks(dO), dht.double())
+        dS_out.copy_(out)
+        dh0.copy_(first)
+
+    fakes = {backward_states.forward_states_pass: forward_states, backward_states.reverse_state_pass: reverse}
+    monkeypatch.setattr(build, "compile_program", lambda fn, out_idx, **kw: fakes[fn])
+    monkeypatch.setattr(torch.cuda, "device", lambda device: __import__("contextlib").nullcontext())
+    monkeypatch.setattr(backward, "STATE_KERNELS_DTYPE", torch.float64)
+    for per_channel in (True, False):
+        q, k, v, g, beta, h0, do, dht = inputs(T=64, V=64, per_channel=per_channel)
+        p = ref.chunk_pieces(q, k, v, g, beta, 0.5, 16)
+        whole = {name: p[name] for name in backward.STATE_PIECES}
+        dO = ref.to_chunks(do, 16)
+        S, dS, dh0 = backward.kernel_state_passes(whole, h0, dO, dht)
+        want_S = ref.forward_states(p, h0)[0]
+        want_dS, want_dh0 = ref.reverse_state_pass(p, dO, dht)
+        for got, want in ((S, want_S), (dS, want_dS), (dh0, want_dh0)):   # float32 states: ~1e-8
+            assert rel_l2(got, want) < 1e-6
+
+
+@pytest.mark.parametrize("T", [1, 5, 70])
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
+def test_float32_gate_gradient_of_strong_gates(T, per_channel):
+    """Gates uniform in [-20, 0]: a token's true ``dg`` can be 1e-5 next to terms of order 10. The
+    float32 stages keep it within 1e-4 (no two large terms cancel: the diagonal pairs are left out of
+    ``dG`` and the decay to the chunk's end is added as a prefix sum), over twenty draws."""
+    worst = 0.0
+    for seed in range(20):
+        gen = torch.Generator().manual_seed(seed)
+        q, k, v, g, beta, h0, do, dht = inputs(B=1, T=T, H=2, K=64, V=64, seed=seed, per_channel=per_channel)
+        g = -20 * torch.rand(g.shape, generator=gen, **F64)
+        want = ref.recurrence_backward(q, k, v, g, beta, do, dht, 0.125, h0)[3]
+        got = backward.op_gradients(q, k, v, g, beta, 0.125, h0, False, None, do, dht)[3]
+        worst = max(worst, rel_l2(got, want))
+    assert worst < 1e-4, f"dg: {worst:.1e}"
+
+
+@pytest.mark.parametrize("switch", [False, True])
+def test_gate_weights_get_gradients_whatever_the_switch(switch, monkeypatch):
+    """A model's call (raw gate, ``A_log``, ``dt_bias``) on the CPU: the activation's weights are in the
+    graph with the CUDA backward's switch on or off (its input checks run under ``no_grad`` only for
+    a call that goes through the op, and build nothing)."""
+    monkeypatch.setattr(backward, "DEVICE_BACKWARD", switch)
+    q, k, v, g, beta, h0, do, dht = inputs(B=1, T=20, H=2, K=4, V=3)
+    A_log = torch.log(torch.tensor([2.0, 5.0], **F64)).requires_grad_()
+    dt_bias = (0.1 * torch.randn(8, **F64)).requires_grad_()
+    o, _ = kda.chunk_kda(q, k, v, torch.randn(1, 20, 2, 4, **F64), beta, A_log=A_log, dt_bias=dt_bias,
+                         use_gate_in_kernel=True)
+    grads = torch.autograd.grad((o * do).sum(), (A_log, dt_bias))
+    assert all(torch.isfinite(x).all() and x.abs().sum() > 0 for x in grads)

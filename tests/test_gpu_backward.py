@@ -101,6 +101,54 @@ def test_a_training_step_in_a_layer(device_backward):
     assert loss() < before
 
 
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_state_pass_kernels_against_the_stages(dtype, per_channel, poisoned, monkeypatch):
+    """``kda/kernels/backward_states.py`` against the reference's two passes in float64 on the same
+    pieces rounded to the kernels' dtype (a tail chunk, runs of -20); outputs poisoned with NaN."""
+    from kda import backward
+
+    monkeypatch.setattr(backward, "STATE_KERNELS_DTYPE", dtype)
+    B, T, H, DK, DV = 2, 300, 3, 128, 128
+    q, k, v, g, beta, h0 = inputs((B, T, H, DK, DV), torch.bfloat16, "runs_of_-20", per_channel, 23)
+    gen = torch.Generator(device="cuda").manual_seed(6)
+    do, dht = torch.randn(B, T, H, DV, generator=gen, device="cuda"), torch.randn(B, H, DK, DV, generator=gen,
+                                                                                    device="cuda")
+    p = ref.chunk_pieces(q.float(), k.float(), v.float(), g, beta, DK ** -0.5, 64, torch.float32)
+    whole = {name: p[name] for name in backward.STATE_PIECES}
+    dO = ref.to_chunks(do, 64)
+    S, dS, dh0 = backward.kernel_state_passes(whole, h0, dO, dht)
+    rounded = {name: x.to(dtype).double().cpu() for name, x in whole.items()}
+    rounded["decay"] = whole["decay"].double().cpu()
+    want_S = ref.forward_states(rounded, h0.double().cpu())[0]
+    want_dS, want_dh0 = ref.reverse_state_pass(rounded, dO.to(dtype).double().cpu(), dht.double().cpu())
+    bound = {torch.bfloat16: 2e-2, torch.float32: 5e-3}[dtype]      # the states rounded per chunk as well
+    for name, got, want in (("S", S, want_S), ("dS", dS, want_dS), ("dh0", dh0, want_dh0)):
+        assert torch.isfinite(got).all(), f"{name}: not finite (unwritten?)"
+        assert rel_l2(got.double().cpu(), want) <= bound, f"{name}: {rel_l2(got.double().cpu(), want):.2e}"
+
+
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
+def test_gradients_with_the_state_pass_kernels(per_channel, device_backward, monkeypatch):
+    """The op's gradients with ``STATE_KERNELS`` on (bf16 GEMM operands in the passes) against the
+    float64 recurrence, within the forward's bound."""
+    from kda import backward
+
+    monkeypatch.setattr(backward, "STATE_KERNELS", True)
+    shape = (2, 200, 3, 64, 128)
+    leaves = inputs(shape, torch.bfloat16, "logsigmoid", per_channel, 29)
+    gen = torch.Generator(device="cuda").manual_seed(8)
+    do = torch.randn(2, 200, 3, 128, generator=gen, device="cuda").bfloat16().float()
+    dht = torch.randn(2, 3, 64, 128, generator=gen, device="cuda")
+    fn = kda.chunk_kda if per_channel else kda.chunk_gated_delta_rule
+    got = gradients_on_cuda(fn, leaves, do, dht)
+    q, k, v, g, beta, h0 = (x.double().cpu() for x in leaves)
+    want = ref.recurrence_backward(q, k, v, g, beta, do.double().cpu(), dht.double().cpu(), 64 ** -0.5, h0)
+    for name, a, b in zip("dq dk dv dg dbeta dh0".split(), got, want):
+        assert torch.isfinite(a).all(), name
+        assert rel_l2(a.double().cpu(), b) <= 2e-2, f"{name}: {rel_l2(a.double().cpu(), b):.2e}"
+
+
 def test_off_switch_refuses_with_its_name(monkeypatch):
     from kda import backward
 

@@ -18,7 +18,8 @@ The backward runs in three stages, as the kernels will:
    the first: ``dS = (Q e^G)^T dO + diag(e^{G_last}) dS' - W^T dV'`` with
    ``dV' = P^T dO + (K e^{G_last - G}) dS'``. Sequential, like the forward's state pass.
 3. ``chunk_gradients``: with both states known, every chunk's gradients are independent:
-   ``dq``, ``dk``, ``dv``, ``dbeta`` and ``dG``, then ``dg`` as the reverse cumsum of ``dG``.
+   ``dq``, ``dk``, ``dv``, ``dbeta`` and ``dG``, then ``dg`` as the reverse cumsum of ``dG``
+   (the decay to the chunk's end added as a prefix sum instead, so that nothing cancels).
 
 Every decay is evaluated pairwise (``E_ijd``, never ``exp`` of a positive number), so the reference
 holds for any gate, runs of ``-20`` included. The gate's gradient is then a sum of pair terms
@@ -130,7 +131,8 @@ def reverse_state_pass(p, dO, dS_final):
 # --8<-- [start:chunk_gradients]
 def chunk_gradients(p, S, dS, dO):
     """Every chunk at once, given the state entering it (``S``) and the gradient of the state
-    leaving it (``dS``): ``dQ``, ``dK``, ``dV``, ``db`` (or ``None``) and ``dG``, chunk layout."""
+    leaving it (``dS``): ``dQ``, ``dK``, ``dV``, ``db`` (or ``None``) and ``dg``, the gradient of the
+    gate of every token in ``G``'s width, chunk layout."""
     Q, K, V, G, Qg, Kd, sums = p["Q"], p["K"], p["V"], p["G"], p["Qg"], p["Kd"], p["sums"]
     fit = (lambda x: x.sum(-1, keepdim=True)) if G.shape[-1] == 1 else (lambda x: x)   # dG in G's width
     new = p["U"] - p["W"] @ S
@@ -138,15 +140,16 @@ def chunk_gradients(p, S, dS, dO):
     # the output O = Qg S + P V': the state read and the scores
     dQg = dO @ S.transpose(-1, -2)
     dP = torch.tril(dO @ new.transpose(-1, -2))
-    rows, cols = sums.rows(dP, K, G), sums.cols(dP, Q, G)
-    dQ = dQg * torch.exp(G) + rows
-    dK = cols
-    dG = fit(dQg * Qg + Q * rows - K * cols)            # the pair terms of P: + on row i, - on column j
+    diagonal = torch.diagonal(dP, dim1=-2, dim2=-1)[..., None]             # the pairs (i, i): E_ii = 1
+    rows, cols = sums.rows(dP.tril(-1), K, G), sums.cols(dP.tril(-1), Q, G)
+    dQ = dQg * torch.exp(G) + rows + diagonal * K
+    dK = cols + diagonal * Q
+    dG = fit(dQg * Qg + Q * rows - K * cols)   # pairs (i, j < i) of P: + on row i, - on column j (i = j cancels)
     # the state update S' = diag(decay) S + Kd^T V'
     dKd = new @ dS.transpose(-1, -2)
     dK = dK + dKd * torch.exp(G[..., -1:, :] - G)
-    dG = dG - fit(dKd * Kd)
-    dG_last = fit((dKd * Kd).sum(-2) + (S * dS).sum(-1) * p["decay"])
+    to_end = fit(dKd * Kd)                              # through G_last - G_i: - on row i, + on the last row
+    dG_last = fit((S * dS).sum(-1) * p["decay"])
     if p["b"] is None:
         dV, db = dnew, None
     else:
@@ -163,7 +166,10 @@ def chunk_gradients(p, S, dS, dO):
         dK = dK + dKg * torch.exp(G) + rows + cols
         dG = dG + fit(dKg * Kg + K * rows - K * cols)   # the pair terms of A
     dG[..., -1, :] += dG_last
-    return dQ, dK, dV, db, dG
+    # G_m = sum_{i <= m} g_i, so dg_i = sum_{m >= i} dG_m; to_end's share of it is sum_{m < i} to_end_m,
+    # added as such, so that no two large terms cancel where the true gradient is small (strong gates)
+    before = torch.cat([torch.zeros_like(to_end[..., :1, :]), to_end.cumsum(-2)[..., :-1, :]], dim=-2)
+    return dQ, dK, dV, db, dG.flip(-2).cumsum(-2).flip(-2) + before
 # --8<-- [end:chunk_gradients]
 
 
@@ -184,11 +190,12 @@ def chunked_backward(q, k, v, g, beta, do, dht=None, scale=1.0, chunk_size=64, i
     dO = to_chunks(do.to(torch.float64), chunk_size)
     dS_final = dht.to(torch.float64) if dht is not None else torch.zeros_like(final)
     dS, dh0 = reverse_state_pass(p, dO, dS_final)
-    dQ, dK, dV, db, dG = chunk_gradients(p, S, dS, dO)
-    dg = None
+    dQ, dK, dV, db, dg = chunk_gradients(p, S, dS, dO)
     if g is not None:
-        dg = from_chunks(dG.flip(-2).cumsum(-2).flip(-2), T)          # G_i = sum_{j<=i} g_j
-        dg = dg if g.dim() == 4 else dg.sum(-1)
+        dg = from_chunks(dg, T)
+        dg = dg if g.dim() == 4 else dg[..., 0]
+    else:
+        dg = None
     dbeta = from_chunks(db[..., None], T)[..., 0] if db is not None else None
     return from_chunks(dQ, T) * scale, from_chunks(dK, T), from_chunks(dV, T), dg, dbeta, dh0
 # --8<-- [end:chunked_backward]

@@ -65,12 +65,12 @@ def main():
         for op, per_channel in (("KDA", True), ("GDN", False)):
             leaves, do = inputs(B, T, H, D, per_channel)
             scale = D ** -0.5
-            if per_channel:
-                peers = {"kda": lambda *a: kda.chunk_kda(*a),
-                         "fla": lambda *a: fla_kda(*a, scale=scale)}
+            if per_channel:                          # fla first: the others' gradients are compared with its
+                peers = {"fla": lambda *a: fla_kda(*a, scale=scale),
+                         "kda": lambda *a: kda.chunk_kda(*a)}
             else:
-                peers = {"kda": lambda *a: kda.chunk_gated_delta_rule(*a),
-                         "fla": lambda *a: fla_gdn(*a, scale=scale),
+                peers = {"fla": lambda *a: fla_gdn(*a, scale=scale),
+                         "kda": lambda *a: kda.chunk_gated_delta_rule(*a),
                          "FlashQLA": lambda *a: flash_qla.chunk_gated_delta_rule(*a, scale=scale)}
             grads = {}
             for name, fn in peers.items():
@@ -113,8 +113,9 @@ def stage_times(op, leaves, do, per_channel):
     for name, fn in originals.items():
         setattr(stages, name, timed(name, fn))
     try:
-        q, k, v, g, beta = leaves
-        backward.op_gradients(q, k, v, g, beta, q.shape[-1] ** -0.5, None, False, None, do, None)
+        q, k, v, g, beta = (x.detach() for x in leaves)
+        with torch.no_grad():                               # as the op's backward runs: no graph recorded
+            backward.op_gradients(q, k, v, g, beta, q.shape[-1] ** -0.5, None, False, None, do, None)
     finally:
         for name, fn in originals.items():
             setattr(stages, name, fn)

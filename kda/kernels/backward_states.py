@@ -1,0 +1,127 @@
+"""The two sequential passes of the backward (``kda.reference.backward.forward_states`` and
+``reverse_state_pass``) as TileLang kernels, one launch each instead of a few torch launches per chunk.
+
+Both read the pieces ``kda.backward`` keeps for every chunk, in its head-major chunk layout
+(``[B, H, NC * C, D]``: a free view of ``[B, H, NC, C, D]``) and in the inputs' dtype, and keep the
+state, or its gradient, in float32 registers, one block per (batch row, head, ``block_dv`` value
+columns). Per chunk, the state as the GEMMs read it is rounded to the inputs' dtype, as the
+forward's state pass does.
+
+* ``forward_states_pass``: for each chunk, the state entering it out to ``S_in [B, H, NC, DK, DV]``,
+  then ``S <- diag(decay) S + Kd^T (U - W S)``.
+* ``reverse_state_pass``: from the last chunk to the first, the gradient of the state leaving it out
+  to ``dS_out``, then ``dV' = P^T dO + Kd dS`` and ``dS <- diag(decay) dS + Qg^T dO - W^T dV'``; the
+  gradient entering the first chunk (that of the initial state) to ``dh0``.
+
+Dense batches only (one sequence per batch row); GEMM reads of pipelined buffers follow level 3's
+rule (tilelang 0.1.15 hands a stage's buffers back to the producer once their last GEMM is issued:
+nothing of a stage is read after it). Not yet run on a GPU: ``kda.backward`` calls them only with
+its switch ``STATE_KERNELS`` on (``kernel_state_passes``).
+"""
+
+# No `from __future__ import annotations` here: T.prim_func reads the annotations.
+import tilelang.language as T
+
+from kda.kernels.stages import ACCUM
+
+
+# --8<-- [start:forward_states_pass]
+def forward_states_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, threads=128, dtype="bfloat16"):
+    """Arguments at run time: ``W, Kd [B, H, NC C, DK]``, ``U [B, H, NC C, DV]`` (dtype), ``decay [B, H,
+    NC, DK]``, ``h0 [B, H, DK, DV]`` (float32), then the output ``S_in [B, H, NC, DK, DV]`` (float32)."""
+    B, H, NC = T.dynamic("B"), T.dynamic("H"), T.dynamic("NC")
+    C = chunk_size
+
+    @T.prim_func
+    def main(
+        W: T.Tensor([B, H, NC * C, DK], dtype),
+        Kd: T.Tensor([B, H, NC * C, DK], dtype),
+        U: T.Tensor([B, H, NC * C, DV], dtype),
+        decay: T.Tensor([B, H, NC, DK], ACCUM),
+        h0: T.Tensor([B, H, DK, DV], ACCUM),
+        S_in: T.Tensor([B, H, NC, DK, DV], ACCUM),
+    ):
+        with T.Kernel(T.ceildiv(DV, block_dv), H, B, threads=threads) as (bv, bh, bb):
+            dv0 = bv * block_dv
+            W_s = T.alloc_shared([C, DK], dtype)
+            Kd_s = T.alloc_shared([C, DK], dtype)
+            U_s = T.alloc_shared([C, block_dv], dtype)
+            decay_s = T.alloc_shared([DK], ACCUM)
+            S_s = T.alloc_shared([DK, block_dv], dtype)
+            new_s = T.alloc_shared([C, block_dv], dtype)
+            S_f = T.alloc_fragment([DK, block_dv], ACCUM)
+            new_f = T.alloc_fragment([C, block_dv], ACCUM)
+            T.copy(h0[bb, bh, :, dv0:dv0 + block_dv], S_f)
+            for c in T.Pipelined(NC, num_stages=num_stages):
+                T.copy(W[bb, bh, c * C:(c + 1) * C, :], W_s)
+                T.copy(Kd[bb, bh, c * C:(c + 1) * C, :], Kd_s)
+                T.copy(U[bb, bh, c * C:(c + 1) * C, dv0:dv0 + block_dv], U_s)
+                T.copy(decay[bb, bh, c, :], decay_s)
+                T.copy(S_f, S_in[bb, bh, c, :, dv0:dv0 + block_dv])     # the state entering chunk c
+                T.copy(S_f, S_s)
+                T.gemm(W_s, S_s, new_f, clear_accum=True)                # W S
+                for i, j in T.Parallel(C, block_dv):
+                    new_s[i, j] = U_s[i, j] - new_f[i, j]                # V' = U - W S
+                for i, j in T.Parallel(DK, block_dv):
+                    S_f[i, j] = S_f[i, j] * decay_s[i]
+                T.gemm(Kd_s, new_s, S_f, transpose_A=True)               # + Kd^T V'
+
+    return main
+# --8<-- [end:forward_states_pass]
+
+
+# --8<-- [start:reverse_state_pass]
+def reverse_state_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, threads=128, dtype="bfloat16"):
+    """Arguments at run time: ``P [B, H, NC C, C]``, ``Kd, Qg, W [B, H, NC C, DK]``, ``dO [B, H, NC C,
+    DV]`` (dtype), ``decay [B, H, NC, DK]``, ``dht [B, H, DK, DV]`` (float32), then the outputs
+    ``dS_out [B, H, NC, DK, DV]`` and ``dh0 [B, H, DK, DV]`` (float32)."""
+    B, H, NC = T.dynamic("B"), T.dynamic("H"), T.dynamic("NC")
+    C = chunk_size
+
+    @T.prim_func
+    def main(
+        P: T.Tensor([B, H, NC * C, C], dtype),
+        Kd: T.Tensor([B, H, NC * C, DK], dtype),
+        Qg: T.Tensor([B, H, NC * C, DK], dtype),
+        W: T.Tensor([B, H, NC * C, DK], dtype),
+        dO: T.Tensor([B, H, NC * C, DV], dtype),
+        decay: T.Tensor([B, H, NC, DK], ACCUM),
+        dht: T.Tensor([B, H, DK, DV], ACCUM),
+        dS_out: T.Tensor([B, H, NC, DK, DV], ACCUM),
+        dh0: T.Tensor([B, H, DK, DV], ACCUM),
+    ):
+        with T.Kernel(T.ceildiv(DV, block_dv), H, B, threads=threads) as (bv, bh, bb):
+            dv0 = bv * block_dv
+            P_s = T.alloc_shared([C, C], dtype)
+            Kd_s = T.alloc_shared([C, DK], dtype)
+            Qg_s = T.alloc_shared([C, DK], dtype)
+            W_s = T.alloc_shared([C, DK], dtype)
+            dO_s = T.alloc_shared([C, block_dv], dtype)
+            decay_s = T.alloc_shared([DK], ACCUM)
+            dS_s = T.alloc_shared([DK, block_dv], dtype)
+            dnew_s = T.alloc_shared([C, block_dv], dtype)
+            dS_f = T.alloc_fragment([DK, block_dv], ACCUM)
+            dnew_f = T.alloc_fragment([C, block_dv], ACCUM)
+            T.copy(dht[bb, bh, :, dv0:dv0 + block_dv], dS_f)
+            for r in T.Pipelined(NC, num_stages=num_stages):
+                c = NC - 1 - r                                           # the last chunk first
+                T.copy(P[bb, bh, c * C:(c + 1) * C, :], P_s)
+                T.copy(Kd[bb, bh, c * C:(c + 1) * C, :], Kd_s)
+                T.copy(Qg[bb, bh, c * C:(c + 1) * C, :], Qg_s)
+                T.copy(W[bb, bh, c * C:(c + 1) * C, :], W_s)
+                T.copy(dO[bb, bh, c * C:(c + 1) * C, dv0:dv0 + block_dv], dO_s)
+                T.copy(decay[bb, bh, c, :], decay_s)
+                T.copy(dS_f, dS_out[bb, bh, c, :, dv0:dv0 + block_dv])  # the gradient of the state leaving c
+                T.copy(dS_f, dS_s)
+                T.gemm(P_s, dO_s, dnew_f, transpose_A=True, clear_accum=True)   # P^T dO
+                T.gemm(Kd_s, dS_s, dnew_f)                                     # + Kd dS
+                for i, j in T.Parallel(C, block_dv):
+                    dnew_s[i, j] = -dnew_f[i, j]                         # -dV', so that the last GEMM adds
+                for i, j in T.Parallel(DK, block_dv):
+                    dS_f[i, j] = dS_f[i, j] * decay_s[i]
+                T.gemm(Qg_s, dO_s, dS_f, transpose_A=True)               # + Qg^T dO
+                T.gemm(W_s, dnew_s, dS_f, transpose_A=True)              # - W^T dV'
+            T.copy(dS_f, dh0[bb, bh, :, dv0:dv0 + block_dv])
+
+    return main
+# --8<-- [end:reverse_state_pass]
