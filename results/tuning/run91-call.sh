@@ -3,13 +3,7 @@
 # its timing against fla and FlashQLA (run91-backward.py), then the training check (run91-train.py),
 # each within what is left of TOTAL seconds; STAGES picks some ("tests time train"); results in $OUT.
 set -u
-cd "$(dirname "$0")/../.."
-export PYTHONUNBUFFERED=1 FLA_FLASH_QLA=0
-start=$(date +%s)
-bash .gpu/install.sh /tmp/site > /tmp/install.txt 2>&1 || { cat /tmp/install.txt; exit 1; }
-export PYTHONPATH=/tmp/site:$PWD
-[ -d .carry ] && python -c "from kda.site.rerecord import unpack_caches; print('caches back:', unpack_caches('.carry'))"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv
+source "$(dirname "$0")/device-env.sh"
 stages=${STAGES:-tests time train}
 left() { echo $(( ${TOTAL:-560} - 40 - $(date +%s) + start )); }
 [[ $stages == *tests* ]] && timeout "${TEST_S:-240}" python -m pytest -o addopts="" -n 14 -m gpu -q \

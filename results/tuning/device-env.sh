@@ -1,0 +1,9 @@
+# Sourced by the call scripts from run 91 on (carry .gpu and .carry): the offline bundle installed,
+# the caches of earlier calls put back, the GPU named. Sets $start (seconds) for the callers' budgets.
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+export PYTHONUNBUFFERED=1 FLA_FLASH_QLA=0
+start=$(date +%s)
+bash .gpu/install.sh /tmp/site > /tmp/install.txt 2>&1 || { cat /tmp/install.txt; exit 1; }
+export PYTHONPATH=/tmp/site:$PWD
+[ -d .carry ] && python -c "from kda.site.rerecord import unpack_caches; print('caches back:', unpack_caches('.carry'))"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv
