@@ -198,7 +198,9 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
     pieces = lambda s, e: stages.chunk_pieces(*(pick(x, s, e) for x in (q, k, v, g, beta)), scale, C, dtype,
                                               SubChunked)
     # 1. what the state passes read, for every chunk, a group of chunks at a time
-    kept = [{name: p[name] for name in STATE_PIECES} for p in (pieces(s, e) for s, e in groups)]
+    # (one group: its pieces are kept for step 3 instead of made again)
+    first = pieces(*groups[0]) if len(groups) == 1 else None
+    kept = [first] if first else [{name: p[name] for name in STATE_PIECES} for p in (pieces(s, e) for s, e in groups)]
     whole = {name: torch.cat([part[name] for part in kept], dim=2) for name in STATE_PIECES}
     del kept
     dO = to_chunks(do.to(dtype), C)
@@ -218,7 +220,8 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
         dS[:, :, s:e], dh0[rows] = stages.reverse_state_pass(part, dO[:, :, s:e], dS_final[rows])
     del whole
     # 3. every chunk's gradients, a group of chunks at a time
-    out = [stages.chunk_gradients(pieces(s, e), S[:, :, s:e], dS[:, :, s:e], dO[:, :, s:e]) for s, e in groups]
+    out = [stages.chunk_gradients(first or pieces(s, e), S[:, :, s:e], dS[:, :, s:e], dO[:, :, s:e])
+           for s, e in groups]
     dQ, dK, dV, dg = (torch.cat([o[i] for o in out], dim=2) for i in (0, 1, 2, 4))
     if g is not None:
         dg = from_chunks(dg, T)
