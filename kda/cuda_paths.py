@@ -35,9 +35,9 @@ PATHS: tuple[CudaPath, ...] = (
         module="kda.gated_delta",
         switch="SCALAR_GATE_PATH",
         what={"en": "chunk_gated_delta_rule by kda/kernels/scalar_gate.py (the gated inverse, then a pass that "
-                    "forms K S and Q K^T itself) where its blocks fill at least half the SMs",
+                    "forms K S and Q K^T itself) where its blocks fill at least 0.4 of the SMs",
               "zh": "chunk_gated_delta_rule 经由 kda/kernels/scalar_gate.py（先求带门控的逆矩阵，再由一趟顺序遍历"
-                    "自行计算 K S 与 Q K^T），用于其 block 至少占满一半 SM 的形状"},
+                    "自行计算 K S 与 Q K^T），用于其 block 至少占满 0.4 的 SM 的形状"},
         gpu_log="results/tuning/run90/gpu-tests.txt",
     ),
     CudaPath(
