@@ -91,8 +91,9 @@ class SubChunked:
     """``kda.reference.backward.Pairwise``'s three sums with the decays of a gate per channel factored
     through one reference row per block of ``BLOCK`` rows (the forward's kernels take the row before the
     block; here its first row): for ``i`` in a block that starts at row ``r`` and ``j < r``,
-    ``E_ijd = exp(G_id - G_rd) exp(G_rd - G_jd)``, both factors ``<= 1``, so the block's sums are matrix products of gated rows; only the pairs inside a
-    block are formed pairwise (``C x BLOCK x DK`` numbers per chunk instead of ``C x C x DK``). A factor
+    ``E_ijd = exp(G_id - G_rd) exp(G_rd - G_jd)``, both factors ``<= 1``, so the block's sums are matrix
+    products of gated rows; only the pairs inside a block are formed pairwise (``C x BLOCK x DK``
+    numbers per chunk instead of ``C x C x DK``). A factor
     that underflows stands for a product smaller still, so nothing is lost that float32 would keep. A
     gate per head (width 1) needs no table: ``Pairwise``'s products."""
 
