@@ -93,54 +93,46 @@ class SubChunked:
     block; here its first row): for ``i`` in a block that starts at row ``r`` and ``j < r``,
     ``E_ijd = exp(G_id - G_rd) exp(G_rd - G_jd)``, both factors ``<= 1``, so the block's sums are matrix
     products of gated rows; only the pairs inside a block are formed pairwise (``C x BLOCK x DK``
-    numbers per chunk instead of ``C x C x DK``). A factor
-    that underflows stands for a product smaller still, so nothing is lost that float32 would keep. A
-    gate per head (width 1) needs no table: ``Pairwise``'s products."""
+    numbers per chunk instead of ``C x C x DK``). A factor that underflows stands for a product smaller
+    still, so nothing is lost that float32 would keep. The factors are made once, with the sums; a gate
+    per head (width 1) needs none: ``Pairwise``'s products."""
 
     BLOCK = 16
 
-    @staticmethod
-    def _blocks(G):
-        C = G.shape[-2]
-        return [(r, min(r + SubChunked.BLOCK, C)) for r in range(0, C, SubChunked.BLOCK)]
+    def __init__(self, G):
+        self.whole = stages.Pairwise(G) if G.shape[-1] == 1 else None
+        self.blocks = []                  # (r, e, exp(G_i - G_r) for r <= i < e, exp(G_r - G_j) for j < r, pairs)
+        for r in range(0, G.shape[-2], self.BLOCK) if self.whole is None else ():
+            e = min(r + self.BLOCK, G.shape[-2])
+            Gr = G[..., r:r + 1, :]
+            self.blocks.append((r, e, torch.exp(G[..., r:e, :] - Gr), torch.exp(Gr - G[..., :r, :]),
+                                stages.Pairwise(G[..., r:e, :])))
 
-    @staticmethod
-    def scores(x, y, G, diagonal=True):
-        if G.shape[-1] == 1:
-            return stages.Pairwise.scores(x, y, G, diagonal)
+    def scores(self, x, y, diagonal=True):
+        if self.whole:
+            return self.whole.scores(x, y, diagonal)
         out = x.new_zeros(*x.shape[:-1], x.shape[-2])
-        for r, e in SubChunked._blocks(G):
-            Gr = G[..., r:r + 1, :]
-            if r:
-                out[..., r:e, :r] = (x[..., r:e, :] * torch.exp(G[..., r:e, :] - Gr)) @ \
-                    (y[..., :r, :] * torch.exp(Gr - G[..., :r, :])).transpose(-1, -2)
-            out[..., r:e, r:e] = stages.Pairwise.scores(x[..., r:e, :], y[..., r:e, :], G[..., r:e, :], diagonal)
+        for r, e, down, up, pairs in self.blocks:
+            out[..., r:e, :r] = (x[..., r:e, :] * down) @ (y[..., :r, :] * up).transpose(-1, -2)
+            out[..., r:e, r:e] = pairs.scores(x[..., r:e, :], y[..., r:e, :], diagonal)
         return out
 
-    @staticmethod
-    def rows(s, y, G):
-        if G.shape[-1] == 1:
-            return stages.Pairwise.rows(s, y, G)
-        out = torch.zeros_like(y)
-        for r, e in SubChunked._blocks(G):
-            Gr = G[..., r:r + 1, :]
-            if r:
-                out[..., r:e, :] = torch.exp(G[..., r:e, :] - Gr) * \
-                    (s[..., r:e, :r] @ (y[..., :r, :] * torch.exp(Gr - G[..., :r, :])))
-            out[..., r:e, :] += stages.Pairwise.rows(s[..., r:e, r:e], y[..., r:e, :], G[..., r:e, :])
+    def rows(self, s, y):
+        if self.whole:
+            return self.whole.rows(s, y)
+        out = torch.empty_like(y)
+        for r, e, down, up, pairs in self.blocks:
+            out[..., r:e, :] = down * (s[..., r:e, :r] @ (y[..., :r, :] * up)) + \
+                pairs.rows(s[..., r:e, r:e], y[..., r:e, :])
         return out
 
-    @staticmethod
-    def cols(s, x, G):
-        if G.shape[-1] == 1:
-            return stages.Pairwise.cols(s, x, G)
+    def cols(self, s, x):
+        if self.whole:
+            return self.whole.cols(s, x)
         out = torch.zeros_like(x)
-        for r, e in SubChunked._blocks(G):
-            Gr = G[..., r:r + 1, :]
-            if r:
-                out[..., :r, :] += torch.exp(Gr - G[..., :r, :]) * \
-                    (s[..., r:e, :r].transpose(-1, -2) @ (x[..., r:e, :] * torch.exp(G[..., r:e, :] - Gr)))
-            out[..., r:e, :] += stages.Pairwise.cols(s[..., r:e, r:e], x[..., r:e, :], G[..., r:e, :])
+        for r, e, down, up, pairs in self.blocks:
+            out[..., :r, :] += up * (s[..., r:e, :r].transpose(-1, -2) @ (x[..., r:e, :] * down))
+            out[..., r:e, :] += pairs.cols(s[..., r:e, r:e], x[..., r:e, :])
         return out
 # --8<-- [end:sub_chunked]
 

@@ -166,11 +166,11 @@ def test_sub_chunked_sums_are_the_pairwise_sums(C):
     g[1, C // 4: C // 2] = -20.0
     G = g.cumsum(-2)
     s = torch.randn(3, C, C, generator=gen, **F64).tril()
+    sub, pairwise = backward.SubChunked(G), ref.Pairwise(G)
     for diagonal in (True, False):
-        a, b = backward.SubChunked.scores(x, y, G, diagonal), ref.Pairwise.scores(x, y, G, diagonal)
-        assert rel_l2(a, b) < 1e-14
-    assert rel_l2(backward.SubChunked.rows(s, y, G), ref.Pairwise.rows(s, y, G)) < 1e-14
-    assert rel_l2(backward.SubChunked.cols(s, x, G), ref.Pairwise.cols(s, x, G)) < 1e-14
+        assert rel_l2(sub.scores(x, y, diagonal), pairwise.scores(x, y, diagonal)) < 1e-14
+    assert rel_l2(sub.rows(s, y), pairwise.rows(s, y)) < 1e-14
+    assert rel_l2(sub.cols(s, x), pairwise.cols(s, x)) < 1e-14
 
 
 def test_kernel_state_passes_bind_the_kernels_arguments(monkeypatch):

@@ -37,42 +37,42 @@ from kda.reference import level0, level3
 from kda.reference.level3 import chunk_gates
 
 
-def _pairs(G: torch.Tensor, diagonal: bool) -> torch.Tensor:
-    """``E_ijd = exp(G_id - G_jd)`` where ``j <= i`` (``j < i`` without the diagonal), else 0."""
+def _pairs(G: torch.Tensor) -> torch.Tensor:
+    """``E_ijd = exp(G_id - G_jd)`` where ``j <= i``, else 0."""
     C = G.shape[-2]
-    keep = torch.ones(C, C, dtype=torch.bool, device=G.device).tril(0 if diagonal else -1)[..., None]
+    keep = torch.ones(C, C, dtype=torch.bool, device=G.device).tril()[..., None]
     return torch.where(keep, torch.exp(torch.where(keep, G[..., :, None, :] - G[..., None, :, :], 0.0)), 0.0)
 
 
-# The three sums over the channels that every score and gradient of a chunk is made of. A gate per
-# head is a gate of width 1 (``G [..., C, 1]``): its decays are one number per pair and the sums are
-# plain matrix products. ``kda.backward.SubChunked`` computes the same sums without a [C, C, DK] table.
+# The three sums over the channels that every score and gradient of a chunk is made of, for the
+# cumulative gates ``G`` of a group of chunks (the decays formed once, when the sums are made). A gate
+# per head is a gate of width 1 (``G [..., C, 1]``): its decays are one number per pair and the sums
+# are plain matrix products. ``kda.backward.SubChunked`` gives the same sums without a [C, C, DK] table.
 class Pairwise:
     """Every decay ``E_ijd = exp(G_id - G_jd)`` formed (``j <= i``): exact for any gate."""
 
-    @staticmethod
-    def scores(x, y, G, diagonal=True):
+    def __init__(self, G):
+        self.E = _pairs(G)
+
+    def scores(self, x, y, diagonal=True):
         """``sum_d x_id y_jd E_ijd`` for ``j <= i`` (``j < i`` without the diagonal), else 0."""
-        E = _pairs(G, diagonal)
-        if E.shape[-1] == 1:
-            return (x @ y.transpose(-1, -2)) * E[..., 0]
-        return torch.einsum("...id,...jd,...ijd->...ij", x, y, E)
+        if self.E.shape[-1] == 1:
+            out = (x @ y.transpose(-1, -2)) * self.E[..., 0]
+        else:
+            out = torch.einsum("...id,...jd,...ijd->...ij", x, y, self.E)
+        return out if diagonal else out.tril(-1)
 
-    @staticmethod
-    def rows(s, y, G):
+    def rows(self, s, y):
         """``sum_j s_ij y_jd E_ijd`` for a lower-triangular ``s``."""
-        E = _pairs(G, diagonal=True)
-        if E.shape[-1] == 1:
-            return (s * E[..., 0]) @ y
-        return torch.einsum("...ij,...jd,...ijd->...id", s, y, E)
+        if self.E.shape[-1] == 1:
+            return (s * self.E[..., 0]) @ y
+        return torch.einsum("...ij,...jd,...ijd->...id", s, y, self.E)
 
-    @staticmethod
-    def cols(s, x, G):
+    def cols(self, s, x):
         """``sum_i s_ij x_id E_ijd`` for a lower-triangular ``s``."""
-        E = _pairs(G, diagonal=True)
-        if E.shape[-1] == 1:
-            return (s * E[..., 0]).transpose(-1, -2) @ x
-        return torch.einsum("...ij,...id,...ijd->...jd", s, x, E)
+        if self.E.shape[-1] == 1:
+            return (s * self.E[..., 0]).transpose(-1, -2) @ x
+        return torch.einsum("...ij,...id,...ijd->...jd", s, x, self.E)
 
 
 # --8<-- [start:pieces]
@@ -86,14 +86,15 @@ def chunk_pieces(q, k, v, g, beta, scale, chunk_size, dtype=torch.float64, sums=
         G = torch.zeros_like(K[..., :1])
     else:                                               # [B, H, NC, C, DK], or width 1 for a gate per head
         G = chunk_gates(g.to(dtype) if g.dim() == 4 else g.to(dtype)[..., None], chunk_size)
-    P = sums.scores(Q, K, G)
+    sums = sums(G)
+    P = sums.scores(Q, K)
     p = {"Q": Q, "K": K, "V": V, "G": G, "sums": sums, "P": P,
          "Qg": Q * torch.exp(G), "Kd": K * torch.exp(G[..., -1:, :] - G), "decay": torch.exp(G[..., -1, :])}
     if beta is None:                                    # levels 1-3: no delta rule
         p.update(b=None, W=torch.zeros_like(K), U=V)
         return p
     b = to_chunks(beta.to(dtype)[..., None], chunk_size)[..., 0]              # padding rows: b = 0
-    scores_kk = sums.scores(K, K, G, diagonal=False)
+    scores_kk = sums.scores(K, K, diagonal=False)
     eye = torch.eye(chunk_size, dtype=dtype, device=q.device)
     Tinv = torch.linalg.solve_triangular(eye + b[..., None] * scores_kk, eye, upper=False, unitriangular=True)
     Kg = K * torch.exp(G)
@@ -141,7 +142,7 @@ def chunk_gradients(p, S, dS, dO):
     dQg = dO @ S.transpose(-1, -2)
     dP = torch.tril(dO @ new.transpose(-1, -2))
     diagonal = torch.diagonal(dP, dim1=-2, dim2=-1)[..., None]             # the pairs (i, i): E_ii = 1
-    rows, cols = sums.rows(dP.tril(-1), K, G), sums.cols(dP.tril(-1), Q, G)
+    rows, cols = sums.rows(dP.tril(-1), K), sums.cols(dP.tril(-1), Q)
     dQ = dQg * torch.exp(G) + rows + diagonal * K
     dK = cols + diagonal * Q
     dG = fit(dQg * Qg + Q * rows - K * cols)   # pairs (i, j < i) of P: + on row i, - on column j (i = j cancels)
@@ -162,7 +163,7 @@ def chunk_gradients(p, S, dS, dO):
         dKg = b[..., None] * dXw
         db = (dXu * V).sum(-1) + (dXw * Kg).sum(-1) + (dA * p["scores_kk"]).sum(-1)
         dAb = dA * b[..., None]
-        rows, cols = sums.rows(dAb, K, G), sums.cols(dAb, K, G)
+        rows, cols = sums.rows(dAb, K), sums.cols(dAb, K)
         dK = dK + dKg * torch.exp(G) + rows + cols
         dG = dG + fit(dKg * Kg + K * rows - K * cols)   # the pair terms of A
     dG[..., -1, :] += dG_last
