@@ -32,6 +32,7 @@ from kda import custom_ops, validate
 from kda.chunking import ceildiv
 from kda.reference import backward as stages
 from kda.reference.common import from_chunks, to_chunks
+from kda.reference.level4 import l2_normalize
 
 # CUDA: gradients for chunk_kda and chunk_gated_delta_rule by this module. Off until its GPU tests
 # pass (tests/test_gpu_backward.py); with it off, an input that requires grad on CUDA is refused.
@@ -159,13 +160,13 @@ def chunk_groups(B: int, H: int, NC: int, C: int, DK: int, DV: int, width: int,
 def packed_layout(bounds: list[int], C: int, device) -> tuple[torch.Tensor, list[tuple[int, int]]]:
     """For sequences ``bounds`` (``cu_seqlens`` on the host): the position in the padded layout of
     every token (each sequence starts at a chunk boundary) and each sequence's range of chunks."""
-    where, segments, first = [], [], 0
-    for s, e in zip(bounds[:-1], bounds[1:]):
-        where.append(torch.arange(first * C, first * C + e - s, device=device))
-        nc = ceildiv(e - s, C)
-        segments.append((first, first + nc))
-        first += nc
-    return torch.cat(where) if where else torch.zeros(0, dtype=torch.long, device=device), segments
+    lengths = [e - s for s, e in zip(bounds[:-1], bounds[1:])]
+    ends = torch.tensor([ceildiv(n, C) for n in lengths], dtype=torch.long).cumsum(0).tolist()
+    segments = list(zip([0] + ends[:-1], ends))
+    # token t of a sequence that starts at token s and chunk c lands at c C + (t - s)
+    shift = torch.tensor([c * C - s for (c, _), s in zip(segments, bounds)], dtype=torch.long)
+    where = torch.arange(bounds[-1] if bounds else 0) + shift.repeat_interleave(torch.tensor(lengths, dtype=torch.long))
+    return where.to(device), segments
 
 
 # --8<-- [start:chunked_gradients]
@@ -197,20 +198,11 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
     whole = {name: torch.cat([part[name] for part in kept], dim=2) for name in STATE_PIECES}
     del kept
     dO = to_chunks(do.to(dtype), C)
-    # 2. the states entering every chunk and the gradients of those leaving it, sequence by sequence
-    S, dS = (torch.zeros(B, H, NC, DK, DV, dtype=dtype, device=q.device) for _ in range(2))
-    dh0 = torch.zeros_like(S0)
+    # 2. the states entering every chunk and the gradients of those leaving it
     if STATE_KERNELS and q.is_cuda and len(segments) == 1 and DV % 64 == 0:
         S, dS, dh0 = kernel_state_passes(whole, S0, dO, dS_final)
-        segments = []                                        # done: no pass below
-    for n, (s, e) in enumerate(segments):
-        rows = slice(n, n + 1) if len(segments) > 1 else slice(0, B)
-        if e == s:                                           # an empty sequence: its state passes through
-            dh0[rows] = dS_final[rows]
-            continue
-        part = {name: x[:, :, s:e] for name, x in whole.items()}
-        S[:, :, s:e] = stages.forward_states(part, S0[rows])[0]
-        dS[:, :, s:e], dh0[rows] = stages.reverse_state_pass(part, dO[:, :, s:e], dS_final[rows])
+    else:
+        S, dS, dh0 = torch_state_passes(whole, S0, dO, dS_final, segments)
     del whole
     # 3. every chunk's gradients, a group of chunks at a time
     out = [stages.chunk_gradients(first or pieces(s, e), S[:, :, s:e], dS[:, :, s:e], dO[:, :, s:e])
@@ -224,6 +216,23 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
     dbeta = from_chunks(torch.cat([o[3] for o in out], dim=2)[..., None], T)[..., 0] if beta is not None else None
     return from_chunks(dQ, T) * scale, from_chunks(dK, T), from_chunks(dV, T), dg, dbeta, dh0
 # --8<-- [end:chunked_gradients]
+
+
+def torch_state_passes(whole, S0, dO, dS_final, segments):
+    """``forward_states`` and ``reverse_state_pass`` sequence by sequence (``segments``, each a range of
+    chunks of one batch row, or of all rows of a dense batch): the states entering every chunk, the
+    gradients of those leaving it and that of each initial state."""
+    B, H, NC, DK, DV = *whole["W"].shape[:3], *S0.shape[-2:]
+    S, dS = (S0.new_zeros(B, H, NC, DK, DV) for _ in range(2))
+    dh0 = dS_final.clone()                                   # an empty sequence's state passes through
+    for n, (s, e) in enumerate(segments):
+        if e == s:
+            continue
+        rows = slice(n, n + 1) if len(segments) > 1 else slice(None)   # packed: one state per sequence
+        part = {name: x[:, :, s:e] for name, x in whole.items()}
+        S[:, :, s:e] = stages.forward_states(part, S0[rows])[0]
+        dS[:, :, s:e], dh0[rows] = stages.reverse_state_pass(part, dO[:, :, s:e], dS_final[rows])
+    return S, dS, dh0
 
 
 def kernel_state_passes(whole, S0, dO, dS_final):
@@ -254,25 +263,27 @@ def kernel_state_passes(whole, S0, dO, dS_final):
 
 # --8<-- [start:op_gradients]
 def op_gradients(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, cu_seqlens, do, dht, budget=None,
-                 dtype=torch.float32):
+                 dtype=torch.float32, cu_seqlens_cpu=None):
     """The gradients of the op ``kda::chunk_gated_delta`` (``chunk_kda``, ``chunk_gated_delta_rule``)
     in its arguments' layouts and dtypes: ``[dq, dk, dv, dg, dbeta]``, then ``dh0`` when there is an
     initial state. Grouped value heads, packed sequences (``cu_seqlens``), the L2 norm of ``q`` and
     ``k`` in the op and a gate ``[B, T, H]``, ``[B, T, H, 1]`` or ``[B, T, H, DK]`` included. Computed
-    in ``dtype`` (float32 on CUDA; float64 shows the arithmetic exact)."""
+    in ``dtype`` (float32 on CUDA; float64 shows the arithmetic exact). ``cu_seqlens_cpu``, the
+    boundaries' host copy where the caller has one, spares the read-back."""
     B, T, HQ, DK = q.shape
     H = v.shape[2]
     f32 = lambda x: x.to(dtype) if x is not None else None
     qn, kn = f32(q), f32(k)
     if use_qk_l2norm:
-        qn, kn = (x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6) for x in (qn, kn))
+        qn, kn = l2_normalize(qn), l2_normalize(kn)
     group = H // HQ                                          # value head i reads key head i // group
     qn, kn = qn.repeat_interleave(group, dim=2), kn.repeat_interleave(group, dim=2)
     gate = f32(g[..., 0] if g.dim() == 4 and g.shape[-1] == 1 else g)
     args = [qn, kn, f32(v), gate, f32(beta), f32(do)]
     segments = None
     if cu_seqlens is not None:                               # end to end, each sequence from a chunk boundary
-        where, segments = packed_layout(cu_seqlens.tolist(), CHUNK_SIZE, q.device)
+        bounds = (cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens).tolist()
+        where, segments = packed_layout(bounds, CHUNK_SIZE, q.device)
         length = segments[-1][1] * CHUNK_SIZE if segments else 0
         spread = lambda x: x.new_zeros(1, length, *x.shape[2:]).index_copy_(1, where, x)
         args = [spread(x) for x in args]
@@ -298,4 +309,4 @@ def cuda_gradients(q, k, v, g, beta, scale, initial_state, output_final_state, u
 
     cuda_paths.require(cuda_paths.by_name("chunk_backward"), "the backward of chunk_kda and chunk_gated_delta_rule")
     return op_gradients(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, cu_seqlens, do,
-                        dfinal if output_final_state else None)
+                        dfinal if output_final_state else None, cu_seqlens_cpu=cu_seqlens_cpu)
