@@ -5,7 +5,7 @@ bytes (this repository's English pages), the op once by kda (``chunk_kda`` with 
 ``kda.backward``) and once by fla's ``chunk_kda``; everything else is the same module. The two loss
 curves must agree to bf16's noise. One row per logged step in ``$OUT/run91.jsonl``.
 
-    FLA_FLASH_QLA=0 python results/tuning/run91-train.py [steps] [device]
+    FLA_FLASH_QLA=0 python results/tuning/run91-train.py [steps] [device] [backend ...]
 """
 import glob
 import os
@@ -91,5 +91,6 @@ def train(backend, steps, device):
 if __name__ == "__main__":
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 300
     device = sys.argv[2] if len(sys.argv) > 2 else "cuda"
-    for backend in (("kda",) if device == "cpu" else ("kda", "fla")):
+    backends = sys.argv[3:] or (("kda",) if device == "cpu" else ("kda", "fla"))
+    for backend in backends:
         train(backend, steps, device)
