@@ -5,8 +5,8 @@ compiles, launch tests, float64 stage references). Until its GPU tests pass on t
 path stays off: a module-level switch next to its code, ``False`` by default, listed here and on
 the API page ("not yet run on a GPU"). The commit that adds the path's GPU test log under
 ``results/`` names the log here and turns the switch on, unless the measurements say the path it
-would replace is faster (then it stays off, listed apart); ``tests/test_cuda_paths.py`` holds every
-switch that is on by default to a log that exists.
+would replace is faster or it has not been timed yet (then it stays off, listed apart);
+``tests/test_cuda_paths.py`` holds every switch that is on by default to a log that exists.
 
 A call that would need a path that is off raises through ``require`` with a message that says
 which switch and why, instead of computing on an unchecked kernel.
@@ -48,6 +48,7 @@ PATHS: tuple[CudaPath, ...] = (
                     "three stages in float32 torch operations; no TileLang kernels yet)",
               "zh": "chunk_kda 与 chunk_gated_delta_rule 在 CUDA 上的梯度，由 kda/backward.py 计算（反向的三个阶段，"
                     "用 float32 的 torch 运算；还没有 TileLang kernel）"},
+        gpu_log="results/tuning/run91/gpu-tests.txt",
     ),
     CudaPath(
         name="backward_state_kernels",
@@ -57,6 +58,7 @@ PATHS: tuple[CudaPath, ...] = (
                     "(dense batches), instead of torch launches per chunk",
               "zh": "反向的两趟顺序遍历由 kda/kernels/backward_states.py 完成，每趟一次启动（非打包的批），"
                     "取代每个块若干次 torch 启动"},
+        gpu_log="results/tuning/run91/gpu-tests.txt",
     ),
 )
 
@@ -75,7 +77,8 @@ def unverified(paths=None) -> list[CudaPath]:
 
 
 def tested_but_off(paths=None) -> list[CudaPath]:
-    """The paths that passed their GPU tests and still stay off by default (slower where measured)."""
+    """The paths that passed their GPU tests and still stay off by default (slower where measured, or not
+    timed yet)."""
     return [p for p in (PATHS if paths is None else paths) if p.gpu_log is not None and not enabled(p)]
 
 

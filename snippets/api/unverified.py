@@ -1,6 +1,7 @@
 # snippet: cpu
 """The CUDA paths that landed before their GPU tests (each off by default behind its switch), and
-those that passed them but stay off by default (slower than the path they would replace)."""
+those that passed them but stay off by default (slower than the path they would replace, or not timed
+yet)."""
 from kda import cuda_paths
 from kda.site.runtime import text
 
@@ -26,7 +27,7 @@ else:
     print_paths(waiting, text(zh="开关（默认关）", en="switch (off by default)"), with_log=False)
 off = cuda_paths.tested_but_off()
 if off:
-    print(text(zh="\n通过了 GPU 测试、但默认关闭的路径（比它要替代的路径慢，原因写在开关旁的注释里）：\n",
+    print(text(zh="\n通过了 GPU 测试、但默认关闭的路径（比它要替代的路径慢，或还没有计时；开关旁的注释写明原因）：\n",
                en="\nPaths that passed their GPU tests but stay off by default (slower than the path they would "
-                  "replace; the comment beside the switch says by how much):\n"))
+                  "replace, or not timed yet; the comment beside the switch says which):\n"))
     print_paths(off, text(zh="开关", en="switch"), with_log=True)
