@@ -8,7 +8,7 @@ CPU. Two things make them fit a GPU's memory at a model's shapes:
   (``SubChunked``), so the chunk's sums are matrix products and only the pairs inside a sub-chunk
   are formed;
 * the chunk-local work (the scores, the inverse, the chunk's gradients) is done for a group of
-  chunks at a time, sized by ``MEMORY_BUDGET``; only what
+  chunks at a time, sized by ``MEMORY_BUDGET`` (a share of the GPU's free memory); only what
   the two state passes read is kept for every chunk (``STATE_PIECES``), and the states entering each
   chunk (float32 ``[DK, DV]`` per chunk and head, recomputed, not saved by the forward);
 * packed sequences are laid end to end, each padded to whole chunks, so that the chunk-local work
@@ -47,8 +47,10 @@ DEVICE_BACKWARD = True
 STATE_KERNELS = False
 STATE_KERNELS_DTYPE = torch.bfloat16
 
-# Bytes that one group of chunks may take for its pairwise decay tables and their temporaries.
-MEMORY_BUDGET = 2 << 30
+# Bytes that one group of chunks may take for its pairwise decay tables and their temporaries; None:
+# on CUDA a quarter of the device's free memory, between 1 and 16 GiB (every group is a few hundred
+# launches whatever its size, and at (1, 8192, 96, 128) 2 GiB made 32 groups of 4 chunks), else 2 GiB.
+MEMORY_BUDGET = None
 CHUNK_SIZE = 64
 
 # What the two state passes read, kept for every chunk (W, U, the gated q and k, the scores, the decay).
@@ -98,46 +100,78 @@ class SubChunked:
     ``E_ijd = exp(G_id - G_rd) exp(G_rd - G_jd)``, both factors ``<= 1``, so the block's sums are matrix
     products of gated rows; only the pairs inside a block are formed pairwise (``C x BLOCK x DK``
     numbers per chunk instead of ``C x C x DK``). A factor that underflows stands for a product smaller
-    still, so nothing is lost that float32 would keep. The factors are made once, with the sums; a gate
-    per head (width 1) needs none: ``Pairwise``'s products."""
+    still, so nothing is lost that float32 would keep. Every block is done at once (a block dimension
+    ``nb`` beside the chunk's: one launch per product instead of one per block and product); a chunk
+    whose rows are not a whole number of blocks is padded with rows of constant gate and zero data. A
+    gate per head (width 1) needs none of it: ``Pairwise``'s products."""
 
     BLOCK = 16
 
     def __init__(self, G):
         self.whole = stages.Pairwise(G) if G.shape[-1] == 1 else None
-        self.blocks = []                  # (r, e, exp(G_i - G_r) for r <= i < e, exp(G_r - G_j) for j < r, pairs)
-        for r in range(0, G.shape[-2], self.BLOCK) if self.whole is None else ():
-            e = min(r + self.BLOCK, G.shape[-2])
-            Gr = G[..., r:r + 1, :]
-            self.blocks.append((r, e, torch.exp(G[..., r:e, :] - Gr), torch.exp(Gr - G[..., :r, :]),
-                                stages.Pairwise(G[..., r:e, :])))
+        if self.whole is not None:
+            return
+        C, b = G.shape[-2], self.BLOCK
+        self.C, self.nb = C, -(-C // b)
+        Gb = self._blocks(torch.cat([G, G[..., -1:, :].expand(*G.shape[:-2], self.nb * b - C, G.shape[-1])], -2))
+        Gr = Gb[..., :1, :]                                                  # [..., nb, 1, D]: each block's first row
+        self.down = torch.exp(Gb - Gr)                                       # [..., nb, b, D], rows below r
+        # exp(G_r - G_j) for the rows j before the block, [..., nb, C, D]; 0 from the block's first row on
+        before = torch.arange(C, device=G.device) < torch.arange(0, C, b, device=G.device)[:, None]
+        self.up = torch.where(before[..., None], torch.exp(torch.clamp(Gr - G[..., None, :, :], max=0.0)), 0.0)
+        inside = torch.ones(b, b, dtype=torch.bool, device=G.device).tril()[..., None]
+        self.pairs = torch.where(inside, torch.exp(torch.where(inside, Gb[..., :, None, :] - Gb[..., None, :, :], 0.0)),
+                                 0.0)                                        # [..., nb, b, b, D], j <= i
+        self.pad = self.nb * b - C
+
+    def _blocks(self, x):
+        """``[..., nb * BLOCK, D]`` as ``[..., nb, BLOCK, D]``."""
+        return x.reshape(*x.shape[:-2], self.nb, self.BLOCK, x.shape[-1])
+
+    def _padded(self, x):
+        return torch.nn.functional.pad(x, (0, 0, 0, self.pad)) if self.pad else x
+
+    def _diagonal_blocks(self, s):
+        """The ``BLOCK x BLOCK`` blocks on the diagonal of ``s [..., C, C]``: ``[..., nb, BLOCK, BLOCK]``."""
+        s = torch.nn.functional.pad(s, (0, self.pad, 0, self.pad)) if self.pad else s
+        b, nb = self.BLOCK, self.nb
+        return s.reshape(*s.shape[:-2], nb, b, nb, b).diagonal(dim1=-4, dim2=-2).movedim(-1, -3)
 
     def scores(self, x, y, diagonal=True):
         if self.whole:
             return self.whole.scores(x, y, diagonal)
-        out = x.new_zeros(*x.shape[:-1], x.shape[-2])
-        for r, e, down, up, pairs in self.blocks:
-            out[..., r:e, :r] = (x[..., r:e, :] * down) @ (y[..., :r, :] * up).transpose(-1, -2)
-            out[..., r:e, r:e] = pairs.scores(x[..., r:e, :], y[..., r:e, :], diagonal)
-        return out
+        xd = self._blocks(self._padded(x)) * self.down                       # [..., nb, b, D]
+        out = xd @ (y[..., None, :, :] * self.up).transpose(-1, -2)          # [..., nb, b, C]: j before the block
+        yb = self._blocks(self._padded(y))
+        inner = (self._blocks(self._padded(x))[..., :, None, :] * yb[..., None, :, :] * self.pairs).sum(-1)
+        if not diagonal:
+            inner = inner.tril(-1)
+        out = torch.nn.functional.pad(out, (0, self.pad)) if self.pad else out
+        out = out.reshape(*out.shape[:-3], self.nb, self.BLOCK, self.nb, self.BLOCK)
+        out.diagonal(dim1=-4, dim2=-2).add_(inner.movedim(-3, -1))           # the pairs inside each block
+        return out.reshape(*out.shape[:-4], self.nb * self.BLOCK, -1)[..., :self.C, :self.C]
 
     def rows(self, s, y):
         if self.whole:
             return self.whole.rows(s, y)
-        out = torch.empty_like(y)
-        for r, e, down, up, pairs in self.blocks:
-            out[..., r:e, :] = down * (s[..., r:e, :r] @ (y[..., :r, :] * up)) + \
-                pairs.rows(s[..., r:e, r:e], y[..., r:e, :])
-        return out
+        sb = self._blocks(self._padded(s))                                   # [..., nb, b, C]
+        out = self.down * (sb @ (y[..., None, :, :] * self.up))             # up is 0 inside and after the block
+        yb = self._blocks(self._padded(y))
+        inner = (self._diagonal_blocks(s)[..., None] * self.pairs * yb[..., None, :, :]).sum(-2)
+        return self._padded_back(out + inner)
 
     def cols(self, s, x):
         if self.whole:
             return self.whole.cols(s, x)
-        out = torch.zeros_like(x)
-        for r, e, down, up, pairs in self.blocks:
-            out[..., :r, :] += up * (s[..., r:e, :r].transpose(-1, -2) @ (x[..., r:e, :] * down))
-            out[..., r:e, :] += pairs.cols(s[..., r:e, r:e], x[..., r:e, :])
-        return out
+        sb = self._blocks(self._padded(s))                                   # [..., nb, b, C]
+        xd = self._blocks(self._padded(x))
+        out = (self.up * (sb.transpose(-1, -2) @ (xd * self.down))).sum(-3)  # [..., C, D]
+        inner = (self._diagonal_blocks(s)[..., None] * self.pairs * xd[..., :, None, :]).sum(-3)
+        return out + self._padded_back(inner)
+
+    def _padded_back(self, blocks):
+        """``[..., nb, BLOCK, D]`` as the chunk's ``[..., C, D]``."""
+        return blocks.reshape(*blocks.shape[:-3], -1, blocks.shape[-1])[..., :self.C, :]
 # --8<-- [end:sub_chunked]
 
 
@@ -156,8 +190,19 @@ def chunk_groups(B: int, H: int, NC: int, C: int, DK: int, DV: int, width: int,
     pairwise tables inside the sub-chunks (``[C, BLOCK, width]``, ``width`` ``DK`` or 1 for a gate per
     head, with about six temporaries of that size) and about sixteen ``[C, DK + DV]`` tensors."""
     per_chunk = B * H * C * (SubChunked.BLOCK * width * 8 + (DK + DV) * 16) * 4
-    n = max(1, (MEMORY_BUDGET if budget is None else budget) // per_chunk)
+    n = max(1, (budget if budget is not None else memory_budget()) // per_chunk)
     return [(s, min(s + n, NC)) for s in range(0, NC, n)]
+
+
+def memory_budget(device=None) -> int:
+    """``MEMORY_BUDGET``, or where it is ``None`` what the module's comment says for ``device``
+    (the current CUDA device if there is one)."""
+    if MEMORY_BUDGET is not None:
+        return MEMORY_BUDGET
+    if not torch.cuda.is_available() or (device is not None and torch.device(device).type != "cuda"):
+        return 2 << 30
+    free, _ = torch.cuda.mem_get_info(device)
+    return min(max(free // 4, 1 << 30), 16 << 30)
 
 
 def packed_layout(bounds: list[int], C: int, device) -> tuple[torch.Tensor, list[tuple[int, int]]]:
@@ -191,7 +236,7 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
         return zero(q), zero(k), zero(v), zero(g), zero(beta), dS_final.clone()
     pick = lambda x, s, e: x[:, s * C:e * C] if x is not None else None
     width = g.shape[-1] if g is not None and g.dim() == 4 else 1
-    groups = chunk_groups(B, H, NC, C, DK, DV, width, budget)
+    groups = chunk_groups(B, H, NC, C, DK, DV, width, budget if budget is not None else memory_budget(q.device))
     pieces = lambda s, e: stages.chunk_pieces(*(pick(x, s, e) for x in (q, k, v, g, beta)), scale, C, dtype,
                                               SubChunked)
     # 1. what the state passes read, for every chunk, a group of chunks at a time

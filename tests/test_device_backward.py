@@ -66,6 +66,19 @@ def test_chunk_groups_cover_every_chunk_within_the_budget():
     assert len(backward.chunk_groups(1, 4, 10, 64, 128, 128, 1, budget=3 * per_chunk)) == 1   # a gate per head
 
 
+def test_memory_budget_is_the_setting_or_a_share_of_free_memory(monkeypatch):
+    """Unset: 2 GiB off CUDA; on CUDA a quarter of the free memory within [1, 16] GiB (the free memory
+    faked here); set, the setting everywhere."""
+    monkeypatch.setattr(backward, "MEMORY_BUDGET", None)
+    assert backward.memory_budget("cpu") == 2 << 30
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for free, want in [(100 << 30, 16 << 30), (12 << 30, 3 << 30), (1 << 30, 1 << 30)]:
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None, free=free: (free, 141 << 30))
+        assert backward.memory_budget("cuda") == want
+    monkeypatch.setattr(backward, "MEMORY_BUDGET", 5)
+    assert backward.memory_budget("cuda") == backward.memory_budget("cpu") == 5
+
+
 def test_packed_layout_starts_every_sequence_on_a_chunk():
     where, segments = backward.packed_layout([0, 3, 3, 20, 21], 16, "cpu")
     assert segments == [(0, 1), (1, 1), (1, 3), (3, 4)]
