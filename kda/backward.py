@@ -47,6 +47,11 @@ DEVICE_BACKWARD = True
 STATE_KERNELS = False
 STATE_KERNELS_DTYPE = torch.bfloat16
 
+# CUDA: the chunk stage (every chunk's gradients) by the TileLang kernel of kda/kernels/backward_chunks.py
+# for a gate per head (GDN) with the delta rule, dense batches, chunks of 64, bf16 or fp16 inputs: one
+# launch instead of torch stages by groups of chunks. Off until its GPU tests pass.
+CHUNK_KERNEL = False
+
 # Bytes that one group of chunks may take for its pairwise decay tables and their temporaries; None:
 # on CUDA a quarter of the device's free memory, between 1 and 16 GiB (every group is a few hundred
 # launches whatever its size, and at (1, 8192, 96, 128) 2 GiB made 32 groups of 4 chunks), else 2 GiB.
@@ -219,11 +224,12 @@ def packed_layout(bounds: list[int], C: int, device) -> tuple[torch.Tensor, list
 
 # --8<-- [start:chunked_gradients]
 def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk_size=CHUNK_SIZE,
-                      dtype=torch.float32, budget=None):
+                      dtype=torch.float32, budget=None, kernel_dtype=None):
     """``dq, dk, dv, dg, dbeta, dh0`` of ``sum(o * do) + sum(S_final * dht)``, all ``[B, T, H, *]``
     with one key head per value head, in ``dtype``. ``segments``: the chunk ranges of packed
     sequences (``B = 1``; ``h0`` and ``dht`` then ``[N, H, DK, DV]``), ``None`` for one sequence per
-    batch row. ``g`` ``[B, T, H(, DK)]`` or ``None``; ``beta`` ``None`` without a delta rule."""
+    batch row. ``g`` ``[B, T, H(, DK)]`` or ``None``; ``beta`` ``None`` without a delta rule.
+    ``kernel_dtype``: the inputs' dtype, for the chunk kernel where it applies (``CHUNK_KERNEL``)."""
     B, T, H, DK = q.shape
     DV, C = v.shape[-1], chunk_size
     NC = ceildiv(T, C)
@@ -252,7 +258,11 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
     else:
         S, dS, dh0 = torch_state_passes(whole, S0, dO, dS_final, segments)
     del whole
-    # 3. every chunk's gradients, a group of chunks at a time
+    # 3. every chunk's gradients: in one launch (a gate per head), or a group of chunks at a time
+    if chunk_kernel_applies(q, g, beta, C, segments, kernel_dtype):
+        gate = g if g is not None else torch.zeros(q.shape[:3], dtype=q.dtype, device=q.device)
+        dq, dk, dv, dg, dbeta = kernel_chunk_gradients(q, k, v, gate, beta, do, S, dS, scale, kernel_dtype)
+        return dq, dk, dv, (dg if g is not None else None), dbeta, dh0
     out = [stages.chunk_gradients(first or pieces(s, e), S[:, :, s:e], dS[:, :, s:e], dO[:, :, s:e])
            for s, e in groups]
     dQ, dK, dV, dg = (torch.cat([o[i] for o in out], dim=2) for i in (0, 1, 2, 4))
@@ -264,6 +274,55 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
     dbeta = from_chunks(torch.cat([o[3] for o in out], dim=2)[..., None], T)[..., 0] if beta is not None else None
     return from_chunks(dQ, T) * scale, from_chunks(dK, T), from_chunks(dV, T), dg, dbeta, dh0
 # --8<-- [end:chunked_gradients]
+
+
+def chunk_kernel_applies(q, g, beta, C, segments, kernel_dtype) -> bool:
+    """Whether step 3 of ``chunked_gradients`` runs as ``kda.kernels.backward_chunks`` (``CHUNK_KERNEL``):
+    CUDA, a gate per head or none, the delta rule, chunks of 64, one sequence per batch row, inputs
+    in bf16 or fp16."""
+    return (CHUNK_KERNEL and q.is_cuda and (g is None or g.dim() == 3) and beta is not None and C == 64
+            and len(segments) == 1 and kernel_dtype in (torch.bfloat16, torch.float16))
+
+
+def gate_gradient(dG, to_end, dG_last, C):
+    """The gate's gradient per token ``[B, T, H]`` from the chunk kernel's rows (``dG``: every term but
+    the decay to the chunk's end; ``to_end``: that decay's terms) and each chunk's ``dG_last [B, H, NC]``
+    (the state's decay): as ``kda.reference.backward.chunk_gradients`` ends, ``dG_last`` on the chunk's
+    last row, the reverse sum within the chunk, then ``to_end`` as an exclusive prefix sum."""
+    B, T, H = dG.shape
+    NC = ceildiv(T, C)
+    chunks = lambda x: torch.nn.functional.pad(x, (0, 0, 0, NC * C - T)).view(B, NC, C, H)
+    dG, to_end = chunks(dG).clone(), chunks(to_end)
+    dG[:, :, -1] += dG_last.transpose(1, 2)
+    before = to_end.cumsum(2) - to_end
+    return (dG.flip(2).cumsum(2).flip(2) + before).reshape(B, NC * C, H)[:, :T]
+
+
+def kernel_chunk_gradients(q, k, v, g, beta, do, S, dS, scale, dtype):
+    """Step 3 of ``chunked_gradients`` by ``kda.kernels.backward_chunks.chunk_gradients``: ``dq`` (scale
+    in), ``dk``, ``dv``, ``dg``, ``dbeta`` (float32, ``[B, T, H, *]``) from the inputs (``g [B, T, H]``, a
+    gate per head), ``do``, the states entering the chunks and the gradients of those leaving them
+    (``S``, ``dS [B, H, NC, DK, DV]``, rounded to ``dtype`` as the kernel reads them)."""
+    from kda import ops
+    from kda.kernels import backward_chunks
+    from kda.kernels.build import compile_program
+
+    B, T, H, DK = q.shape
+    DV = v.shape[-1]
+    low = lambda x: x.to(dtype).contiguous()
+    with torch.cuda.device(q.device):
+        kernel = compile_program(backward_chunks.chunk_gradients, (), DK=DK, DV=DV, chunk_size=CHUNK_SIZE,
+                                 dtype=ops.dtype_name(dtype))
+        new = lambda *shape: ops.new_output(shape, torch.float32, q.device)
+        dq, dk, dv = new(B, T, H, DK), new(B, T, H, DK), new(B, T, H, DV)
+        db, dG, to_end = new(B, T, H), new(B, T, H), new(B, T, H)
+        flags = torch.zeros(2, dtype=torch.int32, device=q.device)    # the forward checked g and beta
+        kernel(low(q), low(k), low(v), low(do), g.float().unsqueeze(-1).contiguous(), beta.float().contiguous(),
+               low(S), low(dS), float(scale), dq, dk, dv, db, dG, to_end, flags)
+    NC = S.shape[2]
+    G_last = torch.nn.functional.pad(g.float(), (0, 0, 0, NC * CHUNK_SIZE - T)).view(B, NC, CHUNK_SIZE, H).sum(2)
+    dG_last = (S * dS).sum((-1, -2)) * torch.exp(G_last).transpose(1, 2)      # [B, H, NC]
+    return dq, dk, dv, gate_gradient(dG, to_end, dG_last, CHUNK_SIZE), db
 
 
 def torch_state_passes(whole, S0, dO, dS_final, segments):
@@ -337,7 +396,7 @@ def op_gradients(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, cu_seqle
         args = [spread(x) for x in args]
     with full_float32_matmuls():
         dq, dk, dv, dg, dbeta, dh0 = chunked_gradients(*args[:5], args[5], f32(dht), scale, f32(initial_state),
-                                                       segments, budget=budget, dtype=dtype)
+                                                       segments, budget=budget, dtype=dtype, kernel_dtype=q.dtype)
     if cu_seqlens is not None:
         dq, dk, dv, dg, dbeta = (x.index_select(1, where) for x in (dq, dk, dv, dg, dbeta))
     dq, dk = (x.view(B, T, HQ, group, DK).sum(3) for x in (dq, dk))

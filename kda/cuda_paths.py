@@ -60,6 +60,16 @@ PATHS: tuple[CudaPath, ...] = (
                     "取代每个块若干次 torch 启动"},
         gpu_log="results/tuning/run91/gpu-tests.txt",
     ),
+    CudaPath(
+        name="backward_chunk_kernel",
+        module="kda.backward",
+        switch="CHUNK_KERNEL",
+        what={"en": "the backward's chunk stage for a gate per head (chunk_gated_delta_rule) by "
+                    "kda/kernels/backward_chunks.py, one launch for every chunk, instead of torch stages by "
+                    "groups of chunks",
+              "zh": "反向的块内阶段（每个头一个门控，即 chunk_gated_delta_rule）由 kda/kernels/backward_chunks.py "
+                    "完成，一次启动处理所有块，取代按块分组的 torch 阶段"},
+    ),
 )
 
 

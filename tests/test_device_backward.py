@@ -263,3 +263,95 @@ def test_gate_weights_get_gradients_whatever_the_switch(switch, monkeypatch):
                          use_gate_in_kernel=True)
     grads = torch.autograd.grad((o * do).sum(), (A_log, dt_bias))
     assert all(torch.isfinite(x).all() and x.abs().sum() > 0 for x in grads)
+
+
+def chunk_kernel_mirror(Q, K, V, dO, g, beta, S_in, dS_out, scale, dQ, dK, dV, db, dG, to_end, flags, C=64):
+    """``kda.kernels.backward_chunks.chunk_gradients`` step by step in float64 torch, reading and writing
+    its arguments as its docstring says (a gate per head, natural log, per token; its outputs per row):
+    the stand-in that checks the kernel's arithmetic and ``kernel_chunk_gradients``'s binding on the CPU."""
+    B, T, H, DK = Q.shape
+    NC = S_in.shape[2]
+    pad = lambda x: torch.nn.functional.pad(x.double(), (0, 0) * (x.dim() - 2) + (0, NC * C - T))
+    rows = lambda x: pad(x).view(B, NC, C, H, *x.shape[3:]).movedim(3, 1)        # [B, H, NC, C, *]
+    q, k, v, do = rows(Q), rows(K), rows(V), rows(dO)
+    G, b = rows(g)[..., 0].cumsum(-1), rows(beta)                                  # [B, H, NC, C]
+    S, dS = S_in.double(), dS_out.double()
+    lower = torch.ones(C, C, dtype=torch.bool).tril()
+    E = torch.where(lower, torch.exp(torch.clamp(G[..., :, None] - G[..., None, :], max=0.0)), 0.0)
+    strict = lambda x: x.tril(-1)
+    tr = lambda x: x.transpose(-1, -2)
+    eG, eEnd = torch.exp(G)[..., None], torch.exp(G[..., -1:] - G)[..., None]
+    KKE = strict(k @ tr(k) * E)
+    Tinv = torch.linalg.inv(torch.eye(C, dtype=torch.float64) + KKE * b[..., None])
+    Kg = k * eG
+    W, U = (Tinv * b[..., None, :]) @ Kg, (Tinv * b[..., None, :]) @ v
+    new = U - W @ S
+    dQg = do @ tr(S)
+    dq, dg = dQg * eG, scale * torch.exp(G) * (dQg * q).sum(-1)
+    P = scale * (q @ tr(k)) * E
+    dnew = tr(P) @ do + (k * eEnd) @ dS
+    dk = (new @ tr(dS)) * eEnd
+    end = (dk * k).sum(-1)
+    dW = -dnew @ tr(S)
+    dP = do @ tr(new)
+    R = strict(dP) * P
+    dg = dg + R.sum(-1) - R.sum(-2)
+    dPE = dP.tril() * E
+    dq, dk = dq + dPE @ k, dk + scale * tr(dPE) @ q
+    dXu, dXw = tr(Tinv) @ dnew, tr(Tinv) @ dW
+    dv, dbeta = b[..., None] * dXu, (dXu * v).sum(-1)
+    dk = dk + dXw * b[..., None] * eG
+    share = torch.exp(G) * (dXw * k).sum(-1)
+    dbeta, dg = dbeta + share, dg + share * b
+    dT = dnew @ tr(b[..., None] * v) + dW @ tr(b[..., None] * Kg)
+    dA = -strict(tr(Tinv) @ dT @ tr(Tinv))
+    D = dA * KKE
+    dbeta = dbeta + D.sum(-1)
+    dg = dg + b * D.sum(-1) - (b[..., None] * D).sum(-2)
+    dAbE = dA * b[..., None] * E
+    dk = dk + dAbE @ k + tr(dAbE) @ k
+    back = lambda x, out: out.copy_(x.movedim(1, 3).reshape(B, NC * C, H, *x.shape[4:])[:, :T])
+    for x, out in ((dq * scale, dQ), (dk, dK), (dv, dV), (dbeta, db), (dg, dG), (end, to_end)):
+        back(x, out)
+
+
+@pytest.mark.parametrize("strong", [False, True], ids=["logsigmoid", "runs_of_-20"])
+def test_chunk_kernel_arithmetic_is_the_chunk_gradients(strong, monkeypatch):
+    """``kernel_chunk_gradients`` with the chunk kernel replaced by ``chunk_kernel_mirror`` (its steps in
+    float64), then ``gate_gradient``: the gradients of ``chunked_gradients`` on the same (bf16-exact)
+    inputs, states and state gradients, a tail chunk included, to float32's rounding."""
+    from kda.kernels import build
+
+    monkeypatch.setattr(build, "compile_program", lambda fn, out_idx, **kw: chunk_kernel_mirror)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: __import__("contextlib").nullcontext())
+    q, k, v, g, beta, h0, do, dht = inputs(B=2, T=100, H=2, K=16, V=8, per_channel=False, strong=strong, seed=5)
+    bf16 = lambda x: x.to(torch.bfloat16).double()
+    q, k, v, do = (bf16(x) for x in (q, k, v, do))
+    g, beta = g.float().double(), beta.float().double()
+    p = ref.chunk_pieces(q, k, v, g, beta, 0.5, 64)
+    S = bf16(ref.forward_states(p, bf16(h0))[0])
+    dO = ref.to_chunks(do, 64)
+    dS = bf16(ref.reverse_state_pass(p, dO, dht)[0])
+    want_dQ, want_dK, want_dV, want_db, want_dG = ref.chunk_gradients(p, S, dS, dO)
+    got = backward.kernel_chunk_gradients(q, k, v, g, beta, do, S, dS, 0.5, torch.bfloat16)
+    T = q.shape[1]
+    want = (ref.from_chunks(want_dQ, T) * 0.5, ref.from_chunks(want_dK, T), ref.from_chunks(want_dV, T),
+            ref.from_chunks(want_dG, T)[..., 0], ref.from_chunks(want_db[..., None], T)[..., 0])
+    for name, a, b in zip("dq dk dv dg dbeta".split(), got, want):
+        assert rel_l2(a, b) < 1e-6, f"{name}: {rel_l2(a, b):.1e}"
+
+
+def test_chunk_kernel_is_taken_only_where_it_applies(monkeypatch):
+    """The switch, then CUDA, a gate per head (or none), the delta rule, chunks of 64, one sequence per
+    row and bf16 or fp16 inputs: each one missing keeps the torch stages."""
+    q = torch.zeros(1, 64, 2, 8)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    args = dict(q=q, g=torch.zeros(1, 64, 2), beta=torch.zeros(1, 64, 2), C=64, segments=[(0, 1)],
+                kernel_dtype=torch.bfloat16)
+    assert not backward.chunk_kernel_applies(**args)
+    monkeypatch.setattr(backward, "CHUNK_KERNEL", True)
+    assert backward.chunk_kernel_applies(**args)
+    assert backward.chunk_kernel_applies(**{**args, "g": None})
+    for change in [dict(g=torch.zeros(1, 64, 2, 8)), dict(beta=None), dict(C=16), dict(segments=[(0, 1), (1, 2)]),
+                   dict(kernel_dtype=torch.float32)]:
+        assert not backward.chunk_kernel_applies(**{**args, **change}), change

@@ -149,6 +149,57 @@ def test_gradients_with_the_state_pass_kernels(per_channel, device_backward, mon
         assert rel_l2(a.double().cpu(), b) <= 2e-2, f"{name}: {rel_l2(a.double().cpu(), b):.2e}"
 
 
+@pytest.mark.parametrize("kind", ["logsigmoid", "runs_of_-20"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_chunk_kernel_against_the_stages(dtype, kind, poisoned):
+    """``kda/kernels/backward_chunks.py`` (a gate per head) against the reference's ``chunk_gradients`` in
+    float64 on the same inputs and the same states and state gradients rounded to the kernel's dtype
+    (a tail chunk); outputs poisoned with NaN. The kernel rounds its GEMM operands (W, V', P, T and
+    the gradients between its GEMMs) to that dtype, as fla's kernels do."""
+    from kda import backward
+
+    B, T, H, DK, DV = 2, 300, 3, 128, 128
+    q, k, v, g, beta, h0 = inputs((B, T, H, DK, DV), dtype, kind, False, 31)
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    do = torch.randn(B, T, H, DV, generator=gen, device="cuda").to(dtype)
+    dht = torch.randn(B, H, DK, DV, generator=gen, device="cuda")
+    args = [x.double().cpu() for x in (q, k, v, g, beta, do)]
+    p = ref.chunk_pieces(*args[:5], DK ** -0.5, 64)
+    S = ref.forward_states(p, h0.double().cpu())[0].to(dtype).double()
+    dO = ref.to_chunks(args[5], 64)
+    dS = ref.reverse_state_pass(p, dO, dht.double().cpu())[0].to(dtype).double()
+    wants = ref.chunk_gradients(p, S, dS, dO)
+    wants = (ref.from_chunks(wants[0], T) * DK ** -0.5, ref.from_chunks(wants[1], T), ref.from_chunks(wants[2], T),
+             ref.from_chunks(wants[4], T)[..., 0], ref.from_chunks(wants[3][..., None], T)[..., 0])
+    gots = backward.kernel_chunk_gradients(q, k, v, g, beta, do, S.cuda(), dS.cuda(), DK ** -0.5, dtype)
+    bound = {torch.bfloat16: 2e-2, torch.float16: 1e-2}[dtype]
+    for name, got, want in zip("dq dk dv dg dbeta".split(), gots, wants):
+        assert torch.isfinite(got).all(), f"{name}: not finite (unwritten?)"
+        assert rel_l2(got.double().cpu(), want) <= bound, f"{name}: {rel_l2(got.double().cpu(), want):.2e}"
+
+
+@pytest.mark.parametrize("kind", ["logsigmoid", "runs_of_-20"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_gradients_with_the_chunk_kernel(shape, dtype, kind, device_backward, monkeypatch):
+    """chunk_gated_delta_rule's gradients with ``CHUNK_KERNEL`` on against the float64 recurrence, within
+    the bound of the state-pass kernels' test (bf16 GEMM operands)."""
+    from kda import backward
+
+    monkeypatch.setattr(backward, "CHUNK_KERNEL", True)
+    leaves = inputs(shape, dtype, kind, False, zlib.crc32(repr((shape, kind, "chunk kernel")).encode()))
+    B, T, H, DK, DV = shape
+    gen = torch.Generator(device="cuda").manual_seed(10)
+    do = torch.randn(B, T, H, DV, generator=gen, device="cuda").to(dtype).float()
+    dht = torch.randn(B, H, DK, DV, generator=gen, device="cuda")
+    got = gradients_on_cuda(kda.chunk_gated_delta_rule, leaves, do, dht)
+    q, k, v, g, beta, h0 = (x.double().cpu() for x in leaves)
+    want = ref.recurrence_backward(q, k, v, g, beta, do.double().cpu(), dht.double().cpu(), DK ** -0.5, h0)
+    for name, a, b in zip("dq dk dv dg dbeta dh0".split(), got, want):
+        assert torch.isfinite(a).all(), name
+        assert rel_l2(a.double().cpu(), b) <= 2e-2, f"{name}: {rel_l2(a.double().cpu(), b):.2e}"
+
+
 def test_off_switch_refuses_with_its_name(monkeypatch):
     from kda import backward
 

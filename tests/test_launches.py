@@ -342,3 +342,20 @@ def test_backward_state_passes(kernel_launches, monkeypatch, per_channel, dtype)
     S, dS, dh0 = backward.kernel_state_passes(whole, S0, dO, torch.zeros_like(S0))
     assert [name for name, _ in kernel_launches] == ["forward_states_pass", "reverse_state_pass"]
     assert S.shape == dS.shape == (2, 2, 4, 64, 64) and dh0.shape == S0.shape
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_backward_chunk_kernel(kernel_launches, monkeypatch, dtype):
+    """``kda.backward.chunk_kernel``'s route: ``chunked_gradients`` with ``CHUNK_KERNEL`` on (CUDA faked) runs
+    the state passes by torch and the chunk stage as one launch of ``kda.kernels.backward_chunks`` with its
+    arguments as the binder takes them (a tail chunk, a gate per head)."""
+    from kda import backward
+
+    monkeypatch.setattr(backward, "CHUNK_KERNEL", True)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    q, k, v, g, beta = level5_inputs(B=2, T=200, per_channel=False, dtype=dtype)
+    do = torch.randn(2, 200, 2, 64)
+    got = backward.chunked_gradients(q.float(), k.float(), v.float(), g[..., 0], beta, do, None, 0.125, None,
+                                     kernel_dtype=dtype)
+    assert [name for name, _ in kernel_launches] == ["chunk_gradients"]
+    assert [x.shape for x in got[:5]] == [q.shape, k.shape, v.shape, g[..., 0].shape, beta.shape]

@@ -1,0 +1,257 @@
+"""The chunk-parallel stage of the backward (``kda.reference.backward.chunk_gradients``) as one TileLang
+kernel for a gate per head (GDN): every chunk's gradients at once, given the state entering it and
+the gradient of the state leaving it (the two sequential passes, ``kda.kernels.backward_states``).
+
+One block per (chunk, head, batch row) recomputes what the forward made of the chunk and never
+stored: the cumulative gate, ``A = stril(diag(b) K K^T E)`` with ``E_ij = 2^(G_i - G_j)``, the inverse
+``T = (I + A)^-1`` (level 4's solve, the same macros as the forward), ``W``, ``U``, ``V' = U - W S`` and
+the scores ``P = scale (Q K^T) E``; then, as the reference's ``chunk_gradients`` orders them:
+
+* the state read: ``dQg = dO S^T``;
+* the state update: ``dV' = P^T dO + Kd dS``, ``dKd = V' dS^T``;
+* the scores: ``dP = tril(dO V'^T)``, its share of ``dQ`` and ``dK`` by ``(dP E) K`` and ``(dP E)^T Q``;
+* the WY form: ``dW = -dV' S^T``, ``dXu = T^T dV'``, ``dXw = T^T dW``, ``dT = dV' Xu^T + dW Xw^T`` and
+  ``dA = -stril(T^T dT T^T)``, whose pairs give ``dK`` by ``(dA b E) K`` and ``(dA b E)^T K``.
+
+The gate's gradient is left to the caller per row, before its reverse sum within the chunk: ``dG``
+(every term but the decay to the chunk's end and the state's own) and ``to_end`` (that decay's
+terms, which enter as an exclusive prefix sum, ``kda.reference.backward.chunk_gradients``). With a
+gate per head every pair term of the gate is a number per pair, so ``dG`` comes from row and column
+sums of ``dP P`` and ``dA b (K K^T E)`` in shared memory, not from more GEMMs.
+
+``S`` and ``dS`` share one shared buffer, loaded three times (``S``, ``dS``, ``S``), so that the
+block fits the 227 KB of an H100/H200 SM. Dense batches; ``kda.backward`` lays packed sequences out
+from chunk boundaries, which makes them dense. Not yet run on a GPU: ``kda.backward`` calls it only
+with its switch ``CHUNK_KERNEL`` on.
+"""
+
+# No `from __future__ import annotations` here: T.prim_func reads the annotations.
+import tilelang.language as T
+
+from kda.kernels.stages import (ACCUM, decay_factor, invert_diagonal_blocks_by_columns, load_beta_checked,
+                                log2_cumsum_by_columns, merge_by_substitution)
+
+SOLVE_BLOCK = 16       # the inverse's diagonal blocks, as in the forward
+
+
+@T.macro
+def row_and_column_sums(X_s, out_s, weight_s, C):
+    """``out_i += w_i sum_j X_ij - sum_m w_m X_mi`` (``weight_s`` ``None``: ``w = 1``): a pair term of
+    the gate enters the gradient of its row with one sign and of its column with the other."""
+    for i in T.Parallel(C):
+        acc = T.alloc_var(ACCUM)
+        acc = 0.0
+        for j in T.serial(C):
+            w = 1.0 if weight_s is None else weight_s[i]
+            wm = 1.0 if weight_s is None else weight_s[j]
+            acc += X_s[i, j] * w - X_s[j, i] * wm
+        out_s[i] = out_s[i] + acc
+
+
+# --8<-- [start:chunk_gradients]
+def chunk_gradients(DK, DV, chunk_size=64, dtype="bfloat16", scalar_gate=True, threads=256):
+    """Arguments at run time: ``Q, K [B, T, H, DK]``, ``V, dO [B, T, H, DV]`` (dtype; ``Q`` and ``K``
+    with one head per value head), ``g [B, T, H, 1]`` (the gate per token, natural log), ``beta [B, T,
+    H]`` (float32), ``S_in, dS_out [B, H, NC, DK, DV]`` (dtype: the state entering each chunk and the
+    gradient of the one leaving it), ``scale``; then the outputs, float32: ``dQ, dK [B, T, H, DK]``,
+    ``dV [B, T, H, DV]``, ``db, dG, to_end [B, T, H]``, and ``flags [2]`` (int32; the value checks of
+    ``g`` and ``beta``, as the forward's, which the caller may ignore: the forward checked them)."""
+    assert scalar_gate, "a gate per channel takes kda.backward's torch stages"
+    B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
+    C = chunk_size
+    NC = T.ceildiv(S, C)
+
+    @T.prim_func
+    def main(
+        Q: T.Tensor([B, S, H, DK], dtype),
+        K: T.Tensor([B, S, H, DK], dtype),
+        V: T.Tensor([B, S, H, DV], dtype),
+        dO: T.Tensor([B, S, H, DV], dtype),
+        g: T.Tensor([B, S, H, 1], ACCUM),
+        beta: T.Tensor([B, S, H], ACCUM),
+        S_in: T.Tensor([B, H, NC, DK, DV], dtype),
+        dS_out: T.Tensor([B, H, NC, DK, DV], dtype),
+        scale: T.float32,
+        dQ: T.Tensor([B, S, H, DK], ACCUM),
+        dK: T.Tensor([B, S, H, DK], ACCUM),
+        dV: T.Tensor([B, S, H, DV], ACCUM),
+        db: T.Tensor([B, S, H], ACCUM),
+        dG: T.Tensor([B, S, H], ACCUM),
+        to_end: T.Tensor([B, S, H], ACCUM),
+        flags: T.Tensor([2], "int32"),
+    ):
+        with T.Kernel(NC, H, B, threads=threads) as (c, bh, bb):
+            t0 = c * C
+            L = T.min(C, S - t0)
+            q_s = T.alloc_shared([C, DK], dtype)          # q; later Xw = b K 2^G
+            k_s = T.alloc_shared([C, DK], dtype)
+            v_s = T.alloc_shared([C, DV], dtype)
+            do_s = T.alloc_shared([C, DV], dtype)
+            state_s = T.alloc_shared([DK, DV], dtype)     # S, then dS, then S again
+            X_s = T.alloc_shared([C, DK], dtype)          # K 2^G, -W, Kd, dW
+            Y_s = T.alloc_shared([C, DV], dtype)          # V', later Xu = b V
+            Z_s = T.alloc_shared([C, DV], dtype)          # dV'
+            A_s = T.alloc_shared([C, C], ACCUM)           # A; dP P; dA
+            Tinv_s = T.alloc_shared([C, C], ACCUM)
+            KKE_s = T.alloc_shared([C, C], ACCUM)         # stril(K K^T E); later dA K K^T E
+            Cc_s = T.alloc_shared([C, C], dtype)          # T diag(b); dP E; dT, T^T dT; dA b E
+            Cc2_s = T.alloc_shared([C, C], dtype)         # P; T
+            G_s = T.alloc_shared([C, 1], ACCUM)           # the cumulative gate, log2
+            b_s = T.alloc_shared([C], ACCUM)
+            dg_s = T.alloc_shared([C], ACCUM)
+            db_s = T.alloc_shared([C], ACCUM)
+            x_col = T.alloc_local([SOLVE_BLOCK], ACCUM)
+            CC_f = T.alloc_fragment([C, C], ACCUM)
+            KD_f = T.alloc_fragment([C, DK], ACCUM)
+            VD_f = T.alloc_fragment([C, DV], ACCUM)
+            dQ_f = T.alloc_fragment([C, DK], ACCUM)
+            dK_f = T.alloc_fragment([C, DK], ACCUM)
+            row_f = T.alloc_fragment([C], ACCUM)
+
+            T.copy(Q[bb, t0:t0 + C, bh, :], q_s)
+            T.copy(K[bb, t0:t0 + C, bh, :], k_s)
+            T.copy(V[bb, t0:t0 + C, bh, :], v_s)
+            T.copy(dO[bb, t0:t0 + C, bh, :], do_s)
+            # the rows past a tail chunk's end as zeros, whatever the loads left there: a row of q or dO
+            # there would reach the real rows through the column sums of the scores' pair terms
+            for i, d in T.Parallel(C, DK):
+                q_s[i, d] = T.if_then_else(i < L, q_s[i, d], 0.0)
+                k_s[i, d] = T.if_then_else(i < L, k_s[i, d], 0.0)
+            for i, d in T.Parallel(C, DV):
+                v_s[i, d] = T.if_then_else(i < L, v_s[i, d], 0.0)
+                do_s[i, d] = T.if_then_else(i < L, do_s[i, d], 0.0)
+            T.copy(g[bb, t0:t0 + C, bh, :], G_s)
+            log2_cumsum_by_columns(G_s, G_s, L, C, 1, flags)
+            load_beta_checked(beta, b_s, flags, t0, L, C, bb, bh)
+            decay = lambda i, j: decay_factor(G_s[i, 0] - G_s[j, 0])      # 2^(G_i - G_j), clamped at 1
+            G_last = G_s[C - 1, 0]
+
+            # the forward's chunk form: A, T, W (into X_s, negated), U (in VD_f), then V' = U - W S
+            T.gemm(k_s, k_s, CC_f, transpose_B=True, clear_accum=True)
+            for i, j in T.Parallel(C, C):
+                kke = T.if_then_else(j < i, CC_f[i, j] * decay(i, j), 0.0)
+                KKE_s[i, j] = kke
+                A_s[i, j] = kke * b_s[i]
+            invert_diagonal_blocks_by_columns(A_s, Tinv_s, x_col, C, SOLVE_BLOCK)
+            merge_by_substitution(A_s, Tinv_s, C, SOLVE_BLOCK)
+            for i, j in T.Parallel(C, C):                  # blocks above the diagonal were not written
+                inside = i // SOLVE_BLOCK >= j // SOLVE_BLOCK
+                Cc_s[i, j] = T.if_then_else(inside, Tinv_s[i, j] * b_s[j], 0.0)
+                Cc2_s[i, j] = T.if_then_else(inside, Tinv_s[i, j], 0.0)
+            for i, d in T.Parallel(C, DK):
+                X_s[i, d] = k_s[i, d] * T.exp2(G_s[i, 0])
+            T.gemm(Cc_s, X_s, KD_f, clear_accum=True)                     # W
+            T.gemm(Cc_s, v_s, VD_f, clear_accum=True)                     # U
+            for i, d in T.Parallel(C, DK):
+                X_s[i, d] = -KD_f[i, d]
+            T.copy(S_in[bb, bh, c, :, :], state_s)
+            T.gemm(X_s, state_s, VD_f)                                    # U - W S
+            T.copy(VD_f, Y_s)
+
+            # the state read: dQ = dQg 2^G, and the gate's share sum_d dQg Qg
+            T.gemm(do_s, state_s, KD_f, transpose_B=True, clear_accum=True)   # dO S^T
+            for i, d in T.Parallel(C, DK):
+                dQ_f[i, d] = KD_f[i, d] * T.exp2(G_s[i, 0])
+                KD_f[i, d] = KD_f[i, d] * q_s[i, d]
+            T.reduce_sum(KD_f, row_f, dim=1)
+            for i in T.Parallel(C):
+                dg_s[i] = row_f[i] * T.exp2(G_s[i, 0]) * scale
+
+            # the scores P (kept in Cc2_s for dV'; T is made again after), and their gradient
+            # dP = tril(dO V'^T): dQ += (dP E) K, then dQ is done; dK = scale (dP E)^T q; the gate's pair
+            # terms sum_j dP_ij P_ij (j < i) by rows minus columns
+            T.gemm(q_s, k_s, CC_f, transpose_B=True, clear_accum=True)
+            for i, j in T.Parallel(C, C):
+                Cc2_s[i, j] = T.if_then_else(j <= i, CC_f[i, j] * scale * decay(i, j), 0.0)
+            T.gemm(do_s, Y_s, CC_f, transpose_B=True, clear_accum=True)
+            for i, j in T.Parallel(C, C):
+                Cc_s[i, j] = T.if_then_else(j <= i, CC_f[i, j] * decay(i, j), 0.0)
+                A_s[i, j] = T.if_then_else(j < i, CC_f[i, j] * Cc2_s[i, j], 0.0)
+            row_and_column_sums(A_s, dg_s, None, C)
+            T.gemm(Cc_s, k_s, dQ_f)
+            for i, d in T.Parallel(C, DK):
+                if i < L:
+                    dQ[bb, t0 + i, bh, d] = dQ_f[i, d] * scale
+            T.gemm(Cc_s, q_s, dK_f, transpose_A=True, clear_accum=True)
+            for i, d in T.Parallel(C, DK):
+                dK_f[i, d] = dK_f[i, d] * scale
+
+            # the state update: dV' = P^T dO + Kd dS, dKd = V' dS^T (dK += dKd 2^(G_last - G))
+            T.copy(dS_out[bb, bh, c, :, :], state_s)
+            for i, d in T.Parallel(C, DK):
+                X_s[i, d] = k_s[i, d] * T.exp2(G_last - G_s[i, 0])
+            T.gemm(Cc2_s, do_s, VD_f, transpose_A=True, clear_accum=True)
+            T.gemm(X_s, state_s, VD_f)
+            T.copy(VD_f, Z_s)
+            T.gemm(Y_s, state_s, KD_f, transpose_B=True, clear_accum=True)
+            for i, d in T.Parallel(C, DK):
+                KD_f[i, d] = KD_f[i, d] * T.exp2(G_last - G_s[i, 0])
+                dK_f[i, d] = dK_f[i, d] + KD_f[i, d]
+                KD_f[i, d] = KD_f[i, d] * k_s[i, d]                       # dKd Kd
+            T.reduce_sum(KD_f, row_f, dim=1)
+            for i in T.Parallel(C):
+                if i < L:
+                    to_end[bb, t0 + i, bh] = row_f[i]
+
+            # dW = -dV' S^T
+            T.copy(S_in[bb, bh, c, :, :], state_s)
+            T.gemm(Z_s, state_s, KD_f, transpose_B=True, clear_accum=True)
+            for i, d in T.Parallel(C, DK):
+                X_s[i, d] = -KD_f[i, d]
+
+            # the WY form: dXu = T^T dV' (dV = b dXu), dXw = T^T dW (dK += b dXw 2^G)
+            for i, j in T.Parallel(C, C):
+                Cc2_s[i, j] = T.if_then_else(i // SOLVE_BLOCK >= j // SOLVE_BLOCK, Tinv_s[i, j], 0.0)
+            T.gemm(Cc2_s, Z_s, VD_f, transpose_A=True, clear_accum=True)
+            for i, d in T.Parallel(C, DV):
+                if i < L:
+                    dV[bb, t0 + i, bh, d] = VD_f[i, d] * b_s[i]
+                VD_f[i, d] = VD_f[i, d] * v_s[i, d]
+            T.reduce_sum(VD_f, row_f, dim=1)
+            for i in T.Parallel(C):
+                db_s[i] = row_f[i]
+            T.gemm(Cc2_s, X_s, KD_f, transpose_A=True, clear_accum=True)
+            for i, d in T.Parallel(C, DK):
+                dK_f[i, d] = dK_f[i, d] + KD_f[i, d] * b_s[i] * T.exp2(G_s[i, 0])
+                KD_f[i, d] = KD_f[i, d] * k_s[i, d]
+            T.reduce_sum(KD_f, row_f, dim=1)
+            for i in T.Parallel(C):                       # sum_d dXw Kg: db, and b times it for the gate
+                share = row_f[i] * T.exp2(G_s[i, 0])
+                db_s[i] = db_s[i] + share
+                dg_s[i] = dg_s[i] + share * b_s[i]
+            for i, d in T.Parallel(C, DV):
+                Y_s[i, d] = v_s[i, d] * b_s[i]                            # Xu
+            for i, d in T.Parallel(C, DK):
+                q_s[i, d] = k_s[i, d] * T.exp2(G_s[i, 0]) * b_s[i]         # Xw
+            T.gemm(Z_s, Y_s, CC_f, transpose_B=True, clear_accum=True)    # dT = dV' Xu^T
+            T.gemm(X_s, q_s, CC_f, transpose_B=True)                      #    + dW Xw^T
+            T.copy(CC_f, Cc_s)
+            T.gemm(Cc2_s, Cc_s, CC_f, transpose_A=True, clear_accum=True)  # T^T dT
+            T.copy(CC_f, Cc_s)
+            T.gemm(Cc_s, Cc2_s, CC_f, transpose_B=True, clear_accum=True)  # (T^T dT) T^T
+            for i, j in T.Parallel(C, C):
+                dA = T.if_then_else(j < i, -CC_f[i, j], 0.0)
+                A_s[i, j] = dA
+                Cc_s[i, j] = dA * b_s[i] * decay(i, j)
+                KKE_s[i, j] = dA * KKE_s[i, j]
+            # db += sum_j dA_ij (K K^T E)_ij; the gate: b_i times that by rows minus columns
+            for i in T.Parallel(C):
+                acc = T.alloc_var(ACCUM)
+                acc = 0.0
+                for j in T.serial(C):
+                    acc += KKE_s[i, j]
+                db_s[i] = db_s[i] + acc
+            row_and_column_sums(KKE_s, dg_s, b_s, C)
+            T.gemm(Cc_s, k_s, dK_f)
+            T.gemm(Cc_s, k_s, dK_f, transpose_A=True)
+
+            for i, d in T.Parallel(C, DK):
+                if i < L:
+                    dK[bb, t0 + i, bh, d] = dK_f[i, d]
+            for i in T.Parallel(C):
+                if i < L:
+                    db[bb, t0 + i, bh] = db_s[i]
+                    dG[bb, t0 + i, bh] = dg_s[i]
+
+    return main
+# --8<-- [end:chunk_gradients]
