@@ -47,6 +47,11 @@ DEVICE_BACKWARD = True
 STATE_KERNELS = False
 STATE_KERNELS_DTYPE = torch.bfloat16
 
+# CUDA: what the two state passes read (W, U, the gated q and k, the scores, the decays) made by the
+# forward's own chunk_intra kernel (kda.gated_delta.prepare_chunks, one launch, bf16 or fp16) instead
+# of torch stages by groups of chunks. Off until its GPU tests pass.
+FORWARD_PIECES = False
+
 # CUDA: the chunk stage (every chunk's gradients) by the TileLang kernel of kda/kernels/backward_chunks.py
 # for a gate per head (GDN) with the delta rule, dense batches, chunks of 64, bf16 or fp16 inputs: one
 # launch instead of torch stages by groups of chunks. Off until its GPU tests pass.
@@ -245,12 +250,17 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
     groups = chunk_groups(B, H, NC, C, DK, DV, width, budget if budget is not None else memory_budget(q.device))
     pieces = lambda s, e: stages.chunk_pieces(*(pick(x, s, e) for x in (q, k, v, g, beta)), scale, C, dtype,
                                               SubChunked)
-    # 1. what the state passes read, for every chunk, a group of chunks at a time
-    # (one group: its pieces are kept for step 3 instead of made again)
-    first = pieces(*groups[0]) if len(groups) == 1 else None
-    kept = [first] if first else [{name: p[name] for name in STATE_PIECES} for p in (pieces(s, e) for s, e in groups)]
-    whole = {name: torch.cat([part[name] for part in kept], dim=2) for name in STATE_PIECES}
-    del kept
+    # 1. what the state passes read, for every chunk: by the forward's kernel, or a group of chunks at
+    # a time (one group: its pieces are kept for step 3 instead of made again)
+    first = None
+    if forward_pieces_apply(q, beta, C, kernel_dtype):
+        whole = {name: x.to(dtype) for name, x in forward_pieces(q, k, v, g, beta, scale, kernel_dtype).items()}
+    else:
+        first = pieces(*groups[0]) if len(groups) == 1 else None
+        kept = [first] if first else [{name: p[name] for name in STATE_PIECES}
+                                      for p in (pieces(s, e) for s, e in groups)]
+        whole = {name: torch.cat([part[name] for part in kept], dim=2) for name in STATE_PIECES}
+        del kept
     dO = to_chunks(do.to(dtype), C)
     # 2. the states entering every chunk and the gradients of those leaving it
     if STATE_KERNELS and q.is_cuda and len(segments) == 1 and DV % 64 == 0:
@@ -274,6 +284,31 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
     dbeta = from_chunks(torch.cat([o[3] for o in out], dim=2)[..., None], T)[..., 0] if beta is not None else None
     return from_chunks(dQ, T) * scale, from_chunks(dK, T), from_chunks(dV, T), dg, dbeta, dh0
 # --8<-- [end:chunked_gradients]
+
+
+def forward_pieces_apply(q, beta, C, kernel_dtype) -> bool:
+    """Whether step 1 of ``chunked_gradients`` runs as the forward's ``chunk_intra`` (``FORWARD_PIECES``):
+    CUDA, the delta rule, chunks of 64, inputs in bf16 or fp16."""
+    return (FORWARD_PIECES and q.is_cuda and beta is not None and C == 64
+            and kernel_dtype in (torch.bfloat16, torch.float16))
+
+
+def forward_pieces(q, k, v, g, beta, scale, dtype):
+    """``STATE_PIECES`` for every chunk ``[B, H, NC, C, *]`` from ``kda.gated_delta.prepare_chunks`` (the
+    forward's ``chunk_intra``) on the inputs rounded to ``dtype``: ``Qg`` is its ``Qw`` (scale in), ``Kd`` its
+    ``Kw``, ``P`` its ``A_qk``; the rows past the end are zeros, as the torch pieces' are. ``g``: ``[B, T, H,
+    DK]``, ``[B, T, H]`` (a gate per head) or ``None`` (none: a zero gate per head)."""
+    from kda.gated_delta import prepare_chunks
+
+    B, T, H, _ = q.shape
+    NC = ceildiv(T, CHUNK_SIZE)
+    gate = torch.zeros(B, T, H, 1, device=q.device) if g is None else (g[..., None] if g.dim() == 3 else g)
+    low = lambda x: x.to(dtype).contiguous()
+    form = prepare_chunks(low(q), low(k), low(v), gate.float().contiguous(), beta, scale)
+    chunked = lambda x: torch.nn.functional.pad(x, (0, 0, 0, 0, 0, NC * CHUNK_SIZE - T)).view(
+        B, NC, CHUNK_SIZE, H, x.shape[-1]).permute(0, 3, 1, 2, 4)
+    return {"U": chunked(form.U), "W": chunked(form.W), "Kd": chunked(form.Kw), "Qg": chunked(form.Qw),
+            "P": chunked(form.A_qk), "decay": form.decay}
 
 
 def chunk_kernel_applies(q, g, beta, C, segments, kernel_dtype) -> bool:

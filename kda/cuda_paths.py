@@ -61,6 +61,15 @@ PATHS: tuple[CudaPath, ...] = (
         gpu_log="results/tuning/run91/gpu-tests.txt",
     ),
     CudaPath(
+        name="backward_forward_pieces",
+        module="kda.backward",
+        switch="FORWARD_PIECES",
+        what={"en": "what the backward's state passes read (W, U, the gated q and k, the scores) made by the "
+                    "forward's chunk_intra kernel in one launch, instead of torch stages by groups of chunks",
+              "zh": "反向的状态遍历所读的量（W、U、带门控的 q 与 k、得分）由前向的 chunk_intra kernel 一次启动算出，"
+                    "取代按块分组的 torch 阶段"},
+    ),
+    CudaPath(
         name="backward_chunk_kernel",
         module="kda.backward",
         switch="CHUNK_KERNEL",

@@ -355,3 +355,37 @@ def test_chunk_kernel_is_taken_only_where_it_applies(monkeypatch):
     for change in [dict(g=torch.zeros(1, 64, 2, 8)), dict(beta=None), dict(C=16), dict(segments=[(0, 1), (1, 2)]),
                    dict(kernel_dtype=torch.float32)]:
         assert not backward.chunk_kernel_applies(**{**args, **change}), change
+
+
+def test_forward_pieces_are_the_state_pieces(monkeypatch):
+    """``forward_pieces`` with ``prepare_chunks`` replaced by a stand-in that returns the forward's
+    ``ChunkForm`` in its token-major layout (made from the reference's pieces): the state passes'
+    pieces in their head-major chunk layout, a tail chunk's rows past the end zero; then
+    ``chunked_gradients`` with ``FORWARD_PIECES`` gives the gradients of the torch pieces."""
+    from kda import gated_delta
+
+    def prepare_chunks(q, k, v, g, beta, scale):
+        B, T, H, _ = q.shape
+        p = ref.chunk_pieces(q.double(), k.double(), v.double(), g[..., 0] if g.shape[-1] == 1 else g, beta, scale, 64)
+        rows = lambda x: x.permute(0, 2, 3, 1, 4).reshape(B, -1, H, x.shape[-1])[:, :T]
+        return gated_delta.ChunkForm(rows(p["Qg"]), rows(p["Kd"]), rows(p["W"]), rows(p["U"]), rows(p["P"]),
+                                     p["decay"].expand(*p["decay"].shape[:3], q.shape[-1]))
+
+    monkeypatch.setattr(gated_delta, "prepare_chunks", prepare_chunks)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    for per_channel in (True, False):
+        q, k, v, g, beta, h0, do, dht = inputs(T=100, K=16, V=8, per_channel=per_channel)
+        g = g.float().double()                               # the kernel takes a float32 gate
+        q, k, v = (x.to(torch.bfloat16).double() for x in (q, k, v))     # and bf16 inputs
+        want = ref.chunk_pieces(q, k, v, g, beta, 0.5, 64)
+        got = backward.forward_pieces(q, k, v, g, beta, 0.5, torch.float64)
+        for name in backward.STATE_PIECES:
+            wide = want[name].expand_as(got[name])          # a gate per head: one decay, widened to DK
+            assert got[name].shape == wide.shape and rel_l2(got[name], wide) < 1e-12, name
+        plain = backward.chunked_gradients(q, k, v, g, beta, do, dht, 0.5, h0, dtype=torch.float64)
+        monkeypatch.setattr(backward, "FORWARD_PIECES", True)
+        through = backward.chunked_gradients(q, k, v, g, beta, do, dht, 0.5, h0, dtype=torch.float64,
+                                             kernel_dtype=torch.bfloat16)
+        monkeypatch.setattr(backward, "FORWARD_PIECES", False)
+        for a, b in zip(through, plain):
+            assert rel_l2(a, b) < 1e-12

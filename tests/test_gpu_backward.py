@@ -200,6 +200,32 @@ def test_gradients_with_the_chunk_kernel(shape, dtype, kind, device_backward, mo
         assert rel_l2(a.double().cpu(), b) <= 2e-2, f"{name}: {rel_l2(a.double().cpu(), b):.2e}"
 
 
+@pytest.mark.parametrize("kind", ["logsigmoid", "runs_of_-20"])
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
+def test_gradients_with_every_kernel(per_channel, kind, device_backward, monkeypatch):
+    """The op's gradients with ``FORWARD_PIECES``, ``STATE_KERNELS`` and (a gate per head)
+    ``CHUNK_KERNEL`` on against the float64 recurrence, a tail chunk included, within the bound of the
+    state-pass kernels' test; and with ``FORWARD_PIECES`` alone (the torch passes on its pieces)."""
+    from kda import backward
+
+    shape = (2, 200, 3, 128, 128)
+    leaves = inputs(shape, torch.bfloat16, kind, per_channel, 37)
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    do = torch.randn(2, 200, 3, 128, generator=gen, device="cuda").bfloat16().float()
+    dht = torch.randn(2, 3, 128, 128, generator=gen, device="cuda")
+    fn = kda.chunk_kda if per_channel else kda.chunk_gated_delta_rule
+    q, k, v, g, beta, h0 = (x.double().cpu() for x in leaves)
+    want = ref.recurrence_backward(q, k, v, g, beta, do.double().cpu(), dht.double().cpu(), 128 ** -0.5, h0)
+    monkeypatch.setattr(backward, "FORWARD_PIECES", True)
+    for switches in ((), ("STATE_KERNELS", "CHUNK_KERNEL")):
+        for switch in switches:
+            monkeypatch.setattr(backward, switch, True)
+        got = gradients_on_cuda(fn, leaves, do, dht)
+        for name, a, b in zip("dq dk dv dg dbeta dh0".split(), got, want):
+            assert torch.isfinite(a).all(), f"{switches}: {name}"
+            assert rel_l2(a.double().cpu(), b) <= 2e-2, f"{switches}: {name}: {rel_l2(a.double().cpu(), b):.2e}"
+
+
 def test_off_switch_refuses_with_its_name(monkeypatch):
     from kda import backward
 

@@ -9,6 +9,9 @@ median of ``do_bench`` and the peak memory, for each variant of kda's backward:
 * ``now``: the defaults;
 * ``2 GiB``: ``MEMORY_BUDGET = 2 GiB``, run 91's groups (what the larger groups give);
 * ``state kernels``: the defaults with ``STATE_KERNELS`` (its GPU tests passed in run 91, not timed);
+* ``forward pieces``: the state passes' pieces by the forward's ``chunk_intra`` (``FORWARD_PIECES``);
+* ``forward pieces, state kernels``: both;
+* ``every kernel``: both and the chunk kernel (``CHUNK_KERNEL``; GDN only, KDA takes the torch chunk stage);
 
 then fla (``FLA_FLASH_QLA=0``) and FlashQLA (GDN), and kda's stage split with the defaults.
 
@@ -34,7 +37,10 @@ run91.RUN = RUN                                               # its stage split 
 
 def variants():
     """(name, settings of kda.backward) in the order they are timed."""
-    return [("now", {}), ("2 GiB", {"MEMORY_BUDGET": 2 << 30}), ("state kernels", {"STATE_KERNELS": True})]
+    kernels = {"FORWARD_PIECES": True, "STATE_KERNELS": True}
+    return [("now", {}), ("2 GiB", {"MEMORY_BUDGET": 2 << 30}), ("state kernels", {"STATE_KERNELS": True}),
+            ("forward pieces", {"FORWARD_PIECES": True}), ("forward pieces, state kernels", kernels),
+            ("every kernel", {**kernels, "CHUNK_KERNEL": True})]
 
 
 def main():
