@@ -15,8 +15,10 @@ CPU. Two things make them fit a GPU's memory at a model's shapes:
   runs over all of them at once and only the state passes go sequence by sequence.
 
 It is the CUDA backward's first form: torch operations, correct for any gate (every decay is a
-pairwise ``exp`` of a number ``<= 0``), not yet TileLang kernels; those will replace its stages one
-by one. It is the CUDA implementation of the backward op of ``kda::chunk_gated_delta``
+pairwise ``exp`` of a number ``<= 0``). TileLang kernels replace its stages one by one, each behind
+its own switch until its GPU tests pass: the state passes' pieces by the forward's ``chunk_intra``
+(``FORWARD_PIECES``), the two state passes (``STATE_KERNELS``), and the chunk stage for a gate per
+head (``CHUNK_KERNEL``). It is the CUDA implementation of the backward op of ``kda::chunk_gated_delta``
 (``kda.custom_ops``), and a CUDA call that needs gradients goes through that op. On CUDA it is on
 since its GPU tests passed on the H200 (run 91; ``DEVICE_BACKWARD``, listed in ``kda.cuda_paths``), and
 slow: forward and backward of (1, 8192, 96, 128) take 883 ms against fla's 14.3 ms. On the CPU the
