@@ -331,7 +331,7 @@ def gate_gradient(dG, to_end, dG_last, C):
     chunks = lambda x: torch.nn.functional.pad(x, (0, 0, 0, NC * C - T)).view(B, NC, C, H)
     dG, to_end = chunks(dG).clone(), chunks(to_end)
     dG[:, :, -1] += dG_last.transpose(1, 2)
-    before = to_end.cumsum(2) - to_end
+    before = torch.cat([torch.zeros_like(to_end[:, :, :1]), to_end.cumsum(2)[:, :, :-1]], dim=2)
     return (dG.flip(2).cumsum(2).flip(2) + before).reshape(B, NC * C, H)[:, :T]
 
 
@@ -358,7 +358,7 @@ def kernel_chunk_gradients(q, k, v, g, beta, do, S, dS, scale, dtype):
                low(S), low(dS), float(scale), dq, dk, dv, db, dG, to_end, flags)
     NC = S.shape[2]
     G_last = torch.nn.functional.pad(g.float(), (0, 0, 0, NC * CHUNK_SIZE - T)).view(B, NC, CHUNK_SIZE, H).sum(2)
-    dG_last = (S * dS).sum((-1, -2)) * torch.exp(G_last).transpose(1, 2)      # [B, H, NC]
+    dG_last = torch.einsum("bhnkv,bhnkv->bhn", S, dS) * torch.exp(G_last).transpose(1, 2)   # [B, H, NC]
     return dq, dk, dv, gate_gradient(dG, to_end, dG_last, CHUNK_SIZE), db
 
 

@@ -17,12 +17,12 @@ The gate's gradient is left to the caller per row, before its reverse sum within
 (every term but the decay to the chunk's end and the state's own) and ``to_end`` (that decay's
 terms, which enter as an exclusive prefix sum, ``kda.reference.backward.chunk_gradients``). With a
 gate per head every pair term of the gate is a number per pair, so ``dG`` comes from row and column
-sums of ``dP P`` and ``dA b (K K^T E)`` in shared memory, not from more GEMMs.
+sums of ``dP P`` and ``dA b (K K^T E)`` (reductions of register tiles), not from more GEMMs.
 
 ``S`` and ``dS`` share one shared buffer, loaded three times (``S``, ``dS``, ``S``), so that the
-block fits the 227 KB of an H100/H200 SM. Dense batches; ``kda.backward`` lays packed sequences out
-from chunk boundaries, which makes them dense. Not yet run on a GPU: ``kda.backward`` calls it only
-with its switch ``CHUNK_KERNEL`` on.
+block fits the 227 KB of an H100/H200 SM. Dense batches (``kda.backward`` takes it for one sequence
+per batch row). Not yet run on a GPU: ``kda.backward`` calls it only with its switch ``CHUNK_KERNEL``
+on.
 """
 
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
@@ -35,17 +35,16 @@ SOLVE_BLOCK = 16       # the inverse's diagonal blocks, as in the forward
 
 
 @T.macro
-def row_and_column_sums(X_s, out_s, weight_s, C):
-    """``out_i += w_i sum_j X_ij - sum_m w_m X_mi`` (``weight_s`` ``None``: ``w = 1``): a pair term of
-    the gate enters the gradient of its row with one sign and of its column with the other."""
-    for i in T.Parallel(C):
+def column_sums_out(X_s, out_s, C):
+    """``out_j -= sum_i X_ij``: a pair term of the gate enters its column's gradient with the sign
+    opposite to its row's. One thread per column, so that a warp reads consecutive words of a row
+    (the row sums come from a register tile's reduction instead)."""
+    for j in T.Parallel(C):
         acc = T.alloc_var(ACCUM)
         acc = 0.0
-        for j in T.serial(C):
-            w = 1.0 if weight_s is None else weight_s[i]
-            wm = 1.0 if weight_s is None else weight_s[j]
-            acc += X_s[i, j] * w - X_s[j, i] * wm
-        out_s[i] = out_s[i] + acc
+        for i in T.serial(C):
+            acc += X_s[i, j]
+        out_s[j] = out_s[j] - acc
 
 
 # --8<-- [start:chunk_gradients]
@@ -91,11 +90,11 @@ def chunk_gradients(DK, DV, chunk_size=64, dtype="bfloat16", scalar_gate=True, t
             X_s = T.alloc_shared([C, DK], dtype)          # K 2^G, -W, Kd, dW
             Y_s = T.alloc_shared([C, DV], dtype)          # V', later Xu = b V
             Z_s = T.alloc_shared([C, DV], dtype)          # dV'
-            A_s = T.alloc_shared([C, C], ACCUM)           # A; dP P; dA
+            A_s = T.alloc_shared([C, C], ACCUM)           # A = stril(diag(b) K K^T E), for the inverse
             Tinv_s = T.alloc_shared([C, C], ACCUM)
-            KKE_s = T.alloc_shared([C, C], ACCUM)         # stril(K K^T E); later dA K K^T E
+            KKE_s = T.alloc_shared([C, C], ACCUM)         # stril(K K^T E)
             Cc_s = T.alloc_shared([C, C], dtype)          # T diag(b); dP E; dT, T^T dT; dA b E
-            Cc2_s = T.alloc_shared([C, C], dtype)         # P; T
+            Cc2_s = T.alloc_shared([C, C], dtype)         # P, then T
             G_s = T.alloc_shared([C, 1], ACCUM)           # the cumulative gate, log2
             b_s = T.alloc_shared([C], ACCUM)
             dg_s = T.alloc_shared([C], ACCUM)
@@ -135,9 +134,7 @@ def chunk_gradients(DK, DV, chunk_size=64, dtype="bfloat16", scalar_gate=True, t
             invert_diagonal_blocks_by_columns(A_s, Tinv_s, x_col, C, SOLVE_BLOCK)
             merge_by_substitution(A_s, Tinv_s, C, SOLVE_BLOCK)
             for i, j in T.Parallel(C, C):                  # blocks above the diagonal were not written
-                inside = i // SOLVE_BLOCK >= j // SOLVE_BLOCK
-                Cc_s[i, j] = T.if_then_else(inside, Tinv_s[i, j] * b_s[j], 0.0)
-                Cc2_s[i, j] = T.if_then_else(inside, Tinv_s[i, j], 0.0)
+                Cc_s[i, j] = T.if_then_else(i // SOLVE_BLOCK >= j // SOLVE_BLOCK, Tinv_s[i, j] * b_s[j], 0.0)
             for i, d in T.Parallel(C, DK):
                 X_s[i, d] = k_s[i, d] * T.exp2(G_s[i, 0])
             T.gemm(Cc_s, X_s, KD_f, clear_accum=True)                     # W
@@ -166,8 +163,12 @@ def chunk_gradients(DK, DV, chunk_size=64, dtype="bfloat16", scalar_gate=True, t
             T.gemm(do_s, Y_s, CC_f, transpose_B=True, clear_accum=True)
             for i, j in T.Parallel(C, C):
                 Cc_s[i, j] = T.if_then_else(j <= i, CC_f[i, j] * decay(i, j), 0.0)
-                A_s[i, j] = T.if_then_else(j < i, CC_f[i, j] * Cc2_s[i, j], 0.0)
-            row_and_column_sums(A_s, dg_s, None, C)
+                CC_f[i, j] = T.if_then_else(j < i, CC_f[i, j] * Cc2_s[i, j], 0.0)
+            T.reduce_sum(CC_f, row_f, dim=1)
+            for i in T.Parallel(C):
+                dg_s[i] = dg_s[i] + row_f[i]
+            T.copy(CC_f, A_s)
+            column_sums_out(A_s, dg_s, C)
             T.gemm(Cc_s, k_s, dQ_f)
             for i, d in T.Parallel(C, DK):
                 if i < L:
@@ -229,19 +230,18 @@ def chunk_gradients(DK, DV, chunk_size=64, dtype="bfloat16", scalar_gate=True, t
             T.gemm(Cc2_s, Cc_s, CC_f, transpose_A=True, clear_accum=True)  # T^T dT
             T.copy(CC_f, Cc_s)
             T.gemm(Cc_s, Cc2_s, CC_f, transpose_B=True, clear_accum=True)  # (T^T dT) T^T
+            # D = dA (K K^T E): db += its row sums; the gate, b_i times them minus the columns' sum_m b_m D_mi
             for i, j in T.Parallel(C, C):
                 dA = T.if_then_else(j < i, -CC_f[i, j], 0.0)
-                A_s[i, j] = dA
                 Cc_s[i, j] = dA * b_s[i] * decay(i, j)
-                KKE_s[i, j] = dA * KKE_s[i, j]
-            # db += sum_j dA_ij (K K^T E)_ij; the gate: b_i times that by rows minus columns
+                CC_f[i, j] = dA * KKE_s[i, j]
+            T.reduce_sum(CC_f, row_f, dim=1)
             for i in T.Parallel(C):
-                acc = T.alloc_var(ACCUM)
-                acc = 0.0
-                for j in T.serial(C):
-                    acc += KKE_s[i, j]
-                db_s[i] = db_s[i] + acc
-            row_and_column_sums(KKE_s, dg_s, b_s, C)
+                db_s[i] = db_s[i] + row_f[i]
+                dg_s[i] = dg_s[i] + row_f[i] * b_s[i]
+            for i, j in T.Parallel(C, C):
+                A_s[i, j] = CC_f[i, j] * b_s[i]
+            column_sums_out(A_s, dg_s, C)
             T.gemm(Cc_s, k_s, dK_f)
             T.gemm(Cc_s, k_s, dK_f, transpose_A=True)
 
@@ -254,4 +254,8 @@ def chunk_gradients(DK, DV, chunk_size=64, dtype="bfloat16", scalar_gate=True, t
                     dG[bb, t0 + i, bh] = dg_s[i]
 
     return main
+
+
+# Subnormals flushed to zero, as in the forward's chunk_intra: one ex2.approx.ftz per exp2
+chunk_gradients.compile_flags = ("-ftz=true",)
 # --8<-- [end:chunk_gradients]
