@@ -315,10 +315,11 @@ def forward_pieces(q, k, v, g, beta, scale, dtype):
 
 def chunk_kernel_applies(q, g, beta, C, segments, kernel_dtype) -> bool:
     """Whether step 3 of ``chunked_gradients`` runs as ``kda.kernels.backward_chunks`` (``CHUNK_KERNEL``):
-    CUDA, a gate per head or none, the delta rule, chunks of 64, one sequence per batch row, inputs
-    in bf16 or fp16."""
+    CUDA, a gate per head or none, the delta rule, chunks of 64, inputs in bf16 or fp16. Packed
+    sequences too: laid out from chunk boundaries (``packed_layout``), the rows between two sequences
+    are zeros with a zero gate and ``b = 0``, which add nothing to any real row."""
     return (CHUNK_KERNEL and q.is_cuda and (g is None or g.dim() == 3) and beta is not None and C == 64
-            and len(segments) == 1 and kernel_dtype in (torch.bfloat16, torch.float16))
+            and kernel_dtype in (torch.bfloat16, torch.float16))
 
 
 def gate_gradient(dG, to_end, dG_last, C):

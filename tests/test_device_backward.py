@@ -342,8 +342,8 @@ def test_chunk_kernel_arithmetic_is_the_chunk_gradients(strong, monkeypatch):
 
 
 def test_chunk_kernel_is_taken_only_where_it_applies(monkeypatch):
-    """The switch, then CUDA, a gate per head (or none), the delta rule, chunks of 64, one sequence per
-    row and bf16 or fp16 inputs: each one missing keeps the torch stages."""
+    """The switch, then CUDA, a gate per head (or none), the delta rule, chunks of 64 and bf16 or fp16
+    inputs: each one missing keeps the torch stages; packed sequences take it too."""
     q = torch.zeros(1, 64, 2, 8)
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     args = dict(q=q, g=torch.zeros(1, 64, 2), beta=torch.zeros(1, 64, 2), C=64, segments=[(0, 1)],
@@ -352,8 +352,8 @@ def test_chunk_kernel_is_taken_only_where_it_applies(monkeypatch):
     monkeypatch.setattr(backward, "CHUNK_KERNEL", True)
     assert backward.chunk_kernel_applies(**args)
     assert backward.chunk_kernel_applies(**{**args, "g": None})
-    for change in [dict(g=torch.zeros(1, 64, 2, 8)), dict(beta=None), dict(C=16), dict(segments=[(0, 1), (1, 2)]),
-                   dict(kernel_dtype=torch.float32)]:
+    assert backward.chunk_kernel_applies(**{**args, "segments": [(0, 1), (1, 1), (1, 2)]})
+    for change in [dict(g=torch.zeros(1, 64, 2, 8)), dict(beta=None), dict(C=16), dict(kernel_dtype=torch.float32)]:
         assert not backward.chunk_kernel_applies(**{**args, **change}), change
 
 
@@ -389,3 +389,25 @@ def test_forward_pieces_are_the_state_pieces(monkeypatch):
         monkeypatch.setattr(backward, "FORWARD_PIECES", False)
         for a, b in zip(through, plain):
             assert rel_l2(a, b) < 1e-12
+
+
+def test_chunk_kernel_takes_packed_sequences(monkeypatch):
+    """``op_gradients`` on packed sequences (an empty one, one of length 1, tails) with ``CHUNK_KERNEL`` on,
+    the kernel replaced by ``chunk_kernel_mirror`` (CUDA faked): the gradients of the torch stages, to the
+    rounding of the states to bf16 that the kernel reads."""
+    from kda.kernels import build
+
+    lengths = [0, 1, 63, 130, 70]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    q, k, v, g, beta, h0, do, dht = op_inputs(False, T=sum(lengths), seed=4)
+    q, k, v = (x.to(torch.bfloat16) for x in (q, k, v))
+    h0, dht = (torch.randn(len(lengths), *x.shape[1:], dtype=torch.float64) for x in (h0, dht))
+    args = (q, k, v, g.float(), beta.float(), 0.5, h0.float(), True, cu, do.float(), dht.float())
+    want = backward.op_gradients(*args)
+    monkeypatch.setattr(build, "compile_program", lambda fn, out_idx, **kw: chunk_kernel_mirror)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: __import__("contextlib").nullcontext())
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(backward, "CHUNK_KERNEL", True)
+    got = backward.op_gradients(*args)
+    for name, a, b in zip("dq dk dv dg dbeta dh0".split(), got, want):
+        assert rel_l2(a.double(), b.double()) < 1e-2, f"{name}: {rel_l2(a.double(), b.double()):.1e}"   # ~3e-3

@@ -20,9 +20,10 @@ gate per head every pair term of the gate is a number per pair, so ``dG`` comes 
 sums of ``dP P`` and ``dA b (K K^T E)`` (reductions of register tiles), not from more GEMMs.
 
 ``S`` and ``dS`` share one shared buffer, loaded three times (``S``, ``dS``, ``S``), so that the
-block fits the 227 KB of an H100/H200 SM. Dense batches (``kda.backward`` takes it for one sequence
-per batch row). Not yet run on a GPU: ``kda.backward`` calls it only with its switch ``CHUNK_KERNEL``
-on.
+block fits the 227 KB of an H100/H200 SM. Dense batches; ``kda.backward`` lays packed sequences out
+from chunk boundaries, the rows between them zeros with a zero gate and ``b = 0`` (they add nothing
+to a real row). Not yet run on a GPU: ``kda.backward`` calls it only with its switch
+``CHUNK_KERNEL`` on.
 """
 
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
