@@ -88,9 +88,9 @@ def activated(q, k, v, g, beta, per_channel: bool, options: dict, check_values: 
     float32 on CUDA and float64 on the CPU; shapes checked first, so that a wrong tensor gets the
     usual error. The chunked forward's path: it applies them in torch before its kernels.
     ``differentiable``: a CUDA call that ``kda.backward`` differentiates (its inputs may require grad)."""
-    from kda import backward, validate
+    from kda import cuda_autograd, validate
 
-    with backward.checks_allow_gradients(differentiable):
+    with cuda_autograd.checks_allow_gradients(differentiable):
         B, T, H, DK, _ = validate.check_qkv(q, k, v, grouped_values=True)
         if validate.check_gates(g, B, T, H, DK, q.device, check_values=False) != per_channel:
             form = "[B, T, H, DK] (one gate per key channel)" if per_channel else "[B, T, H] (one gate per head)"

@@ -19,10 +19,11 @@ pairwise ``exp`` of a number ``<= 0``). TileLang kernels replace its stages one 
 its own switch until its GPU tests pass: the state passes' pieces by the forward's ``chunk_intra``
 (``FORWARD_PIECES``), the two state passes (``STATE_KERNELS``), and the chunk stage for a gate per
 head (``CHUNK_KERNEL``). It is the CUDA implementation of the backward op of ``kda::chunk_gated_delta``
-(``kda.custom_ops``), and a CUDA call that needs gradients goes through that op. On CUDA it is on
-since its GPU tests passed on the H200 (run 91; ``DEVICE_BACKWARD``, listed in ``kda.cuda_paths``), and
-slow: forward and backward of (1, 8192, 96, 128) take 883 ms against fla's 14.3 ms. On the CPU the
-public functions keep autograd through their float64 path.
+(``kda.custom_ops``, whose CUDA kernel in ``kda.cuda_autograd`` calls ``op_gradients``), and a CUDA call
+that needs gradients goes through that op. On CUDA it is on since its GPU tests passed on the H200 (run
+91; ``kda.cuda_autograd.DEVICE_BACKWARD``, listed in ``kda.cuda_paths``), and slow: forward and backward
+of (1, 8192, 96, 128) take 883 ms against fla's 14.3 ms. On the CPU the public functions keep autograd
+through their float64 path. Nothing of the forward imports this module.
 """
 
 from __future__ import annotations
@@ -31,16 +32,10 @@ import contextlib
 
 import torch
 
-from kda import custom_ops, validate
 from kda.chunking import ceildiv
 from kda.reference import backward as stages
 from kda.reference.common import from_chunks, to_chunks
 from kda.reference.level4 import l2_normalize
-
-# CUDA: gradients for chunk_kda and chunk_gated_delta_rule by this module. On since its GPU tests
-# passed (tests/test_gpu_backward.py, run 91: 74 of 74); with it off, an input that requires grad on
-# CUDA is refused.
-DEVICE_BACKWARD = True
 
 # CUDA: the two state passes by the TileLang kernels of kda/kernels/backward_states.py (one launch each,
 # dense batches) instead of torch launches per chunk, their GEMM operands in STATE_KERNELS_DTYPE. Their
@@ -69,22 +64,6 @@ CHUNK_SIZE = 64
 STATE_PIECES = ("U", "W", "Kd", "Qg", "P", "decay")
 
 
-def differentiates(q, **others) -> bool:
-    """Whether a CUDA call of ``chunk_kda`` / ``chunk_gated_delta_rule`` will be differentiated: then
-    it goes through the op ``kda::chunk_gated_delta``, whose CUDA backward is below. With the switch
-    off, an input that requires grad there is refused, naming the switch."""
-    named = {"q": q, **others}
-    if not (torch.is_grad_enabled() and validate.runs_kernels(q)):
-        return False
-    wanting = [name for name, t in named.items() if isinstance(t, torch.Tensor) and t.requires_grad]
-    if wanting and not DEVICE_BACKWARD:
-        raise ValueError(f"{wanting[0]} requires grad, but the CUDA kernels have no backward yet (issue 18): call "
-                         f"under torch.no_grad() or torch.inference_mode(), or run on CPU tensors (float64, "
-                         f"differentiable); or set kda.backward.DEVICE_BACKWARD = True to differentiate it by "
-                         f"kda.backward, which has not run on a GPU yet")
-    return bool(wanting)
-
-
 @contextlib.contextmanager
 def full_float32_matmuls():
     """float32 products in float32, whatever the caller set (a training script's TF32 would round
@@ -95,13 +74,6 @@ def full_float32_matmuls():
         yield
     finally:
         torch.set_float32_matmul_precision(saved)
-
-
-def checks_allow_gradients(differentiable: bool):
-    """The context of the input checks of a chunked op's call: ``validate`` refuses a CUDA input that
-    requires grad only while grad mode is on, and a call that goes through the op (``differentiates``)
-    has a backward. Only the checks run in it, nothing that builds the graph."""
-    return torch.no_grad() if differentiable else contextlib.nullcontext()
 
 
 # --8<-- [start:sub_chunked]
@@ -443,15 +415,3 @@ def op_gradients(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, cu_seqle
     grads = [dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.reshape(g.shape).to(g.dtype), dbeta.to(beta.dtype)]
     return grads + ([dh0.to(initial_state.dtype)] if initial_state is not None else [])
 # --8<-- [end:op_gradients]
-
-
-@torch.library.register_kernel("kda::chunk_gated_delta_backward", "cuda")
-def cuda_gradients(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm, cu_seqlens,
-                   cu_seqlens_cpu, do, dfinal):
-    """The CUDA implementation of ``kda::chunk_gated_delta``'s backward op (``kda.custom_ops``; its
-    CPU one differentiates the float64 forward): ``op_gradients``, where the switch is on."""
-    from kda import cuda_paths
-
-    cuda_paths.require(cuda_paths.by_name("chunk_backward"), "the backward of chunk_kda and chunk_gated_delta_rule")
-    return op_gradients(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, cu_seqlens, do,
-                        dfinal if output_final_state else None, cu_seqlens_cpu=cu_seqlens_cpu)

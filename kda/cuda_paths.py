@@ -42,7 +42,7 @@ PATHS: tuple[CudaPath, ...] = (
     ),
     CudaPath(
         name="chunk_backward",
-        module="kda.backward",
+        module="kda.cuda_autograd",
         switch="DEVICE_BACKWARD",
         what={"en": "gradients of chunk_kda and chunk_gated_delta_rule on CUDA by kda/backward.py (the backward's "
                     "three stages in float32 torch operations; no TileLang kernels yet)",

@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import torch
 
-from kda import backward, ops, validate
+from kda import cuda_autograd, ops, validate
 from kda.activation import activated
 from kda.chunking import CHUNK_SIZE, ceildiv
 from kda.reference import level0 as ref0
@@ -39,7 +39,7 @@ def check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel
     reads them). ``read_bounds=False`` (under ``torch.compile``) leaves the boundaries on the
     device: the op reads them. ``differentiable``: a CUDA call that ``kda.backward`` differentiates
     (through the op), whose inputs may require grad."""
-    with backward.checks_allow_gradients(differentiable):
+    with cuda_autograd.checks_allow_gradients(differentiable):
         B, T, H, DK, DV = validate.check_qkv(q, k, v, grouped_values=True)   # H: the value heads
         if validate.check_gates(g, B, T, H, DK, q.device, check_values=False) != per_channel:
             form = "[B, T, H, DK] (one gate per key channel)" if per_channel else "[B, T, H] (one gate per head)"
@@ -70,8 +70,8 @@ def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_
              cu_seqlens, per_channel: bool, check_values: bool, cu_seqlens_cpu=None, options=None):
     compiling = torch.compiler.is_compiling()
     weights = {name: options[name] for name in ("A_log", "dt_bias")} if options else {}
-    grads = not compiling and backward.differentiates(q, k=k, v=v, g=g, beta=beta, initial_state=initial_state,
-                                                      **weights)
+    grads = not compiling and cuda_autograd.differentiates(q, k=k, v=v, g=g, beta=beta,
+                                                           initial_state=initial_state, **weights)
     if options and (options["use_gate_in_kernel"] or options["use_beta_sigmoid_in_kernel"]
                     or options["allow_neg_eigval"] or options["A_log"] is not None or options["dt_bias"] is not None
                     or options["lower_bound"] is not None):

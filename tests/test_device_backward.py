@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import kda
-from kda import backward
+from kda import backward, cuda_autograd
 from kda.metrics import rel_l2
 from kda.reference import backward as ref
 from kda.reference import level4 as ref4
@@ -137,17 +137,17 @@ def test_op_gradients_of_a_gate_per_head_with_a_unit_channel():
 
 
 def test_the_op_backward_on_cuda_is_kda_backward(monkeypatch):
-    """``kda::chunk_gated_delta_backward`` has a CUDA kernel, ``backward.cuda_gradients`` (called here
+    """``kda::chunk_gated_delta_backward`` has a CUDA kernel, ``cuda_autograd.cuda_gradients`` (called here
     on CPU tensors): it refuses while the switch is off and otherwise gives the CPU kernel's gradients."""
     assert torch._C._dispatch_has_kernel_for_dispatch_key("kda::chunk_gated_delta_backward", "CUDA")
     q, k, v, g, beta, h0, do, dht = op_inputs(True, T=70)
     args = (q, k, v, g, beta, 0.4, h0, True, True, None, None, do, dht)
     on_cpu = torch.ops.kda.chunk_gated_delta_backward(*args)
-    monkeypatch.setattr(backward, "DEVICE_BACKWARD", False)
-    with pytest.raises(NotImplementedError, match="kda.backward.DEVICE_BACKWARD = True"):
-        backward.cuda_gradients(*args)
-    monkeypatch.setattr(backward, "DEVICE_BACKWARD", True)
-    for name, a, b in zip("dq dk dv dg dbeta dh0".split(), backward.cuda_gradients(*args), on_cpu):
+    monkeypatch.setattr(cuda_autograd, "DEVICE_BACKWARD", False)
+    with pytest.raises(NotImplementedError, match="kda.cuda_autograd.DEVICE_BACKWARD = True"):
+        cuda_autograd.cuda_gradients(*args)
+    monkeypatch.setattr(cuda_autograd, "DEVICE_BACKWARD", True)
+    for name, a, b in zip("dq dk dv dg dbeta dh0".split(), cuda_autograd.cuda_gradients(*args), on_cpu):
         assert rel_l2(a, b) < 2e-5, f"{name}: {rel_l2(a, b):.1e}"
 
 
@@ -155,7 +155,7 @@ def test_cpu_calls_do_not_ask_for_the_switch():
     """``differentiates`` is about CUDA calls: a CPU input that requires grad is differentiated by
     autograd through the float64 path, switch or not."""
     q, k, v, g, beta, h0, do, dht = op_inputs(True, T=10)
-    assert not backward.differentiates(q.requires_grad_(), k=k, v=v, g=g, beta=beta, initial_state=h0)
+    assert not cuda_autograd.differentiates(q.requires_grad_(), k=k, v=v, g=g, beta=beta, initial_state=h0)
 
 
 def test_l2_normalize_backward_is_autograds():
@@ -255,7 +255,7 @@ def test_gate_weights_get_gradients_whatever_the_switch(switch, monkeypatch):
     """A model's call (raw gate, ``A_log``, ``dt_bias``) on the CPU: the activation's weights are in the
     graph with the CUDA backward's switch on or off (its input checks run under ``no_grad`` only for
     a call that goes through the op, and build nothing)."""
-    monkeypatch.setattr(backward, "DEVICE_BACKWARD", switch)
+    monkeypatch.setattr(cuda_autograd, "DEVICE_BACKWARD", switch)
     q, k, v, g, beta, h0, do, dht = inputs(B=1, T=20, H=2, K=4, V=3)
     A_log = torch.log(torch.tensor([2.0, 5.0], **F64)).requires_grad_()
     dt_bias = (0.1 * torch.randn(8, **F64)).requires_grad_()
@@ -411,3 +411,17 @@ def test_chunk_kernel_takes_packed_sequences(monkeypatch):
     got = backward.op_gradients(*args)
     for name, a, b in zip("dq dk dv dg dbeta dh0".split(), got, want):
         assert rel_l2(a.double(), b.double()) < 1e-2, f"{name}: {rel_l2(a.double(), b.double()):.1e}"   # ~3e-3
+
+
+def test_the_forward_does_not_import_the_backward():
+    """A CUDA-less forward of chunk_kda and chunk_gated_delta_rule (and the package's import) leaves
+    ``kda.backward`` unimported, so that the forward's GPU records do not depend on it."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch, kda; q = torch.randn(1, 8, 2, 4, dtype=torch.float64); "
+            "kda.chunk_kda(q, q, q, -torch.rand(1, 8, 2, 4, dtype=torch.float64), torch.rand(1, 8, 2, dtype=torch.float64)); "
+            "kda.chunk_gated_delta_rule(q, q, q, -torch.rand(1, 8, 2, dtype=torch.float64), "
+            "torch.rand(1, 8, 2, dtype=torch.float64)); print('kda.backward' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

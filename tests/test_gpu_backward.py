@@ -22,9 +22,9 @@ BOUND = {torch.float32: 1e-4, torch.float16: 1e-3, torch.bfloat16: 5e-3}
 
 @pytest.fixture
 def device_backward(monkeypatch):
-    from kda import backward
+    from kda import cuda_autograd
 
-    monkeypatch.setattr(backward, "DEVICE_BACKWARD", True)
+    monkeypatch.setattr(cuda_autograd, "DEVICE_BACKWARD", True)
 
 
 def gradients_on_cuda(fn, leaves, do, dht, **kwargs):
@@ -238,10 +238,10 @@ def test_gradients_with_every_kernel(per_channel, kind, device_backward, monkeyp
 
 
 def test_off_switch_refuses_with_its_name(monkeypatch):
-    from kda import backward
+    from kda import cuda_autograd
 
-    monkeypatch.setattr(backward, "DEVICE_BACKWARD", False)
+    monkeypatch.setattr(cuda_autograd, "DEVICE_BACKWARD", False)
     q, k, v, g, beta, _ = inputs((1, 10, 2, 64, 64), torch.bfloat16, "logsigmoid", True, 5)
     q.requires_grad_()
-    with pytest.raises(ValueError, match="kda.backward.DEVICE_BACKWARD = True"):
+    with pytest.raises(ValueError, match="kda.cuda_autograd.DEVICE_BACKWARD = True"):
         kda.chunk_kda(q, k, v, g, beta)

@@ -59,9 +59,9 @@ def corpus(device):
 
 def train(backend, steps, device):
     import kda.layer
-    from kda import backward
+    from kda import cuda_autograd
 
-    backward.DEVICE_BACKWARD = True
+    cuda_autograd.DEVICE_BACKWARD = True
     if backend == "fla":
         from fla.ops.kda import chunk_kda as fla_kda
         kda.layer.chunk_kda = lambda q, k, v, g, beta, **kw: fla_kda(q, k, v, g, beta, **kw)

@@ -49,11 +49,11 @@ def main():
     from fla.ops.kda import chunk_kda as fla_kda
 
     import kda
-    from kda import backward
+    from kda import backward, cuda_autograd
     from kda.bench import median_ms
     from kda.metrics import rel_l2
 
-    backward.DEVICE_BACKWARD = True
+    cuda_autograd.DEVICE_BACKWARD = True
     for B, T, H, D in SHAPES:
         for op, per_channel in (("KDA", True), ("GDN", False)):
             leaves, do = run91.inputs(B, T, H, D, per_channel)

@@ -1,0 +1,54 @@
+"""CUDA calls of ``chunk_kda`` and ``chunk_gated_delta_rule`` that need gradients: whether a call is
+differentiated (``differentiates``), the context of its input checks, the switch that lets such calls
+through (``DEVICE_BACKWARD``), and the CUDA kernel of the backward op ``kda::chunk_gated_delta_backward``,
+which runs ``kda.backward``. That module is imported only when a gradient is taken, so the forward's
+records and timings do not depend on the backward's code (an edit of it re-made five GPU records once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from kda import custom_ops, validate  # noqa: F401  (custom_ops defines the backward op registered below)
+
+# CUDA: gradients for chunk_kda and chunk_gated_delta_rule by kda.backward. On since its GPU tests
+# passed (tests/test_gpu_backward.py, run 91: 74 of 74); with it off, an input that requires grad on
+# CUDA is refused.
+DEVICE_BACKWARD = True
+
+
+def differentiates(q, **others) -> bool:
+    """Whether a CUDA call of ``chunk_kda`` / ``chunk_gated_delta_rule`` will be differentiated: then
+    it goes through the op ``kda::chunk_gated_delta``, whose CUDA backward is below. With the switch
+    off, an input that requires grad there is refused, naming the switch."""
+    named = {"q": q, **others}
+    if not (torch.is_grad_enabled() and validate.runs_kernels(q)):
+        return False
+    wanting = [name for name, t in named.items() if isinstance(t, torch.Tensor) and t.requires_grad]
+    if wanting and not DEVICE_BACKWARD:
+        raise ValueError(f"{wanting[0]} requires grad, but the CUDA backward is switched off: call under "
+                         f"torch.no_grad() or torch.inference_mode(), or run on CPU tensors (float64, "
+                         f"differentiable); or set kda.cuda_autograd.DEVICE_BACKWARD = True to differentiate it "
+                         f"by kda.backward")
+    return bool(wanting)
+
+
+def checks_allow_gradients(differentiable: bool):
+    """The context of the input checks of a chunked op's call: ``validate`` refuses a CUDA input that
+    requires grad only while grad mode is on, and a call that goes through the op (``differentiates``)
+    has a backward. Only the checks run in it, nothing that builds the graph."""
+    return torch.no_grad() if differentiable else contextlib.nullcontext()
+
+
+@torch.library.register_kernel("kda::chunk_gated_delta_backward", "cuda")
+def cuda_gradients(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm, cu_seqlens,
+                   cu_seqlens_cpu, do, dfinal):
+    """The CUDA implementation of ``kda::chunk_gated_delta``'s backward op (``kda.custom_ops``; its
+    CPU one differentiates the float64 forward): ``kda.backward.op_gradients``, where the switch is on."""
+    from kda import backward, cuda_paths
+
+    cuda_paths.require(cuda_paths.by_name("chunk_backward"), "the backward of chunk_kda and chunk_gated_delta_rule")
+    return backward.op_gradients(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, cu_seqlens, do,
+                                 dfinal if output_final_state else None, cu_seqlens_cpu=cu_seqlens_cpu)
