@@ -50,7 +50,7 @@ STATE_KERNELS_DTYPE = torch.bfloat16
 FORWARD_PIECES = False
 
 # CUDA: the chunk stage (every chunk's gradients) by the TileLang kernel of kda/kernels/backward_chunks.py
-# for a gate per head (GDN) with the delta rule, dense batches, chunks of 64, bf16 or fp16 inputs: one
+# for a gate per head (GDN) with the delta rule, chunks of 64, bf16 or fp16 inputs, dense or packed: one
 # launch instead of torch stages by groups of chunks. Off until its GPU tests pass.
 CHUNK_KERNEL = False
 
