@@ -57,6 +57,7 @@ CASES = [
                                                       initial_state=True, final_state=True)),
     ("scalar_gate", "chunk_gated_inverse", dict(DK=128, dtype="bfloat16", varlen=True, value_groups=2)),
     ("scalar_gate", "chunk_gated_inverse", dict(DK=128, dtype="bfloat16", merge="products", min_blocks=1)),
+    ("scalar_gate", "chunk_gated_inverse", dict(DK=128, dtype="bfloat16", heads_first=True, chunks_per_block=1)),
     ("scalar_gate", "inverse_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", varlen=True,
                                                       value_groups=2, initial_state=True, final_state=True)),
     ("backward_states", "forward_states_pass", dict(DK=128, DV=128)),

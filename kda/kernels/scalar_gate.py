@@ -33,7 +33,7 @@ from kda.kernels.stages import (ACCUM, decay_factor, invert_diagonal_blocks_by_c
 # --8<-- [start:chunk_gated_inverse]
 def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtype="float32", value_groups=1,
                         varlen=False, threads=128, chunks_per_block=4, num_stages=1, min_blocks=3,
-                        merge="substitution"):
+                        merge="substitution", heads_first=False):
     """Arguments at run time: ``K [B, T, HQ, DK]``, ``g [B, T, H]`` (``gate_dtype``, natural log),
     ``beta [B, T, H]`` (float32), then the outputs ``G [B, H, NC C]`` (float32: chunk ``c``'s cumsum in
     log2 units at ``c C ..``, flat past the end), ``Tb [B, T, H, C]`` (dtype; zero above the diagonal and
@@ -47,7 +47,9 @@ def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtyp
     merges the blocks by four tf32 GEMMs instead (``kda.kernels.level4.merge_by_products``). The
     defaults are run 90's fastest (H200, bit for bit the same ``G`` and ``Tb`` as every arrangement
     that merges by substitution): 0.350 ms at (1, 8192, 96, 128) against 0.745 for 8 chunks, two stages and one block
-    per SM (159 registers); three blocks per SM need 78 registers and one stage to fit in shared memory."""
+    per SM (159 registers); three blocks per SM need 78 registers and one stage to fit in shared memory.
+    ``heads_first``: the heads along the grid's first axis, so that blocks launched together read the same
+    tokens of neighbouring heads (FlashQLA's ``kkt_solve`` order; not yet timed here)."""
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     HQ = T.dynamic("HQ")
     C = chunk_size
@@ -67,7 +69,9 @@ def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtyp
         flags: T.Tensor([2], "int32"),
         chunks: T.Tensor([NC, 2] if varlen else [1, 1], "int32"),
     ):
-        with T.Kernel(T.ceildiv(NC, chunks_per_block), H, BB, threads=threads) as (cb, bh, bb):
+        grid = (H, T.ceildiv(NC, chunks_per_block)) if heads_first else (T.ceildiv(NC, chunks_per_block), H)
+        with T.Kernel(*grid, BB, threads=threads) as (first, second, bb):
+            cb, bh = (second, first) if heads_first else (first, second)
             K_s = T.alloc_shared([C, DK], dtype)
             g_s = T.alloc_shared([C, 1], ACCUM)
             beta_s = T.alloc_shared([C], ACCUM)
