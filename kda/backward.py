@@ -304,8 +304,7 @@ def gate_gradient(dG, to_end, dG_last, C):
     chunks = lambda x: torch.nn.functional.pad(x, (0, 0, 0, NC * C - T)).view(B, NC, C, H)
     dG, to_end = chunks(dG).clone(), chunks(to_end)
     dG[:, :, -1] += dG_last.transpose(1, 2)
-    before = torch.cat([torch.zeros_like(to_end[:, :, :1]), to_end.cumsum(2)[:, :, :-1]], dim=2)
-    return (dG.flip(2).cumsum(2).flip(2) + before).reshape(B, NC * C, H)[:, :T]
+    return stages.gate_from_rows(dG, to_end, dim=2).reshape(B, NC * C, H)[:, :T]
 
 
 def kernel_chunk_gradients(q, k, v, g, beta, do, S, dS, scale, dtype):

@@ -134,6 +134,8 @@ def chunk_gradients(DK, DV, chunk_size=64, dtype="bfloat16", scalar_gate=True, t
                 A_s[i, j] = kke * b_s[i]
             invert_diagonal_blocks_by_columns(A_s, Tinv_s, x_col, C, SOLVE_BLOCK)
             merge_by_substitution(A_s, Tinv_s, C, SOLVE_BLOCK)
+            # stages.wy_tail's products, written here so that U stays in registers for U - W S (through
+            # wy_tail's buffers, bf16 at 128 x 128 spilled 8 bytes)
             for i, j in T.Parallel(C, C):                  # blocks above the diagonal were not written
                 Cc_s[i, j] = T.if_then_else(i // SOLVE_BLOCK >= j // SOLVE_BLOCK, Tinv_s[i, j] * b_s[j], 0.0)
             for i, d in T.Parallel(C, DK):

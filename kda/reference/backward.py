@@ -167,11 +167,21 @@ def chunk_gradients(p, S, dS, dO):
         dK = dK + dKg * torch.exp(G) + rows + cols
         dG = dG + fit(dKg * Kg + K * rows - K * cols)   # the pair terms of A
     dG[..., -1, :] += dG_last
-    # G_m = sum_{i <= m} g_i, so dg_i = sum_{m >= i} dG_m; to_end's share of it is sum_{m < i} to_end_m,
-    # added as such, so that no two large terms cancel where the true gradient is small (strong gates)
-    before = torch.cat([torch.zeros_like(to_end[..., :1, :]), to_end.cumsum(-2)[..., :-1, :]], dim=-2)
-    return dQ, dK, dV, db, dG.flip(-2).cumsum(-2).flip(-2) + before
+    return dQ, dK, dV, db, gate_from_rows(dG, to_end, dim=-2)
 # --8<-- [end:chunk_gradients]
+
+
+# --8<-- [start:gate_from_rows]
+def gate_from_rows(dG, to_end, dim=-2):
+    """The gradient of every gate ``g_i`` of a chunk whose rows run along ``dim``, from the gradients
+    ``dG`` of the cumulative gates (every term but the keys' decay to the chunk's end) and those terms
+    ``to_end`` (``- to_end_m`` on ``G_m``, ``+ to_end_m`` on ``G_last``): ``G_m = sum_{i <= m} g_i``, so
+    ``dg_i = sum_{m >= i} dG_m``, and ``to_end``'s share of it is ``sum_{m < i} to_end_m``, added as such,
+    so that no two large terms cancel where the true gradient is small (strong gates)."""
+    n = to_end.shape[dim]
+    before = torch.cat([torch.zeros_like(to_end.narrow(dim, 0, 1)), to_end.cumsum(dim).narrow(dim, 0, n - 1)], dim)
+    return dG.flip(dim).cumsum(dim).flip(dim) + before
+# --8<-- [end:gate_from_rows]
 
 
 # --8<-- [start:chunked_backward]
