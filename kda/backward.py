@@ -224,13 +224,14 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
     groups = chunk_groups(B, H, NC, C, DK, DV, width, budget if budget is not None else memory_budget(q.device))
     pieces = lambda s, e: stages.chunk_pieces(*(pick(x, s, e) for x in (q, k, v, g, beta)), scale, C, dtype,
                                               SubChunked)
+    chunk_kernel = chunk_kernel_applies(q, g, beta, C, kernel_dtype)
     # 1. what the state passes read, for every chunk: by the forward's kernel, or a group of chunks at
-    # a time (one group: its pieces are kept for step 3 instead of made again)
+    # a time (one group, step 3 by torch: its pieces are kept for step 3 instead of made again)
     first = None
     if forward_pieces_apply(q, beta, C, kernel_dtype):
         whole = {name: x.to(dtype) for name, x in forward_pieces(q, k, v, g, beta, scale, kernel_dtype).items()}
     else:
-        first = pieces(*groups[0]) if len(groups) == 1 else None
+        first = pieces(*groups[0]) if len(groups) == 1 and not chunk_kernel else None
         kept = [first] if first else [{name: p[name] for name in STATE_PIECES}
                                       for p in (pieces(s, e) for s, e in groups)]
         whole = {name: torch.cat([part[name] for part in kept], dim=2) for name in STATE_PIECES}
@@ -243,7 +244,7 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
         S, dS, dh0 = torch_state_passes(whole, S0, dO, dS_final, segments)
     del whole
     # 3. every chunk's gradients: in one launch (a gate per head), or a group of chunks at a time
-    if chunk_kernel_applies(q, g, beta, C, segments, kernel_dtype):
+    if chunk_kernel:
         gate = g if g is not None else torch.zeros(q.shape[:3], dtype=q.dtype, device=q.device)
         dq, dk, dv, dg, dbeta = kernel_chunk_gradients(q, k, v, gate, beta, do, S, dS, scale, kernel_dtype)
         return dq, dk, dv, (dg if g is not None else None), dbeta, dh0
@@ -260,11 +261,15 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
 # --8<-- [end:chunked_gradients]
 
 
+def kernels_take(q, beta, C, kernel_dtype) -> bool:
+    """What every kernel of the backward's stages needs: CUDA, the delta rule, chunks of 64, inputs in
+    bf16 or fp16."""
+    return q.is_cuda and beta is not None and C == 64 and kernel_dtype in (torch.bfloat16, torch.float16)
+
+
 def forward_pieces_apply(q, beta, C, kernel_dtype) -> bool:
-    """Whether step 1 of ``chunked_gradients`` runs as the forward's ``chunk_intra`` (``FORWARD_PIECES``):
-    CUDA, the delta rule, chunks of 64, inputs in bf16 or fp16."""
-    return (FORWARD_PIECES and q.is_cuda and beta is not None and C == 64
-            and kernel_dtype in (torch.bfloat16, torch.float16))
+    """Whether step 1 of ``chunked_gradients`` runs as the forward's ``chunk_intra`` (``FORWARD_PIECES``)."""
+    return FORWARD_PIECES and kernels_take(q, beta, C, kernel_dtype)
 
 
 def forward_pieces(q, k, v, g, beta, scale, dtype):
@@ -285,13 +290,12 @@ def forward_pieces(q, k, v, g, beta, scale, dtype):
             "P": chunked(form.A_qk), "decay": form.decay}
 
 
-def chunk_kernel_applies(q, g, beta, C, segments, kernel_dtype) -> bool:
+def chunk_kernel_applies(q, g, beta, C, kernel_dtype) -> bool:
     """Whether step 3 of ``chunked_gradients`` runs as ``kda.kernels.backward_chunks`` (``CHUNK_KERNEL``):
-    CUDA, a gate per head or none, the delta rule, chunks of 64, inputs in bf16 or fp16. Packed
-    sequences too: laid out from chunk boundaries (``packed_layout``), the rows between two sequences
-    are zeros with a zero gate and ``b = 0``, which add nothing to any real row."""
-    return (CHUNK_KERNEL and q.is_cuda and (g is None or g.dim() == 3) and beta is not None and C == 64
-            and kernel_dtype in (torch.bfloat16, torch.float16))
+    what ``kernels_take`` says, and a gate per head or none. Packed sequences too: laid out from chunk
+    boundaries (``packed_layout``), the rows between two sequences are zeros with a zero gate and
+    ``b = 0``, which add nothing to any real row."""
+    return CHUNK_KERNEL and (g is None or g.dim() == 3) and kernels_take(q, beta, C, kernel_dtype)
 
 
 def gate_gradient(dG, to_end, dG_last, C):

@@ -343,16 +343,14 @@ def test_chunk_kernel_arithmetic_is_the_chunk_gradients(strong, monkeypatch):
 
 def test_chunk_kernel_is_taken_only_where_it_applies(monkeypatch):
     """The switch, then CUDA, a gate per head (or none), the delta rule, chunks of 64 and bf16 or fp16
-    inputs: each one missing keeps the torch stages; packed sequences take it too."""
+    inputs: each one missing keeps the torch stages (packed sequences take it: test_chunk_kernel_takes_packed_sequences)."""
     q = torch.zeros(1, 64, 2, 8)
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
-    args = dict(q=q, g=torch.zeros(1, 64, 2), beta=torch.zeros(1, 64, 2), C=64, segments=[(0, 1)],
-                kernel_dtype=torch.bfloat16)
+    args = dict(q=q, g=torch.zeros(1, 64, 2), beta=torch.zeros(1, 64, 2), C=64, kernel_dtype=torch.bfloat16)
     assert not backward.chunk_kernel_applies(**args)
     monkeypatch.setattr(backward, "CHUNK_KERNEL", True)
     assert backward.chunk_kernel_applies(**args)
     assert backward.chunk_kernel_applies(**{**args, "g": None})
-    assert backward.chunk_kernel_applies(**{**args, "segments": [(0, 1), (1, 1), (1, 2)]})
     for change in [dict(g=torch.zeros(1, 64, 2, 8)), dict(beta=None), dict(C=16), dict(kernel_dtype=torch.float32)]:
         assert not backward.chunk_kernel_applies(**{**args, **change}), change
 
