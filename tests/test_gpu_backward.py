@@ -18,6 +18,8 @@ pytestmark = pytest.mark.gpu
 
 # float32 stages on the rounded inputs, so the bound is the rounding of the gradient's own dtype
 BOUND = {torch.float32: 1e-4, torch.float16: 1e-3, torch.bfloat16: 5e-3}
+# with the kernels, whose GEMM operands are rounded to bf16 or fp16 (as the forward's state pass does)
+KERNEL_BOUND = 2e-2
 
 
 @pytest.fixture
@@ -34,10 +36,13 @@ def gradients_on_cuda(fn, leaves, do, dht, **kwargs):
     return torch.autograd.grad(loss, leaves)
 
 
-def check(got, want):
+def check(got, want, bound=None, label=""):
+    """Every gradient on CUDA, finite, and within ``bound`` of the float64 one (``None``: its dtype's
+    rounding, ``BOUND``)."""
     for name, a, b in zip("dq dk dv dg dbeta dh0".split(), got, want):
-        assert a.is_cuda and torch.isfinite(a).all(), f"{name}: not finite"
-        assert rel_l2(a.double().cpu(), b) <= BOUND[a.dtype], f"{name}: {rel_l2(a.double().cpu(), b):.2e}"
+        limit = BOUND[a.dtype] if bound is None else bound
+        assert a.is_cuda and torch.isfinite(a).all(), f"{label}{name}: not finite"
+        assert rel_l2(a.double().cpu(), b) <= limit, f"{label}{name}: {rel_l2(a.double().cpu(), b):.2e}"
 
 
 @pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
@@ -77,11 +82,7 @@ def test_packed_sequences(per_channel, kernels, device_backward, monkeypatch):
     got = gradients_on_cuda(fn, (q, k, v, g, beta, h0), do, dht, cu_seqlens=cu)
     want = ref.packed_backward(*(x.double().cpu() for x in (q, k, v, g, beta, do)), cu.cpu(),
                                dht.double().cpu(), DK ** -0.5, initial_state=h0.double().cpu())
-    if not kernels:
-        check(got, want)
-    for name, a, b in zip("dq dk dv dg dbeta dh0".split(), got, want):
-        assert torch.isfinite(a).all(), name
-        assert rel_l2(a.double().cpu(), b) <= 2e-2, f"{name}: {rel_l2(a.double().cpu(), b):.2e}"
+    check(got, want, KERNEL_BOUND if kernels else None)
 
 
 def test_a_training_step_in_a_layer(device_backward):
@@ -155,9 +156,7 @@ def test_gradients_with_the_state_pass_kernels(per_channel, device_backward, mon
     got = gradients_on_cuda(fn, leaves, do, dht)
     q, k, v, g, beta, h0 = (x.double().cpu() for x in leaves)
     want = ref.recurrence_backward(q, k, v, g, beta, do.double().cpu(), dht.double().cpu(), 64 ** -0.5, h0)
-    for name, a, b in zip("dq dk dv dg dbeta dh0".split(), got, want):
-        assert torch.isfinite(a).all(), name
-        assert rel_l2(a.double().cpu(), b) <= 2e-2, f"{name}: {rel_l2(a.double().cpu(), b):.2e}"
+    check(got, want, KERNEL_BOUND)
 
 
 @pytest.mark.parametrize("kind", ["logsigmoid", "runs_of_-20"])
@@ -206,9 +205,7 @@ def test_gradients_with_the_chunk_kernel(shape, dtype, kind, device_backward, mo
     got = gradients_on_cuda(kda.chunk_gated_delta_rule, leaves, do, dht)
     q, k, v, g, beta, h0 = (x.double().cpu() for x in leaves)
     want = ref.recurrence_backward(q, k, v, g, beta, do.double().cpu(), dht.double().cpu(), DK ** -0.5, h0)
-    for name, a, b in zip("dq dk dv dg dbeta dh0".split(), got, want):
-        assert torch.isfinite(a).all(), name
-        assert rel_l2(a.double().cpu(), b) <= 2e-2, f"{name}: {rel_l2(a.double().cpu(), b):.2e}"
+    check(got, want, KERNEL_BOUND)
 
 
 @pytest.mark.parametrize("kind", ["logsigmoid", "runs_of_-20"])
@@ -231,10 +228,7 @@ def test_gradients_with_every_kernel(per_channel, kind, device_backward, monkeyp
     for switches in ((), ("STATE_KERNELS", "CHUNK_KERNEL")):
         for switch in switches:
             monkeypatch.setattr(backward, switch, True)
-        got = gradients_on_cuda(fn, leaves, do, dht)
-        for name, a, b in zip("dq dk dv dg dbeta dh0".split(), got, want):
-            assert torch.isfinite(a).all(), f"{switches}: {name}"
-            assert rel_l2(a.double().cpu(), b) <= 2e-2, f"{switches}: {name}: {rel_l2(a.double().cpu(), b):.2e}"
+        check(gradients_on_cuda(fn, leaves, do, dht), want, KERNEL_BOUND, f"{switches}: ")
 
 
 def test_off_switch_refuses_with_its_name(monkeypatch):
