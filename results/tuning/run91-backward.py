@@ -56,7 +56,7 @@ def main():
     from fla.ops.kda import chunk_kda as fla_kda
 
     import kda
-    from kda import backward, cuda_autograd
+    from kda import cuda_autograd
     from kda.bench import median_ms
     from kda.metrics import rel_l2
 
