@@ -68,6 +68,7 @@ PATHS: tuple[CudaPath, ...] = (
                     "forward's chunk_intra kernel in one launch, instead of torch stages by groups of chunks",
               "zh": "反向的状态遍历所读的量（W、U、带门控的 q 与 k、得分）由前向的 chunk_intra kernel 一次启动算出，"
                     "取代按块分组的 torch 阶段"},
+        gpu_log="results/tuning/run93/gpu-tests-backward.txt",
     ),
     CudaPath(
         name="backward_chunk_kernel",
@@ -78,6 +79,7 @@ PATHS: tuple[CudaPath, ...] = (
                     "groups of chunks",
               "zh": "反向的块内阶段（每个头一个门控，即 chunk_gated_delta_rule）由 kda/kernels/backward_chunks.py "
                     "完成，一次启动处理所有块，取代按块分组的 torch 阶段"},
+        gpu_log="results/tuning/run93/gpu-tests-backward.txt",
     ),
 )
 

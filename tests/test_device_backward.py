@@ -14,6 +14,15 @@ from kda.reference import level4 as ref4
 F64 = dict(dtype=torch.float64)
 
 
+
+@pytest.fixture(autouse=True)
+def torch_stages(monkeypatch):
+    """Every test starts from the torch stages (the kernel switches off) and turns on what it checks;
+    on CUDA the switches are on by default, and a faked CUDA would otherwise route to kernels."""
+    for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL"):
+        monkeypatch.setattr(backward, switch, False)
+
+
 def inputs(B=2, T=70, H=2, K=8, V=5, seed=0, per_channel=True, strong=False, HQ=None):
     gen = torch.Generator().manual_seed(seed)
     HQ = HQ or H

@@ -1,7 +1,8 @@
 """The CUDA backward of chunk_kda and chunk_gated_delta_rule (``kda.backward``, marked ``gpu``):
 every gradient of an eager CUDA call against autograd through the float64 token recurrence on the
 same (rounded) inputs, bf16 and fp16, tails, packed sequences, gates down to -20, no NaN. The
-switch is turned on here, whatever its default."""
+switch is turned on here, whatever its default. Each test starts from the torch stages (the kernel
+switches off) and turns on the kernels it checks; test_gradients_with_every_kernel is the defaults."""
 
 import zlib
 
@@ -27,6 +28,14 @@ def device_backward(monkeypatch):
     from kda import cuda_autograd
 
     monkeypatch.setattr(cuda_autograd, "DEVICE_BACKWARD", True)
+
+
+@pytest.fixture(autouse=True)
+def torch_stages(monkeypatch):
+    from kda import backward
+
+    for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL"):
+        monkeypatch.setattr(backward, switch, False)
 
 
 def gradients_on_cuda(fn, leaves, do, dht, **kwargs):

@@ -352,6 +352,8 @@ def test_backward_chunk_kernel(kernel_launches, monkeypatch, dtype):
     from kda import backward
 
     monkeypatch.setattr(backward, "CHUNK_KERNEL", True)
+    monkeypatch.setattr(backward, "FORWARD_PIECES", False)
+    monkeypatch.setattr(backward, "STATE_KERNELS", False)
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     q, k, v, g, beta = level5_inputs(B=2, T=200, per_channel=False, dtype=dtype)
     do = torch.randn(2, 200, 2, 64)
