@@ -231,25 +231,27 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
     # a time (one group, step 3 by torch: its pieces are kept for step 3 instead of made again)
     first = None
     if forward_pieces_apply(q, beta, C, kernel_dtype):
-        whole = {name: x.to(dtype) for name, x in forward_pieces(q, k, v, g, beta, scale, kernel_dtype).items()}
+        whole = forward_pieces(q, k, v, g, beta, scale, kernel_dtype)      # in kernel_dtype, as the kernel wrote them
     else:
         first = pieces(*groups[0]) if len(groups) == 1 and not chunk_kernel else None
         kept = [first] if first else [{name: p[name] for name in STATE_PIECES}
                                       for p in (pieces(s, e) for s, e in groups)]
         whole = {name: torch.cat([part[name] for part in kept], dim=2) for name in STATE_PIECES}
         del kept
-    dO = to_chunks(do.to(dtype), C)
+    dO = to_chunks(do, C)                       # in do's dtype: the state kernels round it to theirs
     # 2. the states entering every chunk and the gradients of those leaving it
     if STATE_KERNELS and q.is_cuda and len(segments) == 1 and DV % 64 == 0:
         S, dS, dh0 = kernel_state_passes(whole, S0, dO, dS_final)
     else:
-        S, dS, dh0 = torch_state_passes(whole, S0, dO, dS_final, segments)
+        S, dS, dh0 = torch_state_passes({name: x.to(dtype) for name, x in whole.items()}, S0, dO.to(dtype),
+                                        dS_final, segments)
     del whole
     # 3. every chunk's gradients: in one launch (a gate per head), or a group of chunks at a time
     if chunk_kernel:
         gate = g if g is not None else torch.zeros(q.shape[:3], dtype=q.dtype, device=q.device)
         dq, dk, dv, dg, dbeta = kernel_chunk_gradients(q, k, v, gate, beta, do, S, dS, scale, kernel_dtype)
         return dq, dk, dv, (dg if g is not None else None), dbeta, dh0
+    dO = dO.to(dtype)
     out = [stages.chunk_gradients(first or pieces(s, e), S[:, :, s:e], dS[:, :, s:e], dO[:, :, s:e])
            for s, e in groups]
     dQ, dK, dV, dg = (torch.cat([o[i] for o in out], dim=2) for i in (0, 1, 2, 4))
@@ -395,13 +397,17 @@ def op_gradients(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, cu_seqle
     B, T, HQ, DK = q.shape
     H = v.shape[2]
     f32 = lambda x: x.to(dtype) if x is not None else None
-    qn, kn = f32(q), f32(k)
-    if use_qk_l2norm:
-        qn, kn = l2_normalize(qn), l2_normalize(kn)
-    group = H // HQ                                          # value head i reads key head i // group
-    qn, kn = qn.repeat_interleave(group, dim=2), kn.repeat_interleave(group, dim=2)
     gate = f32(g[..., 0] if g.dim() == 4 and g.shape[-1] == 1 else g)
-    args = [qn, kn, f32(v), gate, f32(beta), f32(do)]
+    # where the kernels take every step, q, k, v and do stay in the inputs' dtype, as the kernels read
+    # them (float32 copies of four [B, T, H, D] tensors would only be rounded back); else float32
+    kernels = chunk_kernel_applies(q, gate, beta, CHUNK_SIZE, q.dtype) and forward_pieces_apply(q, beta, CHUNK_SIZE,
+                                                                                                 q.dtype)
+    own = (lambda x: x.to(q.dtype)) if kernels else f32
+    qn, kn = (own(l2_normalize(f32(x))) for x in (q, k)) if use_qk_l2norm else (own(q), own(k))
+    group = H // HQ                                          # value head i reads key head i // group
+    if group > 1:
+        qn, kn = qn.repeat_interleave(group, dim=2), kn.repeat_interleave(group, dim=2)
+    args = [qn, kn, own(v), gate, f32(beta), own(do)]
     segments = None
     if cu_seqlens is not None:                               # end to end, each sequence from a chunk boundary
         bounds = (cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens).tolist()

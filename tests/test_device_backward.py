@@ -198,6 +198,31 @@ def test_sub_chunked_sums_are_the_pairwise_sums(C):
     assert rel_l2(sub.cols(s, x), pairwise.cols(s, x)) < 1e-14
 
 
+
+def forward_states_mirror(C):
+    """``kda.kernels.backward_states.forward_states_pass`` for chunks of ``C`` in float64 torch, reading its
+    arguments in their head-major chunk layout and writing ``S_in``."""
+    def forward_states(W, Kd, U, decay, h0, S_in):
+        B, H, L, DK = W.shape
+        chunks = lambda x: x.reshape(B, H, L // C, C, x.shape[-1]).double()
+        S_in.copy_(ref.forward_states({"W": chunks(W), "Kd": chunks(Kd), "U": chunks(U), "decay": decay.double()},
+                                      h0.double())[0])
+    return forward_states
+
+
+def reverse_state_pass_mirror(C):
+    """``kda.kernels.backward_states.reverse_state_pass`` for chunks of ``C`` in float64 torch."""
+    def reverse(P, Kd, Qg, W, dO, decay, dht, dS_out, dh0):
+        B, H, L, DK = W.shape
+        chunks = lambda x: x.reshape(B, H, L // C, C, x.shape[-1]).double()
+        part = {"P": chunks(P), "Kd": chunks(Kd), "Qg": chunks(Qg), "W": chunks(W), "decay": decay.double(),
+                "U": chunks(dO)}
+        out, first = ref.reverse_state_pass(part, chunks(dO), dht.double())
+        dS_out.copy_(out)
+        dh0.copy_(first)
+    return reverse
+
+
 def test_kernel_state_passes_bind_the_kernels_arguments(monkeypatch):
     """``kernel_state_passes`` on the CPU, the two kernels replaced by torch stand-ins that read their
     arguments as the kernels' docstrings say (head-major chunk layout, the order of the signature):
@@ -205,22 +230,8 @@ def test_kernel_state_passes_bind_the_kernels_arguments(monkeypatch):
     from kda.kernels import backward_states
     from kda.kernels import build
 
-    def forward_states(W, Kd, U, decay, h0, S_in):
-        B, H, L, DK = W.shape
-        chunks = lambda x: x.reshape(B, H, L // 16, 16, x.shape[-1]).double()
-        S_in.copy_(ref.forward_states({"W": chunks(W), "Kd": chunks(Kd), "U": chunks(U), "decay": decay.double()},
-                                      h0.double())[0])
-
-    def reverse(P, Kd, Qg, W, dO, decay, dht, dS_out, dh0):
-        B, H, L, DK = W.shape
-        chunks = lambda x: x.reshape(B, H, L // 16, 16, x.shape[-1]).double()
-        part = {"P": chunks(P), "Kd": chunks(Kd), "Qg": chunks(Qg), "W": chunks(W), "decay": decay.double(),
-                "U": chunks(dO)}
-        out, first = ref.reverse_state_pass(part, chunks(dO), dht.double())
-        dS_out.copy_(out)
-        dh0.copy_(first)
-
-    fakes = {backward_states.forward_states_pass: forward_states, backward_states.reverse_state_pass: reverse}
+    fakes = {backward_states.forward_states_pass: forward_states_mirror(16),
+             backward_states.reverse_state_pass: reverse_state_pass_mirror(16)}
     monkeypatch.setattr(build, "compile_program", lambda fn, out_idx, **kw: fakes[fn])
     monkeypatch.setattr(torch.cuda, "device", lambda device: __import__("contextlib").nullcontext())
     monkeypatch.setattr(backward, "STATE_KERNELS_DTYPE", torch.float64)
@@ -364,6 +375,23 @@ def test_chunk_kernel_is_taken_only_where_it_applies(monkeypatch):
         assert not backward.chunk_kernel_applies(**{**args, **change}), change
 
 
+
+def prepare_chunks_mirror(rounded=True):
+    """``kda.gated_delta.prepare_chunks`` (the forward's ``chunk_intra``) made from the reference's pieces
+    in float64, in its token-major layout; in its dtypes (those of ``q``, the decays float32) where
+    ``rounded``, else in float64."""
+    from kda import gated_delta
+
+    def prepare_chunks(q, k, v, g, beta, scale):
+        B, T, H, _ = q.shape
+        p = ref.chunk_pieces(q.double(), k.double(), v.double(), g[..., 0] if g.shape[-1] == 1 else g, beta, scale,
+                             64)
+        out = q.dtype if rounded else torch.float64
+        rows = lambda x: x.permute(0, 2, 3, 1, 4).reshape(B, -1, H, x.shape[-1])[:, :T].to(out)
+        decay = p["decay"].expand(*p["decay"].shape[:3], q.shape[-1]).to(torch.float32 if rounded else out)
+        return gated_delta.ChunkForm(rows(p["Qg"]), rows(p["Kd"]), rows(p["W"]), rows(p["U"]), rows(p["P"]), decay)
+    return prepare_chunks
+
 def test_forward_pieces_are_the_state_pieces(monkeypatch):
     """``forward_pieces`` with ``prepare_chunks`` replaced by a stand-in that returns the forward's
     ``ChunkForm`` in its token-major layout (made from the reference's pieces): the state passes'
@@ -371,14 +399,7 @@ def test_forward_pieces_are_the_state_pieces(monkeypatch):
     ``chunked_gradients`` with ``FORWARD_PIECES`` gives the gradients of the torch pieces."""
     from kda import gated_delta
 
-    def prepare_chunks(q, k, v, g, beta, scale):
-        B, T, H, _ = q.shape
-        p = ref.chunk_pieces(q.double(), k.double(), v.double(), g[..., 0] if g.shape[-1] == 1 else g, beta, scale, 64)
-        rows = lambda x: x.permute(0, 2, 3, 1, 4).reshape(B, -1, H, x.shape[-1])[:, :T]
-        return gated_delta.ChunkForm(rows(p["Qg"]), rows(p["Kd"]), rows(p["W"]), rows(p["U"]), rows(p["P"]),
-                                     p["decay"].expand(*p["decay"].shape[:3], q.shape[-1]))
-
-    monkeypatch.setattr(gated_delta, "prepare_chunks", prepare_chunks)
+    monkeypatch.setattr(gated_delta, "prepare_chunks", prepare_chunks_mirror(rounded=False))
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     for per_channel in (True, False):
         q, k, v, g, beta, h0, do, dht = inputs(T=100, K=16, V=8, per_channel=per_channel)
@@ -432,3 +453,38 @@ def test_the_forward_does_not_import_the_backward():
             "torch.rand(1, 8, 2, dtype=torch.float64)); print('kda.backward' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+@pytest.mark.parametrize("l2norm", [False, True])
+def test_op_gradients_with_every_kernel(l2norm, monkeypatch):
+    """``op_gradients`` for a gate per head with every kernel switch on (CUDA faked), the kernels replaced
+    by their float64 stand-ins (the forward's pieces, the two state passes, the chunk stage): the
+    gradients of the torch stages, to the rounding of the pieces and states to bf16; and the kernels
+    read ``q``, ``k``, ``v`` and ``do`` in bf16 as the op has them (no float32 copy made and rounded back)."""
+    from kda import gated_delta
+    from kda.kernels import backward_chunks, backward_states, build
+
+    seen = {}
+
+    def chunk_kernel(Q, K, V, dO, *rest):
+        seen.update(dtypes={x.dtype for x in (Q, K, V, dO)}, V=V.data_ptr(), dO=dO.data_ptr())
+        chunk_kernel_mirror(Q, K, V, dO, *rest)
+
+    fakes = {backward_states.forward_states_pass: forward_states_mirror(64),
+             backward_states.reverse_state_pass: reverse_state_pass_mirror(64),
+             backward_chunks.chunk_gradients: chunk_kernel}
+    q, k, v, g, beta, h0, do, dht = inputs(B=2, T=150, H=4, HQ=2, K=16, V=64, seed=5, per_channel=False)
+    q, k, v, do = (x.to(torch.bfloat16) for x in (q * 3, k * 2, v, do))     # keys not unit: the norm has work
+    args = (q, k, v, g.float(), beta.float(), 0.5, h0.float(), l2norm, None, do, dht.float())
+    want = backward.op_gradients(*args)
+    monkeypatch.setattr(build, "compile_program", lambda fn, out_idx, **kw: fakes[fn])
+    monkeypatch.setattr(gated_delta, "prepare_chunks", prepare_chunks_mirror())
+    monkeypatch.setattr(torch.cuda, "device", lambda device: __import__("contextlib").nullcontext())
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL"):
+        monkeypatch.setattr(backward, switch, True)
+    got = backward.op_gradients(*args)
+    assert seen == dict(dtypes={torch.bfloat16}, V=v.data_ptr(), dO=do.data_ptr())      # v and do themselves
+    for name, a, b in zip("dq dk dv dg dbeta dh0".split(), got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        assert rel_l2(a.double(), b.double()) < 1e-2, f"{name}: {rel_l2(a.double(), b.double()):.1e}"
