@@ -339,6 +339,25 @@ def test_a_cpu_snippet_runs_as_a_script_of_its_own(mini_site, tmp_path):
         sn.run(slow, timeout=1)
 
 
+
+def test_a_cpu_snippet_is_judged_by_its_own_exit_code(mini_site, monkeypatch):
+    """A forked child's status comes back through the fork server; when that read fails,
+    multiprocessing reports 255 for a snippet that succeeded (seen in CI). The child's own exit code,
+    written beside its output, decides; a child that wrote none (killed, server lost) runs once more
+    in a fresh interpreter."""
+    from multiprocessing import process
+
+    snippet = mini_site("# snippet: cpu\nprint('| ok |')\n")
+    monkeypatch.setattr(process.BaseProcess, "exitcode", property(lambda self: 255))    # the failed read
+    assert sn.run(snippet, timeout=60).output == "| ok |\n"
+    failing = mini_site("# snippet: cpu\nimport sys\nsys.exit(3)\n", "fails.py")
+    with pytest.raises(sn.SnippetError, match=r"raised \(exit 3\)"):
+        sn.run(failing, timeout=60)
+    killed = mini_site("# snippet: cpu\nimport os\nos._exit(255)\n", "killed.py")          # no code written
+    fresh = []
+    monkeypatch.setattr(sn, "_run_fresh", lambda snippet, timeout, env: fresh.append(snippet) or (0, "| again |\n", ""))
+    assert sn.run(killed, timeout=60).output == "| again |\n" and fresh == [killed]
+
 def test_tilelang_log_lines_stay_out_of_a_snippet_output(mini_site):
     """tilelang's logger writes to stdout; its lines are not part of the Markdown a snippet prints."""
     snippet = mini_site("""\

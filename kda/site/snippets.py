@@ -229,6 +229,9 @@ def _fork_server():
         return _server
 
 
+EXIT_CODE_FILE = "exit_code.txt"
+
+
 def _child(file: str, root: str, env: dict, stdout: str, stderr: str) -> None:
     """In a process forked from the server: the snippet as ``python <file>`` from ``root`` runs it,
     stdout and stderr to files (C-level output too), ``kda`` imported afresh from ``root``."""
@@ -256,6 +259,10 @@ def _child(file: str, root: str, env: dict, stdout: str, stderr: str) -> None:
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()
+    # the exit code in a file too: the parent reads a child's status from the fork server, and when
+    # that read fails (the server gone) multiprocessing reports 255 for a snippet that succeeded
+    with open(os.path.join(os.path.dirname(stdout), EXIT_CODE_FILE), "w") as f:
+        f.write(str(code))
     os._exit(code)
 
 
@@ -303,6 +310,9 @@ def _run_forked(snippet: Snippet, timeout: float | None, env: dict, out: Path) -
         proc.join()
         return None, "", ""
     read = lambda f: f.read_text(encoding="utf-8") if f.exists() else ""
+    written = out / EXIT_CODE_FILE
+    if written.exists():                      # what the snippet itself exited with
+        return int(written.read_text()), read(stdout), read(stderr)
     return proc.exitcode, read(stdout), read(stderr)
 
 
@@ -323,6 +333,9 @@ def run(snippet: Snippet, timeout: float | None = None, env: dict | None = None)
             code, stdout, stderr = _run_fresh(snippet, timeout, child_env)
         else:
             code, stdout, stderr = _run_forked(snippet, timeout, child_env, Path(out))
+            if code is not None and code != 0 and not (Path(out) / EXIT_CODE_FILE).exists():
+                # the child never reached its end (killed, or the fork server lost): once more, alone
+                code, stdout, stderr = _run_fresh(snippet, timeout, child_env)
         seconds = time.time() - start
         if code is None:
             raise SnippetTimeout(f"snippet {snippet.path} did not finish within {timeout} s")
