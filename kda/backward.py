@@ -59,6 +59,12 @@ CHUNK_KERNEL = True
 # Bytes that one group of chunks may take for its pairwise decay tables and their temporaries; None:
 # on CUDA a quarter of the device's free memory, between 1 and 16 GiB (every group is a few hundred
 # launches whatever its size, and at (1, 8192, 96, 128) 2 GiB made 32 groups of 4 chunks), else 2 GiB.
+# CUDA: the chunk stage for a gate per channel (chunk_kda) by the three kernels of kda/kernels/backward_chunks.py
+# that split it (chunk_pair_pieces, chunk_state_gradients, chunk_pair_gradients; kernel_chunk_gradients_by_channel),
+# chunks of 64, bf16 or fp16 inputs, dense or packed: three launches instead of torch stages by groups of
+# chunks. Off until its GPU tests pass.
+CHUNK_KERNELS_BY_CHANNEL = False
+
 MEMORY_BUDGET = None
 CHUNK_SIZE = 64
 
@@ -227,13 +233,14 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
     pieces = lambda s, e: stages.chunk_pieces(*(pick(x, s, e) for x in (q, k, v, g, beta)), scale, C, dtype,
                                               SubChunked)
     chunk_kernel = chunk_kernel_applies(q, g, beta, C, kernel_dtype)
+    channel_kernels = channel_kernels_apply(q, g, beta, C, kernel_dtype)
     # 1. what the state passes read, for every chunk: by the forward's kernel, or a group of chunks at
     # a time (one group, step 3 by torch: its pieces are kept for step 3 instead of made again)
     first = None
     if forward_pieces_apply(q, beta, C, kernel_dtype):
         whole = forward_pieces(q, k, v, g, beta, scale, kernel_dtype)      # in kernel_dtype, as the kernel wrote them
     else:
-        first = pieces(*groups[0]) if len(groups) == 1 and not chunk_kernel else None
+        first = pieces(*groups[0]) if len(groups) == 1 and not (chunk_kernel or channel_kernels) else None
         kept = [first] if first else [{name: p[name] for name in STATE_PIECES}
                                       for p in (pieces(s, e) for s, e in groups)]
         whole = {name: torch.cat([part[name] for part in kept], dim=2) for name in STATE_PIECES}
@@ -251,6 +258,8 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
         gate = g if g is not None else torch.zeros(q.shape[:3], dtype=q.dtype, device=q.device)
         dq, dk, dv, dg, dbeta = kernel_chunk_gradients(q, k, v, gate, beta, do, S, dS, scale, kernel_dtype)
         return dq, dk, dv, (dg if g is not None else None), dbeta, dh0
+    if channel_kernels:
+        return (*kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, kernel_dtype), dh0)
     dO = dO.to(dtype)
     out = [stages.chunk_gradients(first or pieces(s, e), S[:, :, s:e], dS[:, :, s:e], dO[:, :, s:e])
            for s, e in groups]
@@ -302,17 +311,25 @@ def chunk_kernel_applies(q, g, beta, C, kernel_dtype) -> bool:
     return CHUNK_KERNEL and (g is None or g.dim() == 3) and kernels_take(q, beta, C, kernel_dtype)
 
 
+def channel_kernels_apply(q, g, beta, C, kernel_dtype) -> bool:
+    """Whether step 3 of ``chunked_gradients`` runs as the three kernels for a gate per channel
+    (``CHUNK_KERNELS_BY_CHANNEL``): what ``kernels_take`` says, and a gate ``[B, T, H, DK]``."""
+    return CHUNK_KERNELS_BY_CHANNEL and g is not None and g.dim() == 4 and kernels_take(q, beta, C, kernel_dtype)
+
+
 def gate_gradient(dG, to_end, dG_last, C):
-    """The gate's gradient per token ``[B, T, H]`` from the chunk kernel's rows (``dG``: every term but
-    the decay to the chunk's end; ``to_end``: that decay's terms) and each chunk's ``dG_last [B, H, NC]``
-    (the state's decay): as ``kda.reference.backward.chunk_gradients`` ends, ``dG_last`` on the chunk's
-    last row, the reverse sum within the chunk, then ``to_end`` as an exclusive prefix sum."""
-    B, T, H = dG.shape
+    """The gate's gradient per token ``[B, T, H(, DK)]`` from the chunk kernels' rows (``dG``: every term
+    but the decay to the chunk's end; ``to_end``: that decay's terms; both ``[B, T, H]`` for a gate per
+    head, ``[B, T, H, DK]`` per channel) and each chunk's ``dG_last [B, H, NC(, DK)]`` (the state's
+    decay): as ``kda.reference.backward.chunk_gradients`` ends, ``dG_last`` on the chunk's last row, the
+    reverse sum within the chunk, then ``to_end`` as an exclusive prefix sum."""
+    B, T, H = dG.shape[:3]
+    rest = dG.shape[3:]
     NC = ceildiv(T, C)
-    chunks = lambda x: torch.nn.functional.pad(x, (0, 0, 0, NC * C - T)).view(B, NC, C, H)
+    chunks = lambda x: torch.nn.functional.pad(x, (0, 0) * (1 + len(rest)) + (0, NC * C - T)).view(B, NC, C, H, *rest)
     dG, to_end = chunks(dG).clone(), chunks(to_end)
     dG[:, :, -1] += dG_last.transpose(1, 2)
-    return stages.gate_from_rows(dG, to_end, dim=2).reshape(B, NC * C, H)[:, :T]
+    return stages.gate_from_rows(dG, to_end, dim=2).reshape(B, NC * C, H, *rest)[:, :T]
 
 
 def kernel_chunk_gradients(q, k, v, g, beta, do, S, dS, scale, dtype):
@@ -340,6 +357,42 @@ def kernel_chunk_gradients(q, k, v, g, beta, do, S, dS, scale, dtype):
     G_last = torch.nn.functional.pad(g.float(), (0, 0, 0, NC * CHUNK_SIZE - T)).view(B, NC, CHUNK_SIZE, H).sum(2)
     dG_last = torch.einsum("bhnkv,bhnkv->bhn", S, dS) * torch.exp(G_last).transpose(1, 2)   # [B, H, NC]
     return dq, dk, dv, gate_gradient(dG, to_end, dG_last, CHUNK_SIZE), db
+
+
+def kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, dtype):
+    """Step 3 of ``chunked_gradients`` for a gate per channel (KDA) by the three kernels of
+    ``kda.kernels.backward_chunks`` that split it: ``chunk_pair_pieces`` (the cumulative gate, ``T``, the
+    scores ``P`` and ``stril(K K^T E)``, whose pair decays need sub-chunks), ``chunk_state_gradients``
+    (every GEMM with the states, the WY form, ``dP`` and ``dA b`` written out) and ``chunk_pair_gradients``
+    (the sums of ``dP`` and ``dA b`` over pairs, by sub-chunks, into ``dq``, ``dk`` and the gate). Returns
+    ``dq`` (scale in), ``dk``, ``dv``, ``dg [B, T, H, DK]``, ``dbeta``, float32."""
+    from kda import ops
+    from kda.kernels import backward_chunks as kernels
+    from kda.kernels.build import compile_program
+
+    B, T, H, DK = q.shape
+    DV, C, NC = v.shape[-1], CHUNK_SIZE, S.shape[2]
+    low = lambda x: x.to(dtype).contiguous()
+    name = ops.dtype_name(dtype)
+    with torch.cuda.device(q.device):
+        pieces = compile_program(kernels.chunk_pair_pieces, (), DK=DK, chunk_size=C, dtype=name)
+        states = compile_program(kernels.chunk_state_gradients, (), DK=DK, DV=DV, chunk_size=C, dtype=name)
+        pairs = compile_program(kernels.chunk_pair_gradients, (), DK=DK, chunk_size=C, dtype=name)
+        new = lambda *shape, dt=torch.float32: ops.new_output(shape, dt, q.device)
+        Q, K, b = low(q), low(k), beta.float().contiguous()
+        G, KKE = new(B, H, NC * C, DK), new(B, T, H, C)
+        Tinv, P = new(B, T, H, C, dt=dtype), new(B, T, H, C, dt=dtype)
+        flags = torch.zeros(2, dtype=torch.int32, device=q.device)    # the forward checked g and beta
+        pieces(Q, K, g.float().contiguous(), b, float(scale), G, Tinv, P, KKE, flags)
+        dq, dk, dG, to_end = (new(B, T, H, DK) for _ in range(4))
+        dv, db = new(B, T, H, DV), new(B, T, H)
+        dPs, dAb = new(B, T, H, C, dt=dtype), new(B, T, H, C, dt=dtype)
+        states(Q, K, low(v), low(do), G, b, low(S), low(dS), Tinv, P, KKE, float(scale), dq, dk, dv, db, dG, to_end,
+               dPs, dAb)
+        pairs(Q, K, G, dPs, dAb, float(scale), dq, dk, dG)
+    G_last = torch.nn.functional.pad(g.float(), (0, 0, 0, 0, 0, NC * C - T)).view(B, NC, C, H, DK).sum(2)
+    dG_last = torch.einsum("bhnkv,bhnkv->bhnk", S, dS) * torch.exp(G_last).transpose(1, 2)   # [B, H, NC, DK]
+    return dq, dk, dv, gate_gradient(dG, to_end, dG_last, C), db
 
 
 def torch_state_passes(whole, S0, dO, dS_final, segments):
@@ -400,8 +453,9 @@ def op_gradients(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, cu_seqle
     gate = f32(g[..., 0] if g.dim() == 4 and g.shape[-1] == 1 else g)
     # where the kernels take every step, q, k, v and do stay in the inputs' dtype, as the kernels read
     # them (float32 copies of four [B, T, H, D] tensors would only be rounded back); else float32
-    kernels = chunk_kernel_applies(q, gate, beta, CHUNK_SIZE, q.dtype) and forward_pieces_apply(q, beta, CHUNK_SIZE,
-                                                                                                 q.dtype)
+    takes = lambda applies: applies(q, gate, beta, CHUNK_SIZE, q.dtype)
+    kernels = takes(chunk_kernel_applies) or takes(channel_kernels_apply)
+    kernels = kernels and forward_pieces_apply(q, beta, CHUNK_SIZE, q.dtype)
     own = (lambda x: x.to(q.dtype)) if kernels else f32
     qn, kn = (own(l2_normalize(f32(x))) for x in (q, k)) if use_qk_l2norm else (own(q), own(k))
     group = H // HQ                                          # value head i reads key head i // group

@@ -81,6 +81,16 @@ PATHS: tuple[CudaPath, ...] = (
                     "完成，一次启动处理所有块，取代按块分组的 torch 阶段"},
         gpu_log="results/tuning/run93/gpu-tests-backward.txt",
     ),
+    CudaPath(
+        name="backward_chunk_kernels_by_channel",
+        module="kda.backward",
+        switch="CHUNK_KERNELS_BY_CHANNEL",
+        what={"en": "the backward's chunk stage for a gate per channel (chunk_kda) by the three kernels of "
+                    "kda/kernels/backward_chunks.py that split it (the pairs' pieces, the terms with the states, "
+                    "the pair sums by sub-chunks), instead of torch stages by groups of chunks",
+              "zh": "逐通道门控（chunk_kda）时反向的块内阶段，由 kda/kernels/backward_chunks.py 中拆分它的三个 kernel "
+                    "完成（成对的中间量、与状态有关的各项、按子块的成对求和），取代按块分组的 torch 阶段"},
+    ),
 )
 
 

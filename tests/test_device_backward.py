@@ -2,6 +2,8 @@
 code in float64 equals autograd through the token recurrence to rounding, in float32 to ~1e-6; its
 grouping of chunks, packed layout, grouped value heads and L2 norm; and the op's route to it."""
 
+import math
+
 import pytest
 import torch
 
@@ -19,7 +21,7 @@ F64 = dict(dtype=torch.float64)
 def torch_stages(monkeypatch):
     """Every test starts from the torch stages (the kernel switches off) and turns on what it checks;
     on CUDA the switches are on by default, and a faked CUDA would otherwise route to kernels."""
-    for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL"):
+    for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL", "CHUNK_KERNELS_BY_CHANNEL"):
         monkeypatch.setattr(backward, switch, False)
 
 
@@ -335,16 +337,121 @@ def chunk_kernel_mirror(Q, K, V, dO, g, beta, S_in, dS_out, scale, dQ, dK, dV, d
         back(x, out)
 
 
-@pytest.mark.parametrize("strong", [False, True], ids=["logsigmoid", "runs_of_-20"])
-def test_chunk_kernel_arithmetic_is_the_chunk_gradients(strong, monkeypatch):
-    """``kernel_chunk_gradients`` with the chunk kernel replaced by ``chunk_kernel_mirror`` (its steps in
-    float64), then ``gate_gradient``: the gradients of ``chunked_gradients`` on the same (bf16-exact)
-    inputs, states and state gradients, a tail chunk included, to float32's rounding."""
-    from kda.kernels import build
 
-    monkeypatch.setattr(build, "compile_program", lambda fn, out_idx, **kw: chunk_kernel_mirror)
+def chunk_rows(x, C, NC, T):
+    """``[B, T, H, *]`` as ``[B, H, NC, C, *]`` in float64, rows past ``T`` zero (as the kernels mask them)."""
+    B, H = x.shape[0], x.shape[2]
+    x = torch.nn.functional.pad(x.double(), (0, 0) * (x.dim() - 3) + (0, 0, 0, NC * C - T))
+    return x.view(B, NC, C, H, *x.shape[3:]).movedim(3, 1)
+
+
+def rows_back(x, out, T):
+    """``[B, H, NC, C, *]`` written to ``out [B, T, H, *]`` (the rows past ``T`` dropped)."""
+    B, H, NC, C = x.shape[:4]
+    out.copy_(x.movedim(1, 3).reshape(B, NC * C, H, *x.shape[4:])[:, :T])
+
+
+def pair_decays(G):
+    """``E_ijd = 2^(G_id - G_jd)`` for ``j <= i``, else 0: ``G [..., C, D]`` in log2 units."""
+    C = G.shape[-2]
+    lower = torch.ones(C, C, dtype=torch.bool).tril()[..., None]
+    return torch.where(lower, torch.exp2(torch.clamp(G[..., :, None, :] - G[..., None, :, :], max=0.0)), 0.0)
+
+
+def pair_pieces_mirror(Q, K, g, beta, scale, G, Tinv, P, KKE, flags, C=64):
+    """``kda.kernels.backward_chunks.chunk_pair_pieces`` in float64 torch, reading and writing its
+    arguments as its docstring says: ``G [B, H, NC C, DK]`` (log2, flat past the end), ``T``, the scores
+    ``P`` (scale in, ``j <= i``) and ``stril(K K^T E)`` per row ``[B, T, H, C]``."""
+    B, T, H, DK = Q.shape
+    NC = G.shape[2] // C
+    q, k, b = chunk_rows(Q, C, NC, T), chunk_rows(K, C, NC, T), chunk_rows(beta, C, NC, T)
+    Gc = chunk_rows(g, C, NC, T).cumsum(-2) / math.log(2)                   # [B, H, NC, C, DK]
+    E = pair_decays(Gc)
+    KKE_c = torch.einsum("bhnid,bhnjd,bhnijd->bhnij", k, k, E).tril(-1)
+    P_c = scale * torch.einsum("bhnid,bhnjd,bhnijd->bhnij", q, k, E)
+    Tinv_c = torch.linalg.inv(torch.eye(C, dtype=torch.float64) + b[..., None] * KKE_c)
+    G.copy_(Gc.reshape(B, H, NC * C, DK))
+    for x, out in ((Tinv_c, Tinv), (P_c, P), (KKE_c, KKE)):
+        rows_back(x, out, T)
+
+
+def state_gradients_mirror(Q, K, V, dO, G, beta, S_in, dS_out, Tinv, P, KKE, scale, dQ, dK, dV, db, dG, to_end,
+                           dPs, dAb, C=64):
+    """``kda.kernels.backward_chunks.chunk_state_gradients`` in float64 torch: every term of
+    ``kda.reference.backward.chunk_gradients`` but the pair sums, which it leaves to
+    ``chunk_pair_gradients`` through ``dPs = stril(dP)`` and ``dAb = dA b``; ``dQ`` without the scale."""
+    B, T, H, DK = Q.shape
+    NC = S_in.shape[2]
+    q, k, v, do, b = (chunk_rows(x, C, NC, T) for x in (Q, K, V, dO, beta))
+    Tm, Pm, KKEm = (chunk_rows(x, C, NC, T) for x in (Tinv, P, KKE))
+    Gc = G.double().view(B, H, NC, C, DK)
+    e, eEnd = torch.exp2(Gc), torch.exp2(Gc[..., -1:, :] - Gc)
+    S, dS = S_in.double(), dS_out.double()
+    tr = lambda x: x.transpose(-1, -2)
+    Kg, Kd = k * e, k * eEnd
+    W, U = Tm @ (b[..., None] * Kg), Tm @ (b[..., None] * v)
+    new = U - W @ S
+    dQg = do @ tr(S)
+    dP = (do @ tr(new)).tril()
+    d = torch.diagonal(dP, dim1=-2, dim2=-1)[..., None]
+    dq, dk, dg = dQg * e + d * k, scale * d * q, dQg * scale * q * e
+    dnew = tr(Pm) @ do + Kd @ dS
+    dKd = new @ tr(dS)
+    dk = dk + dKd * eEnd
+    end = dKd * Kd
+    dW = -dnew @ tr(S)
+    dXu, dXw = tr(Tm) @ dnew, tr(Tm) @ dW
+    dv, dKg = b[..., None] * dXu, b[..., None] * dXw
+    dk, dg = dk + dKg * e, dg + dKg * Kg
+    dbeta = (dXu * v).sum(-1) + (dXw * Kg).sum(-1)
+    dT = dnew @ tr(b[..., None] * v) + dW @ tr(b[..., None] * Kg)
+    dA = -(tr(Tm) @ dT @ tr(Tm)).tril(-1)
+    dbeta = dbeta + (dA * KKEm).sum(-1)
+    for x, out in ((dq, dQ), (dk, dK), (dv, dV), (dbeta, db), (dg, dG), (end, to_end), (dP.tril(-1), dPs),
+                   (dA * b[..., None], dAb)):
+        rows_back(x, out, T)
+
+
+def pair_gradients_mirror(Q, K, G, dPs, dAb, scale, dQ, dK, dG, C=64):
+    """``kda.kernels.backward_chunks.chunk_pair_gradients`` in float64 torch: the pair sums of ``dPs`` and
+    ``dAb`` (``rows(s, y)_i = sum_j s_ij y_j E_ij``, ``cols(s, x)_j = sum_i s_ij x_i E_ij``) added to
+    ``dQ`` (then scaled), ``dK`` and ``dG``."""
+    B, T, H, DK = Q.shape
+    NC = G.shape[2] // C
+    q, k = chunk_rows(Q, C, NC, T), chunk_rows(K, C, NC, T)
+    sP, sA = chunk_rows(dPs, C, NC, T), chunk_rows(dAb, C, NC, T)
+    E = pair_decays(G.double().view(B, H, NC, C, DK))
+    rows = lambda s, y: torch.einsum("bhnij,bhnjd,bhnijd->bhnid", s, y, E)
+    cols = lambda s, x: torch.einsum("bhnij,bhnid,bhnijd->bhnjd", s, x, E)
+    qs = scale * q
+    rP, cP, rA, cA = rows(sP, k), cols(sP, qs), rows(sA, k), cols(sA, k)
+    dq, dk, dg = (chunk_rows(x, C, NC, T) for x in (dQ, dK, dG))
+    rows_back(scale * (dq + rP), dQ, T)
+    rows_back(dk + cP + rA + cA, dK, T)
+    rows_back(dg + qs * rP - k * cP + k * rA - k * cA, dG, T)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("strong", [False, True], ids=["logsigmoid", "runs_of_-20"])
+@pytest.mark.parametrize("per_channel", [False, True], ids=["gdn", "kda"])
+def test_chunk_kernel_arithmetic_is_the_chunk_gradients(per_channel, strong, dtype, monkeypatch):
+    """``kernel_chunk_gradients`` (a gate per head) and ``kernel_chunk_gradients_by_channel`` with their
+    kernels replaced by mirrors (their steps in float64 torch, reading and writing their arguments), then
+    ``gate_gradient``: the gradients of ``chunked_gradients`` on the same (bf16-exact) inputs, states and
+    state gradients, a tail chunk included: to float32's rounding (the outputs), and per channel to bf16's
+    where the three kernels hand each other bf16 (T, P, dP, dA b)."""
+    from kda import ops
+    from kda.kernels import backward_chunks, build
+
+    fakes = {backward_chunks.chunk_gradients: chunk_kernel_mirror,
+             backward_chunks.chunk_pair_pieces: pair_pieces_mirror,
+             backward_chunks.chunk_state_gradients: state_gradients_mirror,
+             backward_chunks.chunk_pair_gradients: pair_gradients_mirror}
+    monkeypatch.setattr(build, "compile_program", lambda fn, out_idx, **kw: fakes[fn])
     monkeypatch.setattr(torch.cuda, "device", lambda device: __import__("contextlib").nullcontext())
-    q, k, v, g, beta, h0, do, dht = inputs(B=2, T=100, H=2, K=16, V=8, per_channel=False, strong=strong, seed=5)
+    monkeypatch.setattr(ops, "dtype_name", lambda dt: str(dt).removeprefix("torch."))      # float64 too
+    q, k, v, g, beta, h0, do, dht = inputs(B=2, T=100, H=2, K=16, V=8, per_channel=per_channel, strong=strong,
+                                           seed=6 if per_channel else 5)
     bf16 = lambda x: x.to(torch.bfloat16).double()
     q, k, v, do = (bf16(x) for x in (q, k, v, do))
     g, beta = g.float().double(), beta.float().double()
@@ -353,13 +460,15 @@ def test_chunk_kernel_arithmetic_is_the_chunk_gradients(strong, monkeypatch):
     dO = ref.to_chunks(do, 64)
     dS = bf16(ref.reverse_state_pass(p, dO, dht)[0])
     want_dQ, want_dK, want_dV, want_db, want_dG = ref.chunk_gradients(p, S, dS, dO)
-    got = backward.kernel_chunk_gradients(q, k, v, g, beta, do, S, dS, 0.5, torch.bfloat16)
+    stage = backward.kernel_chunk_gradients_by_channel if per_channel else backward.kernel_chunk_gradients
+    got = stage(q, k, v, g, beta, do, S, dS, 0.5, dtype)
     T = q.shape[1]
+    dg = ref.from_chunks(want_dG, T)
     want = (ref.from_chunks(want_dQ, T) * 0.5, ref.from_chunks(want_dK, T), ref.from_chunks(want_dV, T),
-            ref.from_chunks(want_dG, T)[..., 0], ref.from_chunks(want_db[..., None], T)[..., 0])
+            dg if per_channel else dg[..., 0], ref.from_chunks(want_db[..., None], T)[..., 0])
+    bound = (2e-2 if dtype == torch.bfloat16 else 1e-5) if per_channel else 1e-6
     for name, a, b in zip("dq dk dv dg dbeta".split(), got, want):
-        assert rel_l2(a, b) < 1e-6, f"{name}: {rel_l2(a, b):.1e}"
-
+        assert a.shape == b.shape and rel_l2(a, b) < bound, f"{name}: {rel_l2(a, b):.1e}"
 
 def test_chunk_kernel_is_taken_only_where_it_applies(monkeypatch):
     """The switch, then CUDA, a gate per head (or none), the delta rule, chunks of 64 and bf16 or fp16

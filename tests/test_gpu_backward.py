@@ -34,7 +34,7 @@ def device_backward(monkeypatch):
 def torch_stages(monkeypatch):
     from kda import backward
 
-    for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL"):
+    for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL", "CHUNK_KERNELS_BY_CHANNEL"):
         monkeypatch.setattr(backward, switch, False)
 
 
@@ -170,15 +170,17 @@ def test_gradients_with_the_state_pass_kernels(per_channel, device_backward, mon
 
 @pytest.mark.parametrize("kind", ["logsigmoid", "runs_of_-20"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_chunk_kernel_against_the_stages(dtype, kind, poisoned):
-    """``kda/kernels/backward_chunks.py`` (a gate per head) against the reference's ``chunk_gradients`` in
-    float64 on the same inputs and the same states and state gradients rounded to the kernel's dtype
-    (a tail chunk); outputs poisoned with NaN. The kernel rounds its GEMM operands (W, V', P, T and
-    the gradients between its GEMMs) to that dtype, as fla's kernels do."""
+@pytest.mark.parametrize("per_channel", [False, True], ids=["gdn", "kda"])
+def test_chunk_kernel_against_the_stages(per_channel, dtype, kind, poisoned):
+    """``kda/kernels/backward_chunks.py`` (a gate per head: ``chunk_gradients``; per channel: its three
+    kernels) against the reference's ``chunk_gradients`` in float64 on the same inputs and the same
+    states and state gradients rounded to the kernels' dtype (a tail chunk); outputs poisoned with NaN.
+    The kernels round their GEMM operands (W, V', P, T and the gradients between GEMMs, and what the
+    three hand each other) to that dtype, as fla's kernels do."""
     from kda import backward
 
     B, T, H, DK, DV = 2, 300, 3, 128, 128
-    q, k, v, g, beta, h0 = inputs((B, T, H, DK, DV), dtype, kind, False, 31)
+    q, k, v, g, beta, h0 = inputs((B, T, H, DK, DV), dtype, kind, per_channel, 41 if per_channel else 31)
     gen = torch.Generator(device="cuda").manual_seed(9)
     do = torch.randn(B, T, H, DV, generator=gen, device="cuda").to(dtype)
     dht = torch.randn(B, H, DK, DV, generator=gen, device="cuda")
@@ -188,9 +190,11 @@ def test_chunk_kernel_against_the_stages(dtype, kind, poisoned):
     dO = ref.to_chunks(args[5], 64)
     dS = ref.reverse_state_pass(p, dO, dht.double().cpu())[0].to(dtype).double()
     wants = ref.chunk_gradients(p, S, dS, dO)
+    dg = ref.from_chunks(wants[4], T)
     wants = (ref.from_chunks(wants[0], T) * DK ** -0.5, ref.from_chunks(wants[1], T), ref.from_chunks(wants[2], T),
-             ref.from_chunks(wants[4], T)[..., 0], ref.from_chunks(wants[3][..., None], T)[..., 0])
-    gots = backward.kernel_chunk_gradients(q, k, v, g, beta, do, S.cuda(), dS.cuda(), DK ** -0.5, dtype)
+             dg if per_channel else dg[..., 0], ref.from_chunks(wants[3][..., None], T)[..., 0])
+    stage = backward.kernel_chunk_gradients_by_channel if per_channel else backward.kernel_chunk_gradients
+    gots = stage(q, k, v, g, beta, do, S.cuda(), dS.cuda(), DK ** -0.5, dtype)
     bound = {torch.bfloat16: 2e-2, torch.float16: 1e-2}[dtype]
     for name, got, want in zip("dq dk dv dg dbeta".split(), gots, wants):
         assert torch.isfinite(got).all(), f"{name}: not finite (unwritten?)"
@@ -200,18 +204,21 @@ def test_chunk_kernel_against_the_stages(dtype, kind, poisoned):
 @pytest.mark.parametrize("kind", ["logsigmoid", "runs_of_-20"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_gradients_with_the_chunk_kernel(shape, dtype, kind, device_backward, monkeypatch):
-    """chunk_gated_delta_rule's gradients with ``CHUNK_KERNEL`` on against the float64 recurrence, within
-    the bound of the state-pass kernels' test (bf16 GEMM operands)."""
+@pytest.mark.parametrize("per_channel", [False, True], ids=["gdn", "kda"])
+def test_gradients_with_the_chunk_kernel(per_channel, shape, dtype, kind, device_backward, monkeypatch):
+    """chunk_gated_delta_rule's gradients with ``CHUNK_KERNEL`` on, and chunk_kda's with
+    ``CHUNK_KERNELS_BY_CHANNEL``, against the float64 recurrence, within the bound of the state-pass
+    kernels' test (bf16 GEMM operands)."""
     from kda import backward
 
-    monkeypatch.setattr(backward, "CHUNK_KERNEL", True)
-    leaves = inputs(shape, dtype, kind, False, zlib.crc32(repr((shape, kind, "chunk kernel")).encode()))
+    monkeypatch.setattr(backward, "CHUNK_KERNELS_BY_CHANNEL" if per_channel else "CHUNK_KERNEL", True)
+    seed = zlib.crc32(repr((shape, kind, "kernels by channel" if per_channel else "chunk kernel")).encode())
+    leaves = inputs(shape, dtype, kind, per_channel, seed)
     B, T, H, DK, DV = shape
     gen = torch.Generator(device="cuda").manual_seed(10)
     do = torch.randn(B, T, H, DV, generator=gen, device="cuda").to(dtype).float()
     dht = torch.randn(B, H, DK, DV, generator=gen, device="cuda")
-    got = gradients_on_cuda(kda.chunk_gated_delta_rule, leaves, do, dht)
+    got = gradients_on_cuda(kda.chunk_kda if per_channel else kda.chunk_gated_delta_rule, leaves, do, dht)
     q, k, v, g, beta, h0 = (x.double().cpu() for x in leaves)
     want = ref.recurrence_backward(q, k, v, g, beta, do.double().cpu(), dht.double().cpu(), DK ** -0.5, h0)
     check(got, want, KERNEL_BOUND)
@@ -220,8 +227,8 @@ def test_gradients_with_the_chunk_kernel(shape, dtype, kind, device_backward, mo
 @pytest.mark.parametrize("kind", ["logsigmoid", "runs_of_-20"])
 @pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
 def test_gradients_with_every_kernel(per_channel, kind, device_backward, monkeypatch):
-    """The op's gradients with ``FORWARD_PIECES``, ``STATE_KERNELS`` and (a gate per head)
-    ``CHUNK_KERNEL`` on against the float64 recurrence, a tail chunk included, within the bound of the
+    """The op's gradients with ``FORWARD_PIECES``, ``STATE_KERNELS`` and ``CHUNK_KERNEL`` (a gate per
+    head) or ``CHUNK_KERNELS_BY_CHANNEL`` on against the float64 recurrence, a tail chunk included, within the bound of the
     state-pass kernels' test; and with ``FORWARD_PIECES`` alone (the torch passes on its pieces)."""
     from kda import backward
 
@@ -234,7 +241,7 @@ def test_gradients_with_every_kernel(per_channel, kind, device_backward, monkeyp
     q, k, v, g, beta, h0 = (x.double().cpu() for x in leaves)
     want = ref.recurrence_backward(q, k, v, g, beta, do.double().cpu(), dht.double().cpu(), 128 ** -0.5, h0)
     monkeypatch.setattr(backward, "FORWARD_PIECES", True)
-    for switches in ((), ("STATE_KERNELS", "CHUNK_KERNEL")):
+    for switches in ((), ("STATE_KERNELS", "CHUNK_KERNEL", "CHUNK_KERNELS_BY_CHANNEL")):
         for switch in switches:
             monkeypatch.setattr(backward, switch, True)
         check(gradients_on_cuda(fn, leaves, do, dht), want, KERNEL_BOUND, f"{switches}: ")

@@ -70,6 +70,12 @@ CASES = [
     ("backward_chunks", "chunk_gradients", dict(DK=128, DV=64)),
     # fp16 at 128 x 128: ptxas keeps one 4-byte value in local memory (bf16: none)
     ("backward_chunks", "chunk_gradients", dict(DK=128, DV=128, dtype="float16", spill_budget=8)),
+    ("backward_chunks", "chunk_pair_pieces", dict(DK=128)),
+    ("backward_chunks", "chunk_pair_pieces", dict(DK=64, dtype="float16")),
+    ("backward_chunks", "chunk_state_gradients", dict(DK=128, DV=128, spill_budget=24)),
+    ("backward_chunks", "chunk_state_gradients", dict(DK=64, DV=128, dtype="float16")),
+    ("backward_chunks", "chunk_pair_gradients", dict(DK=128)),
+    ("backward_chunks", "chunk_pair_gradients", dict(DK=64, dtype="float16")),
     ("decode", "fused_recurrent", dict(DK=128, DV=128, dtype="bfloat16")),
     ("decode", "fused_recurrent", dict(DK=64, DV=128, dtype="float16", scalar_gate=True, varlen=True, pooled=True)),
     ("decode", "fused_recurrent", dict(DK=128, DV=64, dtype="bfloat16", value_groups=2, with_initial=False,

@@ -365,17 +365,19 @@ def test_backward_chunk_kernel(kernel_launches, monkeypatch, dtype):
 
 @pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
 def test_backward_with_every_kernel(kernel_launches, monkeypatch, per_channel):
-    """``FORWARD_PIECES``, ``STATE_KERNELS`` and ``CHUNK_KERNEL`` on (CUDA faked): the forward's
-    ``chunk_intra`` makes the pieces, the two state kernels run on them, and for a gate per head the
-    chunk kernel makes the gradients; every launch as the binder takes it (a tail chunk)."""
+    """Every kernel switch on (CUDA faked), q, k, v and do in bf16 as the op hands them: the forward's
+    ``chunk_intra`` makes the pieces, the two state kernels run on them, and the chunk kernel (a gate
+    per head) or the three kernels for a gate per channel make the gradients; every launch as the
+    binder takes it (a tail chunk)."""
     from kda import backward
 
-    for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL"):
+    for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL", "CHUNK_KERNELS_BY_CHANNEL"):
         monkeypatch.setattr(backward, switch, True)
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     q, k, v, g, beta = level5_inputs(B=2, T=200, per_channel=per_channel)
     gate = g if per_channel else g[..., 0]
-    backward.chunked_gradients(q.float(), k.float(), v.float(), gate, beta, torch.randn(2, 200, 2, 64), None, 0.125,
-                               None, kernel_dtype=torch.bfloat16)
-    want = ["chunk_intra", "forward_states_pass", "reverse_state_pass"] + ([] if per_channel else ["chunk_gradients"])
-    assert [name for name, _ in kernel_launches] == want
+    got = backward.chunked_gradients(q, k, v, gate, beta, torch.randn(2, 200, 2, 64).bfloat16(), None, 0.125, None,
+                                     kernel_dtype=torch.bfloat16)
+    step3 = ["chunk_pair_pieces", "chunk_state_gradients", "chunk_pair_gradients"] if per_channel else ["chunk_gradients"]
+    assert [name for name, _ in kernel_launches] == ["chunk_intra", "forward_states_pass", "reverse_state_pass", *step3]
+    assert [x.shape for x in got[:5]] == [q.shape, k.shape, v.shape, gate.shape, beta.shape]

@@ -1,6 +1,9 @@
-"""The chunk-parallel stage of the backward (``kda.reference.backward.chunk_gradients``) as one TileLang
-kernel for a gate per head (GDN): every chunk's gradients at once, given the state entering it and
-the gradient of the state leaving it (the two sequential passes, ``kda.kernels.backward_states``).
+"""The chunk-parallel stage of the backward (``kda.reference.backward.chunk_gradients``) as TileLang
+kernels: every chunk's gradients at once, given the state entering it and the gradient of the state
+leaving it (the two sequential passes, ``kda.kernels.backward_states``). For a gate per head (GDN) one
+kernel, ``chunk_gradients``, described here; for a gate per channel (KDA) three, at the end of the file
+(``chunk_pair_pieces``, ``chunk_state_gradients``, ``chunk_pair_gradients``), because the pairs' decays
+differ per channel and go by sub-chunks.
 
 One block per (chunk, head, batch row) recomputes what the forward made of the chunk and never
 stored: the cumulative gate, ``A = stril(diag(b) K K^T E)`` with ``E_ij = 2^(G_i - G_j)``, the inverse
@@ -262,3 +265,407 @@ def chunk_gradients(DK, DV, chunk_size=64, dtype="bfloat16", scalar_gate=True, t
 # Subnormals flushed to zero, as in the forward's chunk_intra: one ex2.approx.ftz per exp2
 chunk_gradients.compile_flags = ("-ftz=true",)
 # --8<-- [end:chunk_gradients]
+
+
+# --- a gate per channel (KDA): the chunk stage in three kernels -------------------------------------------
+# With a gate per channel the decay of a pair, 2^(G_id - G_jd), differs per channel, so the pair sums are
+# no longer row and column sums of one C x C matrix: they go by sub-chunks of SUB_CHUNK rows, as
+# ``kda.backward.SubChunked`` does. Pairs in different sub-chunks factor through one reference row
+# (both factors <= 1) into GEMMs; pairs inside a sub-chunk are summed one by one.
+
+SUB_CHUNK = 16
+
+
+@T.macro
+def pair_rows(s_s, y_s, G_s, Y_s, R_f, tmp_f, C, sub):
+    """``R_id = sum_{j < i} s_ij y_jd 2^(G_id - G_jd)`` (``s_s`` zero on and above its diagonal): for the
+    rows of sub-chunk ``r`` (first row ``r0``), the columns before it by a GEMM of ``s`` with
+    ``y_j 2^(G_r0 - G_j)`` scaled by ``2^(G_i - G_r0)``; the columns inside it pair by pair."""
+    DK = y_s.shape[1]
+    for i, d in T.Parallel(C, DK):
+        acc = T.alloc_var(ACCUM)
+        acc = 0.0
+        for jj in T.serial(sub):
+            j = (i // sub) * sub + jj
+            acc += T.if_then_else(j < i, T.Cast(ACCUM, s_s[i, j]) * T.Cast(ACCUM, y_s[j, d])
+                                  * decay_factor(G_s[i, d] - G_s[j, d]), 0.0)
+        R_f[i, d] = acc
+    for r in range(1, C // sub):
+        r0 = r * sub
+        for j, d in T.Parallel(C, DK):
+            Y_s[j, d] = T.if_then_else(j < r0, y_s[j, d] * decay_factor(G_s[r0, d] - G_s[j, d]), 0.0)
+        T.gemm(s_s, Y_s, tmp_f, clear_accum=True)
+        for i, d in T.Parallel(C, DK):
+            if i >= r0 and i < r0 + sub:
+                R_f[i, d] = R_f[i, d] + tmp_f[i, d] * decay_factor(G_s[i, d] - G_s[r0, d])
+
+
+@T.macro
+def pair_cols(s_s, x_s, G_s, Y_s, R_f, tmp_f, C, sub):
+    """``R_jd = sum_{i > j} s_ij x_id 2^(G_id - G_jd)``: for the columns of sub-chunk ``b`` (last row
+    ``e``), the rows after it by a GEMM of ``s^T`` with ``x_i 2^(G_i - G_e)`` scaled by ``2^(G_e - G_j)``;
+    the rows inside it pair by pair."""
+    DK = x_s.shape[1]
+    for j, d in T.Parallel(C, DK):
+        acc = T.alloc_var(ACCUM)
+        acc = 0.0
+        for ii in T.serial(sub):
+            i = (j // sub) * sub + ii
+            acc += T.if_then_else(i > j, T.Cast(ACCUM, s_s[i, j]) * T.Cast(ACCUM, x_s[i, d])
+                                  * decay_factor(G_s[i, d] - G_s[j, d]), 0.0)
+        R_f[j, d] = acc
+    for b in range(C // sub - 1):
+        e = b * sub + sub - 1
+        for i, d in T.Parallel(C, DK):
+            Y_s[i, d] = T.if_then_else(i > e, x_s[i, d] * decay_factor(G_s[i, d] - G_s[e, d]), 0.0)
+        T.gemm(s_s, Y_s, tmp_f, transpose_A=True, clear_accum=True)
+        for j, d in T.Parallel(C, DK):
+            if j >= e + 1 - sub and j <= e:
+                R_f[j, d] = R_f[j, d] + tmp_f[j, d] * decay_factor(G_s[e, d] - G_s[j, d])
+
+
+@T.macro
+def load_rows(src, dst_s, bb, t0, bh, L, C, D):
+    """``dst_s`` = rows ``t0 ..`` of ``src [B, T, H, D]``, the rows past ``L`` zero whatever the load left."""
+    T.copy(src[bb, t0:t0 + C, bh, :], dst_s)
+    for i, d in T.Parallel(C, D):
+        dst_s[i, d] = T.if_then_else(i < L, dst_s[i, d], 0.0)
+
+
+# --8<-- [start:chunk_pair_gradients]
+def chunk_pair_gradients(DK, chunk_size=64, dtype="bfloat16", threads=256):
+    """The pair sums of the chunk stage for a gate per channel. Arguments at run time: ``Q, K [B, T, H,
+    DK]`` (dtype), ``G [B, H, NC C, DK]`` (float32, log2: each chunk's cumulative gate, flat past the
+    end), ``dPs, dAb [B, T, H, C]`` (dtype: ``stril(dP)`` and ``dA b`` from ``chunk_state_gradients``),
+    ``scale``; then ``dQ, dK, dG [B, T, H, DK]`` (float32), which it reads and writes: ``dQ <- scale (dQ +
+    rows(dPs, K))``, ``dK += cols(dPs, scale Q) + rows(dAb, K) + cols(dAb, K)``, ``dG +=`` the pair terms
+    of the gate (``Q rows - K cols`` of each). One block per (chunk, head, batch row)."""
+    B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
+    C, sub = chunk_size, SUB_CHUNK
+    NC = T.ceildiv(S, C)
+
+    @T.prim_func
+    def main(
+        Q: T.Tensor([B, S, H, DK], dtype),
+        K: T.Tensor([B, S, H, DK], dtype),
+        G: T.Tensor([B, H, NC * C, DK], ACCUM),
+        dPs: T.Tensor([B, S, H, C], dtype),
+        dAb: T.Tensor([B, S, H, C], dtype),
+        scale: T.float32,
+        dQ: T.Tensor([B, S, H, DK], ACCUM),
+        dK: T.Tensor([B, S, H, DK], ACCUM),
+        dG: T.Tensor([B, S, H, DK], ACCUM),
+    ):
+        with T.Kernel(NC, H, B, threads=threads) as (c, bh, bb):
+            t0 = c * C
+            L = T.min(C, S - t0)
+            q_s = T.alloc_shared([C, DK], dtype)
+            k_s = T.alloc_shared([C, DK], dtype)
+            Y_s = T.alloc_shared([C, DK], dtype)          # the other side of a GEMM, scaled to its reference row
+            G_s = T.alloc_shared([C, DK], ACCUM)
+            dP_s = T.alloc_shared([C, C], dtype)
+            dA_s = T.alloc_shared([C, C], dtype)
+            R_f = T.alloc_fragment([C, DK], ACCUM)
+            tmp_f = T.alloc_fragment([C, DK], ACCUM)
+            dK_f = T.alloc_fragment([C, DK], ACCUM)
+            dG_f = T.alloc_fragment([C, DK], ACCUM)
+
+            load_rows(Q, q_s, bb, t0, bh, L, C, DK)
+            load_rows(K, k_s, bb, t0, bh, L, C, DK)
+            load_rows(dPs, dP_s, bb, t0, bh, L, C, C)
+            load_rows(dAb, dA_s, bb, t0, bh, L, C, C)
+            T.copy(G[bb, bh, t0:t0 + C, :], G_s)
+
+            pair_rows(dP_s, k_s, G_s, Y_s, R_f, tmp_f, C, sub)            # rows(dP, K): dQ, and Q R on the gate
+            for i, d in T.Parallel(C, DK):
+                if i < L:
+                    dQ[bb, t0 + i, bh, d] = scale * (dQ[bb, t0 + i, bh, d] + R_f[i, d])
+                dG_f[i, d] = scale * q_s[i, d] * R_f[i, d]
+            pair_cols(dP_s, q_s, G_s, Y_s, R_f, tmp_f, C, sub)            # cols(dP, Q): dK, and -K R
+            for i, d in T.Parallel(C, DK):
+                dK_f[i, d] = scale * R_f[i, d]
+                dG_f[i, d] = dG_f[i, d] - scale * k_s[i, d] * R_f[i, d]
+            pair_rows(dA_s, k_s, G_s, Y_s, R_f, tmp_f, C, sub)            # rows(dA b, K)
+            for i, d in T.Parallel(C, DK):
+                dK_f[i, d] = dK_f[i, d] + R_f[i, d]
+                dG_f[i, d] = dG_f[i, d] + k_s[i, d] * R_f[i, d]
+            pair_cols(dA_s, k_s, G_s, Y_s, R_f, tmp_f, C, sub)            # cols(dA b, K)
+            for i, d in T.Parallel(C, DK):
+                if i < L:
+                    dK[bb, t0 + i, bh, d] = dK[bb, t0 + i, bh, d] + dK_f[i, d] + R_f[i, d]
+                    dG[bb, t0 + i, bh, d] = dG[bb, t0 + i, bh, d] + dG_f[i, d] - k_s[i, d] * R_f[i, d]
+
+    return main
+
+
+chunk_pair_gradients.compile_flags = ("-ftz=true",)
+# --8<-- [end:chunk_pair_gradients]
+
+
+@T.macro
+def pair_scores(x_s, y_s, G_s, X_s, Y_s, out_f, C, sub, strict):
+    """``out_ij = sum_d x_id y_jd 2^(G_id - G_jd)`` for ``j < i`` (``strict``) or ``j <= i``, else 0: the
+    pairs in different sub-chunks by one GEMM per sub-chunk ``r`` > 0 (rows of ``r`` scaled to its first
+    row ``r0``, the rows before ``r0`` from it; both factors <= 1), the pairs inside one pair by pair."""
+    DK = x_s.shape[1]
+    T.clear(out_f)
+    for r in range(1, C // sub):
+        r0 = r * sub
+        for i, d in T.Parallel(C, DK):
+            X_s[i, d] = T.if_then_else(i >= r0 and i < r0 + sub,
+                                       x_s[i, d] * decay_factor(G_s[i, d] - G_s[r0, d]), 0.0)
+            Y_s[i, d] = T.if_then_else(i < r0, y_s[i, d] * decay_factor(G_s[r0, d] - G_s[i, d]), 0.0)
+        T.gemm(X_s, Y_s, out_f, transpose_B=True)
+    for i, j in T.Parallel(C, C):
+        if i // sub == j // sub and (j < i if strict else j <= i):
+            acc = T.alloc_var(ACCUM)
+            acc = 0.0
+            for d in T.serial(DK):
+                acc += T.Cast(ACCUM, x_s[i, d]) * T.Cast(ACCUM, y_s[j, d]) * decay_factor(G_s[i, d] - G_s[j, d])
+            out_f[i, j] = out_f[i, j] + acc
+
+
+# --8<-- [start:chunk_pair_pieces]
+def chunk_pair_pieces(DK, chunk_size=64, dtype="bfloat16", threads=256):
+    """What the chunk stage for a gate per channel needs of the forward's pairs. Arguments at run time:
+    ``Q, K [B, T, H, DK]`` (dtype), ``g [B, T, H, DK]`` (float32, natural log), ``beta [B, T, H]``
+    (float32), ``scale``; then the outputs ``G [B, H, NC C, DK]`` (float32: each chunk's cumulative gate
+    in log2 units, flat past the end), ``Tinv [B, T, H, C]`` (dtype: ``T = (I + A)^-1``, ``A = stril(diag(b)
+    K K^T E)``, level 4's solve), ``P [B, T, H, C]`` (dtype: ``scale (Q K^T) E`` on and below the
+    diagonal), ``KKE [B, T, H, C]`` (float32: ``stril(K K^T E)``) and ``flags [2]`` (int32: a gate not
+    finite and ``<= 0``, a ``b`` outside ``[0, 1]``). One block per (chunk, head, batch row)."""
+    B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
+    C, sub = chunk_size, SUB_CHUNK
+    NC = T.ceildiv(S, C)
+
+    @T.prim_func
+    def main(
+        Q: T.Tensor([B, S, H, DK], dtype),
+        K: T.Tensor([B, S, H, DK], dtype),
+        g: T.Tensor([B, S, H, DK], ACCUM),
+        beta: T.Tensor([B, S, H], ACCUM),
+        scale: T.float32,
+        G: T.Tensor([B, H, NC * C, DK], ACCUM),
+        Tinv: T.Tensor([B, S, H, C], dtype),
+        P: T.Tensor([B, S, H, C], dtype),
+        KKE: T.Tensor([B, S, H, C], ACCUM),
+        flags: T.Tensor([2], "int32"),
+    ):
+        with T.Kernel(NC, H, B, threads=threads) as (c, bh, bb):
+            t0 = c * C
+            L = T.min(C, S - t0)
+            q_s = T.alloc_shared([C, DK], dtype)
+            k_s = T.alloc_shared([C, DK], dtype)
+            X_s = T.alloc_shared([C, DK], dtype)
+            Y_s = T.alloc_shared([C, DK], dtype)
+            G_s = T.alloc_shared([C, DK], ACCUM)
+            b_s = T.alloc_shared([C], ACCUM)
+            A_s = T.alloc_shared([C, C], ACCUM)
+            Tinv_s = T.alloc_shared([C, C], ACCUM)
+            x_col = T.alloc_local([SOLVE_BLOCK], ACCUM)
+            CC_f = T.alloc_fragment([C, C], ACCUM)
+
+            load_rows(Q, q_s, bb, t0, bh, L, C, DK)
+            load_rows(K, k_s, bb, t0, bh, L, C, DK)
+            T.copy(g[bb, t0:t0 + C, bh, :], G_s)
+            log2_cumsum_by_columns(G_s, G_s, L, C, DK, flags)       # rows past L: flat
+            T.copy(G_s, G[bb, bh, t0:t0 + C, :])
+            load_beta_checked(beta, b_s, flags, t0, L, C, bb, bh)
+
+            pair_scores(k_s, k_s, G_s, X_s, Y_s, CC_f, C, sub, True)      # stril(K K^T E)
+            for i, j in T.Parallel(C, C):
+                A_s[i, j] = T.if_then_else(j < i, CC_f[i, j] * b_s[i], 0.0)
+                if i < L:
+                    KKE[bb, t0 + i, bh, j] = T.if_then_else(j < i, CC_f[i, j], 0.0)
+            invert_diagonal_blocks_by_columns(A_s, Tinv_s, x_col, C, SOLVE_BLOCK)
+            merge_by_substitution(A_s, Tinv_s, C, SOLVE_BLOCK)
+            for i, j in T.Parallel(C, C):                  # the blocks above the diagonal were not written
+                if i < L:
+                    Tinv[bb, t0 + i, bh, j] = T.if_then_else(i // SOLVE_BLOCK >= j // SOLVE_BLOCK, Tinv_s[i, j], 0.0)
+            pair_scores(q_s, k_s, G_s, X_s, Y_s, CC_f, C, sub, False)     # (Q K^T) E
+            for i, j in T.Parallel(C, C):
+                if i < L:
+                    P[bb, t0 + i, bh, j] = T.if_then_else(j <= i, CC_f[i, j] * scale, 0.0)
+
+    return main
+
+
+chunk_pair_pieces.compile_flags = ("-ftz=true",)
+# --8<-- [end:chunk_pair_pieces]
+
+
+# --8<-- [start:chunk_state_gradients]
+def chunk_state_gradients(DK, DV, chunk_size=64, dtype="bfloat16", threads=256):
+    """Every term of the chunk stage for a gate per channel but the pair sums, as ``chunk_gradients`` takes
+    them for a gate per head, with ``T``, ``P`` and ``stril(K K^T E)`` read from ``chunk_pair_pieces``
+    instead of made here. Arguments at run time: ``Q, K [B, T, H, DK]``, ``V, dO [B, T, H, DV]`` (dtype),
+    ``G [B, H, NC C, DK]`` (float32, log2, from ``chunk_pair_pieces``), ``beta [B, T, H]`` (float32),
+    ``S_in, dS_out [B, H, NC, DK, DV]`` (dtype), ``Tinv, P [B, T, H, C]`` (dtype), ``KKE [B, T, H, C]``
+    (float32), ``scale``; then the outputs, float32: ``dQ`` (without the scale and the pair sums), ``dK``,
+    ``dG``, ``to_end [B, T, H, DK]`` (per channel), ``dV [B, T, H, DV]``, ``db [B, T, H]``, and in dtype the
+    pair matrices that ``chunk_pair_gradients`` sums: ``dPs = stril(dP)`` and ``dAb = dA b``
+    ``[B, T, H, C]``. One block per (chunk, head, batch row)."""
+    B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
+    C = chunk_size
+    NC = T.ceildiv(S, C)
+
+    @T.prim_func
+    def main(
+        Q: T.Tensor([B, S, H, DK], dtype),
+        K: T.Tensor([B, S, H, DK], dtype),
+        V: T.Tensor([B, S, H, DV], dtype),
+        dO: T.Tensor([B, S, H, DV], dtype),
+        G: T.Tensor([B, H, NC * C, DK], ACCUM),
+        beta: T.Tensor([B, S, H], ACCUM),
+        S_in: T.Tensor([B, H, NC, DK, DV], dtype),
+        dS_out: T.Tensor([B, H, NC, DK, DV], dtype),
+        Tinv: T.Tensor([B, S, H, C], dtype),
+        P: T.Tensor([B, S, H, C], dtype),
+        KKE: T.Tensor([B, S, H, C], ACCUM),
+        scale: T.float32,
+        dQ: T.Tensor([B, S, H, DK], ACCUM),
+        dK: T.Tensor([B, S, H, DK], ACCUM),
+        dV: T.Tensor([B, S, H, DV], ACCUM),
+        db: T.Tensor([B, S, H], ACCUM),
+        dG: T.Tensor([B, S, H, DK], ACCUM),
+        to_end: T.Tensor([B, S, H, DK], ACCUM),
+        dPs: T.Tensor([B, S, H, C], dtype),
+        dAb: T.Tensor([B, S, H, C], dtype),
+    ):
+        with T.Kernel(NC, H, B, threads=threads) as (c, bh, bb):
+            t0 = c * C
+            L = T.min(C, S - t0)
+            q_s = T.alloc_shared([C, DK], dtype)          # q; later Xw = b K 2^G
+            k_s = T.alloc_shared([C, DK], dtype)
+            v_s = T.alloc_shared([C, DV], dtype)
+            do_s = T.alloc_shared([C, DV], dtype)
+            G_s = T.alloc_shared([C, DK], ACCUM)
+            state_s = T.alloc_shared([DK, DV], dtype)     # S, then dS, then S again
+            X_s = T.alloc_shared([C, DK], dtype)          # K 2^G, -W, Kd, -dW
+            Y_s = T.alloc_shared([C, DV], dtype)          # V', later Xu = b V
+            Z_s = T.alloc_shared([C, DV], dtype)          # dV'
+            T_s = T.alloc_shared([C, C], dtype)
+            P_s = T.alloc_shared([C, C], dtype)
+            Cc_s = T.alloc_shared([C, C], dtype)          # T diag(b); dT, T^T dT
+            b_s = T.alloc_shared([C], ACCUM)
+            diag_s = T.alloc_shared([C], ACCUM)
+            db_s = T.alloc_shared([C], ACCUM)
+            CC_f = T.alloc_fragment([C, C], ACCUM)
+            KD_f = T.alloc_fragment([C, DK], ACCUM)
+            VD_f = T.alloc_fragment([C, DV], ACCUM)
+            dK_f = T.alloc_fragment([C, DK], ACCUM)
+            dG_f = T.alloc_fragment([C, DK], ACCUM)
+            row_f = T.alloc_fragment([C], ACCUM)
+
+            load_rows(Q, q_s, bb, t0, bh, L, C, DK)
+            load_rows(K, k_s, bb, t0, bh, L, C, DK)
+            load_rows(V, v_s, bb, t0, bh, L, C, DV)
+            load_rows(dO, do_s, bb, t0, bh, L, C, DV)
+            load_rows(Tinv, T_s, bb, t0, bh, L, C, C)
+            load_rows(P, P_s, bb, t0, bh, L, C, C)
+            T.copy(G[bb, bh, t0:t0 + C, :], G_s)
+            for i in T.Parallel(C):
+                b_s[i] = T.if_then_else(i < L, beta[bb, t0 + T.min(i, L - 1), bh], 0.0)
+            G_last = lambda d: G_s[C - 1, d]
+
+            # W = T diag(b) (K 2^G), U = T diag(b) V, then V' = U - W S
+            for i, j in T.Parallel(C, C):
+                Cc_s[i, j] = T_s[i, j] * b_s[j]
+            for i, d in T.Parallel(C, DK):
+                X_s[i, d] = k_s[i, d] * T.exp2(G_s[i, d])
+            T.gemm(Cc_s, X_s, KD_f, clear_accum=True)                     # W
+            T.gemm(Cc_s, v_s, VD_f, clear_accum=True)                     # U
+            for i, d in T.Parallel(C, DK):
+                X_s[i, d] = -KD_f[i, d]
+            T.copy(S_in[bb, bh, c, :, :], state_s)
+            T.gemm(X_s, state_s, VD_f)                                    # U - W S
+            T.copy(VD_f, Y_s)
+
+            # the state read: dQg = dO S^T, dQ = dQg 2^G (the gate's share dQg Qg comes with dW below, where
+            # S is in shared memory again: one more GEMM instead of a fragment held throughout)
+            T.gemm(do_s, state_s, KD_f, transpose_B=True, clear_accum=True)
+            for i, d in T.Parallel(C, DK):
+                KD_f[i, d] = KD_f[i, d] * T.exp2(G_s[i, d])
+
+            # dP = tril(dO V'^T): its diagonal here (E_ii = 1), the pairs below it to chunk_pair_gradients
+            T.gemm(do_s, Y_s, CC_f, transpose_B=True, clear_accum=True)
+            for i, j in T.Parallel(C, C):
+                if i == j:
+                    diag_s[i] = CC_f[i, j]
+                if i < L:
+                    dPs[bb, t0 + i, bh, j] = T.if_then_else(j < i, CC_f[i, j], 0.0)
+            for i, d in T.Parallel(C, DK):
+                if i < L:
+                    dQ[bb, t0 + i, bh, d] = KD_f[i, d] + diag_s[i] * k_s[i, d]
+
+            # the state update: dV' = P^T dO + Kd dS, dKd = V' dS^T (dK += dKd 2^(G_last - G))
+            T.copy(dS_out[bb, bh, c, :, :], state_s)
+            for i, d in T.Parallel(C, DK):
+                X_s[i, d] = k_s[i, d] * T.exp2(G_last(d) - G_s[i, d])
+            T.gemm(P_s, do_s, VD_f, transpose_A=True, clear_accum=True)
+            T.gemm(X_s, state_s, VD_f)
+            T.copy(VD_f, Z_s)
+            T.gemm(Y_s, state_s, KD_f, transpose_B=True, clear_accum=True)
+            for i, d in T.Parallel(C, DK):
+                KD_f[i, d] = KD_f[i, d] * T.exp2(G_last(d) - G_s[i, d])
+                dK_f[i, d] = KD_f[i, d] + diag_s[i] * q_s[i, d] * scale              # and dP's diagonal
+                if i < L:
+                    to_end[bb, t0 + i, bh, d] = KD_f[i, d] * k_s[i, d]           # dKd Kd
+
+            # dW = -dV' S^T (kept negated in X_s); the gate's share of the state read, dQg Qg
+            T.copy(S_in[bb, bh, c, :, :], state_s)
+            T.gemm(Z_s, state_s, KD_f, transpose_B=True, clear_accum=True)
+            for i, d in T.Parallel(C, DK):
+                X_s[i, d] = -KD_f[i, d]
+            T.gemm(do_s, state_s, KD_f, transpose_B=True, clear_accum=True)
+            for i, d in T.Parallel(C, DK):
+                dG_f[i, d] = KD_f[i, d] * T.exp2(G_s[i, d]) * q_s[i, d] * scale
+
+            # the WY form: dXu = T^T dV' (dV = b dXu), dXw = T^T dW (dKg = b dXw)
+            T.gemm(T_s, Z_s, VD_f, transpose_A=True, clear_accum=True)
+            for i, d in T.Parallel(C, DV):
+                if i < L:
+                    dV[bb, t0 + i, bh, d] = VD_f[i, d] * b_s[i]
+                VD_f[i, d] = VD_f[i, d] * v_s[i, d]
+            T.reduce_sum(VD_f, row_f, dim=1)
+            for i in T.Parallel(C):
+                db_s[i] = row_f[i]
+            T.gemm(T_s, X_s, KD_f, transpose_A=True, clear_accum=True)
+            for i, d in T.Parallel(C, DK):
+                dK_f[i, d] = dK_f[i, d] + KD_f[i, d] * b_s[i] * T.exp2(G_s[i, d])     # dKg 2^G
+                KD_f[i, d] = KD_f[i, d] * k_s[i, d] * T.exp2(G_s[i, d])               # dXw Kg
+                dG_f[i, d] = dG_f[i, d] + KD_f[i, d] * b_s[i]
+            T.reduce_sum(KD_f, row_f, dim=1)
+            for i in T.Parallel(C):
+                db_s[i] = db_s[i] + row_f[i]
+            for i, d in T.Parallel(C, DV):
+                Y_s[i, d] = v_s[i, d] * b_s[i]                            # Xu
+            for i, d in T.Parallel(C, DK):
+                q_s[i, d] = k_s[i, d] * T.exp2(G_s[i, d]) * b_s[i]         # Xw
+            T.gemm(Z_s, Y_s, CC_f, transpose_B=True, clear_accum=True)    # dT = dV' Xu^T
+            T.gemm(X_s, q_s, CC_f, transpose_B=True)                      #    + dW Xw^T
+            T.copy(CC_f, Cc_s)
+            T.gemm(T_s, Cc_s, CC_f, transpose_A=True, clear_accum=True)   # T^T dT
+            T.copy(CC_f, Cc_s)
+            T.gemm(Cc_s, T_s, CC_f, transpose_B=True, clear_accum=True)   # (T^T dT) T^T
+            # dA = -stril(T^T dT T^T): db += sum_j dA_ij stril(K K^T E)_ij; dA b to chunk_pair_gradients
+            for i, j in T.Parallel(C, C):
+                CC_f[i, j] = T.if_then_else(j < i, -CC_f[i, j], 0.0)
+                if i < L:
+                    dAb[bb, t0 + i, bh, j] = CC_f[i, j] * b_s[i]
+            for i, j in T.Parallel(C, C):
+                CC_f[i, j] = T.if_then_else(i < L, CC_f[i, j] * KKE[bb, t0 + T.min(i, L - 1), bh, j], 0.0)
+            T.reduce_sum(CC_f, row_f, dim=1)
+            for i in T.Parallel(C):
+                if i < L:
+                    db[bb, t0 + i, bh] = db_s[i] + row_f[i]
+            for i, d in T.Parallel(C, DK):
+                if i < L:
+                    dK[bb, t0 + i, bh, d] = dK_f[i, d]
+                    dG[bb, t0 + i, bh, d] = dG_f[i, d]
+
+    return main
+
+
+chunk_state_gradients.compile_flags = ("-ftz=true",)
+# --8<-- [end:chunk_state_gradients]

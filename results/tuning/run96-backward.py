@@ -1,7 +1,8 @@
 """Run 96 (H200, prepared 2026-12-03, not yet run): the backward after 64718ae, which keeps q, k, v and
 do in bf16 where the kernels take every step (GDN) and the forward's pieces in theirs. Forward +
 backward of one step at run 91's two shapes, KDA and GDN, kda's defaults beside fla (``FLA_FLASH_QLA=0``)
-and FlashQLA (GDN); then a profile of kda's GDN step at (1, 8192, 96, 128): the CUDA time of each kernel
+and FlashQLA (GDN), and for KDA the three chunk kernels for a gate per channel (``CHUNK_KERNELS_BY_CHANNEL``,
+off by default until this run's tests pass); then a profile of kda's GDN step at (1, 8192, 96, 128): the CUDA time of each kernel
 and torch operation, so that the next change goes where the time is.
 
     FLA_FLASH_QLA=0 python results/tuning/run96-backward.py
@@ -45,7 +46,7 @@ def main():
     from fla.ops.kda import chunk_kda as fla_kda
 
     import kda
-    from kda import cuda_autograd
+    from kda import backward, cuda_autograd
     from kda.bench import median_ms
     from kda.metrics import rel_l2
 
@@ -59,10 +60,18 @@ def main():
             if not per_channel:
                 impls["FlashQLA"] = lambda *a: flash_qla.chunk_gated_delta_rule(*a, scale=scale)
             impls["kda"] = kda.chunk_kda if per_channel else kda.chunk_gated_delta_rule
+            if per_channel:                    # the three kernels for a gate per channel (off by default)
+                impls["kda, kernels by channel"] = impls["kda"]
             want = None
             for name, fn in impls.items():
+                backward.CHUNK_KERNELS_BY_CHANNEL = name == "kda, kernels by channel"
                 run = run91.step(fn, leaves, do)
-                got = run()
+                try:
+                    got = run()
+                except Exception as e:                  # a variant that fails says why, the others go on
+                    log(RUN, {"op": op, "B": B, "T": T, "H": H, "D": D, "impl": name,
+                              "error": f"{type(e).__name__}: {str(e)[:300]}"})
+                    continue
                 want = want or got
                 log(RUN, {"op": op, "B": B, "T": T, "H": H, "D": D, "impl": name,
                           "ms": round(median_ms(run, warmup_ms=200, rep_ms=1000), 3), "peak_MB": run91.peak_mb(run),

@@ -7,7 +7,7 @@ set -u
 source "$(dirname "$0")/device-env.sh"
 export NO_MKDOCS_2_WARNING=1
 left() { echo $(( ${TOTAL:-560} - $(date +%s) + start )); }
-OMP_NUM_THREADS=1 timeout -k 5 "${TEST_S:-150}" python -m pytest -o addopts="" -n 14 -m gpu -q -p no:cacheprovider \
+OMP_NUM_THREADS=1 timeout -k 5 "${TEST_S:-200}" python -m pytest -o addopts="" -n 14 -m gpu -q -p no:cacheprovider \
   tests/test_gpu_backward.py 2>&1 | grep -v "PytestBenchmarkWarning\|warner(" | tee $OUT/gpu-tests-backward.txt | tail -6
 timeout -k 5 "${TIME_S:-120}" python results/tuning/run96-backward.py 2>&1 | grep -v "^20" | tail -60
 budget=$(( $(left) - 15 ))
