@@ -233,7 +233,7 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
     pieces = lambda s, e: stages.chunk_pieces(*(pick(x, s, e) for x in (q, k, v, g, beta)), scale, C, dtype,
                                               SubChunked)
     chunk_kernel = chunk_kernel_applies(q, g, beta, C, kernel_dtype)
-    channel_kernels = channel_kernels_apply(q, g, beta, C, kernel_dtype)
+    channel_kernels = channel_kernels_apply(q, g, beta, C, kernel_dtype, DV)
     # 1. what the state passes read, for every chunk: by the forward's kernel, or a group of chunks at
     # a time (one group, step 3 by torch: its pieces are kept for step 3 instead of made again)
     first = None
@@ -311,10 +311,13 @@ def chunk_kernel_applies(q, g, beta, C, kernel_dtype) -> bool:
     return CHUNK_KERNEL and (g is None or g.dim() == 3) and kernels_take(q, beta, C, kernel_dtype)
 
 
-def channel_kernels_apply(q, g, beta, C, kernel_dtype) -> bool:
+def channel_kernels_apply(q, g, beta, C, kernel_dtype, DV) -> bool:
     """Whether step 3 of ``chunked_gradients`` runs as the three kernels for a gate per channel
-    (``CHUNK_KERNELS_BY_CHANNEL``): what ``kernels_take`` says, and a gate ``[B, T, H, DK]``."""
-    return CHUNK_KERNELS_BY_CHANNEL and g is not None and g.dim() == 4 and kernels_take(q, beta, C, kernel_dtype)
+    (``CHUNK_KERNELS_BY_CHANNEL``): what ``kernels_take`` says, a gate ``[B, T, H, DK]``, and heads of at
+    most 128 (``chunk_state_gradients`` holds a ``DK x DV`` state and four ``C x DV`` tiles in shared
+    memory: at ``DV = 256`` it would need some 290 KB of the 227 KB an SM has)."""
+    return (CHUNK_KERNELS_BY_CHANNEL and g is not None and g.dim() == 4 and q.shape[-1] <= 128 and DV <= 128
+            and kernels_take(q, beta, C, kernel_dtype))
 
 
 def gate_gradient(dG, to_end, dG_last, C):
@@ -453,8 +456,8 @@ def op_gradients(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, cu_seqle
     gate = f32(g[..., 0] if g.dim() == 4 and g.shape[-1] == 1 else g)
     # where the kernels take every step, q, k, v and do stay in the inputs' dtype, as the kernels read
     # them (float32 copies of four [B, T, H, D] tensors would only be rounded back); else float32
-    takes = lambda applies: applies(q, gate, beta, CHUNK_SIZE, q.dtype)
-    kernels = takes(chunk_kernel_applies) or takes(channel_kernels_apply)
+    kernels = chunk_kernel_applies(q, gate, beta, CHUNK_SIZE, q.dtype) or channel_kernels_apply(
+        q, gate, beta, CHUNK_SIZE, q.dtype, v.shape[-1])
     kernels = kernels and forward_pieces_apply(q, beta, CHUNK_SIZE, q.dtype)
     own = (lambda x: x.to(q.dtype)) if kernels else f32
     qn, kn = (own(l2_normalize(f32(x))) for x in (q, k)) if use_qk_l2norm else (own(q), own(k))

@@ -501,6 +501,20 @@ def prepare_chunks_mirror(rounded=True):
         return gated_delta.ChunkForm(rows(p["Qg"]), rows(p["Kd"]), rows(p["W"]), rows(p["U"]), rows(p["P"]), decay)
     return prepare_chunks
 
+
+def test_kernels_by_channel_are_taken_only_where_they_apply(monkeypatch):
+    """The switch, then CUDA, a gate per channel, the delta rule, chunks of 64, bf16 or fp16 inputs and
+    heads of at most 128 (the state kernel's shared memory): each one missing keeps the torch stages."""
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    args = dict(q=torch.zeros(1, 64, 2, 128), g=torch.zeros(1, 64, 2, 128), beta=torch.zeros(1, 64, 2), C=64,
+                kernel_dtype=torch.bfloat16, DV=128)
+    assert not backward.channel_kernels_apply(**args)
+    monkeypatch.setattr(backward, "CHUNK_KERNELS_BY_CHANNEL", True)
+    assert backward.channel_kernels_apply(**args)
+    for change in [dict(g=torch.zeros(1, 64, 2)), dict(g=None), dict(beta=None), dict(C=16),
+                   dict(kernel_dtype=torch.float32), dict(DV=256), dict(q=torch.zeros(1, 64, 2, 256))]:
+        assert not backward.channel_kernels_apply(**{**args, **change}), change
+
 def test_forward_pieces_are_the_state_pieces(monkeypatch):
     """``forward_pieces`` with ``prepare_chunks`` replaced by a stand-in that returns the forward's
     ``ChunkForm`` in its token-major layout (made from the reference's pieces): the state passes'

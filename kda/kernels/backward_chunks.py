@@ -541,7 +541,7 @@ def chunk_state_gradients(DK, DV, chunk_size=64, dtype="bfloat16", threads=256):
             do_s = T.alloc_shared([C, DV], dtype)
             G_s = T.alloc_shared([C, DK], ACCUM)
             state_s = T.alloc_shared([DK, DV], dtype)     # S, then dS, then S again
-            X_s = T.alloc_shared([C, DK], dtype)          # K 2^G, -W, Kd, -dW
+            X_s = T.alloc_shared([C, DK], dtype)          # K 2^G, -W, Kd, dW
             Y_s = T.alloc_shared([C, DV], dtype)          # V', later Xu = b V
             Z_s = T.alloc_shared([C, DV], dtype)          # dV'
             T_s = T.alloc_shared([C, C], dtype)
@@ -612,7 +612,7 @@ def chunk_state_gradients(DK, DV, chunk_size=64, dtype="bfloat16", threads=256):
                 if i < L:
                     to_end[bb, t0 + i, bh, d] = KD_f[i, d] * k_s[i, d]           # dKd Kd
 
-            # dW = -dV' S^T (kept negated in X_s); the gate's share of the state read, dQg Qg
+            # dW = -dV' S^T (into X_s); the gate's share of the state read, dQg Qg
             T.copy(S_in[bb, bh, c, :, :], state_s)
             T.gemm(Z_s, state_s, KD_f, transpose_B=True, clear_accum=True)
             for i, d in T.Parallel(C, DK):
