@@ -542,27 +542,34 @@ def test_forward_pieces_are_the_state_pieces(monkeypatch):
             assert rel_l2(a, b) < 1e-12
 
 
-def test_chunk_kernel_takes_packed_sequences(monkeypatch):
-    """``op_gradients`` on packed sequences (an empty one, one of length 1, tails) with ``CHUNK_KERNEL`` on,
-    the kernel replaced by ``chunk_kernel_mirror`` (CUDA faked): the gradients of the torch stages, to the
-    rounding of the states to bf16 that the kernel reads."""
-    from kda.kernels import build
+@pytest.mark.parametrize("per_channel", [False, True], ids=["gdn", "kda"])
+def test_chunk_kernel_takes_packed_sequences(per_channel, monkeypatch):
+    """``op_gradients`` on packed sequences (an empty one, one of length 1, tails) with ``CHUNK_KERNEL`` on
+    (a gate per head) or ``CHUNK_KERNELS_BY_CHANNEL``, the kernels replaced by their mirrors (CUDA faked):
+    the gradients of the torch stages, to the rounding to bf16 of what the kernels read and hand on."""
+    from kda.kernels import backward_chunks, build
 
+    fakes = {backward_chunks.chunk_gradients: chunk_kernel_mirror,
+             backward_chunks.chunk_pair_pieces: pair_pieces_mirror,
+             backward_chunks.chunk_state_gradients: state_gradients_mirror,
+             backward_chunks.chunk_pair_gradients: pair_gradients_mirror}
     lengths = [0, 1, 63, 130, 70]
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
-    q, k, v, g, beta, h0, do, dht = op_inputs(False, T=sum(lengths), seed=4)
+    q, k, v, g, beta, h0, do, dht = op_inputs(per_channel, T=sum(lengths), seed=4)
     q, k, v = (x.to(torch.bfloat16) for x in (q, k, v))
     h0, dht = (torch.randn(len(lengths), *x.shape[1:], dtype=torch.float64) for x in (h0, dht))
     args = (q, k, v, g.float(), beta.float(), 0.5, h0.float(), True, cu, do.float(), dht.float())
     want = backward.op_gradients(*args)
-    monkeypatch.setattr(build, "compile_program", lambda fn, out_idx, **kw: chunk_kernel_mirror)
+    compiled = []
+    monkeypatch.setattr(build, "compile_program", lambda fn, out_idx, **kw: compiled.append(fn.__name__) or fakes[fn])
     monkeypatch.setattr(torch.cuda, "device", lambda device: __import__("contextlib").nullcontext())
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
-    monkeypatch.setattr(backward, "CHUNK_KERNEL", True)
+    monkeypatch.setattr(backward, "CHUNK_KERNELS_BY_CHANNEL" if per_channel else "CHUNK_KERNEL", True)
     got = backward.op_gradients(*args)
+    assert compiled == (["chunk_pair_pieces", "chunk_state_gradients", "chunk_pair_gradients"] if per_channel
+                        else ["chunk_gradients"])
     for name, a, b in zip("dq dk dv dg dbeta dh0".split(), got, want):
         assert rel_l2(a.double(), b.double()) < 1e-2, f"{name}: {rel_l2(a.double(), b.double()):.1e}"   # ~3e-3
-
 
 def test_the_forward_does_not_import_the_backward():
     """A CUDA-less forward of chunk_kda and chunk_gated_delta_rule (and the package's import) leaves
