@@ -56,15 +56,15 @@ FORWARD_PIECES = True
 # launch instead of torch stages by groups of chunks. GPU tests passed in run 93.
 CHUNK_KERNEL = True
 
-# Bytes that one group of chunks may take for its pairwise decay tables and their temporaries; None:
-# on CUDA a quarter of the device's free memory, between 1 and 16 GiB (every group is a few hundred
-# launches whatever its size, and at (1, 8192, 96, 128) 2 GiB made 32 groups of 4 chunks), else 2 GiB.
 # CUDA: the chunk stage for a gate per channel (chunk_kda) by the three kernels of kda/kernels/backward_chunks.py
 # that split it (chunk_pair_pieces, chunk_state_gradients, chunk_pair_gradients; kernel_chunk_gradients_by_channel),
 # chunks of 64, bf16 or fp16 inputs, dense or packed: three launches instead of torch stages by groups of
 # chunks. Off until its GPU tests pass.
 CHUNK_KERNELS_BY_CHANNEL = False
 
+# Bytes that one group of chunks may take for its pairwise decay tables and their temporaries; None:
+# on CUDA a quarter of the device's free memory, between 1 and 16 GiB (every group is a few hundred
+# launches whatever its size, and at (1, 8192, 96, 128) 2 GiB made 32 groups of 4 chunks), else 2 GiB.
 MEMORY_BUDGET = None
 CHUNK_SIZE = 64
 
@@ -393,8 +393,8 @@ def kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, dtype)
         states(Q, K, low(v), low(do), G, b, low(S), low(dS), Tinv, P, KKE, float(scale), dq, dk, dv, db, dG, to_end,
                dPs, dAb)
         pairs(Q, K, G, dPs, dAb, float(scale), dq, dk, dG)
-    G_last = torch.nn.functional.pad(g.float(), (0, 0, 0, 0, 0, NC * C - T)).view(B, NC, C, H, DK).sum(2)
-    dG_last = torch.einsum("bhnkv,bhnkv->bhnk", S, dS) * torch.exp(G_last).transpose(1, 2)   # [B, H, NC, DK]
+    decay = torch.exp2(G.view(B, H, NC, C, DK)[:, :, :, -1])         # the cumulative gate's last row, flat past T
+    dG_last = torch.einsum("bhnkv,bhnkv->bhnk", S, dS) * decay                    # [B, H, NC, DK]
     return dq, dk, dv, gate_gradient(dG, to_end, dG_last, C), db
 
 

@@ -313,6 +313,8 @@ def _run_forked(snippet: Snippet, timeout: float | None, env: dict, out: Path) -
     written = out / EXIT_CODE_FILE
     if written.exists():                      # what the snippet itself exited with
         return int(written.read_text()), read(stdout), read(stderr)
+    if proc.exitcode != 0:                    # it never reached its end (killed, or the server lost): once more, alone
+        return _run_fresh(snippet, timeout, env)
     return proc.exitcode, read(stdout), read(stderr)
 
 
@@ -333,9 +335,6 @@ def run(snippet: Snippet, timeout: float | None = None, env: dict | None = None)
             code, stdout, stderr = _run_fresh(snippet, timeout, child_env)
         else:
             code, stdout, stderr = _run_forked(snippet, timeout, child_env, Path(out))
-            if code is not None and code != 0 and not (Path(out) / EXIT_CODE_FILE).exists():
-                # the child never reached its end (killed, or the fork server lost): once more, alone
-                code, stdout, stderr = _run_fresh(snippet, timeout, child_env)
         seconds = time.time() - start
         if code is None:
             raise SnippetTimeout(f"snippet {snippet.path} did not finish within {timeout} s")
