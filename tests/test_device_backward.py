@@ -16,7 +16,6 @@ from kda.reference import level4 as ref4
 F64 = dict(dtype=torch.float64)
 
 
-
 @pytest.fixture(autouse=True)
 def torch_stages(monkeypatch):
     """Every test starts from the torch stages (the kernel switches off) and turns on what it checks;
@@ -200,7 +199,6 @@ def test_sub_chunked_sums_are_the_pairwise_sums(C):
     assert rel_l2(sub.cols(s, x), pairwise.cols(s, x)) < 1e-14
 
 
-
 def forward_states_mirror(C):
     """``kda.kernels.backward_states.forward_states_pass`` for chunks of ``C`` in float64 torch, reading its
     arguments in their head-major chunk layout and writing ``S_in``."""
@@ -287,16 +285,34 @@ def test_gate_weights_get_gradients_whatever_the_switch(switch, monkeypatch):
     assert all(torch.isfinite(x).all() and x.abs().sum() > 0 for x in grads)
 
 
+def chunk_rows(x, C, NC, T):
+    """``[B, T, H, *]`` as ``[B, H, NC, C, *]`` in float64, rows past ``T`` zero (as the kernels mask them)."""
+    B, H = x.shape[0], x.shape[2]
+    x = torch.nn.functional.pad(x.double(), (0, 0) * (x.dim() - 3) + (0, 0, 0, NC * C - T))
+    return x.view(B, NC, C, H, *x.shape[3:]).movedim(3, 1)
+
+
+def rows_back(x, out, T):
+    """``[B, H, NC, C, *]`` written to ``out [B, T, H, *]`` (the rows past ``T`` dropped)."""
+    B, H, NC, C = x.shape[:4]
+    out.copy_(x.movedim(1, 3).reshape(B, NC * C, H, *x.shape[4:])[:, :T])
+
+
+def pair_decays(G):
+    """``E_ijd = 2^(G_id - G_jd)`` for ``j <= i``, else 0: ``G [..., C, D]`` in log2 units."""
+    C = G.shape[-2]
+    lower = torch.ones(C, C, dtype=torch.bool).tril()[..., None]
+    return torch.where(lower, torch.exp2(torch.clamp(G[..., :, None, :] - G[..., None, :, :], max=0.0)), 0.0)
+
+
 def chunk_kernel_mirror(Q, K, V, dO, g, beta, S_in, dS_out, scale, dQ, dK, dV, db, dG, to_end, flags, C=64):
     """``kda.kernels.backward_chunks.chunk_gradients`` step by step in float64 torch, reading and writing
     its arguments as its docstring says (a gate per head, natural log, per token; its outputs per row):
     the stand-in that checks the kernel's arithmetic and ``kernel_chunk_gradients``'s binding on the CPU."""
     B, T, H, DK = Q.shape
     NC = S_in.shape[2]
-    pad = lambda x: torch.nn.functional.pad(x.double(), (0, 0) * (x.dim() - 2) + (0, NC * C - T))
-    rows = lambda x: pad(x).view(B, NC, C, H, *x.shape[3:]).movedim(3, 1)        # [B, H, NC, C, *]
-    q, k, v, do = rows(Q), rows(K), rows(V), rows(dO)
-    G, b = rows(g)[..., 0].cumsum(-1), rows(beta)                                  # [B, H, NC, C]
+    q, k, v, do = (chunk_rows(x, C, NC, T) for x in (Q, K, V, dO))
+    G, b = chunk_rows(g, C, NC, T)[..., 0].cumsum(-1), chunk_rows(beta, C, NC, T)   # [B, H, NC, C]
     S, dS = S_in.double(), dS_out.double()
     lower = torch.ones(C, C, dtype=torch.bool).tril()
     E = torch.where(lower, torch.exp(torch.clamp(G[..., :, None] - G[..., None, :], max=0.0)), 0.0)
@@ -332,30 +348,8 @@ def chunk_kernel_mirror(Q, K, V, dO, g, beta, S_in, dS_out, scale, dQ, dK, dV, d
     dg = dg + b * D.sum(-1) - (b[..., None] * D).sum(-2)
     dAbE = dA * b[..., None] * E
     dk = dk + dAbE @ k + tr(dAbE) @ k
-    back = lambda x, out: out.copy_(x.movedim(1, 3).reshape(B, NC * C, H, *x.shape[4:])[:, :T])
     for x, out in ((dq * scale, dQ), (dk, dK), (dv, dV), (dbeta, db), (dg, dG), (end, to_end)):
-        back(x, out)
-
-
-
-def chunk_rows(x, C, NC, T):
-    """``[B, T, H, *]`` as ``[B, H, NC, C, *]`` in float64, rows past ``T`` zero (as the kernels mask them)."""
-    B, H = x.shape[0], x.shape[2]
-    x = torch.nn.functional.pad(x.double(), (0, 0) * (x.dim() - 3) + (0, 0, 0, NC * C - T))
-    return x.view(B, NC, C, H, *x.shape[3:]).movedim(3, 1)
-
-
-def rows_back(x, out, T):
-    """``[B, H, NC, C, *]`` written to ``out [B, T, H, *]`` (the rows past ``T`` dropped)."""
-    B, H, NC, C = x.shape[:4]
-    out.copy_(x.movedim(1, 3).reshape(B, NC * C, H, *x.shape[4:])[:, :T])
-
-
-def pair_decays(G):
-    """``E_ijd = 2^(G_id - G_jd)`` for ``j <= i``, else 0: ``G [..., C, D]`` in log2 units."""
-    C = G.shape[-2]
-    lower = torch.ones(C, C, dtype=torch.bool).tril()[..., None]
-    return torch.where(lower, torch.exp2(torch.clamp(G[..., :, None, :] - G[..., None, :, :], max=0.0)), 0.0)
+        rows_back(x, out, T)
 
 
 def pair_pieces_mirror(Q, K, g, beta, scale, G, Tinv, P, KKE, flags, C=64):
@@ -482,7 +476,6 @@ def test_chunk_kernel_is_taken_only_where_it_applies(monkeypatch):
     assert backward.chunk_kernel_applies(**{**args, "g": None})
     for change in [dict(g=torch.zeros(1, 64, 2, 8)), dict(beta=None), dict(C=16), dict(kernel_dtype=torch.float32)]:
         assert not backward.chunk_kernel_applies(**{**args, **change}), change
-
 
 
 def prepare_chunks_mirror(rounded=True):
