@@ -90,6 +90,7 @@ PATHS: tuple[CudaPath, ...] = (
                     "the pair sums by sub-chunks), instead of torch stages by groups of chunks",
               "zh": "逐通道门控（chunk_kda）时反向的块内阶段，由 kda/kernels/backward_chunks.py 中拆分它的三个 kernel "
                     "完成（成对的中间量、与状态有关的各项、按子块的成对求和），取代按块分组的 torch 阶段"},
+        gpu_log="results/tuning/run97/gpu-tests-backward.txt",
     ),
 )
 
