@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Run 98 (carry .gpu and .carry; COMMIT: the commit of this working tree, on the side branch backward-records):
+# every backward the chapter's two missing records run, compiled in parallel processes into a scratch Triton
+# cache (run98-warm.py, WARM_S seconds); its compiled kernels kept, its autotune choices not (they are made
+# again by the records on a quiet GPU); then the records of gpu_error and latency, one at a time, and the
+# stale ones whose path contains MORE (default snippets/level5) with what is left. Records and caches to $OUT.
+set -u
+source "$(dirname "$0")/device-env.sh"
+export NO_MKDOCS_2_WARNING=1
+left() { echo $(( ${TOTAL:-575} - $(date +%s) + start )); }
+record() {   # record the stale or missing snippets whose path contains $1, within $2 seconds each
+  timeout -k 5 $(( $2 + 10 )) python -m kda.site run --gpu --stale --only "$1" --timeout "$2" --commit "$COMMIT" 2>&1 \
+    | grep -v "^20" | tail -8
+  python -c "import os, tarfile; t = tarfile.open(os.environ['OUT'] + '/records.tar', 'w'); t.add('results/gpu', arcname='.')"
+}
+TRITON_CACHE_DIR=/tmp/warm-triton timeout -k 5 $(( ${WARM_S:-240} + 20 )) python results/tuning/run98-warm.py \
+  --budget "${WARM_S:-240}" 2>&1 | grep -v "^20" | tee "$OUT"/warm.txt
+python -c "from pathlib import Path; from kda.site.rerecord import keep_compiled, triton_cache_dir; \
+print('compiled Triton kernels kept:', keep_compiled(Path('/tmp/warm-triton'), triton_cache_dir()))"
+record snippets/backward/gpu_error $(( $(left) - 200 ))
+record snippets/backward/latency $(( $(left) - 50 ))
+[ "$(left)" -gt 150 ] && record "${MORE:-snippets/level5}" $(( $(left) - 50 ))
+timeout 40 python -c "import os; from pathlib import Path; from kda.site.rerecord import pack_caches; pack_caches(Path(os.environ['OUT']))"
+echo "done after $(( $(date +%s) - start )) s"
