@@ -447,14 +447,15 @@ def op_gradients(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, cu_seqle
                  dtype=torch.float32, cu_seqlens_cpu=None):
     """The gradients of the op ``kda::chunk_gated_delta`` (``chunk_kda``, ``chunk_gated_delta_rule``)
     in its arguments' layouts and dtypes: ``[dq, dk, dv, dg, dbeta]``, then ``dh0`` when there is an
-    initial state. Grouped value heads, packed sequences (``cu_seqlens``), the L2 norm of ``q`` and
+    initial state. With ``g=None`` (no gate) or ``beta=None`` (no delta rule) the same stages give the
+    level 1-4 functions' gradients (``kda.cuda_autograd.LevelGradients``), ``None`` in their places. Grouped value heads, packed sequences (``cu_seqlens``), the L2 norm of ``q`` and
     ``k`` in the op and a gate ``[B, T, H]``, ``[B, T, H, 1]`` or ``[B, T, H, DK]`` included. Computed
     in ``dtype`` (float32 on CUDA; float64 shows the arithmetic exact). ``cu_seqlens_cpu``, the
     boundaries' host copy where the caller has one, spares the read-back."""
     B, T, HQ, DK = q.shape
     H = v.shape[2]
     f32 = lambda x: x.to(dtype) if x is not None else None
-    gate = f32(g[..., 0] if g.dim() == 4 and g.shape[-1] == 1 else g)
+    gate = f32(g[..., 0] if g is not None and g.dim() == 4 and g.shape[-1] == 1 else g)
     # where the kernels take every step, q, k, v and do stay in the inputs' dtype, as the kernels read
     # them (float32 copies of four [B, T, H, D] tensors would only be rounded back); else float32
     kernels = chunk_kernel_applies(q, gate, beta, CHUNK_SIZE, q.dtype) or channel_kernels_apply(
@@ -472,15 +473,16 @@ def op_gradients(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, cu_seqle
         where, segments = packed_layout(bounds, CHUNK_SIZE, q.device)
         length = segments[-1][1] * CHUNK_SIZE if segments else 0
         spread = lambda x: x.new_zeros(1, length, *x.shape[2:]).index_copy_(1, where, x)
-        args = [spread(x) for x in args]
+        args = [spread(x) if x is not None else None for x in args]
     with full_float32_matmuls():
         dq, dk, dv, dg, dbeta, dh0 = chunked_gradients(*args[:5], args[5], f32(dht), scale, f32(initial_state),
                                                        segments, budget=budget, dtype=dtype, kernel_dtype=q.dtype)
     if cu_seqlens is not None:
-        dq, dk, dv, dg, dbeta = (x.index_select(1, where) for x in (dq, dk, dv, dg, dbeta))
+        dq, dk, dv, dg, dbeta = (x.index_select(1, where) if x is not None else None for x in (dq, dk, dv, dg, dbeta))
     dq, dk = (x.view(B, T, HQ, group, DK).sum(3) for x in (dq, dk))
     if use_qk_l2norm:
         dq, dk = l2_normalize_backward(f32(q), dq), l2_normalize_backward(f32(k), dk)
-    grads = [dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.reshape(g.shape).to(g.dtype), dbeta.to(beta.dtype)]
+    grads = [dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.reshape(g.shape).to(g.dtype) if g is not None else None,
+             dbeta.to(beta.dtype) if beta is not None else None]
     return grads + ([dh0.to(initial_state.dtype)] if initial_state is not None else [])
 # --8<-- [end:op_gradients]

@@ -1,7 +1,8 @@
-"""CUDA calls of ``chunk_kda`` and ``chunk_gated_delta_rule`` that need gradients: whether a call is
+"""CUDA calls that need gradients. For ``chunk_kda`` and ``chunk_gated_delta_rule``: whether a call is
 differentiated (``differentiates``), the context of its input checks, the switch that lets such calls
 through (``DEVICE_BACKWARD``), and the CUDA kernel of the backward op ``kda::chunk_gated_delta_backward``,
-which runs ``kda.backward``. That module is imported only when a gradient is taken, so the forward's
+which runs ``kda.backward``. For the level 1-4 functions: ``LevelGradients``, their kernels' forward and
+the same backward stages with no gate or no delta rule (``LEVEL_BACKWARD``). That module is imported only when a gradient is taken, so the forward's
 records and timings do not depend on the backward's code (an edit of it re-made five GPU records once).
 """
 
@@ -52,3 +53,56 @@ def cuda_gradients(q, k, v, g, beta, scale, initial_state, output_final_state, u
     cuda_paths.require(cuda_paths.by_name("chunk_backward"), "the backward of chunk_kda and chunk_gated_delta_rule")
     return backward.op_gradients(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, cu_seqlens, do,
                                  dfinal if output_final_state else None, cu_seqlens_cpu=cu_seqlens_cpu)
+
+
+# CUDA: gradients of the level 1-4 functions (linear_attention, decay_attention, gated_attention, delta_rule)
+# by kda.backward's stages with no gate or no delta rule, their forward by the levels' own kernels. The delta
+# rule takes every backward kernel (a zero gate per head); levels 1-3 take the state-pass kernels and torch
+# stages for the chunks. Off until its GPU tests pass (tests/test_gpu_backward.py).
+LEVEL_BACKWARD = False
+
+
+def level_differentiates(q, **others) -> bool:
+    """Whether a CUDA call of a level 1-4 function will be differentiated: one of its tensors requires
+    grad while grad mode is on. Such a call needs ``LEVEL_BACKWARD`` (``kda.cuda_paths``), and refuses
+    with its name while the switch is off."""
+    named = {"q": q, **others}
+    if not (torch.is_grad_enabled() and validate.runs_kernels(q)):
+        return False
+    wanting = [name for name, t in named.items() if isinstance(t, torch.Tensor) and t.requires_grad]
+    if wanting:
+        from kda import cuda_paths
+
+        cuda_paths.require(cuda_paths.by_name("level_backward"), f"{wanting[0]} requiring grad")
+    return bool(wanting)
+
+
+class LevelGradients(torch.autograd.Function):
+    """A level 1-4 call on CUDA that autograd can differentiate: ``run(q, k, v, h0)`` is the level's
+    forward by its kernels (its own gate or ``beta`` inside); ``g`` and ``beta`` are what the backward
+    sees: the log decay per token ``[B, T, H(, DK)]`` (level 2's constant one, spread out) or ``None``,
+    and the delta rule's step sizes or ``None``. Gradients flow to ``q, k, v, g, beta, h0`` where they
+    are tensors that require grad."""
+
+    @staticmethod
+    def forward(ctx, run, scale, output_final_state, q, k, v, g, beta, h0):
+        o, final = run(q, k, v, h0)
+        ctx.scale = scale
+        ctx.save_for_backward(q, k, v, g, beta, h0)
+        return o, final
+
+    @staticmethod
+    def backward(ctx, do, dfinal):
+        from kda import backward
+
+        q, k, v, g, beta, h0 = ctx.saved_tensors
+        grads = backward.op_gradients(q, k, v, g, beta, ctx.scale, h0, False, None, do, dfinal)
+        dq, dk, dv, dg, dbeta = grads[:5]
+        dh0 = grads[5] if h0 is not None else None
+        return None, None, None, dq, dk, dv, dg, dbeta, dh0
+
+
+def level_call(run, q, k, v, g, beta, h0, scale, output_final_state):
+    """``(o, final)`` of a level 1-4 function through ``LevelGradients``; ``final`` is ``None`` unless asked."""
+    o, final = LevelGradients.apply(run, scale, output_final_state, q, k, v, g, beta, h0)
+    return o, (final if output_final_state else None)

@@ -92,6 +92,17 @@ PATHS: tuple[CudaPath, ...] = (
                     "完成（成对的中间量、与状态有关的各项、按子块的成对求和），取代按块分组的 torch 阶段"},
         gpu_log="results/tuning/run97/gpu-tests-backward.txt",
     ),
+    CudaPath(
+        name="level_backward",
+        module="kda.cuda_autograd",
+        switch="LEVEL_BACKWARD",
+        what={"en": "gradients of linear_attention, decay_attention, gated_attention and delta_rule on CUDA: their "
+                    "kernels' forward, then kda/backward.py's stages with no gate or no delta rule (the delta rule "
+                    "through the backward kernels of a gate per head, with a zero gate)",
+              "zh": "linear_attention、decay_attention、gated_attention 与 delta_rule 在 CUDA 上的梯度：前向用各自的 "
+                    "kernel，反向用 kda/backward.py 中不带门控或不带 delta 规则的同一套阶段（delta 规则以零门控走"
+                    "每个头一个门控的反向 kernel）"},
+    ),
 )
 
 

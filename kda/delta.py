@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from kda import ops, validate
+from kda import cuda_autograd, ops, validate
 from kda.chunking import CHUNK_SIZE
 from kda.reference import level4 as ref4
 
@@ -58,16 +58,20 @@ def delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state
         ``o [B, T, H, DV]``, or ``(o, final_state)`` when ``output_final_state`` is true.
         Same function as fla's ``chunk_delta_rule``.
     """
-    B, T, H, DK, DV = validate.check_qkv(q, k, v)
-    on_cuda = validate.runs_kernels(q)                  # where the first kernel checks the values
-    validate.check_beta(beta, B, T, H, q.device, check_values=check_values and not on_cuda)
-    scale = validate.check_scale(scale, DK)
-    h0 = validate.check_initial_state(initial_state, B, H, DK, DV, q.device)
-    if use_qk_l2norm:
+    differentiable = cuda_autograd.level_differentiates(q, k=k, v=v, beta=beta, initial_state=initial_state)
+    with cuda_autograd.checks_allow_gradients(differentiable):
+        B, T, H, DK, DV = validate.check_qkv(q, k, v)
+        on_cuda = validate.runs_kernels(q)              # where the first kernel checks the values
+        validate.check_beta(beta, B, T, H, q.device, check_values=check_values and not on_cuda)
+        scale = validate.check_scale(scale, DK)
+        h0 = validate.check_initial_state(initial_state, B, H, DK, DV, q.device)
+    if use_qk_l2norm:                                   # torch operations: autograd takes them
         q, k = (ref4.l2_normalize(x.float()).to(x.dtype) for x in (q, k))
     if on_cuda:
         check = (lambda flags: validate.raise_flagged_values(flags, None, beta)) if check_values else None
-        o, final = _run_kernels(q, k, v, beta, scale, h0, output_final_state, check)
+        run = lambda q, k, v, h0: _run_kernels(q, k, v, beta, scale, h0, output_final_state, check)
+        o, final = (cuda_autograd.level_call(run, q, k, v, None, beta, h0, scale, output_final_state)
+                    if differentiable else run(q, k, v, h0))
     else:
         o, final = ref4.chunked(q.double() * scale, k, v, beta, CHUNK_SIZE, h0, output_final_state)
         o, final = o.to(q.dtype), (final.float() if final is not None else None)

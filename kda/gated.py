@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from kda import ops, validate
+from kda import cuda_autograd, ops, validate
 from kda.chunking import CHUNK_SIZE, ceildiv
 from kda.reference import level3 as ref3
 
@@ -76,14 +76,18 @@ def gated_attention(q, k, v, g, scale=None, initial_state=None, output_final_sta
     Returns:
         ``o [B, T, H, DV]``, or ``(o, final_state)`` when ``output_final_state`` is true.
     """
-    B, T, H, DK, DV = validate.check_qkv(q, k, v)
-    on_cuda = validate.runs_kernels(q)                  # where the first kernel checks the values
-    per_channel = validate.check_gates(g, B, T, H, DK, q.device, check_values=check_values and not on_cuda)
-    scale = validate.check_scale(scale, DK)
-    h0 = validate.check_initial_state(initial_state, B, H, DK, DV, q.device)
+    differentiable = cuda_autograd.level_differentiates(q, k=k, v=v, g=g, initial_state=initial_state)
+    with cuda_autograd.checks_allow_gradients(differentiable):
+        B, T, H, DK, DV = validate.check_qkv(q, k, v)
+        on_cuda = validate.runs_kernels(q)              # where the first kernel checks the values
+        per_channel = validate.check_gates(g, B, T, H, DK, q.device, check_values=check_values and not on_cuda)
+        scale = validate.check_scale(scale, DK)
+        h0 = validate.check_initial_state(initial_state, B, H, DK, DV, q.device)
     if on_cuda:
         check = (lambda flags: validate.raise_flagged_values(flags, g)) if check_values else None
-        o, final = _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state, check)
+        run = lambda q, k, v, h0: _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state, check)
+        o, final = (cuda_autograd.level_call(run, q, k, v, g, None, h0, scale, output_final_state)
+                    if differentiable else run(q, k, v, h0))
     else:
         o, final = ref3.chunked(q.double() * scale, k, v, g, CHUNK_SIZE, h0, output_final_state)
         o, final = o.to(q.dtype), (final.float() if final is not None else None)

@@ -12,7 +12,7 @@ import functools
 
 import torch
 
-from kda import validate
+from kda import cuda_autograd, validate
 from kda.chunking import CHUNK_SIZE
 from kda.reference import level1 as ref1
 from kda.reference import level2 as ref2
@@ -115,16 +115,20 @@ def linear_attention(q, k, v, scale=None, initial_state=None, output_final_state
         when ``output_final_state`` is true. Same function as fla's
         ``chunk_linear_attn(..., normalize=False)``.
     """
-    B, T, H, DK, DV = validate.check_qkv(q, k, v)
-    scale = validate.check_scale(scale, DK)
-    h0 = validate.check_initial_state(initial_state, B, H, DK, DV, q.device)
+    differentiable = cuda_autograd.level_differentiates(q, k=k, v=v, initial_state=initial_state)
+    with cuda_autograd.checks_allow_gradients(differentiable):
+        B, T, H, DK, DV = validate.check_qkv(q, k, v)
+        scale = validate.check_scale(scale, DK)
+        h0 = validate.check_initial_state(initial_state, B, H, DK, DV, q.device)
     if validate.runs_kernels(q):
         from kda.kernels import level3 as kernels          # level 3's pass without a gate (see above)
 
         no_w, no_gate = stand_in(4, q.dtype, q.device), stand_in(1, torch.float32, q.device)
-        o, final = _run_kernel(kernels.seq_in_loop_scalar, q, k, v, (no_w, no_gate), scale, h0, output_final_state,
-                               gate="none", chunk_size=CHUNK_SIZE, block_dv=KERNEL_CONFIG["block_dv"],
-                               **SCALAR_PASS_CONFIG)
+        run = lambda q, k, v, h0: _run_kernel(kernels.seq_in_loop_scalar, q, k, v, (no_w, no_gate), scale, h0,
+                                              output_final_state, gate="none", chunk_size=CHUNK_SIZE,
+                                              block_dv=KERNEL_CONFIG["block_dv"], **SCALAR_PASS_CONFIG)
+        o, final = (cuda_autograd.level_call(run, q, k, v, None, None, h0, scale, output_final_state)
+                    if differentiable else run(q, k, v, h0))
     else:
         o, final = ref1.chunked(q.double() * scale, k, v, CHUNK_SIZE, h0, output_final_state)
         o, final = o.to(q.dtype), (final.float() if final is not None else None)
@@ -147,18 +151,25 @@ def decay_attention(q, k, v, alpha, scale=None, initial_state=None, output_final
     Returns:
         ``o [B, T, H, DV]``, or ``(o, final_state)`` when ``output_final_state`` is true.
     """
-    B, T, H, DK, DV = validate.check_qkv(q, k, v)
-    a = validate.check_alpha(alpha, H)
-    scale = validate.check_scale(scale, DK)
-    h0 = validate.check_initial_state(initial_state, B, H, DK, DV, q.device)
+    differentiable = cuda_autograd.level_differentiates(q, k=k, v=v, initial_state=initial_state)
+    with cuda_autograd.checks_allow_gradients(differentiable):
+        B, T, H, DK, DV = validate.check_qkv(q, k, v)
+        a = validate.check_alpha(alpha, H)
+        scale = validate.check_scale(scale, DK)
+        h0 = validate.check_initial_state(initial_state, B, H, DK, DV, q.device)
     if validate.runs_kernels(q):
         from kda.kernels import level3 as kernels          # level 3's pass, its gate constant (see above)
 
         log2_alpha = _log2_alpha_on(a, str(q.device))
         no_w = stand_in(4, q.dtype, q.device)
-        o, final = _run_kernel(kernels.seq_in_loop_scalar, q, k, v, (no_w, log2_alpha), scale, h0, output_final_state,
-                               gate="constant", chunk_size=CHUNK_SIZE, block_dv=KERNEL_CONFIG["block_dv"],
-                               **SCALAR_PASS_CONFIG)
+        run = lambda q, k, v, h0: _run_kernel(kernels.seq_in_loop_scalar, q, k, v, (no_w, log2_alpha), scale, h0,
+                                              output_final_state, gate="constant", chunk_size=CHUNK_SIZE,
+                                              block_dv=KERNEL_CONFIG["block_dv"], **SCALAR_PASS_CONFIG)
+        if differentiable:                                 # the backward's gate: log(a) at every token
+            g = torch.tensor(a, dtype=torch.float64).log().to(q.device, torch.float32).expand(B, T, H).contiguous()
+            o, final = cuda_autograd.level_call(run, q, k, v, g, None, h0, scale, output_final_state)
+        else:
+            o, final = run(q, k, v, h0)
     else:
         o, final = ref2.chunked(q.double() * scale, k, v, torch.tensor(a, dtype=torch.float64), CHUNK_SIZE, h0,
                                 output_final_state)

@@ -611,3 +611,85 @@ def test_op_gradients_with_every_kernel(l2norm, monkeypatch):
     for name, a, b in zip("dq dk dv dg dbeta dh0".split(), got, want):
         assert a.dtype == b.dtype and a.shape == b.shape, name
         assert rel_l2(a.double(), b.double()) < 1e-2, f"{name}: {rel_l2(a.double(), b.double()):.1e}"
+
+
+LEVELS = ["linear", "decay", "gated_scalar", "gated_per_channel", "delta", "delta_l2norm"]
+
+
+def level_call(level, q, k, v, g, beta, h0, alpha=(0.9, 0.97)):
+    """The level 1-4 function of ``level`` on these inputs, with a final state."""
+    common = dict(scale=0.4, initial_state=h0, output_final_state=True)
+    if level == "linear":
+        return kda.linear_attention(q, k, v, **common)
+    if level == "decay":
+        return kda.decay_attention(q, k, v, torch.tensor(alpha, **F64), **common)
+    if level.startswith("gated"):
+        return kda.gated_attention(q, k, v, g if level.endswith("channel") else g[..., 0], **common)
+    return kda.delta_rule(q, k, v, beta, use_qk_l2norm=level == "delta_l2norm", **common)
+
+
+@pytest.fixture
+def kernels_as_references(monkeypatch):
+    """CUDA faked: the levels' kernel runners replaced by their float64 references, which is what the
+    kernels compute, so that the public functions take their CUDA route (``LevelGradients``) on CPU tensors."""
+    from kda import delta, gated, ops, validate
+    from kda.chunking import CHUNK_SIZE as C
+    from kda.reference import level1 as ref1, level2 as ref2, level3 as ref3
+
+    def run_kernel(program_fn, q, k, v, extra, scale, h0, output_final_state, gate, **config):
+        if gate == "none":
+            return ref1.chunked(q * scale, k, v, C, h0, output_final_state)
+        return ref2.chunked(q * scale, k, v, 2.0 ** extra[1].double(), C, h0, output_final_state)
+
+    monkeypatch.setattr(validate, "runs_kernels", lambda where: True)
+    monkeypatch.setattr(validate, "KERNEL_DTYPES", validate.CPU_DTYPES)       # float64, to compare exactly
+    monkeypatch.setattr(validate, "GATE_DTYPES", validate.CPU_DTYPES)
+    monkeypatch.setattr(ops, "_run_kernel", run_kernel)
+    monkeypatch.setattr(gated, "_run_gated_kernels", lambda q, k, v, g, per_channel, scale, h0, out, check:
+                        ref3.chunked(q * scale, k, v, g, C, h0, out))
+    monkeypatch.setattr(delta, "_run_kernels", lambda q, k, v, beta, scale, h0, out, check:
+                        ref4.chunked(q * scale, k, v, beta, C, h0, out))
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_level_gradients_on_cuda_equal_the_cpu_path(level, kernels_as_references, monkeypatch):
+    """Levels 1-4 as on CUDA (``kda.cuda_autograd.LevelGradients``: the forward by the kernels, here their
+    references; the backward by ``op_gradients``' float32 stages with no gate or no delta rule) against
+    autograd through the CPU path: every gradient, the initial state's included, 150 tokens (a tail)."""
+    from kda import validate
+
+    q, k, v, g, beta, h0, do, dht = inputs(B=2, T=150, H=2, K=64, V=64, seed=3)   # head sizes the kernels take
+    q, k = q * 3, k * 2                                  # keys not unit: the L2 norm has work to do
+    takes = {"linear": (), "decay": (), "gated_scalar": ("g",), "gated_per_channel": ("g",)}.get(level, ("beta",))
+    named = dict(q=q, k=k, v=v, g=g, beta=beta, h0=h0)
+    wanted = ["q", "k", "v", *takes, "h0"]
+
+    def grads():
+        leaves = {name: x.detach().clone().requires_grad_(name in wanted) for name, x in named.items()}
+        o, final = level_call(level, *leaves.values())
+        loss = (o * do).sum() + (final * dht).sum()
+        return o, torch.autograd.grad(loss, [leaves[name] for name in wanted])
+
+    monkeypatch.setattr(cuda_autograd, "LEVEL_BACKWARD", True)
+    o, got = grads()
+    assert o.grad_fn is not None and "LevelGradients" in type(o.grad_fn).__name__
+    with monkeypatch.context() as m:
+        m.setattr(validate, "runs_kernels", lambda where: False)
+        _, want = grads()
+    for name, a, b in zip(wanted, got, want):
+        assert a.shape == b.shape and torch.isfinite(a).all(), name
+        assert rel_l2(a, b) < 2e-5, f"{name}: {rel_l2(a, b):.1e}"      # float32 stages against float64
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_level_calls_that_need_gradients_ask_for_the_switch(level, kernels_as_references, monkeypatch):
+    """With ``LEVEL_BACKWARD`` off (its default until its GPU tests pass), a CUDA call whose input requires
+    grad is refused naming the switch; without gradients (or under no_grad) the call runs as before."""
+    q, k, v, g, beta, h0, _, _ = inputs(B=1, T=20, H=2, K=64, V=64)
+    monkeypatch.setattr(cuda_autograd, "LEVEL_BACKWARD", False)
+    level_call(level, q, k, v, g, beta, h0)
+    with pytest.raises(NotImplementedError, match="kda.cuda_autograd.LEVEL_BACKWARD = True"):
+        level_call(level, q, k.requires_grad_(), v, g, beta, h0)
+    with torch.no_grad():
+        o, _ = level_call(level, q, k, v, g, beta, h0)
+    assert o.grad_fn is None
