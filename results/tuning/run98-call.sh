@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run 98 (carry .gpu and .carry; COMMIT: the commit of this working tree, on the side branch backward-records):
-# every backward the chapter's two missing records run, compiled in parallel processes into a scratch Triton
-# cache (run98-warm.py, WARM_S seconds); its compiled kernels kept, its autotune choices not (they are made
+# the GPU tests of the level 1-4 backward (TEST_S seconds) beside the warm-up: every backward the chapter's
+# two missing records run, compiled in parallel processes into a scratch Triton cache (run98-warm.py, WARM_S s); its compiled kernels kept, its autotune choices not (they are made
 # again by the records on a quiet GPU); then the records of gpu_error and latency, one at a time, and the
 # stale ones whose path contains MORE (default snippets/level5) with what is left. Records and caches to $OUT.
 set -u
@@ -13,10 +13,15 @@ record() {   # record the stale or missing snippets whose path contains $1, with
     | grep -v "^20" | tail -8
   python -c "import os, tarfile; t = tarfile.open(os.environ['OUT'] + '/records.tar', 'w'); t.add('results/gpu', arcname='.')"
 }
+# the GPU tests of the level 1-4 backward (LEVEL_BACKWARD, landed off) beside the warm-up: a check, not timed
+OMP_NUM_THREADS=1 timeout -k 5 "${TEST_S:-240}" python -m pytest -o addopts="" -n 4 -m gpu -q -p no:cacheprovider \
+  tests/test_gpu_backward.py -k level 2>&1 | grep -v "PytestBenchmarkWarning\|warner(" > "$OUT"/gpu-tests-level-backward.txt &
+tests=$!
 TRITON_CACHE_DIR=/tmp/warm-triton timeout -k 5 $(( ${WARM_S:-240} + 20 )) python results/tuning/run98-warm.py \
   --budget "${WARM_S:-240}" 2>&1 | grep -v "^20" | tee "$OUT"/warm.txt
 python -c "from pathlib import Path; from kda.site.rerecord import keep_compiled, triton_cache_dir; \
 print('compiled Triton kernels kept:', keep_compiled(Path('/tmp/warm-triton'), triton_cache_dir()))"
+wait $tests; tail -6 "$OUT"/gpu-tests-level-backward.txt
 record snippets/backward/gpu_error $(( $(left) - 200 ))
 record snippets/backward/latency $(( $(left) - 50 ))
 [ "$(left)" -gt 150 ] && record "${MORE:-snippets/level5}" $(( $(left) - 50 ))
