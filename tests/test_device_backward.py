@@ -616,9 +616,9 @@ def test_op_gradients_with_every_kernel(l2norm, monkeypatch):
 LEVELS = ["linear", "decay", "gated_scalar", "gated_per_channel", "delta", "delta_l2norm"]
 
 
-def level_call(level, q, k, v, g, beta, h0, alpha=(0.9, 0.97)):
-    """The level 1-4 function of ``level`` on these inputs, with a final state."""
-    common = dict(scale=0.4, initial_state=h0, output_final_state=True)
+def level_call(level, q, k, v, g, beta, h0, alpha=(0.9, 0.97), final=True):
+    """The level 1-4 function of ``level`` on these inputs, with a final state unless ``final=False``."""
+    common = dict(scale=0.4, initial_state=h0, output_final_state=final)
     if level == "linear":
         return kda.linear_attention(q, k, v, **common)
     if level == "decay":
@@ -693,3 +693,24 @@ def test_level_calls_that_need_gradients_ask_for_the_switch(level, kernels_as_re
     with torch.no_grad():
         o, _ = level_call(level, q, k, v, g, beta, h0)
     assert o.grad_fn is None
+
+
+@pytest.mark.parametrize("level", ["linear", "delta"])
+def test_level_gradients_on_cuda_without_states(level, kernels_as_references, monkeypatch):
+    """No initial state and no final state: the output alone, its gradients those of the CPU path."""
+    from kda import validate
+
+    q, k, v, g, beta, _, do, _ = inputs(B=1, T=90, H=2, K=64, V=64, seed=4)
+    monkeypatch.setattr(cuda_autograd, "LEVEL_BACKWARD", True)
+
+    def grads():
+        leaves = [x.detach().clone().requires_grad_() for x in (q, k, v, beta)]
+        o = level_call(level, *leaves[:3], g, leaves[3], None, final=False)
+        return torch.autograd.grad((o * do).sum(), leaves[:3] + ([leaves[3]] if level == "delta" else []))
+
+    got = grads()
+    with monkeypatch.context() as m:
+        m.setattr(validate, "runs_kernels", lambda where: False)
+        want = grads()
+    for a, b in zip(got, want):
+        assert rel_l2(a, b) < 2e-5
