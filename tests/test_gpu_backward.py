@@ -302,3 +302,38 @@ def test_level_gradients_against_token_recurrence(level, dtype, monkeypatch):
         b = wanted[name]
         assert a.is_cuda and torch.isfinite(a).all(), f"{name}: not finite"
         assert rel_l2(a.double().cpu(), b) <= KERNEL_BOUND, f"{name}: {rel_l2(a.double().cpu(), b):.2e}"
+
+
+@pytest.mark.parametrize("level", ["linear", "delta_l2norm"])
+def test_level_gradients_without_states(level, monkeypatch):
+    """Levels 1 and 4 on CUDA with no initial state and no final state (the delta rule with the L2 norm of
+    q and k, in torch before the kernels), bf16, against the float64 recurrence on the normalised inputs."""
+    from kda import backward, cuda_autograd
+    from kda.reference import level4 as ref4
+
+    for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL", "CHUNK_KERNELS_BY_CHANNEL"):
+        monkeypatch.setattr(backward, switch, True)
+    monkeypatch.setattr(cuda_autograd, "LEVEL_BACKWARD", True)
+    B, T, H, D = 1, 200, 2, 128
+    gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(level.encode()))
+    rand = lambda *shape: torch.randn(*shape, generator=gen, device="cuda")
+    q, k, v = (rand(B, T, H, D).bfloat16() for _ in range(3))
+    beta = torch.rand(B, T, H, generator=gen, device="cuda").bfloat16()
+    do = rand(B, T, H, D).bfloat16().float()
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v, beta)]
+    if level == "linear":
+        o = kda.linear_attention(*leaves[:3], scale=D ** -0.5)
+        leaves = leaves[:3]
+    else:
+        o = kda.delta_rule(*leaves, scale=D ** -0.5, use_qk_l2norm=True)
+    got = torch.autograd.grad((o.float() * do).sum(), leaves)
+    # the reference: autograd through the L2 norm (float64) and the token recurrence's gradients
+    q64, k64 = (x.double().cpu().requires_grad_() for x in (q, k))
+    qn, kn = (ref4.l2_normalize(x) for x in (q64, k64)) if level != "linear" else (q64, k64)
+    beta64 = beta.double().cpu() if level != "linear" else None
+    dq, dk, dv, _, dbeta, _ = ref.recurrence_backward(qn.detach(), kn.detach(), v.double().cpu(), None, beta64,
+                                                      do.double().cpu(), None, D ** -0.5, None)
+    dq, dk = torch.autograd.grad([qn, kn], [q64, k64], [dq, dk])
+    for name, a, b in zip(["dq", "dk", "dv", "dbeta"], got, [dq, dk, dv, dbeta]):
+        assert a.is_cuda and torch.isfinite(a).all(), f"{name}: not finite"
+        assert rel_l2(a.double().cpu(), b) <= KERNEL_BOUND, f"{name}: {rel_l2(a.double().cpu(), b):.2e}"
