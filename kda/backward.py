@@ -275,10 +275,11 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
 # --8<-- [end:chunked_gradients]
 
 
-def kernels_take(q, beta, C, kernel_dtype) -> bool:
-    """What every kernel of the backward's stages needs: CUDA, the delta rule, chunks of 64, inputs in
-    bf16 or fp16."""
-    return q.is_cuda and beta is not None and C == 64 and kernel_dtype in (torch.bfloat16, torch.float16)
+def kernels_take(q, beta, C, kernel_dtype, delta_rule=True) -> bool:
+    """What every kernel of the backward's stages needs: CUDA, chunks of 64, inputs in bf16 or fp16, and
+    the delta rule unless ``delta_rule=False`` (the chunk kernel of a gate per head takes levels 1-3 too)."""
+    return (q.is_cuda and (beta is not None or not delta_rule) and C == 64
+            and kernel_dtype in (torch.bfloat16, torch.float16))
 
 
 def forward_pieces_apply(q, beta, C, kernel_dtype) -> bool:
@@ -306,10 +307,10 @@ def forward_pieces(q, k, v, g, beta, scale, dtype):
 
 def chunk_kernel_applies(q, g, beta, C, kernel_dtype) -> bool:
     """Whether step 3 of ``chunked_gradients`` runs as ``kda.kernels.backward_chunks`` (``CHUNK_KERNEL``):
-    what ``kernels_take`` says, and a gate per head or none. Packed sequences too: laid out from chunk
+    what ``kernels_take`` says, with or without the delta rule, and a gate per head or none. Packed sequences too: laid out from chunk
     boundaries (``packed_layout``), the rows between two sequences are zeros with a zero gate and
     ``b = 0``, which add nothing to any real row."""
-    return CHUNK_KERNEL and (g is None or g.dim() == 3) and kernels_take(q, beta, C, kernel_dtype)
+    return CHUNK_KERNEL and (g is None or g.dim() == 3) and kernels_take(q, beta, C, kernel_dtype, delta_rule=False)
 
 
 def channel_kernels_apply(q, g, beta, C, kernel_dtype, DV) -> bool:
@@ -338,8 +339,8 @@ def gate_gradient(dG, to_end, dG_last, C):
 
 def kernel_chunk_gradients(q, k, v, g, beta, do, S, dS, scale, dtype):
     """Step 3 of ``chunked_gradients`` by ``kda.kernels.backward_chunks.chunk_gradients``: ``dq`` (scale
-    in), ``dk``, ``dv``, ``dg``, ``dbeta`` (float32, ``[B, T, H, *]``) from the inputs (``g [B, T, H]``, a
-    gate per head), ``do``, the states entering the chunks and the gradients of those leaving them
+    in), ``dk``, ``dv``, ``dg``, ``dbeta`` (float32, ``[B, T, H, *]``; ``dbeta`` ``None`` without the delta
+    rule, ``beta=None``) from the inputs (``g [B, T, H]``, a gate per head), ``do``, the states entering the chunks and the gradients of those leaving them
     (``S``, ``dS [B, H, NC, DK, DV]``, rounded to ``dtype`` as the kernel reads them)."""
     from kda import ops
     from kda.kernels import backward_chunks
@@ -350,17 +351,18 @@ def kernel_chunk_gradients(q, k, v, g, beta, do, S, dS, scale, dtype):
     low = lambda x: x.to(dtype).contiguous()
     with torch.cuda.device(q.device):
         kernel = compile_program(backward_chunks.chunk_gradients, (), DK=DK, DV=DV, chunk_size=CHUNK_SIZE,
-                                 dtype=ops.dtype_name(dtype))
+                                 dtype=ops.dtype_name(dtype), delta_rule=beta is not None)
         new = lambda *shape: ops.new_output(shape, torch.float32, q.device)
         dq, dk, dv = new(B, T, H, DK), new(B, T, H, DK), new(B, T, H, DV)
         db, dG, to_end = new(B, T, H), new(B, T, H), new(B, T, H)
         flags = torch.zeros(2, dtype=torch.int32, device=q.device)    # the forward checked g and beta
-        kernel(low(q), low(k), low(v), low(do), g.float().unsqueeze(-1).contiguous(), beta.float().contiguous(),
+        b = beta.float().contiguous() if beta is not None else db      # without the delta rule: not read
+        kernel(low(q), low(k), low(v), low(do), g.float().unsqueeze(-1).contiguous(), b,
                low(S), low(dS), float(scale), dq, dk, dv, db, dG, to_end, flags)
     NC = S.shape[2]
     G_last = torch.nn.functional.pad(g.float(), (0, 0, 0, NC * CHUNK_SIZE - T)).view(B, NC, CHUNK_SIZE, H).sum(2)
     dG_last = torch.einsum("bhnkv,bhnkv->bhn", S, dS) * torch.exp(G_last).transpose(1, 2)   # [B, H, NC]
-    return dq, dk, dv, gate_gradient(dG, to_end, dG_last, CHUNK_SIZE), db
+    return dq, dk, dv, gate_gradient(dG, to_end, dG_last, CHUNK_SIZE), (db if beta is not None else None)
 
 
 def kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, dtype):

@@ -2,8 +2,9 @@
 differentiated (``differentiates``), the context of its input checks, the switch that lets such calls
 through (``DEVICE_BACKWARD``), and the CUDA kernel of the backward op ``kda::chunk_gated_delta_backward``,
 which runs ``kda.backward``. For the level 1-4 functions: ``LevelGradients``, their kernels' forward and
-the same backward stages with no gate or no delta rule (``LEVEL_BACKWARD``). That module is imported only when a gradient is taken, so the forward's
-records and timings do not depend on the backward's code (an edit of it re-made five GPU records once).
+the same backward stages with no gate or no delta rule (``LEVEL_BACKWARD``). ``kda.backward`` is
+imported only when a gradient is taken, so the forward's records and timings do not depend on the
+backward's code (an edit of it re-made five GPU records once).
 """
 
 from __future__ import annotations
@@ -57,8 +58,9 @@ def cuda_gradients(q, k, v, g, beta, scale, initial_state, output_final_state, u
 
 # CUDA: gradients of the level 1-4 functions (linear_attention, decay_attention, gated_attention, delta_rule)
 # by kda.backward's stages with no gate or no delta rule, their forward by the levels' own kernels. The delta
-# rule takes every backward kernel (a zero gate per head); levels 1-3 take the state-pass kernels and torch
-# stages for the chunks. Off until its GPU tests pass (tests/test_gpu_backward.py).
+# rule takes every backward kernel (a zero gate per head); levels 1-3 the state-pass kernels and the chunk
+# kernel without the delta rule (a gate per channel: torch stages for the chunks). Off until its GPU tests pass
+# (tests/test_gpu_backward.py).
 LEVEL_BACKWARD = False
 
 

@@ -305,37 +305,47 @@ def pair_decays(G):
     return torch.where(lower, torch.exp2(torch.clamp(G[..., :, None, :] - G[..., None, :, :], max=0.0)), 0.0)
 
 
-def chunk_kernel_mirror(Q, K, V, dO, g, beta, S_in, dS_out, scale, dQ, dK, dV, db, dG, to_end, flags, C=64):
+def chunk_kernel_mirror(Q, K, V, dO, g, beta, S_in, dS_out, scale, dQ, dK, dV, db, dG, to_end, flags, C=64,
+                        delta_rule=True):
     """``kda.kernels.backward_chunks.chunk_gradients`` step by step in float64 torch, reading and writing
     its arguments as its docstring says (a gate per head, natural log, per token; its outputs per row):
-    the stand-in that checks the kernel's arithmetic and ``kernel_chunk_gradients``'s binding on the CPU."""
+    the stand-in that checks the kernel's arithmetic and ``kernel_chunk_gradients``'s binding on the CPU.
+    ``delta_rule=False``: ``V' = V``, ``dV = dV'``, ``beta`` not read and ``db`` not written."""
     B, T, H, DK = Q.shape
     NC = S_in.shape[2]
     q, k, v, do = (chunk_rows(x, C, NC, T) for x in (Q, K, V, dO))
-    G, b = chunk_rows(g, C, NC, T)[..., 0].cumsum(-1), chunk_rows(beta, C, NC, T)   # [B, H, NC, C]
+    G = chunk_rows(g, C, NC, T)[..., 0].cumsum(-1)                                  # [B, H, NC, C]
     S, dS = S_in.double(), dS_out.double()
     lower = torch.ones(C, C, dtype=torch.bool).tril()
     E = torch.where(lower, torch.exp(torch.clamp(G[..., :, None] - G[..., None, :], max=0.0)), 0.0)
     strict = lambda x: x.tril(-1)
     tr = lambda x: x.transpose(-1, -2)
     eG, eEnd = torch.exp(G)[..., None], torch.exp(G[..., -1:] - G)[..., None]
-    KKE = strict(k @ tr(k) * E)
-    Tinv = torch.linalg.inv(torch.eye(C, dtype=torch.float64) + KKE * b[..., None])
-    Kg = k * eG
-    W, U = (Tinv * b[..., None, :]) @ Kg, (Tinv * b[..., None, :]) @ v
-    new = U - W @ S
+    if delta_rule:
+        b = chunk_rows(beta, C, NC, T)
+        KKE = strict(k @ tr(k) * E)
+        Tinv = torch.linalg.inv(torch.eye(C, dtype=torch.float64) + KKE * b[..., None])
+        Kg = k * eG
+        W, U = (Tinv * b[..., None, :]) @ Kg, (Tinv * b[..., None, :]) @ v
+        new = U - W @ S
+    else:
+        new = v
     dQg = do @ tr(S)
     dq, dg = dQg * eG, scale * torch.exp(G) * (dQg * q).sum(-1)
     P = scale * (q @ tr(k)) * E
     dnew = tr(P) @ do + (k * eEnd) @ dS
     dk = (new @ tr(dS)) * eEnd
     end = (dk * k).sum(-1)
-    dW = -dnew @ tr(S)
     dP = do @ tr(new)
     R = strict(dP) * P
     dg = dg + R.sum(-1) - R.sum(-2)
     dPE = dP.tril() * E
     dq, dk = dq + dPE @ k, dk + scale * tr(dPE) @ q
+    if not delta_rule:
+        for x, out in ((dq * scale, dQ), (dk, dK), (dnew, dV), (dg, dG), (end, to_end)):
+            rows_back(x, out, T)
+        return
+    dW = -dnew @ tr(S)
     dXu, dXw = tr(Tinv) @ dnew, tr(Tinv) @ dW
     dv, dbeta = b[..., None] * dXu, (dXu * v).sum(-1)
     dk = dk + dXw * b[..., None] * eG
@@ -464,9 +474,48 @@ def test_chunk_kernel_arithmetic_is_the_chunk_gradients(per_channel, strong, dty
     for name, a, b in zip("dq dk dv dg dbeta".split(), got, want):
         assert a.shape == b.shape and rel_l2(a, b) < bound, f"{name}: {rel_l2(a, b):.1e}"
 
+@pytest.mark.parametrize("gate", ["none", "per_head"])
+def test_chunk_kernel_arithmetic_without_the_delta_rule(gate, monkeypatch):
+    """Levels 1-3 (``beta=None``): ``kernel_chunk_gradients`` with the kernel's no-delta-rule form replaced
+    by its mirror, then ``gate_gradient``: the gradients of the reference's ``chunk_gradients``, a tail chunk
+    included; no ``dbeta``."""
+    import functools
+
+    from kda import ops
+    from kda.kernels import backward_chunks, build
+
+    def compile_program(fn, out_idx, **kw):
+        assert fn is backward_chunks.chunk_gradients and kw["delta_rule"] is False
+        return functools.partial(chunk_kernel_mirror, delta_rule=False)
+
+    monkeypatch.setattr(build, "compile_program", compile_program)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: __import__("contextlib").nullcontext())
+    monkeypatch.setattr(ops, "dtype_name", lambda dt: str(dt).removeprefix("torch."))
+    q, k, v, g, _, h0, do, dht = inputs(B=2, T=100, H=2, K=16, V=8, per_channel=False, seed=8)
+    g = g if gate == "per_head" else None
+    p = ref.chunk_pieces(q, k, v, g, None, 0.5, 64)
+    S = ref.forward_states(p, h0)[0]
+    dO = ref.to_chunks(do, 64)
+    dS = ref.reverse_state_pass(p, dO, dht)[0]
+    want_dQ, want_dK, want_dV, want_db, want_dG = ref.chunk_gradients(p, S, dS, dO)
+    zero = torch.zeros(q.shape[:3], **F64)
+    dq, dk, dv, dg, db = backward.kernel_chunk_gradients(q, k, v, g if g is not None else zero, None, do, S, dS, 0.5,
+                                                         torch.float64)
+    T = q.shape[1]
+    assert db is None and want_db is None
+    want = [ref.from_chunks(want_dQ, T) * 0.5, ref.from_chunks(want_dK, T), ref.from_chunks(want_dV, T)]
+    if g is not None:
+        got, want = [dq, dk, dv, dg], want + [ref.from_chunks(want_dG, T)[..., 0]]
+    else:
+        got = [dq, dk, dv]
+    for name, a, b in zip("dq dk dv dg".split(), got, want):
+        assert a.shape == b.shape and rel_l2(a, b) < 1e-6, f"{name}: {rel_l2(a, b):.1e}"
+
+
 def test_chunk_kernel_is_taken_only_where_it_applies(monkeypatch):
-    """The switch, then CUDA, a gate per head (or none), the delta rule, chunks of 64 and bf16 or fp16
-    inputs: each one missing keeps the torch stages (packed sequences take it: test_chunk_kernel_takes_packed_sequences)."""
+    """The switch, then CUDA, a gate per head (or none), chunks of 64 and bf16 or fp16 inputs: each one
+    missing keeps the torch stages; with or without the delta rule (packed sequences take it:
+    test_chunk_kernel_takes_packed_sequences)."""
     q = torch.zeros(1, 64, 2, 8)
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     args = dict(q=q, g=torch.zeros(1, 64, 2), beta=torch.zeros(1, 64, 2), C=64, kernel_dtype=torch.bfloat16)
@@ -474,7 +523,11 @@ def test_chunk_kernel_is_taken_only_where_it_applies(monkeypatch):
     monkeypatch.setattr(backward, "CHUNK_KERNEL", True)
     assert backward.chunk_kernel_applies(**args)
     assert backward.chunk_kernel_applies(**{**args, "g": None})
-    for change in [dict(g=torch.zeros(1, 64, 2, 8)), dict(beta=None), dict(C=16), dict(kernel_dtype=torch.float32)]:
+    assert backward.chunk_kernel_applies(**{**args, "beta": None})              # levels 1-3
+    monkeypatch.setattr(backward, "FORWARD_PIECES", True)
+    assert backward.forward_pieces_apply(q, args["beta"], 64, torch.bfloat16)
+    assert not backward.forward_pieces_apply(q, None, 64, torch.bfloat16)      # the forward's pieces need beta
+    for change in [dict(g=torch.zeros(1, 64, 2, 8)), dict(C=16), dict(kernel_dtype=torch.float32)]:
         assert not backward.chunk_kernel_applies(**{**args, **change}), change
 
 

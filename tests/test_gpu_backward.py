@@ -264,7 +264,7 @@ def test_level_gradients_against_token_recurrence(level, dtype, monkeypatch):
     every gradient (q, k, v, the gate or beta where the level has one, the initial state) of a call with
     a final state, 300 tokens (a tail), against autograd through the float64 token recurrence on the same
     rounded inputs; the delta rule takes the backward kernels with a zero gate, levels 1-3 the state-pass
-    kernels and torch stages."""
+    kernels and the chunk kernel without the delta rule (a gate per channel: torch stages)."""
     from kda import backward, cuda_autograd
 
     for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL", "CHUNK_KERNELS_BY_CHANNEL"):
@@ -337,3 +337,36 @@ def test_level_gradients_without_states(level, monkeypatch):
     for name, a, b in zip(["dq", "dk", "dv", "dbeta"], got, [dq, dk, dv, dbeta]):
         assert a.is_cuda and torch.isfinite(a).all(), f"{name}: not finite"
         assert rel_l2(a.double().cpu(), b) <= KERNEL_BOUND, f"{name}: {rel_l2(a.double().cpu(), b):.2e}"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("gate", ["none", "logsigmoid", "runs_of_-20"])
+def test_chunk_kernel_without_the_delta_rule_against_the_stages(gate, dtype, poisoned):
+    """``chunk_gradients(delta_rule=False)`` (levels 1-3: no gate, or a gate per head) against the reference's
+    ``chunk_gradients`` in float64 on the same inputs, states and state gradients rounded to the kernel's
+    dtype, a tail chunk included, outputs poisoned with NaN; no ``dbeta``."""
+    from kda import backward
+
+    B, T, H, DK, DV = 2, 300, 3, 128, 128
+    q, k, v, g, _, h0 = inputs((B, T, H, DK, DV), dtype, "logsigmoid" if gate == "none" else gate, False, 43)
+    g = g if gate != "none" else None
+    gen = torch.Generator(device="cuda").manual_seed(10)
+    do = torch.randn(B, T, H, DV, generator=gen, device="cuda").to(dtype)
+    dht = torch.randn(B, H, DK, DV, generator=gen, device="cuda")
+    f64 = lambda x: x.double().cpu() if x is not None else None
+    p = ref.chunk_pieces(f64(q), f64(k), f64(v), f64(g), None, DK ** -0.5, 64)
+    S = ref.forward_states(p, f64(h0))[0].to(dtype).double()
+    dO = ref.to_chunks(f64(do), 64)
+    dS = ref.reverse_state_pass(p, dO, f64(dht))[0].to(dtype).double()
+    wants = ref.chunk_gradients(p, S, dS, dO)
+    wants = [ref.from_chunks(wants[0], T) * DK ** -0.5, ref.from_chunks(wants[1], T), ref.from_chunks(wants[2], T),
+             ref.from_chunks(wants[4], T)[..., 0] if g is not None else None]
+    gate_in = g if g is not None else torch.zeros(B, T, H, device="cuda")
+    gots = backward.kernel_chunk_gradients(q, k, v, gate_in, None, do, S.cuda(), dS.cuda(), DK ** -0.5, dtype)
+    assert gots[4] is None
+    bound = {torch.bfloat16: 2e-2, torch.float16: 1e-2}[dtype]
+    for name, got, want in zip("dq dk dv dg".split(), gots, wants):
+        if want is None:
+            continue
+        assert torch.isfinite(got).all(), f"{name}: not finite (unwritten?)"
+        assert rel_l2(got.double().cpu(), want) <= bound, f"{name}: {rel_l2(got.double().cpu(), want):.2e}"

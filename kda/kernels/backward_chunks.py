@@ -52,13 +52,15 @@ def column_sums_out(X_s, out_s, C):
 
 
 # --8<-- [start:chunk_gradients]
-def chunk_gradients(DK, DV, chunk_size=64, dtype="bfloat16", scalar_gate=True, threads=256):
+def chunk_gradients(DK, DV, chunk_size=64, dtype="bfloat16", scalar_gate=True, delta_rule=True, threads=256):
     """Arguments at run time: ``Q, K [B, T, H, DK]``, ``V, dO [B, T, H, DV]`` (dtype; ``Q`` and ``K``
     with one head per value head), ``g [B, T, H, 1]`` (the gate per token, natural log), ``beta [B, T,
     H]`` (float32), ``S_in, dS_out [B, H, NC, DK, DV]`` (dtype: the state entering each chunk and the
     gradient of the one leaving it), ``scale``; then the outputs, float32: ``dQ, dK [B, T, H, DK]``,
     ``dV [B, T, H, DV]``, ``db, dG, to_end [B, T, H]``, and ``flags [2]`` (int32; the value checks of
-    ``g`` and ``beta``, as the forward's, which the caller may ignore: the forward checked them)."""
+    ``g`` and ``beta``, as the forward's, which the caller may ignore: the forward checked them).
+    ``delta_rule=False``: levels 1-3 (``g`` zero for level 1, ``log a`` for level 2): no WY form, ``V' = V``
+    and ``dV = dV'``; ``beta`` is not read and ``db`` not written (the caller passes buffers of their shape)."""
     assert scalar_gate, "a gate per channel takes kda.backward's torch stages"
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     C = chunk_size
@@ -125,31 +127,35 @@ def chunk_gradients(DK, DV, chunk_size=64, dtype="bfloat16", scalar_gate=True, t
                 do_s[i, d] = T.if_then_else(i < L, do_s[i, d], 0.0)
             T.copy(g[bb, t0:t0 + C, bh, :], G_s)
             log2_cumsum_by_columns(G_s, G_s, L, C, 1, flags)
-            load_beta_checked(beta, b_s, flags, t0, L, C, bb, bh)
             decay = lambda i, j: decay_factor(G_s[i, 0] - G_s[j, 0])      # 2^(G_i - G_j), clamped at 1
             G_last = G_s[C - 1, 0]
 
-            # the forward's chunk form: A, T, W (into X_s, negated), U (in VD_f), then V' = U - W S
-            T.gemm(k_s, k_s, CC_f, transpose_B=True, clear_accum=True)
-            for i, j in T.Parallel(C, C):
-                kke = T.if_then_else(j < i, CC_f[i, j] * decay(i, j), 0.0)
-                KKE_s[i, j] = kke
-                A_s[i, j] = kke * b_s[i]
-            invert_diagonal_blocks_by_columns(A_s, Tinv_s, x_col, C, SOLVE_BLOCK)
-            merge_by_substitution(A_s, Tinv_s, C, SOLVE_BLOCK)
-            # stages.wy_tail's products, written here so that U stays in registers for U - W S (through
-            # wy_tail's buffers, bf16 at 128 x 128 spilled 8 bytes)
-            for i, j in T.Parallel(C, C):                  # blocks above the diagonal were not written
-                Cc_s[i, j] = T.if_then_else(i // SOLVE_BLOCK >= j // SOLVE_BLOCK, Tinv_s[i, j] * b_s[j], 0.0)
-            for i, d in T.Parallel(C, DK):
-                X_s[i, d] = k_s[i, d] * T.exp2(G_s[i, 0])
-            T.gemm(Cc_s, X_s, KD_f, clear_accum=True)                     # W
-            T.gemm(Cc_s, v_s, VD_f, clear_accum=True)                     # U
-            for i, d in T.Parallel(C, DK):
-                X_s[i, d] = -KD_f[i, d]
-            T.copy(S_in[bb, bh, c, :, :], state_s)
-            T.gemm(X_s, state_s, VD_f)                                    # U - W S
-            T.copy(VD_f, Y_s)
+            if delta_rule:
+                # the forward's chunk form: A, T, W (into X_s, negated), U (in VD_f), then V' = U - W S
+                load_beta_checked(beta, b_s, flags, t0, L, C, bb, bh)
+                T.gemm(k_s, k_s, CC_f, transpose_B=True, clear_accum=True)
+                for i, j in T.Parallel(C, C):
+                    kke = T.if_then_else(j < i, CC_f[i, j] * decay(i, j), 0.0)
+                    KKE_s[i, j] = kke
+                    A_s[i, j] = kke * b_s[i]
+                invert_diagonal_blocks_by_columns(A_s, Tinv_s, x_col, C, SOLVE_BLOCK)
+                merge_by_substitution(A_s, Tinv_s, C, SOLVE_BLOCK)
+                # stages.wy_tail's products, written here so that U stays in registers for U - W S (through
+                # wy_tail's buffers, bf16 at 128 x 128 spilled 8 bytes)
+                for i, j in T.Parallel(C, C):                  # blocks above the diagonal were not written
+                    Cc_s[i, j] = T.if_then_else(i // SOLVE_BLOCK >= j // SOLVE_BLOCK, Tinv_s[i, j] * b_s[j], 0.0)
+                for i, d in T.Parallel(C, DK):
+                    X_s[i, d] = k_s[i, d] * T.exp2(G_s[i, 0])
+                T.gemm(Cc_s, X_s, KD_f, clear_accum=True)                     # W
+                T.gemm(Cc_s, v_s, VD_f, clear_accum=True)                     # U
+                for i, d in T.Parallel(C, DK):
+                    X_s[i, d] = -KD_f[i, d]
+                T.copy(S_in[bb, bh, c, :, :], state_s)
+                T.gemm(X_s, state_s, VD_f)                                    # U - W S
+                T.copy(VD_f, Y_s)
+            else:                                          # no delta rule: V' = V
+                T.copy(S_in[bb, bh, c, :, :], state_s)
+                T.copy(v_s, Y_s)
 
             # the state read: dQ = dQg 2^G, and the gate's share sum_d dQg Qg
             T.gemm(do_s, state_s, KD_f, transpose_B=True, clear_accum=True)   # dO S^T
@@ -200,64 +206,72 @@ def chunk_gradients(DK, DV, chunk_size=64, dtype="bfloat16", scalar_gate=True, t
                 if i < L:
                     to_end[bb, t0 + i, bh] = row_f[i]
 
-            # dW = -dV' S^T
-            T.copy(S_in[bb, bh, c, :, :], state_s)
-            T.gemm(Z_s, state_s, KD_f, transpose_B=True, clear_accum=True)
-            for i, d in T.Parallel(C, DK):
-                X_s[i, d] = -KD_f[i, d]
+            if delta_rule:
+                # dW = -dV' S^T
+                T.copy(S_in[bb, bh, c, :, :], state_s)
+                T.gemm(Z_s, state_s, KD_f, transpose_B=True, clear_accum=True)
+                for i, d in T.Parallel(C, DK):
+                    X_s[i, d] = -KD_f[i, d]
 
-            # the WY form: dXu = T^T dV' (dV = b dXu), dXw = T^T dW (dK += b dXw 2^G)
-            for i, j in T.Parallel(C, C):
-                Cc2_s[i, j] = T.if_then_else(i // SOLVE_BLOCK >= j // SOLVE_BLOCK, Tinv_s[i, j], 0.0)
-            T.gemm(Cc2_s, Z_s, VD_f, transpose_A=True, clear_accum=True)
-            for i, d in T.Parallel(C, DV):
-                if i < L:
-                    dV[bb, t0 + i, bh, d] = VD_f[i, d] * b_s[i]
-                VD_f[i, d] = VD_f[i, d] * v_s[i, d]
-            T.reduce_sum(VD_f, row_f, dim=1)
-            for i in T.Parallel(C):
-                db_s[i] = row_f[i]
-            T.gemm(Cc2_s, X_s, KD_f, transpose_A=True, clear_accum=True)
-            for i, d in T.Parallel(C, DK):
-                dK_f[i, d] = dK_f[i, d] + KD_f[i, d] * b_s[i] * T.exp2(G_s[i, 0])
-                KD_f[i, d] = KD_f[i, d] * k_s[i, d]
-            T.reduce_sum(KD_f, row_f, dim=1)
-            for i in T.Parallel(C):                       # sum_d dXw Kg: db, and b times it for the gate
-                share = row_f[i] * T.exp2(G_s[i, 0])
-                db_s[i] = db_s[i] + share
-                dg_s[i] = dg_s[i] + share * b_s[i]
-            for i, d in T.Parallel(C, DV):
-                Y_s[i, d] = v_s[i, d] * b_s[i]                            # Xu
-            for i, d in T.Parallel(C, DK):
-                q_s[i, d] = k_s[i, d] * T.exp2(G_s[i, 0]) * b_s[i]         # Xw
-            T.gemm(Z_s, Y_s, CC_f, transpose_B=True, clear_accum=True)    # dT = dV' Xu^T
-            T.gemm(X_s, q_s, CC_f, transpose_B=True)                      #    + dW Xw^T
-            T.copy(CC_f, Cc_s)
-            T.gemm(Cc2_s, Cc_s, CC_f, transpose_A=True, clear_accum=True)  # T^T dT
-            T.copy(CC_f, Cc_s)
-            T.gemm(Cc_s, Cc2_s, CC_f, transpose_B=True, clear_accum=True)  # (T^T dT) T^T
-            # D = dA (K K^T E): db += its row sums; the gate, b_i times them minus the columns' sum_m b_m D_mi
-            for i, j in T.Parallel(C, C):
-                dA = T.if_then_else(j < i, -CC_f[i, j], 0.0)
-                Cc_s[i, j] = dA * b_s[i] * decay(i, j)
-                CC_f[i, j] = dA * KKE_s[i, j]
-            T.reduce_sum(CC_f, row_f, dim=1)
-            for i in T.Parallel(C):
-                db_s[i] = db_s[i] + row_f[i]
-                dg_s[i] = dg_s[i] + row_f[i] * b_s[i]
-            for i, j in T.Parallel(C, C):
-                A_s[i, j] = CC_f[i, j] * b_s[i]
-            column_sums_out(A_s, dg_s, C)
-            T.gemm(Cc_s, k_s, dK_f)
-            T.gemm(Cc_s, k_s, dK_f, transpose_A=True)
+                # the WY form: dXu = T^T dV' (dV = b dXu), dXw = T^T dW (dK += b dXw 2^G)
+                for i, j in T.Parallel(C, C):
+                    Cc2_s[i, j] = T.if_then_else(i // SOLVE_BLOCK >= j // SOLVE_BLOCK, Tinv_s[i, j], 0.0)
+                T.gemm(Cc2_s, Z_s, VD_f, transpose_A=True, clear_accum=True)
+                for i, d in T.Parallel(C, DV):
+                    if i < L:
+                        dV[bb, t0 + i, bh, d] = VD_f[i, d] * b_s[i]
+                    VD_f[i, d] = VD_f[i, d] * v_s[i, d]
+                T.reduce_sum(VD_f, row_f, dim=1)
+                for i in T.Parallel(C):
+                    db_s[i] = row_f[i]
+                T.gemm(Cc2_s, X_s, KD_f, transpose_A=True, clear_accum=True)
+                for i, d in T.Parallel(C, DK):
+                    dK_f[i, d] = dK_f[i, d] + KD_f[i, d] * b_s[i] * T.exp2(G_s[i, 0])
+                    KD_f[i, d] = KD_f[i, d] * k_s[i, d]
+                T.reduce_sum(KD_f, row_f, dim=1)
+                for i in T.Parallel(C):                       # sum_d dXw Kg: db, and b times it for the gate
+                    share = row_f[i] * T.exp2(G_s[i, 0])
+                    db_s[i] = db_s[i] + share
+                    dg_s[i] = dg_s[i] + share * b_s[i]
+                for i, d in T.Parallel(C, DV):
+                    Y_s[i, d] = v_s[i, d] * b_s[i]                            # Xu
+                for i, d in T.Parallel(C, DK):
+                    q_s[i, d] = k_s[i, d] * T.exp2(G_s[i, 0]) * b_s[i]         # Xw
+                T.gemm(Z_s, Y_s, CC_f, transpose_B=True, clear_accum=True)    # dT = dV' Xu^T
+                T.gemm(X_s, q_s, CC_f, transpose_B=True)                      #    + dW Xw^T
+                T.copy(CC_f, Cc_s)
+                T.gemm(Cc2_s, Cc_s, CC_f, transpose_A=True, clear_accum=True)  # T^T dT
+                T.copy(CC_f, Cc_s)
+                T.gemm(Cc_s, Cc2_s, CC_f, transpose_B=True, clear_accum=True)  # (T^T dT) T^T
+                # D = dA (K K^T E): db += its row sums; the gate, b_i times them minus the columns' sum_m b_m D_mi
+                for i, j in T.Parallel(C, C):
+                    dA = T.if_then_else(j < i, -CC_f[i, j], 0.0)
+                    Cc_s[i, j] = dA * b_s[i] * decay(i, j)
+                    CC_f[i, j] = dA * KKE_s[i, j]
+                T.reduce_sum(CC_f, row_f, dim=1)
+                for i in T.Parallel(C):
+                    db_s[i] = db_s[i] + row_f[i]
+                    dg_s[i] = dg_s[i] + row_f[i] * b_s[i]
+                for i, j in T.Parallel(C, C):
+                    A_s[i, j] = CC_f[i, j] * b_s[i]
+                column_sums_out(A_s, dg_s, C)
+                T.gemm(Cc_s, k_s, dK_f)
+                T.gemm(Cc_s, k_s, dK_f, transpose_A=True)
+            else:                                          # no delta rule: dV = dV'
+                for i, d in T.Parallel(C, DV):
+                    if i < L:
+                        dV[bb, t0 + i, bh, d] = Z_s[i, d]
 
             for i, d in T.Parallel(C, DK):
                 if i < L:
                     dK[bb, t0 + i, bh, d] = dK_f[i, d]
             for i in T.Parallel(C):
                 if i < L:
-                    db[bb, t0 + i, bh] = db_s[i]
                     dG[bb, t0 + i, bh] = dg_s[i]
+            if delta_rule:
+                for i in T.Parallel(C):
+                    if i < L:
+                        db[bb, t0 + i, bh] = db_s[i]
 
     return main
 
