@@ -15,7 +15,7 @@ record() {   # record the stale or missing snippets whose path contains $1, with
 }
 # the GPU tests of the level 1-4 backward (LEVEL_BACKWARD, landed off) beside the warm-up: a check, not timed
 OMP_NUM_THREADS=1 timeout -k 5 "${TEST_S:-240}" python -m pytest -o addopts="" -n 4 -m gpu -q -p no:cacheprovider \
-  tests/test_gpu_backward.py -k level 2>&1 | grep -v "PytestBenchmarkWarning\|warner(" > "$OUT"/gpu-tests-level-backward.txt &
+  tests/test_gpu_backward.py -k "level or without_the_delta_rule" 2>&1 | grep -v "PytestBenchmarkWarning\|warner(" > "$OUT"/gpu-tests-level-backward.txt &
 tests=$!
 TRITON_CACHE_DIR=/tmp/warm-triton timeout -k 5 $(( ${WARM_S:-240} + 20 )) python results/tuning/run98-warm.py \
   --budget "${WARM_S:-240}" 2>&1 | grep -v "^20" | tee "$OUT"/warm.txt
