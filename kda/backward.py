@@ -307,10 +307,11 @@ def forward_pieces(q, k, v, g, beta, scale, dtype):
 
 def chunk_kernel_applies(q, g, beta, C, kernel_dtype) -> bool:
     """Whether step 3 of ``chunked_gradients`` runs as ``kda.kernels.backward_chunks`` (``CHUNK_KERNEL``):
-    what ``kernels_take`` says, with or without the delta rule, and a gate per head or none. Packed sequences too: laid out from chunk
-    boundaries (``packed_layout``), the rows between two sequences are zeros with a zero gate and
-    ``b = 0``, which add nothing to any real row."""
-    return CHUNK_KERNEL and (g is None or g.dim() == 3) and kernels_take(q, beta, C, kernel_dtype, delta_rule=False)
+    what ``kernels_take`` says, with or without the delta rule, and a gate per head or none. Packed
+    sequences too: laid out from chunk boundaries (``packed_layout``), the rows between two sequences are
+    zeros with a zero gate and ``b = 0``, which add nothing to any real row."""
+    return (CHUNK_KERNEL and (g is None or g.dim() == 3)
+            and kernels_take(q, beta, C, kernel_dtype, delta_rule=False))
 
 
 def channel_kernels_apply(q, g, beta, C, kernel_dtype, DV) -> bool:
@@ -319,7 +320,7 @@ def channel_kernels_apply(q, g, beta, C, kernel_dtype, DV) -> bool:
     most 128 (``chunk_state_gradients`` holds a ``DK x DV`` state and four ``C x DV`` tiles in shared
     memory: at ``DV = 256`` it would need some 290 KB of the 227 KB an SM has)."""
     return (CHUNK_KERNELS_BY_CHANNEL and g is not None and g.dim() == 4 and q.shape[-1] <= 128 and DV <= 128
-            and kernels_take(q, beta, C, kernel_dtype))
+            and kernels_take(q, beta, C, kernel_dtype, delta_rule=False))
 
 
 def gate_gradient(dG, to_end, dG_last, C):
@@ -340,8 +341,9 @@ def gate_gradient(dG, to_end, dG_last, C):
 def kernel_chunk_gradients(q, k, v, g, beta, do, S, dS, scale, dtype):
     """Step 3 of ``chunked_gradients`` by ``kda.kernels.backward_chunks.chunk_gradients``: ``dq`` (scale
     in), ``dk``, ``dv``, ``dg``, ``dbeta`` (float32, ``[B, T, H, *]``; ``dbeta`` ``None`` without the delta
-    rule, ``beta=None``) from the inputs (``g [B, T, H]``, a gate per head), ``do``, the states entering the chunks and the gradients of those leaving them
-    (``S``, ``dS [B, H, NC, DK, DV]``, rounded to ``dtype`` as the kernel reads them)."""
+    rule, ``beta=None``) from the inputs (``g [B, T, H]``, a gate per head), ``do``, the states entering
+    the chunks and the gradients of those leaving them (``S``, ``dS [B, H, NC, DK, DV]``, rounded to
+    ``dtype`` as the kernel reads them)."""
     from kda import ops
     from kda.kernels import backward_chunks
     from kda.kernels.build import compile_program
@@ -371,7 +373,8 @@ def kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, dtype)
     scores ``P`` and ``stril(K K^T E)``, whose pair decays need sub-chunks), ``chunk_state_gradients``
     (every GEMM with the states, the WY form, ``dP`` and ``dA b`` written out) and ``chunk_pair_gradients``
     (the sums of ``dP`` and ``dA b`` over pairs, by sub-chunks, into ``dq``, ``dk`` and the gate). Returns
-    ``dq`` (scale in), ``dk``, ``dv``, ``dg [B, T, H, DK]``, ``dbeta``, float32."""
+    ``dq`` (scale in), ``dk``, ``dv``, ``dg [B, T, H, DK]``, ``dbeta``, float32. Without the delta rule
+    (``beta=None``, level 3) the kernels are compiled without the WY form and ``dbeta`` is ``None``."""
     from kda import ops
     from kda.kernels import backward_chunks as kernels
     from kda.kernels.build import compile_program
@@ -379,13 +382,15 @@ def kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, dtype)
     B, T, H, DK = q.shape
     DV, C, NC = v.shape[-1], CHUNK_SIZE, S.shape[2]
     low = lambda x: x.to(dtype).contiguous()
-    name = ops.dtype_name(dtype)
+    config = dict(chunk_size=C, dtype=ops.dtype_name(dtype), delta_rule=beta is not None)
     with torch.cuda.device(q.device):
-        pieces = compile_program(kernels.chunk_pair_pieces, (), DK=DK, chunk_size=C, dtype=name)
-        states = compile_program(kernels.chunk_state_gradients, (), DK=DK, DV=DV, chunk_size=C, dtype=name)
-        pairs = compile_program(kernels.chunk_pair_gradients, (), DK=DK, chunk_size=C, dtype=name)
+        pieces = compile_program(kernels.chunk_pair_pieces, (), DK=DK, **config)
+        states = compile_program(kernels.chunk_state_gradients, (), DK=DK, DV=DV, **config)
+        pairs = compile_program(kernels.chunk_pair_gradients, (), DK=DK, **config)
         new = lambda *shape, dt=torch.float32: ops.new_output(shape, dt, q.device)
-        Q, K, b = low(q), low(k), beta.float().contiguous()
+        unread = lambda *shape: torch.empty(shape, device=q.device)      # without the delta rule: never touched
+        Q, K = low(q), low(k)
+        b = beta.float().contiguous() if beta is not None else unread(B, T, H)
         G, KKE = new(B, H, NC * C, DK), new(B, T, H, C)
         Tinv, P = new(B, T, H, C, dt=dtype), new(B, T, H, C, dt=dtype)
         flags = torch.zeros(2, dtype=torch.int32, device=q.device)    # the forward checked g and beta
@@ -398,7 +403,7 @@ def kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, dtype)
         pairs(Q, K, G, dPs, dAb, float(scale), dq, dk, dG)
     decay = torch.exp2(G.view(B, H, NC, C, DK)[:, :, :, -1])         # the cumulative gate's last row, flat past T
     dG_last = torch.einsum("bhnkv,bhnkv->bhnk", S, dS) * decay                    # [B, H, NC, DK]
-    return dq, dk, dv, gate_gradient(dG, to_end, dG_last, C), db
+    return dq, dk, dv, gate_gradient(dG, to_end, dG_last, C), (db if beta is not None else None)
 
 
 def torch_state_passes(whole, S0, dO, dS_final, segments):
@@ -450,8 +455,9 @@ def op_gradients(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, cu_seqle
     """The gradients of the op ``kda::chunk_gated_delta`` (``chunk_kda``, ``chunk_gated_delta_rule``)
     in its arguments' layouts and dtypes: ``[dq, dk, dv, dg, dbeta]``, then ``dh0`` when there is an
     initial state. With ``g=None`` (no gate) or ``beta=None`` (no delta rule) the same stages give the
-    level 1-4 functions' gradients (``kda.cuda_autograd.LevelGradients``), ``None`` in their places. Grouped value heads, packed sequences (``cu_seqlens``), the L2 norm of ``q`` and
-    ``k`` in the op and a gate ``[B, T, H]``, ``[B, T, H, 1]`` or ``[B, T, H, DK]`` included. Computed
+    level 1-4 functions' gradients (``kda.cuda_autograd.LevelGradients``), ``None`` in their places.
+    Grouped value heads, packed sequences (``cu_seqlens``), the L2 norm of ``q`` and ``k`` in the op and a
+    gate ``[B, T, H]``, ``[B, T, H, 1]`` or ``[B, T, H, DK]`` included. Computed
     in ``dtype`` (float32 on CUDA; float64 shows the arithmetic exact). ``cu_seqlens_cpu``, the
     boundaries' host copy where the caller has one, spares the read-back."""
     B, T, HQ, DK = q.shape

@@ -59,8 +59,7 @@ def cuda_gradients(q, k, v, g, beta, scale, initial_state, output_final_state, u
 # CUDA: gradients of the level 1-4 functions (linear_attention, decay_attention, gated_attention, delta_rule)
 # by kda.backward's stages with no gate or no delta rule, their forward by the levels' own kernels. The delta
 # rule takes every backward kernel (a zero gate per head); levels 1-3 the state-pass kernels and the chunk
-# kernel without the delta rule (a gate per channel: torch stages for the chunks). Off until its GPU tests pass
-# (tests/test_gpu_backward.py).
+# kernels compiled without the delta rule. Off until its GPU tests pass (tests/test_gpu_backward.py).
 LEVEL_BACKWARD = False
 
 

@@ -99,10 +99,10 @@ PATHS: tuple[CudaPath, ...] = (
         what={"en": "gradients of linear_attention, decay_attention, gated_attention and delta_rule on CUDA: their "
                     "kernels' forward, then kda/backward.py's stages with no gate or no delta rule (the delta rule "
                     "through the backward kernels of a gate per head, with a zero gate; levels 1-3 through the chunk "
-                    "kernel compiled without the delta rule, but a gate per channel through torch stages)",
+                    "kernels compiled without the delta rule)",
               "zh": "linear_attention、decay_attention、gated_attention 与 delta_rule 在 CUDA 上的梯度：前向用各自的 "
                     "kernel，反向用 kda/backward.py 中不带门控或不带 delta 规则的同一套阶段（delta 规则以零门控走"
-                    "每个头一个门控的反向 kernel；第一至三级走以不带 delta 规则编译的块内 kernel，逐通道门控则走 torch 阶段）"},
+                    "每个头一个门控的反向 kernel；第一至三级走以不带 delta 规则编译的块内 kernel）"},
     ),
 )
 

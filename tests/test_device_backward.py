@@ -362,39 +362,47 @@ def chunk_kernel_mirror(Q, K, V, dO, g, beta, S_in, dS_out, scale, dQ, dK, dV, d
         rows_back(x, out, T)
 
 
-def pair_pieces_mirror(Q, K, g, beta, scale, G, Tinv, P, KKE, flags, C=64):
+def pair_pieces_mirror(Q, K, g, beta, scale, G, Tinv, P, KKE, flags, C=64, delta_rule=True):
     """``kda.kernels.backward_chunks.chunk_pair_pieces`` in float64 torch, reading and writing its
     arguments as its docstring says: ``G [B, H, NC C, DK]`` (log2, flat past the end), ``T``, the scores
-    ``P`` (scale in, ``j <= i``) and ``stril(K K^T E)`` per row ``[B, T, H, C]``."""
+    ``P`` (scale in, ``j <= i``) and ``stril(K K^T E)`` per row ``[B, T, H, C]``; without the delta rule
+    ``G`` and ``P`` only."""
     B, T, H, DK = Q.shape
     NC = G.shape[2] // C
-    q, k, b = chunk_rows(Q, C, NC, T), chunk_rows(K, C, NC, T), chunk_rows(beta, C, NC, T)
+    q, k = chunk_rows(Q, C, NC, T), chunk_rows(K, C, NC, T)
     Gc = chunk_rows(g, C, NC, T).cumsum(-2) / math.log(2)                   # [B, H, NC, C, DK]
     E = pair_decays(Gc)
-    KKE_c = torch.einsum("bhnid,bhnjd,bhnijd->bhnij", k, k, E).tril(-1)
     P_c = scale * torch.einsum("bhnid,bhnjd,bhnijd->bhnij", q, k, E)
-    Tinv_c = torch.linalg.inv(torch.eye(C, dtype=torch.float64) + b[..., None] * KKE_c)
     G.copy_(Gc.reshape(B, H, NC * C, DK))
-    for x, out in ((Tinv_c, Tinv), (P_c, P), (KKE_c, KKE)):
-        rows_back(x, out, T)
+    rows_back(P_c, P, T)
+    if delta_rule:
+        KKE_c = torch.einsum("bhnid,bhnjd,bhnijd->bhnij", k, k, E).tril(-1)
+        Tinv_c = torch.linalg.inv(torch.eye(C, dtype=torch.float64) + chunk_rows(beta, C, NC, T)[..., None] * KKE_c)
+        for x, out in ((Tinv_c, Tinv), (KKE_c, KKE)):
+            rows_back(x, out, T)
 
 
 def state_gradients_mirror(Q, K, V, dO, G, beta, S_in, dS_out, Tinv, P, KKE, scale, dQ, dK, dV, db, dG, to_end,
-                           dPs, dAb, C=64):
+                           dPs, dAb, C=64, delta_rule=True):
     """``kda.kernels.backward_chunks.chunk_state_gradients`` in float64 torch: every term of
     ``kda.reference.backward.chunk_gradients`` but the pair sums, which it leaves to
-    ``chunk_pair_gradients`` through ``dPs = stril(dP)`` and ``dAb = dA b``; ``dQ`` without the scale."""
+    ``chunk_pair_gradients`` through ``dPs = stril(dP)`` and ``dAb = dA b``; ``dQ`` without the scale.
+    Without the delta rule ``V' = V``, ``dV = dV'``, and ``db``, ``dAb`` are not written."""
     B, T, H, DK = Q.shape
     NC = S_in.shape[2]
-    q, k, v, do, b = (chunk_rows(x, C, NC, T) for x in (Q, K, V, dO, beta))
-    Tm, Pm, KKEm = (chunk_rows(x, C, NC, T) for x in (Tinv, P, KKE))
+    q, k, v, do = (chunk_rows(x, C, NC, T) for x in (Q, K, V, dO))
+    Pm = chunk_rows(P, C, NC, T)
     Gc = G.double().view(B, H, NC, C, DK)
     e, eEnd = torch.exp2(Gc), torch.exp2(Gc[..., -1:, :] - Gc)
     S, dS = S_in.double(), dS_out.double()
     tr = lambda x: x.transpose(-1, -2)
     Kg, Kd = k * e, k * eEnd
-    W, U = Tm @ (b[..., None] * Kg), Tm @ (b[..., None] * v)
-    new = U - W @ S
+    if delta_rule:
+        b, Tm, KKEm = chunk_rows(beta, C, NC, T), chunk_rows(Tinv, C, NC, T), chunk_rows(KKE, C, NC, T)
+        W, U = Tm @ (b[..., None] * Kg), Tm @ (b[..., None] * v)
+        new = U - W @ S
+    else:
+        new = v
     dQg = do @ tr(S)
     dP = (do @ tr(new)).tril()
     d = torch.diagonal(dP, dim1=-2, dim2=-1)[..., None]
@@ -403,6 +411,10 @@ def state_gradients_mirror(Q, K, V, dO, G, beta, S_in, dS_out, Tinv, P, KKE, sca
     dKd = new @ tr(dS)
     dk = dk + dKd * eEnd
     end = dKd * Kd
+    if not delta_rule:
+        for x, out in ((dq, dQ), (dk, dK), (dnew, dV), (dg, dG), (end, to_end), (dP.tril(-1), dPs)):
+            rows_back(x, out, T)
+        return
     dW = -dnew @ tr(S)
     dXu, dXw = tr(Tm) @ dnew, tr(Tm) @ dW
     dv, dKg = b[..., None] * dXu, b[..., None] * dXw
@@ -416,14 +428,15 @@ def state_gradients_mirror(Q, K, V, dO, G, beta, S_in, dS_out, Tinv, P, KKE, sca
         rows_back(x, out, T)
 
 
-def pair_gradients_mirror(Q, K, G, dPs, dAb, scale, dQ, dK, dG, C=64):
+def pair_gradients_mirror(Q, K, G, dPs, dAb, scale, dQ, dK, dG, C=64, delta_rule=True):
     """``kda.kernels.backward_chunks.chunk_pair_gradients`` in float64 torch: the pair sums of ``dPs`` and
     ``dAb`` (``rows(s, y)_i = sum_j s_ij y_j E_ij``, ``cols(s, x)_j = sum_i s_ij x_i E_ij``) added to
-    ``dQ`` (then scaled), ``dK`` and ``dG``."""
+    ``dQ`` (then scaled), ``dK`` and ``dG``; without the delta rule those of ``dPs`` only."""
     B, T, H, DK = Q.shape
     NC = G.shape[2] // C
     q, k = chunk_rows(Q, C, NC, T), chunk_rows(K, C, NC, T)
-    sP, sA = chunk_rows(dPs, C, NC, T), chunk_rows(dAb, C, NC, T)
+    sP = chunk_rows(dPs, C, NC, T)
+    sA = chunk_rows(dAb, C, NC, T) if delta_rule else torch.zeros_like(sP)
     E = pair_decays(G.double().view(B, H, NC, C, DK))
     rows = lambda s, y: torch.einsum("bhnij,bhnjd,bhnijd->bhnid", s, y, E)
     cols = lambda s, x: torch.einsum("bhnij,bhnid,bhnijd->bhnjd", s, x, E)
@@ -474,40 +487,48 @@ def test_chunk_kernel_arithmetic_is_the_chunk_gradients(per_channel, strong, dty
     for name, a, b in zip("dq dk dv dg dbeta".split(), got, want):
         assert a.shape == b.shape and rel_l2(a, b) < bound, f"{name}: {rel_l2(a, b):.1e}"
 
-@pytest.mark.parametrize("gate", ["none", "per_head"])
+@pytest.mark.parametrize("gate", ["none", "per_head", "per_channel"])
 def test_chunk_kernel_arithmetic_without_the_delta_rule(gate, monkeypatch):
-    """Levels 1-3 (``beta=None``): ``kernel_chunk_gradients`` with the kernel's no-delta-rule form replaced
-    by its mirror, then ``gate_gradient``: the gradients of the reference's ``chunk_gradients``, a tail chunk
-    included; no ``dbeta``."""
+    """Levels 1-3 (``beta=None``): ``kernel_chunk_gradients`` (no gate or a gate per head) and
+    ``kernel_chunk_gradients_by_channel`` with their kernels' no-delta-rule forms replaced by their mirrors,
+    then ``gate_gradient``: the gradients of the reference's ``chunk_gradients``, a tail chunk included; no
+    ``dbeta``."""
     import functools
 
     from kda import ops
-    from kda.kernels import backward_chunks, build
+    from kda.kernels import backward_chunks as kernels, build
+
+    mirrors = {kernels.chunk_gradients: chunk_kernel_mirror, kernels.chunk_pair_pieces: pair_pieces_mirror,
+               kernels.chunk_state_gradients: state_gradients_mirror,
+               kernels.chunk_pair_gradients: pair_gradients_mirror}
 
     def compile_program(fn, out_idx, **kw):
-        assert fn is backward_chunks.chunk_gradients and kw["delta_rule"] is False
-        return functools.partial(chunk_kernel_mirror, delta_rule=False)
+        assert kw["delta_rule"] is False
+        return functools.partial(mirrors[fn], delta_rule=False)
 
     monkeypatch.setattr(build, "compile_program", compile_program)
     monkeypatch.setattr(torch.cuda, "device", lambda device: __import__("contextlib").nullcontext())
     monkeypatch.setattr(ops, "dtype_name", lambda dt: str(dt).removeprefix("torch."))
-    q, k, v, g, _, h0, do, dht = inputs(B=2, T=100, H=2, K=16, V=8, per_channel=False, seed=8)
-    g = g if gate == "per_head" else None
+    q, k, v, g, _, h0, do, dht = inputs(B=2, T=100, H=2, K=16, V=8, per_channel=gate == "per_channel", seed=8)
+    g = None if gate == "none" else g
     p = ref.chunk_pieces(q, k, v, g, None, 0.5, 64)
     S = ref.forward_states(p, h0)[0]
     dO = ref.to_chunks(do, 64)
     dS = ref.reverse_state_pass(p, dO, dht)[0]
     want_dQ, want_dK, want_dV, want_db, want_dG = ref.chunk_gradients(p, S, dS, dO)
-    zero = torch.zeros(q.shape[:3], **F64)
-    dq, dk, dv, dg, db = backward.kernel_chunk_gradients(q, k, v, g if g is not None else zero, None, do, S, dS, 0.5,
-                                                         torch.float64)
+    if gate == "per_channel":
+        stage = backward.kernel_chunk_gradients_by_channel
+    else:
+        stage = backward.kernel_chunk_gradients
+        g = g if g is not None else torch.zeros(q.shape[:3], **F64)
+    dq, dk, dv, dg, db = stage(q, k, v, g, None, do, S, dS, 0.5, torch.float64)
     T = q.shape[1]
     assert db is None and want_db is None
     want = [ref.from_chunks(want_dQ, T) * 0.5, ref.from_chunks(want_dK, T), ref.from_chunks(want_dV, T)]
-    if g is not None:
-        got, want = [dq, dk, dv, dg], want + [ref.from_chunks(want_dG, T)[..., 0]]
-    else:
-        got = [dq, dk, dv]
+    got = [dq, dk, dv]
+    if gate != "none":
+        want_g = ref.from_chunks(want_dG, T)
+        got, want = got + [dg], want + [want_g if gate == "per_channel" else want_g[..., 0]]
     for name, a, b in zip("dq dk dv dg".split(), got, want):
         assert a.shape == b.shape and rel_l2(a, b) < 1e-6, f"{name}: {rel_l2(a, b):.1e}"
 
@@ -549,15 +570,17 @@ def prepare_chunks_mirror(rounded=True):
 
 
 def test_kernels_by_channel_are_taken_only_where_they_apply(monkeypatch):
-    """The switch, then CUDA, a gate per channel, the delta rule, chunks of 64, bf16 or fp16 inputs and
-    heads of at most 128 (the state kernel's shared memory): each one missing keeps the torch stages."""
+    """The switch, then CUDA, a gate per channel, chunks of 64, bf16 or fp16 inputs and heads of at most
+    128 (the state kernel's shared memory): each one missing keeps the torch stages; with or without the
+    delta rule."""
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     args = dict(q=torch.zeros(1, 64, 2, 128), g=torch.zeros(1, 64, 2, 128), beta=torch.zeros(1, 64, 2), C=64,
                 kernel_dtype=torch.bfloat16, DV=128)
     assert not backward.channel_kernels_apply(**args)
     monkeypatch.setattr(backward, "CHUNK_KERNELS_BY_CHANNEL", True)
     assert backward.channel_kernels_apply(**args)
-    for change in [dict(g=torch.zeros(1, 64, 2)), dict(g=None), dict(beta=None), dict(C=16),
+    assert backward.channel_kernels_apply(**{**args, "beta": None})             # level 3
+    for change in [dict(g=torch.zeros(1, 64, 2)), dict(g=None), dict(C=16),
                    dict(kernel_dtype=torch.float32), dict(DV=256), dict(q=torch.zeros(1, 64, 2, 256))]:
         assert not backward.channel_kernels_apply(**{**args, **change}), change
 

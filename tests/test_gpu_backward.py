@@ -264,7 +264,7 @@ def test_level_gradients_against_token_recurrence(level, dtype, monkeypatch):
     every gradient (q, k, v, the gate or beta where the level has one, the initial state) of a call with
     a final state, 300 tokens (a tail), against autograd through the float64 token recurrence on the same
     rounded inputs; the delta rule takes the backward kernels with a zero gate, levels 1-3 the state-pass
-    kernels and the chunk kernel without the delta rule (a gate per channel: torch stages)."""
+    kernels and the chunk kernels compiled without the delta rule."""
     from kda import backward, cuda_autograd
 
     for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL", "CHUNK_KERNELS_BY_CHANNEL"):
@@ -340,15 +340,19 @@ def test_level_gradients_without_states(level, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("gate", ["none", "logsigmoid", "runs_of_-20"])
+@pytest.mark.parametrize("gate", ["none", "logsigmoid", "runs_of_-20", "per_channel",
+                                  "per_channel_runs_of_-20"])
 def test_chunk_kernel_without_the_delta_rule_against_the_stages(gate, dtype, poisoned):
-    """``chunk_gradients(delta_rule=False)`` (levels 1-3: no gate, or a gate per head) against the reference's
-    ``chunk_gradients`` in float64 on the same inputs, states and state gradients rounded to the kernel's
-    dtype, a tail chunk included, outputs poisoned with NaN; no ``dbeta``."""
+    """The chunk kernels compiled with ``delta_rule=False`` (levels 1-3: ``chunk_gradients`` with no gate or a
+    gate per head, the three kernels of a gate per channel) against the reference's ``chunk_gradients`` in
+    float64 on the same inputs, states and state gradients rounded to the kernels' dtype, a tail chunk
+    included, outputs poisoned with NaN; no ``dbeta``."""
     from kda import backward
 
     B, T, H, DK, DV = 2, 300, 3, 128, 128
-    q, k, v, g, _, h0 = inputs((B, T, H, DK, DV), dtype, "logsigmoid" if gate == "none" else gate, False, 43)
+    per_channel = gate.startswith("per_channel")
+    kind = "runs_of_-20" if gate.endswith("runs_of_-20") else "logsigmoid"
+    q, k, v, g, _, h0 = inputs((B, T, H, DK, DV), dtype, kind, per_channel, 43)
     g = g if gate != "none" else None
     gen = torch.Generator(device="cuda").manual_seed(10)
     do = torch.randn(B, T, H, DV, generator=gen, device="cuda").to(dtype)
@@ -359,10 +363,14 @@ def test_chunk_kernel_without_the_delta_rule_against_the_stages(gate, dtype, poi
     dO = ref.to_chunks(f64(do), 64)
     dS = ref.reverse_state_pass(p, dO, f64(dht))[0].to(dtype).double()
     wants = ref.chunk_gradients(p, S, dS, dO)
+    dg = ref.from_chunks(wants[4], T) if g is not None else None
     wants = [ref.from_chunks(wants[0], T) * DK ** -0.5, ref.from_chunks(wants[1], T), ref.from_chunks(wants[2], T),
-             ref.from_chunks(wants[4], T)[..., 0] if g is not None else None]
-    gate_in = g if g is not None else torch.zeros(B, T, H, device="cuda")
-    gots = backward.kernel_chunk_gradients(q, k, v, gate_in, None, do, S.cuda(), dS.cuda(), DK ** -0.5, dtype)
+             dg if dg is None or per_channel else dg[..., 0]]
+    if per_channel:
+        gots = backward.kernel_chunk_gradients_by_channel(q, k, v, g, None, do, S.cuda(), dS.cuda(), DK ** -0.5, dtype)
+    else:
+        gate_in = g if g is not None else torch.zeros(B, T, H, device="cuda")
+        gots = backward.kernel_chunk_gradients(q, k, v, gate_in, None, do, S.cuda(), dS.cuda(), DK ** -0.5, dtype)
     assert gots[4] is None
     bound = {torch.bfloat16: 2e-2, torch.float16: 1e-2}[dtype]
     for name, got, want in zip("dq dk dv dg".split(), gots, wants):

@@ -347,13 +347,14 @@ def load_rows(src, dst_s, bb, t0, bh, L, C, D):
 
 
 # --8<-- [start:chunk_pair_gradients]
-def chunk_pair_gradients(DK, chunk_size=64, dtype="bfloat16", threads=256):
+def chunk_pair_gradients(DK, chunk_size=64, dtype="bfloat16", delta_rule=True, threads=256):
     """The pair sums of the chunk stage for a gate per channel. Arguments at run time: ``Q, K [B, T, H,
     DK]`` (dtype), ``G [B, H, NC C, DK]`` (float32, log2: each chunk's cumulative gate, flat past the
     end), ``dPs, dAb [B, T, H, C]`` (dtype: ``stril(dP)`` and ``dA b`` from ``chunk_state_gradients``),
     ``scale``; then ``dQ, dK, dG [B, T, H, DK]`` (float32), which it reads and writes: ``dQ <- scale (dQ +
     rows(dPs, K))``, ``dK += cols(dPs, scale Q) + rows(dAb, K) + cols(dAb, K)``, ``dG +=`` the pair terms
-    of the gate (``Q rows - K cols`` of each). One block per (chunk, head, batch row)."""
+    of the gate (``Q rows - K cols`` of each). One block per (chunk, head, batch row). ``delta_rule=False``
+    (level 3): ``dAb`` is not read and its sums are left out."""
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     C, sub = chunk_size, SUB_CHUNK
     NC = T.ceildiv(S, C)
@@ -387,7 +388,8 @@ def chunk_pair_gradients(DK, chunk_size=64, dtype="bfloat16", threads=256):
             load_rows(Q, q_s, bb, t0, bh, L, C, DK)
             load_rows(K, k_s, bb, t0, bh, L, C, DK)
             load_rows(dPs, dP_s, bb, t0, bh, L, C, C)
-            load_rows(dAb, dA_s, bb, t0, bh, L, C, C)
+            if delta_rule:
+                load_rows(dAb, dA_s, bb, t0, bh, L, C, C)
             T.copy(G[bb, bh, t0:t0 + C, :], G_s)
 
             pair_rows(dP_s, k_s, G_s, Y_s, R_f, tmp_f, C, sub)            # rows(dP, K): dQ, and Q R on the gate
@@ -399,15 +401,19 @@ def chunk_pair_gradients(DK, chunk_size=64, dtype="bfloat16", threads=256):
             for i, d in T.Parallel(C, DK):
                 dK_f[i, d] = scale * R_f[i, d]
                 dG_f[i, d] = dG_f[i, d] - scale * k_s[i, d] * R_f[i, d]
-            pair_rows(dA_s, k_s, G_s, Y_s, R_f, tmp_f, C, sub)            # rows(dA b, K)
-            for i, d in T.Parallel(C, DK):
-                dK_f[i, d] = dK_f[i, d] + R_f[i, d]
-                dG_f[i, d] = dG_f[i, d] + k_s[i, d] * R_f[i, d]
-            pair_cols(dA_s, k_s, G_s, Y_s, R_f, tmp_f, C, sub)            # cols(dA b, K)
+            if delta_rule:
+                pair_rows(dA_s, k_s, G_s, Y_s, R_f, tmp_f, C, sub)        # rows(dA b, K)
+                for i, d in T.Parallel(C, DK):
+                    dK_f[i, d] = dK_f[i, d] + R_f[i, d]
+                    dG_f[i, d] = dG_f[i, d] + k_s[i, d] * R_f[i, d]
+                pair_cols(dA_s, k_s, G_s, Y_s, R_f, tmp_f, C, sub)        # cols(dA b, K)
+                for i, d in T.Parallel(C, DK):
+                    dK_f[i, d] = dK_f[i, d] + R_f[i, d]
+                    dG_f[i, d] = dG_f[i, d] - k_s[i, d] * R_f[i, d]
             for i, d in T.Parallel(C, DK):
                 if i < L:
-                    dK[bb, t0 + i, bh, d] = dK[bb, t0 + i, bh, d] + dK_f[i, d] + R_f[i, d]
-                    dG[bb, t0 + i, bh, d] = dG[bb, t0 + i, bh, d] + dG_f[i, d] - k_s[i, d] * R_f[i, d]
+                    dK[bb, t0 + i, bh, d] = dK[bb, t0 + i, bh, d] + dK_f[i, d]
+                    dG[bb, t0 + i, bh, d] = dG[bb, t0 + i, bh, d] + dG_f[i, d]
 
     return main
 
@@ -440,14 +446,15 @@ def pair_scores(x_s, y_s, G_s, X_s, Y_s, out_f, C, sub, strict):
 
 
 # --8<-- [start:chunk_pair_pieces]
-def chunk_pair_pieces(DK, chunk_size=64, dtype="bfloat16", threads=256):
+def chunk_pair_pieces(DK, chunk_size=64, dtype="bfloat16", delta_rule=True, threads=256):
     """What the chunk stage for a gate per channel needs of the forward's pairs. Arguments at run time:
     ``Q, K [B, T, H, DK]`` (dtype), ``g [B, T, H, DK]`` (float32, natural log), ``beta [B, T, H]``
     (float32), ``scale``; then the outputs ``G [B, H, NC C, DK]`` (float32: each chunk's cumulative gate
     in log2 units, flat past the end), ``Tinv [B, T, H, C]`` (dtype: ``T = (I + A)^-1``, ``A = stril(diag(b)
     K K^T E)``, level 4's solve), ``P [B, T, H, C]`` (dtype: ``scale (Q K^T) E`` on and below the
     diagonal), ``KKE [B, T, H, C]`` (float32: ``stril(K K^T E)``) and ``flags [2]`` (int32: a gate not
-    finite and ``<= 0``, a ``b`` outside ``[0, 1]``). One block per (chunk, head, batch row)."""
+    finite and ``<= 0``, a ``b`` outside ``[0, 1]``). One block per (chunk, head, batch row).
+    ``delta_rule=False`` (level 3): ``G`` and ``P`` only; ``beta`` is not read, ``Tinv`` and ``KKE`` not written."""
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     C, sub = chunk_size, SUB_CHUNK
     NC = T.ceildiv(S, C)
@@ -484,18 +491,19 @@ def chunk_pair_pieces(DK, chunk_size=64, dtype="bfloat16", threads=256):
             T.copy(g[bb, t0:t0 + C, bh, :], G_s)
             log2_cumsum_by_columns(G_s, G_s, L, C, DK, flags)       # rows past L: flat
             T.copy(G_s, G[bb, bh, t0:t0 + C, :])
-            load_beta_checked(beta, b_s, flags, t0, L, C, bb, bh)
-
-            pair_scores(k_s, k_s, G_s, X_s, Y_s, CC_f, C, sub, True)      # stril(K K^T E)
-            for i, j in T.Parallel(C, C):
-                A_s[i, j] = T.if_then_else(j < i, CC_f[i, j] * b_s[i], 0.0)
-                if i < L:
-                    KKE[bb, t0 + i, bh, j] = T.if_then_else(j < i, CC_f[i, j], 0.0)
-            invert_diagonal_blocks_by_columns(A_s, Tinv_s, x_col, C, SOLVE_BLOCK)
-            merge_by_substitution(A_s, Tinv_s, C, SOLVE_BLOCK)
-            for i, j in T.Parallel(C, C):                  # the blocks above the diagonal were not written
-                if i < L:
-                    Tinv[bb, t0 + i, bh, j] = T.if_then_else(i // SOLVE_BLOCK >= j // SOLVE_BLOCK, Tinv_s[i, j], 0.0)
+            if delta_rule:
+                load_beta_checked(beta, b_s, flags, t0, L, C, bb, bh)
+                pair_scores(k_s, k_s, G_s, X_s, Y_s, CC_f, C, sub, True)  # stril(K K^T E)
+                for i, j in T.Parallel(C, C):
+                    A_s[i, j] = T.if_then_else(j < i, CC_f[i, j] * b_s[i], 0.0)
+                    if i < L:
+                        KKE[bb, t0 + i, bh, j] = T.if_then_else(j < i, CC_f[i, j], 0.0)
+                invert_diagonal_blocks_by_columns(A_s, Tinv_s, x_col, C, SOLVE_BLOCK)
+                merge_by_substitution(A_s, Tinv_s, C, SOLVE_BLOCK)
+                for i, j in T.Parallel(C, C):              # the blocks above the diagonal were not written
+                    if i < L:
+                        Tinv[bb, t0 + i, bh, j] = T.if_then_else(i // SOLVE_BLOCK >= j // SOLVE_BLOCK,
+                                                                 Tinv_s[i, j], 0.0)
             pair_scores(q_s, k_s, G_s, X_s, Y_s, CC_f, C, sub, False)     # (Q K^T) E
             for i, j in T.Parallel(C, C):
                 if i < L:
@@ -509,7 +517,7 @@ chunk_pair_pieces.compile_flags = ("-ftz=true",)
 
 
 # --8<-- [start:chunk_state_gradients]
-def chunk_state_gradients(DK, DV, chunk_size=64, dtype="bfloat16", threads=256):
+def chunk_state_gradients(DK, DV, chunk_size=64, dtype="bfloat16", delta_rule=True, threads=256):
     """Every term of the chunk stage for a gate per channel but the pair sums, as ``chunk_gradients`` takes
     them for a gate per head, with ``T``, ``P`` and ``stril(K K^T E)`` read from ``chunk_pair_pieces``
     instead of made here. Arguments at run time: ``Q, K [B, T, H, DK]``, ``V, dO [B, T, H, DV]`` (dtype),
@@ -518,7 +526,8 @@ def chunk_state_gradients(DK, DV, chunk_size=64, dtype="bfloat16", threads=256):
     (float32), ``scale``; then the outputs, float32: ``dQ`` (without the scale and the pair sums), ``dK``,
     ``dG``, ``to_end [B, T, H, DK]`` (per channel), ``dV [B, T, H, DV]``, ``db [B, T, H]``, and in dtype the
     pair matrices that ``chunk_pair_gradients`` sums: ``dPs = stril(dP)`` and ``dAb = dA b``
-    ``[B, T, H, C]``. One block per (chunk, head, batch row)."""
+    ``[B, T, H, C]``. One block per (chunk, head, batch row). ``delta_rule=False`` (level 3): no WY form,
+    ``V' = V`` and ``dV = dV'``; ``beta``, ``Tinv`` and ``KKE`` are not read, ``db`` and ``dAb`` not written."""
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     C = chunk_size
     NC = T.ceildiv(S, C)
@@ -575,25 +584,29 @@ def chunk_state_gradients(DK, DV, chunk_size=64, dtype="bfloat16", threads=256):
             load_rows(K, k_s, bb, t0, bh, L, C, DK)
             load_rows(V, v_s, bb, t0, bh, L, C, DV)
             load_rows(dO, do_s, bb, t0, bh, L, C, DV)
-            load_rows(Tinv, T_s, bb, t0, bh, L, C, C)
             load_rows(P, P_s, bb, t0, bh, L, C, C)
             T.copy(G[bb, bh, t0:t0 + C, :], G_s)
-            for i in T.Parallel(C):
-                b_s[i] = T.if_then_else(i < L, beta[bb, t0 + T.min(i, L - 1), bh], 0.0)
             G_last = lambda d: G_s[C - 1, d]
 
-            # W = T diag(b) (K 2^G), U = T diag(b) V, then V' = U - W S
-            for i, j in T.Parallel(C, C):
-                Cc_s[i, j] = T_s[i, j] * b_s[j]
-            for i, d in T.Parallel(C, DK):
-                X_s[i, d] = k_s[i, d] * T.exp2(G_s[i, d])
-            T.gemm(Cc_s, X_s, KD_f, clear_accum=True)                     # W
-            T.gemm(Cc_s, v_s, VD_f, clear_accum=True)                     # U
-            for i, d in T.Parallel(C, DK):
-                X_s[i, d] = -KD_f[i, d]
-            T.copy(S_in[bb, bh, c, :, :], state_s)
-            T.gemm(X_s, state_s, VD_f)                                    # U - W S
-            T.copy(VD_f, Y_s)
+            if delta_rule:
+                # W = T diag(b) (K 2^G), U = T diag(b) V, then V' = U - W S
+                load_rows(Tinv, T_s, bb, t0, bh, L, C, C)
+                for i in T.Parallel(C):
+                    b_s[i] = T.if_then_else(i < L, beta[bb, t0 + T.min(i, L - 1), bh], 0.0)
+                for i, j in T.Parallel(C, C):
+                    Cc_s[i, j] = T_s[i, j] * b_s[j]
+                for i, d in T.Parallel(C, DK):
+                    X_s[i, d] = k_s[i, d] * T.exp2(G_s[i, d])
+                T.gemm(Cc_s, X_s, KD_f, clear_accum=True)                 # W
+                T.gemm(Cc_s, v_s, VD_f, clear_accum=True)                 # U
+                for i, d in T.Parallel(C, DK):
+                    X_s[i, d] = -KD_f[i, d]
+                T.copy(S_in[bb, bh, c, :, :], state_s)
+                T.gemm(X_s, state_s, VD_f)                                # U - W S
+                T.copy(VD_f, Y_s)
+            else:                                          # no delta rule: V' = V
+                T.copy(S_in[bb, bh, c, :, :], state_s)
+                T.copy(v_s, Y_s)
 
             # the state read: dQg = dO S^T, dQ = dQg 2^G (the gate's share dQg Qg comes with dW below, where
             # S is in shared memory again: one more GEMM instead of a fragment held throughout)
@@ -619,6 +632,10 @@ def chunk_state_gradients(DK, DV, chunk_size=64, dtype="bfloat16", threads=256):
             T.gemm(P_s, do_s, VD_f, transpose_A=True, clear_accum=True)
             T.gemm(X_s, state_s, VD_f)
             T.copy(VD_f, Z_s)
+            if not delta_rule:                             # dV = dV'
+                for i, d in T.Parallel(C, DV):
+                    if i < L:
+                        dV[bb, t0 + i, bh, d] = VD_f[i, d]
             T.gemm(Y_s, state_s, KD_f, transpose_B=True, clear_accum=True)
             for i, d in T.Parallel(C, DK):
                 KD_f[i, d] = KD_f[i, d] * T.exp2(G_last(d) - G_s[i, d])
@@ -628,51 +645,53 @@ def chunk_state_gradients(DK, DV, chunk_size=64, dtype="bfloat16", threads=256):
 
             # dW = -dV' S^T (into X_s); the gate's share of the state read, dQg Qg
             T.copy(S_in[bb, bh, c, :, :], state_s)
-            T.gemm(Z_s, state_s, KD_f, transpose_B=True, clear_accum=True)
-            for i, d in T.Parallel(C, DK):
-                X_s[i, d] = -KD_f[i, d]
+            if delta_rule:
+                T.gemm(Z_s, state_s, KD_f, transpose_B=True, clear_accum=True)
+                for i, d in T.Parallel(C, DK):
+                    X_s[i, d] = -KD_f[i, d]
             T.gemm(do_s, state_s, KD_f, transpose_B=True, clear_accum=True)
             for i, d in T.Parallel(C, DK):
                 dG_f[i, d] = KD_f[i, d] * T.exp2(G_s[i, d]) * q_s[i, d] * scale
 
-            # the WY form: dXu = T^T dV' (dV = b dXu), dXw = T^T dW (dKg = b dXw)
-            T.gemm(T_s, Z_s, VD_f, transpose_A=True, clear_accum=True)
-            for i, d in T.Parallel(C, DV):
-                if i < L:
-                    dV[bb, t0 + i, bh, d] = VD_f[i, d] * b_s[i]
-                VD_f[i, d] = VD_f[i, d] * v_s[i, d]
-            T.reduce_sum(VD_f, row_f, dim=1)
-            for i in T.Parallel(C):
-                db_s[i] = row_f[i]
-            T.gemm(T_s, X_s, KD_f, transpose_A=True, clear_accum=True)
-            for i, d in T.Parallel(C, DK):
-                dK_f[i, d] = dK_f[i, d] + KD_f[i, d] * b_s[i] * T.exp2(G_s[i, d])     # dKg 2^G
-                KD_f[i, d] = KD_f[i, d] * k_s[i, d] * T.exp2(G_s[i, d])               # dXw Kg
-                dG_f[i, d] = dG_f[i, d] + KD_f[i, d] * b_s[i]
-            T.reduce_sum(KD_f, row_f, dim=1)
-            for i in T.Parallel(C):
-                db_s[i] = db_s[i] + row_f[i]
-            for i, d in T.Parallel(C, DV):
-                Y_s[i, d] = v_s[i, d] * b_s[i]                            # Xu
-            for i, d in T.Parallel(C, DK):
-                q_s[i, d] = k_s[i, d] * T.exp2(G_s[i, d]) * b_s[i]         # Xw
-            T.gemm(Z_s, Y_s, CC_f, transpose_B=True, clear_accum=True)    # dT = dV' Xu^T
-            T.gemm(X_s, q_s, CC_f, transpose_B=True)                      #    + dW Xw^T
-            T.copy(CC_f, Cc_s)
-            T.gemm(T_s, Cc_s, CC_f, transpose_A=True, clear_accum=True)   # T^T dT
-            T.copy(CC_f, Cc_s)
-            T.gemm(Cc_s, T_s, CC_f, transpose_B=True, clear_accum=True)   # (T^T dT) T^T
-            # dA = -stril(T^T dT T^T): db += sum_j dA_ij stril(K K^T E)_ij; dA b to chunk_pair_gradients
-            for i, j in T.Parallel(C, C):
-                CC_f[i, j] = T.if_then_else(j < i, -CC_f[i, j], 0.0)
-                if i < L:
-                    dAb[bb, t0 + i, bh, j] = CC_f[i, j] * b_s[i]
-            for i, j in T.Parallel(C, C):
-                CC_f[i, j] = T.if_then_else(i < L, CC_f[i, j] * KKE[bb, t0 + T.min(i, L - 1), bh, j], 0.0)
-            T.reduce_sum(CC_f, row_f, dim=1)
-            for i in T.Parallel(C):
-                if i < L:
-                    db[bb, t0 + i, bh] = db_s[i] + row_f[i]
+            if delta_rule:
+                # the WY form: dXu = T^T dV' (dV = b dXu), dXw = T^T dW (dKg = b dXw)
+                T.gemm(T_s, Z_s, VD_f, transpose_A=True, clear_accum=True)
+                for i, d in T.Parallel(C, DV):
+                    if i < L:
+                        dV[bb, t0 + i, bh, d] = VD_f[i, d] * b_s[i]
+                    VD_f[i, d] = VD_f[i, d] * v_s[i, d]
+                T.reduce_sum(VD_f, row_f, dim=1)
+                for i in T.Parallel(C):
+                    db_s[i] = row_f[i]
+                T.gemm(T_s, X_s, KD_f, transpose_A=True, clear_accum=True)
+                for i, d in T.Parallel(C, DK):
+                    dK_f[i, d] = dK_f[i, d] + KD_f[i, d] * b_s[i] * T.exp2(G_s[i, d])     # dKg 2^G
+                    KD_f[i, d] = KD_f[i, d] * k_s[i, d] * T.exp2(G_s[i, d])               # dXw Kg
+                    dG_f[i, d] = dG_f[i, d] + KD_f[i, d] * b_s[i]
+                T.reduce_sum(KD_f, row_f, dim=1)
+                for i in T.Parallel(C):
+                    db_s[i] = db_s[i] + row_f[i]
+                for i, d in T.Parallel(C, DV):
+                    Y_s[i, d] = v_s[i, d] * b_s[i]                            # Xu
+                for i, d in T.Parallel(C, DK):
+                    q_s[i, d] = k_s[i, d] * T.exp2(G_s[i, d]) * b_s[i]         # Xw
+                T.gemm(Z_s, Y_s, CC_f, transpose_B=True, clear_accum=True)    # dT = dV' Xu^T
+                T.gemm(X_s, q_s, CC_f, transpose_B=True)                      #    + dW Xw^T
+                T.copy(CC_f, Cc_s)
+                T.gemm(T_s, Cc_s, CC_f, transpose_A=True, clear_accum=True)   # T^T dT
+                T.copy(CC_f, Cc_s)
+                T.gemm(Cc_s, T_s, CC_f, transpose_B=True, clear_accum=True)   # (T^T dT) T^T
+                # dA = -stril(T^T dT T^T): db += sum_j dA_ij stril(K K^T E)_ij; dA b to chunk_pair_gradients
+                for i, j in T.Parallel(C, C):
+                    CC_f[i, j] = T.if_then_else(j < i, -CC_f[i, j], 0.0)
+                    if i < L:
+                        dAb[bb, t0 + i, bh, j] = CC_f[i, j] * b_s[i]
+                for i, j in T.Parallel(C, C):
+                    CC_f[i, j] = T.if_then_else(i < L, CC_f[i, j] * KKE[bb, t0 + T.min(i, L - 1), bh, j], 0.0)
+                T.reduce_sum(CC_f, row_f, dim=1)
+                for i in T.Parallel(C):
+                    if i < L:
+                        db[bb, t0 + i, bh] = db_s[i] + row_f[i]
             for i, d in T.Parallel(C, DK):
                 if i < L:
                     dK[bb, t0 + i, bh, d] = dK_f[i, d]
