@@ -78,6 +78,7 @@ def level_differentiates(q, **others) -> bool:
     return bool(wanting)
 
 
+# --8<-- [start:level_gradients]
 class LevelGradients(torch.autograd.Function):
     """A level 1-4 call on CUDA that autograd can differentiate: ``run(q, k, v, h0)`` is the level's
     forward by its kernels (its own gate or ``beta`` inside); ``g`` and ``beta`` are what the backward
@@ -101,6 +102,7 @@ class LevelGradients(torch.autograd.Function):
         dq, dk, dv, dg, dbeta = grads[:5]
         dh0 = grads[5] if h0 is not None else None
         return None, None, None, dq, dk, dv, dg, dbeta, dh0
+# --8<-- [end:level_gradients]
 
 
 def level_call(run, q, k, v, g, beta, h0, scale, output_final_state):
