@@ -145,7 +145,8 @@ def decay_attention(q, k, v, alpha, scale=None, initial_state=None, output_final
         alpha: the decay ``a`` in (0, 1], a number or a tensor ``[H]`` (one per head).
             fla writes the same thing as ``g_gamma = log(alpha)`` in ``chunk_simple_gla``.
             The values are checked on the host: pass a float or a CPU tensor (a CUDA
-            tensor works, but reading it back waits for the GPU on every call).
+            tensor works, but reading it back waits for the GPU on every call). A constant,
+            not differentiable: to learn the decays, use ``gated_attention`` with ``g = log(alpha)``.
         q, k, v, scale, initial_state, output_final_state: as in ``linear_attention``.
 
     Returns:

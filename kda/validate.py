@@ -114,6 +114,9 @@ def check_alpha(alpha, H: int) -> tuple[float, ...]:
     elif isinstance(alpha, torch.Tensor) and alpha.is_floating_point() and alpha.dim() in (0, 1):
         if alpha.dim() == 1 and alpha.shape[0] != H:
             raise ValueError(f"alpha must have shape [H] = [{H}] (one decay per head), got {shape_of(alpha)}")
+        if alpha.requires_grad and torch.is_grad_enabled():     # read on the host: no gradient would reach it
+            raise ValueError("alpha requires grad, but decay_attention's decays are constants: pass alpha.detach(), "
+                             "or learn them through gated_attention with g = log(alpha) at every token")
         values = alpha.detach().to("cpu", torch.float64).tolist()
         values = values * H if alpha.dim() == 0 else values
     else:

@@ -75,6 +75,7 @@ def test_bad_scale_and_state():
     (torch.tensor([1, 1, 1]), "alpha must be a number in \\(0, 1\\] or a floating tensor"),
     (torch.full((3, 1), 0.5), "alpha must be a number in \\(0, 1\\] or a floating tensor"),
     ("0.5", "alpha must be a number"),
+    (torch.full((3,), 0.5, requires_grad=True), "alpha requires grad, but decay_attention's decays are constants"),
 ])
 def test_bad_alpha(alpha, match):
     q, k, v = qkv()
