@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Run 98 (carry .gpu and .carry; COMMIT: the commit of this working tree, on the side branch backward-records):
-# the GPU tests of the level 1-4 backward (TEST_S seconds) beside the warm-up: every backward the chapter's
-# two missing records run, compiled in parallel processes into a scratch Triton cache (run98-warm.py, WARM_S s); its compiled kernels kept, its autotune choices not (they are made
-# again by the records on a quiet GPU); then the records of gpu_error and latency, one at a time, and the
-# stale ones whose path contains MORE (default snippets/level5) with what is left. Records and caches to $OUT.
+# the GPU tests of the level 1-4 backward (TEST_S seconds) beside the warm-up, which compiles every backward
+# the chapter's two missing records run in parallel processes into a scratch Triton cache (run98-warm.py,
+# WARM_S seconds; its compiled kernels kept, its autotune choices not: the records make them again on a
+# quiet GPU); then the records of gpu_error and latency, one at a time, and the other stale ones whose path
+# contains MORE (default: all) by rerecord with what is left. Records and caches to $OUT.
 set -u
 source "$(dirname "$0")/device-env.sh"
 export NO_MKDOCS_2_WARNING=1
@@ -24,6 +25,13 @@ print('compiled Triton kernels kept:', keep_compiled(Path('/tmp/warm-triton'), t
 wait $tests; tail -6 "$OUT"/gpu-tests-level-backward.txt
 record snippets/backward/gpu_error $(( $(left) - 200 ))
 record snippets/backward/latency $(( $(left) - 50 ))
-[ "$(left)" -gt 150 ] && record "${MORE:-snippets/level5}" $(( $(left) - 50 ))
-timeout 40 python -c "import os; from pathlib import Path; from kda.site.rerecord import pack_caches; pack_caches(Path(os.environ['OUT']))"
+# then every other stale record with what is left, by rerecord (checks beside warm-ups, then timings one at a
+# time; it writes records.tar and the caches itself)
+budget=$(( $(left) - 15 ))
+if [ "$budget" -ge 120 ]; then
+  timeout -k 5 $(( budget + 10 )) python -m kda.site rerecord --out "$OUT" --budget "$budget" --warm "${REST_WARM:-120}" \
+    --commit "$COMMIT" --only "${MORE:-snippets/}" 2>&1 | grep -v "^20" | tail -25
+else
+  timeout 40 python -c "import os; from pathlib import Path; from kda.site.rerecord import pack_caches; pack_caches(Path(os.environ['OUT']))"
+fi
 echo "done after $(( $(date +%s) - start )) s"
