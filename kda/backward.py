@@ -275,16 +275,16 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
 # --8<-- [end:chunked_gradients]
 
 
-def kernels_take(q, beta, C, kernel_dtype, delta_rule=True) -> bool:
-    """What every kernel of the backward's stages needs: CUDA, chunks of 64, inputs in bf16 or fp16, and
-    the delta rule unless ``delta_rule=False`` (the chunk kernel of a gate per head takes levels 1-3 too)."""
-    return (q.is_cuda and (beta is not None or not delta_rule) and C == 64
-            and kernel_dtype in (torch.bfloat16, torch.float16))
+def kernels_take(q, C, kernel_dtype) -> bool:
+    """What every kernel of the backward's stages needs: CUDA, chunks of 64, inputs in bf16 or fp16 (with
+    or without the delta rule: the chunk kernels are compiled for either)."""
+    return q.is_cuda and C == 64 and kernel_dtype in (torch.bfloat16, torch.float16)
 
 
 def forward_pieces_apply(q, beta, C, kernel_dtype) -> bool:
-    """Whether step 1 of ``chunked_gradients`` runs as the forward's ``chunk_intra`` (``FORWARD_PIECES``)."""
-    return FORWARD_PIECES and kernels_take(q, beta, C, kernel_dtype)
+    """Whether step 1 of ``chunked_gradients`` runs as the forward's ``chunk_intra`` (``FORWARD_PIECES``):
+    what ``kernels_take`` says, with the delta rule (the forward's pieces are those of level 5)."""
+    return FORWARD_PIECES and beta is not None and kernels_take(q, C, kernel_dtype)
 
 
 def forward_pieces(q, k, v, g, beta, scale, dtype):
@@ -307,11 +307,10 @@ def forward_pieces(q, k, v, g, beta, scale, dtype):
 
 def chunk_kernel_applies(q, g, beta, C, kernel_dtype) -> bool:
     """Whether step 3 of ``chunked_gradients`` runs as ``kda.kernels.backward_chunks`` (``CHUNK_KERNEL``):
-    what ``kernels_take`` says, with or without the delta rule, and a gate per head or none. Packed
-    sequences too: laid out from chunk boundaries (``packed_layout``), the rows between two sequences are
-    zeros with a zero gate and ``b = 0``, which add nothing to any real row."""
-    return (CHUNK_KERNEL and (g is None or g.dim() == 3)
-            and kernels_take(q, beta, C, kernel_dtype, delta_rule=False))
+    what ``kernels_take`` says, and a gate per head or none. Packed sequences too: laid out from chunk
+    boundaries (``packed_layout``), the rows between two sequences are zeros with a zero gate and
+    ``b = 0``, which add nothing to any real row."""
+    return CHUNK_KERNEL and (g is None or g.dim() == 3) and kernels_take(q, C, kernel_dtype)
 
 
 def channel_kernels_apply(q, g, beta, C, kernel_dtype, DV) -> bool:
@@ -320,7 +319,7 @@ def channel_kernels_apply(q, g, beta, C, kernel_dtype, DV) -> bool:
     most 128 (``chunk_state_gradients`` holds a ``DK x DV`` state and four ``C x DV`` tiles in shared
     memory: at ``DV = 256`` it would need some 290 KB of the 227 KB an SM has)."""
     return (CHUNK_KERNELS_BY_CHANNEL and g is not None and g.dim() == 4 and q.shape[-1] <= 128 and DV <= 128
-            and kernels_take(q, beta, C, kernel_dtype, delta_rule=False))
+            and kernels_take(q, C, kernel_dtype))
 
 
 def gate_gradient(dG, to_end, dG_last, C):
@@ -388,15 +387,15 @@ def kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, dtype)
         states = compile_program(kernels.chunk_state_gradients, (), DK=DK, DV=DV, **config)
         pairs = compile_program(kernels.chunk_pair_gradients, (), DK=DK, **config)
         new = lambda *shape, dt=torch.float32: ops.new_output(shape, dt, q.device)
-        unread = lambda *shape: torch.empty(shape, device=q.device)      # without the delta rule: never touched
         Q, K = low(q), low(k)
-        b = beta.float().contiguous() if beta is not None else unread(B, T, H)
+        db = new(B, T, H)
+        b = beta.float().contiguous() if beta is not None else db      # without the delta rule: not read
         G, KKE = new(B, H, NC * C, DK), new(B, T, H, C)
         Tinv, P = new(B, T, H, C, dt=dtype), new(B, T, H, C, dt=dtype)
         flags = torch.zeros(2, dtype=torch.int32, device=q.device)    # the forward checked g and beta
         pieces(Q, K, g.float().contiguous(), b, float(scale), G, Tinv, P, KKE, flags)
         dq, dk, dG, to_end = (new(B, T, H, DK) for _ in range(4))
-        dv, db = new(B, T, H, DV), new(B, T, H)
+        dv = new(B, T, H, DV)
         dPs, dAb = new(B, T, H, C, dt=dtype), new(B, T, H, C, dt=dtype)
         states(Q, K, low(v), low(do), G, b, low(S), low(dS), Tinv, P, KKE, float(scale), dq, dk, dv, db, dG, to_end,
                dPs, dAb)
@@ -486,11 +485,13 @@ def op_gradients(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, cu_seqle
         dq, dk, dv, dg, dbeta, dh0 = chunked_gradients(*args[:5], args[5], f32(dht), scale, f32(initial_state),
                                                        segments, budget=budget, dtype=dtype, kernel_dtype=q.dtype)
     if cu_seqlens is not None:
-        dq, dk, dv, dg, dbeta = (x.index_select(1, where) if x is not None else None for x in (dq, dk, dv, dg, dbeta))
+        pick = lambda x: x.index_select(1, where) if x is not None else None
+        dq, dk, dv, dg, dbeta = (pick(x) for x in (dq, dk, dv, dg, dbeta))
     dq, dk = (x.view(B, T, HQ, group, DK).sum(3) for x in (dq, dk))
     if use_qk_l2norm:
         dq, dk = l2_normalize_backward(f32(q), dq), l2_normalize_backward(f32(k), dk)
-    grads = [dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.reshape(g.shape).to(g.dtype) if g is not None else None,
+    grads = [dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
+             dg.reshape(g.shape).to(g.dtype) if g is not None else None,
              dbeta.to(beta.dtype) if beta is not None else None]
     return grads + ([dh0.to(initial_state.dtype)] if initial_state is not None else [])
 # --8<-- [end:op_gradients]

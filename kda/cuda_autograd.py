@@ -21,14 +21,19 @@ from kda import custom_ops, validate  # noqa: F401  (custom_ops defines the back
 DEVICE_BACKWARD = True
 
 
+def wanting_gradients(q, **others) -> list[str]:
+    """The names of a CUDA call's tensors that require grad while grad mode is on (none on the CPU,
+    where autograd differentiates the float64 path itself)."""
+    if not (torch.is_grad_enabled() and validate.runs_kernels(q)):
+        return []
+    return [name for name, t in {"q": q, **others}.items() if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
 def differentiates(q, **others) -> bool:
     """Whether a CUDA call of ``chunk_kda`` / ``chunk_gated_delta_rule`` will be differentiated: then
     it goes through the op ``kda::chunk_gated_delta``, whose CUDA backward is below. With the switch
     off, an input that requires grad there is refused, naming the switch."""
-    named = {"q": q, **others}
-    if not (torch.is_grad_enabled() and validate.runs_kernels(q)):
-        return False
-    wanting = [name for name, t in named.items() if isinstance(t, torch.Tensor) and t.requires_grad]
+    wanting = wanting_gradients(q, **others)
     if wanting and not DEVICE_BACKWARD:
         raise ValueError(f"{wanting[0]} requires grad, but the CUDA backward is switched off: call under "
                          f"torch.no_grad() or torch.inference_mode(), or run on CPU tensors (float64, "
@@ -67,10 +72,7 @@ def level_differentiates(q, **others) -> bool:
     """Whether a CUDA call of a level 1-4 function will be differentiated: one of its tensors requires
     grad while grad mode is on. Such a call needs ``LEVEL_BACKWARD`` (``kda.cuda_paths``), and refuses
     with its name while the switch is off."""
-    named = {"q": q, **others}
-    if not (torch.is_grad_enabled() and validate.runs_kernels(q)):
-        return False
-    wanting = [name for name, t in named.items() if isinstance(t, torch.Tensor) and t.requires_grad]
+    wanting = wanting_gradients(q, **others)
     if wanting:
         from kda import cuda_paths
 
@@ -87,7 +89,7 @@ class LevelGradients(torch.autograd.Function):
     are tensors that require grad."""
 
     @staticmethod
-    def forward(ctx, run, scale, output_final_state, q, k, v, g, beta, h0):
+    def forward(ctx, run, scale, q, k, v, g, beta, h0):
         o, final = run(q, k, v, h0)
         ctx.scale = scale
         ctx.save_for_backward(q, k, v, g, beta, h0)
@@ -101,11 +103,11 @@ class LevelGradients(torch.autograd.Function):
         grads = backward.op_gradients(q, k, v, g, beta, ctx.scale, h0, False, None, do, dfinal)
         dq, dk, dv, dg, dbeta = grads[:5]
         dh0 = grads[5] if h0 is not None else None
-        return None, None, None, dq, dk, dv, dg, dbeta, dh0
+        return None, None, dq, dk, dv, dg, dbeta, dh0
 # --8<-- [end:level_gradients]
 
 
-def level_call(run, q, k, v, g, beta, h0, scale, output_final_state):
-    """``(o, final)`` of a level 1-4 function through ``LevelGradients``; ``final`` is ``None`` unless asked."""
-    o, final = LevelGradients.apply(run, scale, output_final_state, q, k, v, g, beta, h0)
-    return o, (final if output_final_state else None)
+def level_call(run, q, k, v, g, beta, h0, scale):
+    """``(o, final)`` of a level 1-4 function through ``LevelGradients`` (``final`` as ``run`` gives it:
+    ``None`` unless asked)."""
+    return LevelGradients.apply(run, scale, q, k, v, g, beta, h0)

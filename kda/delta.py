@@ -70,8 +70,7 @@ def delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state
     if on_cuda:
         check = (lambda flags: validate.raise_flagged_values(flags, None, beta)) if check_values else None
         run = lambda q, k, v, h0: _run_kernels(q, k, v, beta, scale, h0, output_final_state, check)
-        o, final = (cuda_autograd.level_call(run, q, k, v, None, beta, h0, scale, output_final_state)
-                    if differentiable else run(q, k, v, h0))
+        o, final = cuda_autograd.level_call(run, q, k, v, None, beta, h0, scale) if differentiable else run(q, k, v, h0)
     else:
         o, final = ref4.chunked(q.double() * scale, k, v, beta, CHUNK_SIZE, h0, output_final_state)
         o, final = o.to(q.dtype), (final.float() if final is not None else None)

@@ -86,8 +86,7 @@ def gated_attention(q, k, v, g, scale=None, initial_state=None, output_final_sta
     if on_cuda:
         check = (lambda flags: validate.raise_flagged_values(flags, g)) if check_values else None
         run = lambda q, k, v, h0: _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state, check)
-        o, final = (cuda_autograd.level_call(run, q, k, v, g, None, h0, scale, output_final_state)
-                    if differentiable else run(q, k, v, h0))
+        o, final = cuda_autograd.level_call(run, q, k, v, g, None, h0, scale) if differentiable else run(q, k, v, h0)
     else:
         o, final = ref3.chunked(q.double() * scale, k, v, g, CHUNK_SIZE, h0, output_final_state)
         o, final = o.to(q.dtype), (final.float() if final is not None else None)

@@ -9,6 +9,7 @@ recurrence of the articles.
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
@@ -127,8 +128,7 @@ def linear_attention(q, k, v, scale=None, initial_state=None, output_final_state
         run = lambda q, k, v, h0: _run_kernel(kernels.seq_in_loop_scalar, q, k, v, (no_w, no_gate), scale, h0,
                                               output_final_state, gate="none", chunk_size=CHUNK_SIZE,
                                               block_dv=KERNEL_CONFIG["block_dv"], **SCALAR_PASS_CONFIG)
-        o, final = (cuda_autograd.level_call(run, q, k, v, None, None, h0, scale, output_final_state)
-                    if differentiable else run(q, k, v, h0))
+        o, final = cuda_autograd.level_call(run, q, k, v, None, None, h0, scale) if differentiable else run(q, k, v, h0)
     else:
         o, final = ref1.chunked(q.double() * scale, k, v, CHUNK_SIZE, h0, output_final_state)
         o, final = o.to(q.dtype), (final.float() if final is not None else None)
@@ -166,9 +166,9 @@ def decay_attention(q, k, v, alpha, scale=None, initial_state=None, output_final
         run = lambda q, k, v, h0: _run_kernel(kernels.seq_in_loop_scalar, q, k, v, (no_w, log2_alpha), scale, h0,
                                               output_final_state, gate="constant", chunk_size=CHUNK_SIZE,
                                               block_dv=KERNEL_CONFIG["block_dv"], **SCALAR_PASS_CONFIG)
-        if differentiable:                                 # the backward's gate: log(a) at every token
-            g = torch.tensor(a, dtype=torch.float64).log().to(q.device, torch.float32).expand(B, T, H).contiguous()
-            o, final = cuda_autograd.level_call(run, q, k, v, g, None, h0, scale, output_final_state)
+        if differentiable:                                 # the backward's gate: ln(a) at every token
+            g = (log2_alpha * math.log(2)).expand(B, T, H).contiguous()
+            o, final = cuda_autograd.level_call(run, q, k, v, g, None, h0, scale)
         else:
             o, final = run(q, k, v, h0)
     else:

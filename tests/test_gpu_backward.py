@@ -257,19 +257,25 @@ def test_off_switch_refuses_with_its_name(monkeypatch):
         kda.chunk_kda(q, k, v, g, beta)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("level", ["linear", "decay", "gated_scalar", "gated_per_channel", "delta"])
-def test_level_gradients_against_token_recurrence(level, dtype, monkeypatch):
-    """Levels 1-4 on CUDA with ``LEVEL_BACKWARD`` on and the backward's kernel switches at their defaults:
-    every gradient (q, k, v, the gate or beta where the level has one, the initial state) of a call with
-    a final state, 300 tokens (a tail), against autograd through the float64 token recurrence on the same
-    rounded inputs; the delta rule takes the backward kernels with a zero gate, levels 1-3 the state-pass
-    kernels and the chunk kernels compiled without the delta rule."""
+@pytest.fixture
+def level_backward(monkeypatch):
+    """``LEVEL_BACKWARD`` on and the backward's kernel switches at their defaults (on), undoing the
+    ``torch_stages`` fixture."""
     from kda import backward, cuda_autograd
 
     for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL", "CHUNK_KERNELS_BY_CHANNEL"):
         monkeypatch.setattr(backward, switch, True)
     monkeypatch.setattr(cuda_autograd, "LEVEL_BACKWARD", True)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("level", ["linear", "decay", "gated_scalar", "gated_per_channel", "delta"])
+def test_level_gradients_against_token_recurrence(level, dtype, level_backward):
+    """Levels 1-4 on CUDA with ``LEVEL_BACKWARD`` on and the backward's kernel switches at their defaults:
+    every gradient (q, k, v, the gate or beta where the level has one, the initial state) of a call with
+    a final state, 300 tokens (a tail), against autograd through the float64 token recurrence on the same
+    rounded inputs; the delta rule takes the backward kernels with a zero gate, levels 1-3 the state-pass
+    kernels and the chunk kernels compiled without the delta rule."""
     B, T, H, D = 2, 300, 3, 128
     gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(f"{level}{dtype}".encode()))
     rand = lambda *shape: torch.randn(*shape, generator=gen, device="cuda")
@@ -305,15 +311,11 @@ def test_level_gradients_against_token_recurrence(level, dtype, monkeypatch):
 
 
 @pytest.mark.parametrize("level", ["linear", "delta_l2norm"])
-def test_level_gradients_without_states(level, monkeypatch):
+def test_level_gradients_without_states(level, level_backward):
     """Levels 1 and 4 on CUDA with no initial state and no final state (the delta rule with the L2 norm of
     q and k, in torch before the kernels), bf16, against the float64 recurrence on the normalised inputs."""
-    from kda import backward, cuda_autograd
     from kda.reference import level4 as ref4
 
-    for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL", "CHUNK_KERNELS_BY_CHANNEL"):
-        monkeypatch.setattr(backward, switch, True)
-    monkeypatch.setattr(cuda_autograd, "LEVEL_BACKWARD", True)
     B, T, H, D = 1, 200, 2, 128
     gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(level.encode()))
     rand = lambda *shape: torch.randn(*shape, generator=gen, device="cuda")
