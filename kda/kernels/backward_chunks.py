@@ -51,6 +51,19 @@ def column_sums_out(X_s, out_s, C):
         out_s[j] = out_s[j] - acc
 
 
+@T.macro
+def new_values(Tb_s, X_s, v_s, S_in, state_s, KD_f, VD_f, Y_s, bb, bh, c):
+    """The forward's ``V' = U - W S`` into ``Y_s``, from ``T diag(b)`` (``Tb_s``) and ``K 2^G`` (``X_s``):
+    ``W = Tb K 2^G``, ``U = Tb V``; ``X_s`` is left holding ``-W`` and ``state_s`` the chunk's ``S``."""
+    T.gemm(Tb_s, X_s, KD_f, clear_accum=True)                         # W
+    T.gemm(Tb_s, v_s, VD_f, clear_accum=True)                         # U
+    for i, d in T.Parallel(X_s.shape[0], X_s.shape[1]):
+        X_s[i, d] = -KD_f[i, d]
+    T.copy(S_in[bb, bh, c, :, :], state_s)
+    T.gemm(X_s, state_s, VD_f)                                        # U - W S
+    T.copy(VD_f, Y_s)
+
+
 # --8<-- [start:chunk_gradients]
 def chunk_gradients(DK, DV, chunk_size=64, dtype="bfloat16", scalar_gate=True, delta_rule=True, threads=256):
     """Arguments at run time: ``Q, K [B, T, H, DK]``, ``V, dO [B, T, H, DV]`` (dtype; ``Q`` and ``K``
@@ -146,13 +159,7 @@ def chunk_gradients(DK, DV, chunk_size=64, dtype="bfloat16", scalar_gate=True, d
                     Cc_s[i, j] = T.if_then_else(i // SOLVE_BLOCK >= j // SOLVE_BLOCK, Tinv_s[i, j] * b_s[j], 0.0)
                 for i, d in T.Parallel(C, DK):
                     X_s[i, d] = k_s[i, d] * T.exp2(G_s[i, 0])
-                T.gemm(Cc_s, X_s, KD_f, clear_accum=True)                     # W
-                T.gemm(Cc_s, v_s, VD_f, clear_accum=True)                     # U
-                for i, d in T.Parallel(C, DK):
-                    X_s[i, d] = -KD_f[i, d]
-                T.copy(S_in[bb, bh, c, :, :], state_s)
-                T.gemm(X_s, state_s, VD_f)                                    # U - W S
-                T.copy(VD_f, Y_s)
+                new_values(Cc_s, X_s, v_s, S_in, state_s, KD_f, VD_f, Y_s, bb, bh, c)
             else:                                          # no delta rule: V' = V
                 T.copy(S_in[bb, bh, c, :, :], state_s)
                 T.copy(v_s, Y_s)
@@ -597,13 +604,7 @@ def chunk_state_gradients(DK, DV, chunk_size=64, dtype="bfloat16", delta_rule=Tr
                     Cc_s[i, j] = T_s[i, j] * b_s[j]
                 for i, d in T.Parallel(C, DK):
                     X_s[i, d] = k_s[i, d] * T.exp2(G_s[i, d])
-                T.gemm(Cc_s, X_s, KD_f, clear_accum=True)                 # W
-                T.gemm(Cc_s, v_s, VD_f, clear_accum=True)                 # U
-                for i, d in T.Parallel(C, DK):
-                    X_s[i, d] = -KD_f[i, d]
-                T.copy(S_in[bb, bh, c, :, :], state_s)
-                T.gemm(X_s, state_s, VD_f)                                # U - W S
-                T.copy(VD_f, Y_s)
+                new_values(Cc_s, X_s, v_s, S_in, state_s, KD_f, VD_f, Y_s, bb, bh, c)
             else:                                          # no delta rule: V' = V
                 T.copy(S_in[bb, bh, c, :, :], state_s)
                 T.copy(v_s, Y_s)
