@@ -448,25 +448,41 @@ def pair_gradients_mirror(Q, K, G, dPs, dAb, scale, dQ, dK, dG, C=64, delta_rule
     rows_back(dg + qs * rP - k * cP + k * rA - k * cA, dG, T)
 
 
+@pytest.fixture
+def mirrored_chunk_kernels(monkeypatch):
+    """CUDA faked for the chunk stage: every kernel of ``kda.kernels.backward_chunks`` compiles to its mirror,
+    with the ``delta_rule`` it was compiled for (the set of those, returned, grows with each compile);
+    ``torch.cuda.device`` a no-op and float64 a kernel dtype."""
+    import contextlib
+    import functools
+
+    from kda import ops
+    from kda.kernels import backward_chunks as kernels, build
+
+    mirrors = {kernels.chunk_gradients: chunk_kernel_mirror, kernels.chunk_pair_pieces: pair_pieces_mirror,
+               kernels.chunk_state_gradients: state_gradients_mirror,
+               kernels.chunk_pair_gradients: pair_gradients_mirror}
+    compiled_with = set()
+
+    def compile_program(fn, out_idx, **kw):
+        compiled_with.add(kw.get("delta_rule", True))
+        return functools.partial(mirrors[fn], delta_rule=kw.get("delta_rule", True))
+
+    monkeypatch.setattr(build, "compile_program", compile_program)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(ops, "dtype_name", lambda dt: str(dt).removeprefix("torch."))      # float64 too
+    return compiled_with
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
 @pytest.mark.parametrize("strong", [False, True], ids=["logsigmoid", "runs_of_-20"])
 @pytest.mark.parametrize("per_channel", [False, True], ids=["gdn", "kda"])
-def test_chunk_kernel_arithmetic_is_the_chunk_gradients(per_channel, strong, dtype, monkeypatch):
+def test_chunk_kernel_arithmetic_is_the_chunk_gradients(per_channel, strong, dtype, mirrored_chunk_kernels):
     """``kernel_chunk_gradients`` (a gate per head) and ``kernel_chunk_gradients_by_channel`` with their
     kernels replaced by mirrors (their steps in float64 torch, reading and writing their arguments), then
     ``gate_gradient``: the gradients of ``chunked_gradients`` on the same (bf16-exact) inputs, states and
     state gradients, a tail chunk included: to float32's rounding (the outputs), and per channel to bf16's
     where the three kernels hand each other bf16 (T, P, dP, dA b)."""
-    from kda import ops
-    from kda.kernels import backward_chunks, build
-
-    fakes = {backward_chunks.chunk_gradients: chunk_kernel_mirror,
-             backward_chunks.chunk_pair_pieces: pair_pieces_mirror,
-             backward_chunks.chunk_state_gradients: state_gradients_mirror,
-             backward_chunks.chunk_pair_gradients: pair_gradients_mirror}
-    monkeypatch.setattr(build, "compile_program", lambda fn, out_idx, **kw: fakes[fn])
-    monkeypatch.setattr(torch.cuda, "device", lambda device: __import__("contextlib").nullcontext())
-    monkeypatch.setattr(ops, "dtype_name", lambda dt: str(dt).removeprefix("torch."))      # float64 too
     q, k, v, g, beta, h0, do, dht = inputs(B=2, T=100, H=2, K=16, V=8, per_channel=per_channel, strong=strong,
                                            seed=6 if per_channel else 5)
     bf16 = lambda x: x.to(torch.bfloat16).double()
@@ -486,29 +502,14 @@ def test_chunk_kernel_arithmetic_is_the_chunk_gradients(per_channel, strong, dty
     bound = (2e-2 if dtype == torch.bfloat16 else 1e-5) if per_channel else 1e-6
     for name, a, b in zip("dq dk dv dg dbeta".split(), got, want):
         assert a.shape == b.shape and rel_l2(a, b) < bound, f"{name}: {rel_l2(a, b):.1e}"
+    assert set(mirrored_chunk_kernels) == {True}                  # every kernel compiled with the delta rule
 
 @pytest.mark.parametrize("gate", ["none", "per_head", "per_channel"])
-def test_chunk_kernel_arithmetic_without_the_delta_rule(gate, monkeypatch):
+def test_chunk_kernel_arithmetic_without_the_delta_rule(gate, mirrored_chunk_kernels):
     """Levels 1-3 (``beta=None``): ``kernel_chunk_gradients`` (no gate or a gate per head) and
     ``kernel_chunk_gradients_by_channel`` with their kernels' no-delta-rule forms replaced by their mirrors,
     then ``gate_gradient``: the gradients of the reference's ``chunk_gradients``, a tail chunk included; no
     ``dbeta``."""
-    import functools
-
-    from kda import ops
-    from kda.kernels import backward_chunks as kernels, build
-
-    mirrors = {kernels.chunk_gradients: chunk_kernel_mirror, kernels.chunk_pair_pieces: pair_pieces_mirror,
-               kernels.chunk_state_gradients: state_gradients_mirror,
-               kernels.chunk_pair_gradients: pair_gradients_mirror}
-
-    def compile_program(fn, out_idx, **kw):
-        assert kw["delta_rule"] is False
-        return functools.partial(mirrors[fn], delta_rule=False)
-
-    monkeypatch.setattr(build, "compile_program", compile_program)
-    monkeypatch.setattr(torch.cuda, "device", lambda device: __import__("contextlib").nullcontext())
-    monkeypatch.setattr(ops, "dtype_name", lambda dt: str(dt).removeprefix("torch."))
     q, k, v, g, _, h0, do, dht = inputs(B=2, T=100, H=2, K=16, V=8, per_channel=gate == "per_channel", seed=8)
     g = None if gate == "none" else g
     p = ref.chunk_pieces(q, k, v, g, None, 0.5, 64)
@@ -531,6 +532,7 @@ def test_chunk_kernel_arithmetic_without_the_delta_rule(gate, monkeypatch):
         got, want = got + [dg], want + [want_g if gate == "per_channel" else want_g[..., 0]]
     for name, a, b in zip("dq dk dv dg".split(), got, want):
         assert a.shape == b.shape and rel_l2(a, b) < 1e-6, f"{name}: {rel_l2(a, b):.1e}"
+    assert mirrored_chunk_kernels == {False}                      # every kernel compiled without it
 
 
 def test_chunk_kernel_is_taken_only_where_it_applies(monkeypatch):
