@@ -42,8 +42,11 @@ from kda.reference.level4 import l2_normalize
 # GPU tests passed (run 91); on since run 93 timed them: KDA at (1, 8192, 96, 128), forward + backward, 201 ms
 # without them, 175 ms with them, the gradients as close to fla's as before (bf16 operands; the bound of
 # their tests against the float64 recurrence is 2e-2 instead of the torch passes' 5e-3).
+# STATE_KERNELS_DTYPE None: the inputs' dtype (bf16 or fp16, what the forward's pieces are already in);
+# bf16 operands for fp16 inputs had made dh0 ten times less accurate than fla's (2.4e-3 against 2.1e-4,
+# the backward/gpu_error record of run 98).
 STATE_KERNELS = True
-STATE_KERNELS_DTYPE = torch.bfloat16
+STATE_KERNELS_DTYPE = None
 
 # CUDA: what the two state passes read (W, U, the gated q and k, the scores, the decays) made by the
 # forward's own chunk_intra kernel (kda.gated_delta.prepare_chunks, one launch, bf16 or fp16) instead
@@ -249,7 +252,7 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
     dO = to_chunks(do, C)                       # in do's dtype: the state kernels round it to theirs
     # 2. the states entering every chunk and the gradients of those leaving it
     if STATE_KERNELS and q.is_cuda and len(segments) == 1 and DV % 64 == 0:
-        S, dS, dh0 = kernel_state_passes(whole, S0, dO, dS_final)
+        S, dS, dh0 = kernel_state_passes(whole, S0, dO, dS_final, kernel_dtype)
     else:
         S, dS, dh0 = torch_state_passes({name: x.to(dtype) for name, x in whole.items()}, S0, dO.to(dtype),
                                         dS_final, segments)
@@ -422,19 +425,22 @@ def torch_state_passes(whole, S0, dO, dS_final, segments):
     return S, dS, dh0
 
 
-def kernel_state_passes(whole, S0, dO, dS_final):
+def kernel_state_passes(whole, S0, dO, dS_final, inputs_dtype=None):
     """``forward_states`` and ``reverse_state_pass`` for a dense batch by
     ``kda.kernels.backward_states``: the states entering every chunk, the gradients of those leaving
-    it and that of the initial state (float32), from the pieces rounded to ``STATE_KERNELS_DTYPE``."""
+    it and that of the initial state (float32), from the pieces rounded to ``STATE_KERNELS_DTYPE``, or
+    where that is None to the inputs' dtype if it is bf16 or fp16 (else bf16)."""
     from kda import ops
     from kda.kernels import backward_states
     from kda.kernels.build import compile_program
 
     B, H, NC, C, DK = whole["W"].shape
     DV = whole["U"].shape[-1]
-    flat = lambda x: x.reshape(B, H, NC * C, x.shape[-1]).to(STATE_KERNELS_DTYPE).contiguous()
+    halves = (torch.bfloat16, torch.float16)
+    operands = STATE_KERNELS_DTYPE or (inputs_dtype if inputs_dtype in halves else torch.bfloat16)
+    flat = lambda x: x.reshape(B, H, NC * C, x.shape[-1]).to(operands).contiguous()
     decay = whole["decay"].expand(B, H, NC, DK).float().contiguous()      # a gate per head: width 1
-    name = str(STATE_KERNELS_DTYPE).removeprefix("torch.")
+    name = str(operands).removeprefix("torch.")
     # float32 operands (tf32 products) take twice the shared memory: one pipeline stage
     shapes = dict(DK=DK, DV=DV, chunk_size=C, block_dv=64, dtype=name, num_stages=1 if name == "float32" else 2)
     with torch.cuda.device(S0.device):

@@ -64,8 +64,9 @@ def cuda_gradients(q, k, v, g, beta, scale, initial_state, output_final_state, u
 # CUDA: gradients of the level 1-4 functions (linear_attention, decay_attention, gated_attention, delta_rule)
 # by kda.backward's stages with no gate or no delta rule, their forward by the levels' own kernels. The delta
 # rule takes every backward kernel (a zero gate per head); levels 1-3 the state-pass kernels and the chunk
-# kernels compiled without the delta rule. Off until its GPU tests pass (tests/test_gpu_backward.py).
-LEVEL_BACKWARD = False
+# kernels compiled without the delta rule. On since its GPU tests passed on the H200 (run 98,
+# tests/test_gpu_backward.py).
+LEVEL_BACKWARD = True
 
 
 def level_differentiates(q, **others) -> bool:

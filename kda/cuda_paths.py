@@ -103,6 +103,7 @@ PATHS: tuple[CudaPath, ...] = (
               "zh": "linear_attention、decay_attention、gated_attention 与 delta_rule 在 CUDA 上的梯度：前向用各自的 "
                     "kernel，反向用 kda/backward.py 中不带门控或不带 delta 规则的同一套阶段（delta 规则以零门控走"
                     "每个头一个门控的反向 kernel；第一至三级走以不带 delta 规则编译的块内 kernel）"},
+        gpu_log="results/tuning/run98/gpu-tests-level-backward.txt",
     ),
 )
 

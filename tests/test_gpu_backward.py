@@ -123,13 +123,14 @@ def test_a_training_step_in_a_layer(device_backward):
 
 
 @pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_state_pass_kernels_against_the_stages(dtype, per_channel, poisoned, monkeypatch):
     """``kda/kernels/backward_states.py`` against the reference's two passes in float64 on the same
-    pieces rounded to the kernels' dtype (a tail chunk, runs of -20); outputs poisoned with NaN."""
+    pieces rounded to the kernels' dtype (a tail chunk, runs of -20); outputs poisoned with NaN. The
+    operands of fp16 inputs are fp16 (``STATE_KERNELS_DTYPE`` None), of bf16 inputs bf16."""
     from kda import backward
 
-    monkeypatch.setattr(backward, "STATE_KERNELS_DTYPE", dtype)
+    monkeypatch.setattr(backward, "STATE_KERNELS_DTYPE", dtype if dtype == torch.float32 else None)
     B, T, H, DK, DV = 2, 300, 3, 128, 128
     q, k, v, g, beta, h0 = inputs((B, T, H, DK, DV), torch.bfloat16, "runs_of_-20", per_channel, 23)
     gen = torch.Generator(device="cuda").manual_seed(6)
@@ -138,12 +139,12 @@ def test_state_pass_kernels_against_the_stages(dtype, per_channel, poisoned, mon
     p = ref.chunk_pieces(q.float(), k.float(), v.float(), g, beta, DK ** -0.5, 64, torch.float32)
     whole = {name: p[name] for name in backward.STATE_PIECES}
     dO = ref.to_chunks(do, 64)
-    S, dS, dh0 = backward.kernel_state_passes(whole, h0, dO, dht)
+    S, dS, dh0 = backward.kernel_state_passes(whole, h0, dO, dht, dtype)
     rounded = {name: x.to(dtype).double().cpu() for name, x in whole.items()}
     rounded["decay"] = whole["decay"].double().cpu()
     want_S = ref.forward_states(rounded, h0.double().cpu())[0]
     want_dS, want_dh0 = ref.reverse_state_pass(rounded, dO.to(dtype).double().cpu(), dht.double().cpu())
-    bound = {torch.bfloat16: 2e-2, torch.float32: 5e-3}[dtype]      # the states rounded per chunk as well
+    bound = {torch.bfloat16: 2e-2, torch.float16: 5e-3, torch.float32: 5e-3}[dtype]   # the states rounded per chunk too
     for name, got, want in (("S", S, want_S), ("dS", dS, want_dS), ("dh0", dh0, want_dh0)):
         assert torch.isfinite(got).all(), f"{name}: not finite (unwritten?)"
         assert rel_l2(got.double().cpu(), want) <= bound, f"{name}: {rel_l2(got.double().cpu(), want):.2e}"

@@ -324,23 +324,27 @@ def test_decode(kernel_launches, per_channel, kind):
     assert kernel_launches[1][1]["guarded"] and kernel_launches[0][1]["pooled"] == (kind == "pooled")
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("switch, inputs_dtype, operands", [
+    (None, torch.bfloat16, "bfloat16"), (None, torch.float16, "float16"), (None, None, "bfloat16"),
+    (torch.float32, torch.float16, "float32")], ids=["bf16_inputs", "fp16_inputs", "no_inputs_dtype", "float32"])
 @pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
-def test_backward_state_passes(kernel_launches, monkeypatch, per_channel, dtype):
+def test_backward_state_passes(kernel_launches, monkeypatch, per_channel, switch, inputs_dtype, operands):
     """``kda.backward.kernel_state_passes``: both kernels of ``kda.kernels.backward_states`` take the
-    pieces in their head-major chunk layout (a tail chunk; a gate per head's decay widened to DK)."""
+    pieces in their head-major chunk layout (a tail chunk; a gate per head's decay widened to DK), their
+    operands in the inputs' dtype where ``STATE_KERNELS_DTYPE`` is None, else in that dtype."""
     from kda import backward
     from kda.reference import backward as ref
 
-    monkeypatch.setattr(backward, "STATE_KERNELS_DTYPE", dtype)
+    monkeypatch.setattr(backward, "STATE_KERNELS_DTYPE", switch)
     q, k, v, g, beta = level5_inputs(B=2, T=200, per_channel=per_channel)
     p = ref.chunk_pieces(q.float(), k.float(), v.float(), g if per_channel else g[..., 0], beta, 0.125, 64,
                          torch.float32)
     whole = {name: p[name] for name in backward.STATE_PIECES}
     dO = ref.to_chunks(torch.randn(2, 200, 2, 64), 64)
     S0 = torch.zeros(2, 2, 64, 64)
-    S, dS, dh0 = backward.kernel_state_passes(whole, S0, dO, torch.zeros_like(S0))
+    S, dS, dh0 = backward.kernel_state_passes(whole, S0, dO, torch.zeros_like(S0), inputs_dtype)
     assert [name for name, _ in kernel_launches] == ["forward_states_pass", "reverse_state_pass"]
+    assert [params["dtype"] for _, params in kernel_launches] == [operands, operands]
     assert S.shape == dS.shape == (2, 2, 4, 64, 64) and dh0.shape == S0.shape
 
 
