@@ -1,0 +1,70 @@
+"""Run 100 (prepared 2026-12-04): where the backward's time goes. Runs 98 and 99 recorded forward + backward
+at (1, 8192, 96, 128), bf16: KDA 37.9 ms against fla's 14.3, GDN 10.3 against FlashQLA's 2.27, and no split
+of kda's step by kernel exists (run 96's profile never ran). This profiles one step of each with
+``torch.profiler`` (CUDA time of every kernel and torch operation, three steps after one warm-up), beside
+fla's KDA step and FlashQLA's GDN step for the same split of theirs, and writes each table to
+``$OUT/run100-<name>.txt``; a row per table in ``$OUT/run100.jsonl`` gives the step's total CUDA time.
+
+    FLA_FLASH_QLA=0 python results/tuning/run100-profile.py
+"""
+import importlib.util
+import os
+import sys
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from harness import OUT, log  # noqa: E402
+
+RUN = "run100"
+spec = importlib.util.spec_from_file_location("run91_backward", os.path.join(HERE, "run91-backward.py"))
+run91 = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(run91)
+SHAPE = (1, 8192, 96, 128)
+
+
+def profile(name, run, steps=3):
+    """The CUDA time of every kernel and operation over ``steps`` runs of ``run``, to ``run100-<name>.txt``."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    run()
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            run()
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    table = events.table(sort_by="cuda_time_total", row_limit=60, max_name_column_width=90)
+    kernels = sum(e.self_device_time_total for e in events) / steps / 1e3
+    with open(os.path.join(OUT, f"{RUN}-{name}.txt"), "w") as f:
+        f.write(f"{name}: {steps} steps, shape {SHAPE}, bf16\n{table}\n")
+    log(RUN, {"profile": name, "cuda_ms_per_step": round(kernels, 3)})
+    print(table[:4000], flush=True)
+
+
+def main():
+    import flash_qla
+    from fla.ops.kda import chunk_kda as fla_kda
+
+    import kda
+    from kda import cuda_autograd
+
+    cuda_autograd.DEVICE_BACKWARD = True
+    B, T, H, D = SHAPE
+    scale = D ** -0.5
+    for op in ("KDA", "GDN"):
+        per_channel = op == "KDA"
+        leaves, do = run91.inputs(B, T, H, D, per_channel)
+        ours = kda.chunk_kda if per_channel else kda.chunk_gated_delta_rule
+        theirs = (lambda *a: fla_kda(*a, scale=scale)) if per_channel else \
+            (lambda *a: flash_qla.chunk_gated_delta_rule(*a, scale=scale))
+        profile(f"kda-{op.lower()}", run91.step(ours, leaves, do))
+        profile(f"kda-{op.lower()}-forward", lambda: ours(*(x.detach() for x in leaves)))
+        profile(f"{'fla' if per_channel else 'flashqla'}-{op.lower()}", run91.step(theirs, leaves, do))
+        del leaves, do
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
