@@ -48,6 +48,13 @@ from kda.reference.level4 import l2_normalize
 STATE_KERNELS = True
 STATE_KERNELS_DTYPE = None
 
+# CUDA, where a chunk kernel follows the state-pass kernels: the passes write S and dS in the dtype the chunk
+# kernels read them in (the inputs', not float32), and the reverse pass each chunk decay's gate term
+# (decay sum S dS) from dS as its registers hold it (float32). No float32 copy of the two states in HBM, no
+# rounding copies of them, no einsum over them: some 4 GB less traffic and 0.8 to 1.6 GB less peak memory at
+# (1, 8192, 96, 128). Off until its GPU tests pass (tests/test_gpu_backward.py).
+STATES_AS_OPERANDS = False
+
 # CUDA: what the two state passes read (W, U, the gated q and k, the scores, the decays) made by the
 # forward's own chunk_intra kernel (kda.gated_delta.prepare_chunks, one launch, bf16 or fp16) instead
 # of torch stages by groups of chunks. GPU tests passed in run 93; KDA at (1, 8192, 96, 128), forward + backward:
@@ -251,8 +258,10 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
         del kept
     dO = to_chunks(do, C)                       # in do's dtype: the state kernels round it to theirs
     # 2. the states entering every chunk and the gradients of those leaving it
+    dG_last = None          # each chunk decay's gate term, where the reverse pass makes it
     if STATE_KERNELS and q.is_cuda and len(segments) == 1 and DV % 64 == 0:
-        S, dS, dh0 = kernel_state_passes(whole, S0, dO, dS_final, kernel_dtype)
+        as_operands = STATES_AS_OPERANDS and (chunk_kernel or channel_kernels)
+        S, dS, dh0, dG_last = kernel_state_passes(whole, S0, dO, dS_final, kernel_dtype, as_operands)
     else:
         S, dS, dh0 = torch_state_passes({name: x.to(dtype) for name, x in whole.items()}, S0, dO.to(dtype),
                                         dS_final, segments)
@@ -260,10 +269,10 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
     # 3. every chunk's gradients: in one launch (a gate per head), or a group of chunks at a time
     if chunk_kernel:
         gate = g if g is not None else torch.zeros(q.shape[:3], dtype=q.dtype, device=q.device)
-        dq, dk, dv, dg, dbeta = kernel_chunk_gradients(q, k, v, gate, beta, do, S, dS, scale, kernel_dtype)
+        dq, dk, dv, dg, dbeta = kernel_chunk_gradients(q, k, v, gate, beta, do, S, dS, scale, kernel_dtype, dG_last)
         return dq, dk, dv, (dg if g is not None else None), dbeta, dh0
     if channel_kernels:
-        return (*kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, kernel_dtype), dh0)
+        return (*kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, kernel_dtype, dG_last), dh0)
     dO = dO.to(dtype)
     out = [stages.chunk_gradients(first or pieces(s, e), S[:, :, s:e], dS[:, :, s:e], dO[:, :, s:e])
            for s, e in groups]
@@ -340,12 +349,13 @@ def gate_gradient(dG, to_end, dG_last, C):
     return stages.gate_from_rows(dG, to_end, dim=2).reshape(B, NC * C, H, *rest)[:, :T]
 
 
-def kernel_chunk_gradients(q, k, v, g, beta, do, S, dS, scale, dtype):
+def kernel_chunk_gradients(q, k, v, g, beta, do, S, dS, scale, dtype, dG_last=None):
     """Step 3 of ``chunked_gradients`` by ``kda.kernels.backward_chunks.chunk_gradients``: ``dq`` (scale
     in), ``dk``, ``dv``, ``dg``, ``dbeta`` (float32, ``[B, T, H, *]``; ``dbeta`` ``None`` without the delta
     rule, ``beta=None``) from the inputs (``g [B, T, H]``, a gate per head), ``do``, the states entering
     the chunks and the gradients of those leaving them (``S``, ``dS [B, H, NC, DK, DV]``, rounded to
-    ``dtype`` as the kernel reads them)."""
+    ``dtype`` as the kernel reads them); ``dG_last [B, H, NC, DK]``: the chunk decays' gate terms where the
+    reverse pass made them (``STATES_AS_OPERANDS``), else taken here from ``S`` and ``dS``."""
     from kda import ops
     from kda.kernels import backward_chunks
     from kda.kernels.build import compile_program
@@ -364,19 +374,23 @@ def kernel_chunk_gradients(q, k, v, g, beta, do, S, dS, scale, dtype):
         kernel(low(q), low(k), low(v), low(do), g.float().unsqueeze(-1).contiguous(), b,
                low(S), low(dS), float(scale), dq, dk, dv, db, dG, to_end, flags)
     NC = S.shape[2]
-    G_last = torch.nn.functional.pad(g.float(), (0, 0, 0, NC * CHUNK_SIZE - T)).view(B, NC, CHUNK_SIZE, H).sum(2)
-    dG_last = torch.einsum("bhnkv,bhnkv->bhn", S, dS) * torch.exp(G_last).transpose(1, 2)   # [B, H, NC]
+    if dG_last is not None:
+        dG_last = dG_last.sum(3)                                                       # a gate per head
+    else:
+        G_last = torch.nn.functional.pad(g.float(), (0, 0, 0, NC * CHUNK_SIZE - T)).view(B, NC, CHUNK_SIZE, H).sum(2)
+        dG_last = torch.einsum("bhnkv,bhnkv->bhn", S, dS) * torch.exp(G_last).transpose(1, 2)   # [B, H, NC]
     return dq, dk, dv, gate_gradient(dG, to_end, dG_last, CHUNK_SIZE), (db if beta is not None else None)
 
 
-def kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, dtype):
+def kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, dtype, dG_last=None):
     """Step 3 of ``chunked_gradients`` for a gate per channel (KDA) by the three kernels of
     ``kda.kernels.backward_chunks`` that split it: ``chunk_pair_pieces`` (the cumulative gate, ``T``, the
     scores ``P`` and ``stril(K K^T E)``, whose pair decays need sub-chunks), ``chunk_state_gradients``
     (every GEMM with the states, the WY form, ``dP`` and ``dA b`` written out) and ``chunk_pair_gradients``
     (the sums of ``dP`` and ``dA b`` over pairs, by sub-chunks, into ``dq``, ``dk`` and the gate). Returns
     ``dq`` (scale in), ``dk``, ``dv``, ``dg [B, T, H, DK]``, ``dbeta``, float32. Without the delta rule
-    (``beta=None``, level 3) the kernels are compiled without the WY form and ``dbeta`` is ``None``."""
+    (``beta=None``, level 3) the kernels are compiled without the WY form and ``dbeta`` is ``None``.
+    ``dG_last [B, H, NC, DK]``: as for ``kernel_chunk_gradients``."""
     from kda import ops
     from kda.kernels import backward_chunks as kernels
     from kda.kernels.build import compile_program
@@ -403,8 +417,9 @@ def kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, dtype)
         states(Q, K, low(v), low(do), G, b, low(S), low(dS), Tinv, P, KKE, float(scale), dq, dk, dv, db, dG, to_end,
                dPs, dAb)
         pairs(Q, K, G, dPs, dAb, float(scale), dq, dk, dG)
-    decay = torch.exp2(G.view(B, H, NC, C, DK)[:, :, :, -1])         # the cumulative gate's last row, flat past T
-    dG_last = torch.einsum("bhnkv,bhnkv->bhnk", S, dS) * decay                    # [B, H, NC, DK]
+    if dG_last is None:
+        decay = torch.exp2(G.view(B, H, NC, C, DK)[:, :, :, -1])     # the cumulative gate's last row, flat past T
+        dG_last = torch.einsum("bhnkv,bhnkv->bhnk", S, dS) * decay                # [B, H, NC, DK]
     return dq, dk, dv, gate_gradient(dG, to_end, dG_last, C), (db if beta is not None else None)
 
 
@@ -425,11 +440,13 @@ def torch_state_passes(whole, S0, dO, dS_final, segments):
     return S, dS, dh0
 
 
-def kernel_state_passes(whole, S0, dO, dS_final, inputs_dtype=None):
+def kernel_state_passes(whole, S0, dO, dS_final, inputs_dtype=None, as_operands=False):
     """``forward_states`` and ``reverse_state_pass`` for a dense batch by
     ``kda.kernels.backward_states``: the states entering every chunk, the gradients of those leaving
     it and that of the initial state (float32), from the pieces rounded to ``STATE_KERNELS_DTYPE``, or
-    where that is None to the inputs' dtype if it is bf16 or fp16 (else bf16)."""
+    where that is None to the inputs' dtype if it is bf16 or fp16 (else bf16); and ``None``. With
+    ``as_operands`` (``STATES_AS_OPERANDS``, the operands bf16 or fp16) the two states come in the operands'
+    dtype and the fourth value is each chunk decay's gate term ``decay_k sum_v S dS``, ``[B, H, NC, DK]``."""
     from kda import ops
     from kda.kernels import backward_states
     from kda.kernels.build import compile_program
@@ -441,17 +458,27 @@ def kernel_state_passes(whole, S0, dO, dS_final, inputs_dtype=None):
     flat = lambda x: x.reshape(B, H, NC * C, x.shape[-1]).to(operands).contiguous()
     decay = whole["decay"].expand(B, H, NC, DK).float().contiguous()      # a gate per head: width 1
     name = str(operands).removeprefix("torch.")
+    as_operands = as_operands and operands in halves
+    states = operands if as_operands else torch.float32
     # float32 operands (tf32 products) take twice the shared memory: one pipeline stage
     shapes = dict(DK=DK, DV=DV, chunk_size=C, block_dv=64, dtype=name, num_stages=1 if name == "float32" else 2)
+    if as_operands:
+        shapes["state_dtype"] = name
     with torch.cuda.device(S0.device):
         forward = compile_program(backward_states.forward_states_pass, (), **shapes)
-        reverse = compile_program(backward_states.reverse_state_pass, (), **shapes)
-        S, dS = (ops.new_output((B, H, NC, DK, DV), torch.float32, S0.device) for _ in range(2))
+        reverse = compile_program(backward_states.reverse_state_pass, (), **shapes,
+                                  **(dict(chunk_decay_terms=True) if as_operands else {}))
+        S, dS = (ops.new_output((B, H, NC, DK, DV), states, S0.device) for _ in range(2))
         dh0 = ops.new_output(S0.shape, torch.float32, S0.device)
         W, Kd = flat(whole["W"]), flat(whole["Kd"])
         forward(W, Kd, flat(whole["U"]), decay, S0.float().contiguous(), S)
-        reverse(flat(whole["P"]), Kd, flat(whole["Qg"]), W, flat(dO), decay, dS_final.float().contiguous(), dS, dh0)
-    return S.to(S0.dtype), dS.to(S0.dtype), dh0.to(S0.dtype)
+        pieces = (flat(whole["P"]), Kd, flat(whole["Qg"]), W, flat(dO), decay, dS_final.float().contiguous())
+        if not as_operands:
+            reverse(*pieces, dS, dh0)
+            return S.to(S0.dtype), dS.to(S0.dtype), dh0.to(S0.dtype), None
+        terms = ops.new_output((B, H, NC, ceildiv(DV, 64), DK), torch.float32, S0.device)   # per 64 value columns
+        reverse(*pieces, S, dS, dh0, terms)
+    return S, dS, dh0.to(S0.dtype), terms.sum(3)
 
 
 # --8<-- [start:op_gradients]

@@ -105,6 +105,17 @@ PATHS: tuple[CudaPath, ...] = (
                     "每个头一个门控的反向 kernel；第一至三级走以不带 delta 规则编译的块内 kernel）"},
         gpu_log="results/tuning/run98/gpu-tests-level-backward.txt",
     ),
+    CudaPath(
+        name="states_as_operands",
+        module="kda.backward",
+        switch="STATES_AS_OPERANDS",
+        what={"en": "the backward's state-pass kernels writing both states in the inputs' dtype, as the chunk "
+                    "kernels read them, and the reverse pass each chunk decay's gate term from its float32 "
+                    "registers, instead of float32 states in HBM, rounding copies and an einsum over them",
+              "zh": "反向的状态遍历 kernel 直接以输入的 dtype 写出两个状态（正是块内 kernel 读取的形式），并由反向"
+                    "遍历从其 float32 寄存器中算出每块衰减的门控梯度项，取代 HBM 中的 float32 状态、对它们的舍入"
+                    "拷贝和 einsum"},
+    ),
 )
 
 

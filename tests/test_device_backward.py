@@ -210,14 +210,20 @@ def forward_states_mirror(C):
     return forward_states
 
 
-def reverse_state_pass_mirror(C):
-    """``kda.kernels.backward_states.reverse_state_pass`` for chunks of ``C`` in float64 torch."""
-    def reverse(P, Kd, Qg, W, dO, decay, dht, dS_out, dh0):
+def reverse_state_pass_mirror(C, block_dv=64):
+    """``kda.kernels.backward_states.reverse_state_pass`` for chunks of ``C`` in float64 torch; with the
+    arguments of ``chunk_decay_terms=True`` (``S_in`` before ``dS_out``, ``dG_last`` after ``dh0``) each chunk
+    decay's gate term too, per ``block_dv`` value columns, from ``dS`` before it is rounded to ``dS_out``."""
+    def reverse(P, Kd, Qg, W, dO, decay, dht, *outputs):
+        S_in, dS_out, dh0, dG_last = outputs if len(outputs) == 4 else (None, *outputs, None)
         B, H, L, DK = W.shape
         chunks = lambda x: x.reshape(B, H, L // C, C, x.shape[-1]).double()
         part = {"P": chunks(P), "Kd": chunks(Kd), "Qg": chunks(Qg), "W": chunks(W), "decay": decay.double(),
                 "U": chunks(dO)}
         out, first = ref.reverse_state_pass(part, chunks(dO), dht.double())
+        if dG_last is not None:
+            blocks = lambda x: x.reshape(*x.shape[:-1], -1, block_dv).transpose(-2, -3)    # [.., NBV, DK, block]
+            dG_last.copy_((blocks(S_in.double()) * blocks(out)).sum(-1) * decay.double()[:, :, :, None])
         dS_out.copy_(out)
         dh0.copy_(first)
     return reverse
@@ -240,7 +246,7 @@ def test_kernel_state_passes_bind_the_kernels_arguments(monkeypatch):
         p = ref.chunk_pieces(q, k, v, g, beta, 0.5, 16)
         whole = {name: p[name] for name in backward.STATE_PIECES}
         dO = ref.to_chunks(do, 16)
-        S, dS, dh0 = backward.kernel_state_passes(whole, h0, dO, dht)
+        S, dS, dh0, _ = backward.kernel_state_passes(whole, h0, dO, dht)
         want_S = ref.forward_states(p, h0)[0]
         want_dS, want_dh0 = ref.reverse_state_pass(p, dO, dht)
         for got, want in ((S, want_S), (dS, want_dS), (dh0, want_dh0)):   # float32 states: ~1e-8
@@ -642,6 +648,48 @@ def test_chunk_kernel_takes_packed_sequences(per_channel, monkeypatch):
     for name, a, b in zip("dq dk dv dg dbeta dh0".split(), got, want):
         assert rel_l2(a.double(), b.double()) < 1e-2, f"{name}: {rel_l2(a.double(), b.double()):.1e}"   # ~3e-3
 
+@pytest.mark.parametrize("per_channel", [False, True], ids=["gdn", "kda"])
+def test_states_as_operands(per_channel, monkeypatch):
+    """``STATES_AS_OPERANDS`` (CUDA faked, every kernel replaced by its float64 mirror): the state passes are
+    compiled to write both states in bf16 and the reverse pass with the chunk decays' gate terms; the chunk
+    kernels read those states as they are (no rounding copy) and no einsum over them runs; the gradients are
+    those with float32 states, to the rounding of the states to bf16."""
+    from kda import gated_delta
+    from kda.kernels import backward_chunks, backward_states, build
+
+    fakes = {backward_states.forward_states_pass: forward_states_mirror(64),
+             backward_states.reverse_state_pass: reverse_state_pass_mirror(64),
+             backward_chunks.chunk_gradients: chunk_kernel_mirror,
+             backward_chunks.chunk_pair_pieces: pair_pieces_mirror,
+             backward_chunks.chunk_state_gradients: state_gradients_mirror,
+             backward_chunks.chunk_pair_gradients: pair_gradients_mirror}
+    compiled = {}
+    einsums = []
+    q, k, v, g, beta, h0, do, dht = inputs(B=2, T=150, H=4, HQ=2, K=16, V=128, seed=6, per_channel=per_channel)
+    q, k, v, do = (x.to(torch.bfloat16) for x in (q * 3, k * 2, v, do))     # two blocks of value columns
+    args = (q, k, v, g.float(), beta.float(), 0.5, h0.float(), True, None, do, dht.float())
+    monkeypatch.setattr(build, "compile_program",
+                        lambda fn, out_idx, **kw: compiled.setdefault(fn.__name__, kw) and fakes[fn])
+    monkeypatch.setattr(gated_delta, "prepare_chunks", prepare_chunks_mirror())
+    monkeypatch.setattr(torch.cuda, "device", lambda device: __import__("contextlib").nullcontext())
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL", "CHUNK_KERNELS_BY_CHANNEL"):
+        monkeypatch.setattr(backward, switch, True)
+    want = backward.op_gradients(*args)
+    compiled.clear()
+    monkeypatch.setattr(backward, "STATES_AS_OPERANDS", True)
+    einsum = torch.einsum
+    monkeypatch.setattr(torch, "einsum", lambda *a, **kw: einsums.append(a[0]) or einsum(*a, **kw))
+    got = backward.op_gradients(*args)
+    assert compiled["forward_states_pass"]["state_dtype"] == "bfloat16"
+    assert compiled["reverse_state_pass"]["state_dtype"] == "bfloat16"
+    assert compiled["reverse_state_pass"]["chunk_decay_terms"] is True
+    assert not [e for e in einsums if e.startswith("bhnkv,bhnkv")]
+    for name, a, b in zip("dq dk dv dg dbeta dh0".split(), got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        assert rel_l2(a.double(), b.double()) < 1e-2, f"{name}: {rel_l2(a.double(), b.double()):.1e}"
+
+
 def test_the_forward_does_not_import_the_backward():
     """A CUDA-less forward of chunk_kda and chunk_gated_delta_rule (and the package's import) leaves
     ``kda.backward`` unimported, so that the forward's GPU records do not depend on it."""
@@ -656,8 +704,9 @@ def test_the_forward_does_not_import_the_backward():
     assert out.strip() == "False"
 
 
+@pytest.mark.parametrize("as_operands", [False, True], ids=["float32_states", "states_as_operands"])
 @pytest.mark.parametrize("l2norm", [False, True])
-def test_op_gradients_with_every_kernel(l2norm, monkeypatch):
+def test_op_gradients_with_every_kernel(l2norm, as_operands, monkeypatch):
     """``op_gradients`` for a gate per head with every kernel switch on (CUDA faked), the kernels replaced
     by their float64 stand-ins (the forward's pieces, the two state passes, the chunk stage): the
     gradients of the torch stages, to the rounding of the pieces and states to bf16; and the kernels
@@ -684,6 +733,7 @@ def test_op_gradients_with_every_kernel(l2norm, monkeypatch):
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL"):
         monkeypatch.setattr(backward, switch, True)
+    monkeypatch.setattr(backward, "STATES_AS_OPERANDS", as_operands)
     got = backward.op_gradients(*args)
     assert seen == dict(dtypes={torch.bfloat16}, V=v.data_ptr(), dO=do.data_ptr())      # v and do themselves
     for name, a, b in zip("dq dk dv dg dbeta dh0".split(), got, want):

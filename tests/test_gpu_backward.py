@@ -139,7 +139,7 @@ def test_state_pass_kernels_against_the_stages(dtype, per_channel, poisoned, mon
     p = ref.chunk_pieces(q.float(), k.float(), v.float(), g, beta, DK ** -0.5, 64, torch.float32)
     whole = {name: p[name] for name in backward.STATE_PIECES}
     dO = ref.to_chunks(do, 64)
-    S, dS, dh0 = backward.kernel_state_passes(whole, h0, dO, dht, dtype)
+    S, dS, dh0, _ = backward.kernel_state_passes(whole, h0, dO, dht, dtype)
     rounded = {name: x.to(dtype).double().cpu() for name, x in whole.items()}
     rounded["decay"] = whole["decay"].double().cpu()
     want_S = ref.forward_states(rounded, h0.double().cpu())[0]
@@ -148,6 +148,60 @@ def test_state_pass_kernels_against_the_stages(dtype, per_channel, poisoned, mon
     for name, got, want in (("S", S, want_S), ("dS", dS, want_dS), ("dh0", dh0, want_dh0)):
         assert torch.isfinite(got).all(), f"{name}: not finite (unwritten?)"
         assert rel_l2(got.double().cpu(), want) <= bound, f"{name}: {rel_l2(got.double().cpu(), want):.2e}"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
+def test_state_passes_as_operands_against_the_stages(per_channel, dtype, poisoned):
+    """The two state-pass kernels compiled to write both states in the operands' dtype, the reverse pass
+    with each chunk decay's gate term (``STATES_AS_OPERANDS``), against the reference's passes in float64
+    on the same rounded pieces, and the terms against ``decay_k sum_v S dS`` of those passes (a tail chunk,
+    runs of -20, two blocks of value columns); outputs poisoned with NaN."""
+    from kda import backward
+
+    B, T, H, DK, DV = 2, 300, 3, 128, 128
+    q, k, v, g, beta, h0 = inputs((B, T, H, DK, DV), dtype, "runs_of_-20", per_channel, 53)
+    gen = torch.Generator(device="cuda").manual_seed(12)
+    do, dht = torch.randn(B, T, H, DV, generator=gen, device="cuda"), torch.randn(B, H, DK, DV, generator=gen,
+                                                                                    device="cuda")
+    p = ref.chunk_pieces(q.float(), k.float(), v.float(), g, beta, DK ** -0.5, 64, torch.float32)
+    whole = {name: p[name] for name in backward.STATE_PIECES}
+    dO = ref.to_chunks(do, 64)
+    S, dS, dh0, terms = backward.kernel_state_passes(whole, h0, dO, dht, dtype, as_operands=True)
+    assert S.dtype == dS.dtype == dtype and terms is not None
+    rounded = {name: x.to(dtype).double().cpu() for name, x in whole.items()}
+    rounded["decay"] = whole["decay"].double().cpu()
+    want_S = ref.forward_states(rounded, h0.double().cpu())[0]
+    want_dS, want_dh0 = ref.reverse_state_pass(rounded, dO.to(dtype).double().cpu(), dht.double().cpu())
+    decay = rounded["decay"].expand(*want_S.shape[:3], DK)
+    want_terms = torch.einsum("bhnkv,bhnkv->bhnk", want_S, want_dS) * decay
+    bound = {torch.bfloat16: 2e-2, torch.float16: 5e-3}[dtype]
+    for name, got, want in (("S", S, want_S), ("dS", dS, want_dS), ("dh0", dh0, want_dh0),
+                            ("terms", terms, want_terms)):
+        assert torch.isfinite(got).all(), f"{name}: not finite (unwritten?)"
+        assert rel_l2(got.double().cpu(), want) <= bound, f"{name}: {rel_l2(got.double().cpu(), want):.2e}"
+
+
+@pytest.mark.parametrize("kind", ["logsigmoid", "runs_of_-20"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
+def test_gradients_with_states_as_operands(per_channel, dtype, kind, device_backward, monkeypatch):
+    """The op's gradients with every kernel and ``STATES_AS_OPERANDS`` on against the float64 recurrence
+    (a tail chunk, initial and final states), within the bound of the state-pass kernels' test."""
+    from kda import backward
+
+    for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL", "CHUNK_KERNELS_BY_CHANNEL",
+                   "STATES_AS_OPERANDS"):
+        monkeypatch.setattr(backward, switch, True)
+    shape = (2, 200, 3, 128, 128)
+    leaves = inputs(shape, dtype, kind, per_channel, zlib.crc32(f"{per_channel}{dtype}{kind}".encode()))
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    do = torch.randn(2, 200, 3, 128, generator=gen, device="cuda").to(dtype).float()
+    dht = torch.randn(2, 3, 128, 128, generator=gen, device="cuda")
+    fn = kda.chunk_kda if per_channel else kda.chunk_gated_delta_rule
+    q, k, v, g, beta, h0 = (x.double().cpu() for x in leaves)
+    want = ref.recurrence_backward(q, k, v, g, beta, do.double().cpu(), dht.double().cpu(), 128 ** -0.5, h0)
+    check(gradients_on_cuda(fn, leaves, do, dht), want, KERNEL_BOUND)
 
 
 @pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])

@@ -327,11 +327,15 @@ def test_decode(kernel_launches, per_channel, kind):
 @pytest.mark.parametrize("switch, inputs_dtype, operands", [
     (None, torch.bfloat16, "bfloat16"), (None, torch.float16, "float16"), (None, None, "bfloat16"),
     (torch.float32, torch.float16, "float32")], ids=["bf16_inputs", "fp16_inputs", "no_inputs_dtype", "float32"])
+@pytest.mark.parametrize("as_operands", [False, True], ids=["float32_states", "states_as_operands"])
 @pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
-def test_backward_state_passes(kernel_launches, monkeypatch, per_channel, switch, inputs_dtype, operands):
+def test_backward_state_passes(kernel_launches, monkeypatch, per_channel, as_operands, switch, inputs_dtype,
+                               operands):
     """``kda.backward.kernel_state_passes``: both kernels of ``kda.kernels.backward_states`` take the
     pieces in their head-major chunk layout (a tail chunk; a gate per head's decay widened to DK), their
-    operands in the inputs' dtype where ``STATE_KERNELS_DTYPE`` is None, else in that dtype."""
+    operands in the inputs' dtype where ``STATE_KERNELS_DTYPE`` is None, else in that dtype; with
+    ``as_operands`` and half operands, the states in the operands' dtype and the reverse pass's decay terms
+    (``chunk_decay_terms``), float32 operands keeping float32 states."""
     from kda import backward
     from kda.reference import backward as ref
 
@@ -342,10 +346,16 @@ def test_backward_state_passes(kernel_launches, monkeypatch, per_channel, switch
     whole = {name: p[name] for name in backward.STATE_PIECES}
     dO = ref.to_chunks(torch.randn(2, 200, 2, 64), 64)
     S0 = torch.zeros(2, 2, 64, 64)
-    S, dS, dh0 = backward.kernel_state_passes(whole, S0, dO, torch.zeros_like(S0), inputs_dtype)
+    S, dS, dh0, terms = backward.kernel_state_passes(whole, S0, dO, torch.zeros_like(S0), inputs_dtype,
+                                                     as_operands)
     assert [name for name, _ in kernel_launches] == ["forward_states_pass", "reverse_state_pass"]
     assert [params["dtype"] for _, params in kernel_launches] == [operands, operands]
     assert S.shape == dS.shape == (2, 2, 4, 64, 64) and dh0.shape == S0.shape
+    halves = as_operands and operands != "float32"
+    assert [params.get("state_dtype", "float32") for _, params in kernel_launches] == [
+        operands if halves else "float32"] * 2
+    assert kernel_launches[1][1].get("chunk_decay_terms", False) is halves
+    assert (terms is not None and terms.shape == (2, 2, 4, 64)) if halves else terms is None
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

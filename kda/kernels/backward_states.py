@@ -26,9 +26,11 @@ from kda.kernels.stages import ACCUM
 
 
 # --8<-- [start:forward_states_pass]
-def forward_states_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, threads=128, dtype="bfloat16"):
+def forward_states_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, threads=128, dtype="bfloat16",
+                        state_dtype=ACCUM):
     """Arguments at run time: ``W, Kd [B, H, NC C, DK]``, ``U [B, H, NC C, DV]`` (dtype), ``decay [B, H,
-    NC, DK]``, ``h0 [B, H, DK, DV]`` (float32), then the output ``S_in [B, H, NC, DK, DV]`` (float32)."""
+    NC, DK]``, ``h0 [B, H, DK, DV]`` (float32), then the output ``S_in [B, H, NC, DK, DV]`` (``state_dtype``:
+    float32, or the inputs' dtype, as the chunk kernels read it)."""
     B, H, NC = T.dynamic("B"), T.dynamic("H"), T.dynamic("NC")
     C = chunk_size
 
@@ -39,7 +41,7 @@ def forward_states_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, thread
         U: T.Tensor([B, H, NC * C, DV], dtype),
         decay: T.Tensor([B, H, NC, DK], ACCUM),
         h0: T.Tensor([B, H, DK, DV], ACCUM),
-        S_in: T.Tensor([B, H, NC, DK, DV], ACCUM),
+        S_in: T.Tensor([B, H, NC, DK, DV], state_dtype),
     ):
         with T.Kernel(T.ceildiv(DV, block_dv), H, B, threads=threads) as (bv, bh, bb):
             dv0 = bv * block_dv
@@ -71,26 +73,22 @@ def forward_states_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, thread
 
 
 # --8<-- [start:reverse_state_pass]
-def reverse_state_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, threads=128, dtype="bfloat16"):
+def reverse_state_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, threads=128, dtype="bfloat16",
+                       state_dtype=ACCUM, chunk_decay_terms=False):
     """Arguments at run time: ``P [B, H, NC C, C]``, ``Kd, Qg, W [B, H, NC C, DK]``, ``dO [B, H, NC C,
     DV]`` (dtype), ``decay [B, H, NC, DK]``, ``dht [B, H, DK, DV]`` (float32), then the outputs
-    ``dS_out [B, H, NC, DK, DV]`` and ``dh0 [B, H, DK, DV]`` (float32)."""
+    ``dS_out [B, H, NC, DK, DV]`` (``state_dtype``) and ``dh0 [B, H, DK, DV]`` (float32).
+    ``chunk_decay_terms=True`` adds the input ``S_in [B, H, NC, DK, DV]`` (``state_dtype``: the forward pass's
+    output) and the output ``dG_last [B, H, NC, ceil(DV / block_dv), DK]`` (float32): each chunk decay's
+    gradient term ``decay_k sum_v S_in[k, v] dS_out[k, v]`` over this block's value columns, from ``dS`` as
+    the registers hold it (float32), so that no one reads the two states back from HBM for it."""
     B, H, NC = T.dynamic("B"), T.dynamic("H"), T.dynamic("NC")
     C = chunk_size
+    NBV = T.ceildiv(DV, block_dv)
 
-    @T.prim_func
-    def main(
-        P: T.Tensor([B, H, NC * C, C], dtype),
-        Kd: T.Tensor([B, H, NC * C, DK], dtype),
-        Qg: T.Tensor([B, H, NC * C, DK], dtype),
-        W: T.Tensor([B, H, NC * C, DK], dtype),
-        dO: T.Tensor([B, H, NC * C, DV], dtype),
-        decay: T.Tensor([B, H, NC, DK], ACCUM),
-        dht: T.Tensor([B, H, DK, DV], ACCUM),
-        dS_out: T.Tensor([B, H, NC, DK, DV], ACCUM),
-        dh0: T.Tensor([B, H, DK, DV], ACCUM),
-    ):
-        with T.Kernel(T.ceildiv(DV, block_dv), H, B, threads=threads) as (bv, bh, bb):
+    @T.macro
+    def walk(P, Kd, Qg, W, dO, decay, dht, dS_out, dh0, S_in, dG_last):
+        with T.Kernel(NBV, H, B, threads=threads) as (bv, bh, bb):
             dv0 = bv * block_dv
             P_s = T.alloc_shared([C, C], dtype)
             Kd_s = T.alloc_shared([C, DK], dtype)
@@ -102,6 +100,10 @@ def reverse_state_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, threads
             dnew_s = T.alloc_shared([C, block_dv], dtype)
             dS_f = T.alloc_fragment([DK, block_dv], ACCUM)
             dnew_f = T.alloc_fragment([C, block_dv], ACCUM)
+            if chunk_decay_terms:
+                S_s = T.alloc_shared([DK, block_dv], state_dtype)
+                product_f = T.alloc_fragment([DK, block_dv], ACCUM)
+                row_f = T.alloc_fragment([DK], ACCUM)
             T.copy(dht[bb, bh, :, dv0:dv0 + block_dv], dS_f)
             for r in T.Pipelined(NC, num_stages=num_stages):
                 c = NC - 1 - r                                           # the last chunk first
@@ -112,6 +114,13 @@ def reverse_state_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, threads
                 T.copy(dO[bb, bh, c * C:(c + 1) * C, dv0:dv0 + block_dv], dO_s)
                 T.copy(decay[bb, bh, c, :], decay_s)
                 T.copy(dS_f, dS_out[bb, bh, c, :, dv0:dv0 + block_dv])  # the gradient of the state leaving c
+                if chunk_decay_terms:     # read before the stage's first GEMM (the pipelined buffers' rule)
+                    T.copy(S_in[bb, bh, c, :, dv0:dv0 + block_dv], S_s)
+                    for i, j in T.Parallel(DK, block_dv):
+                        product_f[i, j] = dS_f[i, j] * S_s[i, j]
+                    T.reduce_sum(product_f, row_f, dim=1)
+                    for i in T.Parallel(DK):
+                        dG_last[bb, bh, c, bv, i] = row_f[i] * decay_s[i]
                 T.copy(dS_f, dS_s)
                 T.gemm(P_s, dO_s, dnew_f, transpose_A=True, clear_accum=True)   # P^T dO
                 T.gemm(Kd_s, dS_s, dnew_f)                                     # + Kd dS
@@ -122,6 +131,39 @@ def reverse_state_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, threads
                 T.gemm(Qg_s, dO_s, dS_f, transpose_A=True)               # + Qg^T dO
                 T.gemm(W_s, dnew_s, dS_f, transpose_A=True)              # - W^T dV'
             T.copy(dS_f, dh0[bb, bh, :, dv0:dv0 + block_dv])
+
+    if chunk_decay_terms:
+        @T.prim_func
+        def with_decay_terms(
+            P: T.Tensor([B, H, NC * C, C], dtype),
+            Kd: T.Tensor([B, H, NC * C, DK], dtype),
+            Qg: T.Tensor([B, H, NC * C, DK], dtype),
+            W: T.Tensor([B, H, NC * C, DK], dtype),
+            dO: T.Tensor([B, H, NC * C, DV], dtype),
+            decay: T.Tensor([B, H, NC, DK], ACCUM),
+            dht: T.Tensor([B, H, DK, DV], ACCUM),
+            S_in: T.Tensor([B, H, NC, DK, DV], state_dtype),
+            dS_out: T.Tensor([B, H, NC, DK, DV], state_dtype),
+            dh0: T.Tensor([B, H, DK, DV], ACCUM),
+            dG_last: T.Tensor([B, H, NC, NBV, DK], ACCUM),
+        ):
+            walk(P, Kd, Qg, W, dO, decay, dht, dS_out, dh0, S_in, dG_last)
+
+        return with_decay_terms
+
+    @T.prim_func
+    def main(
+        P: T.Tensor([B, H, NC * C, C], dtype),
+        Kd: T.Tensor([B, H, NC * C, DK], dtype),
+        Qg: T.Tensor([B, H, NC * C, DK], dtype),
+        W: T.Tensor([B, H, NC * C, DK], dtype),
+        dO: T.Tensor([B, H, NC * C, DV], dtype),
+        decay: T.Tensor([B, H, NC, DK], ACCUM),
+        dht: T.Tensor([B, H, DK, DV], ACCUM),
+        dS_out: T.Tensor([B, H, NC, DK, DV], state_dtype),
+        dh0: T.Tensor([B, H, DK, DV], ACCUM),
+    ):
+        walk(P, Kd, Qg, W, dO, decay, dht, dS_out, dh0, None, None)     # no decay terms: never read
 
     return main
 # --8<-- [end:reverse_state_pass]
