@@ -55,6 +55,11 @@ STATE_KERNELS_DTYPE = None
 # (1, 8192, 96, 128). Off until its GPU tests pass (tests/test_gpu_backward.py).
 STATES_AS_OPERANDS = False
 
+# CUDA, KDA with the delta rule: chunk_pair_gradients compiled with shared_pairs, its two row sums against K
+# sharing each pair's decay and each reference row's scaled K, its two column sums made one (about half the
+# exponentials and shared loads of the pairs inside a sub-chunk). Off until its GPU tests pass.
+SHARED_PAIR_SUMS = False
+
 # CUDA: what the two state passes read (W, U, the gated q and k, the scores, the decays) made by the
 # forward's own chunk_intra kernel (kda.gated_delta.prepare_chunks, one launch, bf16 or fp16) instead
 # of torch stages by groups of chunks. GPU tests passed in run 93; KDA at (1, 8192, 96, 128), forward + backward:
@@ -402,7 +407,8 @@ def kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, dtype,
     with torch.cuda.device(q.device):
         pieces = compile_program(kernels.chunk_pair_pieces, (), DK=DK, **config)
         states = compile_program(kernels.chunk_state_gradients, (), DK=DK, DV=DV, **config)
-        pairs = compile_program(kernels.chunk_pair_gradients, (), DK=DK, **config)
+        shared = dict(shared_pairs=True) if SHARED_PAIR_SUMS and beta is not None else {}
+        pairs = compile_program(kernels.chunk_pair_gradients, (), DK=DK, **config, **shared)
         new = lambda *shape, dt=torch.float32: ops.new_output(shape, dt, q.device)
         Q, K = low(q), low(k)
         db = new(B, T, H)

@@ -116,6 +116,16 @@ PATHS: tuple[CudaPath, ...] = (
                     "遍历从其 float32 寄存器中算出每块衰减的门控梯度项，取代 HBM 中的 float32 状态、对它们的舍入"
                     "拷贝和 einsum"},
     ),
+    CudaPath(
+        name="shared_pair_sums",
+        module="kda.backward",
+        switch="SHARED_PAIR_SUMS",
+        what={"en": "KDA's chunk_pair_gradients with its two row sums against K sharing each pair's decay and "
+                    "each reference row's scaled K, and its two column sums made one (about half the "
+                    "exponentials and shared loads of the pairs inside a sub-chunk)",
+              "zh": "KDA 的 chunk_pair_gradients：两个对 K 的行和共用每对的衰减与每个参考行缩放后的 K，两个列和"
+                    "合成一个（子块内成对计算的指数与共享内存读取约减半）"},
+    ),
 )
 
 

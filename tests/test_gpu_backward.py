@@ -225,15 +225,18 @@ def test_gradients_with_the_state_pass_kernels(per_channel, device_backward, mon
 
 @pytest.mark.parametrize("kind", ["logsigmoid", "runs_of_-20"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("per_channel", [False, True], ids=["gdn", "kda"])
-def test_chunk_kernel_against_the_stages(per_channel, dtype, kind, poisoned):
+@pytest.mark.parametrize("per_channel", [False, True, "shared_pairs"], ids=["gdn", "kda", "kda_shared_pairs"])
+def test_chunk_kernel_against_the_stages(per_channel, dtype, kind, poisoned, monkeypatch):
     """``kda/kernels/backward_chunks.py`` (a gate per head: ``chunk_gradients``; per channel: its three
     kernels) against the reference's ``chunk_gradients`` in float64 on the same inputs and the same
     states and state gradients rounded to the kernels' dtype (a tail chunk); outputs poisoned with NaN.
     The kernels round their GEMM operands (W, V', P, T and the gradients between GEMMs, and what the
-    three hand each other) to that dtype, as fla's kernels do."""
+    three hand each other) to that dtype, as fla's kernels do. ``kda_shared_pairs``: the three with
+    ``SHARED_PAIR_SUMS`` (``chunk_pair_gradients`` compiled with ``shared_pairs``)."""
     from kda import backward
 
+    monkeypatch.setattr(backward, "SHARED_PAIR_SUMS", per_channel == "shared_pairs")
+    per_channel = bool(per_channel)
     B, T, H, DK, DV = 2, 300, 3, 128, 128
     q, k, v, g, beta, h0 = inputs((B, T, H, DK, DV), dtype, kind, per_channel, 41 if per_channel else 31)
     gen = torch.Generator(device="cuda").manual_seed(9)

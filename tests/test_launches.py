@@ -377,16 +377,20 @@ def test_backward_chunk_kernel(kernel_launches, monkeypatch, dtype):
     assert [x.shape for x in got[:5]] == [q.shape, k.shape, v.shape, g[..., 0].shape, beta.shape]
 
 
+@pytest.mark.parametrize("unverified", [False, True], ids=["verified", "with_the_unverified_switches"])
 @pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
-def test_backward_with_every_kernel(kernel_launches, monkeypatch, per_channel):
+def test_backward_with_every_kernel(kernel_launches, monkeypatch, per_channel, unverified):
     """Every kernel switch on (CUDA faked), q, k, v and do in bf16 as the op hands them: the forward's
     ``chunk_intra`` makes the pieces, the two state kernels run on them, and the chunk kernel (a gate
     per head) or the three kernels for a gate per channel make the gradients; every launch as the
-    binder takes it (a tail chunk)."""
+    binder takes it (a tail chunk). ``unverified``: with ``STATES_AS_OPERANDS`` and ``SHARED_PAIR_SUMS`` too
+    (the reverse pass's signature with the decay terms, ``chunk_pair_gradients`` with ``shared_pairs``)."""
     from kda import backward
 
     for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL", "CHUNK_KERNELS_BY_CHANNEL"):
         monkeypatch.setattr(backward, switch, True)
+    for switch in ("STATES_AS_OPERANDS", "SHARED_PAIR_SUMS"):
+        monkeypatch.setattr(backward, switch, unverified)
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     q, k, v, g, beta = level5_inputs(B=2, T=200, per_channel=per_channel)
     gate = g if per_channel else g[..., 0]
@@ -395,3 +399,8 @@ def test_backward_with_every_kernel(kernel_launches, monkeypatch, per_channel):
     step3 = ["chunk_pair_pieces", "chunk_state_gradients", "chunk_pair_gradients"] if per_channel else ["chunk_gradients"]
     assert [name for name, _ in kernel_launches] == ["chunk_intra", "forward_states_pass", "reverse_state_pass", *step3]
     assert [x.shape for x in got[:5]] == [q.shape, k.shape, v.shape, gate.shape, beta.shape]
+    params = dict(kernel_launches)
+    assert params["reverse_state_pass"].get("chunk_decay_terms", False) is unverified
+    assert params["forward_states_pass"].get("state_dtype", "float32") == ("bfloat16" if unverified else "float32")
+    if per_channel:
+        assert params["chunk_pair_gradients"].get("shared_pairs", False) is unverified

@@ -346,6 +346,69 @@ def pair_cols(s_s, x_s, G_s, Y_s, R_f, tmp_f, C, sub):
 
 
 @T.macro
+def shared_pair_rows(s1_s, s2_s, y_s, G_s, Y_s, R1_f, tmp_f, dK_f, dG_f, k_s, C, sub):
+    """``pair_rows`` of two pair matrices against one ``y`` (``K``), each pair's decay and each reference
+    row's ``Y`` made once for both: ``R1 = rows(s1, y)`` into ``R1_f``; ``R2 = rows(s2, y)`` added to ``dK_f``
+    and, times ``k``, to ``dG_f`` as it comes (no tile of its own)."""
+    DK = y_s.shape[1]
+    for i, d in T.Parallel(C, DK):
+        acc1 = T.alloc_var(ACCUM)
+        acc2 = T.alloc_var(ACCUM)
+        acc1 = 0.0
+        acc2 = 0.0
+        for jj in T.serial(sub):
+            j = (i // sub) * sub + jj
+            w = T.if_then_else(j < i, T.Cast(ACCUM, y_s[j, d]) * decay_factor(G_s[i, d] - G_s[j, d]), 0.0)
+            acc1 += T.Cast(ACCUM, s1_s[i, j]) * w
+            acc2 += T.Cast(ACCUM, s2_s[i, j]) * w
+        R1_f[i, d] = acc1
+        dK_f[i, d] = dK_f[i, d] + acc2
+        dG_f[i, d] = dG_f[i, d] + T.Cast(ACCUM, k_s[i, d]) * acc2
+    for r in range(1, C // sub):
+        r0 = r * sub
+        for j, d in T.Parallel(C, DK):
+            Y_s[j, d] = T.if_then_else(j < r0, y_s[j, d] * decay_factor(G_s[r0, d] - G_s[j, d]), 0.0)
+        T.gemm(s1_s, Y_s, tmp_f, clear_accum=True)
+        for i, d in T.Parallel(C, DK):
+            if i >= r0 and i < r0 + sub:
+                R1_f[i, d] = R1_f[i, d] + tmp_f[i, d] * decay_factor(G_s[i, d] - G_s[r0, d])
+        T.gemm(s2_s, Y_s, tmp_f, clear_accum=True)
+        for i, d in T.Parallel(C, DK):
+            if i >= r0 and i < r0 + sub:
+                part = T.alloc_var(ACCUM)
+                part = tmp_f[i, d] * decay_factor(G_s[i, d] - G_s[r0, d])
+                dK_f[i, d] = dK_f[i, d] + part
+                dG_f[i, d] = dG_f[i, d] + T.Cast(ACCUM, k_s[i, d]) * part
+
+
+@T.macro
+def summed_pair_cols(s1_s, x1_s, s2_s, x2_s, G_s, Y1_s, Y2_s, R_f, tmp_f, scale, C, sub):
+    """``R = scale cols(s1, x1) + cols(s2, x2)`` in one sum: the two go to the same places (``dK`` and,
+    times ``-k``, the gate), so each pair's decay is made once, and for each reference row one accumulator
+    takes both GEMMs and one scaling."""
+    DK = x1_s.shape[1]
+    for j, d in T.Parallel(C, DK):
+        acc = T.alloc_var(ACCUM)
+        acc = 0.0
+        for ii in T.serial(sub):
+            i = (j // sub) * sub + ii
+            acc += T.if_then_else(i > j, (scale * T.Cast(ACCUM, s1_s[i, j]) * T.Cast(ACCUM, x1_s[i, d])
+                                          + T.Cast(ACCUM, s2_s[i, j]) * T.Cast(ACCUM, x2_s[i, d]))
+                                  * decay_factor(G_s[i, d] - G_s[j, d]), 0.0)
+        R_f[j, d] = acc
+    for b in range(C // sub - 1):
+        e = b * sub + sub - 1
+        for i, d in T.Parallel(C, DK):
+            Y1_s[i, d] = T.if_then_else(i > e, scale * x1_s[i, d] * decay_factor(G_s[i, d] - G_s[e, d]), 0.0)
+            Y2_s[i, d] = T.if_then_else(i > e, x2_s[i, d] * decay_factor(G_s[i, d] - G_s[e, d]), 0.0)
+        T.gemm(s1_s, Y1_s, tmp_f, transpose_A=True, clear_accum=True)
+        T.gemm(s2_s, Y2_s, tmp_f, transpose_A=True)
+        for j, d in T.Parallel(C, DK):
+            if j >= e + 1 - sub and j <= e:
+                R_f[j, d] = R_f[j, d] + tmp_f[j, d] * decay_factor(G_s[e, d] - G_s[j, d])
+
+
+@T.macro
 def load_rows(src, dst_s, bb, t0, bh, L, C, D):
     """``dst_s`` = rows ``t0 ..`` of ``src [B, T, H, D]``, the rows past ``L`` zero whatever the load left."""
     T.copy(src[bb, t0:t0 + C, bh, :], dst_s)
@@ -354,14 +417,18 @@ def load_rows(src, dst_s, bb, t0, bh, L, C, D):
 
 
 # --8<-- [start:chunk_pair_gradients]
-def chunk_pair_gradients(DK, chunk_size=64, dtype="bfloat16", delta_rule=True, threads=256):
+def chunk_pair_gradients(DK, chunk_size=64, dtype="bfloat16", delta_rule=True, threads=256, shared_pairs=False,
+                         min_blocks=1):
     """The pair sums of the chunk stage for a gate per channel. Arguments at run time: ``Q, K [B, T, H,
     DK]`` (dtype), ``G [B, H, NC C, DK]`` (float32, log2: each chunk's cumulative gate, flat past the
     end), ``dPs, dAb [B, T, H, C]`` (dtype: ``stril(dP)`` and ``dA b`` from ``chunk_state_gradients``),
     ``scale``; then ``dQ, dK, dG [B, T, H, DK]`` (float32), which it reads and writes: ``dQ <- scale (dQ +
     rows(dPs, K))``, ``dK += cols(dPs, scale Q) + rows(dAb, K) + cols(dAb, K)``, ``dG +=`` the pair terms
     of the gate (``Q rows - K cols`` of each). One block per (chunk, head, batch row). ``delta_rule=False``
-    (level 3): ``dAb`` is not read and its sums are left out."""
+    (level 3): ``dAb`` is not read and its sums are left out. ``shared_pairs`` (with the delta rule): the two
+    row sums against ``K`` share each pair's decay and each reference row's scaled ``K``, and the two column
+    sums are one sum (``shared_pair_rows``, ``summed_pair_cols``), about half the exponentials and loads of
+    the pairs inside a sub-chunk; ``min_blocks``: blocks per SM (registers capped to fit them)."""
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     C, sub = chunk_size, SUB_CHUNK
     NC = T.ceildiv(S, C)
@@ -392,6 +459,8 @@ def chunk_pair_gradients(DK, chunk_size=64, dtype="bfloat16", delta_rule=True, t
             dK_f = T.alloc_fragment([C, DK], ACCUM)
             dG_f = T.alloc_fragment([C, DK], ACCUM)
 
+            if min_blocks > 1:                                # registers capped so that this many fit an SM
+                T.annotate_min_blocks_per_sm(min_blocks)
             load_rows(Q, q_s, bb, t0, bh, L, C, DK)
             load_rows(K, k_s, bb, t0, bh, L, C, DK)
             load_rows(dPs, dP_s, bb, t0, bh, L, C, C)
@@ -399,28 +468,43 @@ def chunk_pair_gradients(DK, chunk_size=64, dtype="bfloat16", delta_rule=True, t
                 load_rows(dAb, dA_s, bb, t0, bh, L, C, C)
             T.copy(G[bb, bh, t0:t0 + C, :], G_s)
 
-            pair_rows(dP_s, k_s, G_s, Y_s, R_f, tmp_f, C, sub)            # rows(dP, K): dQ, and Q R on the gate
-            for i, d in T.Parallel(C, DK):
-                if i < L:
-                    dQ[bb, t0 + i, bh, d] = scale * (dQ[bb, t0 + i, bh, d] + R_f[i, d])
-                dG_f[i, d] = scale * q_s[i, d] * R_f[i, d]
-            pair_cols(dP_s, q_s, G_s, Y_s, R_f, tmp_f, C, sub)            # cols(dP, Q): dK, and -K R
-            for i, d in T.Parallel(C, DK):
-                dK_f[i, d] = scale * R_f[i, d]
-                dG_f[i, d] = dG_f[i, d] - scale * k_s[i, d] * R_f[i, d]
-            if delta_rule:
-                pair_rows(dA_s, k_s, G_s, Y_s, R_f, tmp_f, C, sub)        # rows(dA b, K)
+            if shared_pairs and delta_rule:
+                # cols first: scale cols(dP, Q) + cols(dA b, K) sets dK, and -K times it the gate
+                Y2_s = T.alloc_shared([C, DK], dtype)
+                summed_pair_cols(dP_s, q_s, dA_s, k_s, G_s, Y_s, Y2_s, R_f, tmp_f, scale, C, sub)
                 for i, d in T.Parallel(C, DK):
-                    dK_f[i, d] = dK_f[i, d] + R_f[i, d]
-                    dG_f[i, d] = dG_f[i, d] + k_s[i, d] * R_f[i, d]
-                pair_cols(dA_s, k_s, G_s, Y_s, R_f, tmp_f, C, sub)        # cols(dA b, K)
+                    dK_f[i, d] = R_f[i, d]
+                    dG_f[i, d] = -k_s[i, d] * R_f[i, d]
+                # then rows(dP, K) into R (dQ, Q R on the gate) and rows(dA b, K) into dK and K R on the gate
+                shared_pair_rows(dP_s, dA_s, k_s, G_s, Y_s, R_f, tmp_f, dK_f, dG_f, k_s, C, sub)
                 for i, d in T.Parallel(C, DK):
-                    dK_f[i, d] = dK_f[i, d] + R_f[i, d]
-                    dG_f[i, d] = dG_f[i, d] - k_s[i, d] * R_f[i, d]
-            for i, d in T.Parallel(C, DK):
-                if i < L:
-                    dK[bb, t0 + i, bh, d] = dK[bb, t0 + i, bh, d] + dK_f[i, d]
-                    dG[bb, t0 + i, bh, d] = dG[bb, t0 + i, bh, d] + dG_f[i, d]
+                    if i < L:
+                        dQ[bb, t0 + i, bh, d] = scale * (dQ[bb, t0 + i, bh, d] + R_f[i, d])
+                        dK[bb, t0 + i, bh, d] = dK[bb, t0 + i, bh, d] + dK_f[i, d]
+                        dG[bb, t0 + i, bh, d] = dG[bb, t0 + i, bh, d] + dG_f[i, d] + scale * q_s[i, d] * R_f[i, d]
+            else:
+                pair_rows(dP_s, k_s, G_s, Y_s, R_f, tmp_f, C, sub)            # rows(dP, K): dQ, and Q R on the gate
+                for i, d in T.Parallel(C, DK):
+                    if i < L:
+                        dQ[bb, t0 + i, bh, d] = scale * (dQ[bb, t0 + i, bh, d] + R_f[i, d])
+                    dG_f[i, d] = scale * q_s[i, d] * R_f[i, d]
+                pair_cols(dP_s, q_s, G_s, Y_s, R_f, tmp_f, C, sub)            # cols(dP, Q): dK, and -K R
+                for i, d in T.Parallel(C, DK):
+                    dK_f[i, d] = scale * R_f[i, d]
+                    dG_f[i, d] = dG_f[i, d] - scale * k_s[i, d] * R_f[i, d]
+                if delta_rule:
+                    pair_rows(dA_s, k_s, G_s, Y_s, R_f, tmp_f, C, sub)        # rows(dA b, K)
+                    for i, d in T.Parallel(C, DK):
+                        dK_f[i, d] = dK_f[i, d] + R_f[i, d]
+                        dG_f[i, d] = dG_f[i, d] + k_s[i, d] * R_f[i, d]
+                    pair_cols(dA_s, k_s, G_s, Y_s, R_f, tmp_f, C, sub)        # cols(dA b, K)
+                    for i, d in T.Parallel(C, DK):
+                        dK_f[i, d] = dK_f[i, d] + R_f[i, d]
+                        dG_f[i, d] = dG_f[i, d] - k_s[i, d] * R_f[i, d]
+                for i, d in T.Parallel(C, DK):
+                    if i < L:
+                        dK[bb, t0 + i, bh, d] = dK[bb, t0 + i, bh, d] + dK_f[i, d]
+                        dG[bb, t0 + i, bh, d] = dG[bb, t0 + i, bh, d] + dG_f[i, d]
 
     return main
 
