@@ -1,16 +1,28 @@
 #!/usr/bin/env bash
-# Run 100 (carry .gpu and .carry): where the backward's time goes, then levels 1-4's forward + backward
-# against fla, then run 94's grid order of GDN's inverse, each within its share of TOTAL seconds; rows and
-# profile tables in $OUT. STAGES picks among "profile levels grid" (default: all three).
+# Run 100 (carry .gpu and .carry): the GPU tests of the two backward switches that landed off
+# (STATES_AS_OPERANDS, SHARED_PAIR_SUMS), their time against the defaults, a profile of the backward step by
+# kernel, levels 1-4's forward + backward against fla, then run 94's grid order of GDN's inverse with what is
+# left; rows, logs and profile tables in $OUT. STAGES picks among "tests switches profile levels grid".
 set -u
 source "$(dirname "$0")/device-env.sh"
 left() { echo $(( ${TOTAL:-570} - $(date +%s) + start )); }
-stages=" ${STAGES:-profile levels grid} "
-if [[ $stages == *" profile "* ]]; then
-  timeout -k 5 "${PROFILE_S:-150}" python results/tuning/run100-profile.py 2>&1 | grep -v "^20" | grep "cuda_ms\|Error\|error" | tail -12
+stages=" ${STAGES:-tests switches profile levels grid} "
+if [[ $stages == *" tests "* ]]; then
+  OMP_NUM_THREADS=1 timeout -k 5 "${TEST_S:-150}" python -m pytest -o addopts="" -n 12 -m gpu -v -p no:cacheprovider \
+    tests/test_gpu_backward.py -k "as_operands or shared_pairs" 2>&1 | grep "PASSED\|FAILED\|ERROR\|passed\|failed\|Error" \
+    | sed 's/^\[gw[0-9]*\] \[ *[0-9]*%\] //' > "$OUT"/gpu-tests-switches.txt
+  grep -c PASSED "$OUT"/gpu-tests-switches.txt; grep "FAILED\|ERROR\|passed\|failed" "$OUT"/gpu-tests-switches.txt | tail -8
 fi
-if [[ $stages == *" levels "* ]]; then
-  timeout -k 5 $(( ${LEVELS_S:-200} + 30 )) python results/tuning/run100-levels.py "${LEVELS_S:-200}" 2>&1 | grep -v "^20" | tail -24
+if [[ $stages == *" switches "* ]]; then
+  timeout -k 5 "${SWITCHES_S:-120}" python results/tuning/run100-profile.py switches 2>&1 | grep -v "^20" | tail -8
+fi
+if [[ $stages == *" profile "* ]]; then
+  timeout -k 5 "${PROFILE_S:-150}" python results/tuning/run100-profile.py profile 2>&1 | grep -v "^20" \
+    | grep "cuda_ms\|Error\|error" | tail -12
+fi
+if [[ $stages == *" levels "* ]] && [ "$(left)" -gt 120 ]; then
+  budget=$(( $(left) - 90 )); [ "$budget" -gt "${LEVELS_S:-200}" ] && budget=${LEVELS_S:-200}
+  timeout -k 5 $(( budget + 30 )) python results/tuning/run100-levels.py "$budget" 2>&1 | grep -v "^20" | tail -24
 fi
 if [[ $stages == *" grid "* ]] && [ "$(left)" -gt 100 ]; then
   timeout -k 5 $(( $(left) - 45 )) python results/tuning/run94-gdn-inverse.py compile time 2>&1 | grep -v "^20" | tail -20

@@ -1,9 +1,13 @@
-"""Run 100 (prepared 2026-12-04): where the backward's time goes. Runs 98 and 99 recorded forward + backward
+"""Run 100 (prepared 2026-12-04): where the backward's time goes, and the two switches that landed unverified. Runs 98 and 99 recorded forward + backward
 at (1, 8192, 96, 128), bf16: KDA 37.9 ms against fla's 14.3, GDN 10.3 against FlashQLA's 2.27, and no split
 of kda's step by kernel exists (run 96's profile never ran). This profiles one step of each with
 ``torch.profiler`` (CUDA time of every kernel and torch operation, three steps after one warm-up), beside
 fla's KDA step and FlashQLA's GDN step for the same split of theirs, and writes each table to
-``$OUT/run100-<name>.txt``; a row per table in ``$OUT/run100.jsonl`` gives the step's total CUDA time.
+``$OUT/run100-<name>.txt``, with every kernel launch of the last step in order (TileLang names most of its
+kernels ``main_kernel``, which the table lumps together); a row per table in ``$OUT/run100.jsonl`` gives the
+step's total CUDA time. First (``switches``), forward + backward of both ops with the defaults and with
+``STATES_AS_OPERANDS`` and ``SHARED_PAIR_SUMS`` (landed off, GPU tests in the same call) one at a time and
+together: time, peak memory and every gradient against the defaults'.
 
     FLA_FLASH_QLA=0 python results/tuning/run100-profile.py
 """
@@ -37,10 +41,50 @@ def profile(name, run, steps=3):
     events = prof.key_averages()
     table = events.table(sort_by="cuda_time_total", row_limit=60, max_name_column_width=90)
     kernels = sum(e.self_device_time_total for e in events) / steps / 1e3
+    launches = sorted((e.time_range.start, e.name, e.time_range.elapsed_us()) for e in prof.events()
+                      if str(getattr(e, "device_type", "")).endswith("CUDA"))
+    last = launches[-len(launches) // steps:] if launches else []
     with open(os.path.join(OUT, f"{RUN}-{name}.txt"), "w") as f:
-        f.write(f"{name}: {steps} steps, shape {SHAPE}, bf16\n{table}\n")
+        f.write(f"{name}: {steps} steps, shape {SHAPE}, bf16\n{table}\n\nthe last step's launches in order (us):\n")
+        f.writelines(f"{us:10.1f}  {kernel[:110]}\n" for _, kernel, us in last)
     log(RUN, {"profile": name, "cuda_ms_per_step": round(kernels, 3)})
     print(table[:4000], flush=True)
+
+
+def switches():
+    """Forward + backward with each unverified switch, against the defaults (time, peak, gradients)."""
+    import kda
+    from kda import backward, cuda_autograd
+    from kda.bench import median_ms
+    from kda.metrics import rel_l2
+
+    cuda_autograd.DEVICE_BACKWARD = True
+    B, T, H, D = SHAPE
+    for op in ("KDA", "GDN"):
+        per_channel = op == "KDA"
+        leaves, do = run91.inputs(B, T, H, D, per_channel)
+        fn = kda.chunk_kda if per_channel else kda.chunk_gated_delta_rule
+        want = None
+        for on in ((), ("STATES_AS_OPERANDS",), ("SHARED_PAIR_SUMS",), ("STATES_AS_OPERANDS", "SHARED_PAIR_SUMS")):
+            if "SHARED_PAIR_SUMS" in on and not per_channel:
+                continue
+            for name in ("STATES_AS_OPERANDS", "SHARED_PAIR_SUMS"):
+                setattr(backward, name, name in on)
+            run = run91.step(fn, leaves, do)
+            row = {"stage": "switches", "op": op, "on": list(on)}
+            try:
+                got = run()
+                want = want or got
+                row.update(ms=round(median_ms(run, warmup_ms=200, rep_ms=1000), 3), peak_MB=run91.peak_mb(run),
+                           rel_l2_vs_defaults={n: float(f"{rel_l2(a.float(), b.float()):.2e}")
+                                               for n, a, b in zip("q k v g beta".split(), got, want)})
+            except Exception as e:
+                row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            log(RUN, row)
+        for name in ("STATES_AS_OPERANDS", "SHARED_PAIR_SUMS"):
+            setattr(backward, name, False)
+        del leaves, do, want
+        torch.cuda.empty_cache()
 
 
 def main():
@@ -67,4 +111,8 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    stages = sys.argv[1:] or ["switches", "profile"]
+    if "switches" in stages:
+        switches()
+    if "profile" in stages:
+        main()
