@@ -239,6 +239,7 @@ def test_the_recorder_hashes_the_modules_of_the_run(tmp_path):
     assert rr.Recorder({"device": "NVIDIA H200"}, log=lambda line: None, run=run).record(snippet, 1.0) == "recorded"
     record = sn.read_record(snippet)
     assert record["modules"] == ["kda/metrics.py"]
+    assert record["hash_scheme"] == sn.HASH_SCHEME
     assert record["source_hash"] == sn.source_hash(snippet, modules=["kda/metrics.py"]) != sn.source_hash(
         snippet, modules=[])
     assert sn.record_status(snippet)[0] == "ok"

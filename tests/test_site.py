@@ -179,7 +179,7 @@ def test_a_stale_gpu_record_is_shown_and_fails_only_the_fresh_build(mini_site, t
     snippet = mini_site("# snippet: gpu\nprint('| a |\\n|---|\\n| 1 |')\n")
     _record(snippet, None)
     assert sn.record_status(snippet)[0] == "ok"
-    snippet.file.write_text(snippet.file.read_text() + "# changed after the measurement\n")
+    snippet.file.write_text(snippet.file.read_text() + "changed = 'after the measurement'\n")
     assert sn.record_status(snippet)[0] == "stale"
     assert sn.changed_since(snippet, sn.read_record(snippet)) == ["snippets/probe.py"]
     res = mkdocs_build(tmp_path / "mkdocs.yml", tmp_path / "site")
@@ -277,6 +277,38 @@ def test_a_record_with_its_run_modules_goes_stale_only_with_them(mini_site, tmp_
     legacy = mini_site("# snippet: gpu\nprint(2)\n", name="legacy.py")
     _record(legacy, sn.source_hash(legacy))
     assert "modules" not in sn.read_record(legacy) and sn.record_status(legacy)[0] == "ok"
+
+
+def test_a_new_record_stays_fresh_through_comments_and_docstrings(mini_site, tmp_path, monkeypatch):
+    """A record made now hashes its Python inputs as code (``HASH_SCHEME``: the syntax tree without
+    docstrings): an edit of comments, docstrings or layout leaves it fresh, one of code makes it stale and
+    names the file. A record without a scheme (made before it) still hashes bytes: any edit stales it."""
+    fake = tmp_path / "fake_kda"
+    fake.mkdir()
+    ops = fake / "ops.py"
+    ops.write_text('"""Ops."""\nX = 1  # one\n\n\ndef f():\n    """Doc."""\n    return X\n')
+    monkeypatch.setattr(sn, "_kda_dir", lambda: fake)
+    snippet = mini_site("# snippet: gpu\nprint(1)\n")
+    info = {"device": "NVIDIA H200", "date": "2026-01-01 00:00 UTC", "commit": "0" * 40, "torch": "x"}
+    sn.write_record(snippet, sn.Result("| a |\n|---|\n| 1 |\n", None, {}, 1.0, ["kda/ops.py"]), info,
+                    snippet.root / "results" / "gpu")
+    assert sn.read_record(snippet)["hash_scheme"] == sn.HASH_SCHEME == "code"
+    legacy = mini_site("# snippet: gpu\nprint(2)\n", name="legacy.py")
+    _record(legacy, sn.source_hash(legacy, modules=["kda/ops.py"], scheme="raw"))   # the old scheme: bytes
+    record = sn.read_record(legacy)
+    del record["hash_scheme"], record["files"]
+    record["modules"] = ["kda/ops.py"]
+    sn.record_path(legacy).write_text(json.dumps(record))
+    assert sn.record_status(snippet)[0] == sn.record_status(legacy)[0] == "ok"
+    ops.write_text('"""Ops, reworded."""\nX = 1   # one, reworded\n\ndef f():\n    """Other doc."""\n\n    return X\n')
+    assert sn.record_status(snippet)[0] == "ok" and sn.changed_since(snippet, sn.read_record(snippet)) == []
+    assert sn.record_status(legacy)[0] == "stale"
+    ops.write_text('"""Ops."""\nX = 2  # one\n\n\ndef f():\n    """Doc."""\n    return X\n')
+    assert sn.record_status(snippet)[0] == "stale"
+    assert sn.changed_since(snippet, sn.read_record(snippet)) == ["kda/ops.py"]
+    snippet.file.write_text("# snippet: gpu\n# a comment\nprint(1)\n")
+    ops.write_text('"""Ops."""\nX = 1\n\n\ndef f():\n    return X\n')
+    assert sn.record_status(snippet)[0] == "ok"                            # code as recorded, comments aside
 
 
 def test_uses_may_continue_on_the_comment_lines_below_the_header(mini_site):

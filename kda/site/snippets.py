@@ -186,16 +186,48 @@ def _module_files(snippet: Snippet, modules: list[str] | None) -> list[tuple[str
     return [(_kda_path(file), file) for file in kda_closure(snippet.file.read_text(encoding="utf-8"))]
 
 
+# How a GPU record's hash reads its Python inputs. "code": the syntax tree without docstrings, so that an
+# edit of comments, docstrings or layout alone (which cannot change what a run measures) leaves records
+# fresh; "raw": the bytes, as records made before the scheme existed (no ``hash_scheme``) were hashed.
+HASH_SCHEME = "code"
+
+
+def _code_bytes(file: Path) -> bytes:
+    """A ``.py`` file as its syntax tree without docstrings (``ast.dump``); any other file, or one that does
+    not parse, as its bytes."""
+    data = file.read_bytes()
+    if file.suffix != ".py":
+        return data
+    try:
+        tree = ast.parse(data)
+    except SyntaxError:
+        return data
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                node.body = node.body[1:] or [ast.Pass()]
+    return b"code\0" + ast.dump(tree).encode()
+
+
+def _input_bytes(file: Path | None, scheme: str) -> bytes:
+    if file is None or not file.exists():
+        return b"missing"
+    return _code_bytes(file) if scheme == "code" else file.read_bytes()
+
+
 def source_hash(snippet: Snippet, records_dir: Path | None = None, device: str = DEFAULT_DEVICE,
-                modules: list[str] | None = None) -> str:
+                modules: list[str] | None = None, scheme: str = HASH_SCHEME) -> str:
     """The hash a record of ``snippet`` must carry: over ``modules`` (``kda/...py`` paths: a run's, or
-    those its record lists) where given, else over ``kda_closure`` of the snippet's imports."""
+    those its record lists) where given, else over ``kda_closure`` of the snippet's imports; the Python
+    files read as ``scheme`` says (``HASH_SCHEME``: "code" or "raw")."""
     h = hashlib.sha256()
-    h.update(b"snippet\0" + snippet.file.read_text(encoding="utf-8").encode())
+    snippet_text = _code_bytes(snippet.file) if scheme == "code" else snippet.file.read_text(encoding="utf-8").encode()
+    h.update(b"snippet\0" + snippet_text)
     if modules is not None:
         h.update(b"\0run modules")
     for rel, file in _module_files(snippet, modules):
-        h.update(f"\0{rel}\0".encode() + (file.read_bytes() if file is not None and file.exists() else b"missing"))
+        h.update(f"\0{rel}\0".encode() + _input_bytes(file, scheme))
     for used in snippet.uses:
         record = record_path(load(snippet.root, used), records_dir, device)
         h.update(f"\0uses {used}\0".encode() + (record.read_bytes() if record.exists() else b"missing"))
@@ -430,15 +462,16 @@ def write_record(snippet: Snippet, result: Result, info: dict, records_dir: Path
         raise SnippetError(f"GPU snippet {snippet.path} made figures; record data and plot in a CPU snippet")
     device = device_slug(info["device"])
     if digest is None:
-        digest = source_hash(snippet, records_dir, device, modules=result.modules)
+        digest = source_hash(snippet, records_dir, device, modules=result.modules, scheme=HASH_SCHEME)
     path = record_path(snippet, records_dir, device)
     path.parent.mkdir(parents=True, exist_ok=True)
-    record = {"snippet": snippet.path, "source_hash": digest, "output": result.output, "data": result.data,
-              "seconds": round(result.seconds, 1), "provenance": info}
+    record = {"snippet": snippet.path, "source_hash": digest, "hash_scheme": HASH_SCHEME, "output": result.output,
+              "data": result.data, "seconds": round(result.seconds, 1), "provenance": info}
     if result.modules is not None:
         record["modules"] = result.modules
     # each input's own hash, so that a stale record can name the files that changed since
-    record["files"] = {path: _file_hash(file) for path, file in record_inputs(snippet, record, records_dir, device)}
+    record["files"] = {path: _file_hash(file, HASH_SCHEME)
+                       for path, file in record_inputs(snippet, record, records_dir, device)}
     path.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     return path
 
@@ -452,7 +485,9 @@ def record_status(snippet: Snippet, records_dir: Path | None = None, device: str
     """``("ok" | "stale" | "missing", record or None, current hash)``: the hash over the modules the
     record lists, if it lists them."""
     record = read_record(snippet, records_dir, device)
-    digest = source_hash(snippet, records_dir, device, modules=record.get("modules") if record else None)
+    scheme = record.get("hash_scheme", "raw") if record else HASH_SCHEME
+    digest = source_hash(snippet, records_dir, device, modules=record.get("modules") if record else None,
+                         scheme=scheme)
     if record is None:
         return "missing", None, digest
     return ("ok" if record["source_hash"] == digest else "stale"), record, digest
@@ -477,8 +512,8 @@ def _root_relative(path: Path, root: Path) -> str:
         return Path(path).name
 
 
-def _file_hash(file: Path | None) -> str:
-    return hashlib.sha256(file.read_bytes()).hexdigest()[:16] if file is not None and file.exists() else "missing"
+def _file_hash(file: Path | None, scheme: str = "raw") -> str:
+    return hashlib.sha256(_input_bytes(file, scheme)).hexdigest()[:16] if file is not None and file.exists() else "missing"
 
 
 def changed_since(snippet: Snippet, record: dict, records_dir: Path | None = None,
@@ -488,7 +523,8 @@ def changed_since(snippet: Snippet, record: dict, records_dir: Path | None = Non
     one is compared with its inputs as they were at its commit, read from git."""
     inputs = record_inputs(snippet, record, records_dir, device)
     if "files" in record:
-        return [path for path, file in inputs if record["files"].get(path) != _file_hash(file)]
+        scheme = record.get("hash_scheme", "raw")
+        return [path for path, file in inputs if record["files"].get(path) != _file_hash(file, scheme)]
     commit = record.get("provenance", {}).get("commit")
     if not commit or not _git(snippet.root, "cat-file", "-e", f"{commit}^{{commit}}")[0]:
         return None
