@@ -2,6 +2,7 @@
 code in float64 equals autograd through the token recurrence to rounding, in float32 to ~1e-6; its
 grouping of chunks, packed layout, grouped value heads and L2 norm; and the op's route to it."""
 
+import functools
 import math
 
 import pytest
@@ -648,8 +649,9 @@ def test_chunk_kernel_takes_packed_sequences(per_channel, monkeypatch):
     for name, a, b in zip("dq dk dv dg dbeta dh0".split(), got, want):
         assert rel_l2(a.double(), b.double()) < 1e-2, f"{name}: {rel_l2(a.double(), b.double()):.1e}"   # ~3e-3
 
+@pytest.mark.parametrize("delta_rule", [True, False], ids=["delta_rule", "no_delta_rule"])
 @pytest.mark.parametrize("per_channel", [False, True], ids=["gdn", "kda"])
-def test_states_as_operands(per_channel, monkeypatch):
+def test_states_as_operands(per_channel, delta_rule, monkeypatch):
     """``STATES_AS_OPERANDS`` (CUDA faked, every kernel replaced by its float64 mirror): the state passes are
     compiled to write both states in bf16 and the reverse pass with the chunk decays' gate terms; the chunk
     kernels read those states as they are (no rounding copy) and no einsum over them runs; the gradients are
@@ -667,9 +669,15 @@ def test_states_as_operands(per_channel, monkeypatch):
     einsums = []
     q, k, v, g, beta, h0, do, dht = inputs(B=2, T=150, H=4, HQ=2, K=16, V=128, seed=6, per_channel=per_channel)
     q, k, v, do = (x.to(torch.bfloat16) for x in (q * 3, k * 2, v, do))     # two blocks of value columns
-    args = (q, k, v, g.float(), beta.float(), 0.5, h0.float(), True, None, do, dht.float())
-    monkeypatch.setattr(build, "compile_program",
-                        lambda fn, out_idx, **kw: compiled.setdefault(fn.__name__, kw) and fakes[fn])
+    beta = beta.float() if delta_rule else None                              # levels 1-3: no delta rule
+    args = (q, k, v, g.float(), beta, 0.5, h0.float(), delta_rule, None, do, dht.float())
+
+    def compile_program(fn, out_idx, **kw):
+        compiled.setdefault(fn.__name__, kw)
+        chunk_stage = fn.__name__ not in ("forward_states_pass", "reverse_state_pass")
+        return functools.partial(fakes[fn], delta_rule=kw.get("delta_rule", True)) if chunk_stage else fakes[fn]
+
+    monkeypatch.setattr(build, "compile_program", compile_program)
     monkeypatch.setattr(gated_delta, "prepare_chunks", prepare_chunks_mirror())
     monkeypatch.setattr(torch.cuda, "device", lambda device: __import__("contextlib").nullcontext())
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
@@ -686,6 +694,9 @@ def test_states_as_operands(per_channel, monkeypatch):
     assert compiled["reverse_state_pass"]["chunk_decay_terms"] is True
     assert not [e for e in einsums if e.startswith("bhnkv,bhnkv")]
     for name, a, b in zip("dq dk dv dg dbeta dh0".split(), got, want):
+        if b is None:
+            assert a is None, name
+            continue
         assert a.dtype == b.dtype and a.shape == b.shape, name
         assert rel_l2(a.double(), b.double()) < 1e-2, f"{name}: {rel_l2(a.double(), b.double()):.1e}"
 

@@ -34,7 +34,8 @@ def device_backward(monkeypatch):
 def torch_stages(monkeypatch):
     from kda import backward
 
-    for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL", "CHUNK_KERNELS_BY_CHANNEL"):
+    for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL", "CHUNK_KERNELS_BY_CHANNEL",
+                   "STATES_AS_OPERANDS", "SHARED_PAIR_SUMS"):
         monkeypatch.setattr(backward, switch, False)
 
 
@@ -366,6 +367,16 @@ def test_level_gradients_against_token_recurrence(level, dtype, level_backward):
         b = wanted[name]
         assert a.is_cuda and torch.isfinite(a).all(), f"{name}: not finite"
         assert rel_l2(a.double().cpu(), b) <= KERNEL_BOUND, f"{name}: {rel_l2(a.double().cpu(), b):.2e}"
+
+
+@pytest.mark.parametrize("level", ["linear", "gated_scalar", "gated_per_channel", "delta"])
+def test_level_gradients_with_states_as_operands(level, level_backward, monkeypatch):
+    """The level 1-4 gradients, as above in bf16, with ``STATES_AS_OPERANDS`` on too (the chunk kernels without
+    the delta rule read the states as the passes wrote them, the gate terms from the reverse pass)."""
+    from kda import backward
+
+    monkeypatch.setattr(backward, "STATES_AS_OPERANDS", True)
+    test_level_gradients_against_token_recurrence(level, torch.bfloat16, None)
 
 
 @pytest.mark.parametrize("level", ["linear", "delta_l2norm"])
