@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Run 100 (carry .gpu and .carry): the GPU tests of the two backward switches that landed off
 # (STATES_AS_OPERANDS, SHARED_PAIR_SUMS), their time against the defaults, a profile of the backward step by
-# kernel, levels 1-4's forward + backward against fla, then run 94's grid order of GDN's inverse with what is
-# left; rows, logs and profile tables in $OUT. STAGES picks among "tests switches profile levels grid".
+# kernel, KDA's three chunk kernels alone and the pair sums' variants (run101-pairs.py), levels 1-4's forward +
+# backward against fla, then run 94's grid order of GDN's inverse with what is left; rows, logs and profile
+# tables in $OUT. STAGES picks among "tests switches profile pairs levels grid" (one call fits about four).
 set -u
 source "$(dirname "$0")/device-env.sh"
 left() { echo $(( ${TOTAL:-570} - $(date +%s) + start )); }
-stages=" ${STAGES:-tests switches profile levels grid} "
+stages=" ${STAGES:-tests switches profile pairs levels grid} "
 if [[ $stages == *" tests "* ]]; then
   OMP_NUM_THREADS=1 timeout -k 5 "${TEST_S:-150}" python -m pytest -o addopts="" -n 12 -m gpu -v -p no:cacheprovider \
     tests/test_gpu_backward.py -k "as_operands or shared_pairs" 2>&1 | grep "PASSED\|FAILED\|ERROR\|passed\|failed\|Error" \
@@ -19,6 +20,9 @@ fi
 if [[ $stages == *" profile "* ]]; then
   timeout -k 5 "${PROFILE_S:-150}" python results/tuning/run100-profile.py profile 2>&1 | grep -v "^20" \
     | grep "cuda_ms\|Error\|error" | tail -12
+fi
+if [[ $stages == *" pairs "* ]] && [ "$(left)" -gt 100 ]; then
+  timeout -k 5 $(( $(left) - 60 )) python results/tuning/run101-pairs.py compile time 2>&1 | grep -v "^20" | tail -12
 fi
 if [[ $stages == *" levels "* ]] && [ "$(left)" -gt 120 ]; then
   budget=$(( $(left) - 90 )); [ "$budget" -gt "${LEVELS_S:-200}" ] && budget=${LEVELS_S:-200}
