@@ -60,6 +60,12 @@ STATES_AS_OPERANDS = False
 # exponentials and shared loads of the pairs inside a sub-chunk). Off until its GPU tests pass.
 SHARED_PAIR_SUMS = False
 
+# CUDA, KDA: chunk_pair_gradients compiled with finish_gate writes the gate's gradient itself (each chunk
+# decay's term on its last row, the reverse sum over the chunk, to_end's exclusive prefix sum: gate_gradient,
+# one thread per channel) instead of rows that gate_gradient then pads, copies and sums in torch: some
+# 8 GB of traffic at (1, 8192, 96, 128) by count. Off until its GPU tests pass.
+GATE_IN_PAIR_KERNEL = False
+
 # CUDA: what the two state passes read (W, U, the gated q and k, the scores, the decays) made by the
 # forward's own chunk_intra kernel (kda.gated_delta.prepare_chunks, one launch, bf16 or fp16) instead
 # of torch stages by groups of chunks. GPU tests passed in run 93; KDA at (1, 8192, 96, 128), forward + backward:
@@ -408,7 +414,8 @@ def kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, dtype,
         pieces = compile_program(kernels.chunk_pair_pieces, (), DK=DK, **config)
         states = compile_program(kernels.chunk_state_gradients, (), DK=DK, DV=DV, **config)
         shared = dict(shared_pairs=True) if SHARED_PAIR_SUMS and beta is not None else {}
-        pairs = compile_program(kernels.chunk_pair_gradients, (), DK=DK, **config, **shared)
+        finish = dict(finish_gate=True) if GATE_IN_PAIR_KERNEL else {}
+        pairs = compile_program(kernels.chunk_pair_gradients, (), DK=DK, **config, **shared, **finish)
         new = lambda *shape, dt=torch.float32: ops.new_output(shape, dt, q.device)
         Q, K = low(q), low(k)
         db = new(B, T, H)
@@ -422,10 +429,13 @@ def kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, dtype,
         dPs, dAb = new(B, T, H, C, dt=dtype), new(B, T, H, C, dt=dtype)
         states(Q, K, low(v), low(do), G, b, low(S), low(dS), Tinv, P, KKE, float(scale), dq, dk, dv, db, dG, to_end,
                dPs, dAb)
+        if dG_last is None:
+            decay = torch.exp2(G.view(B, H, NC, C, DK)[:, :, :, -1])     # the cumulative gate's last row, flat past T
+            dG_last = torch.einsum("bhnkv,bhnkv->bhnk", S, dS) * decay                # [B, H, NC, DK]
+        if finish:                                     # the kernel leaves dG as the gate's gradient
+            pairs(Q, K, G, dPs, dAb, float(scale), dq, dk, dG, to_end, dG_last.float().contiguous())
+            return dq, dk, dv, dG, (db if beta is not None else None)
         pairs(Q, K, G, dPs, dAb, float(scale), dq, dk, dG)
-    if dG_last is None:
-        decay = torch.exp2(G.view(B, H, NC, C, DK)[:, :, :, -1])     # the cumulative gate's last row, flat past T
-        dG_last = torch.einsum("bhnkv,bhnkv->bhnk", S, dS) * decay                # [B, H, NC, DK]
     return dq, dk, dv, gate_gradient(dG, to_end, dG_last, C), (db if beta is not None else None)
 
 

@@ -126,6 +126,16 @@ PATHS: tuple[CudaPath, ...] = (
               "zh": "KDA 的 chunk_pair_gradients：两个对 K 的行和共用每对的衰减与每个参考行缩放后的 K，两个列和"
                     "合成一个（子块内成对计算的指数与共享内存读取约减半）"},
     ),
+    CudaPath(
+        name="gate_in_pair_kernel",
+        module="kda.backward",
+        switch="GATE_IN_PAIR_KERNEL",
+        what={"en": "KDA's chunk_pair_gradients writing the gate's gradient itself (the chunk decay's term, the "
+                    "reverse sum over the chunk, to_end's exclusive prefix sum), instead of gate_gradient's "
+                    "torch passes over [B, T, H, DK] float32 tensors",
+              "zh": "KDA 的 chunk_pair_gradients 直接写出门控的梯度（块衰减项、块内的反向求和、to_end 的排他前缀和），"
+                    "取代 gate_gradient 在 [B, T, H, DK] float32 张量上的多趟 torch 运算"},
+    ),
 )
 
 

@@ -435,10 +435,11 @@ def state_gradients_mirror(Q, K, V, dO, G, beta, S_in, dS_out, Tinv, P, KKE, sca
         rows_back(x, out, T)
 
 
-def pair_gradients_mirror(Q, K, G, dPs, dAb, scale, dQ, dK, dG, C=64, delta_rule=True):
+def pair_gradients_mirror(Q, K, G, dPs, dAb, scale, dQ, dK, dG, *finish, C=64, delta_rule=True):
     """``kda.kernels.backward_chunks.chunk_pair_gradients`` in float64 torch: the pair sums of ``dPs`` and
     ``dAb`` (``rows(s, y)_i = sum_j s_ij y_j E_ij``, ``cols(s, x)_j = sum_i s_ij x_i E_ij``) added to
-    ``dQ`` (then scaled), ``dK`` and ``dG``; without the delta rule those of ``dPs`` only."""
+    ``dQ`` (then scaled), ``dK`` and ``dG``; without the delta rule those of ``dPs`` only. With the arguments
+    of ``finish_gate`` (``to_end``, ``dG_last``), ``dG`` then made the gate's gradient by ``gate_gradient``."""
     B, T, H, DK = Q.shape
     NC = G.shape[2] // C
     q, k = chunk_rows(Q, C, NC, T), chunk_rows(K, C, NC, T)
@@ -453,6 +454,9 @@ def pair_gradients_mirror(Q, K, G, dPs, dAb, scale, dQ, dK, dG, C=64, delta_rule
     rows_back(scale * (dq + rP), dQ, T)
     rows_back(dk + cP + rA + cA, dK, T)
     rows_back(dg + qs * rP - k * cP + k * rA - k * cA, dG, T)
+    if finish:
+        to_end, dG_last = finish
+        dG.copy_(backward.gate_gradient(dG.double(), to_end.double(), dG_last.double(), C))
 
 
 @pytest.fixture
@@ -510,6 +514,36 @@ def test_chunk_kernel_arithmetic_is_the_chunk_gradients(per_channel, strong, dty
     for name, a, b in zip("dq dk dv dg dbeta".split(), got, want):
         assert a.shape == b.shape and rel_l2(a, b) < bound, f"{name}: {rel_l2(a, b):.1e}"
     assert set(mirrored_chunk_kernels) == {True}                  # every kernel compiled with the delta rule
+
+
+@pytest.mark.parametrize("gates", ["faint", "strong"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_gate_in_pair_kernel_arithmetic(dtype, gates, mirrored_chunk_kernels, monkeypatch):
+    """``GATE_IN_PAIR_KERNEL``: ``chunk_pair_gradients`` (its mirror) gets each chunk decay's term and
+    ``to_end`` and leaves the gate's gradient itself, as ``chunked_gradients`` makes it (a tail chunk); faint
+    gates (a chunk decays by about e^-0.5, so that its decay's term counts) and strong ones."""
+    monkeypatch.setattr(backward, "GATE_IN_PAIR_KERNEL", True)
+    gate_gradient = backward.gate_gradient
+    calls = []
+    monkeypatch.setattr(backward, "gate_gradient", lambda *a: calls.append(1) or gate_gradient(*a))
+    q, k, v, g, beta, h0, do, dht = inputs(B=2, T=100, H=2, K=16, V=8, per_channel=True, strong=gates == "strong",
+                                           seed=7)
+    g = g * 0.01 if gates == "faint" else g
+    bf16 = lambda x: x.to(torch.bfloat16).double()
+    q, k, v, do = (bf16(x) for x in (q, k, v, do))
+    g, beta = g.float().double(), beta.float().double()
+    p = ref.chunk_pieces(q, k, v, g, beta, 0.5, 64)
+    S = bf16(ref.forward_states(p, bf16(h0))[0])
+    dO = ref.to_chunks(do, 64)
+    dS = bf16(ref.reverse_state_pass(p, dO, dht)[0])
+    want = ref.from_chunks(ref.chunk_gradients(p, S, dS, dO)[4], q.shape[1])
+    got = backward.kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, 0.5, dtype)[3]
+    assert rel_l2(got, want) < (2e-2 if dtype == torch.bfloat16 else 1e-5), f"dg: {rel_l2(got, want):.1e}"
+    assert calls == [1]                                           # once, by the mirror: not by the stage
+    if gates == "faint":
+        assert p["decay"].min() > 0.3                             # the chunk decays' terms count
+
+
 
 @pytest.mark.parametrize("gate", ["none", "per_head", "per_channel"])
 def test_chunk_kernel_arithmetic_without_the_delta_rule(gate, mirrored_chunk_kernels):

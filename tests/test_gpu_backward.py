@@ -35,7 +35,7 @@ def torch_stages(monkeypatch):
     from kda import backward
 
     for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL", "CHUNK_KERNELS_BY_CHANNEL",
-                   "STATES_AS_OPERANDS", "SHARED_PAIR_SUMS"):
+                   "STATES_AS_OPERANDS", "SHARED_PAIR_SUMS", "GATE_IN_PAIR_KERNEL"):
         monkeypatch.setattr(backward, switch, False)
 
 
@@ -183,16 +183,17 @@ def test_state_passes_as_operands_against_the_stages(per_channel, dtype, poisone
         assert rel_l2(got.double().cpu(), want) <= bound, f"{name}: {rel_l2(got.double().cpu(), want):.2e}"
 
 
-@pytest.mark.parametrize("kind", ["logsigmoid", "runs_of_-20"])
+@pytest.mark.parametrize("kind", ["logsigmoid", "runs_of_-20", "mild"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
 def test_gradients_with_states_as_operands(per_channel, dtype, kind, device_backward, monkeypatch):
-    """The op's gradients with every kernel and ``STATES_AS_OPERANDS`` on against the float64 recurrence
-    (a tail chunk, initial and final states), within the bound of the state-pass kernels' test."""
+    """The op's gradients with every kernel and the three switches that landed off (``STATES_AS_OPERANDS``,
+    ``SHARED_PAIR_SUMS``, ``GATE_IN_PAIR_KERNEL``) on against the float64 recurrence (a tail chunk, initial and
+    final states), within the bound of the state-pass kernels' test."""
     from kda import backward
 
     for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL", "CHUNK_KERNELS_BY_CHANNEL",
-                   "STATES_AS_OPERANDS"):
+                   "STATES_AS_OPERANDS", "SHARED_PAIR_SUMS", "GATE_IN_PAIR_KERNEL"):
         monkeypatch.setattr(backward, switch, True)
     shape = (2, 200, 3, 128, 128)
     leaves = inputs(shape, dtype, kind, per_channel, zlib.crc32(f"{per_channel}{dtype}{kind}".encode()))
@@ -224,19 +225,23 @@ def test_gradients_with_the_state_pass_kernels(per_channel, device_backward, mon
     check(got, want, KERNEL_BOUND)
 
 
-@pytest.mark.parametrize("kind", ["logsigmoid", "runs_of_-20"])
+@pytest.mark.parametrize("kind", ["logsigmoid", "runs_of_-20", "mild"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("per_channel", [False, True, "shared_pairs"], ids=["gdn", "kda", "kda_shared_pairs"])
+@pytest.mark.parametrize("per_channel", [False, True, "shared_pairs", "gate_in_pair_kernel"],
+                         ids=["gdn", "kda", "kda_shared_pairs", "kda_gate_in_pair_kernel"])
 def test_chunk_kernel_against_the_stages(per_channel, dtype, kind, poisoned, monkeypatch):
     """``kda/kernels/backward_chunks.py`` (a gate per head: ``chunk_gradients``; per channel: its three
     kernels) against the reference's ``chunk_gradients`` in float64 on the same inputs and the same
     states and state gradients rounded to the kernels' dtype (a tail chunk); outputs poisoned with NaN.
     The kernels round their GEMM operands (W, V', P, T and the gradients between GEMMs, and what the
     three hand each other) to that dtype, as fla's kernels do. ``kda_shared_pairs``: the three with
-    ``SHARED_PAIR_SUMS`` (``chunk_pair_gradients`` compiled with ``shared_pairs``)."""
+    ``SHARED_PAIR_SUMS`` (``chunk_pair_gradients`` compiled with ``shared_pairs``); ``kda_gate_in_pair_kernel``:
+    with ``GATE_IN_PAIR_KERNEL`` (the gate's gradient finished in that kernel; mild gates make each chunk
+    decay's term count)."""
     from kda import backward
 
     monkeypatch.setattr(backward, "SHARED_PAIR_SUMS", per_channel == "shared_pairs")
+    monkeypatch.setattr(backward, "GATE_IN_PAIR_KERNEL", per_channel == "gate_in_pair_kernel")
     per_channel = bool(per_channel)
     B, T, H, DK, DV = 2, 300, 3, 128, 128
     q, k, v, g, beta, h0 = inputs((B, T, H, DK, DV), dtype, kind, per_channel, 41 if per_channel else 31)

@@ -85,7 +85,9 @@ CASES = [
     ("backward_chunks", "chunk_pair_gradients", dict(DK=64, dtype="float16")),
     # the pair sums sharing their decays: 255 registers, 8 bytes in local memory
     ("backward_chunks", "chunk_pair_gradients", dict(DK=128, shared_pairs=True, spill_budget=8)),
-    ("backward_chunks", "chunk_pair_gradients", dict(DK=64, dtype="float16", shared_pairs=True)),
+    ("backward_chunks", "chunk_pair_gradients", dict(DK=64, dtype="float16", shared_pairs=True, spill_budget=8)),
+    ("backward_chunks", "chunk_pair_gradients", dict(DK=128, finish_gate=True)),
+    ("backward_chunks", "chunk_pair_gradients", dict(DK=128, shared_pairs=True, finish_gate=True, spill_budget=16)),
     ("backward_chunks", "chunk_pair_pieces", dict(DK=128, delta_rule=False)),                # level 3
     ("backward_chunks", "chunk_state_gradients", dict(DK=128, DV=128, delta_rule=False)),
     ("backward_chunks", "chunk_pair_gradients", dict(DK=128, delta_rule=False)),

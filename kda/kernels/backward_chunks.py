@@ -418,7 +418,7 @@ def load_rows(src, dst_s, bb, t0, bh, L, C, D):
 
 # --8<-- [start:chunk_pair_gradients]
 def chunk_pair_gradients(DK, chunk_size=64, dtype="bfloat16", delta_rule=True, threads=256, shared_pairs=False,
-                         min_blocks=1):
+                         min_blocks=1, finish_gate=False):
     """The pair sums of the chunk stage for a gate per channel. Arguments at run time: ``Q, K [B, T, H,
     DK]`` (dtype), ``G [B, H, NC C, DK]`` (float32, log2: each chunk's cumulative gate, flat past the
     end), ``dPs, dAb [B, T, H, C]`` (dtype: ``stril(dP)`` and ``dA b`` from ``chunk_state_gradients``),
@@ -428,30 +428,43 @@ def chunk_pair_gradients(DK, chunk_size=64, dtype="bfloat16", delta_rule=True, t
     (level 3): ``dAb`` is not read and its sums are left out. ``shared_pairs`` (with the delta rule): the two
     row sums against ``K`` share each pair's decay and each reference row's scaled ``K``, and the two column
     sums are one sum (``shared_pair_rows``, ``summed_pair_cols``), about half the exponentials and loads of
-    the pairs inside a sub-chunk; ``min_blocks``: blocks per SM (registers capped to fit them)."""
+    the pairs inside a sub-chunk; ``min_blocks``: blocks per SM (registers capped to fit them).
+    ``finish_gate``: two more inputs after ``dG``, ``to_end [B, T, H, DK]`` (from ``chunk_state_gradients``)
+    and ``dG_last [B, H, NC, DK]`` (each chunk decay's term), both float32, and ``dG`` leaves as the gate's
+    gradient itself (``kda.backward.gate_gradient`` in the kernel: ``dG_last`` on the chunk's last row, the
+    reverse sum over the chunk, ``to_end`` as an exclusive prefix sum), one thread per channel."""
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     C, sub = chunk_size, SUB_CHUNK
     NC = T.ceildiv(S, C)
 
-    @T.prim_func
-    def main(
-        Q: T.Tensor([B, S, H, DK], dtype),
-        K: T.Tensor([B, S, H, DK], dtype),
-        G: T.Tensor([B, H, NC * C, DK], ACCUM),
-        dPs: T.Tensor([B, S, H, C], dtype),
-        dAb: T.Tensor([B, S, H, C], dtype),
-        scale: T.float32,
-        dQ: T.Tensor([B, S, H, DK], ACCUM),
-        dK: T.Tensor([B, S, H, DK], ACCUM),
-        dG: T.Tensor([B, S, H, DK], ACCUM),
-    ):
+    @T.macro
+    def finished_gate(dG, to_end, dG_last, dG_f, rows_s, bb, bh, c, t0, L):
+        """The gate's gradient of the chunk from its rows (what ``dG`` holds plus this kernel's terms), as
+        ``kda.backward.gate_gradient`` makes it: one thread per channel walks the rows from the last."""
+        for i, d in T.Parallel(C, DK):
+            rows_s[i, d] = T.if_then_else(i < L, dG[bb, t0 + T.min(i, L - 1), bh, d] + dG_f[i, d], 0.0)
+        for d in T.Parallel(DK):
+            suffix = T.alloc_var(ACCUM)
+            prefix = T.alloc_var(ACCUM)
+            suffix = dG_last[bb, bh, c, d]                # on the chunk's last row (past L: a zero row)
+            for r in T.serial(C):
+                suffix = suffix + rows_s[C - 1 - r, d]
+                rows_s[C - 1 - r, d] = suffix             # sum over the rows from this one on
+            prefix = 0.0
+            for i in T.serial(C):
+                if i < L:
+                    dG[bb, t0 + i, bh, d] = rows_s[i, d] + prefix
+                    prefix = prefix + to_end[bb, t0 + i, bh, d]   # to_end before this row, exclusive
+
+    @T.macro
+    def body(Q, K, G, dPs, dAb, scale, dQ, dK, dG, to_end, dG_last):
         with T.Kernel(NC, H, B, threads=threads) as (c, bh, bb):
             t0 = c * C
             L = T.min(C, S - t0)
             q_s = T.alloc_shared([C, DK], dtype)
             k_s = T.alloc_shared([C, DK], dtype)
             Y_s = T.alloc_shared([C, DK], dtype)          # the other side of a GEMM, scaled to its reference row
-            G_s = T.alloc_shared([C, DK], ACCUM)
+            G_s = T.alloc_shared([C, DK], ACCUM)          # with finish_gate, at the end: the gate's rows
             dP_s = T.alloc_shared([C, C], dtype)
             dA_s = T.alloc_shared([C, C], dtype)
             R_f = T.alloc_fragment([C, DK], ACCUM)
@@ -478,10 +491,12 @@ def chunk_pair_gradients(DK, chunk_size=64, dtype="bfloat16", delta_rule=True, t
                 # then rows(dP, K) into R (dQ, Q R on the gate) and rows(dA b, K) into dK and K R on the gate
                 shared_pair_rows(dP_s, dA_s, k_s, G_s, Y_s, R_f, tmp_f, dK_f, dG_f, k_s, C, sub)
                 for i, d in T.Parallel(C, DK):
+                    dG_f[i, d] = dG_f[i, d] + scale * q_s[i, d] * R_f[i, d]
                     if i < L:
                         dQ[bb, t0 + i, bh, d] = scale * (dQ[bb, t0 + i, bh, d] + R_f[i, d])
                         dK[bb, t0 + i, bh, d] = dK[bb, t0 + i, bh, d] + dK_f[i, d]
-                        dG[bb, t0 + i, bh, d] = dG[bb, t0 + i, bh, d] + dG_f[i, d] + scale * q_s[i, d] * R_f[i, d]
+                        if not finish_gate:
+                            dG[bb, t0 + i, bh, d] = dG[bb, t0 + i, bh, d] + dG_f[i, d]
             else:
                 pair_rows(dP_s, k_s, G_s, Y_s, R_f, tmp_f, C, sub)            # rows(dP, K): dQ, and Q R on the gate
                 for i, d in T.Parallel(C, DK):
@@ -504,7 +519,43 @@ def chunk_pair_gradients(DK, chunk_size=64, dtype="bfloat16", delta_rule=True, t
                 for i, d in T.Parallel(C, DK):
                     if i < L:
                         dK[bb, t0 + i, bh, d] = dK[bb, t0 + i, bh, d] + dK_f[i, d]
-                        dG[bb, t0 + i, bh, d] = dG[bb, t0 + i, bh, d] + dG_f[i, d]
+                        if not finish_gate:
+                            dG[bb, t0 + i, bh, d] = dG[bb, t0 + i, bh, d] + dG_f[i, d]
+            if finish_gate:
+                finished_gate(dG, to_end, dG_last, dG_f, G_s, bb, bh, c, t0, L)
+
+    if finish_gate:
+        @T.prim_func
+        def with_the_gate(
+            Q: T.Tensor([B, S, H, DK], dtype),
+            K: T.Tensor([B, S, H, DK], dtype),
+            G: T.Tensor([B, H, NC * C, DK], ACCUM),
+            dPs: T.Tensor([B, S, H, C], dtype),
+            dAb: T.Tensor([B, S, H, C], dtype),
+            scale: T.float32,
+            dQ: T.Tensor([B, S, H, DK], ACCUM),
+            dK: T.Tensor([B, S, H, DK], ACCUM),
+            dG: T.Tensor([B, S, H, DK], ACCUM),
+            to_end: T.Tensor([B, S, H, DK], ACCUM),
+            dG_last: T.Tensor([B, H, NC, DK], ACCUM),
+        ):
+            body(Q, K, G, dPs, dAb, scale, dQ, dK, dG, to_end, dG_last)
+
+        return with_the_gate
+
+    @T.prim_func
+    def main(
+        Q: T.Tensor([B, S, H, DK], dtype),
+        K: T.Tensor([B, S, H, DK], dtype),
+        G: T.Tensor([B, H, NC * C, DK], ACCUM),
+        dPs: T.Tensor([B, S, H, C], dtype),
+        dAb: T.Tensor([B, S, H, C], dtype),
+        scale: T.float32,
+        dQ: T.Tensor([B, S, H, DK], ACCUM),
+        dK: T.Tensor([B, S, H, DK], ACCUM),
+        dG: T.Tensor([B, S, H, DK], ACCUM),
+    ):
+        body(Q, K, G, dPs, dAb, scale, dQ, dK, dG, None, None)        # no gate to finish: never read
 
     return main
 
