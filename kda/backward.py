@@ -66,6 +66,11 @@ SHARED_PAIR_SUMS = False
 # 8 GB of traffic at (1, 8192, 96, 128) by count. Off until its GPU tests pass.
 GATE_IN_PAIR_KERNEL = False
 
+# CUDA, the forward's pieces into the state-pass kernels: the kernels read them token-major, [B, T, H, D], as
+# chunk_intra writes them (and do as it comes), instead of copies padded and laid out by chunks (about 4.5 GB
+# of copies at (1, 8192, 96, 128) by count, and their memory). Off until its GPU tests pass.
+TOKEN_MAJOR_STATES = False
+
 # CUDA: what the two state passes read (W, U, the gated q and k, the scores, the decays) made by the
 # forward's own chunk_intra kernel (kda.gated_delta.prepare_chunks, one launch, bf16 or fp16) instead
 # of torch stages by groups of chunks. GPU tests passed in run 93; KDA at (1, 8192, 96, 128), forward + backward:
@@ -259,20 +264,23 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
     # 1. what the state passes read, for every chunk: by the forward's kernel, or a group of chunks at
     # a time (one group, step 3 by torch: its pieces are kept for step 3 instead of made again)
     first = None
+    state_kernels = STATE_KERNELS and q.is_cuda and len(segments) == 1 and DV % 64 == 0
+    token_major = TOKEN_MAJOR_STATES and state_kernels and forward_pieces_apply(q, beta, C, kernel_dtype)
     if forward_pieces_apply(q, beta, C, kernel_dtype):
-        whole = forward_pieces(q, k, v, g, beta, scale, kernel_dtype)      # in kernel_dtype, as the kernel wrote them
+        # in kernel_dtype, as the kernel wrote them; token-major ([B, T, H, *]) for the state kernels to read
+        whole = forward_pieces(q, k, v, g, beta, scale, kernel_dtype, token_major)
     else:
         first = pieces(*groups[0]) if len(groups) == 1 and not (chunk_kernel or channel_kernels) else None
         kept = [first] if first else [{name: p[name] for name in STATE_PIECES}
                                       for p in (pieces(s, e) for s, e in groups)]
         whole = {name: torch.cat([part[name] for part in kept], dim=2) for name in STATE_PIECES}
         del kept
-    dO = to_chunks(do, C)                       # in do's dtype: the state kernels round it to theirs
+    dO = do if token_major else to_chunks(do, C)   # in do's dtype: the state kernels round it to theirs
     # 2. the states entering every chunk and the gradients of those leaving it
     dG_last = None          # each chunk decay's gate term, where the reverse pass makes it
-    if STATE_KERNELS and q.is_cuda and len(segments) == 1 and DV % 64 == 0:
+    if state_kernels:
         as_operands = STATES_AS_OPERANDS and (chunk_kernel or channel_kernels)
-        S, dS, dh0, dG_last = kernel_state_passes(whole, S0, dO, dS_final, kernel_dtype, as_operands)
+        S, dS, dh0, dG_last = kernel_state_passes(whole, S0, dO, dS_final, kernel_dtype, as_operands, token_major)
     else:
         S, dS, dh0 = torch_state_passes({name: x.to(dtype) for name, x in whole.items()}, S0, dO.to(dtype),
                                         dS_final, segments)
@@ -310,11 +318,12 @@ def forward_pieces_apply(q, beta, C, kernel_dtype) -> bool:
     return FORWARD_PIECES and beta is not None and kernels_take(q, C, kernel_dtype)
 
 
-def forward_pieces(q, k, v, g, beta, scale, dtype):
+def forward_pieces(q, k, v, g, beta, scale, dtype, token_major=False):
     """``STATE_PIECES`` for every chunk ``[B, H, NC, C, *]`` from ``kda.gated_delta.prepare_chunks`` (the
     forward's ``chunk_intra``) on the inputs rounded to ``dtype``: ``Qg`` is its ``Qw`` (scale in), ``Kd`` its
     ``Kw``, ``P`` its ``A_qk``; the rows past the end are zeros, as the torch pieces' are. ``g``: ``[B, T, H,
-    DK]``, ``[B, T, H]`` (a gate per head) or ``None`` (none: a zero gate per head)."""
+    DK]``, ``[B, T, H]`` (a gate per head) or ``None`` (none: a zero gate per head). ``token_major``: the
+    pieces as the kernel wrote them, ``[B, T, H, *]`` (``decay`` ``[B, H, NC, DK]`` either way)."""
     from kda.gated_delta import prepare_chunks
 
     B, T, H, _ = q.shape
@@ -322,8 +331,8 @@ def forward_pieces(q, k, v, g, beta, scale, dtype):
     gate = torch.zeros(B, T, H, 1, device=q.device) if g is None else (g[..., None] if g.dim() == 3 else g)
     low = lambda x: x.to(dtype).contiguous()
     form = prepare_chunks(low(q), low(k), low(v), gate.float().contiguous(), beta, scale)
-    chunked = lambda x: torch.nn.functional.pad(x, (0, 0, 0, 0, 0, NC * CHUNK_SIZE - T)).view(
-        B, NC, CHUNK_SIZE, H, x.shape[-1]).permute(0, 3, 1, 2, 4)
+    chunked = (lambda x: x) if token_major else lambda x: torch.nn.functional.pad(
+        x, (0, 0, 0, 0, 0, NC * CHUNK_SIZE - T)).view(B, NC, CHUNK_SIZE, H, x.shape[-1]).permute(0, 3, 1, 2, 4)
     return {"U": chunked(form.U), "W": chunked(form.W), "Kd": chunked(form.Kw), "Qg": chunked(form.Qw),
             "P": chunked(form.A_qk), "decay": form.decay}
 
@@ -456,22 +465,25 @@ def torch_state_passes(whole, S0, dO, dS_final, segments):
     return S, dS, dh0
 
 
-def kernel_state_passes(whole, S0, dO, dS_final, inputs_dtype=None, as_operands=False):
+def kernel_state_passes(whole, S0, dO, dS_final, inputs_dtype=None, as_operands=False, token_major=False):
     """``forward_states`` and ``reverse_state_pass`` for a dense batch by
     ``kda.kernels.backward_states``: the states entering every chunk, the gradients of those leaving
     it and that of the initial state (float32), from the pieces rounded to ``STATE_KERNELS_DTYPE``, or
     where that is None to the inputs' dtype if it is bf16 or fp16 (else bf16); and ``None``. With
     ``as_operands`` (``STATES_AS_OPERANDS``, the operands bf16 or fp16) the two states come in the operands'
-    dtype and the fourth value is each chunk decay's gate term ``decay_k sum_v S dS``, ``[B, H, NC, DK]``."""
+    dtype and the fourth value is each chunk decay's gate term ``decay_k sum_v S dS``, ``[B, H, NC, DK]``.
+    ``token_major`` (``TOKEN_MAJOR_STATES``): the pieces and ``dO`` ``[B, T, H, *]``, as ``forward_pieces``
+    gives them with it, read so by the kernels."""
     from kda import ops
     from kda.kernels import backward_states
     from kda.kernels.build import compile_program
 
-    B, H, NC, C, DK = whole["W"].shape
-    DV = whole["U"].shape[-1]
+    B, H, NC, DK = whole["decay"].shape[:3] + whole["W"].shape[-1:]
+    C, DV = CHUNK_SIZE if token_major else whole["W"].shape[3], whole["U"].shape[-1]
     halves = (torch.bfloat16, torch.float16)
     operands = STATE_KERNELS_DTYPE or (inputs_dtype if inputs_dtype in halves else torch.bfloat16)
-    flat = lambda x: x.reshape(B, H, NC * C, x.shape[-1]).to(operands).contiguous()
+    flat = (lambda x: x.to(operands).contiguous()) if token_major else \
+        lambda x: x.reshape(B, H, NC * C, x.shape[-1]).to(operands).contiguous()
     decay = whole["decay"].expand(B, H, NC, DK).float().contiguous()      # a gate per head: width 1
     name = str(operands).removeprefix("torch.")
     as_operands = as_operands and operands in halves
@@ -480,6 +492,8 @@ def kernel_state_passes(whole, S0, dO, dS_final, inputs_dtype=None, as_operands=
     shapes = dict(DK=DK, DV=DV, chunk_size=C, block_dv=64, dtype=name, num_stages=1 if name == "float32" else 2)
     if as_operands:
         shapes["state_dtype"] = name
+    if token_major:
+        shapes["token_major"] = True
     with torch.cuda.device(S0.device):
         forward = compile_program(backward_states.forward_states_pass, (), **shapes)
         reverse = compile_program(backward_states.reverse_state_pass, (), **shapes,

@@ -136,6 +136,15 @@ PATHS: tuple[CudaPath, ...] = (
               "zh": "KDA 的 chunk_pair_gradients 直接写出门控的梯度（块衰减项、块内的反向求和、to_end 的排他前缀和），"
                     "取代 gate_gradient 在 [B, T, H, DK] float32 张量上的多趟 torch 运算"},
     ),
+    CudaPath(
+        name="token_major_states",
+        module="kda.backward",
+        switch="TOKEN_MAJOR_STATES",
+        what={"en": "the backward's state-pass kernels reading the forward's pieces and dO token-major, [B, T, H, D], "
+                    "as chunk_intra writes them, instead of copies padded and laid out by chunks",
+              "zh": "反向的状态遍历 kernel 按 token 优先的 [B, T, H, D] 布局直接读取前向的中间量与 dO（正是 chunk_intra "
+                    "写出的布局），取代补齐后按块重排的拷贝"},
+    ),
 )
 
 

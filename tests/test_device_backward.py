@@ -200,12 +200,19 @@ def test_sub_chunked_sums_are_the_pairwise_sums(C):
     assert rel_l2(sub.cols(s, x), pairwise.cols(s, x)) < 1e-14
 
 
+def piece_chunks(C, token_major, NC):
+    """A state pass's pieces as ``[B, H, NC, C, D]`` float64: from the head-major chunk layout ``[B, H, NC C, D]``,
+    or from token-major ``[B, T, H, D]`` (``token_major``), the rows past ``T`` zeros as the kernels load them."""
+    if token_major:
+        return lambda x: ref.to_chunks(x.double(), C)
+    return lambda x: x.reshape(x.shape[0], x.shape[1], NC, C, x.shape[-1]).double()
+
+
 def forward_states_mirror(C):
     """``kda.kernels.backward_states.forward_states_pass`` for chunks of ``C`` in float64 torch, reading its
-    arguments in their head-major chunk layout and writing ``S_in``."""
-    def forward_states(W, Kd, U, decay, h0, S_in):
-        B, H, L, DK = W.shape
-        chunks = lambda x: x.reshape(B, H, L // C, C, x.shape[-1]).double()
+    arguments in their head-major chunk layout (or token-major, ``token_major``) and writing ``S_in``."""
+    def forward_states(W, Kd, U, decay, h0, S_in, token_major=False):
+        chunks = piece_chunks(C, token_major, decay.shape[2])
         S_in.copy_(ref.forward_states({"W": chunks(W), "Kd": chunks(Kd), "U": chunks(U), "decay": decay.double()},
                                       h0.double())[0])
     return forward_states
@@ -215,10 +222,9 @@ def reverse_state_pass_mirror(C, block_dv=64):
     """``kda.kernels.backward_states.reverse_state_pass`` for chunks of ``C`` in float64 torch; with the
     arguments of ``chunk_decay_terms=True`` (``S_in`` before ``dS_out``, ``dG_last`` after ``dh0``) each chunk
     decay's gate term too, per ``block_dv`` value columns, from ``dS`` before it is rounded to ``dS_out``."""
-    def reverse(P, Kd, Qg, W, dO, decay, dht, *outputs):
+    def reverse(P, Kd, Qg, W, dO, decay, dht, *outputs, token_major=False):
         S_in, dS_out, dh0, dG_last = outputs if len(outputs) == 4 else (None, *outputs, None)
-        B, H, L, DK = W.shape
-        chunks = lambda x: x.reshape(B, H, L // C, C, x.shape[-1]).double()
+        chunks = piece_chunks(C, token_major, decay.shape[2])
         part = {"P": chunks(P), "Kd": chunks(Kd), "Qg": chunks(Qg), "W": chunks(W), "decay": decay.double(),
                 "U": chunks(dO)}
         out, first = ref.reverse_state_pass(part, chunks(dO), dht.double())
@@ -683,13 +689,16 @@ def test_chunk_kernel_takes_packed_sequences(per_channel, monkeypatch):
     for name, a, b in zip("dq dk dv dg dbeta dh0".split(), got, want):
         assert rel_l2(a.double(), b.double()) < 1e-2, f"{name}: {rel_l2(a.double(), b.double()):.1e}"   # ~3e-3
 
+@pytest.mark.parametrize("token_major", [False, True], ids=["head_major", "token_major"])
 @pytest.mark.parametrize("delta_rule", [True, False], ids=["delta_rule", "no_delta_rule"])
 @pytest.mark.parametrize("per_channel", [False, True], ids=["gdn", "kda"])
-def test_states_as_operands(per_channel, delta_rule, monkeypatch):
+def test_states_as_operands(per_channel, delta_rule, token_major, monkeypatch):
     """``STATES_AS_OPERANDS`` (CUDA faked, every kernel replaced by its float64 mirror): the state passes are
     compiled to write both states in bf16 and the reverse pass with the chunk decays' gate terms; the chunk
     kernels read those states as they are (no rounding copy) and no einsum over them runs; the gradients are
-    those with float32 states, to the rounding of the states to bf16."""
+    those with float32 states, to the rounding of the states to bf16. ``token_major``: with
+    ``TOKEN_MAJOR_STATES`` too (the forward's pieces and ``do`` read as they are, where they come from the
+    forward's kernel: with the delta rule)."""
     from kda import gated_delta
     from kda.kernels import backward_chunks, backward_states, build
 
@@ -708,8 +717,9 @@ def test_states_as_operands(per_channel, delta_rule, monkeypatch):
 
     def compile_program(fn, out_idx, **kw):
         compiled.setdefault(fn.__name__, kw)
-        chunk_stage = fn.__name__ not in ("forward_states_pass", "reverse_state_pass")
-        return functools.partial(fakes[fn], delta_rule=kw.get("delta_rule", True)) if chunk_stage else fakes[fn]
+        if fn.__name__ in ("forward_states_pass", "reverse_state_pass"):
+            return functools.partial(fakes[fn], token_major=kw.get("token_major", False))
+        return functools.partial(fakes[fn], delta_rule=kw.get("delta_rule", True))
 
     monkeypatch.setattr(build, "compile_program", compile_program)
     monkeypatch.setattr(gated_delta, "prepare_chunks", prepare_chunks_mirror())
@@ -720,12 +730,15 @@ def test_states_as_operands(per_channel, delta_rule, monkeypatch):
     want = backward.op_gradients(*args)
     compiled.clear()
     monkeypatch.setattr(backward, "STATES_AS_OPERANDS", True)
+    monkeypatch.setattr(backward, "TOKEN_MAJOR_STATES", token_major)
     einsum = torch.einsum
     monkeypatch.setattr(torch, "einsum", lambda *a, **kw: einsums.append(a[0]) or einsum(*a, **kw))
     got = backward.op_gradients(*args)
     assert compiled["forward_states_pass"]["state_dtype"] == "bfloat16"
     assert compiled["reverse_state_pass"]["state_dtype"] == "bfloat16"
     assert compiled["reverse_state_pass"]["chunk_decay_terms"] is True
+    for name in ("forward_states_pass", "reverse_state_pass"):     # token-major where the forward made the pieces
+        assert compiled[name].get("token_major", False) is (token_major and delta_rule)
     assert not [e for e in einsums if e.startswith("bhnkv,bhnkv")]
     for name, a, b in zip("dq dk dv dg dbeta dh0".split(), got, want):
         if b is None:

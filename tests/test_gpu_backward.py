@@ -34,8 +34,7 @@ def device_backward(monkeypatch):
 def torch_stages(monkeypatch):
     from kda import backward
 
-    for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL", "CHUNK_KERNELS_BY_CHANNEL",
-                   "STATES_AS_OPERANDS", "SHARED_PAIR_SUMS", "GATE_IN_PAIR_KERNEL"):
+    for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL", "CHUNK_KERNELS_BY_CHANNEL", *LANDED_OFF):
         monkeypatch.setattr(backward, switch, False)
 
 
@@ -151,13 +150,15 @@ def test_state_pass_kernels_against_the_stages(dtype, per_channel, poisoned, mon
         assert rel_l2(got.double().cpu(), want) <= bound, f"{name}: {rel_l2(got.double().cpu(), want):.2e}"
 
 
+@pytest.mark.parametrize("token_major", [False, True], ids=["head_major", "token_major"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
-def test_state_passes_as_operands_against_the_stages(per_channel, dtype, poisoned):
+def test_state_passes_as_operands_against_the_stages(per_channel, dtype, token_major, poisoned):
     """The two state-pass kernels compiled to write both states in the operands' dtype, the reverse pass
     with each chunk decay's gate term (``STATES_AS_OPERANDS``), against the reference's passes in float64
     on the same rounded pieces, and the terms against ``decay_k sum_v S dS`` of those passes (a tail chunk,
-    runs of -20, two blocks of value columns); outputs poisoned with NaN."""
+    runs of -20, two blocks of value columns); outputs poisoned with NaN. ``token_major``: the pieces and ``dO``
+    handed ``[B, T, H, *]`` (``TOKEN_MAJOR_STATES``), the tail chunk's rows past ``T`` loaded as zeros."""
     from kda import backward
 
     B, T, H, DK, DV = 2, 300, 3, 128, 128
@@ -168,7 +169,11 @@ def test_state_passes_as_operands_against_the_stages(per_channel, dtype, poisone
     p = ref.chunk_pieces(q.float(), k.float(), v.float(), g, beta, DK ** -0.5, 64, torch.float32)
     whole = {name: p[name] for name in backward.STATE_PIECES}
     dO = ref.to_chunks(do, 64)
-    S, dS, dh0, terms = backward.kernel_state_passes(whole, h0, dO, dht, dtype, as_operands=True)
+    if token_major:
+        handed = {name: (ref.from_chunks(x, T) if name != "decay" else x) for name, x in whole.items()}
+        S, dS, dh0, terms = backward.kernel_state_passes(handed, h0, do, dht, dtype, True, token_major=True)
+    else:
+        S, dS, dh0, terms = backward.kernel_state_passes(whole, h0, dO, dht, dtype, as_operands=True)
     assert S.dtype == dS.dtype == dtype and terms is not None
     rounded = {name: x.to(dtype).double().cpu() for name, x in whole.items()}
     rounded["decay"] = whole["decay"].double().cpu()
@@ -183,17 +188,30 @@ def test_state_passes_as_operands_against_the_stages(per_channel, dtype, poisone
         assert rel_l2(got.double().cpu(), want) <= bound, f"{name}: {rel_l2(got.double().cpu(), want):.2e}"
 
 
-@pytest.mark.parametrize("kind", ["logsigmoid", "runs_of_-20", "mild"])
+# the backward's switches that landed off, with the gates that test each: the gate's own terms want
+# chunk decays that count (mild), the rest the common gates and runs of -20
+LANDED_OFF = ("STATES_AS_OPERANDS", "TOKEN_MAJOR_STATES", "SHARED_PAIR_SUMS", "GATE_IN_PAIR_KERNEL")
+SWITCH_CASES = [(on, per_channel, kind)
+                for on, kinds in ((("STATES_AS_OPERANDS",), ["logsigmoid", "mild"]),
+                                  (("TOKEN_MAJOR_STATES",), ["logsigmoid"]),
+                                  (("SHARED_PAIR_SUMS",), ["runs_of_-20"]),
+                                  (("GATE_IN_PAIR_KERNEL",), ["mild", "runs_of_-20"]),
+                                  (LANDED_OFF, ["logsigmoid", "runs_of_-20", "mild"]))
+                for per_channel in (True, False) for kind in kinds
+                if per_channel or not set(on) & {"SHARED_PAIR_SUMS", "GATE_IN_PAIR_KERNEL"} or len(on) > 1]
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
-def test_gradients_with_states_as_operands(per_channel, dtype, kind, device_backward, monkeypatch):
-    """The op's gradients with every kernel and the three switches that landed off (``STATES_AS_OPERANDS``,
-    ``SHARED_PAIR_SUMS``, ``GATE_IN_PAIR_KERNEL``) on against the float64 recurrence (a tail chunk, initial and
-    final states), within the bound of the state-pass kernels' test."""
+@pytest.mark.parametrize("on, per_channel, kind", SWITCH_CASES,
+                         ids=["-".join([*(n.lower() for n in on), "kda" if pc else "gdn", kd]) if len(on) == 1 else
+                              f"all_landed_off-{'kda' if pc else 'gdn'}-{kd}" for on, pc, kd in SWITCH_CASES])
+def test_gradients_with_the_switches_landed_off(on, per_channel, kind, dtype, device_backward, monkeypatch):
+    """The op's gradients with every kernel and each switch that landed off (``LANDED_OFF``), alone and all
+    together, against the float64 recurrence (a tail chunk, initial and final states), within the bound of
+    the state-pass kernels' test."""
     from kda import backward
 
-    for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL", "CHUNK_KERNELS_BY_CHANNEL",
-                   "STATES_AS_OPERANDS", "SHARED_PAIR_SUMS", "GATE_IN_PAIR_KERNEL"):
+    for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL", "CHUNK_KERNELS_BY_CHANNEL", *on):
         monkeypatch.setattr(backward, switch, True)
     shape = (2, 200, 3, 128, 128)
     leaves = inputs(shape, dtype, kind, per_channel, zlib.crc32(f"{per_channel}{dtype}{kind}".encode()))

@@ -383,14 +383,13 @@ def test_backward_with_every_kernel(kernel_launches, monkeypatch, per_channel, u
     """Every kernel switch on (CUDA faked), q, k, v and do in bf16 as the op hands them: the forward's
     ``chunk_intra`` makes the pieces, the two state kernels run on them, and the chunk kernel (a gate
     per head) or the three kernels for a gate per channel make the gradients; every launch as the
-    binder takes it (a tail chunk). ``unverified``: with ``STATES_AS_OPERANDS``, ``SHARED_PAIR_SUMS`` and
-    ``GATE_IN_PAIR_KERNEL`` too (the reverse pass's signature with the decay terms, ``chunk_pair_gradients``
-    with ``shared_pairs`` and with the gate's inputs)."""
+    binder takes it (a tail chunk). ``unverified``: with the switches that landed off too (the state passes
+    token-major and with the decay terms, ``chunk_pair_gradients`` with ``shared_pairs`` and the gate's inputs)."""
     from kda import backward
 
     for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL", "CHUNK_KERNELS_BY_CHANNEL"):
         monkeypatch.setattr(backward, switch, True)
-    for switch in ("STATES_AS_OPERANDS", "SHARED_PAIR_SUMS", "GATE_IN_PAIR_KERNEL"):
+    for switch in ("STATES_AS_OPERANDS", "TOKEN_MAJOR_STATES", "SHARED_PAIR_SUMS", "GATE_IN_PAIR_KERNEL"):
         monkeypatch.setattr(backward, switch, unverified)
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     q, k, v, g, beta = level5_inputs(B=2, T=200, per_channel=per_channel)
@@ -403,6 +402,8 @@ def test_backward_with_every_kernel(kernel_launches, monkeypatch, per_channel, u
     params = dict(kernel_launches)
     assert params["reverse_state_pass"].get("chunk_decay_terms", False) is unverified
     assert params["forward_states_pass"].get("state_dtype", "float32") == ("bfloat16" if unverified else "float32")
+    for name in ("forward_states_pass", "reverse_state_pass"):          # the forward's pieces as they are
+        assert params[name].get("token_major", False) is unverified
     if per_channel:
         assert params["chunk_pair_gradients"].get("shared_pairs", False) is unverified
         assert params["chunk_pair_gradients"].get("finish_gate", False) is unverified

@@ -25,20 +25,35 @@ import tilelang.language as T
 from kda.kernels.stages import ACCUM
 
 
+def layout(C, token_major):
+    """The sizes and the chunk reads of the pieces' layout: head-major ``[B, H, NC C, D]`` (``kda.backward``'s
+    chunks, a free view of ``[B, H, NC, C, D]``), or token-major ``[B, T, H, D]`` (as the forward's kernels
+    write them; ``NC = ceil(T / C)``). Returns ``B, H, NC``, the shape of a piece of width ``D``, and the
+    region of chunk ``c``, columns ``lo:hi``."""
+    B, H = T.dynamic("B"), T.dynamic("H")
+    if token_major:
+        S = T.dynamic("T")
+        return (B, H, T.ceildiv(S, C), lambda D: [B, S, H, D],
+                lambda X, bb, bh, c, lo, hi: X[bb, c * C:(c + 1) * C, bh, lo:hi])
+    NC = T.dynamic("NC")
+    return B, H, NC, lambda D: [B, H, NC * C, D], lambda X, bb, bh, c, lo, hi: X[bb, bh, c * C:(c + 1) * C, lo:hi]
+
+
 # --8<-- [start:forward_states_pass]
 def forward_states_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, threads=128, dtype="bfloat16",
-                        state_dtype=ACCUM):
+                        state_dtype=ACCUM, token_major=False):
     """Arguments at run time: ``W, Kd [B, H, NC C, DK]``, ``U [B, H, NC C, DV]`` (dtype), ``decay [B, H,
     NC, DK]``, ``h0 [B, H, DK, DV]`` (float32), then the output ``S_in [B, H, NC, DK, DV]`` (``state_dtype``:
-    float32, or the inputs' dtype, as the chunk kernels read it)."""
-    B, H, NC = T.dynamic("B"), T.dynamic("H"), T.dynamic("NC")
+    float32, or the inputs' dtype, as the chunk kernels read it). ``token_major``: ``W, Kd, U`` ``[B, T, H,
+    D]`` as the forward's ``chunk_intra`` writes them (``NC = ceil(T / C)``; the rows past ``T`` load as zeros)."""
+    B, H, NC, rows, chunk_of = layout(chunk_size, token_major)
     C = chunk_size
 
     @T.prim_func
     def main(
-        W: T.Tensor([B, H, NC * C, DK], dtype),
-        Kd: T.Tensor([B, H, NC * C, DK], dtype),
-        U: T.Tensor([B, H, NC * C, DV], dtype),
+        W: T.Tensor(rows(DK), dtype),
+        Kd: T.Tensor(rows(DK), dtype),
+        U: T.Tensor(rows(DV), dtype),
         decay: T.Tensor([B, H, NC, DK], ACCUM),
         h0: T.Tensor([B, H, DK, DV], ACCUM),
         S_in: T.Tensor([B, H, NC, DK, DV], state_dtype),
@@ -55,9 +70,9 @@ def forward_states_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, thread
             new_f = T.alloc_fragment([C, block_dv], ACCUM)
             T.copy(h0[bb, bh, :, dv0:dv0 + block_dv], S_f)
             for c in T.Pipelined(NC, num_stages=num_stages):
-                T.copy(W[bb, bh, c * C:(c + 1) * C, :], W_s)
-                T.copy(Kd[bb, bh, c * C:(c + 1) * C, :], Kd_s)
-                T.copy(U[bb, bh, c * C:(c + 1) * C, dv0:dv0 + block_dv], U_s)
+                T.copy(chunk_of(W, bb, bh, c, 0, DK), W_s)
+                T.copy(chunk_of(Kd, bb, bh, c, 0, DK), Kd_s)
+                T.copy(chunk_of(U, bb, bh, c, dv0, dv0 + block_dv), U_s)
                 T.copy(decay[bb, bh, c, :], decay_s)
                 T.copy(S_f, S_in[bb, bh, c, :, dv0:dv0 + block_dv])     # the state entering chunk c
                 T.copy(S_f, S_s)
@@ -74,15 +89,16 @@ def forward_states_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, thread
 
 # --8<-- [start:reverse_state_pass]
 def reverse_state_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, threads=128, dtype="bfloat16",
-                       state_dtype=ACCUM, chunk_decay_terms=False):
+                       state_dtype=ACCUM, chunk_decay_terms=False, token_major=False):
     """Arguments at run time: ``P [B, H, NC C, C]``, ``Kd, Qg, W [B, H, NC C, DK]``, ``dO [B, H, NC C,
     DV]`` (dtype), ``decay [B, H, NC, DK]``, ``dht [B, H, DK, DV]`` (float32), then the outputs
     ``dS_out [B, H, NC, DK, DV]`` (``state_dtype``) and ``dh0 [B, H, DK, DV]`` (float32).
     ``chunk_decay_terms=True`` adds the input ``S_in [B, H, NC, DK, DV]`` (``state_dtype``: the forward pass's
     output) and the output ``dG_last [B, H, NC, ceil(DV / block_dv), DK]`` (float32): each chunk decay's
     gradient term ``decay_k sum_v S_in[k, v] dS_out[k, v]`` over this block's value columns, from ``dS`` as
-    the registers hold it (float32), so that no one reads the two states back from HBM for it."""
-    B, H, NC = T.dynamic("B"), T.dynamic("H"), T.dynamic("NC")
+    the registers hold it (float32), so that no one reads the two states back from HBM for it.
+    ``token_major``: ``P, Kd, Qg, W, dO`` ``[B, T, H, *]``, as for ``forward_states_pass``."""
+    B, H, NC, rows, chunk_of = layout(chunk_size, token_major)
     C = chunk_size
     NBV = T.ceildiv(DV, block_dv)
 
@@ -107,11 +123,11 @@ def reverse_state_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, threads
             T.copy(dht[bb, bh, :, dv0:dv0 + block_dv], dS_f)
             for r in T.Pipelined(NC, num_stages=num_stages):
                 c = NC - 1 - r                                           # the last chunk first
-                T.copy(P[bb, bh, c * C:(c + 1) * C, :], P_s)
-                T.copy(Kd[bb, bh, c * C:(c + 1) * C, :], Kd_s)
-                T.copy(Qg[bb, bh, c * C:(c + 1) * C, :], Qg_s)
-                T.copy(W[bb, bh, c * C:(c + 1) * C, :], W_s)
-                T.copy(dO[bb, bh, c * C:(c + 1) * C, dv0:dv0 + block_dv], dO_s)
+                T.copy(chunk_of(P, bb, bh, c, 0, C), P_s)
+                T.copy(chunk_of(Kd, bb, bh, c, 0, DK), Kd_s)
+                T.copy(chunk_of(Qg, bb, bh, c, 0, DK), Qg_s)
+                T.copy(chunk_of(W, bb, bh, c, 0, DK), W_s)
+                T.copy(chunk_of(dO, bb, bh, c, dv0, dv0 + block_dv), dO_s)
                 T.copy(decay[bb, bh, c, :], decay_s)
                 T.copy(dS_f, dS_out[bb, bh, c, :, dv0:dv0 + block_dv])  # the gradient of the state leaving c
                 if chunk_decay_terms:     # read before the stage's first GEMM (the pipelined buffers' rule)
@@ -135,11 +151,11 @@ def reverse_state_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, threads
     if chunk_decay_terms:
         @T.prim_func
         def with_decay_terms(
-            P: T.Tensor([B, H, NC * C, C], dtype),
-            Kd: T.Tensor([B, H, NC * C, DK], dtype),
-            Qg: T.Tensor([B, H, NC * C, DK], dtype),
-            W: T.Tensor([B, H, NC * C, DK], dtype),
-            dO: T.Tensor([B, H, NC * C, DV], dtype),
+            P: T.Tensor(rows(C), dtype),
+            Kd: T.Tensor(rows(DK), dtype),
+            Qg: T.Tensor(rows(DK), dtype),
+            W: T.Tensor(rows(DK), dtype),
+            dO: T.Tensor(rows(DV), dtype),
             decay: T.Tensor([B, H, NC, DK], ACCUM),
             dht: T.Tensor([B, H, DK, DV], ACCUM),
             S_in: T.Tensor([B, H, NC, DK, DV], state_dtype),
@@ -153,11 +169,11 @@ def reverse_state_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, threads
 
     @T.prim_func
     def main(
-        P: T.Tensor([B, H, NC * C, C], dtype),
-        Kd: T.Tensor([B, H, NC * C, DK], dtype),
-        Qg: T.Tensor([B, H, NC * C, DK], dtype),
-        W: T.Tensor([B, H, NC * C, DK], dtype),
-        dO: T.Tensor([B, H, NC * C, DV], dtype),
+        P: T.Tensor(rows(C), dtype),
+        Kd: T.Tensor(rows(DK), dtype),
+        Qg: T.Tensor(rows(DK), dtype),
+        W: T.Tensor(rows(DK), dtype),
+        dO: T.Tensor(rows(DV), dtype),
         decay: T.Tensor([B, H, NC, DK], ACCUM),
         dht: T.Tensor([B, H, DK, DV], ACCUM),
         dS_out: T.Tensor([B, H, NC, DK, DV], state_dtype),

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Run 100 (carry .gpu and .carry): the GPU tests of the three backward switches that landed off
-# (STATES_AS_OPERANDS, SHARED_PAIR_SUMS, GATE_IN_PAIR_KERNEL), their time against the defaults, a profile of the backward step by
+# Run 100 (carry .gpu and .carry): the GPU tests of the four backward switches that landed off
+# (STATES_AS_OPERANDS, TOKEN_MAJOR_STATES, SHARED_PAIR_SUMS, GATE_IN_PAIR_KERNEL), their time against the defaults, a profile of the backward step by
 # kernel, KDA's three chunk kernels alone and the pair sums' variants (run101-pairs.py), levels 1-4's forward +
 # backward against fla, then run 94's grid order of GDN's inverse with what is left; rows, logs and profile
 # tables in $OUT. STAGES picks among "tests switches profile pairs levels grid" (one call fits about four).
@@ -10,7 +10,7 @@ left() { echo $(( ${TOTAL:-570} - $(date +%s) + start )); }
 stages=" ${STAGES:-tests switches profile pairs levels grid} "
 if [[ $stages == *" tests "* ]]; then
   OMP_NUM_THREADS=1 timeout -k 5 "${TEST_S:-150}" python -m pytest -o addopts="" -n 12 -m gpu -v -p no:cacheprovider \
-    tests/test_gpu_backward.py -k "as_operands or shared_pairs or gate_in_pair" 2>&1 | grep "PASSED\|FAILED\|ERROR\|passed\|failed\|Error" \
+    tests/test_gpu_backward.py -k "as_operands or shared_pairs or gate_in_pair or landed_off" 2>&1 | grep "PASSED\|FAILED\|ERROR\|passed\|failed\|Error" \
     | sed 's/^\[gw[0-9]*\] \[ *[0-9]*%\] //' > "$OUT"/gpu-tests-switches.txt
   grep -c PASSED "$OUT"/gpu-tests-switches.txt; grep "FAILED\|ERROR\|passed\|failed" "$OUT"/gpu-tests-switches.txt | tail -8
 fi

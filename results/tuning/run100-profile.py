@@ -6,8 +6,8 @@ fla's KDA step and FlashQLA's GDN step for the same split of theirs, and writes 
 ``$OUT/run100-<name>.txt``, with every kernel launch of the last step in order (TileLang names most of its
 kernels ``main_kernel``, which the table lumps together); a row per table in ``$OUT/run100.jsonl`` gives the
 step's total CUDA time. First (``switches``), forward + backward of both ops with the defaults and with
-``STATES_AS_OPERANDS``, ``SHARED_PAIR_SUMS`` and ``GATE_IN_PAIR_KERNEL`` (landed off, GPU tests in the same
-call) one at a time and together: time, peak memory and every gradient against the defaults'.
+``STATES_AS_OPERANDS``, ``TOKEN_MAJOR_STATES``, ``SHARED_PAIR_SUMS`` and ``GATE_IN_PAIR_KERNEL`` (landed off,
+GPU tests in the same call) one at a time and together: time, peak memory and every gradient against the defaults'.
 
     FLA_FLASH_QLA=0 python results/tuning/run100-profile.py
 """
@@ -65,10 +65,10 @@ def switches():
         leaves, do = run91.inputs(B, T, H, D, per_channel)
         fn = kda.chunk_kda if per_channel else kda.chunk_gated_delta_rule
         want = None
-        everything = ("STATES_AS_OPERANDS", "SHARED_PAIR_SUMS", "GATE_IN_PAIR_KERNEL")
+        everything = ("STATES_AS_OPERANDS", "TOKEN_MAJOR_STATES", "SHARED_PAIR_SUMS", "GATE_IN_PAIR_KERNEL")
         for on in ((), *((name,) for name in everything), everything):
-            if not per_channel and set(on) - {"STATES_AS_OPERANDS"}:     # the other two are KDA's
-                continue
+            if not per_channel and set(on) & {"SHARED_PAIR_SUMS", "GATE_IN_PAIR_KERNEL"} and len(on) == 1:
+                continue                                                 # KDA's alone
             for name in everything:
                 setattr(backward, name, name in on)
             run = run91.step(fn, leaves, do)
