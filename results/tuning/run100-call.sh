@@ -15,10 +15,10 @@ if [[ $stages == *" tests "* ]]; then
   grep -c PASSED "$OUT"/gpu-tests-switches.txt; grep "FAILED\|ERROR\|passed\|failed" "$OUT"/gpu-tests-switches.txt | tail -8
 fi
 if [[ $stages == *" switches "* ]]; then
-  timeout -k 5 "${SWITCHES_S:-120}" python results/tuning/run100-profile.py switches 2>&1 | grep -v "^20" | tail -8
+  timeout -k 5 "${SWITCHES_S:-110}" python results/tuning/run100-profile.py switches 2>&1 | grep -v "^20" | tail -8
 fi
 if [[ $stages == *" profile "* ]]; then
-  timeout -k 5 "${PROFILE_S:-150}" python results/tuning/run100-profile.py profile 2>&1 | grep -v "^20" \
+  timeout -k 5 "${PROFILE_S:-140}" python results/tuning/run100-profile.py profile 2>&1 | grep -v "^20" \
     | grep "cuda_ms\|Error\|error" | tail -12
 fi
 if [[ $stages == *" pairs "* ]] && [ "$(left)" -gt 100 ]; then
