@@ -265,8 +265,9 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
     # a time (one group, step 3 by torch: its pieces are kept for step 3 instead of made again)
     first = None
     state_kernels = STATE_KERNELS and q.is_cuda and len(segments) == 1 and DV % 64 == 0
-    token_major = TOKEN_MAJOR_STATES and state_kernels and forward_pieces_apply(q, beta, C, kernel_dtype)
-    if forward_pieces_apply(q, beta, C, kernel_dtype):
+    from_forward = forward_pieces_apply(q, beta, C, kernel_dtype)
+    token_major = TOKEN_MAJOR_STATES and state_kernels and from_forward
+    if from_forward:
         # in kernel_dtype, as the kernel wrote them; token-major ([B, T, H, *]) for the state kernels to read
         whole = forward_pieces(q, k, v, g, beta, scale, kernel_dtype, token_major)
     else:
@@ -490,14 +491,11 @@ def kernel_state_passes(whole, S0, dO, dS_final, inputs_dtype=None, as_operands=
     states = operands if as_operands else torch.float32
     # float32 operands (tf32 products) take twice the shared memory: one pipeline stage
     shapes = dict(DK=DK, DV=DV, chunk_size=C, block_dv=64, dtype=name, num_stages=1 if name == "float32" else 2)
-    if as_operands:
-        shapes["state_dtype"] = name
-    if token_major:
-        shapes["token_major"] = True
+    shapes.update({"state_dtype": name} if as_operands else {}, **({"token_major": True} if token_major else {}))
     with torch.cuda.device(S0.device):
         forward = compile_program(backward_states.forward_states_pass, (), **shapes)
         reverse = compile_program(backward_states.reverse_state_pass, (), **shapes,
-                                  **(dict(chunk_decay_terms=True) if as_operands else {}))
+                                  **({"chunk_decay_terms": True} if as_operands else {}))
         S, dS = (ops.new_output((B, H, NC, DK, DV), states, S0.device) for _ in range(2))
         dh0 = ops.new_output(S0.shape, torch.float32, S0.device)
         W, Kd = flat(whole["W"]), flat(whole["Kd"])

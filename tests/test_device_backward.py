@@ -491,6 +491,21 @@ def mirrored_chunk_kernels(monkeypatch):
     return compiled_with
 
 
+def rounded_chunk_stage(per_channel, strong, seed, gate_scale=1.0):
+    """The chunk stage's inputs on bf16-exact values (a tail chunk): ``q, k, v, g, beta, do``, the pieces
+    ``p``, the states ``S`` and state gradients ``dS`` rounded to bf16, and ``dO`` by chunks."""
+    q, k, v, g, beta, h0, do, dht = inputs(B=2, T=100, H=2, K=16, V=8, per_channel=per_channel, strong=strong,
+                                           seed=seed)
+    bf16 = lambda x: x.to(torch.bfloat16).double()
+    q, k, v, do = (bf16(x) for x in (q, k, v, do))
+    g, beta = (g * gate_scale).float().double(), beta.float().double()
+    p = ref.chunk_pieces(q, k, v, g, beta, 0.5, 64)
+    S = bf16(ref.forward_states(p, bf16(h0))[0])
+    dO = ref.to_chunks(do, 64)
+    dS = bf16(ref.reverse_state_pass(p, dO, dht)[0])
+    return q, k, v, g, beta, do, p, S, dS, dO
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
 @pytest.mark.parametrize("strong", [False, True], ids=["logsigmoid", "runs_of_-20"])
 @pytest.mark.parametrize("per_channel", [False, True], ids=["gdn", "kda"])
@@ -500,15 +515,7 @@ def test_chunk_kernel_arithmetic_is_the_chunk_gradients(per_channel, strong, dty
     ``gate_gradient``: the gradients of ``chunked_gradients`` on the same (bf16-exact) inputs, states and
     state gradients, a tail chunk included: to float32's rounding (the outputs), and per channel to bf16's
     where the three kernels hand each other bf16 (T, P, dP, dA b)."""
-    q, k, v, g, beta, h0, do, dht = inputs(B=2, T=100, H=2, K=16, V=8, per_channel=per_channel, strong=strong,
-                                           seed=6 if per_channel else 5)
-    bf16 = lambda x: x.to(torch.bfloat16).double()
-    q, k, v, do = (bf16(x) for x in (q, k, v, do))
-    g, beta = g.float().double(), beta.float().double()
-    p = ref.chunk_pieces(q, k, v, g, beta, 0.5, 64)
-    S = bf16(ref.forward_states(p, bf16(h0))[0])
-    dO = ref.to_chunks(do, 64)
-    dS = bf16(ref.reverse_state_pass(p, dO, dht)[0])
+    q, k, v, g, beta, do, p, S, dS, dO = rounded_chunk_stage(per_channel, strong, 6 if per_channel else 5)
     want_dQ, want_dK, want_dV, want_db, want_dG = ref.chunk_gradients(p, S, dS, dO)
     stage = backward.kernel_chunk_gradients_by_channel if per_channel else backward.kernel_chunk_gradients
     got = stage(q, k, v, g, beta, do, S, dS, 0.5, dtype)
@@ -532,16 +539,8 @@ def test_gate_in_pair_kernel_arithmetic(dtype, gates, mirrored_chunk_kernels, mo
     gate_gradient = backward.gate_gradient
     calls = []
     monkeypatch.setattr(backward, "gate_gradient", lambda *a: calls.append(1) or gate_gradient(*a))
-    q, k, v, g, beta, h0, do, dht = inputs(B=2, T=100, H=2, K=16, V=8, per_channel=True, strong=gates == "strong",
-                                           seed=7)
-    g = g * 0.01 if gates == "faint" else g
-    bf16 = lambda x: x.to(torch.bfloat16).double()
-    q, k, v, do = (bf16(x) for x in (q, k, v, do))
-    g, beta = g.float().double(), beta.float().double()
-    p = ref.chunk_pieces(q, k, v, g, beta, 0.5, 64)
-    S = bf16(ref.forward_states(p, bf16(h0))[0])
-    dO = ref.to_chunks(do, 64)
-    dS = bf16(ref.reverse_state_pass(p, dO, dht)[0])
+    q, k, v, g, beta, do, p, S, dS, dO = rounded_chunk_stage(True, gates == "strong", 7,
+                                                             0.01 if gates == "faint" else 1.0)
     want = ref.from_chunks(ref.chunk_gradients(p, S, dS, dO)[4], q.shape[1])
     got = backward.kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, 0.5, dtype)[3]
     assert rel_l2(got, want) < (2e-2 if dtype == torch.bfloat16 else 1e-5), f"dg: {rel_l2(got, want):.1e}"

@@ -346,10 +346,10 @@ def pair_cols(s_s, x_s, G_s, Y_s, R_f, tmp_f, C, sub):
 
 
 @T.macro
-def shared_pair_rows(s1_s, s2_s, y_s, G_s, Y_s, R1_f, tmp_f, dK_f, dG_f, k_s, C, sub):
+def shared_pair_rows(s1_s, s2_s, y_s, G_s, Y_s, R1_f, tmp_f, dK_f, dG_f, C, sub):
     """``pair_rows`` of two pair matrices against one ``y`` (``K``), each pair's decay and each reference
     row's ``Y`` made once for both: ``R1 = rows(s1, y)`` into ``R1_f``; ``R2 = rows(s2, y)`` added to ``dK_f``
-    and, times ``k``, to ``dG_f`` as it comes (no tile of its own)."""
+    and, times ``y`` (it is ``K``), to ``dG_f`` as it comes (no tile of its own)."""
     DK = y_s.shape[1]
     for i, d in T.Parallel(C, DK):
         acc1 = T.alloc_var(ACCUM)
@@ -363,7 +363,7 @@ def shared_pair_rows(s1_s, s2_s, y_s, G_s, Y_s, R1_f, tmp_f, dK_f, dG_f, k_s, C,
             acc2 += T.Cast(ACCUM, s2_s[i, j]) * w
         R1_f[i, d] = acc1
         dK_f[i, d] = dK_f[i, d] + acc2
-        dG_f[i, d] = dG_f[i, d] + T.Cast(ACCUM, k_s[i, d]) * acc2
+        dG_f[i, d] = dG_f[i, d] + T.Cast(ACCUM, y_s[i, d]) * acc2
     for r in range(1, C // sub):
         r0 = r * sub
         for j, d in T.Parallel(C, DK):
@@ -378,7 +378,7 @@ def shared_pair_rows(s1_s, s2_s, y_s, G_s, Y_s, R1_f, tmp_f, dK_f, dG_f, k_s, C,
                 part = T.alloc_var(ACCUM)
                 part = tmp_f[i, d] * decay_factor(G_s[i, d] - G_s[r0, d])
                 dK_f[i, d] = dK_f[i, d] + part
-                dG_f[i, d] = dG_f[i, d] + T.Cast(ACCUM, k_s[i, d]) * part
+                dG_f[i, d] = dG_f[i, d] + T.Cast(ACCUM, y_s[i, d]) * part
 
 
 @T.macro
@@ -489,7 +489,7 @@ def chunk_pair_gradients(DK, chunk_size=64, dtype="bfloat16", delta_rule=True, t
                     dK_f[i, d] = R_f[i, d]
                     dG_f[i, d] = -k_s[i, d] * R_f[i, d]
                 # then rows(dP, K) into R (dQ, Q R on the gate) and rows(dA b, K) into dK and K R on the gate
-                shared_pair_rows(dP_s, dA_s, k_s, G_s, Y_s, R_f, tmp_f, dK_f, dG_f, k_s, C, sub)
+                shared_pair_rows(dP_s, dA_s, k_s, G_s, Y_s, R_f, tmp_f, dK_f, dG_f, C, sub)
                 for i, d in T.Parallel(C, DK):
                     dG_f[i, d] = dG_f[i, d] + scale * q_s[i, d] * R_f[i, d]
                     if i < L:

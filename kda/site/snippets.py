@@ -462,7 +462,7 @@ def write_record(snippet: Snippet, result: Result, info: dict, records_dir: Path
         raise SnippetError(f"GPU snippet {snippet.path} made figures; record data and plot in a CPU snippet")
     device = device_slug(info["device"])
     if digest is None:
-        digest = source_hash(snippet, records_dir, device, modules=result.modules, scheme=HASH_SCHEME)
+        digest = source_hash(snippet, records_dir, device, modules=result.modules)
     path = record_path(snippet, records_dir, device)
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"snippet": snippet.path, "source_hash": digest, "hash_scheme": HASH_SCHEME, "output": result.output,

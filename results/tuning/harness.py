@@ -268,3 +268,28 @@ def run_intra_variants(run, names, module, argv):
         check_intra_variants(run, names, module)
     if "time" in argv:
         time_intra_variants(run, names, module)
+
+
+def profile(run, path, steps=3, title=""):
+    """The CUDA time of every kernel and torch operation over ``steps`` calls of ``run`` (after one), by
+    ``torch.profiler``, written to ``path`` with every launch of the last call in order (TileLang names most
+    of its kernels ``main_kernel``, which the table lumps together). Returns the CUDA milliseconds per call."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    run()
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            run()
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    table = events.table(sort_by="cuda_time_total", row_limit=60, max_name_column_width=90)
+    launches = sorted((e.time_range.start, e.name, e.time_range.elapsed_us()) for e in prof.events()
+                      if str(getattr(e, "device_type", "")).endswith("CUDA"))
+    last = launches[-len(launches) // steps:] if launches else []
+    with open(path, "w") as f:
+        f.write(f"{title}{steps} steps\n{table}\n\nthe last call's launches in order (us):\n")
+        f.writelines(f"{us:10.1f}  {kernel[:110]}\n" for _, kernel, us in last)
+    print(table[:4000], flush=True)
+    return sum(e.self_device_time_total for e in events) / steps / 1e3

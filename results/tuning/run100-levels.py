@@ -11,6 +11,7 @@ peak memory, and every gradient against fla's (relative L2), at the backward rec
 
     FLA_FLASH_QLA=0 python results/tuning/run100-levels.py [BUDGET_S]
 """
+import importlib.util
 import os
 import sys
 import time
@@ -20,6 +21,10 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from harness import log  # noqa: E402
+
+spec = importlib.util.spec_from_file_location("run91_backward", os.path.join(HERE, "run91-backward.py"))
+run91 = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(run91)
 
 RUN = "run100-levels"
 SHAPES = [(1, 8192, 96, 128), (1, 32768, 32, 128)]
@@ -67,15 +72,6 @@ def levels(x, scale):
     }
 
 
-def peak_mb(run):
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    run()
-    torch.cuda.synchronize()
-    return round((torch.cuda.max_memory_allocated() - base) / 2 ** 20)
-
-
 def main(budget_s):
     from kda.bench import median_ms
     from kda.metrics import rel_l2
@@ -97,7 +93,7 @@ def main(budget_s):
                     forward = lambda: fn(*(t.detach() for t in leaves))
                     row.update(ms=round(median_ms(run, warmup_ms=200, rep_ms=1000), 3),
                                forward_ms=round(median_ms(forward, warmup_ms=100, rep_ms=500), 3),
-                               peak_MB=peak_mb(run))
+                               peak_MB=run91.peak_mb(run))
                 except Exception as e:                  # a failure says why, the others go on
                     row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
                     log(RUN, row)

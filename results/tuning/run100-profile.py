@@ -19,6 +19,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import harness  # noqa: E402
 from harness import OUT, log  # noqa: E402
 
 RUN = "run100"
@@ -28,27 +29,10 @@ spec.loader.exec_module(run91)
 SHAPE = (1, 8192, 96, 128)
 
 
-def profile(name, run, steps=3):
-    """The CUDA time of every kernel and operation over ``steps`` runs of ``run``, to ``run100-<name>.txt``."""
-    from torch.profiler import ProfilerActivity, profile as torch_profile
-
-    run()
-    torch.cuda.synchronize()
-    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            run()
-        torch.cuda.synchronize()
-    events = prof.key_averages()
-    table = events.table(sort_by="cuda_time_total", row_limit=60, max_name_column_width=90)
-    kernels = sum(e.self_device_time_total for e in events) / steps / 1e3
-    launches = sorted((e.time_range.start, e.name, e.time_range.elapsed_us()) for e in prof.events()
-                      if str(getattr(e, "device_type", "")).endswith("CUDA"))
-    last = launches[-len(launches) // steps:] if launches else []
-    with open(os.path.join(OUT, f"{RUN}-{name}.txt"), "w") as f:
-        f.write(f"{name}: {steps} steps, shape {SHAPE}, bf16\n{table}\n\nthe last step's launches in order (us):\n")
-        f.writelines(f"{us:10.1f}  {kernel[:110]}\n" for _, kernel, us in last)
-    log(RUN, {"profile": name, "cuda_ms_per_step": round(kernels, 3)})
-    print(table[:4000], flush=True)
+def profile(name, run):
+    """``harness.profile`` of ``run`` to ``run100-<name>.txt``; its CUDA time per step logged."""
+    ms = harness.profile(run, os.path.join(OUT, f"{RUN}-{name}.txt"), title=f"{name}: shape {SHAPE}, bf16, ")
+    log(RUN, {"profile": name, "cuda_ms_per_step": round(ms, 3)})
 
 
 def switches():

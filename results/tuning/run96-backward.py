@@ -15,29 +15,13 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from harness import OUT, log  # noqa: E402
+from harness import OUT, log, profile  # noqa: E402
 
 RUN = "run96"
 spec = importlib.util.spec_from_file_location("run91_backward", os.path.join(HERE, "run91-backward.py"))
 run91 = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(run91)
 SHAPES = [(1, 8192, 96, 128), (1, 32768, 32, 128)]
-
-
-def profile(run, path, steps=3):
-    """The CUDA time of every kernel and operation over ``steps`` runs of ``run``, written to ``path``."""
-    from torch.profiler import ProfilerActivity, profile as torch_profile
-
-    run()
-    torch.cuda.synchronize()
-    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            run()
-        torch.cuda.synchronize()
-    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=70)
-    with open(path, "w") as f:
-        f.write(f"{steps} steps\n{table}\n")
-    print(table[:6000], flush=True)
 
 
 def main():
