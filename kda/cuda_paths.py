@@ -115,6 +115,7 @@ PATHS: tuple[CudaPath, ...] = (
               "zh": "反向的状态遍历 kernel 直接以输入的 dtype 写出两个状态（正是块内 kernel 读取的形式），并由反向"
                     "遍历从其 float32 寄存器中算出每块衰减的门控梯度项，取代 HBM 中的 float32 状态、对它们的舍入"
                     "拷贝和 einsum"},
+        gpu_log="results/tuning/run100/gpu-tests-switches.txt",
     ),
     CudaPath(
         name="shared_pair_sums",
@@ -125,6 +126,7 @@ PATHS: tuple[CudaPath, ...] = (
                     "exponentials and shared loads of the pairs inside a sub-chunk)",
               "zh": "KDA 的 chunk_pair_gradients：两个对 K 的行和共用每对的衰减与每个参考行缩放后的 K，两个列和"
                     "合成一个（子块内成对计算的指数与共享内存读取约减半）"},
+        gpu_log="results/tuning/run100/gpu-tests-switches.txt",
     ),
     CudaPath(
         name="gate_in_pair_kernel",
@@ -135,6 +137,7 @@ PATHS: tuple[CudaPath, ...] = (
                     "torch passes over [B, T, H, DK] float32 tensors",
               "zh": "KDA 的 chunk_pair_gradients 直接写出门控的梯度（块衰减项、块内的反向求和、to_end 的排他前缀和），"
                     "取代 gate_gradient 在 [B, T, H, DK] float32 张量上的多趟 torch 运算"},
+        gpu_log="results/tuning/run100/gpu-tests-switches.txt",
     ),
     CudaPath(
         name="token_major_states",
@@ -144,6 +147,7 @@ PATHS: tuple[CudaPath, ...] = (
                     "as chunk_intra writes them, instead of copies padded and laid out by chunks",
               "zh": "反向的状态遍历 kernel 按 token 优先的 [B, T, H, D] 布局直接读取前向的中间量与 dO（正是 chunk_intra "
                     "写出的布局），取代补齐后按块重排的拷贝"},
+        gpu_log="results/tuning/run100/gpu-tests-switches.txt",
     ),
 )
 

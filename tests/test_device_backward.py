@@ -726,6 +726,8 @@ def test_states_as_operands(per_channel, delta_rule, token_major, monkeypatch):
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL", "CHUNK_KERNELS_BY_CHANNEL"):
         monkeypatch.setattr(backward, switch, True)
+    for switch in ("STATES_AS_OPERANDS", "TOKEN_MAJOR_STATES"):          # the float32 states of before
+        monkeypatch.setattr(backward, switch, False)
     want = backward.op_gradients(*args)
     compiled.clear()
     monkeypatch.setattr(backward, "STATES_AS_OPERANDS", True)
@@ -784,13 +786,19 @@ def test_op_gradients_with_every_kernel(l2norm, as_operands, monkeypatch):
     q, k, v, do = (x.to(torch.bfloat16) for x in (q * 3, k * 2, v, do))     # keys not unit: the norm has work
     args = (q, k, v, g.float(), beta.float(), 0.5, h0.float(), l2norm, None, do, dht.float())
     want = backward.op_gradients(*args)
-    monkeypatch.setattr(build, "compile_program", lambda fn, out_idx, **kw: fakes[fn])
+    def compile_program(fn, out_idx, **kw):
+        if fn.__name__ in ("forward_states_pass", "reverse_state_pass"):
+            return functools.partial(fakes[fn], token_major=kw.get("token_major", False))
+        return fakes[fn]
+
+    monkeypatch.setattr(build, "compile_program", compile_program)
     monkeypatch.setattr(gated_delta, "prepare_chunks", prepare_chunks_mirror())
     monkeypatch.setattr(torch.cuda, "device", lambda device: __import__("contextlib").nullcontext())
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL"):
         monkeypatch.setattr(backward, switch, True)
     monkeypatch.setattr(backward, "STATES_AS_OPERANDS", as_operands)
+    monkeypatch.setattr(backward, "TOKEN_MAJOR_STATES", as_operands)      # the two as they went on together
     got = backward.op_gradients(*args)
     assert seen == dict(dtypes={torch.bfloat16}, V=v.data_ptr(), dO=do.data_ptr())      # v and do themselves
     for name, a, b in zip("dq dk dv dg dbeta dh0".split(), got, want):

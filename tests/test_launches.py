@@ -377,14 +377,15 @@ def test_backward_chunk_kernel(kernel_launches, monkeypatch, dtype):
     assert [x.shape for x in got[:5]] == [q.shape, k.shape, v.shape, g[..., 0].shape, beta.shape]
 
 
-@pytest.mark.parametrize("unverified", [False, True], ids=["verified", "with_the_unverified_switches"])
+@pytest.mark.parametrize("unverified", [False, True], ids=["earlier_glue", "with_the_run100_switches"])
 @pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
 def test_backward_with_every_kernel(kernel_launches, monkeypatch, per_channel, unverified):
     """Every kernel switch on (CUDA faked), q, k, v and do in bf16 as the op hands them: the forward's
     ``chunk_intra`` makes the pieces, the two state kernels run on them, and the chunk kernel (a gate
     per head) or the three kernels for a gate per channel make the gradients; every launch as the
-    binder takes it (a tail chunk). ``unverified``: with the switches that landed off too (the state passes
-    token-major and with the decay terms, ``chunk_pair_gradients`` with ``shared_pairs`` and the gate's inputs)."""
+    binder takes it (a tail chunk). ``unverified``: with the four switches that landed off and went on after
+    run 100's GPU tests (the state passes token-major and with the decay terms, ``chunk_pair_gradients`` with
+    ``shared_pairs`` and the gate's inputs); without them, the glue of before, still reachable by the switches."""
     from kda import backward
 
     for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL", "CHUNK_KERNELS_BY_CHANNEL"):

@@ -7,3 +7,11 @@ bash .gpu/install.sh /tmp/site > /tmp/install.txt 2>&1 || { cat /tmp/install.txt
 export PYTHONPATH=/tmp/site:$PWD
 [ -d .carry ] && python -c "from kda.site.rerecord import unpack_caches; print('caches back:', unpack_caches('.carry'))"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv
+# At most 8 files come back from $OUT: on exit, the logs, rows and profiles go into one logs.tgz beside the
+# caches when there are more.
+bundle_logs() {
+  cd "$OUT" || return
+  local logs; logs=$(ls | grep -v "^caches\|^autotune\|^records.tar$\|^logs.tgz$")
+  [ "$(ls | wc -l)" -gt 8 ] && [ -n "$logs" ] && tar czf logs.tgz $logs && rm -f $logs
+}
+trap bundle_logs EXIT
