@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Run 102 (carry .gpu and .carry; COMMIT: the commit of this working tree): the records staled by the four
+# backward switches that went on after run 100 (backward/latency, gpu_error, training), one at a time, then
+# the older stale records by rerecord with what is left. Records, logs and caches to $OUT.
+set -u
+source "$(dirname "$0")/device-env.sh"
+export NO_MKDOCS_2_WARNING=1
+left() { echo $(( ${TOTAL:-575} - $(date +%s) + start )); }
+record() {   # record the stale snippets whose path contains $1, within $2 seconds
+  [ "$2" -lt 40 ] && { echo "$1: no time left"; return; }
+  timeout -k 5 $(( $2 + 10 )) python -m kda.site run --gpu --stale --only "$1" --timeout "$2" --commit "$COMMIT" 2>&1 \
+    | grep -v "^20" | tail -4
+  python -c "import os, tarfile; t = tarfile.open(os.environ['OUT'] + '/records.tar', 'w'); t.add('results/gpu', arcname='.')"
+}
+for snippet in ${RECORDS:-snippets/backward/latency snippets/backward/gpu_error snippets/backward/training}; do
+  budget=$(( $(left) - 60 )); [ "$budget" -gt 220 ] && budget=220
+  record "$snippet" "$budget"
+done
+budget=$(( $(left) - 15 ))
+if [ "$budget" -ge 100 ]; then
+  timeout -k 5 $(( budget + 10 )) python -m kda.site rerecord --out "$OUT" --budget "$budget" --warm 60 \
+    --commit "$COMMIT" 2>&1 | grep -v "^20" | tail -12
+else
+  timeout 40 python -c "import os; from pathlib import Path; from kda.site.rerecord import pack_caches; pack_caches(Path(os.environ['OUT']))"
+fi
+echo "done after $(( $(date +%s) - start )) s"
