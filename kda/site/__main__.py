@@ -9,6 +9,8 @@
     python -m kda.site rerecord --out $OUT    the stale GPU records in one device call (kda.site.rerecord):
                                               compiles in parallel, times one at a time, returns
                                               records.tar and the caches for the next call
+    python -m kda.site restamp                stale records whose inputs are byte for byte those of their
+                                              commit: hashed again under the current scheme
 """
 
 from __future__ import annotations
@@ -116,6 +118,13 @@ def _rerecord(args) -> int:
     return 0 if all(state == "recorded" for state in outcome.values()) else 1
 
 
+def _restamp(args) -> int:
+    for s in _select("gpu", args.only, args.device, stale=True):
+        done = sn.restamp(s, device=args.device)
+        print(f"{'restamped' if done else 'stale    '} {s.path}")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kda.site", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -137,13 +146,16 @@ def main(argv=None) -> int:
     again.add_argument("--only", help="only snippets whose path contains this text")
     again.add_argument("--commit", help="git commit to record (when the GPU machine has no .git)")
     again.add_argument("--device", default=sn.DEFAULT_DEVICE)
+    stamp = sub.add_parser("restamp", help="hash again the stale records whose inputs are those of their commit")
+    stamp.add_argument("--only", help="only snippets whose path contains this text")
+    stamp.add_argument("--device", default=sn.DEFAULT_DEVICE)
     status = sub.add_parser("status", help="list snippets and the state of their GPU records")
     status.add_argument("--device", default=sn.DEFAULT_DEVICE)
     status.add_argument("--fresh", action="store_true",
                         help="exit non-zero on a stale record too (the check before publishing)")
     args = parser.parse_args(argv)
     cuda_tools_on_path()
-    return {"status": _status, "run": _run, "rerecord": _rerecord}[args.command](args)
+    return {"status": _status, "run": _run, "rerecord": _rerecord, "restamp": _restamp}[args.command](args)
 
 
 if __name__ == "__main__":

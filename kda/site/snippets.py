@@ -189,7 +189,22 @@ def _module_files(snippet: Snippet, modules: list[str] | None) -> list[tuple[str
 # How a GPU record's hash reads its Python inputs. "code": the syntax tree without docstrings, so that an
 # edit of comments, docstrings or layout alone (which cannot change what a run measures) leaves records
 # fresh; "raw": the bytes, as records made before the scheme existed (no ``hash_scheme``) were hashed.
+# The tree is written by ``_tree_text``, not ``ast.dump``: the GPU machine's Python (3.12) dumps fields that
+# 3.11 does not have (``type_params=[]``), so its records looked stale here though no file had changed.
 HASH_SCHEME = "code"
+
+
+def _tree_text(node) -> str:
+    """A syntax tree as text, the same under every Python 3 that parses it: node names and the fields
+    that hold something (fields a later Python added are empty where the code does not use them)."""
+    if isinstance(node, ast.AST):
+        fields = ((name, getattr(node, name, None)) for name in node._fields)
+        return type(node).__name__ + "(" + ", ".join(
+            f"{name}={_tree_text(value)}" for name, value in fields
+            if value is not None and not (isinstance(value, list) and not value)) + ")"
+    if isinstance(node, list):
+        return "[" + ", ".join(_tree_text(x) for x in node) + "]"
+    return repr(node)
 
 
 def _code_bytes(file: Path) -> bytes:
@@ -207,7 +222,7 @@ def _code_bytes(file: Path) -> bytes:
             first = node.body[0]
             if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
                 node.body = node.body[1:] or [ast.Pass()]
-    return b"code\0" + ast.dump(tree).encode()
+    return b"code\0" + _tree_text(tree).encode()
 
 
 def _input_bytes(file: Path | None, scheme: str) -> bytes:
@@ -535,6 +550,28 @@ def changed_since(snippet: Snippet, record: dict, records_dir: Path | None = Non
         if (old if known else None) != now:
             changed.append(path)
     return changed
+
+
+def restamp(snippet: Snippet, records_dir: Path | None = None, device: str = DEFAULT_DEVICE) -> bool:
+    """Hash a stale record again under ``HASH_SCHEME`` where what it measured is provably what is here now:
+    every input (the snippet, the modules it lists, the records it uses) byte for byte as it was at the
+    record's commit, read from git. For records whose hash a change of scheme alone left stale. Returns
+    whether the record was rewritten."""
+    record = read_record(snippet, records_dir, device)
+    commit = (record or {}).get("provenance", {}).get("commit")
+    if record is None or record_status(snippet, records_dir, device)[0] == "ok" or not commit:
+        return False
+    for path, file in record_inputs(snippet, record, records_dir, device):
+        known, old = _git(snippet.root, "show", f"{commit}:{path}")
+        if not known or file is None or not file.exists() or file.read_bytes() != old:
+            return False
+    record["hash_scheme"] = HASH_SCHEME
+    record["source_hash"] = source_hash(snippet, records_dir, device, modules=record.get("modules"))
+    record["files"] = {path: _file_hash(file, HASH_SCHEME)
+                       for path, file in record_inputs(snippet, record, records_dir, device)}
+    record_path(snippet, records_dir, device).write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n",
+                                                         encoding="utf-8")
+    return True
 
 
 def _git(root: Path, *args: str) -> tuple[bool, bytes]:
