@@ -76,6 +76,18 @@ GATE_IN_PAIR_KERNEL = True
 # (37.88 before), 3.9 GB peak; GDN 7.30 ms, 2.2 GB (results/tuning/run100/).
 TOKEN_MAJOR_STATES = True
 
+# CUDA, KDA with the forward's pieces read token-major: chunk_pair_gradients' scores P taken from the forward's
+# chunk_intra (its A_qk, which the state passes read already), chunk_pair_pieces compiled with scores=False:
+# one of its two pair-score passes (three GEMMs and the pairs inside the sub-chunks, one by one) and the
+# load of q gone. Off until its GPU tests pass (tests/test_gpu_backward.py).
+SCORES_FROM_FORWARD = False
+
+# CUDA, KDA: chunk_pair_gradients compiled for two blocks per SM (min_blocks=2: registers capped at 128, some
+# 690 bytes spilled) instead of one block of 8 warps at 255 registers. Run 100's call timed the kernel alone at
+# (1, 8192, 96, 128) with shared_pairs: 7.52 ms against 8.91 ms, the same outputs; with finish_gate (the
+# default now) it has not run. Off until its GPU tests pass.
+PAIR_KERNEL_TWO_BLOCKS = False
+
 # CUDA: what the two state passes read (W, U, the gated q and k, the scores, the decays) made by the
 # forward's own chunk_intra kernel (kda.gated_delta.prepare_chunks, one launch, bf16 or fp16) instead
 # of torch stages by groups of chunks. GPU tests passed in run 93; KDA at (1, 8192, 96, 128), forward + backward:
@@ -290,6 +302,8 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
     else:
         S, dS, dh0 = torch_state_passes({name: x.to(dtype) for name, x in whole.items()}, S0, dO.to(dtype),
                                         dS_final, segments)
+    # the forward's scores A_qk, [B, T, H, C] as chunk_intra wrote them, for the chunk kernels of KDA
+    scores = whole["P"] if SCORES_FROM_FORWARD and token_major and channel_kernels else None
     del whole
     # 3. every chunk's gradients: in one launch (a gate per head), or a group of chunks at a time
     if chunk_kernel:
@@ -297,7 +311,8 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
         dq, dk, dv, dg, dbeta = kernel_chunk_gradients(q, k, v, gate, beta, do, S, dS, scale, kernel_dtype, dG_last)
         return dq, dk, dv, (dg if g is not None else None), dbeta, dh0
     if channel_kernels:
-        return (*kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, kernel_dtype, dG_last), dh0)
+        return (*kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, kernel_dtype, dG_last, scores),
+                dh0)
     dO = dO.to(dtype)
     out = [stages.chunk_gradients(first or pieces(s, e), S[:, :, s:e], dS[:, :, s:e], dO[:, :, s:e])
            for s, e in groups]
@@ -408,7 +423,7 @@ def kernel_chunk_gradients(q, k, v, g, beta, do, S, dS, scale, dtype, dG_last=No
     return dq, dk, dv, gate_gradient(dG, to_end, dG_last, CHUNK_SIZE), (db if beta is not None else None)
 
 
-def kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, dtype, dG_last=None):
+def kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, dtype, dG_last=None, scores=None):
     """Step 3 of ``chunked_gradients`` for a gate per channel (KDA) by the three kernels of
     ``kda.kernels.backward_chunks`` that split it: ``chunk_pair_pieces`` (the cumulative gate, ``T``, the
     scores ``P`` and ``stril(K K^T E)``, whose pair decays need sub-chunks), ``chunk_state_gradients``
@@ -416,7 +431,8 @@ def kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, dtype,
     (the sums of ``dP`` and ``dA b`` over pairs, by sub-chunks, into ``dq``, ``dk`` and the gate). Returns
     ``dq`` (scale in), ``dk``, ``dv``, ``dg [B, T, H, DK]``, ``dbeta``, float32. Without the delta rule
     (``beta=None``, level 3) the kernels are compiled without the WY form and ``dbeta`` is ``None``.
-    ``dG_last [B, H, NC, DK]``: as for ``kernel_chunk_gradients``."""
+    ``dG_last [B, H, NC, DK]``: as for ``kernel_chunk_gradients``. ``scores``: ``P [B, T, H, C]`` in ``dtype``
+    as the forward's ``chunk_intra`` made it (``SCORES_FROM_FORWARD``), else made by ``chunk_pair_pieces``."""
     from kda import ops
     from kda.kernels import backward_chunks as kernels
     from kda.kernels.build import compile_program
@@ -426,17 +442,19 @@ def kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, dtype,
     low = lambda x: x.to(dtype).contiguous()
     config = dict(chunk_size=C, dtype=ops.dtype_name(dtype), delta_rule=beta is not None)
     with torch.cuda.device(q.device):
-        pieces = compile_program(kernels.chunk_pair_pieces, (), DK=DK, **config)
+        made = dict(scores=False) if scores is not None else {}
+        pieces = compile_program(kernels.chunk_pair_pieces, (), DK=DK, **config, **made)
         states = compile_program(kernels.chunk_state_gradients, (), DK=DK, DV=DV, **config)
         shared = dict(shared_pairs=True) if SHARED_PAIR_SUMS and beta is not None else {}
         finish = dict(finish_gate=True) if GATE_IN_PAIR_KERNEL else {}
-        pairs = compile_program(kernels.chunk_pair_gradients, (), DK=DK, **config, **shared, **finish)
+        blocks = dict(min_blocks=2) if PAIR_KERNEL_TWO_BLOCKS else {}
+        pairs = compile_program(kernels.chunk_pair_gradients, (), DK=DK, **config, **shared, **finish, **blocks)
         new = lambda *shape, dt=torch.float32: ops.new_output(shape, dt, q.device)
         Q, K = low(q), low(k)
         db = new(B, T, H)
         b = beta.float().contiguous() if beta is not None else db      # without the delta rule: not read
         G, KKE = new(B, H, NC * C, DK), new(B, T, H, C)
-        Tinv, P = new(B, T, H, C, dt=dtype), new(B, T, H, C, dt=dtype)
+        Tinv, P = new(B, T, H, C, dt=dtype), (scores if scores is not None else new(B, T, H, C, dt=dtype))
         flags = torch.zeros(2, dtype=torch.int32, device=q.device)    # the forward checked g and beta
         pieces(Q, K, g.float().contiguous(), b, float(scale), G, Tinv, P, KKE, flags)
         dq, dk, dG, to_end = (new(B, T, H, DK) for _ in range(4))

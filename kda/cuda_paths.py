@@ -149,6 +149,25 @@ PATHS: tuple[CudaPath, ...] = (
                     "写出的布局），取代补齐后按块重排的拷贝"},
         gpu_log="results/tuning/run100/gpu-tests-switches.txt",
     ),
+    CudaPath(
+        name="pair_kernel_two_blocks",
+        module="kda.backward",
+        switch="PAIR_KERNEL_TWO_BLOCKS",
+        what={"en": "KDA's chunk_pair_gradients compiled for two blocks per SM (128 registers, some spilled) "
+                    "instead of one block of 8 warps at 255 registers",
+              "zh": "KDA 的 chunk_pair_gradients 以每个 SM 两个 block 编译（128 个寄存器，部分溢出），"
+                    "取代每个 SM 一个 8 warp、255 个寄存器的 block"},
+    ),
+    CudaPath(
+        name="scores_from_forward",
+        module="kda.backward",
+        switch="SCORES_FROM_FORWARD",
+        what={"en": "KDA's chunk kernels reading the scores P from the forward's chunk_intra (its A_qk, made for the "
+                    "state passes already) and chunk_pair_pieces compiled without them, instead of making them "
+                    "a second time pair by pair",
+              "zh": "KDA 的块内 kernel 直接读取前向 chunk_intra 算出的得分 P（即其 A_qk，本已为状态遍历算好），"
+                    "chunk_pair_pieces 以不含得分的方式编译，不再逐对重算一遍"},
+    ),
 )
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import kda
-from kda import backward, cuda_autograd
+from kda import backward, cuda_autograd, ops
 from kda.metrics import rel_l2
 from kda.reference import backward as ref
 from kda.reference import level4 as ref4
@@ -375,11 +375,11 @@ def chunk_kernel_mirror(Q, K, V, dO, g, beta, S_in, dS_out, scale, dQ, dK, dV, d
         rows_back(x, out, T)
 
 
-def pair_pieces_mirror(Q, K, g, beta, scale, G, Tinv, P, KKE, flags, C=64, delta_rule=True):
+def pair_pieces_mirror(Q, K, g, beta, scale, G, Tinv, P, KKE, flags, C=64, delta_rule=True, scores=True):
     """``kda.kernels.backward_chunks.chunk_pair_pieces`` in float64 torch, reading and writing its
     arguments as its docstring says: ``G [B, H, NC C, DK]`` (log2, flat past the end), ``T``, the scores
     ``P`` (scale in, ``j <= i``) and ``stril(K K^T E)`` per row ``[B, T, H, C]``; without the delta rule
-    ``G`` and ``P`` only."""
+    ``G`` and ``P`` only; ``scores=False``: ``P`` not written."""
     B, T, H, DK = Q.shape
     NC = G.shape[2] // C
     q, k = chunk_rows(Q, C, NC, T), chunk_rows(K, C, NC, T)
@@ -387,7 +387,8 @@ def pair_pieces_mirror(Q, K, g, beta, scale, G, Tinv, P, KKE, flags, C=64, delta
     E = pair_decays(Gc)
     P_c = scale * torch.einsum("bhnid,bhnjd,bhnijd->bhnij", q, k, E)
     G.copy_(Gc.reshape(B, H, NC * C, DK))
-    rows_back(P_c, P, T)
+    if scores:
+        rows_back(P_c, P, T)
     if delta_rule:
         KKE_c = torch.einsum("bhnid,bhnjd,bhnijd->bhnij", k, k, E).tril(-1)
         Tinv_c = torch.linalg.inv(torch.eye(C, dtype=torch.float64) + chunk_rows(beta, C, NC, T)[..., None] * KKE_c)
@@ -746,6 +747,61 @@ def test_states_as_operands(per_channel, delta_rule, token_major, monkeypatch):
             assert a is None, name
             continue
         assert a.dtype == b.dtype and a.shape == b.shape, name
+        assert rel_l2(a.double(), b.double()) < 1e-2, f"{name}: {rel_l2(a.double(), b.double()):.1e}"
+
+
+def test_scores_from_forward(monkeypatch):
+    """``SCORES_FROM_FORWARD`` (CUDA faked, every kernel replaced by its float64 mirror, the state passes
+    token-major): ``chunk_pair_pieces`` is compiled with ``scores=False`` and writes no scores, and
+    ``chunk_state_gradients`` reads the forward's ``A_qk`` itself, the tensor the state passes read; the
+    gradients are those of the scores made again, to the rounding of ``A_qk`` to bf16."""
+    from kda import gated_delta
+    from kda.kernels import backward_chunks, backward_states, build
+
+    fakes = {backward_states.forward_states_pass: forward_states_mirror(64),
+             backward_states.reverse_state_pass: reverse_state_pass_mirror(64),
+             backward_chunks.chunk_pair_pieces: pair_pieces_mirror,
+             backward_chunks.chunk_state_gradients: state_gradients_mirror,
+             backward_chunks.chunk_pair_gradients: pair_gradients_mirror}
+    compiled, read = {}, {}
+    q, k, v, g, beta, h0, do, dht = inputs(B=2, T=150, H=4, HQ=2, K=16, V=64, seed=8, per_channel=True)
+    q, k, v, do = (x.to(torch.bfloat16) for x in (q * 3, k * 2, v, do))
+    args = (q, k, v, g.float(), beta.float(), 0.5, h0.float(), True, None, do, dht.float())
+    made = prepare_chunks_mirror()
+
+    def prepare_chunks(*a):
+        form = made(*a)
+        read["A_qk"] = form.A_qk.data_ptr()
+        return form
+
+    def state_gradients(*a, **kw):
+        read["P"] = a[9].data_ptr()
+        return state_gradients_mirror(*a, **kw)
+
+    def compile_program(fn, out_idx, **kw):
+        compiled[fn.__name__] = kw
+        if fn.__name__ in ("forward_states_pass", "reverse_state_pass"):
+            return functools.partial(fakes[fn], token_major=kw.get("token_major", False))
+        if fn.__name__ == "chunk_pair_pieces":
+            return functools.partial(fakes[fn], scores=kw.get("scores", True))
+        return state_gradients if fn.__name__ == "chunk_state_gradients" else fakes[fn]
+
+    monkeypatch.setattr(build, "compile_program", compile_program)
+    monkeypatch.setattr(gated_delta, "prepare_chunks", prepare_chunks)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: __import__("contextlib").nullcontext())
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNELS_BY_CHANNEL", "TOKEN_MAJOR_STATES"):
+        monkeypatch.setattr(backward, switch, True)
+    monkeypatch.setattr(backward, "SCORES_FROM_FORWARD", False)
+    want = backward.op_gradients(*args)
+    assert "scores" not in compiled["chunk_pair_pieces"] and read["P"] != read["A_qk"]
+    monkeypatch.setattr(ops, "poison_outputs", True)              # a score left unwritten would show
+    monkeypatch.setattr(backward, "SCORES_FROM_FORWARD", True)
+    got = backward.op_gradients(*args)
+    assert compiled["chunk_pair_pieces"]["scores"] is False and read["P"] == read["A_qk"]
+    for name, a, b in zip("dq dk dv dg dbeta dh0".split(), got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        assert torch.isfinite(a).all(), name
         assert rel_l2(a.double(), b.double()) < 1e-2, f"{name}: {rel_l2(a.double(), b.double()):.1e}"
 
 

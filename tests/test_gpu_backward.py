@@ -188,17 +188,15 @@ def test_state_passes_as_operands_against_the_stages(per_channel, dtype, token_m
         assert rel_l2(got.double().cpu(), want) <= bound, f"{name}: {rel_l2(got.double().cpu(), want):.2e}"
 
 
-# the backward's switches that landed off, with the gates that test each: the gate's own terms want
-# chunk decays that count (mild), the rest the common gates and runs of -20
-LANDED_OFF = ("STATES_AS_OPERANDS", "TOKEN_MAJOR_STATES", "SHARED_PAIR_SUMS", "GATE_IN_PAIR_KERNEL")
-SWITCH_CASES = [(on, per_channel, kind)
-                for on, kinds in ((("STATES_AS_OPERANDS",), ["logsigmoid", "mild"]),
-                                  (("TOKEN_MAJOR_STATES",), ["logsigmoid"]),
-                                  (("SHARED_PAIR_SUMS",), ["runs_of_-20"]),
-                                  (("GATE_IN_PAIR_KERNEL",), ["mild", "runs_of_-20"]),
-                                  (LANDED_OFF, ["logsigmoid", "runs_of_-20", "mild"]))
-                for per_channel in (True, False) for kind in kinds
-                if per_channel or not set(on) & {"SHARED_PAIR_SUMS", "GATE_IN_PAIR_KERNEL"} or len(on) > 1]
+# the backward's switches that landed off, with the gates that test each, on top of the defaults (run 100's
+# four switches on since their tests here passed: STATES_AS_OPERANDS, TOKEN_MAJOR_STATES, SHARED_PAIR_SUMS,
+# GATE_IN_PAIR_KERNEL); the scores from the forward need KDA and the token-major pieces (on by default)
+LANDED_OFF = ("SCORES_FROM_FORWARD", "PAIR_KERNEL_TWO_BLOCKS")
+SWITCH_CASES = [(on, True, kind)
+                for on, kinds in ((("SCORES_FROM_FORWARD",), ["logsigmoid", "runs_of_-20", "mild"]),
+                                  (("PAIR_KERNEL_TWO_BLOCKS",), ["runs_of_-20", "mild"]),
+                                  (LANDED_OFF, ["logsigmoid", "runs_of_-20"]))
+                for kind in kinds]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -206,8 +204,8 @@ SWITCH_CASES = [(on, per_channel, kind)
                          ids=["-".join([*(n.lower() for n in on), "kda" if pc else "gdn", kd]) if len(on) == 1 else
                               f"all_landed_off-{'kda' if pc else 'gdn'}-{kd}" for on, pc, kd in SWITCH_CASES])
 def test_gradients_with_the_switches_landed_off(on, per_channel, kind, dtype, device_backward, monkeypatch):
-    """The op's gradients with every kernel and each switch that landed off (``LANDED_OFF``), alone and all
-    together, against the float64 recurrence (a tail chunk, initial and final states), within the bound of
+    """The op's gradients with every kernel and the switches that landed off (``LANDED_OFF``) on top of the
+    defaults, against the float64 recurrence (a tail chunk, initial and final states), within the bound of
     the state-pass kernels' test."""
     from kda import backward
 

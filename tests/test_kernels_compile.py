@@ -91,6 +91,10 @@ CASES = [
     ("backward_chunks", "chunk_pair_gradients", dict(DK=64, dtype="float16", shared_pairs=True, spill_budget=8)),
     ("backward_chunks", "chunk_pair_gradients", dict(DK=128, finish_gate=True)),
     ("backward_chunks", "chunk_pair_gradients", dict(DK=128, shared_pairs=True, finish_gate=True, spill_budget=16)),
+    # two blocks per SM (PAIR_KERNEL_TWO_BLOCKS): registers capped at 128, 688 bytes spilled
+    ("backward_chunks", "chunk_pair_gradients", dict(DK=128, shared_pairs=True, finish_gate=True, min_blocks=2,
+                                                     spill_budget=720)),
+    ("backward_chunks", "chunk_pair_pieces", dict(DK=128, scores=False)),                    # the forward's A_qk
     ("backward_chunks", "chunk_pair_pieces", dict(DK=128, delta_rule=False)),                # level 3
     ("backward_chunks", "chunk_state_gradients", dict(DK=128, DV=128, delta_rule=False)),
     ("backward_chunks", "chunk_pair_gradients", dict(DK=128, delta_rule=False)),

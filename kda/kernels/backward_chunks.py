@@ -588,7 +588,7 @@ def pair_scores(x_s, y_s, G_s, X_s, Y_s, out_f, C, sub, strict):
 
 
 # --8<-- [start:chunk_pair_pieces]
-def chunk_pair_pieces(DK, chunk_size=64, dtype="bfloat16", delta_rule=True, threads=256):
+def chunk_pair_pieces(DK, chunk_size=64, dtype="bfloat16", delta_rule=True, threads=256, scores=True):
     """What the chunk stage for a gate per channel needs of the forward's pairs. Arguments at run time:
     ``Q, K [B, T, H, DK]`` (dtype), ``g [B, T, H, DK]`` (float32, natural log), ``beta [B, T, H]``
     (float32), ``scale``; then the outputs ``G [B, H, NC C, DK]`` (float32: each chunk's cumulative gate
@@ -596,7 +596,10 @@ def chunk_pair_pieces(DK, chunk_size=64, dtype="bfloat16", delta_rule=True, thre
     K K^T E)``, level 4's solve), ``P [B, T, H, C]`` (dtype: ``scale (Q K^T) E`` on and below the
     diagonal), ``KKE [B, T, H, C]`` (float32: ``stril(K K^T E)``) and ``flags [2]`` (int32: a gate not
     finite and ``<= 0``, a ``b`` outside ``[0, 1]``). One block per (chunk, head, batch row).
-    ``delta_rule=False`` (level 3): ``G`` and ``P`` only; ``beta`` is not read, ``Tinv`` and ``KKE`` not written."""
+    ``delta_rule=False`` (level 3): ``G`` and ``P`` only; ``beta`` is not read, ``Tinv`` and ``KKE`` not written.
+    ``scores=False``: ``P`` neither made nor written, ``Q`` not read (the caller has the forward's ``A_qk``, the
+    same scores, from the ``chunk_intra`` that made the state passes' pieces)."""
+    assert scores or delta_rule, "without the delta rule the scores are all this kernel makes"
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     C, sub = chunk_size, SUB_CHUNK
     NC = T.ceildiv(S, C)
@@ -628,7 +631,8 @@ def chunk_pair_pieces(DK, chunk_size=64, dtype="bfloat16", delta_rule=True, thre
             x_col = T.alloc_local([SOLVE_BLOCK], ACCUM)
             CC_f = T.alloc_fragment([C, C], ACCUM)
 
-            load_rows(Q, q_s, bb, t0, bh, L, C, DK)
+            if scores:
+                load_rows(Q, q_s, bb, t0, bh, L, C, DK)
             load_rows(K, k_s, bb, t0, bh, L, C, DK)
             T.copy(g[bb, t0:t0 + C, bh, :], G_s)
             log2_cumsum_by_columns(G_s, G_s, L, C, DK, flags)       # rows past L: flat
@@ -646,10 +650,11 @@ def chunk_pair_pieces(DK, chunk_size=64, dtype="bfloat16", delta_rule=True, thre
                     if i < L:
                         Tinv[bb, t0 + i, bh, j] = T.if_then_else(i // SOLVE_BLOCK >= j // SOLVE_BLOCK,
                                                                  Tinv_s[i, j], 0.0)
-            pair_scores(q_s, k_s, G_s, X_s, Y_s, CC_f, C, sub, False)     # (Q K^T) E
-            for i, j in T.Parallel(C, C):
-                if i < L:
-                    P[bb, t0 + i, bh, j] = T.if_then_else(j <= i, CC_f[i, j] * scale, 0.0)
+            if scores:
+                pair_scores(q_s, k_s, G_s, X_s, Y_s, CC_f, C, sub, False)     # (Q K^T) E
+                for i, j in T.Parallel(C, C):
+                    if i < L:
+                        P[bb, t0 + i, bh, j] = T.if_then_else(j <= i, CC_f[i, j] * scale, 0.0)
 
     return main
 

@@ -1,0 +1,79 @@
+"""Run 103 (prepared 2026-12-04): the two backward switches that landed off after run 100, timed. With run
+100's four switches on, KDA's forward + backward at (1, 8192, 96, 128), bf16, is 22.6 ms against fla's 14.3
+(the backward/latency record of run 102). ``switches``: KDA forward + backward with the defaults, with
+``SCORES_FROM_FORWARD`` (chunk_pair_pieces without the scores; the forward's A_qk read instead),
+``PAIR_KERNEL_TWO_BLOCKS`` (chunk_pair_gradients at two blocks per SM) and both: time, peak memory, every
+gradient against the defaults'. ``profile``: one step of kda's KDA and GDN with the defaults by
+``torch.profiler`` (``$OUT/run103-<name>.txt``, every launch of the last step in order), the split of the 22.6
+and 7.4 ms that the next kernels start from. Rows to ``$OUT/run103.jsonl``.
+
+    FLA_FLASH_QLA=0 python results/tuning/run103-backward.py [switches] [profile]
+"""
+import importlib.util
+import os
+import sys
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import harness  # noqa: E402
+from harness import OUT, log  # noqa: E402
+
+RUN = "run103"
+spec = importlib.util.spec_from_file_location("run91_backward", os.path.join(HERE, "run91-backward.py"))
+run91 = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(run91)
+SHAPE = (1, 8192, 96, 128)
+NEW = ("SCORES_FROM_FORWARD", "PAIR_KERNEL_TWO_BLOCKS")
+
+
+def switches():
+    """KDA forward + backward with each new switch and both, against the defaults."""
+    import kda
+    from kda import backward, cuda_autograd
+    from kda.bench import median_ms
+    from kda.metrics import rel_l2
+
+    cuda_autograd.DEVICE_BACKWARD = True
+    leaves, do = run91.inputs(*SHAPE, True)
+    want = None
+    for on in ((), *((name,) for name in NEW), NEW):
+        for name in NEW:
+            setattr(backward, name, name in on)
+        run = run91.step(kda.chunk_kda, leaves, do)
+        row = {"stage": "switches", "op": "KDA", "on": list(on)}
+        try:
+            got = run()
+            want = want or got
+            row.update(ms=round(median_ms(run, warmup_ms=200, rep_ms=1000), 3), peak_MB=run91.peak_mb(run),
+                       finite=all(bool(torch.isfinite(x).all()) for x in got),
+                       rel_l2_vs_defaults={n: float(f"{rel_l2(a.float(), b.float()):.2e}")
+                                           for n, a, b in zip("q k v g beta".split(), got, want)})
+        except Exception as e:
+            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        log(RUN, row)
+    for name in NEW:
+        setattr(backward, name, False)
+
+
+def profile():
+    import kda
+    from kda import cuda_autograd
+
+    cuda_autograd.DEVICE_BACKWARD = True
+    for op, fn in (("kda", kda.chunk_kda), ("gdn", kda.chunk_gated_delta_rule)):
+        leaves, do = run91.inputs(*SHAPE, op == "kda")
+        ms = harness.profile(run91.step(fn, leaves, do), os.path.join(OUT, f"{RUN}-{op}.txt"),
+                             title=f"{op}: shape {SHAPE}, bf16, ")
+        log(RUN, {"profile": op, "cuda_ms_per_step": round(ms, 3)})
+        del leaves, do
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    stages = sys.argv[1:] or ["switches", "profile"]
+    if "switches" in stages:
+        switches()
+    if "profile" in stages:
+        profile()
