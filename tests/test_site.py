@@ -253,6 +253,14 @@ def test_restamp_only_where_the_inputs_are_those_of_the_commit(mini_site, tmp_pa
     sn.write_record(snippet, sn.Result("| a |\n|---|\n| 1 |\n", None, {}, 1.0), info, records, digest="0" * 16)
     snippet.file.write_text("# snippet: gpu\nprint(1)  # since the commit\n")
     assert not sn.restamp(snippet) and sn.record_status(snippet)[0] == "stale"
+    snippet.file.write_text("# snippet: gpu\nprint(1)\n")               # a fresh record of the byte scheme
+    record = sn.read_record(snippet)
+    record.update(hash_scheme="raw", source_hash=sn.source_hash(snippet, scheme="raw"))
+    sn.record_path(snippet).write_text(json.dumps(record))
+    assert sn.record_status(snippet)[0] == "ok" and sn.restamp(snippet)
+    assert sn.read_record(snippet)["hash_scheme"] == "code" and sn.record_status(snippet)[0] == "ok"
+    snippet.file.write_text("# snippet: gpu\n# a comment: the code scheme keeps it fresh\nprint(1)\n")
+    assert sn.record_status(snippet)[0] == "ok"
 
 
 def test_a_current_gpu_record_is_injected_with_its_provenance(mini_site, tmp_path):

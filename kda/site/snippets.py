@@ -553,13 +553,16 @@ def changed_since(snippet: Snippet, record: dict, records_dir: Path | None = Non
 
 
 def restamp(snippet: Snippet, records_dir: Path | None = None, device: str = DEFAULT_DEVICE) -> bool:
-    """Hash a stale record again under ``HASH_SCHEME`` where what it measured is provably what is here now:
+    """Hash a record again under ``HASH_SCHEME`` where what it measured is provably what is here now:
     every input (the snippet, the modules it lists, the records it uses) byte for byte as it was at the
-    record's commit, read from git. For records whose hash a change of scheme alone left stale. Returns
-    whether the record was rewritten."""
+    record's commit, read from git. For records that a change of scheme alone left stale, and for fresh
+    records of an older scheme ("raw": any edit of a comment would stale them). Returns whether the record
+    was rewritten."""
     record = read_record(snippet, records_dir, device)
     commit = (record or {}).get("provenance", {}).get("commit")
-    if record is None or record_status(snippet, records_dir, device)[0] == "ok" or not commit:
+    if record is None or not commit:
+        return False
+    if record_status(snippet, records_dir, device)[0] == "ok" and record.get("hash_scheme", "raw") == HASH_SCHEME:
         return False
     for path, file in record_inputs(snippet, record, records_dir, device):
         known, old = _git(snippet.root, "show", f"{commit}:{path}")
