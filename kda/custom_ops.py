@@ -7,9 +7,11 @@ value checks that read tensors back to the host (a graph cannot hold them), and 
 below, which runs the eager path inside the compiled graph. Each op has a fake implementation:
 the output shapes, nothing computed. ``chunk_gated_delta`` and ``fused_recurrent`` also have a
 backward (``register_autograd``), so that a compiled graph trains: on the CPU it recomputes the
-float64 forward and takes autograd's gradients through it, exactly what an eager call gives; on
-CUDA there are no backward kernels yet (issue 18) and the public functions refuse inputs that
-require grad before the op is reached. Importing ``kda`` registers them.
+float64 forward and takes autograd's gradients through it, exactly what an eager call gives. On
+CUDA an eager call differentiates through ``kda.cuda_autograd`` (the backward kernels of
+``kda.backward``), but this op's backward does not reach them yet: it refuses CUDA tensors (with
+an older message that names issue 18), so a compiled graph trains on the CPU only (issue 41).
+Importing ``kda`` registers them.
 """
 
 from __future__ import annotations
