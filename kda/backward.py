@@ -88,6 +88,13 @@ SCORES_FROM_FORWARD = False
 # default now) it has not run. Off until its GPU tests pass.
 PAIR_KERNEL_TWO_BLOCKS = False
 
+# CUDA, levels 1-3 with a gate per head or none (linear_attention, decay_attention, gated_attention with g
+# [B, T, H]): what the state passes read made by level_pieces in the inputs' dtype and token-major, as the
+# forward's chunk_intra makes it for level 5 (a per-head cumulative gate, two scalings, one batched GEMM for
+# the scores), instead of the float32 torch stages by groups of chunks, their copies and concatenation. Off
+# until its GPU tests pass.
+LEVEL_PIECES = False
+
 # CUDA: what the two state passes read (W, U, the gated q and k, the scores, the decays) made by the
 # forward's own chunk_intra kernel (kda.gated_delta.prepare_chunks, one launch, bf16 or fp16) instead
 # of torch stages by groups of chunks. GPU tests passed in run 93; KDA at (1, 8192, 96, 128), forward + backward:
@@ -283,10 +290,13 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
     first = None
     state_kernels = STATE_KERNELS and q.is_cuda and len(segments) == 1 and DV % 64 == 0
     from_forward = forward_pieces_apply(q, beta, C, kernel_dtype)
-    token_major = TOKEN_MAJOR_STATES and state_kernels and from_forward
+    from_level = level_pieces_apply(q, g, beta, C, kernel_dtype) and state_kernels and TOKEN_MAJOR_STATES
+    token_major = TOKEN_MAJOR_STATES and state_kernels and (from_forward or from_level)
     if from_forward:
         # in kernel_dtype, as the kernel wrote them; token-major ([B, T, H, *]) for the state kernels to read
         whole = forward_pieces(q, k, v, g, beta, scale, kernel_dtype, token_major)
+    elif from_level:
+        whole = level_pieces(q, k, v, g, scale, kernel_dtype)
     else:
         first = pieces(*groups[0]) if len(groups) == 1 and not (chunk_kernel or channel_kernels) else None
         kept = [first] if first else [{name: p[name] for name in STATE_PIECES}
@@ -356,6 +366,38 @@ def forward_pieces(q, k, v, g, beta, scale, dtype, token_major=False):
         x, (0, 0, 0, 0, 0, NC * CHUNK_SIZE - T)).view(B, NC, CHUNK_SIZE, H, x.shape[-1]).permute(0, 3, 1, 2, 4)
     return {"U": chunked(form.U), "W": chunked(form.W), "Kd": chunked(form.Kw), "Qg": chunked(form.Qw),
             "P": chunked(form.A_qk), "decay": form.decay}
+
+
+def level_pieces_apply(q, g, beta, C, kernel_dtype) -> bool:
+    """Whether step 1 of ``chunked_gradients`` runs as ``level_pieces`` (``LEVEL_PIECES``): what
+    ``kernels_take`` says, no delta rule and a gate per head or none (levels 1, 2 and 3 with ``g [B, T, H]``)."""
+    return LEVEL_PIECES and beta is None and (g is None or g.dim() == 3) and kernels_take(q, C, kernel_dtype)
+
+
+def level_pieces(q, k, v, g, scale, dtype):
+    """``STATE_PIECES`` without the delta rule for a gate per head ``g [B, T, H]`` (natural log) or none,
+    token-major ``[B, T, H, *]`` in ``dtype`` as ``forward_pieces`` gives them with ``token_major``: ``Qg =
+    scale q e^G``, ``Kd = k e^(G_last - G)``, the scores ``P = scale tril(Q K^T) e^(G_i - G_j)`` per chunk,
+    ``W = 0``, ``U = v``, ``decay = e^G_last [B, H, NC, DK]`` (float32). ``G`` is the cumulative gate within
+    each chunk, float32; every exponent is ``<= 0`` (the scores' masked before it is taken)."""
+    B, T, H, DK = q.shape
+    C, NC = CHUNK_SIZE, ceildiv(T, CHUNK_SIZE)
+    pad = NC * C - T
+    by_chunk = lambda x: torch.nn.functional.pad(x, (0, 0) * (x.dim() - 2) + (0, pad)).view(B, NC, C, *x.shape[2:])
+    gate = torch.zeros(B, T, H, device=q.device) if g is None else g.float()
+    G = by_chunk(gate).cumsum(2)                                           # [B, NC, C, H], flat past T
+    G_last = G[:, :, -1:]                                                  # [B, NC, 1, H]
+    rows = lambda x: x.reshape(B, NC * C, H)[:, :T, :, None]               # back to [B, T, H, 1]
+    Qg = (q.float() * (scale * rows(torch.exp(G)))).to(dtype)
+    Kd = (k.float() * rows(torch.exp(G_last - G))).to(dtype)
+    Gh = G.permute(0, 3, 1, 2)                                             # [B, H, NC, C]
+    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    decays = torch.exp(torch.where(causal, Gh[..., :, None] - Gh[..., None, :], float("-inf")))
+    head_chunks = lambda x: by_chunk(x).permute(0, 3, 1, 2, 4)             # [B, H, NC, C, D], dtype
+    P = torch.matmul(head_chunks(q.float()), head_chunks(k.float()).transpose(-1, -2))   # rounded once, below
+    P = (P * decays * scale).permute(0, 2, 3, 1, 4).reshape(B, NC * C, H, C)[:, :T].to(dtype).contiguous()
+    decay = torch.exp(G_last[:, :, 0]).transpose(1, 2)[..., None].expand(B, H, NC, DK).contiguous()
+    return {"U": v.to(dtype).contiguous(), "W": torch.zeros_like(Kd), "Kd": Kd, "Qg": Qg, "P": P, "decay": decay}
 
 
 def chunk_kernel_applies(q, g, beta, C, kernel_dtype) -> bool:

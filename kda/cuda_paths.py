@@ -150,6 +150,17 @@ PATHS: tuple[CudaPath, ...] = (
         gpu_log="results/tuning/run100/gpu-tests-switches.txt",
     ),
     CudaPath(
+        name="level_pieces",
+        module="kda.backward",
+        switch="LEVEL_PIECES",
+        what={"en": "the state passes' pieces of levels 1-3 with a gate per head or none made by level_pieces in the "
+                    "inputs' dtype and token-major (a cumulative gate per head, one batched GEMM for the scores), "
+                    "instead of float32 torch stages by groups of chunks",
+              "zh": "第一至三级（每个头一个门控或没有门控）状态遍历所读的中间量由 level_pieces 以输入的 dtype、"
+                    "按 token 优先的布局算出（每个头的累积门控，一次批量 GEMM 算得分），取代按块分组的 float32 "
+                    "torch 阶段"},
+    ),
+    CudaPath(
         name="pair_kernel_two_blocks",
         module="kda.backward",
         switch="PAIR_KERNEL_TWO_BLOCKS",

@@ -805,6 +805,66 @@ def test_scores_from_forward(monkeypatch):
         assert rel_l2(a.double(), b.double()) < 1e-2, f"{name}: {rel_l2(a.double(), b.double()):.1e}"
 
 
+@pytest.mark.parametrize("gate", ["none", "per_head"])
+def test_level_pieces_are_the_reference_pieces(gate):
+    """``level_pieces`` (levels 1-3, a gate per head or none) gives the reference's pieces, token-major: the
+    gated q and k, the scores, ``W = 0``, ``U = v`` and the chunk decays, with a tail chunk."""
+    B, T, H, D = 2, 150, 3, 32
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(B, T, H, D, generator=gen, dtype=torch.float64) for _ in range(3))
+    g = None if gate == "none" else torch.nn.functional.logsigmoid(torch.randn(B, T, H, generator=gen) + 2).double()
+    got = backward.level_pieces(q, k, v, g, 0.3, torch.float64)
+    p = ref.chunk_pieces(q, k, v, g, None, 0.3, 64)
+    rows = lambda x: x.permute(0, 2, 3, 1, 4).reshape(B, -1, H, x.shape[-1])[:, :T]
+    for name in ("Qg", "Kd", "P", "U", "W"):
+        want = rows(p[name] if name != "Qg" else p["Qg"])
+        assert got[name].shape == want.shape, name
+        assert (got[name] - want).abs().max() <= 1e-5 * want.abs().max().clamp(min=1), name
+    assert torch.allclose(got["decay"], p["decay"].expand(B, H, p["decay"].shape[2], D).float(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("gate", ["none", "per_head"])
+def test_level_pieces_in_the_backward(gate, monkeypatch):
+    """``LEVEL_PIECES`` (CUDA faked, every kernel replaced by its float64 mirror): for levels 1-3 with a gate
+    per head or none the state passes read ``level_pieces``' token-major pieces instead of the torch stages'
+    chunk copies, and the gradients are those of the torch stages, to the rounding of the pieces to bf16."""
+    from kda.kernels import backward_chunks, backward_states, build
+
+    fakes = {backward_states.forward_states_pass: forward_states_mirror(64),
+             backward_states.reverse_state_pass: reverse_state_pass_mirror(64),
+             backward_chunks.chunk_gradients: chunk_kernel_mirror}
+    compiled = {}
+    q, k, v, g, _, h0, do, dht = inputs(B=2, T=150, H=4, HQ=2, K=16, V=64, seed=9, per_channel=False)
+    q, k, v, do = (x.to(torch.bfloat16) for x in (q * 3, k * 2, v, do))
+    args = (q, k, v, None if gate == "none" else g.float(), None, 0.5, h0.float(), False, None, do, dht.float())
+
+    def compile_program(fn, out_idx, **kw):
+        compiled[fn.__name__] = kw
+        if fn.__name__ in ("forward_states_pass", "reverse_state_pass"):
+            return functools.partial(fakes[fn], token_major=kw.get("token_major", False))
+        return functools.partial(fakes[fn], delta_rule=kw.get("delta_rule", True))
+
+    monkeypatch.setattr(build, "compile_program", compile_program)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: __import__("contextlib").nullcontext())
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    for switch in ("STATE_KERNELS", "CHUNK_KERNEL", "TOKEN_MAJOR_STATES"):
+        monkeypatch.setattr(backward, switch, True)
+    monkeypatch.setattr(backward, "LEVEL_PIECES", False)
+    want = backward.op_gradients(*args)
+    assert compiled["forward_states_pass"].get("token_major", False) is False
+    monkeypatch.setattr(backward, "LEVEL_PIECES", True)
+    monkeypatch.setattr(backward.stages, "chunk_pieces", lambda *a, **kw: pytest.fail("the torch stages ran"))
+    got = backward.op_gradients(*args)
+    assert compiled["forward_states_pass"]["token_major"] is True
+    assert compiled["reverse_state_pass"]["token_major"] is True
+    for name, a, b in zip("dq dk dv dg dbeta dh0".split(), got, want):
+        if b is None:
+            assert a is None, name
+            continue
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        assert rel_l2(a.double(), b.double()) < 1e-2, f"{name}: {rel_l2(a.double(), b.double()):.1e}"
+
+
 def test_the_forward_does_not_import_the_backward():
     """A CUDA-less forward of chunk_kda and chunk_gated_delta_rule (and the package's import) leaves
     ``kda.backward`` unimported, so that the forward's GPU records do not depend on it."""

@@ -400,6 +400,17 @@ def test_level_gradients_with_states_as_operands(level, level_backward, monkeypa
     test_level_gradients_against_token_recurrence(level, torch.bfloat16, None)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("level", ["linear", "decay", "gated_scalar"])
+def test_level_gradients_with_level_pieces(level, dtype, level_backward, monkeypatch):
+    """The level 1-3 gradients (a gate per head or none), as above, with ``LEVEL_PIECES`` on: the state passes
+    read ``level_pieces``' token-major pieces in the inputs' dtype instead of the float32 torch stages'."""
+    from kda import backward
+
+    monkeypatch.setattr(backward, "LEVEL_PIECES", True)
+    test_level_gradients_against_token_recurrence(level, dtype, None)
+
+
 @pytest.mark.parametrize("level", ["linear", "delta_l2norm"])
 def test_level_gradients_without_states(level, level_backward):
     """Levels 1 and 4 on CUDA with no initial state and no final state (the delta rule with the L2 norm of

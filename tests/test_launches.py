@@ -377,6 +377,27 @@ def test_backward_chunk_kernel(kernel_launches, monkeypatch, dtype):
     assert [x.shape for x in got[:5]] == [q.shape, k.shape, v.shape, g[..., 0].shape, beta.shape]
 
 
+@pytest.mark.parametrize("gate", ["none", "per_head"])
+def test_level_backward_with_level_pieces(kernel_launches, monkeypatch, gate):
+    """``LEVEL_PIECES`` on (CUDA faked), levels 1-3 without the delta rule: ``level_pieces`` makes the state
+    passes' pieces, token-major, and the two state kernels compiled with ``token_major`` bind them, then the
+    chunk kernel compiled without the delta rule (a tail chunk)."""
+    from kda import backward
+
+    for switch in ("STATE_KERNELS", "CHUNK_KERNEL", "TOKEN_MAJOR_STATES", "STATES_AS_OPERANDS", "LEVEL_PIECES"):
+        monkeypatch.setattr(backward, switch, True)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    q, k, v, g, _ = level5_inputs(B=2, T=200, per_channel=False)
+    gate_ = None if gate == "none" else g[..., 0]
+    got = backward.chunked_gradients(q, k, v, gate_, None, torch.randn(2, 200, 2, 64).bfloat16(), None, 0.125, None,
+                                     kernel_dtype=torch.bfloat16)
+    assert [name for name, _ in kernel_launches] == ["forward_states_pass", "reverse_state_pass", "chunk_gradients"]
+    params = dict(kernel_launches)
+    assert params["forward_states_pass"]["token_major"] and params["reverse_state_pass"]["token_major"]
+    assert params["chunk_gradients"]["delta_rule"] is False
+    assert [x.shape for x in got[:3]] == [q.shape, k.shape, v.shape] and got[4] is None
+
+
 @pytest.mark.parametrize("unverified", [False, True], ids=["earlier_glue", "with_the_run100_switches"])
 @pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
 def test_backward_with_every_kernel(kernel_launches, monkeypatch, per_channel, unverified):

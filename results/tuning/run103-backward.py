@@ -5,9 +5,11 @@
 ``PAIR_KERNEL_TWO_BLOCKS`` (chunk_pair_gradients at two blocks per SM) and both: time, peak memory, every
 gradient against the defaults'. ``profile``: one step of kda's KDA and GDN with the defaults by
 ``torch.profiler`` (``$OUT/run103-<name>.txt``, every launch of the last step in order), the split of the 22.6
-and 7.4 ms that the next kernels start from. Rows to ``$OUT/run103.jsonl``.
+and 7.4 ms that the next kernels start from. ``levels``: levels 1, 2 and 3 with a gate per head at (1, 8192,
+96, 128), forward + backward, with ``LEVEL_PIECES`` off and on, beside their fla peers (run 100 had time for
+level 1 alone: 13.3 ms). Rows to ``$OUT/run103.jsonl``.
 
-    FLA_FLASH_QLA=0 python results/tuning/run103-backward.py [switches] [profile]
+    FLA_FLASH_QLA=0 python results/tuning/run103-backward.py [switches] [levels] [profile]
 """
 import importlib.util
 import os
@@ -57,6 +59,39 @@ def switches():
         setattr(backward, name, False)
 
 
+def levels():
+    """Levels 1-3 (a gate per head or none) with and without ``LEVEL_PIECES``, and fla's peers."""
+    from kda import backward, cuda_autograd
+    from kda.bench import median_ms
+
+    spec = importlib.util.spec_from_file_location("run100_levels", os.path.join(HERE, "run100-levels.py"))
+    run100 = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run100)
+    cuda_autograd.DEVICE_BACKWARD = True
+    B, T, H, D = SHAPE
+    x = run100.inputs(B, T, H, D)
+    for level, (own, impls) in run100.levels(x, D ** -0.5).items():
+        if not level.startswith(("1", "2", "3 gated, per head")):
+            continue
+        leaves = [t.detach().clone().requires_grad_() for t in [x["q"], x["k"], x["v"]] + [x[n] for n in own]]
+        for name, fn in impls.items():
+            for pieces in ((False, True) if name == "kda" else (False,)):
+                backward.LEVEL_PIECES = pieces
+                run = lambda: torch.autograd.grad(fn(*leaves), leaves, x["do"])
+                row = {"stage": "levels", "level": level, "impl": name + (" level_pieces" if pieces else "")}
+                try:
+                    got = run()
+                    row.update(ms=round(median_ms(run, warmup_ms=200, rep_ms=1000), 3), peak_MB=run91.peak_mb(run),
+                               finite=all(bool(torch.isfinite(a).all()) for a in got))
+                except Exception as e:
+                    row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                log(RUN, row)
+        backward.LEVEL_PIECES = False
+        del leaves
+    del x
+    torch.cuda.empty_cache()
+
+
 def profile():
     import kda
     from kda import cuda_autograd
@@ -72,8 +107,10 @@ def profile():
 
 
 if __name__ == "__main__":
-    stages = sys.argv[1:] or ["switches", "profile"]
+    stages = sys.argv[1:] or ["switches", "levels", "profile"]
     if "switches" in stages:
         switches()
+    if "levels" in stages:
+        levels()
     if "profile" in stages:
         profile()
