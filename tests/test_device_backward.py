@@ -375,6 +375,17 @@ def chunk_kernel_mirror(Q, K, V, dO, g, beta, S_in, dS_out, scale, dQ, dK, dV, d
         rows_back(x, out, T)
 
 
+def assert_gradients_agree(got, want, bound=1e-2):
+    """``op_gradients``' six results against another path's: the same presence, dtype and shape, finite,
+    within ``bound`` relative L2 (the kernels' rounding of their operands to bf16)."""
+    for name, a, b in zip("dq dk dv dg dbeta dh0".split(), got, want):
+        assert (a is None) == (b is None), name
+        if b is not None:
+            assert a.dtype == b.dtype and a.shape == b.shape, name
+            assert torch.isfinite(a).all(), name
+            assert rel_l2(a.double(), b.double()) < bound, f"{name}: {rel_l2(a.double(), b.double()):.1e}"
+
+
 def pair_pieces_mirror(Q, K, g, beta, scale, G, Tinv, P, KKE, flags, C=64, delta_rule=True, scores=True):
     """``kda.kernels.backward_chunks.chunk_pair_pieces`` in float64 torch, reading and writing its
     arguments as its docstring says: ``G [B, H, NC C, DK]`` (log2, flat past the end), ``T``, the scores
@@ -742,12 +753,7 @@ def test_states_as_operands(per_channel, delta_rule, token_major, monkeypatch):
     for name in ("forward_states_pass", "reverse_state_pass"):     # token-major where the forward made the pieces
         assert compiled[name].get("token_major", False) is (token_major and delta_rule)
     assert not [e for e in einsums if e.startswith("bhnkv,bhnkv")]
-    for name, a, b in zip("dq dk dv dg dbeta dh0".split(), got, want):
-        if b is None:
-            assert a is None, name
-            continue
-        assert a.dtype == b.dtype and a.shape == b.shape, name
-        assert rel_l2(a.double(), b.double()) < 1e-2, f"{name}: {rel_l2(a.double(), b.double()):.1e}"
+    assert_gradients_agree(got, want)
 
 
 def test_scores_from_forward(monkeypatch):
@@ -799,10 +805,7 @@ def test_scores_from_forward(monkeypatch):
     monkeypatch.setattr(backward, "SCORES_FROM_FORWARD", True)
     got = backward.op_gradients(*args)
     assert compiled["chunk_pair_pieces"]["scores"] is False and read["P"] == read["A_qk"]
-    for name, a, b in zip("dq dk dv dg dbeta dh0".split(), got, want):
-        assert a.dtype == b.dtype and a.shape == b.shape, name
-        assert torch.isfinite(a).all(), name
-        assert rel_l2(a.double(), b.double()) < 1e-2, f"{name}: {rel_l2(a.double(), b.double()):.1e}"
+    assert_gradients_agree(got, want)
 
 
 @pytest.mark.parametrize("gate", ["none", "per_head"])
@@ -857,12 +860,7 @@ def test_level_pieces_in_the_backward(gate, monkeypatch):
     got = backward.op_gradients(*args)
     assert compiled["forward_states_pass"]["token_major"] is True
     assert compiled["reverse_state_pass"]["token_major"] is True
-    for name, a, b in zip("dq dk dv dg dbeta dh0".split(), got, want):
-        if b is None:
-            assert a is None, name
-            continue
-        assert a.dtype == b.dtype and a.shape == b.shape, name
-        assert rel_l2(a.double(), b.double()) < 1e-2, f"{name}: {rel_l2(a.double(), b.double()):.1e}"
+    assert_gradients_agree(got, want)
 
 
 def test_the_forward_does_not_import_the_backward():
@@ -917,9 +915,7 @@ def test_op_gradients_with_every_kernel(l2norm, as_operands, monkeypatch):
     monkeypatch.setattr(backward, "TOKEN_MAJOR_STATES", as_operands)      # the two as they went on together
     got = backward.op_gradients(*args)
     assert seen == dict(dtypes={torch.bfloat16}, V=v.data_ptr(), dO=do.data_ptr())      # v and do themselves
-    for name, a, b in zip("dq dk dv dg dbeta dh0".split(), got, want):
-        assert a.dtype == b.dtype and a.shape == b.shape, name
-        assert rel_l2(a.double(), b.double()) < 1e-2, f"{name}: {rel_l2(a.double(), b.double()):.1e}"
+    assert_gradients_agree(got, want)
 
 
 LEVELS = ["linear", "decay", "gated_scalar", "gated_per_channel", "delta", "delta_l2norm"]

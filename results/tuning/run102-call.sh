@@ -16,11 +16,5 @@ for snippet in ${RECORDS:-snippets/backward/latency snippets/backward/gpu_error 
   budget=$(( $(left) - 60 )); [ "$budget" -gt 220 ] && budget=220
   record "$snippet" "$budget"
 done
-budget=$(( $(left) - 15 ))
-if [ "$budget" -ge 100 ]; then
-  timeout -k 5 $(( budget + 10 )) python -m kda.site rerecord --out "$OUT" --budget "$budget" --warm 60 \
-    --commit "$COMMIT" 2>&1 | grep -v "^20" | tail -12
-else
-  timeout 40 python -c "import os; from pathlib import Path; from kda.site.rerecord import pack_caches; pack_caches(Path(os.environ['OUT']))"
-fi
+rerecord_rest
 echo "done after $(( $(date +%s) - start )) s"

@@ -6,17 +6,10 @@
 set -u
 source "$(dirname "$0")/device-env.sh"
 export NO_MKDOCS_2_WARNING=1
-left() { echo $(( ${TOTAL:-575} - $(date +%s) + start )); }
 OMP_NUM_THREADS=1 timeout -k 5 "${TEST_S:-120}" python -m pytest -o addopts="" -n 12 -m gpu -v -p no:cacheprovider \
   tests/test_gpu_backward.py -k "landed_off or level_pieces" 2>&1 | grep "PASSED\|FAILED\|ERROR\|passed\|failed\|Error" \
   | sed 's/^\[gw[0-9]*\] \[ *[0-9]*%\] //' > "$OUT"/gpu-tests-switches.txt
 grep -c PASSED "$OUT"/gpu-tests-switches.txt; grep "FAILED\|ERROR\|passed\|failed" "$OUT"/gpu-tests-switches.txt | tail -8
 timeout -k 5 "${SWITCHES_S:-200}" python results/tuning/run103-backward.py switches levels profile 2>&1 | grep -v "^20" | tail -8
-budget=$(( $(left) - 15 ))
-if [ "$budget" -ge 100 ]; then
-  timeout -k 5 $(( budget + 10 )) python -m kda.site rerecord --out "$OUT" --budget "$budget" --warm 60 \
-    --commit "$COMMIT" 2>&1 | grep -v "^20" | tail -12
-else
-  timeout 40 python -c "import os; from pathlib import Path; from kda.site.rerecord import pack_caches; pack_caches(Path(os.environ['OUT']))"
-fi
+rerecord_rest
 echo "done after $(( $(date +%s) - start )) s"
