@@ -85,8 +85,17 @@ SCORES_FROM_FORWARD = False
 # CUDA, KDA: chunk_pair_gradients compiled for two blocks per SM (min_blocks=2: registers capped at 128, some
 # 690 bytes spilled) instead of one block of 8 warps at 255 registers. Run 100's call timed the kernel alone at
 # (1, 8192, 96, 128) with shared_pairs: 7.52 ms against 8.91 ms, the same outputs; with finish_gate (the
-# default now) it has not run. Off until its GPU tests pass.
+# default now) it has not run. KDA with the delta rule at DK = 128 only (what was compiled and timed). Off until
+# its GPU tests pass.
 PAIR_KERNEL_TWO_BLOCKS = False
+
+# CUDA, KDA: chunk_pair_gradients split by channels, PAIR_KERNEL_CHANNELS of them per block (every pair sum
+# is per channel; only dPs and dAb, read again by each block, are shared), as fla's intra-chunk backward
+# splits its own: tiles of 64 x 16 instead of 64 x 128, 117 registers for 128 threads against 255 for 256,
+# so four blocks of 4 warps per SM instead of one of 8. Off until its GPU tests pass; run 103 times the split
+# widths against each other.
+PAIR_KERNEL_BY_CHANNELS = False
+PAIR_KERNEL_CHANNELS = dict(block_dk=16, threads=128)
 
 # CUDA, levels 1-3 with a gate per head or none (linear_attention, decay_attention, gated_attention with g
 # [B, T, H]): what the state passes read made by level_pieces in the inputs' dtype and token-major, as the
@@ -489,7 +498,8 @@ def kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, dtype,
         states = compile_program(kernels.chunk_state_gradients, (), DK=DK, DV=DV, **config)
         shared = dict(shared_pairs=True) if SHARED_PAIR_SUMS and beta is not None else {}
         finish = dict(finish_gate=True) if GATE_IN_PAIR_KERNEL else {}
-        blocks = dict(min_blocks=2) if PAIR_KERNEL_TWO_BLOCKS else {}
+        blocks = {**(dict(min_blocks=2) if PAIR_KERNEL_TWO_BLOCKS and beta is not None and DK == 128 else {}),
+                  **(PAIR_KERNEL_CHANNELS if PAIR_KERNEL_BY_CHANNELS else {})}
         pairs = compile_program(kernels.chunk_pair_gradients, (), DK=DK, **config, **shared, **finish, **blocks)
         new = lambda *shape, dt=torch.float32: ops.new_output(shape, dt, q.device)
         Q, K = low(q), low(k)

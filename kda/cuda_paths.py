@@ -170,6 +170,15 @@ PATHS: tuple[CudaPath, ...] = (
                     "取代每个 SM 一个 8 warp、255 个寄存器的 block"},
     ),
     CudaPath(
+        name="pair_kernel_by_channels",
+        module="kda.backward",
+        switch="PAIR_KERNEL_BY_CHANNELS",
+        what={"en": "KDA's chunk_pair_gradients split by channels (kda.backward.PAIR_KERNEL_CHANNELS per block: "
+                    "smaller tiles, more blocks per SM) instead of one block for all 128 channels of a chunk",
+              "zh": "KDA 的 chunk_pair_gradients 按通道拆分（每个 block 处理 kda.backward.PAIR_KERNEL_CHANNELS "
+                    "个通道：块更小，每个 SM 可驻留更多 block），取代一个 block 处理一块的全部 128 个通道"},
+    ),
+    CudaPath(
         name="scores_from_forward",
         module="kda.backward",
         switch="SCORES_FROM_FORWARD",

@@ -191,10 +191,11 @@ def test_state_passes_as_operands_against_the_stages(per_channel, dtype, token_m
 # the backward's switches that landed off, with the gates that test each, on top of the defaults (run 100's
 # four switches on since their tests here passed: STATES_AS_OPERANDS, TOKEN_MAJOR_STATES, SHARED_PAIR_SUMS,
 # GATE_IN_PAIR_KERNEL); the scores from the forward need KDA and the token-major pieces (on by default)
-LANDED_OFF = ("SCORES_FROM_FORWARD", "PAIR_KERNEL_TWO_BLOCKS")
+LANDED_OFF = ("SCORES_FROM_FORWARD", "PAIR_KERNEL_TWO_BLOCKS", "PAIR_KERNEL_BY_CHANNELS")
 SWITCH_CASES = [(on, True, kind)
                 for on, kinds in ((("SCORES_FROM_FORWARD",), ["logsigmoid", "runs_of_-20", "mild"]),
                                   (("PAIR_KERNEL_TWO_BLOCKS",), ["runs_of_-20", "mild"]),
+                                  (("PAIR_KERNEL_BY_CHANNELS",), ["logsigmoid", "runs_of_-20", "mild"]),
                                   (LANDED_OFF, ["logsigmoid", "runs_of_-20"]))
                 for kind in kinds]
 
@@ -206,11 +207,19 @@ SWITCH_CASES = [(on, True, kind)
 def test_gradients_with_the_switches_landed_off(on, per_channel, kind, dtype, device_backward, monkeypatch):
     """The op's gradients with every kernel and the switches that landed off (``LANDED_OFF``) on top of the
     defaults, against the float64 recurrence (a tail chunk, initial and final states), within the bound of
-    the state-pass kernels' test."""
+    the state-pass kernels' test; each switch's kernel variant seen compiled (the path taken, not the default's)."""
     from kda import backward
+    from kda.kernels import build
 
     for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL", "CHUNK_KERNELS_BY_CHANNEL", *on):
         monkeypatch.setattr(backward, switch, True)
+    compiled, compile_program = {}, build.compile_program
+
+    def spied(fn, *args, **kw):
+        compiled[fn.__name__] = kw
+        return compile_program(fn, *args, **kw)
+
+    monkeypatch.setattr(build, "compile_program", spied)
     shape = (2, 200, 3, 128, 128)
     leaves = inputs(shape, dtype, kind, per_channel, zlib.crc32(f"{per_channel}{dtype}{kind}".encode()))
     gen = torch.Generator(device="cuda").manual_seed(13)
@@ -220,6 +229,11 @@ def test_gradients_with_the_switches_landed_off(on, per_channel, kind, dtype, de
     q, k, v, g, beta, h0 = (x.double().cpu() for x in leaves)
     want = ref.recurrence_backward(q, k, v, g, beta, do.double().cpu(), dht.double().cpu(), 128 ** -0.5, h0)
     check(gradients_on_cuda(fn, leaves, do, dht), want, KERNEL_BOUND)
+    taken = {"SCORES_FROM_FORWARD": compiled["chunk_pair_pieces"].get("scores") is False,
+             "PAIR_KERNEL_TWO_BLOCKS": compiled["chunk_pair_gradients"].get("min_blocks") == 2,
+             "PAIR_KERNEL_BY_CHANNELS": compiled["chunk_pair_gradients"].get("block_dk") ==
+             backward.PAIR_KERNEL_CHANNELS["block_dk"]}
+    assert all(taken[switch] for switch in on), taken
 
 
 @pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
@@ -243,8 +257,8 @@ def test_gradients_with_the_state_pass_kernels(per_channel, device_backward, mon
 
 @pytest.mark.parametrize("kind", ["logsigmoid", "runs_of_-20", "mild"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("per_channel", [False, True, "shared_pairs", "gate_in_pair_kernel"],
-                         ids=["gdn", "kda", "kda_shared_pairs", "kda_gate_in_pair_kernel"])
+@pytest.mark.parametrize("per_channel", [False, True, "shared_pairs", "gate_in_pair_kernel", "by_channels"],
+                         ids=["gdn", "kda", "kda_shared_pairs", "kda_gate_in_pair_kernel", "kda_by_channels"])
 def test_chunk_kernel_against_the_stages(per_channel, dtype, kind, poisoned, monkeypatch):
     """``kda/kernels/backward_chunks.py`` (a gate per head: ``chunk_gradients``; per channel: its three
     kernels) against the reference's ``chunk_gradients`` in float64 on the same inputs and the same
@@ -253,11 +267,14 @@ def test_chunk_kernel_against_the_stages(per_channel, dtype, kind, poisoned, mon
     three hand each other) to that dtype, as fla's kernels do. ``kda_shared_pairs``: the three with
     ``SHARED_PAIR_SUMS`` (``chunk_pair_gradients`` compiled with ``shared_pairs``); ``kda_gate_in_pair_kernel``:
     with ``GATE_IN_PAIR_KERNEL`` (the gate's gradient finished in that kernel; mild gates make each chunk
-    decay's term count)."""
+    decay's term count); ``kda_by_channels``: with the defaults and ``PAIR_KERNEL_BY_CHANNELS`` (the pair sums
+    split by channels)."""
     from kda import backward
 
-    monkeypatch.setattr(backward, "SHARED_PAIR_SUMS", per_channel == "shared_pairs")
-    monkeypatch.setattr(backward, "GATE_IN_PAIR_KERNEL", per_channel == "gate_in_pair_kernel")
+    defaults = per_channel == "by_channels"
+    monkeypatch.setattr(backward, "SHARED_PAIR_SUMS", per_channel == "shared_pairs" or defaults)
+    monkeypatch.setattr(backward, "GATE_IN_PAIR_KERNEL", per_channel == "gate_in_pair_kernel" or defaults)
+    monkeypatch.setattr(backward, "PAIR_KERNEL_BY_CHANNELS", defaults)
     per_channel = bool(per_channel)
     B, T, H, DK, DV = 2, 300, 3, 128, 128
     q, k, v, g, beta, h0 = inputs((B, T, H, DK, DV), dtype, kind, per_channel, 41 if per_channel else 31)
@@ -407,8 +424,11 @@ def test_level_gradients_with_level_pieces(level, dtype, level_backward, monkeyp
     read ``level_pieces``' token-major pieces in the inputs' dtype instead of the float32 torch stages'."""
     from kda import backward
 
+    made, level_pieces = [], backward.level_pieces
     monkeypatch.setattr(backward, "LEVEL_PIECES", True)
+    monkeypatch.setattr(backward, "level_pieces", lambda *a: made.append(1) or level_pieces(*a))
     test_level_gradients_against_token_recurrence(level, dtype, None)
+    assert made, "level_pieces did not run"
 
 
 @pytest.mark.parametrize("level", ["linear", "delta_l2norm"])

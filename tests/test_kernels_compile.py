@@ -91,6 +91,11 @@ CASES = [
     ("backward_chunks", "chunk_pair_gradients", dict(DK=64, dtype="float16", shared_pairs=True, spill_budget=8)),
     ("backward_chunks", "chunk_pair_gradients", dict(DK=128, finish_gate=True)),
     ("backward_chunks", "chunk_pair_gradients", dict(DK=128, shared_pairs=True, finish_gate=True, spill_budget=16)),
+    # split by channels (PAIR_KERNEL_BY_CHANNELS): 16 per block of 128 threads, 117 registers
+    ("backward_chunks", "chunk_pair_gradients", dict(DK=128, shared_pairs=True, finish_gate=True, block_dk=16,
+                                                     threads=128)),
+    ("backward_chunks", "chunk_pair_gradients", dict(DK=64, dtype="float16", block_dk=16, threads=128)),
+    ("backward_chunks", "chunk_pair_gradients", dict(DK=128, delta_rule=False, block_dk=16, threads=128)),
     # two blocks per SM (PAIR_KERNEL_TWO_BLOCKS): registers capped at 128, 688 bytes spilled
     ("backward_chunks", "chunk_pair_gradients", dict(DK=128, shared_pairs=True, finish_gate=True, min_blocks=2,
                                                      spill_budget=720)),

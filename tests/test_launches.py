@@ -406,15 +406,15 @@ def test_backward_with_every_kernel(kernel_launches, monkeypatch, per_channel, u
     per head) or the three kernels for a gate per channel make the gradients; every launch as the
     binder takes it (a tail chunk). ``unverified``: with the four switches that landed off and went on after
     run 100's GPU tests (the state passes token-major and with the decay terms, ``chunk_pair_gradients`` with
-    ``shared_pairs`` and the gate's inputs), ``SCORES_FROM_FORWARD`` and ``PAIR_KERNEL_TWO_BLOCKS`` (off: no GPU
-    run yet); without them,
+    ``shared_pairs`` and the gate's inputs), ``SCORES_FROM_FORWARD``, ``PAIR_KERNEL_TWO_BLOCKS`` and
+    ``PAIR_KERNEL_BY_CHANNELS`` (off: no GPU run yet); without them,
     the glue of before, still reachable by the switches."""
     from kda import backward
 
     for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL", "CHUNK_KERNELS_BY_CHANNEL"):
         monkeypatch.setattr(backward, switch, True)
     for switch in ("STATES_AS_OPERANDS", "TOKEN_MAJOR_STATES", "SHARED_PAIR_SUMS", "GATE_IN_PAIR_KERNEL",
-                   "SCORES_FROM_FORWARD", "PAIR_KERNEL_TWO_BLOCKS"):
+                   "SCORES_FROM_FORWARD", "PAIR_KERNEL_TWO_BLOCKS", "PAIR_KERNEL_BY_CHANNELS"):
         monkeypatch.setattr(backward, switch, unverified)
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     q, k, v, g, beta = level5_inputs(B=2, T=200, per_channel=per_channel)
@@ -433,4 +433,5 @@ def test_backward_with_every_kernel(kernel_launches, monkeypatch, per_channel, u
         assert params["chunk_pair_gradients"].get("shared_pairs", False) is unverified
         assert params["chunk_pair_gradients"].get("finish_gate", False) is unverified
         assert params["chunk_pair_pieces"].get("scores", True) is not unverified     # the forward's A_qk read
-        assert params["chunk_pair_gradients"].get("min_blocks", 1) == (2 if unverified else 1)
+        assert params["chunk_pair_gradients"].get("min_blocks", 1) == 1      # two blocks at DK = 128 only
+        assert params["chunk_pair_gradients"].get("block_dk") == (16 if unverified else None)

@@ -237,8 +237,9 @@ def test_the_code_hash_does_not_depend_on_the_python_version():
 
 
 def test_restamp_only_where_the_inputs_are_those_of_the_commit(mini_site, tmp_path):
-    """``restamp`` hashes a stale record again under the current scheme only where every input is byte for
-    byte what the record's commit holds; otherwise it stays stale."""
+    """``restamp`` hashes a fresh record of the byte scheme again under the current one where every input is
+    byte for byte what the record's commit holds; then a comment no longer stales it. A stale record, or
+    one whose inputs differ from its commit, is left as it is."""
     snippet = mini_site("# snippet: gpu\nprint(1)\n")
     git = lambda *a: subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True, text=True).stdout
     git("init", "-q")
@@ -246,21 +247,23 @@ def test_restamp_only_where_the_inputs_are_those_of_the_commit(mini_site, tmp_pa
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "probe")
     records = tmp_path / "results" / "gpu"
     info = {"device": "NVIDIA H200", "date": "2026-01-01 00:00 UTC", "commit": git("rev-parse", "HEAD").strip()}
-    sn.write_record(snippet, sn.Result("| a |\n|---|\n| 1 |\n", None, {}, 1.0), info, records, digest="0" * 16)
-    assert sn.record_status(snippet)[0] == "stale"             # as a hash of another Python's tree text
-    assert sn.restamp(snippet) and sn.record_status(snippet)[0] == "ok"
-    assert not sn.restamp(snippet)                               # fresh: nothing to do
-    sn.write_record(snippet, sn.Result("| a |\n|---|\n| 1 |\n", None, {}, 1.0), info, records, digest="0" * 16)
-    snippet.file.write_text("# snippet: gpu\nprint(1)  # since the commit\n")
-    assert not sn.restamp(snippet) and sn.record_status(snippet)[0] == "stale"
-    snippet.file.write_text("# snippet: gpu\nprint(1)\n")               # a fresh record of the byte scheme
-    record = sn.read_record(snippet)
-    record.update(hash_scheme="raw", source_hash=sn.source_hash(snippet, scheme="raw"))
-    sn.record_path(snippet).write_text(json.dumps(record))
+
+    def byte_record(digest=None):
+        sn.write_record(snippet, sn.Result("| a |\n|---|\n| 1 |\n", None, {}, 1.0), info, records)
+        record = sn.read_record(snippet)
+        record.update(hash_scheme="raw", source_hash=digest or sn.source_hash(snippet, scheme="raw"))
+        sn.record_path(snippet).write_text(json.dumps(record))
+
+    byte_record("0" * 16)                                          # stale: never restamped
+    assert sn.record_status(snippet)[0] == "stale" and not sn.restamp(snippet)
+    byte_record()
     assert sn.record_status(snippet)[0] == "ok" and sn.restamp(snippet)
     assert sn.read_record(snippet)["hash_scheme"] == "code" and sn.record_status(snippet)[0] == "ok"
+    assert not sn.restamp(snippet)                                 # already of the current scheme
     snippet.file.write_text("# snippet: gpu\n# a comment: the code scheme keeps it fresh\nprint(1)\n")
     assert sn.record_status(snippet)[0] == "ok"
+    byte_record()                                                  # fresh, but not what the commit holds
+    assert not sn.restamp(snippet) and sn.read_record(snippet)["hash_scheme"] == "raw"
 
 
 def test_a_current_gpu_record_is_injected_with_its_provenance(mini_site, tmp_path):

@@ -416,9 +416,17 @@ def load_rows(src, dst_s, bb, t0, bh, L, C, D):
         dst_s[i, d] = T.if_then_else(i < L, dst_s[i, d], 0.0)
 
 
+@T.macro
+def load_channels(src, dst_s, bb, t0, bh, L, C, d0, BD):
+    """``load_rows`` of the channels ``d0 .. d0 + BD`` of ``src [B, T, H, D]``."""
+    T.copy(src[bb, t0:t0 + C, bh, d0:d0 + BD], dst_s)
+    for i, d in T.Parallel(C, BD):
+        dst_s[i, d] = T.if_then_else(i < L, dst_s[i, d], 0.0)
+
+
 # --8<-- [start:chunk_pair_gradients]
 def chunk_pair_gradients(DK, chunk_size=64, dtype="bfloat16", delta_rule=True, threads=256, shared_pairs=False,
-                         min_blocks=1, finish_gate=False):
+                         min_blocks=1, finish_gate=False, block_dk=None):
     """The pair sums of the chunk stage for a gate per channel. Arguments at run time: ``Q, K [B, T, H,
     DK]`` (dtype), ``G [B, H, NC C, DK]`` (float32, log2: each chunk's cumulative gate, flat past the
     end), ``dPs, dAb [B, T, H, C]`` (dtype: ``stril(dP)`` and ``dA b`` from ``chunk_state_gradients``),
@@ -432,97 +440,113 @@ def chunk_pair_gradients(DK, chunk_size=64, dtype="bfloat16", delta_rule=True, t
     ``finish_gate``: two more inputs after ``dG``, ``to_end [B, T, H, DK]`` (from ``chunk_state_gradients``)
     and ``dG_last [B, H, NC, DK]`` (each chunk decay's term), both float32, and ``dG`` leaves as the gate's
     gradient itself (``kda.backward.gate_gradient`` in the kernel: ``dG_last`` on the chunk's last row, the
-    reverse sum over the chunk, ``to_end`` as an exclusive prefix sum), one thread per channel."""
+    reverse sum over the chunk, ``to_end`` as an exclusive prefix sum), one thread per channel.
+    ``block_dk``: channels per block (a divisor of ``DK``; ``None``: all). Every sum is per channel, only
+    ``dPs`` and ``dAb`` are shared by the channels, so a block of ``block_dk`` channels is independent of
+    the others: ``DK / block_dk`` blocks per chunk and head, each reading the chunk's two pair matrices,
+    with smaller tiles and so more blocks per SM (fla's intra-chunk backward splits its channels so)."""
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     C, sub = chunk_size, SUB_CHUNK
     NC = T.ceildiv(S, C)
+    BK = block_dk or DK                                   # channels of one block
+    NK = DK // BK
+    assert NK * BK == DK, "block_dk divides DK"
 
     @T.macro
-    def finished_gate(dG, to_end, dG_last, dG_f, rows_s, bb, bh, c, t0, L):
+    def finished_gate(dG, to_end, dG_last, dG_f, rows_s, bb, bh, c, t0, L, d0):
         """The gate's gradient of the chunk from its rows (what ``dG`` holds plus this kernel's terms), as
         ``kda.backward.gate_gradient`` makes it: one thread per channel walks the rows from the last."""
-        for i, d in T.Parallel(C, DK):
-            rows_s[i, d] = T.if_then_else(i < L, dG[bb, t0 + T.min(i, L - 1), bh, d] + dG_f[i, d], 0.0)
-        for d in T.Parallel(DK):
+        for i, d in T.Parallel(C, BK):
+            rows_s[i, d] = T.if_then_else(i < L, dG[bb, t0 + T.min(i, L - 1), bh, d0 + d] + dG_f[i, d], 0.0)
+        for d in T.Parallel(BK):
             suffix = T.alloc_var(ACCUM)
             prefix = T.alloc_var(ACCUM)
-            suffix = dG_last[bb, bh, c, d]                # on the chunk's last row (past L: a zero row)
+            suffix = dG_last[bb, bh, c, d0 + d]           # on the chunk's last row (past L: a zero row)
             for r in T.serial(C):
                 suffix = suffix + rows_s[C - 1 - r, d]
                 rows_s[C - 1 - r, d] = suffix             # sum over the rows from this one on
             prefix = 0.0
             for i in T.serial(C):
                 if i < L:
-                    dG[bb, t0 + i, bh, d] = rows_s[i, d] + prefix
-                    prefix = prefix + to_end[bb, t0 + i, bh, d]   # to_end before this row, exclusive
+                    dG[bb, t0 + i, bh, d0 + d] = rows_s[i, d] + prefix
+                    prefix = prefix + to_end[bb, t0 + i, bh, d0 + d]   # to_end before this row, exclusive
 
     @T.macro
     def body(Q, K, G, dPs, dAb, scale, dQ, dK, dG, to_end, dG_last):
-        with T.Kernel(NC, H, B, threads=threads) as (c, bh, bb):
+        with T.Kernel(NC, H * NK, B, threads=threads) as (c, hk, bb):
+            # head and first channel of the block (one block of all the channels: the head itself)
+            bh, d0 = (hk // NK, (hk % NK) * BK) if NK > 1 else (hk, 0)
             t0 = c * C
             L = T.min(C, S - t0)
-            q_s = T.alloc_shared([C, DK], dtype)
-            k_s = T.alloc_shared([C, DK], dtype)
-            Y_s = T.alloc_shared([C, DK], dtype)          # the other side of a GEMM, scaled to its reference row
-            G_s = T.alloc_shared([C, DK], ACCUM)          # with finish_gate, at the end: the gate's rows
+            q_s = T.alloc_shared([C, BK], dtype)
+            k_s = T.alloc_shared([C, BK], dtype)
+            Y_s = T.alloc_shared([C, BK], dtype)          # the other side of a GEMM, scaled to its reference row
+            G_s = T.alloc_shared([C, BK], ACCUM)          # with finish_gate, at the end: the gate's rows
             dP_s = T.alloc_shared([C, C], dtype)
             dA_s = T.alloc_shared([C, C], dtype)
-            R_f = T.alloc_fragment([C, DK], ACCUM)
-            tmp_f = T.alloc_fragment([C, DK], ACCUM)
-            dK_f = T.alloc_fragment([C, DK], ACCUM)
-            dG_f = T.alloc_fragment([C, DK], ACCUM)
+            R_f = T.alloc_fragment([C, BK], ACCUM)
+            tmp_f = T.alloc_fragment([C, BK], ACCUM)
+            dK_f = T.alloc_fragment([C, BK], ACCUM)
+            dG_f = T.alloc_fragment([C, BK], ACCUM)
 
             if min_blocks > 1:                                # registers capped so that this many fit an SM
                 T.annotate_min_blocks_per_sm(min_blocks)
-            load_rows(Q, q_s, bb, t0, bh, L, C, DK)
-            load_rows(K, k_s, bb, t0, bh, L, C, DK)
+            if NK > 1:
+                load_channels(Q, q_s, bb, t0, bh, L, C, d0, BK)
+                load_channels(K, k_s, bb, t0, bh, L, C, d0, BK)
+            else:
+                load_rows(Q, q_s, bb, t0, bh, L, C, DK)
+                load_rows(K, k_s, bb, t0, bh, L, C, DK)
             load_rows(dPs, dP_s, bb, t0, bh, L, C, C)
             if delta_rule:
                 load_rows(dAb, dA_s, bb, t0, bh, L, C, C)
-            T.copy(G[bb, bh, t0:t0 + C, :], G_s)
+            if NK > 1:
+                T.copy(G[bb, bh, t0:t0 + C, d0:d0 + BK], G_s)
+            else:
+                T.copy(G[bb, bh, t0:t0 + C, :], G_s)
 
             if shared_pairs and delta_rule:
                 # cols first: scale cols(dP, Q) + cols(dA b, K) sets dK, and -K times it the gate
-                Y2_s = T.alloc_shared([C, DK], dtype)
+                Y2_s = T.alloc_shared([C, BK], dtype)
                 summed_pair_cols(dP_s, q_s, dA_s, k_s, G_s, Y_s, Y2_s, R_f, tmp_f, scale, C, sub)
-                for i, d in T.Parallel(C, DK):
+                for i, d in T.Parallel(C, BK):
                     dK_f[i, d] = R_f[i, d]
                     dG_f[i, d] = -k_s[i, d] * R_f[i, d]
                 # then rows(dP, K) into R (dQ, Q R on the gate) and rows(dA b, K) into dK and K R on the gate
                 shared_pair_rows(dP_s, dA_s, k_s, G_s, Y_s, R_f, tmp_f, dK_f, dG_f, C, sub)
-                for i, d in T.Parallel(C, DK):
+                for i, d in T.Parallel(C, BK):
                     dG_f[i, d] = dG_f[i, d] + scale * q_s[i, d] * R_f[i, d]
                     if i < L:
-                        dQ[bb, t0 + i, bh, d] = scale * (dQ[bb, t0 + i, bh, d] + R_f[i, d])
-                        dK[bb, t0 + i, bh, d] = dK[bb, t0 + i, bh, d] + dK_f[i, d]
+                        dQ[bb, t0 + i, bh, d0 + d] = scale * (dQ[bb, t0 + i, bh, d0 + d] + R_f[i, d])
+                        dK[bb, t0 + i, bh, d0 + d] = dK[bb, t0 + i, bh, d0 + d] + dK_f[i, d]
                         if not finish_gate:
-                            dG[bb, t0 + i, bh, d] = dG[bb, t0 + i, bh, d] + dG_f[i, d]
+                            dG[bb, t0 + i, bh, d0 + d] = dG[bb, t0 + i, bh, d0 + d] + dG_f[i, d]
             else:
                 pair_rows(dP_s, k_s, G_s, Y_s, R_f, tmp_f, C, sub)            # rows(dP, K): dQ, and Q R on the gate
-                for i, d in T.Parallel(C, DK):
+                for i, d in T.Parallel(C, BK):
                     if i < L:
-                        dQ[bb, t0 + i, bh, d] = scale * (dQ[bb, t0 + i, bh, d] + R_f[i, d])
+                        dQ[bb, t0 + i, bh, d0 + d] = scale * (dQ[bb, t0 + i, bh, d0 + d] + R_f[i, d])
                     dG_f[i, d] = scale * q_s[i, d] * R_f[i, d]
                 pair_cols(dP_s, q_s, G_s, Y_s, R_f, tmp_f, C, sub)            # cols(dP, Q): dK, and -K R
-                for i, d in T.Parallel(C, DK):
+                for i, d in T.Parallel(C, BK):
                     dK_f[i, d] = scale * R_f[i, d]
                     dG_f[i, d] = dG_f[i, d] - scale * k_s[i, d] * R_f[i, d]
                 if delta_rule:
                     pair_rows(dA_s, k_s, G_s, Y_s, R_f, tmp_f, C, sub)        # rows(dA b, K)
-                    for i, d in T.Parallel(C, DK):
+                    for i, d in T.Parallel(C, BK):
                         dK_f[i, d] = dK_f[i, d] + R_f[i, d]
                         dG_f[i, d] = dG_f[i, d] + k_s[i, d] * R_f[i, d]
                     pair_cols(dA_s, k_s, G_s, Y_s, R_f, tmp_f, C, sub)        # cols(dA b, K)
-                    for i, d in T.Parallel(C, DK):
+                    for i, d in T.Parallel(C, BK):
                         dK_f[i, d] = dK_f[i, d] + R_f[i, d]
                         dG_f[i, d] = dG_f[i, d] - k_s[i, d] * R_f[i, d]
-                for i, d in T.Parallel(C, DK):
+                for i, d in T.Parallel(C, BK):
                     if i < L:
-                        dK[bb, t0 + i, bh, d] = dK[bb, t0 + i, bh, d] + dK_f[i, d]
+                        dK[bb, t0 + i, bh, d0 + d] = dK[bb, t0 + i, bh, d0 + d] + dK_f[i, d]
                         if not finish_gate:
-                            dG[bb, t0 + i, bh, d] = dG[bb, t0 + i, bh, d] + dG_f[i, d]
+                            dG[bb, t0 + i, bh, d0 + d] = dG[bb, t0 + i, bh, d0 + d] + dG_f[i, d]
             if finish_gate:
-                finished_gate(dG, to_end, dG_last, dG_f, G_s, bb, bh, c, t0, L)
+                finished_gate(dG, to_end, dG_last, dG_f, G_s, bb, bh, c, t0, L, d0)
 
     if finish_gate:
         @T.prim_func

@@ -9,8 +9,8 @@
     python -m kda.site rerecord --out $OUT    the stale GPU records in one device call (kda.site.rerecord):
                                               compiles in parallel, times one at a time, returns
                                               records.tar and the caches for the next call
-    python -m kda.site restamp                records whose inputs are byte for byte those of their commit,
-                                              stale or of an older scheme: hashed again under the current one
+    python -m kda.site restamp                fresh records of an older scheme whose inputs are byte for
+                                              byte those of their commit: hashed again under the current one
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def main(argv=None) -> int:
     again.add_argument("--only", help="only snippets whose path contains this text")
     again.add_argument("--commit", help="git commit to record (when the GPU machine has no .git)")
     again.add_argument("--device", default=sn.DEFAULT_DEVICE)
-    stamp = sub.add_parser("restamp", help="hash again, under the current scheme, the records whose inputs are those of their commit")
+    stamp = sub.add_parser("restamp", help="hash fresh records of an older scheme again under the current one")
     stamp.add_argument("--only", help="only snippets whose path contains this text")
     stamp.add_argument("--device", default=sn.DEFAULT_DEVICE)
     status = sub.add_parser("status", help="list snippets and the state of their GPU records")

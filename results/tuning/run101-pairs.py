@@ -10,6 +10,10 @@ outputs against the default's (relative L2; the kernel adds into ``dQ``, ``dK`` 
 from the same values).
 
     python results/tuning/run101-pairs.py compile time
+
+``VARIANT_SET=run103`` (run 103): ``shared_pairs`` (the default since run 100) against the same split by
+channels (``block_dk``: 16 or 32 channels per block, 128 threads, register caps) and with two blocks per SM;
+rows to ``run103-pairs.jsonl``.
 """
 import os
 import sys
@@ -23,6 +27,15 @@ SHAPE = (1, 8192, 96, 128)
 VARIANTS = {"default": {}, "shared_pairs": dict(shared_pairs=True), "min_blocks_2": dict(min_blocks=2),
             "shared_pairs_min_blocks_2": dict(shared_pairs=True, min_blocks=2)}
 OTHERS = {"chunk_pair_pieces": dict(DK=128), "chunk_state_gradients": dict(DK=128, DV=128)}
+if os.environ.get("VARIANT_SET") == "run103":
+    RUN = "run103-pairs"
+    shared = dict(shared_pairs=True)
+    VARIANTS = {"shared_pairs": shared, "shared_pairs_min_blocks_2": dict(shared, min_blocks=2),
+                "by_16_channels": dict(shared, block_dk=16, threads=128),
+                "by_32_channels_3_blocks": dict(shared, block_dk=32, threads=128, min_blocks=3),
+                "by_32_channels_4_blocks": dict(shared, block_dk=32, threads=128, min_blocks=4),
+                "by_32_channels_256_threads": dict(shared, block_dk=32, threads=256),
+                "by_64_channels_2_blocks": dict(shared, block_dk=64, threads=256, min_blocks=2)}
 
 
 def compile_one(i):

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Run 103 (carry .gpu and .carry; COMMIT: the commit of this working tree): the GPU tests of the three backward
-# switches that landed off after run 100 (SCORES_FROM_FORWARD, PAIR_KERNEL_TWO_BLOCKS, LEVEL_PIECES), their
-# time and a profile of the defaults (run103-backward.py), then the stale records with what is left.
+# switches that landed off after run 100 (SCORES_FROM_FORWARD, PAIR_KERNEL_TWO_BLOCKS, PAIR_KERNEL_BY_CHANNELS,
+# LEVEL_PIECES), their time and a profile of the defaults (run103-backward.py), the pair kernel's splits by
+# channels alone (run101-pairs.py, VARIANT_SET=run103), then the stale records with what is left.
 # Logs, records and caches to $OUT (device-env.sh bundles the logs).
 set -u
 source "$(dirname "$0")/device-env.sh"
 export NO_MKDOCS_2_WARNING=1
-OMP_NUM_THREADS=1 timeout -k 5 "${TEST_S:-120}" python -m pytest -o addopts="" -n 12 -m gpu -v -p no:cacheprovider \
-  tests/test_gpu_backward.py -k "landed_off or level_pieces" 2>&1 | grep "PASSED\|FAILED\|ERROR\|passed\|failed\|Error" \
+OMP_NUM_THREADS=1 timeout -k 5 "${TEST_S:-150}" python -m pytest -o addopts="" -n 12 -m gpu -v -p no:cacheprovider \
+  tests/test_gpu_backward.py -k "landed_off or level_pieces or by_channels" 2>&1 | grep "PASSED\|FAILED\|ERROR\|passed\|failed\|Error" \
   | sed 's/^\[gw[0-9]*\] \[ *[0-9]*%\] //' > "$OUT"/gpu-tests-switches.txt
 grep -c PASSED "$OUT"/gpu-tests-switches.txt; grep "FAILED\|ERROR\|passed\|failed" "$OUT"/gpu-tests-switches.txt | tail -8
 timeout -k 5 "${SWITCHES_S:-200}" python results/tuning/run103-backward.py switches levels profile 2>&1 | grep -v "^20" | tail -8
+VARIANT_SET=run103 timeout -k 5 "${PAIRS_S:-120}" python results/tuning/run101-pairs.py compile time 2>&1 | grep -v "^20" | tail -12
 rerecord_rest
 echo "done after $(( $(date +%s) - start )) s"
