@@ -299,7 +299,7 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
     first = None
     state_kernels = STATE_KERNELS and q.is_cuda and len(segments) == 1 and DV % 64 == 0
     from_forward = forward_pieces_apply(q, beta, C, kernel_dtype)
-    from_level = level_pieces_apply(q, g, beta, C, kernel_dtype) and state_kernels and TOKEN_MAJOR_STATES
+    from_level = level_pieces_apply(q, g, beta, C, kernel_dtype, DV, len(segments) > 1)
     token_major = TOKEN_MAJOR_STATES and state_kernels and (from_forward or from_level)
     if from_forward:
         # in kernel_dtype, as the kernel wrote them; token-major ([B, T, H, *]) for the state kernels to read
@@ -377,10 +377,12 @@ def forward_pieces(q, k, v, g, beta, scale, dtype, token_major=False):
             "P": chunked(form.A_qk), "decay": form.decay}
 
 
-def level_pieces_apply(q, g, beta, C, kernel_dtype) -> bool:
+def level_pieces_apply(q, g, beta, C, kernel_dtype, DV, packed) -> bool:
     """Whether step 1 of ``chunked_gradients`` runs as ``level_pieces`` (``LEVEL_PIECES``): what
-    ``kernels_take`` says, no delta rule and a gate per head or none (levels 1, 2 and 3 with ``g [B, T, H]``)."""
-    return LEVEL_PIECES and beta is None and (g is None or g.dim() == 3) and kernels_take(q, C, kernel_dtype)
+    ``kernels_take`` says, no delta rule and a gate per head or none (levels 1, 2 and 3 with ``g [B, T, H]``),
+    and the state kernels reading them token-major (a dense batch, values in blocks of 64)."""
+    return (LEVEL_PIECES and beta is None and (g is None or g.dim() == 3) and kernels_take(q, C, kernel_dtype)
+            and STATE_KERNELS and TOKEN_MAJOR_STATES and not packed and DV % 64 == 0)
 
 
 def level_pieces(q, k, v, g, scale, dtype):
@@ -603,7 +605,8 @@ def op_gradients(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, cu_seqle
     # them (float32 copies of four [B, T, H, D] tensors would only be rounded back); else float32
     kernels = chunk_kernel_applies(q, gate, beta, CHUNK_SIZE, q.dtype) or channel_kernels_apply(
         q, gate, beta, CHUNK_SIZE, q.dtype, v.shape[-1])
-    kernels = kernels and forward_pieces_apply(q, beta, CHUNK_SIZE, q.dtype)
+    kernels = kernels and (forward_pieces_apply(q, beta, CHUNK_SIZE, q.dtype) or level_pieces_apply(
+        q, gate, beta, CHUNK_SIZE, q.dtype, v.shape[-1], cu_seqlens is not None))
     own = (lambda x: x.to(q.dtype)) if kernels else f32
     qn, kn = (own(l2_normalize(f32(x))) for x in (q, k)) if use_qk_l2norm else (own(q), own(k))
     group = H // HQ                                          # value head i reads key head i // group
@@ -623,7 +626,8 @@ def op_gradients(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, cu_seqle
     if cu_seqlens is not None:
         pick = lambda x: x.index_select(1, where) if x is not None else None
         dq, dk, dv, dg, dbeta = (pick(x) for x in (dq, dk, dv, dg, dbeta))
-    dq, dk = (x.view(B, T, HQ, group, DK).sum(3) for x in (dq, dk))
+    if group > 1:                                            # a key head's gradient: the sum over its value heads
+        dq, dk = (x.view(B, T, HQ, group, DK).sum(3) for x in (dq, dk))
     if use_qk_l2norm:
         dq, dk = l2_normalize_backward(f32(q), dq), l2_normalize_backward(f32(k), dk)
     grads = [dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
