@@ -104,6 +104,12 @@ PAIR_KERNEL_CHANNELS = dict(block_dk=16, threads=128)
 # until its GPU tests pass.
 LEVEL_PIECES = False
 
+# CUDA, a gate per head or none (GDN, levels 1-4): the chunk kernel writes dq, dk and dv in the inputs' dtype
+# (each once, from float32 registers) instead of float32 tensors that the op then rounds, one copy each (about
+# 0.14 ms apiece at (1, 8192, 96, 128) in run 100's profile); where no L2 norm and no grouped value heads
+# need them in float32 after the kernel. Off until its GPU tests pass.
+GRADS_IN_INPUT_DTYPE = False
+
 # CUDA: what the two state passes read (W, U, the gated q and k, the scores, the decays) made by the
 # forward's own chunk_intra kernel (kda.gated_delta.prepare_chunks, one launch, bf16 or fp16) instead
 # of torch stages by groups of chunks. GPU tests passed in run 93; KDA at (1, 8192, 96, 128), forward + backward:
@@ -271,12 +277,13 @@ def packed_layout(bounds: list[int], C: int, device) -> tuple[torch.Tensor, list
 
 # --8<-- [start:chunked_gradients]
 def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk_size=CHUNK_SIZE,
-                      dtype=torch.float32, budget=None, kernel_dtype=None):
+                      dtype=torch.float32, budget=None, kernel_dtype=None, final_dtype=False):
     """``dq, dk, dv, dg, dbeta, dh0`` of ``sum(o * do) + sum(S_final * dht)``, all ``[B, T, H, *]``
     with one key head per value head, in ``dtype``. ``segments``: the chunk ranges of packed
     sequences (``B = 1``; ``h0`` and ``dht`` then ``[N, H, DK, DV]``), ``None`` for one sequence per
     batch row. ``g`` ``[B, T, H(, DK)]`` or ``None``; ``beta`` ``None`` without a delta rule.
-    ``kernel_dtype``: the inputs' dtype, for the chunk kernel where it applies (``CHUNK_KERNEL``)."""
+    ``kernel_dtype``: the inputs' dtype, for the chunk kernel where it applies (``CHUNK_KERNEL``);
+    ``final_dtype``: that kernel writes ``dq, dk, dv`` in ``kernel_dtype`` (``GRADS_IN_INPUT_DTYPE``)."""
     B, T, H, DK = q.shape
     DV, C = v.shape[-1], chunk_size
     NC = ceildiv(T, C)
@@ -327,7 +334,8 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
     # 3. every chunk's gradients: in one launch (a gate per head), or a group of chunks at a time
     if chunk_kernel:
         gate = g if g is not None else torch.zeros(q.shape[:3], dtype=q.dtype, device=q.device)
-        dq, dk, dv, dg, dbeta = kernel_chunk_gradients(q, k, v, gate, beta, do, S, dS, scale, kernel_dtype, dG_last)
+        dq, dk, dv, dg, dbeta = kernel_chunk_gradients(q, k, v, gate, beta, do, S, dS, scale, kernel_dtype, dG_last,
+                                                       final_dtype)
         return dq, dk, dv, (dg if g is not None else None), dbeta, dh0
     if channel_kernels:
         return (*kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, kernel_dtype, dG_last, scores),
@@ -443,13 +451,14 @@ def gate_gradient(dG, to_end, dG_last, C):
     return stages.gate_from_rows(dG, to_end, dim=2).reshape(B, NC * C, H, *rest)[:, :T]
 
 
-def kernel_chunk_gradients(q, k, v, g, beta, do, S, dS, scale, dtype, dG_last=None):
+def kernel_chunk_gradients(q, k, v, g, beta, do, S, dS, scale, dtype, dG_last=None, final_dtype=False):
     """Step 3 of ``chunked_gradients`` by ``kda.kernels.backward_chunks.chunk_gradients``: ``dq`` (scale
     in), ``dk``, ``dv``, ``dg``, ``dbeta`` (float32, ``[B, T, H, *]``; ``dbeta`` ``None`` without the delta
     rule, ``beta=None``) from the inputs (``g [B, T, H]``, a gate per head), ``do``, the states entering
     the chunks and the gradients of those leaving them (``S``, ``dS [B, H, NC, DK, DV]``, rounded to
     ``dtype`` as the kernel reads them); ``dG_last [B, H, NC, DK]``: the chunk decays' gate terms where the
-    reverse pass made them (``STATES_AS_OPERANDS``), else taken here from ``S`` and ``dS``."""
+    reverse pass made them (``STATES_AS_OPERANDS``), else taken here from ``S`` and ``dS``. ``final_dtype``:
+    ``dq, dk, dv`` in ``dtype``, as the kernel rounds them once (``GRADS_IN_INPUT_DTYPE``)."""
     from kda import ops
     from kda.kernels import backward_chunks
     from kda.kernels.build import compile_program
@@ -457,11 +466,13 @@ def kernel_chunk_gradients(q, k, v, g, beta, do, S, dS, scale, dtype, dG_last=No
     B, T, H, DK = q.shape
     DV = v.shape[-1]
     low = lambda x: x.to(dtype).contiguous()
+    grads = dict(grad_dtype=ops.dtype_name(dtype)) if final_dtype else {}
     with torch.cuda.device(q.device):
         kernel = compile_program(backward_chunks.chunk_gradients, (), DK=DK, DV=DV, chunk_size=CHUNK_SIZE,
-                                 dtype=ops.dtype_name(dtype), delta_rule=beta is not None)
-        new = lambda *shape: ops.new_output(shape, torch.float32, q.device)
-        dq, dk, dv = new(B, T, H, DK), new(B, T, H, DK), new(B, T, H, DV)
+                                 dtype=ops.dtype_name(dtype), delta_rule=beta is not None, **grads)
+        new = lambda *shape, dt=torch.float32: ops.new_output(shape, dt, q.device)
+        out = dtype if final_dtype else torch.float32
+        dq, dk, dv = new(B, T, H, DK, dt=out), new(B, T, H, DK, dt=out), new(B, T, H, DV, dt=out)
         db, dG, to_end = new(B, T, H), new(B, T, H), new(B, T, H)
         flags = torch.zeros(2, dtype=torch.int32, device=q.device)    # the forward checked g and beta
         b = beta.float().contiguous() if beta is not None else db      # without the delta rule: not read
@@ -620,9 +631,13 @@ def op_gradients(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, cu_seqle
         length = segments[-1][1] * CHUNK_SIZE if segments else 0
         spread = lambda x: x.new_zeros(1, length, *x.shape[2:]).index_copy_(1, where, x)
         args = [spread(x) if x is not None else None for x in args]
+    # the chunk kernel's dq, dk, dv rounded once, in the kernel, where nothing after it needs them in float32
+    final_dtype = (GRADS_IN_INPUT_DTYPE and group == 1 and not use_qk_l2norm and
+                   chunk_kernel_applies(q, gate, beta, CHUNK_SIZE, q.dtype))
     with full_float32_matmuls():
         dq, dk, dv, dg, dbeta, dh0 = chunked_gradients(*args[:5], args[5], f32(dht), scale, f32(initial_state),
-                                                       segments, budget=budget, dtype=dtype, kernel_dtype=q.dtype)
+                                                       segments, budget=budget, dtype=dtype, kernel_dtype=q.dtype,
+                                                       final_dtype=final_dtype)
     if cu_seqlens is not None:
         pick = lambda x: x.index_select(1, where) if x is not None else None
         dq, dk, dv, dg, dbeta = (pick(x) for x in (dq, dk, dv, dg, dbeta))

@@ -179,6 +179,15 @@ PATHS: tuple[CudaPath, ...] = (
                     "个通道：块更小，每个 SM 可驻留更多 block），取代一个 block 处理一块的全部 128 个通道"},
     ),
     CudaPath(
+        name="grads_in_input_dtype",
+        module="kda.backward",
+        switch="GRADS_IN_INPUT_DTYPE",
+        what={"en": "the chunk kernel of a gate per head writing dq, dk and dv in the inputs' dtype, where no L2 norm "
+                    "and no grouped value heads follow, instead of float32 tensors rounded by a copy each",
+              "zh": "每个头一个门控的块内 kernel 直接以输入的 dtype 写出 dq、dk、dv（其后没有 L2 归一化、也没有分组值头时），"
+                    "取代先写 float32 张量、再各拷贝一次舍入"},
+    ),
+    CudaPath(
         name="scores_from_forward",
         module="kda.backward",
         switch="SCORES_FROM_FORWARD",

@@ -918,6 +918,50 @@ def test_op_gradients_with_every_kernel(l2norm, as_operands, monkeypatch):
     assert_gradients_agree(got, want)
 
 
+@pytest.mark.parametrize("l2norm", [False, True])
+def test_grads_in_input_dtype(l2norm, monkeypatch):
+    """``GRADS_IN_INPUT_DTYPE`` (CUDA faked, kernels replaced by their float64 mirrors): the chunk kernel of a
+    gate per head is compiled with ``grad_dtype`` the inputs' and writes ``dq, dk, dv`` in it, where nothing
+    after it needs float32 (one head of q and k per value head, no L2 norm); the gradients are those of the
+    float32 outputs, to their rounding. With the L2 norm the outputs stay float32."""
+    from kda import gated_delta
+    from kda.kernels import backward_chunks, backward_states, build
+
+    seen = {}
+
+    def chunk_kernel(*args, **kw):
+        seen["out"] = {x.dtype for x in args[9:12]}
+        chunk_kernel_mirror(*args)
+
+    fakes = {backward_states.forward_states_pass: forward_states_mirror(64),
+             backward_states.reverse_state_pass: reverse_state_pass_mirror(64),
+             backward_chunks.chunk_gradients: chunk_kernel}
+    q, k, v, g, beta, h0, do, dht = inputs(B=2, T=150, H=4, HQ=4, K=16, V=64, seed=7, per_channel=False)
+    q, k, v, do = (x.to(torch.bfloat16) for x in (q * 3, k * 2, v, do))
+    args = (q, k, v, g.float(), beta.float(), 0.5, h0.float(), l2norm, None, do, dht.float())
+    compiled = {}
+
+    def compile_program(fn, out_idx, **kw):
+        compiled[fn.__name__] = kw
+        if fn.__name__ in ("forward_states_pass", "reverse_state_pass"):
+            return functools.partial(fakes[fn], token_major=kw.get("token_major", False))
+        return fakes[fn]
+
+    monkeypatch.setattr(build, "compile_program", compile_program)
+    monkeypatch.setattr(gated_delta, "prepare_chunks", prepare_chunks_mirror())
+    monkeypatch.setattr(torch.cuda, "device", lambda device: __import__("contextlib").nullcontext())
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL"):
+        monkeypatch.setattr(backward, switch, True)
+    want = backward.op_gradients(*args)
+    assert seen["out"] == {torch.float32} and "grad_dtype" not in compiled["chunk_gradients"]
+    monkeypatch.setattr(backward, "GRADS_IN_INPUT_DTYPE", True)
+    got = backward.op_gradients(*args)
+    assert seen["out"] == ({torch.float32} if l2norm else {torch.bfloat16})
+    assert compiled["chunk_gradients"].get("grad_dtype") == (None if l2norm else "bfloat16")
+    assert_gradients_agree(got, want)
+
+
 LEVELS = ["linear", "decay", "gated_scalar", "gated_per_channel", "delta", "delta_l2norm"]
 
 

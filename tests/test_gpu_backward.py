@@ -191,12 +191,15 @@ def test_state_passes_as_operands_against_the_stages(per_channel, dtype, token_m
 # the backward's switches that landed off, with the gates that test each, on top of the defaults (run 100's
 # four switches on since their tests here passed: STATES_AS_OPERANDS, TOKEN_MAJOR_STATES, SHARED_PAIR_SUMS,
 # GATE_IN_PAIR_KERNEL); the scores from the forward need KDA and the token-major pieces (on by default)
-LANDED_OFF = ("SCORES_FROM_FORWARD", "PAIR_KERNEL_TWO_BLOCKS", "PAIR_KERNEL_BY_CHANNELS")
-SWITCH_CASES = [(on, True, kind)
-                for on, kinds in ((("SCORES_FROM_FORWARD",), ["logsigmoid", "runs_of_-20", "mild"]),
-                                  (("PAIR_KERNEL_TWO_BLOCKS",), ["runs_of_-20", "mild"]),
-                                  (("PAIR_KERNEL_BY_CHANNELS",), ["logsigmoid", "runs_of_-20", "mild"]),
-                                  (LANDED_OFF, ["logsigmoid", "runs_of_-20"]))
+LANDED_OFF = ("SCORES_FROM_FORWARD", "PAIR_KERNEL_TWO_BLOCKS", "PAIR_KERNEL_BY_CHANNELS", "GRADS_IN_INPUT_DTYPE")
+SWITCH_CASES = [(on, per_channel, kind)
+                for on, per_channel, kinds in (
+                    (("SCORES_FROM_FORWARD",), True, ["logsigmoid", "runs_of_-20", "mild"]),
+                    (("PAIR_KERNEL_TWO_BLOCKS",), True, ["runs_of_-20", "mild"]),
+                    (("PAIR_KERNEL_BY_CHANNELS",), True, ["logsigmoid", "runs_of_-20", "mild"]),
+                    (("GRADS_IN_INPUT_DTYPE",), False, ["logsigmoid", "runs_of_-20"]),
+                    (LANDED_OFF, True, ["logsigmoid", "runs_of_-20"]),
+                    (LANDED_OFF, False, ["logsigmoid"]))
                 for kind in kinds]
 
 
@@ -229,11 +232,13 @@ def test_gradients_with_the_switches_landed_off(on, per_channel, kind, dtype, de
     q, k, v, g, beta, h0 = (x.double().cpu() for x in leaves)
     want = ref.recurrence_backward(q, k, v, g, beta, do.double().cpu(), dht.double().cpu(), 128 ** -0.5, h0)
     check(gradients_on_cuda(fn, leaves, do, dht), want, KERNEL_BOUND)
-    taken = {"SCORES_FROM_FORWARD": compiled["chunk_pair_pieces"].get("scores") is False,
-             "PAIR_KERNEL_TWO_BLOCKS": compiled["chunk_pair_gradients"].get("min_blocks") == 2,
-             "PAIR_KERNEL_BY_CHANNELS": compiled["chunk_pair_gradients"].get("block_dk") ==
-             backward.PAIR_KERNEL_CHANNELS["block_dk"]}
-    assert all(taken[switch] for switch in on), taken
+    pieces, pairs, chunk = (compiled.get(name, {}) for name in ("chunk_pair_pieces", "chunk_pair_gradients",
+                                                                "chunk_gradients"))
+    taken = {"SCORES_FROM_FORWARD": pieces.get("scores") is False,          # KDA's kernels
+             "PAIR_KERNEL_TWO_BLOCKS": pairs.get("min_blocks") == 2,
+             "PAIR_KERNEL_BY_CHANNELS": pairs.get("block_dk") == backward.PAIR_KERNEL_CHANNELS["block_dk"],
+             "GRADS_IN_INPUT_DTYPE": chunk.get("grad_dtype") == str(dtype).removeprefix("torch.")}   # GDN's
+    assert all(taken[switch] for switch in on if (switch == "GRADS_IN_INPUT_DTYPE") != per_channel), taken
 
 
 @pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])

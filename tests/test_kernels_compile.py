@@ -79,6 +79,7 @@ CASES = [
     # fp16 at 128 x 128: ptxas keeps one 4-byte value in local memory (bf16: none)
     ("backward_chunks", "chunk_gradients", dict(DK=128, DV=128, dtype="float16", spill_budget=8)),
     ("backward_chunks", "chunk_gradients", dict(DK=128, DV=128, delta_rule=False)),          # levels 1-3
+    ("backward_chunks", "chunk_gradients", dict(DK=128, DV=128, grad_dtype="bfloat16")),     # GRADS_IN_INPUT_DTYPE
     ("backward_chunks", "chunk_gradients", dict(DK=64, DV=64, dtype="float16", delta_rule=False)),
     ("backward_chunks", "chunk_pair_pieces", dict(DK=128)),
     ("backward_chunks", "chunk_pair_pieces", dict(DK=64, dtype="float16")),

@@ -65,7 +65,8 @@ def new_values(Tb_s, X_s, v_s, S_in, state_s, KD_f, VD_f, Y_s, bb, bh, c):
 
 
 # --8<-- [start:chunk_gradients]
-def chunk_gradients(DK, DV, chunk_size=64, dtype="bfloat16", scalar_gate=True, delta_rule=True, threads=256):
+def chunk_gradients(DK, DV, chunk_size=64, dtype="bfloat16", scalar_gate=True, delta_rule=True, threads=256,
+                    grad_dtype=ACCUM):
     """Arguments at run time: ``Q, K [B, T, H, DK]``, ``V, dO [B, T, H, DV]`` (dtype; ``Q`` and ``K``
     with one head per value head), ``g [B, T, H, 1]`` (the gate per token, natural log), ``beta [B, T,
     H]`` (float32), ``S_in, dS_out [B, H, NC, DK, DV]`` (dtype: the state entering each chunk and the
@@ -73,11 +74,14 @@ def chunk_gradients(DK, DV, chunk_size=64, dtype="bfloat16", scalar_gate=True, d
     ``dV [B, T, H, DV]``, ``db, dG, to_end [B, T, H]``, and ``flags [2]`` (int32; the value checks of
     ``g`` and ``beta``, as the forward's, which the caller may ignore: the forward checked them).
     ``delta_rule=False``: levels 1-3 (``g`` zero for level 1, ``log a`` for level 2): no WY form, ``V' = V``
-    and ``dV = dV'``; ``beta`` is not read and ``db`` not written (the caller passes buffers of their shape)."""
+    and ``dV = dV'``; ``beta`` is not read and ``db`` not written (the caller passes buffers of their shape).
+    ``grad_dtype``: that of ``dQ, dK, dV`` (each written once, from float32 registers: the inputs' dtype spares
+    the caller a rounding copy of each)."""
     assert scalar_gate, "a gate per channel takes kda.backward's torch stages"
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     C = chunk_size
     NC = T.ceildiv(S, C)
+    out = (lambda x: x) if grad_dtype == ACCUM else (lambda x: T.Cast(grad_dtype, x))
 
     @T.prim_func
     def main(
@@ -90,9 +94,9 @@ def chunk_gradients(DK, DV, chunk_size=64, dtype="bfloat16", scalar_gate=True, d
         S_in: T.Tensor([B, H, NC, DK, DV], dtype),
         dS_out: T.Tensor([B, H, NC, DK, DV], dtype),
         scale: T.float32,
-        dQ: T.Tensor([B, S, H, DK], ACCUM),
-        dK: T.Tensor([B, S, H, DK], ACCUM),
-        dV: T.Tensor([B, S, H, DV], ACCUM),
+        dQ: T.Tensor([B, S, H, DK], grad_dtype),
+        dK: T.Tensor([B, S, H, DK], grad_dtype),
+        dV: T.Tensor([B, S, H, DV], grad_dtype),
         db: T.Tensor([B, S, H], ACCUM),
         dG: T.Tensor([B, S, H], ACCUM),
         to_end: T.Tensor([B, S, H], ACCUM),
@@ -191,7 +195,7 @@ def chunk_gradients(DK, DV, chunk_size=64, dtype="bfloat16", scalar_gate=True, d
             T.gemm(Cc_s, k_s, dQ_f)
             for i, d in T.Parallel(C, DK):
                 if i < L:
-                    dQ[bb, t0 + i, bh, d] = dQ_f[i, d] * scale
+                    dQ[bb, t0 + i, bh, d] = out(dQ_f[i, d] * scale)
             T.gemm(Cc_s, q_s, dK_f, transpose_A=True, clear_accum=True)
             for i, d in T.Parallel(C, DK):
                 dK_f[i, d] = dK_f[i, d] * scale
@@ -226,7 +230,7 @@ def chunk_gradients(DK, DV, chunk_size=64, dtype="bfloat16", scalar_gate=True, d
                 T.gemm(Cc2_s, Z_s, VD_f, transpose_A=True, clear_accum=True)
                 for i, d in T.Parallel(C, DV):
                     if i < L:
-                        dV[bb, t0 + i, bh, d] = VD_f[i, d] * b_s[i]
+                        dV[bb, t0 + i, bh, d] = out(VD_f[i, d] * b_s[i])
                     VD_f[i, d] = VD_f[i, d] * v_s[i, d]
                 T.reduce_sum(VD_f, row_f, dim=1)
                 for i in T.Parallel(C):
@@ -267,11 +271,11 @@ def chunk_gradients(DK, DV, chunk_size=64, dtype="bfloat16", scalar_gate=True, d
             else:                                          # no delta rule: dV = dV'
                 for i, d in T.Parallel(C, DV):
                     if i < L:
-                        dV[bb, t0 + i, bh, d] = Z_s[i, d]
+                        dV[bb, t0 + i, bh, d] = out(Z_s[i, d])
 
             for i, d in T.Parallel(C, DK):
                 if i < L:
-                    dK[bb, t0 + i, bh, d] = dK_f[i, d]
+                    dK[bb, t0 + i, bh, d] = out(dK_f[i, d])
             for i in T.Parallel(C):
                 if i < L:
                     dG[bb, t0 + i, bh] = dg_s[i]

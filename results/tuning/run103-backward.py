@@ -3,7 +3,8 @@
 (the backward/latency record of run 102). ``switches``: KDA forward + backward with the defaults, with
 ``SCORES_FROM_FORWARD`` (chunk_pair_pieces without the scores; the forward's A_qk read instead),
 ``PAIR_KERNEL_TWO_BLOCKS`` (chunk_pair_gradients at two blocks per SM), ``PAIR_KERNEL_BY_CHANNELS`` (it split by
-channels) and all: time, peak memory, every gradient against the defaults'. ``profile``: one step of kda's KDA and GDN with the defaults by
+channels) and all, and GDN with ``GRADS_IN_INPUT_DTYPE``: time, peak memory, every gradient against the
+defaults'. ``profile``: one step of kda's KDA and GDN with the defaults by
 ``torch.profiler`` (``$OUT/run103-<name>.txt``, every launch of the last step in order), the split of the 22.6
 and 7.4 ms that the next kernels start from. ``levels``: levels 1, 2 and 3 with a gate per head at (1, 8192,
 96, 128), forward + backward, with ``LEVEL_PIECES`` off and on, beside their fla peers (run 100 had time for
@@ -28,6 +29,7 @@ run91 = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(run91)
 SHAPE = (1, 8192, 96, 128)
 NEW = ("SCORES_FROM_FORWARD", "PAIR_KERNEL_TWO_BLOCKS", "PAIR_KERNEL_BY_CHANNELS")
+NEW_GDN = ("GRADS_IN_INPUT_DTYPE",)
 
 
 def switches():
@@ -56,6 +58,24 @@ def switches():
             row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
         log(RUN, row)
     for name in NEW:
+        setattr(backward, name, False)
+    leaves, do = run91.inputs(*SHAPE, False)
+    want = None
+    for on in ((), NEW_GDN):
+        for name in NEW_GDN:
+            setattr(backward, name, name in on)
+        run = run91.step(kda.chunk_gated_delta_rule, leaves, do)
+        row = {"stage": "switches", "op": "GDN", "on": list(on)}
+        try:
+            got = run()
+            want = want or got
+            row.update(ms=round(median_ms(run, warmup_ms=200, rep_ms=1000), 3), peak_MB=run91.peak_mb(run),
+                       rel_l2_vs_defaults={n: float(f"{rel_l2(a.float(), b.float()):.2e}")
+                                           for n, a, b in zip("q k v g beta".split(), got, want)})
+        except Exception as e:
+            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        log(RUN, row)
+    for name in NEW_GDN:
         setattr(backward, name, False)
 
 
