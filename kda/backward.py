@@ -100,8 +100,9 @@ PAIR_KERNEL_CHANNELS = dict(block_dk=16, threads=128)
 # CUDA, levels 1-3 with a gate per head or none (linear_attention, decay_attention, gated_attention with g
 # [B, T, H]): what the state passes read made by level_pieces in the inputs' dtype and token-major, as the
 # forward's chunk_intra makes it for level 5 (a per-head cumulative gate, two scalings, one batched GEMM for
-# the scores), instead of the float32 torch stages by groups of chunks, their copies and concatenation. Off
-# until its GPU tests pass.
+# the scores), instead of the float32 torch stages by groups of chunks, their copies and concatenation; and
+# the state passes compiled without the delta rule (W = 0: one GEMM of the forward pass's two, one of the
+# reverse pass's four). Off until its GPU tests pass.
 LEVEL_PIECES = False
 
 # CUDA, a gate per head or none (GDN, levels 1-4): the chunk kernel writes dq, dk and dv in the inputs' dtype
@@ -324,7 +325,8 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
     dG_last = None          # each chunk decay's gate term, where the reverse pass makes it
     if state_kernels:
         as_operands = STATES_AS_OPERANDS and (chunk_kernel or channel_kernels)
-        S, dS, dh0, dG_last = kernel_state_passes(whole, S0, dO, dS_final, kernel_dtype, as_operands, token_major)
+        S, dS, dh0, dG_last = kernel_state_passes(whole, S0, dO, dS_final, kernel_dtype, as_operands, token_major,
+                                                  delta_rule=not from_level)
     else:
         S, dS, dh0 = torch_state_passes({name: x.to(dtype) for name, x in whole.items()}, S0, dO.to(dtype),
                                         dS_final, segments)
@@ -554,7 +556,8 @@ def torch_state_passes(whole, S0, dO, dS_final, segments):
     return S, dS, dh0
 
 
-def kernel_state_passes(whole, S0, dO, dS_final, inputs_dtype=None, as_operands=False, token_major=False):
+def kernel_state_passes(whole, S0, dO, dS_final, inputs_dtype=None, as_operands=False, token_major=False,
+                        delta_rule=True):
     """``forward_states`` and ``reverse_state_pass`` for a dense batch by
     ``kda.kernels.backward_states``: the states entering every chunk, the gradients of those leaving
     it and that of the initial state (float32), from the pieces rounded to ``STATE_KERNELS_DTYPE``, or
@@ -562,7 +565,8 @@ def kernel_state_passes(whole, S0, dO, dS_final, inputs_dtype=None, as_operands=
     ``as_operands`` (``STATES_AS_OPERANDS``, the operands bf16 or fp16) the two states come in the operands'
     dtype and the fourth value is each chunk decay's gate term ``decay_k sum_v S dS``, ``[B, H, NC, DK]``.
     ``token_major`` (``TOKEN_MAJOR_STATES``): the pieces and ``dO`` ``[B, T, H, *]``, as ``forward_pieces``
-    gives them with it, read so by the kernels."""
+    gives them with it, read so by the kernels. ``delta_rule=False`` (``W = 0``, ``level_pieces``): the
+    kernels compiled without the delta rule's GEMMs (the reverse pass then reads neither ``P`` nor ``Kd``)."""
     from kda import ops
     from kda.kernels import backward_states
     from kda.kernels.build import compile_program
@@ -579,7 +583,8 @@ def kernel_state_passes(whole, S0, dO, dS_final, inputs_dtype=None, as_operands=
     states = operands if as_operands else torch.float32
     # float32 operands (tf32 products) take twice the shared memory: one pipeline stage
     shapes = dict(DK=DK, DV=DV, chunk_size=C, block_dv=64, dtype=name, num_stages=1 if name == "float32" else 2)
-    shapes.update({"state_dtype": name} if as_operands else {}, **({"token_major": True} if token_major else {}))
+    shapes.update({"state_dtype": name} if as_operands else {}, **({"token_major": True} if token_major else {}),
+                  **({} if delta_rule else {"delta_rule": False}))
     with torch.cuda.device(S0.device):
         forward = compile_program(backward_states.forward_states_pass, (), **shapes)
         reverse = compile_program(backward_states.reverse_state_pass, (), **shapes,

@@ -211,9 +211,10 @@ def piece_chunks(C, token_major, NC):
 def forward_states_mirror(C):
     """``kda.kernels.backward_states.forward_states_pass`` for chunks of ``C`` in float64 torch, reading its
     arguments in their head-major chunk layout (or token-major, ``token_major``) and writing ``S_in``."""
-    def forward_states(W, Kd, U, decay, h0, S_in, token_major=False):
+    def forward_states(W, Kd, U, decay, h0, S_in, token_major=False, delta_rule=True):
         chunks = piece_chunks(C, token_major, decay.shape[2])
-        S_in.copy_(ref.forward_states({"W": chunks(W), "Kd": chunks(Kd), "U": chunks(U), "decay": decay.double()},
+        Ws = chunks(W) if delta_rule else torch.zeros_like(chunks(W))      # without the delta rule: W not read
+        S_in.copy_(ref.forward_states({"W": Ws, "Kd": chunks(Kd), "U": chunks(U), "decay": decay.double()},
                                       h0.double())[0])
     return forward_states
 
@@ -222,10 +223,11 @@ def reverse_state_pass_mirror(C, block_dv=64):
     """``kda.kernels.backward_states.reverse_state_pass`` for chunks of ``C`` in float64 torch; with the
     arguments of ``chunk_decay_terms=True`` (``S_in`` before ``dS_out``, ``dG_last`` after ``dh0``) each chunk
     decay's gate term too, per ``block_dv`` value columns, from ``dS`` before it is rounded to ``dS_out``."""
-    def reverse(P, Kd, Qg, W, dO, decay, dht, *outputs, token_major=False):
+    def reverse(P, Kd, Qg, W, dO, decay, dht, *outputs, token_major=False, delta_rule=True):
         S_in, dS_out, dh0, dG_last = outputs if len(outputs) == 4 else (None, *outputs, None)
         chunks = piece_chunks(C, token_major, decay.shape[2])
-        part = {"P": chunks(P), "Kd": chunks(Kd), "Qg": chunks(Qg), "W": chunks(W), "decay": decay.double(),
+        unread = (lambda x: torch.zeros_like(chunks(x))) if not delta_rule else chunks   # P, Kd, W: not read
+        part = {"P": unread(P), "Kd": unread(Kd), "Qg": chunks(Qg), "W": unread(W), "decay": decay.double(),
                 "U": chunks(dO)}
         out, first = ref.reverse_state_pass(part, chunks(dO), dht.double())
         if dG_last is not None:
@@ -844,7 +846,8 @@ def test_level_pieces_in_the_backward(gate, monkeypatch):
     def compile_program(fn, out_idx, **kw):
         compiled[fn.__name__] = kw
         if fn.__name__ in ("forward_states_pass", "reverse_state_pass"):
-            return functools.partial(fakes[fn], token_major=kw.get("token_major", False))
+            return functools.partial(fakes[fn], token_major=kw.get("token_major", False),
+                                     delta_rule=kw.get("delta_rule", True))
         return functools.partial(fakes[fn], delta_rule=kw.get("delta_rule", True))
 
     monkeypatch.setattr(build, "compile_program", compile_program)
@@ -858,8 +861,8 @@ def test_level_pieces_in_the_backward(gate, monkeypatch):
     monkeypatch.setattr(backward, "LEVEL_PIECES", True)
     monkeypatch.setattr(backward.stages, "chunk_pieces", lambda *a, **kw: pytest.fail("the torch stages ran"))
     got = backward.op_gradients(*args)
-    assert compiled["forward_states_pass"]["token_major"] is True
-    assert compiled["reverse_state_pass"]["token_major"] is True
+    for name in ("forward_states_pass", "reverse_state_pass"):        # token-major, without the delta rule
+        assert compiled[name]["token_major"] is True and compiled[name]["delta_rule"] is False
     assert_gradients_agree(got, want)
 
 

@@ -71,6 +71,11 @@ CASES = [
     ("backward_states", "reverse_state_pass", dict(DK=64, DV=128, dtype="float16", state_dtype="float16",
                                                    chunk_decay_terms=True)),
     ("backward_states", "forward_states_pass", dict(DK=128, DV=128, token_major=True)),              # [B, T, H, D]
+    # levels 1-3 (LEVEL_PIECES): without the delta rule's GEMMs
+    ("backward_states", "forward_states_pass", dict(DK=128, DV=128, token_major=True, state_dtype="bfloat16",
+                                                    delta_rule=False)),
+    ("backward_states", "reverse_state_pass", dict(DK=128, DV=128, token_major=True, state_dtype="bfloat16",
+                                                   chunk_decay_terms=True, delta_rule=False)),
     ("backward_states", "reverse_state_pass", dict(DK=128, DV=128, token_major=True, state_dtype="bfloat16",
                                                    chunk_decay_terms=True)),
     ("backward_chunks", "chunk_gradients", dict(DK=128, DV=128)),

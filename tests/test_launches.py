@@ -393,7 +393,8 @@ def test_level_backward_with_level_pieces(kernel_launches, monkeypatch, gate):
                                      kernel_dtype=torch.bfloat16)
     assert [name for name, _ in kernel_launches] == ["forward_states_pass", "reverse_state_pass", "chunk_gradients"]
     params = dict(kernel_launches)
-    assert params["forward_states_pass"]["token_major"] and params["reverse_state_pass"]["token_major"]
+    for name in ("forward_states_pass", "reverse_state_pass"):
+        assert params[name]["token_major"] and params[name]["delta_rule"] is False
     assert params["chunk_gradients"]["delta_rule"] is False
     assert [x.shape for x in got[:3]] == [q.shape, k.shape, v.shape] and got[4] is None
 

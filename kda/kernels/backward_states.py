@@ -41,11 +41,12 @@ def layout(C, token_major):
 
 # --8<-- [start:forward_states_pass]
 def forward_states_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, threads=128, dtype="bfloat16",
-                        state_dtype=ACCUM, token_major=False):
+                        state_dtype=ACCUM, token_major=False, delta_rule=True):
     """Arguments at run time: ``W, Kd [B, H, NC C, DK]``, ``U [B, H, NC C, DV]`` (dtype), ``decay [B, H,
     NC, DK]``, ``h0 [B, H, DK, DV]`` (float32), then the output ``S_in [B, H, NC, DK, DV]`` (``state_dtype``:
     float32, or the inputs' dtype, as the chunk kernels read it). ``token_major``: ``W, Kd, U`` ``[B, T, H,
-    D]`` as the forward's ``chunk_intra`` writes them (``NC = ceil(T / C)``; the rows past ``T`` load as zeros)."""
+    D]`` as the forward's ``chunk_intra`` writes them (``NC = ceil(T / C)``; the rows past ``T`` load as zeros).
+    ``delta_rule=False`` (levels 1-3, ``W = 0``, ``V' = U``): ``W`` is not read, ``S <- decay S + Kd^T U``."""
     B, H, NC, rows, chunk_of = layout(chunk_size, token_major)
     C = chunk_size
 
@@ -70,18 +71,20 @@ def forward_states_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, thread
             new_f = T.alloc_fragment([C, block_dv], ACCUM)
             T.copy(h0[bb, bh, :, dv0:dv0 + block_dv], S_f)
             for c in T.Pipelined(NC, num_stages=num_stages):
-                T.copy(chunk_of(W, bb, bh, c, 0, DK), W_s)
+                if delta_rule:
+                    T.copy(chunk_of(W, bb, bh, c, 0, DK), W_s)
                 T.copy(chunk_of(Kd, bb, bh, c, 0, DK), Kd_s)
                 T.copy(chunk_of(U, bb, bh, c, dv0, dv0 + block_dv), U_s)
                 T.copy(decay[bb, bh, c, :], decay_s)
                 T.copy(S_f, S_in[bb, bh, c, :, dv0:dv0 + block_dv])     # the state entering chunk c
-                T.copy(S_f, S_s)
-                T.gemm(W_s, S_s, new_f, clear_accum=True)                # W S
-                for i, j in T.Parallel(C, block_dv):
-                    new_s[i, j] = U_s[i, j] - new_f[i, j]                # V' = U - W S
+                if delta_rule:
+                    T.copy(S_f, S_s)
+                    T.gemm(W_s, S_s, new_f, clear_accum=True)            # W S
+                    for i, j in T.Parallel(C, block_dv):
+                        new_s[i, j] = U_s[i, j] - new_f[i, j]            # V' = U - W S
                 for i, j in T.Parallel(DK, block_dv):
                     S_f[i, j] = S_f[i, j] * decay_s[i]
-                T.gemm(Kd_s, new_s, S_f, transpose_A=True)               # + Kd^T V'
+                T.gemm(Kd_s, new_s if delta_rule else U_s, S_f, transpose_A=True)   # + Kd^T V'
 
     return main
 # --8<-- [end:forward_states_pass]
@@ -89,7 +92,7 @@ def forward_states_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, thread
 
 # --8<-- [start:reverse_state_pass]
 def reverse_state_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, threads=128, dtype="bfloat16",
-                       state_dtype=ACCUM, chunk_decay_terms=False, token_major=False):
+                       state_dtype=ACCUM, chunk_decay_terms=False, token_major=False, delta_rule=True):
     """Arguments at run time: ``P [B, H, NC C, C]``, ``Kd, Qg, W [B, H, NC C, DK]``, ``dO [B, H, NC C,
     DV]`` (dtype), ``decay [B, H, NC, DK]``, ``dht [B, H, DK, DV]`` (float32), then the outputs
     ``dS_out [B, H, NC, DK, DV]`` (``state_dtype``) and ``dh0 [B, H, DK, DV]`` (float32).
@@ -97,7 +100,9 @@ def reverse_state_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, threads
     output) and the output ``dG_last [B, H, NC, ceil(DV / block_dv), DK]`` (float32): each chunk decay's
     gradient term ``decay_k sum_v S_in[k, v] dS_out[k, v]`` over this block's value columns, from ``dS`` as
     the registers hold it (float32), so that no one reads the two states back from HBM for it.
-    ``token_major``: ``P, Kd, Qg, W, dO`` ``[B, T, H, *]``, as for ``forward_states_pass``."""
+    ``token_major``: ``P, Kd, Qg, W, dO`` ``[B, T, H, *]``, as for ``forward_states_pass``.
+    ``delta_rule=False`` (levels 1-3, ``W = 0``): ``dS <- decay dS + Qg^T dO``; ``P``, ``Kd`` and ``W`` are
+    not read (``dV'`` feeds only ``W^T dV'``)."""
     B, H, NC, rows, chunk_of = layout(chunk_size, token_major)
     C = chunk_size
     NBV = T.ceildiv(DV, block_dv)
@@ -123,10 +128,12 @@ def reverse_state_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, threads
             T.copy(dht[bb, bh, :, dv0:dv0 + block_dv], dS_f)
             for r in T.Pipelined(NC, num_stages=num_stages):
                 c = NC - 1 - r                                           # the last chunk first
-                T.copy(chunk_of(P, bb, bh, c, 0, C), P_s)
-                T.copy(chunk_of(Kd, bb, bh, c, 0, DK), Kd_s)
+                if delta_rule:
+                    T.copy(chunk_of(P, bb, bh, c, 0, C), P_s)
+                    T.copy(chunk_of(Kd, bb, bh, c, 0, DK), Kd_s)
                 T.copy(chunk_of(Qg, bb, bh, c, 0, DK), Qg_s)
-                T.copy(chunk_of(W, bb, bh, c, 0, DK), W_s)
+                if delta_rule:
+                    T.copy(chunk_of(W, bb, bh, c, 0, DK), W_s)
                 T.copy(chunk_of(dO, bb, bh, c, dv0, dv0 + block_dv), dO_s)
                 T.copy(decay[bb, bh, c, :], decay_s)
                 T.copy(dS_f, dS_out[bb, bh, c, :, dv0:dv0 + block_dv])  # the gradient of the state leaving c
@@ -137,15 +144,17 @@ def reverse_state_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, threads
                     T.reduce_sum(product_f, row_f, dim=1)
                     for i in T.Parallel(DK):
                         dG_last[bb, bh, c, bv, i] = row_f[i] * decay_s[i]
-                T.copy(dS_f, dS_s)
-                T.gemm(P_s, dO_s, dnew_f, transpose_A=True, clear_accum=True)   # P^T dO
-                T.gemm(Kd_s, dS_s, dnew_f)                                     # + Kd dS
-                for i, j in T.Parallel(C, block_dv):
-                    dnew_s[i, j] = -dnew_f[i, j]                         # -dV', so that the last GEMM adds
+                if delta_rule:
+                    T.copy(dS_f, dS_s)
+                    T.gemm(P_s, dO_s, dnew_f, transpose_A=True, clear_accum=True)   # P^T dO
+                    T.gemm(Kd_s, dS_s, dnew_f)                                     # + Kd dS
+                    for i, j in T.Parallel(C, block_dv):
+                        dnew_s[i, j] = -dnew_f[i, j]                     # -dV', so that the last GEMM adds
                 for i, j in T.Parallel(DK, block_dv):
                     dS_f[i, j] = dS_f[i, j] * decay_s[i]
                 T.gemm(Qg_s, dO_s, dS_f, transpose_A=True)               # + Qg^T dO
-                T.gemm(W_s, dnew_s, dS_f, transpose_A=True)              # - W^T dV'
+                if delta_rule:
+                    T.gemm(W_s, dnew_s, dS_f, transpose_A=True)          # - W^T dV'
             T.copy(dS_f, dh0[bb, bh, :, dv0:dv0 + block_dv])
 
     if chunk_decay_terms:
