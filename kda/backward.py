@@ -105,10 +105,10 @@ PAIR_KERNEL_CHANNELS = dict(block_dk=16, threads=128)
 # reverse pass's four). Off until its GPU tests pass.
 LEVEL_PIECES = False
 
-# CUDA, a gate per head or none (GDN, levels 1-4): the chunk kernel writes dq, dk and dv in the inputs' dtype
-# (each once, from float32 registers) instead of float32 tensors that the op then rounds, one copy each (about
-# 0.14 ms apiece at (1, 8192, 96, 128) in run 100's profile); where no L2 norm and no grouped value heads
-# need them in float32 after the kernel. Off until its GPU tests pass.
+# CUDA: the chunk kernel of a gate per head (GDN, levels 1-4) writes dq, dk and dv in the inputs' dtype, and
+# KDA's chunk_state_gradients dv (each once, from float32 registers), instead of float32 tensors that the op
+# then rounds, one copy each (about 0.14 ms apiece at (1, 8192, 96, 128) in run 100's profile); where no L2
+# norm and no grouped value heads need them in float32 after the kernel. Off until its GPU tests pass.
 GRADS_IN_INPUT_DTYPE = False
 
 # CUDA: what the two state passes read (W, U, the gated q and k, the scores, the decays) made by the
@@ -340,8 +340,8 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
                                                        final_dtype)
         return dq, dk, dv, (dg if g is not None else None), dbeta, dh0
     if channel_kernels:
-        return (*kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, kernel_dtype, dG_last, scores),
-                dh0)
+        return (*kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, kernel_dtype, dG_last, scores,
+                                                   final_dtype), dh0)
     dO = dO.to(dtype)
     out = [stages.chunk_gradients(first or pieces(s, e), S[:, :, s:e], dS[:, :, s:e], dO[:, :, s:e])
            for s, e in groups]
@@ -489,7 +489,8 @@ def kernel_chunk_gradients(q, k, v, g, beta, do, S, dS, scale, dtype, dG_last=No
     return dq, dk, dv, gate_gradient(dG, to_end, dG_last, CHUNK_SIZE), (db if beta is not None else None)
 
 
-def kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, dtype, dG_last=None, scores=None):
+def kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, dtype, dG_last=None, scores=None,
+                                      final_dtype=False):
     """Step 3 of ``chunked_gradients`` for a gate per channel (KDA) by the three kernels of
     ``kda.kernels.backward_chunks`` that split it: ``chunk_pair_pieces`` (the cumulative gate, ``T``, the
     scores ``P`` and ``stril(K K^T E)``, whose pair decays need sub-chunks), ``chunk_state_gradients``
@@ -498,7 +499,9 @@ def kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, dtype,
     ``dq`` (scale in), ``dk``, ``dv``, ``dg [B, T, H, DK]``, ``dbeta``, float32. Without the delta rule
     (``beta=None``, level 3) the kernels are compiled without the WY form and ``dbeta`` is ``None``.
     ``dG_last [B, H, NC, DK]``: as for ``kernel_chunk_gradients``. ``scores``: ``P [B, T, H, C]`` in ``dtype``
-    as the forward's ``chunk_intra`` made it (``SCORES_FROM_FORWARD``), else made by ``chunk_pair_pieces``."""
+    as the forward's ``chunk_intra`` made it (``SCORES_FROM_FORWARD``), else made by ``chunk_pair_pieces``.
+    ``final_dtype``: ``dv`` in ``dtype``, as ``chunk_state_gradients`` rounds it once (``GRADS_IN_INPUT_DTYPE``;
+    ``dq`` and ``dk`` add up over two kernels, in float32)."""
     from kda import ops
     from kda.kernels import backward_chunks as kernels
     from kda.kernels.build import compile_program
@@ -510,7 +513,8 @@ def kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, dtype,
     with torch.cuda.device(q.device):
         made = dict(scores=False) if scores is not None else {}
         pieces = compile_program(kernels.chunk_pair_pieces, (), DK=DK, **config, **made)
-        states = compile_program(kernels.chunk_state_gradients, (), DK=DK, DV=DV, **config)
+        grads = dict(grad_dtype=ops.dtype_name(dtype)) if final_dtype else {}
+        states = compile_program(kernels.chunk_state_gradients, (), DK=DK, DV=DV, **config, **grads)
         shared = dict(shared_pairs=True) if SHARED_PAIR_SUMS and beta is not None else {}
         finish = dict(finish_gate=True) if GATE_IN_PAIR_KERNEL else {}
         blocks = {**(dict(min_blocks=2) if PAIR_KERNEL_TWO_BLOCKS and beta is not None and DK == 128 else {}),
@@ -525,7 +529,7 @@ def kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, dtype,
         flags = torch.zeros(2, dtype=torch.int32, device=q.device)    # the forward checked g and beta
         pieces(Q, K, g.float().contiguous(), b, float(scale), G, Tinv, P, KKE, flags)
         dq, dk, dG, to_end = (new(B, T, H, DK) for _ in range(4))
-        dv = new(B, T, H, DV)
+        dv = new(B, T, H, DV, dt=dtype if final_dtype else torch.float32)
         dPs, dAb = new(B, T, H, C, dt=dtype), new(B, T, H, C, dt=dtype)
         states(Q, K, low(v), low(do), G, b, low(S), low(dS), Tinv, P, KKE, float(scale), dq, dk, dv, db, dG, to_end,
                dPs, dAb)
@@ -637,8 +641,9 @@ def op_gradients(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, cu_seqle
         spread = lambda x: x.new_zeros(1, length, *x.shape[2:]).index_copy_(1, where, x)
         args = [spread(x) if x is not None else None for x in args]
     # the chunk kernel's dq, dk, dv rounded once, in the kernel, where nothing after it needs them in float32
-    final_dtype = (GRADS_IN_INPUT_DTYPE and group == 1 and not use_qk_l2norm and
-                   chunk_kernel_applies(q, gate, beta, CHUNK_SIZE, q.dtype))
+    final_dtype = (GRADS_IN_INPUT_DTYPE and group == 1 and not use_qk_l2norm and (
+        chunk_kernel_applies(q, gate, beta, CHUNK_SIZE, q.dtype) or
+        channel_kernels_apply(q, gate, beta, CHUNK_SIZE, q.dtype, v.shape[-1])))
     with full_float32_matmuls():
         dq, dk, dv, dg, dbeta, dh0 = chunked_gradients(*args[:5], args[5], f32(dht), scale, f32(initial_state),
                                                        segments, budget=budget, dtype=dtype, kernel_dtype=q.dtype,

@@ -182,10 +182,11 @@ PATHS: tuple[CudaPath, ...] = (
         name="grads_in_input_dtype",
         module="kda.backward",
         switch="GRADS_IN_INPUT_DTYPE",
-        what={"en": "the chunk kernel of a gate per head writing dq, dk and dv in the inputs' dtype, where no L2 norm "
-                    "and no grouped value heads follow, instead of float32 tensors rounded by a copy each",
-              "zh": "每个头一个门控的块内 kernel 直接以输入的 dtype 写出 dq、dk、dv（其后没有 L2 归一化、也没有分组值头时），"
-                    "取代先写 float32 张量、再各拷贝一次舍入"},
+        what={"en": "the chunk kernel of a gate per head writing dq, dk and dv in the inputs' dtype (KDA's "
+                    "chunk_state_gradients its dv), where no L2 norm and no grouped value heads follow, instead of "
+                    "float32 tensors rounded by a copy each",
+              "zh": "每个头一个门控的块内 kernel 直接以输入的 dtype 写出 dq、dk、dv（KDA 的 chunk_state_gradients 写出 dv；"
+                    "其后没有 L2 归一化、也没有分组值头时），取代先写 float32 张量、再各拷贝一次舍入"},
     ),
     CudaPath(
         name="scores_from_forward",

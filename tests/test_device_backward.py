@@ -921,28 +921,38 @@ def test_op_gradients_with_every_kernel(l2norm, as_operands, monkeypatch):
     assert_gradients_agree(got, want)
 
 
+@pytest.mark.parametrize("per_channel", [False, True], ids=["gdn", "kda"])
 @pytest.mark.parametrize("l2norm", [False, True])
-def test_grads_in_input_dtype(l2norm, monkeypatch):
+def test_grads_in_input_dtype(l2norm, per_channel, monkeypatch):
     """``GRADS_IN_INPUT_DTYPE`` (CUDA faked, kernels replaced by their float64 mirrors): the chunk kernel of a
-    gate per head is compiled with ``grad_dtype`` the inputs' and writes ``dq, dk, dv`` in it, where nothing
-    after it needs float32 (one head of q and k per value head, no L2 norm); the gradients are those of the
-    float32 outputs, to their rounding. With the L2 norm the outputs stay float32."""
+    gate per head is compiled with ``grad_dtype`` the inputs' and writes ``dq, dk, dv`` in it (KDA's
+    ``chunk_state_gradients`` its ``dv``), where nothing after it needs float32 (one head of q and k per value
+    head, no L2 norm); the gradients are those of the float32 outputs, to their rounding. With the L2 norm the
+    outputs stay float32."""
     from kda import gated_delta
     from kda.kernels import backward_chunks, backward_states, build
 
     seen = {}
 
     def chunk_kernel(*args, **kw):
-        seen["out"] = {x.dtype for x in args[9:12]}
+        seen["out"] = {x.dtype for x in args[9:12]}                    # dQ, dK, dV
         chunk_kernel_mirror(*args)
+
+    def state_gradients(*args, **kw):
+        seen["out"] = {args[14].dtype}                                 # dV
+        state_gradients_mirror(*args)
 
     fakes = {backward_states.forward_states_pass: forward_states_mirror(64),
              backward_states.reverse_state_pass: reverse_state_pass_mirror(64),
-             backward_chunks.chunk_gradients: chunk_kernel}
-    q, k, v, g, beta, h0, do, dht = inputs(B=2, T=150, H=4, HQ=4, K=16, V=64, seed=7, per_channel=False)
+             backward_chunks.chunk_gradients: chunk_kernel,
+             backward_chunks.chunk_pair_pieces: pair_pieces_mirror,
+             backward_chunks.chunk_state_gradients: state_gradients,
+             backward_chunks.chunk_pair_gradients: pair_gradients_mirror}
+    q, k, v, g, beta, h0, do, dht = inputs(B=2, T=150, H=4, HQ=4, K=16, V=64, seed=7, per_channel=per_channel)
     q, k, v, do = (x.to(torch.bfloat16) for x in (q * 3, k * 2, v, do))
     args = (q, k, v, g.float(), beta.float(), 0.5, h0.float(), l2norm, None, do, dht.float())
     compiled = {}
+    kernel = "chunk_state_gradients" if per_channel else "chunk_gradients"
 
     def compile_program(fn, out_idx, **kw):
         compiled[fn.__name__] = kw
@@ -954,14 +964,14 @@ def test_grads_in_input_dtype(l2norm, monkeypatch):
     monkeypatch.setattr(gated_delta, "prepare_chunks", prepare_chunks_mirror())
     monkeypatch.setattr(torch.cuda, "device", lambda device: __import__("contextlib").nullcontext())
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
-    for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL"):
+    for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL", "CHUNK_KERNELS_BY_CHANNEL"):
         monkeypatch.setattr(backward, switch, True)
     want = backward.op_gradients(*args)
-    assert seen["out"] == {torch.float32} and "grad_dtype" not in compiled["chunk_gradients"]
+    assert seen["out"] == {torch.float32} and "grad_dtype" not in compiled[kernel]
     monkeypatch.setattr(backward, "GRADS_IN_INPUT_DTYPE", True)
     got = backward.op_gradients(*args)
     assert seen["out"] == ({torch.float32} if l2norm else {torch.bfloat16})
-    assert compiled["chunk_gradients"].get("grad_dtype") == (None if l2norm else "bfloat16")
+    assert compiled[kernel].get("grad_dtype") == (None if l2norm else "bfloat16")
     assert_gradients_agree(got, want)
 
 

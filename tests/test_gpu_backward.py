@@ -198,6 +198,7 @@ SWITCH_CASES = [(on, per_channel, kind)
                     (("PAIR_KERNEL_TWO_BLOCKS",), True, ["runs_of_-20", "mild"]),
                     (("PAIR_KERNEL_BY_CHANNELS",), True, ["logsigmoid", "runs_of_-20", "mild"]),
                     (("GRADS_IN_INPUT_DTYPE",), False, ["logsigmoid", "runs_of_-20"]),
+                    (("GRADS_IN_INPUT_DTYPE",), True, ["logsigmoid"]),
                     (LANDED_OFF, True, ["logsigmoid", "runs_of_-20"]),
                     (LANDED_OFF, False, ["logsigmoid"]))
                 for kind in kinds]
@@ -233,12 +234,13 @@ def test_gradients_with_the_switches_landed_off(on, per_channel, kind, dtype, de
     want = ref.recurrence_backward(q, k, v, g, beta, do.double().cpu(), dht.double().cpu(), 128 ** -0.5, h0)
     check(gradients_on_cuda(fn, leaves, do, dht), want, KERNEL_BOUND)
     pieces, pairs, chunk = (compiled.get(name, {}) for name in ("chunk_pair_pieces", "chunk_pair_gradients",
+                                                                "chunk_state_gradients" if per_channel else
                                                                 "chunk_gradients"))
     taken = {"SCORES_FROM_FORWARD": pieces.get("scores") is False,          # KDA's kernels
              "PAIR_KERNEL_TWO_BLOCKS": pairs.get("min_blocks") == 2,
              "PAIR_KERNEL_BY_CHANNELS": pairs.get("block_dk") == backward.PAIR_KERNEL_CHANNELS["block_dk"],
-             "GRADS_IN_INPUT_DTYPE": chunk.get("grad_dtype") == str(dtype).removeprefix("torch.")}   # GDN's
-    assert all(taken[switch] for switch in on if (switch == "GRADS_IN_INPUT_DTYPE") != per_channel), taken
+             "GRADS_IN_INPUT_DTYPE": chunk.get("grad_dtype") == str(dtype).removeprefix("torch.")}
+    assert all(taken[switch] for switch in on if per_channel or switch == "GRADS_IN_INPUT_DTYPE"), taken
 
 
 @pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])

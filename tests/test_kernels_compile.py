@@ -89,6 +89,7 @@ CASES = [
     ("backward_chunks", "chunk_pair_pieces", dict(DK=128)),
     ("backward_chunks", "chunk_pair_pieces", dict(DK=64, dtype="float16")),
     ("backward_chunks", "chunk_state_gradients", dict(DK=128, DV=128, spill_budget=24)),
+    ("backward_chunks", "chunk_state_gradients", dict(DK=128, DV=128, grad_dtype="bfloat16", spill_budget=24)),
     ("backward_chunks", "chunk_state_gradients", dict(DK=64, DV=128, dtype="float16")),
     ("backward_chunks", "chunk_pair_gradients", dict(DK=128)),
     ("backward_chunks", "chunk_pair_gradients", dict(DK=64, dtype="float16")),

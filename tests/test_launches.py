@@ -421,7 +421,7 @@ def test_backward_with_every_kernel(kernel_launches, monkeypatch, per_channel, u
     q, k, v, g, beta = level5_inputs(B=2, T=200, per_channel=per_channel)
     gate = g if per_channel else g[..., 0]
     got = backward.chunked_gradients(q, k, v, gate, beta, torch.randn(2, 200, 2, 64).bfloat16(), None, 0.125, None,
-                                     kernel_dtype=torch.bfloat16, final_dtype=unverified and not per_channel)
+                                     kernel_dtype=torch.bfloat16, final_dtype=unverified)
     step3 = ["chunk_pair_pieces", "chunk_state_gradients", "chunk_pair_gradients"] if per_channel else ["chunk_gradients"]
     assert [name for name, _ in kernel_launches] == ["chunk_intra", "forward_states_pass", "reverse_state_pass", *step3]
     assert [x.shape for x in got[:5]] == [q.shape, k.shape, v.shape, gate.shape, beta.shape]
@@ -433,6 +433,9 @@ def test_backward_with_every_kernel(kernel_launches, monkeypatch, per_channel, u
     if not per_channel:                          # GRADS_IN_INPUT_DTYPE: dq, dk, dv bound in bf16
         assert params["chunk_gradients"].get("grad_dtype") == ("bfloat16" if unverified else None)
         assert {x.dtype for x in got[:3]} == {torch.bfloat16 if unverified else torch.float32}
+    else:                                        # KDA: dv alone (dq, dk add up over two kernels)
+        assert params["chunk_state_gradients"].get("grad_dtype") == ("bfloat16" if unverified else None)
+        assert got[2].dtype == (torch.bfloat16 if unverified else torch.float32)
     if per_channel:
         assert params["chunk_pair_gradients"].get("shared_pairs", False) is unverified
         assert params["chunk_pair_gradients"].get("finish_gate", False) is unverified

@@ -692,7 +692,7 @@ chunk_pair_pieces.compile_flags = ("-ftz=true",)
 
 
 # --8<-- [start:chunk_state_gradients]
-def chunk_state_gradients(DK, DV, chunk_size=64, dtype="bfloat16", delta_rule=True, threads=256):
+def chunk_state_gradients(DK, DV, chunk_size=64, dtype="bfloat16", delta_rule=True, threads=256, grad_dtype=ACCUM):
     """Every term of the chunk stage for a gate per channel but the pair sums, as ``chunk_gradients`` takes
     them for a gate per head, with ``T``, ``P`` and ``stril(K K^T E)`` read from ``chunk_pair_pieces``
     instead of made here. Arguments at run time: ``Q, K [B, T, H, DK]``, ``V, dO [B, T, H, DV]`` (dtype),
@@ -702,10 +702,12 @@ def chunk_state_gradients(DK, DV, chunk_size=64, dtype="bfloat16", delta_rule=Tr
     ``dG``, ``to_end [B, T, H, DK]`` (per channel), ``dV [B, T, H, DV]``, ``db [B, T, H]``, and in dtype the
     pair matrices that ``chunk_pair_gradients`` sums: ``dPs = stril(dP)`` and ``dAb = dA b``
     ``[B, T, H, C]``. One block per (chunk, head, batch row). ``delta_rule=False`` (level 3): no WY form,
-    ``V' = V`` and ``dV = dV'``; ``beta``, ``Tinv`` and ``KKE`` are not read, ``db`` and ``dAb`` not written."""
+    ``V' = V`` and ``dV = dV'``; ``beta``, ``Tinv`` and ``KKE`` are not read, ``db`` and ``dAb`` not written.
+    ``grad_dtype``: that of ``dV`` (final here, written once: the inputs' dtype spares a rounding copy)."""
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     C = chunk_size
     NC = T.ceildiv(S, C)
+    out = (lambda x: x) if grad_dtype == ACCUM else (lambda x: T.Cast(grad_dtype, x))
 
     @T.prim_func
     def main(
@@ -723,7 +725,7 @@ def chunk_state_gradients(DK, DV, chunk_size=64, dtype="bfloat16", delta_rule=Tr
         scale: T.float32,
         dQ: T.Tensor([B, S, H, DK], ACCUM),
         dK: T.Tensor([B, S, H, DK], ACCUM),
-        dV: T.Tensor([B, S, H, DV], ACCUM),
+        dV: T.Tensor([B, S, H, DV], grad_dtype),
         db: T.Tensor([B, S, H], ACCUM),
         dG: T.Tensor([B, S, H, DK], ACCUM),
         to_end: T.Tensor([B, S, H, DK], ACCUM),
@@ -804,7 +806,7 @@ def chunk_state_gradients(DK, DV, chunk_size=64, dtype="bfloat16", delta_rule=Tr
             if not delta_rule:                             # dV = dV'
                 for i, d in T.Parallel(C, DV):
                     if i < L:
-                        dV[bb, t0 + i, bh, d] = VD_f[i, d]
+                        dV[bb, t0 + i, bh, d] = out(VD_f[i, d])
             T.gemm(Y_s, state_s, KD_f, transpose_B=True, clear_accum=True)
             for i, d in T.Parallel(C, DK):
                 KD_f[i, d] = KD_f[i, d] * T.exp2(G_last(d) - G_s[i, d])
@@ -827,7 +829,7 @@ def chunk_state_gradients(DK, DV, chunk_size=64, dtype="bfloat16", delta_rule=Tr
                 T.gemm(T_s, Z_s, VD_f, transpose_A=True, clear_accum=True)
                 for i, d in T.Parallel(C, DV):
                     if i < L:
-                        dV[bb, t0 + i, bh, d] = VD_f[i, d] * b_s[i]
+                        dV[bb, t0 + i, bh, d] = out(VD_f[i, d] * b_s[i])
                     VD_f[i, d] = VD_f[i, d] * v_s[i, d]
                 T.reduce_sum(VD_f, row_f, dim=1)
                 for i in T.Parallel(C):
