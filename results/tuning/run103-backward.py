@@ -28,7 +28,7 @@ spec = importlib.util.spec_from_file_location("run91_backward", os.path.join(HER
 run91 = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(run91)
 SHAPE = (1, 8192, 96, 128)
-NEW = ("SCORES_FROM_FORWARD", "PAIR_KERNEL_TWO_BLOCKS", "PAIR_KERNEL_BY_CHANNELS")
+NEW = ("SCORES_FROM_FORWARD", "PAIR_KERNEL_TWO_BLOCKS", "PAIR_KERNEL_BY_CHANNELS", "GRADS_IN_INPUT_DTYPE")
 NEW_GDN = ("GRADS_IN_INPUT_DTYPE",)
 
 
