@@ -7,12 +7,13 @@ bash .gpu/install.sh /tmp/site > /tmp/install.txt 2>&1 || { cat /tmp/install.txt
 export PYTHONPATH=/tmp/site:$PWD
 [ -d .carry ] && python -c "from kda.site.rerecord import unpack_caches; print('caches back:', unpack_caches('.carry'))"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv
-# The stale GPU records by rerecord within what is left of TOTAL seconds (the caches packed either way).
+# The stale GPU records (those whose path contains ONLY, where set) by rerecord within what is left of TOTAL
+# seconds (the caches packed either way).
 rerecord_rest() {
   local budget=$(( ${TOTAL:-575} - $(date +%s) + start - 15 ))
   if [ "$budget" -ge 100 ]; then
     timeout -k 5 $(( budget + 10 )) python -m kda.site rerecord --out "$OUT" --budget "$budget" --warm 60 \
-      --commit "$COMMIT" 2>&1 | grep -v "^20" | tail -12
+      --commit "$COMMIT" ${ONLY:+--only "$ONLY"} 2>&1 | grep -v "^20" | tail -12
   else
     timeout 40 python -c "import os; from pathlib import Path; from kda.site.rerecord import pack_caches; pack_caches(Path(os.environ['OUT']))"
   fi

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Run 103 (carry .gpu and .carry; COMMIT: the commit of this working tree): the GPU tests of the three backward
-# switches that landed off after run 100 (SCORES_FROM_FORWARD, PAIR_KERNEL_TWO_BLOCKS, PAIR_KERNEL_BY_CHANNELS,
-# LEVEL_PIECES), their time and a profile of the defaults (run103-backward.py), the pair kernel's splits by
-# channels alone (run101-pairs.py, VARIANT_SET=run103), then the stale records with what is left.
+# Run 103 (carry .gpu and .carry; COMMIT: the commit of this working tree): the GPU tests of the five backward
+# switches that landed off after run 102 (SCORES_FROM_FORWARD, PAIR_KERNEL_TWO_BLOCKS, PAIR_KERNEL_BY_CHANNELS,
+# GRADS_IN_INPUT_DTYPE, LEVEL_PIECES), their time and a profile of the defaults (run103-backward.py), the pair
+# kernel's splits by channels alone (run101-pairs.py, VARIANT_SET=run103), then with what is left the stale
+# level-5 records (ONLY; the backward's wait for the switches that go on).
 # Logs, records and caches to $OUT (device-env.sh bundles the logs).
 set -u
 source "$(dirname "$0")/device-env.sh"
@@ -13,5 +14,5 @@ OMP_NUM_THREADS=1 timeout -k 5 "${TEST_S:-150}" python -m pytest -o addopts="" -
 grep -c PASSED "$OUT"/gpu-tests-switches.txt; grep "FAILED\|ERROR\|passed\|failed" "$OUT"/gpu-tests-switches.txt | tail -8
 timeout -k 5 "${SWITCHES_S:-200}" python results/tuning/run103-backward.py switches levels profile 2>&1 | grep -v "^20" | tail -8
 VARIANT_SET=run103 timeout -k 5 "${PAIRS_S:-120}" python results/tuning/run101-pairs.py compile time 2>&1 | grep -v "^20" | tail -12
-rerecord_rest
+ONLY=${ONLY:-snippets/level5} rerecord_rest
 echo "done after $(( $(date +%s) - start )) s"
