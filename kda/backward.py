@@ -305,7 +305,7 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
     # 1. what the state passes read, for every chunk: by the forward's kernel, or a group of chunks at
     # a time (one group, step 3 by torch: its pieces are kept for step 3 instead of made again)
     first = None
-    state_kernels = STATE_KERNELS and q.is_cuda and len(segments) == 1 and DV % 64 == 0
+    state_kernels = state_kernels_apply(q, DV, len(segments) > 1)
     from_forward = forward_pieces_apply(q, beta, C, kernel_dtype)
     from_level = level_pieces_apply(q, g, beta, C, kernel_dtype, DV, len(segments) > 1)
     token_major = TOKEN_MAJOR_STATES and state_kernels and (from_forward or from_level)
@@ -387,12 +387,18 @@ def forward_pieces(q, k, v, g, beta, scale, dtype, token_major=False):
             "P": chunked(form.A_qk), "decay": form.decay}
 
 
+def state_kernels_apply(q, DV, packed) -> bool:
+    """Whether step 2 of ``chunked_gradients`` runs as the state-pass kernels (``STATE_KERNELS``): CUDA, a
+    dense batch, values in blocks of 64."""
+    return STATE_KERNELS and q.is_cuda and not packed and DV % 64 == 0
+
+
 def level_pieces_apply(q, g, beta, C, kernel_dtype, DV, packed) -> bool:
     """Whether step 1 of ``chunked_gradients`` runs as ``level_pieces`` (``LEVEL_PIECES``): what
     ``kernels_take`` says, no delta rule and a gate per head or none (levels 1, 2 and 3 with ``g [B, T, H]``),
     and the state kernels reading them token-major (a dense batch, values in blocks of 64)."""
     return (LEVEL_PIECES and beta is None and (g is None or g.dim() == 3) and kernels_take(q, C, kernel_dtype)
-            and STATE_KERNELS and TOKEN_MAJOR_STATES and not packed and DV % 64 == 0)
+            and state_kernels_apply(q, DV, packed) and TOKEN_MAJOR_STATES)
 
 
 def level_pieces(q, k, v, g, scale, dtype):
@@ -402,22 +408,16 @@ def level_pieces(q, k, v, g, scale, dtype):
     ``W = 0``, ``U = v``, ``decay = e^G_last [B, H, NC, DK]`` (float32). ``G`` is the cumulative gate within
     each chunk, float32; every exponent is ``<= 0`` (the scores' masked before it is taken)."""
     B, T, H, DK = q.shape
-    C, NC = CHUNK_SIZE, ceildiv(T, CHUNK_SIZE)
-    pad = NC * C - T
-    by_chunk = lambda x: torch.nn.functional.pad(x, (0, 0) * (x.dim() - 2) + (0, pad)).view(B, NC, C, *x.shape[2:])
+    C = CHUNK_SIZE
     gate = torch.zeros(B, T, H, device=q.device) if g is None else g.float()
-    G = by_chunk(gate).cumsum(2)                                           # [B, NC, C, H], flat past T
-    G_last = G[:, :, -1:]                                                  # [B, NC, 1, H]
-    rows = lambda x: x.reshape(B, NC * C, H)[:, :T, :, None]               # back to [B, T, H, 1]
-    Qg = (q.float() * (scale * rows(torch.exp(G)))).to(dtype)
-    Kd = (k.float() * rows(torch.exp(G_last - G))).to(dtype)
-    Gh = G.permute(0, 3, 1, 2)                                             # [B, H, NC, C]
+    G = to_chunks(gate[..., None], C).cumsum(-2)                           # [B, H, NC, C, 1], flat past T
+    Qg = (q.float() * (scale * from_chunks(torch.exp(G), T))).to(dtype)
+    Kd = (k.float() * from_chunks(torch.exp(G[..., -1:, :] - G), T)).to(dtype)
     causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
-    decays = torch.exp(torch.where(causal, Gh[..., :, None] - Gh[..., None, :], float("-inf")))
-    head_chunks = lambda x: by_chunk(x).permute(0, 3, 1, 2, 4)             # [B, H, NC, C, D], dtype
-    P = torch.matmul(head_chunks(q.float()), head_chunks(k.float()).transpose(-1, -2))   # rounded once, below
-    P = (P * decays * scale).permute(0, 2, 3, 1, 4).reshape(B, NC * C, H, C)[:, :T].to(dtype).contiguous()
-    decay = torch.exp(G_last[:, :, 0]).transpose(1, 2)[..., None].expand(B, H, NC, DK).contiguous()
+    decays = torch.exp(torch.where(causal, G - G.transpose(-1, -2), float("-inf")))       # [B, H, NC, C, C]
+    P = to_chunks(q.float(), C) @ to_chunks(k.float(), C).transpose(-1, -2)              # rounded once, below
+    P = from_chunks(P * decays * scale, T).to(dtype)
+    decay = torch.exp(G[..., -1, :]).expand(B, H, G.shape[2], DK).contiguous()
     return {"U": v.to(dtype).contiguous(), "W": torch.zeros_like(Kd), "Kd": Kd, "Qg": Qg, "P": P, "decay": decay}
 
 
@@ -623,9 +623,9 @@ def op_gradients(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, cu_seqle
     gate = f32(g[..., 0] if g is not None and g.dim() == 4 and g.shape[-1] == 1 else g)
     # where the kernels take every step, q, k, v and do stay in the inputs' dtype, as the kernels read
     # them (float32 copies of four [B, T, H, D] tensors would only be rounded back); else float32
-    kernels = chunk_kernel_applies(q, gate, beta, CHUNK_SIZE, q.dtype) or channel_kernels_apply(
+    chunk_kernels = chunk_kernel_applies(q, gate, beta, CHUNK_SIZE, q.dtype) or channel_kernels_apply(
         q, gate, beta, CHUNK_SIZE, q.dtype, v.shape[-1])
-    kernels = kernels and (forward_pieces_apply(q, beta, CHUNK_SIZE, q.dtype) or level_pieces_apply(
+    kernels = chunk_kernels and (forward_pieces_apply(q, beta, CHUNK_SIZE, q.dtype) or level_pieces_apply(
         q, gate, beta, CHUNK_SIZE, q.dtype, v.shape[-1], cu_seqlens is not None))
     own = (lambda x: x.to(q.dtype)) if kernels else f32
     qn, kn = (own(l2_normalize(f32(x))) for x in (q, k)) if use_qk_l2norm else (own(q), own(k))
@@ -641,9 +641,7 @@ def op_gradients(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, cu_seqle
         spread = lambda x: x.new_zeros(1, length, *x.shape[2:]).index_copy_(1, where, x)
         args = [spread(x) if x is not None else None for x in args]
     # the chunk kernel's dq, dk, dv rounded once, in the kernel, where nothing after it needs them in float32
-    final_dtype = (GRADS_IN_INPUT_DTYPE and group == 1 and not use_qk_l2norm and (
-        chunk_kernel_applies(q, gate, beta, CHUNK_SIZE, q.dtype) or
-        channel_kernels_apply(q, gate, beta, CHUNK_SIZE, q.dtype, v.shape[-1])))
+    final_dtype = GRADS_IN_INPUT_DTYPE and group == 1 and not use_qk_l2norm and chunk_kernels
     with full_float32_matmuls():
         dq, dk, dv, dg, dbeta, dh0 = chunked_gradients(*args[:5], args[5], f32(dht), scale, f32(initial_state),
                                                        segments, budget=budget, dtype=dtype, kernel_dtype=q.dtype,

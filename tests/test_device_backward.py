@@ -2,7 +2,9 @@
 code in float64 equals autograd through the token recurrence to rounding, in float32 to ~1e-6; its
 grouping of chunks, packed layout, grouped value heads and L2 norm; and the op's route to it."""
 
+import contextlib
 import functools
+import inspect
 import math
 
 import pytest
@@ -388,6 +390,29 @@ def assert_gradients_agree(got, want, bound=1e-2):
             assert rel_l2(a.double(), b.double()) < bound, f"{name}: {rel_l2(a.double(), b.double()):.1e}"
 
 
+def fake_kernels(monkeypatch, fakes, prepare_chunks=None):
+    """CUDA faked and every kernel replaced by its stand-in in ``fakes``, handed the compile flags it takes
+    (``token_major``, ``delta_rule``, ``scores``); the forward's ``chunk_intra`` by ``prepare_chunks``
+    (default: its mirror). Returns ``{kernel name: compile kwargs}``, the last compile of each."""
+    from kda import gated_delta
+    from kda.kernels import build
+
+    compiled = {}
+
+    def compile_program(fn, out_idx, **kw):
+        compiled[fn.__name__] = kw
+        takes = inspect.signature(fakes[fn]).parameters
+        any_flag = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in takes.values())
+        return functools.partial(fakes[fn], **{name: kw[name] for name in ("token_major", "delta_rule", "scores")
+                                               if name in kw and (any_flag or name in takes)})
+
+    monkeypatch.setattr(build, "compile_program", compile_program)
+    monkeypatch.setattr(gated_delta, "prepare_chunks", prepare_chunks or prepare_chunks_mirror())
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    return compiled
+
+
 def pair_pieces_mirror(Q, K, g, beta, scale, G, Tinv, P, KKE, flags, C=64, delta_rule=True, scores=True):
     """``kda.kernels.backward_chunks.chunk_pair_pieces`` in float64 torch, reading and writing its
     arguments as its docstring says: ``G [B, H, NC C, DK]`` (log2, flat past the end), ``T``, the scores
@@ -712,32 +737,20 @@ def test_states_as_operands(per_channel, delta_rule, token_major, monkeypatch):
     those with float32 states, to the rounding of the states to bf16. ``token_major``: with
     ``TOKEN_MAJOR_STATES`` too (the forward's pieces and ``do`` read as they are, where they come from the
     forward's kernel: with the delta rule)."""
-    from kda import gated_delta
-    from kda.kernels import backward_chunks, backward_states, build
+    from kda.kernels import backward_chunks, backward_states
 
-    fakes = {backward_states.forward_states_pass: forward_states_mirror(64),
-             backward_states.reverse_state_pass: reverse_state_pass_mirror(64),
-             backward_chunks.chunk_gradients: chunk_kernel_mirror,
-             backward_chunks.chunk_pair_pieces: pair_pieces_mirror,
-             backward_chunks.chunk_state_gradients: state_gradients_mirror,
-             backward_chunks.chunk_pair_gradients: pair_gradients_mirror}
-    compiled = {}
+    compiled = fake_kernels(monkeypatch, {
+        backward_states.forward_states_pass: forward_states_mirror(64),
+        backward_states.reverse_state_pass: reverse_state_pass_mirror(64),
+        backward_chunks.chunk_gradients: chunk_kernel_mirror,
+        backward_chunks.chunk_pair_pieces: pair_pieces_mirror,
+        backward_chunks.chunk_state_gradients: state_gradients_mirror,
+        backward_chunks.chunk_pair_gradients: pair_gradients_mirror})
     einsums = []
     q, k, v, g, beta, h0, do, dht = inputs(B=2, T=150, H=4, HQ=2, K=16, V=128, seed=6, per_channel=per_channel)
     q, k, v, do = (x.to(torch.bfloat16) for x in (q * 3, k * 2, v, do))     # two blocks of value columns
     beta = beta.float() if delta_rule else None                              # levels 1-3: no delta rule
     args = (q, k, v, g.float(), beta, 0.5, h0.float(), delta_rule, None, do, dht.float())
-
-    def compile_program(fn, out_idx, **kw):
-        compiled.setdefault(fn.__name__, kw)
-        if fn.__name__ in ("forward_states_pass", "reverse_state_pass"):
-            return functools.partial(fakes[fn], token_major=kw.get("token_major", False))
-        return functools.partial(fakes[fn], delta_rule=kw.get("delta_rule", True))
-
-    monkeypatch.setattr(build, "compile_program", compile_program)
-    monkeypatch.setattr(gated_delta, "prepare_chunks", prepare_chunks_mirror())
-    monkeypatch.setattr(torch.cuda, "device", lambda device: __import__("contextlib").nullcontext())
-    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL", "CHUNK_KERNELS_BY_CHANNEL"):
         monkeypatch.setattr(backward, switch, True)
     for switch in ("STATES_AS_OPERANDS", "TOKEN_MAJOR_STATES"):          # the float32 states of before
@@ -763,15 +776,9 @@ def test_scores_from_forward(monkeypatch):
     token-major): ``chunk_pair_pieces`` is compiled with ``scores=False`` and writes no scores, and
     ``chunk_state_gradients`` reads the forward's ``A_qk`` itself, the tensor the state passes read; the
     gradients are those of the scores made again, to the rounding of ``A_qk`` to bf16."""
-    from kda import gated_delta
-    from kda.kernels import backward_chunks, backward_states, build
+    from kda.kernels import backward_chunks, backward_states
 
-    fakes = {backward_states.forward_states_pass: forward_states_mirror(64),
-             backward_states.reverse_state_pass: reverse_state_pass_mirror(64),
-             backward_chunks.chunk_pair_pieces: pair_pieces_mirror,
-             backward_chunks.chunk_state_gradients: state_gradients_mirror,
-             backward_chunks.chunk_pair_gradients: pair_gradients_mirror}
-    compiled, read = {}, {}
+    read = {}
     q, k, v, g, beta, h0, do, dht = inputs(B=2, T=150, H=4, HQ=2, K=16, V=64, seed=8, per_channel=True)
     q, k, v, do = (x.to(torch.bfloat16) for x in (q * 3, k * 2, v, do))
     args = (q, k, v, g.float(), beta.float(), 0.5, h0.float(), True, None, do, dht.float())
@@ -786,18 +793,12 @@ def test_scores_from_forward(monkeypatch):
         read["P"] = a[9].data_ptr()
         return state_gradients_mirror(*a, **kw)
 
-    def compile_program(fn, out_idx, **kw):
-        compiled[fn.__name__] = kw
-        if fn.__name__ in ("forward_states_pass", "reverse_state_pass"):
-            return functools.partial(fakes[fn], token_major=kw.get("token_major", False))
-        if fn.__name__ == "chunk_pair_pieces":
-            return functools.partial(fakes[fn], scores=kw.get("scores", True))
-        return state_gradients if fn.__name__ == "chunk_state_gradients" else fakes[fn]
-
-    monkeypatch.setattr(build, "compile_program", compile_program)
-    monkeypatch.setattr(gated_delta, "prepare_chunks", prepare_chunks)
-    monkeypatch.setattr(torch.cuda, "device", lambda device: __import__("contextlib").nullcontext())
-    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    compiled = fake_kernels(monkeypatch, {
+        backward_states.forward_states_pass: forward_states_mirror(64),
+        backward_states.reverse_state_pass: reverse_state_pass_mirror(64),
+        backward_chunks.chunk_pair_pieces: pair_pieces_mirror,
+        backward_chunks.chunk_state_gradients: state_gradients,
+        backward_chunks.chunk_pair_gradients: pair_gradients_mirror}, prepare_chunks)
     for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNELS_BY_CHANNEL", "TOKEN_MAJOR_STATES"):
         monkeypatch.setattr(backward, switch, True)
     monkeypatch.setattr(backward, "SCORES_FROM_FORWARD", False)
@@ -820,9 +821,8 @@ def test_level_pieces_are_the_reference_pieces(gate):
     g = None if gate == "none" else torch.nn.functional.logsigmoid(torch.randn(B, T, H, generator=gen) + 2).double()
     got = backward.level_pieces(q, k, v, g, 0.3, torch.float64)
     p = ref.chunk_pieces(q, k, v, g, None, 0.3, 64)
-    rows = lambda x: x.permute(0, 2, 3, 1, 4).reshape(B, -1, H, x.shape[-1])[:, :T]
     for name in ("Qg", "Kd", "P", "U", "W"):
-        want = rows(p[name] if name != "Qg" else p["Qg"])
+        want = ref.from_chunks(p[name], T)
         assert got[name].shape == want.shape, name
         assert (got[name] - want).abs().max() <= 1e-5 * want.abs().max().clamp(min=1), name
     assert torch.allclose(got["decay"], p["decay"].expand(B, H, p["decay"].shape[2], D).float(), rtol=1e-6)
@@ -833,26 +833,16 @@ def test_level_pieces_in_the_backward(gate, monkeypatch):
     """``LEVEL_PIECES`` (CUDA faked, every kernel replaced by its float64 mirror): for levels 1-3 with a gate
     per head or none the state passes read ``level_pieces``' token-major pieces instead of the torch stages'
     chunk copies, and the gradients are those of the torch stages, to the rounding of the pieces to bf16."""
-    from kda.kernels import backward_chunks, backward_states, build
+    from kda.kernels import backward_chunks, backward_states
 
-    fakes = {backward_states.forward_states_pass: forward_states_mirror(64),
-             backward_states.reverse_state_pass: reverse_state_pass_mirror(64),
-             backward_chunks.chunk_gradients: chunk_kernel_mirror}
-    compiled = {}
+    compiled = fake_kernels(monkeypatch, {
+        backward_states.forward_states_pass: forward_states_mirror(64),
+        backward_states.reverse_state_pass: reverse_state_pass_mirror(64),
+        backward_chunks.chunk_gradients: chunk_kernel_mirror},
+        prepare_chunks=lambda *a: pytest.fail("the forward's chunk_intra ran"))
     q, k, v, g, _, h0, do, dht = inputs(B=2, T=150, H=4, HQ=2, K=16, V=64, seed=9, per_channel=False)
     q, k, v, do = (x.to(torch.bfloat16) for x in (q * 3, k * 2, v, do))
     args = (q, k, v, None if gate == "none" else g.float(), None, 0.5, h0.float(), False, None, do, dht.float())
-
-    def compile_program(fn, out_idx, **kw):
-        compiled[fn.__name__] = kw
-        if fn.__name__ in ("forward_states_pass", "reverse_state_pass"):
-            return functools.partial(fakes[fn], token_major=kw.get("token_major", False),
-                                     delta_rule=kw.get("delta_rule", True))
-        return functools.partial(fakes[fn], delta_rule=kw.get("delta_rule", True))
-
-    monkeypatch.setattr(build, "compile_program", compile_program)
-    monkeypatch.setattr(torch.cuda, "device", lambda device: __import__("contextlib").nullcontext())
-    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     for switch in ("STATE_KERNELS", "CHUNK_KERNEL", "TOKEN_MAJOR_STATES"):
         monkeypatch.setattr(backward, switch, True)
     monkeypatch.setattr(backward, "LEVEL_PIECES", False)
@@ -887,8 +877,7 @@ def test_op_gradients_with_every_kernel(l2norm, as_operands, monkeypatch):
     by their float64 stand-ins (the forward's pieces, the two state passes, the chunk stage): the
     gradients of the torch stages, to the rounding of the pieces and states to bf16; and the kernels
     read ``q``, ``k``, ``v`` and ``do`` in bf16 as the op has them (no float32 copy made and rounded back)."""
-    from kda import gated_delta
-    from kda.kernels import backward_chunks, backward_states, build
+    from kda.kernels import backward_chunks, backward_states
 
     seen = {}
 
@@ -896,22 +885,13 @@ def test_op_gradients_with_every_kernel(l2norm, as_operands, monkeypatch):
         seen.update(dtypes={x.dtype for x in (Q, K, V, dO)}, V=V.data_ptr(), dO=dO.data_ptr())
         chunk_kernel_mirror(Q, K, V, dO, *rest)
 
-    fakes = {backward_states.forward_states_pass: forward_states_mirror(64),
-             backward_states.reverse_state_pass: reverse_state_pass_mirror(64),
-             backward_chunks.chunk_gradients: chunk_kernel}
     q, k, v, g, beta, h0, do, dht = inputs(B=2, T=150, H=4, HQ=2, K=16, V=64, seed=5, per_channel=False)
     q, k, v, do = (x.to(torch.bfloat16) for x in (q * 3, k * 2, v, do))     # keys not unit: the norm has work
     args = (q, k, v, g.float(), beta.float(), 0.5, h0.float(), l2norm, None, do, dht.float())
     want = backward.op_gradients(*args)
-    def compile_program(fn, out_idx, **kw):
-        if fn.__name__ in ("forward_states_pass", "reverse_state_pass"):
-            return functools.partial(fakes[fn], token_major=kw.get("token_major", False))
-        return fakes[fn]
-
-    monkeypatch.setattr(build, "compile_program", compile_program)
-    monkeypatch.setattr(gated_delta, "prepare_chunks", prepare_chunks_mirror())
-    monkeypatch.setattr(torch.cuda, "device", lambda device: __import__("contextlib").nullcontext())
-    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    fake_kernels(monkeypatch, {backward_states.forward_states_pass: forward_states_mirror(64),
+                               backward_states.reverse_state_pass: reverse_state_pass_mirror(64),
+                               backward_chunks.chunk_gradients: chunk_kernel})
     for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL"):
         monkeypatch.setattr(backward, switch, True)
     monkeypatch.setattr(backward, "STATES_AS_OPERANDS", as_operands)
@@ -929,8 +909,7 @@ def test_grads_in_input_dtype(l2norm, per_channel, monkeypatch):
     ``chunk_state_gradients`` its ``dv``), where nothing after it needs float32 (one head of q and k per value
     head, no L2 norm); the gradients are those of the float32 outputs, to their rounding. With the L2 norm the
     outputs stay float32."""
-    from kda import gated_delta
-    from kda.kernels import backward_chunks, backward_states, build
+    from kda.kernels import backward_chunks, backward_states
 
     seen = {}
 
@@ -942,28 +921,17 @@ def test_grads_in_input_dtype(l2norm, per_channel, monkeypatch):
         seen["out"] = {args[14].dtype}                                 # dV
         state_gradients_mirror(*args)
 
-    fakes = {backward_states.forward_states_pass: forward_states_mirror(64),
-             backward_states.reverse_state_pass: reverse_state_pass_mirror(64),
-             backward_chunks.chunk_gradients: chunk_kernel,
-             backward_chunks.chunk_pair_pieces: pair_pieces_mirror,
-             backward_chunks.chunk_state_gradients: state_gradients,
-             backward_chunks.chunk_pair_gradients: pair_gradients_mirror}
+    compiled = fake_kernels(monkeypatch, {
+        backward_states.forward_states_pass: forward_states_mirror(64),
+        backward_states.reverse_state_pass: reverse_state_pass_mirror(64),
+        backward_chunks.chunk_gradients: chunk_kernel,
+        backward_chunks.chunk_pair_pieces: pair_pieces_mirror,
+        backward_chunks.chunk_state_gradients: state_gradients,
+        backward_chunks.chunk_pair_gradients: pair_gradients_mirror})
     q, k, v, g, beta, h0, do, dht = inputs(B=2, T=150, H=4, HQ=4, K=16, V=64, seed=7, per_channel=per_channel)
     q, k, v, do = (x.to(torch.bfloat16) for x in (q * 3, k * 2, v, do))
     args = (q, k, v, g.float(), beta.float(), 0.5, h0.float(), l2norm, None, do, dht.float())
-    compiled = {}
     kernel = "chunk_state_gradients" if per_channel else "chunk_gradients"
-
-    def compile_program(fn, out_idx, **kw):
-        compiled[fn.__name__] = kw
-        if fn.__name__ in ("forward_states_pass", "reverse_state_pass"):
-            return functools.partial(fakes[fn], token_major=kw.get("token_major", False))
-        return fakes[fn]
-
-    monkeypatch.setattr(build, "compile_program", compile_program)
-    monkeypatch.setattr(gated_delta, "prepare_chunks", prepare_chunks_mirror())
-    monkeypatch.setattr(torch.cuda, "device", lambda device: __import__("contextlib").nullcontext())
-    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL", "CHUNK_KERNELS_BY_CHANNEL"):
         monkeypatch.setattr(backward, switch, True)
     want = backward.op_gradients(*args)

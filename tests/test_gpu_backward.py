@@ -122,6 +122,30 @@ def test_a_training_step_in_a_layer(device_backward):
     assert loss() < before
 
 
+def state_pass_case(dtype, per_channel, seed, grad_seed):
+    """Inputs for the state passes (2 x 300 tokens: a tail; 3 heads of 128; runs of -20 in the gate):
+    ``h0, do, dht`` and the reference's state pieces ``whole`` (float32, chunk layout) with ``dO``."""
+    from kda import backward
+
+    B, T, H, DK, DV = 2, 300, 3, 128, 128
+    q, k, v, g, beta, h0 = inputs((B, T, H, DK, DV), dtype, "runs_of_-20", per_channel, seed)
+    gen = torch.Generator(device="cuda").manual_seed(grad_seed)
+    do, dht = torch.randn(B, T, H, DV, generator=gen, device="cuda"), torch.randn(B, H, DK, DV, generator=gen,
+                                                                                    device="cuda")
+    p = ref.chunk_pieces(q.float(), k.float(), v.float(), g, beta, DK ** -0.5, 64, torch.float32)
+    return h0, do, dht, {name: p[name] for name in backward.STATE_PIECES}, ref.to_chunks(do, 64)
+
+
+def reference_passes(whole, h0, dO, dht, dtype):
+    """The reference's two passes in float64 on the pieces and ``dO`` rounded to ``dtype`` (the decays
+    not): ``S``, ``dS``, ``dh0`` and the rounded pieces."""
+    rounded = {name: x.to(dtype).double().cpu() for name, x in whole.items()}
+    rounded["decay"] = whole["decay"].double().cpu()
+    want_S = ref.forward_states(rounded, h0.double().cpu())[0]
+    want_dS, want_dh0 = ref.reverse_state_pass(rounded, dO.to(dtype).double().cpu(), dht.double().cpu())
+    return want_S, want_dS, want_dh0, rounded
+
+
 @pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_state_pass_kernels_against_the_stages(dtype, per_channel, poisoned, monkeypatch):
@@ -131,19 +155,9 @@ def test_state_pass_kernels_against_the_stages(dtype, per_channel, poisoned, mon
     from kda import backward
 
     monkeypatch.setattr(backward, "STATE_KERNELS_DTYPE", dtype if dtype == torch.float32 else None)
-    B, T, H, DK, DV = 2, 300, 3, 128, 128
-    q, k, v, g, beta, h0 = inputs((B, T, H, DK, DV), torch.bfloat16, "runs_of_-20", per_channel, 23)
-    gen = torch.Generator(device="cuda").manual_seed(6)
-    do, dht = torch.randn(B, T, H, DV, generator=gen, device="cuda"), torch.randn(B, H, DK, DV, generator=gen,
-                                                                                    device="cuda")
-    p = ref.chunk_pieces(q.float(), k.float(), v.float(), g, beta, DK ** -0.5, 64, torch.float32)
-    whole = {name: p[name] for name in backward.STATE_PIECES}
-    dO = ref.to_chunks(do, 64)
+    h0, do, dht, whole, dO = state_pass_case(torch.bfloat16, per_channel, 23, 6)
     S, dS, dh0, _ = backward.kernel_state_passes(whole, h0, dO, dht, dtype)
-    rounded = {name: x.to(dtype).double().cpu() for name, x in whole.items()}
-    rounded["decay"] = whole["decay"].double().cpu()
-    want_S = ref.forward_states(rounded, h0.double().cpu())[0]
-    want_dS, want_dh0 = ref.reverse_state_pass(rounded, dO.to(dtype).double().cpu(), dht.double().cpu())
+    want_S, want_dS, want_dh0, _ = reference_passes(whole, h0, dO, dht, dtype)
     bound = {torch.bfloat16: 2e-2, torch.float16: 5e-3, torch.float32: 5e-3}[dtype]   # the states rounded per chunk too
     for name, got, want in (("S", S, want_S), ("dS", dS, want_dS), ("dh0", dh0, want_dh0)):
         assert torch.isfinite(got).all(), f"{name}: not finite (unwritten?)"
@@ -161,25 +175,15 @@ def test_state_passes_as_operands_against_the_stages(per_channel, dtype, token_m
     handed ``[B, T, H, *]`` (``TOKEN_MAJOR_STATES``), the tail chunk's rows past ``T`` loaded as zeros."""
     from kda import backward
 
-    B, T, H, DK, DV = 2, 300, 3, 128, 128
-    q, k, v, g, beta, h0 = inputs((B, T, H, DK, DV), dtype, "runs_of_-20", per_channel, 53)
-    gen = torch.Generator(device="cuda").manual_seed(12)
-    do, dht = torch.randn(B, T, H, DV, generator=gen, device="cuda"), torch.randn(B, H, DK, DV, generator=gen,
-                                                                                    device="cuda")
-    p = ref.chunk_pieces(q.float(), k.float(), v.float(), g, beta, DK ** -0.5, 64, torch.float32)
-    whole = {name: p[name] for name in backward.STATE_PIECES}
-    dO = ref.to_chunks(do, 64)
+    h0, do, dht, whole, dO = state_pass_case(dtype, per_channel, 53, 12)
     if token_major:
-        handed = {name: (ref.from_chunks(x, T) if name != "decay" else x) for name, x in whole.items()}
+        handed = {name: (ref.from_chunks(x, do.shape[1]) if name != "decay" else x) for name, x in whole.items()}
         S, dS, dh0, terms = backward.kernel_state_passes(handed, h0, do, dht, dtype, True, token_major=True)
     else:
         S, dS, dh0, terms = backward.kernel_state_passes(whole, h0, dO, dht, dtype, as_operands=True)
     assert S.dtype == dS.dtype == dtype and terms is not None
-    rounded = {name: x.to(dtype).double().cpu() for name, x in whole.items()}
-    rounded["decay"] = whole["decay"].double().cpu()
-    want_S = ref.forward_states(rounded, h0.double().cpu())[0]
-    want_dS, want_dh0 = ref.reverse_state_pass(rounded, dO.to(dtype).double().cpu(), dht.double().cpu())
-    decay = rounded["decay"].expand(*want_S.shape[:3], DK)
+    want_S, want_dS, want_dh0, rounded = reference_passes(whole, h0, dO, dht, dtype)
+    decay = rounded["decay"].expand(*want_S.shape[:4])
     want_terms = torch.einsum("bhnkv,bhnkv->bhnk", want_S, want_dS) * decay
     bound = {torch.bfloat16: 2e-2, torch.float16: 5e-3}[dtype]
     for name, got, want in (("S", S, want_S), ("dS", dS, want_dS), ("dh0", dh0, want_dh0),

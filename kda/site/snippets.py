@@ -476,19 +476,27 @@ def write_record(snippet: Snippet, result: Result, info: dict, records_dir: Path
     if result.figures:
         raise SnippetError(f"GPU snippet {snippet.path} made figures; record data and plot in a CPU snippet")
     device = device_slug(info["device"])
-    if digest is None:
-        digest = source_hash(snippet, records_dir, device, modules=result.modules)
     path = record_path(snippet, records_dir, device)
     path.parent.mkdir(parents=True, exist_ok=True)
-    record = {"snippet": snippet.path, "source_hash": digest, "hash_scheme": HASH_SCHEME, "output": result.output,
-              "data": result.data, "seconds": round(result.seconds, 1), "provenance": info}
+    record = {"snippet": snippet.path, "output": result.output, "data": result.data,
+              "seconds": round(result.seconds, 1), "provenance": info}
     if result.modules is not None:
         record["modules"] = result.modules
-    # each input's own hash, so that a stale record can name the files that changed since
-    record["files"] = {path: _file_hash(file, HASH_SCHEME)
-                       for path, file in record_inputs(snippet, record, records_dir, device)}
-    path.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    _stamp(snippet, record, path, records_dir, device, digest)
     return path
+
+
+def _stamp(snippet: Snippet, record: dict, path: Path, records_dir: Path | None, device: str,
+           digest: str | None = None) -> None:
+    """Write ``record`` to ``path`` with its hash (over the modules it lists; ``digest``: another, for tests)
+    under ``HASH_SCHEME``, and each input's own hash, so that a stale record can name the files that changed
+    since."""
+    if digest is None:
+        digest = source_hash(snippet, records_dir, device, modules=record.get("modules"))
+    record.update(source_hash=digest, hash_scheme=HASH_SCHEME)
+    record["files"] = {name: _file_hash(file, HASH_SCHEME)
+                       for name, file in record_inputs(snippet, record, records_dir, device)}
+    path.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def read_record(snippet: Snippet, records_dir: Path | None = None, device: str = DEFAULT_DEVICE) -> dict | None:
@@ -569,12 +577,7 @@ def restamp(snippet: Snippet, records_dir: Path | None = None, device: str = DEF
         known, old = _git(snippet.root, "show", f"{commit}:{path}")
         if not known or file is None or not file.exists() or file.read_bytes() != old:
             return False
-    record["hash_scheme"] = HASH_SCHEME
-    record["source_hash"] = source_hash(snippet, records_dir, device, modules=record.get("modules"))
-    record["files"] = {path: _file_hash(file, HASH_SCHEME)
-                       for path, file in record_inputs(snippet, record, records_dir, device)}
-    record_path(snippet, records_dir, device).write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n",
-                                                         encoding="utf-8")
+    _stamp(snippet, record, record_path(snippet, records_dir, device), records_dir, device)
     return True
 
 

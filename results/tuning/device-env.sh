@@ -7,6 +7,14 @@ bash .gpu/install.sh /tmp/site > /tmp/install.txt 2>&1 || { cat /tmp/install.txt
 export PYTHONPATH=/tmp/site:$PWD
 [ -d .carry ] && python -c "from kda.site.rerecord import unpack_caches; print('caches back:', unpack_caches('.carry'))"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv
+# Record the stale snippets whose path contains $1 within $2 seconds, one at a time; the records so far to
+# $OUT/records.tar.
+record() {
+  [ "$2" -lt 40 ] && { echo "$1: no time left"; return; }
+  timeout -k 5 $(( $2 + 10 )) python -m kda.site run --gpu --stale --only "$1" --timeout "$2" --commit "$COMMIT" 2>&1 \
+    | grep -v "^20" | tail -4
+  python -c "import os, tarfile; t = tarfile.open(os.environ['OUT'] + '/records.tar', 'w'); t.add('results/gpu', arcname='.')"
+}
 # The stale GPU records (those whose path contains ONLY, where set) by rerecord within what is left of TOTAL
 # seconds (the caches packed either way).
 rerecord_rest() {

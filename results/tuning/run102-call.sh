@@ -6,12 +6,6 @@ set -u
 source "$(dirname "$0")/device-env.sh"
 export NO_MKDOCS_2_WARNING=1
 left() { echo $(( ${TOTAL:-575} - $(date +%s) + start )); }
-record() {   # record the stale snippets whose path contains $1, within $2 seconds
-  [ "$2" -lt 40 ] && { echo "$1: no time left"; return; }
-  timeout -k 5 $(( $2 + 10 )) python -m kda.site run --gpu --stale --only "$1" --timeout "$2" --commit "$COMMIT" 2>&1 \
-    | grep -v "^20" | tail -4
-  python -c "import os, tarfile; t = tarfile.open(os.environ['OUT'] + '/records.tar', 'w'); t.add('results/gpu', arcname='.')"
-}
 for snippet in ${RECORDS:-snippets/backward/latency snippets/backward/gpu_error snippets/backward/training}; do
   budget=$(( $(left) - 60 )); [ "$budget" -gt 220 ] && budget=220
   record "$snippet" "$budget"

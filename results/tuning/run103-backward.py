@@ -33,20 +33,30 @@ NEW_GDN = ("GRADS_IN_INPUT_DTYPE",)
 
 
 def switches():
-    """KDA forward + backward with each new switch and both, against the defaults."""
+    """KDA forward + backward with each new switch and all of them, GDN with its one, against the defaults."""
     import kda
-    from kda import backward, cuda_autograd
+    from kda import cuda_autograd
+
+    cuda_autograd.DEVICE_BACKWARD = True
+    for op, fn, names in (("KDA", kda.chunk_kda, NEW), ("GDN", kda.chunk_gated_delta_rule, NEW_GDN)):
+        cases = ((), *((name,) for name in names), *((names,) if len(names) > 1 else ()))
+        time_switches(op, fn, names, cases)
+
+
+def time_switches(op, fn, names, cases):
+    """One row per case (the switches of ``names`` that it turns on): time, peak memory, finiteness and every
+    gradient against the first case's; every switch of ``names`` off at the end."""
+    from kda import backward
     from kda.bench import median_ms
     from kda.metrics import rel_l2
 
-    cuda_autograd.DEVICE_BACKWARD = True
-    leaves, do = run91.inputs(*SHAPE, True)
+    leaves, do = run91.inputs(*SHAPE, op == "KDA")
     want = None
-    for on in ((), *((name,) for name in NEW), NEW):
-        for name in NEW:
+    for on in cases:
+        for name in names:
             setattr(backward, name, name in on)
-        run = run91.step(kda.chunk_kda, leaves, do)
-        row = {"stage": "switches", "op": "KDA", "on": list(on)}
+        run = run91.step(fn, leaves, do)
+        row = {"stage": "switches", "op": op, "on": list(on)}
         try:
             got = run()
             want = want or got
@@ -57,26 +67,10 @@ def switches():
         except Exception as e:
             row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
         log(RUN, row)
-    for name in NEW:
+    for name in names:
         setattr(backward, name, False)
-    leaves, do = run91.inputs(*SHAPE, False)
-    want = None
-    for on in ((), NEW_GDN):
-        for name in NEW_GDN:
-            setattr(backward, name, name in on)
-        run = run91.step(kda.chunk_gated_delta_rule, leaves, do)
-        row = {"stage": "switches", "op": "GDN", "on": list(on)}
-        try:
-            got = run()
-            want = want or got
-            row.update(ms=round(median_ms(run, warmup_ms=200, rep_ms=1000), 3), peak_MB=run91.peak_mb(run),
-                       rel_l2_vs_defaults={n: float(f"{rel_l2(a.float(), b.float()):.2e}")
-                                           for n, a, b in zip("q k v g beta".split(), got, want)})
-        except Exception as e:
-            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-        log(RUN, row)
-    for name in NEW_GDN:
-        setattr(backward, name, False)
+    del leaves, do
+    torch.cuda.empty_cache()
 
 
 def levels():
@@ -107,8 +101,6 @@ def levels():
                     row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
                 log(RUN, row)
         backward.LEVEL_PIECES = False
-        del leaves
-    del x
     torch.cuda.empty_cache()
 
 
