@@ -89,6 +89,14 @@ SCORES_FROM_FORWARD = False
 # its GPU tests pass.
 PAIR_KERNEL_TWO_BLOCKS = False
 
+# CUDA, KDA with the forward's pieces read token-major: all that chunk_pair_pieces made (the cumulative gate
+# G, the inverse T, stril(K K^T E), the scores P) written by the forward's chunk_intra, compiled with
+# backward_outputs, in the launch that makes the state passes' pieces, so that chunk_pair_pieces does not run:
+# its loads of q, k and g, its two pair-score passes (the pairs inside the sub-chunks one by one) and its solve
+# gone; the forward's kernel writes G, T and K K^T E besides (about 0.7 GB at (1, 8192, 96, 128), what
+# chunk_pair_pieces wrote too). Implies the scores of SCORES_FROM_FORWARD. Off until its GPU tests pass.
+PAIR_PIECES_FROM_FORWARD = False
+
 # CUDA, KDA: chunk_pair_gradients split by channels, PAIR_KERNEL_CHANNELS of them per block (every pair sum
 # is per channel; only dPs and dAb, read again by each block, are shared), as fla's intra-chunk backward
 # splits its own: tiles of 64 x 16 instead of 64 x 128, 117 registers for 128 threads against 255 for 256,
@@ -309,9 +317,11 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
     from_forward = forward_pieces_apply(q, beta, C, kernel_dtype)
     from_level = level_pieces_apply(q, g, beta, C, kernel_dtype, DV, len(segments) > 1)
     token_major = TOKEN_MAJOR_STATES and state_kernels and (from_forward or from_level)
+    # KDA's chunk kernels reading all that the forward's kernel made of the pairs (else at most its scores)
+    pairs_from_forward = PAIR_PIECES_FROM_FORWARD and token_major and channel_kernels and from_forward
     if from_forward:
         # in kernel_dtype, as the kernel wrote them; token-major ([B, T, H, *]) for the state kernels to read
-        whole = forward_pieces(q, k, v, g, beta, scale, kernel_dtype, token_major)
+        whole = forward_pieces(q, k, v, g, beta, scale, kernel_dtype, token_major, pairs_from_forward)
     elif from_level:
         whole = level_pieces(q, k, v, g, scale, kernel_dtype)
     else:
@@ -331,7 +341,8 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
         S, dS, dh0 = torch_state_passes({name: x.to(dtype) for name, x in whole.items()}, S0, dO.to(dtype),
                                         dS_final, segments)
     # the forward's scores A_qk, [B, T, H, C] as chunk_intra wrote them, for the chunk kernels of KDA
-    scores = whole["P"] if SCORES_FROM_FORWARD and token_major and channel_kernels else None
+    scores = whole["P"] if (SCORES_FROM_FORWARD or pairs_from_forward) and token_major and channel_kernels else None
+    pair_pieces = {name: whole[name] for name in ("G", "Tinv", "KKE")} if pairs_from_forward else None
     del whole
     # 3. every chunk's gradients: in one launch (a gate per head), or a group of chunks at a time
     if chunk_kernel:
@@ -341,7 +352,7 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
         return dq, dk, dv, (dg if g is not None else None), dbeta, dh0
     if channel_kernels:
         return (*kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, kernel_dtype, dG_last, scores,
-                                                   final_dtype), dh0)
+                                                   final_dtype, pair_pieces), dh0)
     dO = dO.to(dtype)
     out = [stages.chunk_gradients(first or pieces(s, e), S[:, :, s:e], dS[:, :, s:e], dO[:, :, s:e])
            for s, e in groups]
@@ -368,23 +379,27 @@ def forward_pieces_apply(q, beta, C, kernel_dtype) -> bool:
     return FORWARD_PIECES and beta is not None and kernels_take(q, C, kernel_dtype)
 
 
-def forward_pieces(q, k, v, g, beta, scale, dtype, token_major=False):
+def forward_pieces(q, k, v, g, beta, scale, dtype, token_major=False, pair_pieces=False):
     """``STATE_PIECES`` for every chunk ``[B, H, NC, C, *]`` from ``kda.gated_delta.prepare_chunks`` (the
     forward's ``chunk_intra``) on the inputs rounded to ``dtype``: ``Qg`` is its ``Qw`` (scale in), ``Kd`` its
     ``Kw``, ``P`` its ``A_qk``; the rows past the end are zeros, as the torch pieces' are. ``g``: ``[B, T, H,
     DK]``, ``[B, T, H]`` (a gate per head) or ``None`` (none: a zero gate per head). ``token_major``: the
-    pieces as the kernel wrote them, ``[B, T, H, *]`` (``decay`` ``[B, H, NC, DK]`` either way)."""
+    pieces as the kernel wrote them, ``[B, T, H, *]`` (``decay`` ``[B, H, NC, DK]`` either way).
+    ``pair_pieces`` (``PAIR_PIECES_FROM_FORWARD``): also ``G``, ``Tinv`` and ``KKE`` as ``chunk_pair_pieces``
+    writes them, from the kernel compiled with ``backward_outputs``."""
     from kda.gated_delta import prepare_chunks
 
     B, T, H, _ = q.shape
     NC = ceildiv(T, CHUNK_SIZE)
     gate = torch.zeros(B, T, H, 1, device=q.device) if g is None else (g[..., None] if g.dim() == 3 else g)
     low = lambda x: x.to(dtype).contiguous()
-    form = prepare_chunks(low(q), low(k), low(v), gate.float().contiguous(), beta, scale)
+    made = prepare_chunks(low(q), low(k), low(v), gate.float().contiguous(), beta, scale,
+                          **({"backward_outputs": True} if pair_pieces else {}))
+    form, extra = (made[0], dict(zip(("G", "Tinv", "KKE"), made[1:]))) if pair_pieces else (made, {})
     chunked = (lambda x: x) if token_major else lambda x: torch.nn.functional.pad(
         x, (0, 0, 0, 0, 0, NC * CHUNK_SIZE - T)).view(B, NC, CHUNK_SIZE, H, x.shape[-1]).permute(0, 3, 1, 2, 4)
     return {"U": chunked(form.U), "W": chunked(form.W), "Kd": chunked(form.Kw), "Qg": chunked(form.Qw),
-            "P": chunked(form.A_qk), "decay": form.decay}
+            "P": chunked(form.A_qk), "decay": form.decay, **extra}
 
 
 def state_kernels_apply(q, DV, packed) -> bool:
@@ -490,7 +505,7 @@ def kernel_chunk_gradients(q, k, v, g, beta, do, S, dS, scale, dtype, dG_last=No
 
 
 def kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, dtype, dG_last=None, scores=None,
-                                      final_dtype=False):
+                                      final_dtype=False, pair_pieces=None):
     """Step 3 of ``chunked_gradients`` for a gate per channel (KDA) by the three kernels of
     ``kda.kernels.backward_chunks`` that split it: ``chunk_pair_pieces`` (the cumulative gate, ``T``, the
     scores ``P`` and ``stril(K K^T E)``, whose pair decays need sub-chunks), ``chunk_state_gradients``
@@ -501,7 +516,9 @@ def kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, dtype,
     ``dG_last [B, H, NC, DK]``: as for ``kernel_chunk_gradients``. ``scores``: ``P [B, T, H, C]`` in ``dtype``
     as the forward's ``chunk_intra`` made it (``SCORES_FROM_FORWARD``), else made by ``chunk_pair_pieces``.
     ``final_dtype``: ``dv`` in ``dtype``, as ``chunk_state_gradients`` rounds it once (``GRADS_IN_INPUT_DTYPE``;
-    ``dq`` and ``dk`` add up over two kernels, in float32)."""
+    ``dq`` and ``dk`` add up over two kernels, in float32). ``pair_pieces``: ``{"G", "Tinv", "KKE"}`` as the
+    forward's ``chunk_intra`` wrote them (``PAIR_PIECES_FROM_FORWARD``, with ``scores``): ``chunk_pair_pieces``
+    does not run."""
     from kda import ops
     from kda.kernels import backward_chunks as kernels
     from kda.kernels.build import compile_program
@@ -510,9 +527,11 @@ def kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, dtype,
     DV, C, NC = v.shape[-1], CHUNK_SIZE, S.shape[2]
     low = lambda x: x.to(dtype).contiguous()
     config = dict(chunk_size=C, dtype=ops.dtype_name(dtype), delta_rule=beta is not None)
+    assert pair_pieces is None or scores is not None, "the forward's pair pieces come with its scores"
     with torch.cuda.device(q.device):
         made = dict(scores=False) if scores is not None else {}
-        pieces = compile_program(kernels.chunk_pair_pieces, (), DK=DK, **config, **made)
+        pieces = None if pair_pieces is not None else compile_program(kernels.chunk_pair_pieces, (), DK=DK, **config,
+                                                                      **made)
         grads = dict(grad_dtype=ops.dtype_name(dtype)) if final_dtype else {}
         states = compile_program(kernels.chunk_state_gradients, (), DK=DK, DV=DV, **config, **grads)
         shared = dict(shared_pairs=True) if SHARED_PAIR_SUMS and beta is not None else {}
@@ -524,10 +543,13 @@ def kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, dtype,
         Q, K = low(q), low(k)
         db = new(B, T, H)
         b = beta.float().contiguous() if beta is not None else db      # without the delta rule: not read
-        G, KKE = new(B, H, NC * C, DK), new(B, T, H, C)
-        Tinv, P = new(B, T, H, C, dt=dtype), (scores if scores is not None else new(B, T, H, C, dt=dtype))
-        flags = torch.zeros(2, dtype=torch.int32, device=q.device)    # the forward checked g and beta
-        pieces(Q, K, g.float().contiguous(), b, float(scale), G, Tinv, P, KKE, flags)
+        P = scores if scores is not None else new(B, T, H, C, dt=dtype)
+        if pair_pieces is not None:
+            G, Tinv, KKE = pair_pieces["G"], pair_pieces["Tinv"], pair_pieces["KKE"]
+        else:
+            G, KKE, Tinv = new(B, H, NC * C, DK), new(B, T, H, C), new(B, T, H, C, dt=dtype)
+            flags = torch.zeros(2, dtype=torch.int32, device=q.device)    # the forward checked g and beta
+            pieces(Q, K, g.float().contiguous(), b, float(scale), G, Tinv, P, KKE, flags)
         dq, dk, dG, to_end = (new(B, T, H, DK) for _ in range(4))
         dv = new(B, T, H, DV, dt=dtype if final_dtype else torch.float32)
         dPs, dAb = new(B, T, H, C, dt=dtype), new(B, T, H, C, dt=dtype)

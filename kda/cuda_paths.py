@@ -198,6 +198,16 @@ PATHS: tuple[CudaPath, ...] = (
               "zh": "KDA 的块内 kernel 直接读取前向 chunk_intra 算出的得分 P（即其 A_qk，本已为状态遍历算好），"
                     "chunk_pair_pieces 以不含得分的方式编译，不再逐对重算一遍"},
     ),
+    CudaPath(
+        name="pair_pieces_from_forward",
+        module="kda.backward",
+        switch="PAIR_PIECES_FROM_FORWARD",
+        what={"en": "KDA's chunk kernels reading all they need of the pairs (the cumulative gate, the inverse T, "
+                    "stril(K K^T E) and the scores) from the forward's chunk_intra, compiled to write them in the "
+                    "launch that makes the state passes' pieces, so that chunk_pair_pieces does not run",
+              "zh": "KDA 的块内 kernel 所需的成对中间量（累积门控、逆矩阵 T、stril(K K^T E) 与得分）全部取自前向的 "
+                    "chunk_intra：它在为状态遍历生成中间量的那次启动里一并写出这些量，于是 chunk_pair_pieces 不再运行"},
+    ),
 )
 
 

@@ -187,12 +187,14 @@ def _chunk_table(bounds: tuple, device: torch.device, chunk_size: int) -> ChunkT
                       to_device(seq_groups(offsets)))
 
 
-def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None) -> ChunkForm:
+def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None, backward_outputs=False):
     """Stage 1 of the level-5 pipeline (``chunk_intra``), every chunk of the batch at once.
     ``flags`` (int32 ``[2]``, zeroed) collects the kernel's value checks of ``g`` and ``beta``
     (``validate.raise_flagged_values``); ``None`` for callers that checked the values before. With the
     ``table`` of packed sequences (``chunk_table``, ``B = 1``) every chunk of every sequence is
-    one block of the same launch."""
+    one block of the same launch. ``backward_outputs`` (dense; ``kda.backward``): returns ``(form, G, Tinv,
+    KKE)``, the kernel's outputs of that flag (``G [B, H, NC C, GD]`` float32 log2, ``Tinv`` in the inputs'
+    dtype, ``KKE`` float32, both ``[B, T, H, C]``)."""
     from kda.kernels import level5
     from kda.kernels.build import compile_program
 
@@ -202,15 +204,21 @@ def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None) -> ChunkForm
     dtype, gate_dtype = ops.dtype_name(q.dtype), str(g.dtype).removeprefix("torch.")
     q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.to(torch.float32).contiguous()
     with torch.cuda.device(q.device):
+        extra = dict(backward_outputs=True) if backward_outputs else {}
         intra = compile_program(level5.chunk_intra, (), DK=DK, DV=DV, chunk_size=C, dtype=dtype,
                                 gate_dtype=gate_dtype, varlen=table is not None, value_groups=H // q.shape[2],
-                                scalar_gate=g.shape[-1] == 1)
+                                scalar_gate=g.shape[-1] == 1, **extra)
         new = lambda shape, dt=q.dtype: ops.new_output(shape, dt, q.device)
         Qw, Kw, W = new((B, T, H, DK)), new((B, T, H, DK)), new((B, T, H, DK))
         decay, A_qk, U = new((B, H, NC, DK), torch.float32), new((B, T, H, C)), new(v.shape)
         if flags is None:
             flags = torch.zeros(2, dtype=torch.int32, device=q.device)
         chunks = table.chunks if table is not None else ops.stand_in(2, torch.int32, q.device)
+        if backward_outputs:
+            G, Tinv, KKE = new((B, H, NC * C, g.shape[-1]), torch.float32), new((B, T, H, C)), new((B, T, H, C),
+                                                                                                  torch.float32)
+            intra(q, k, v, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, chunks, G, Tinv, KKE)
+            return ChunkForm(Qw, Kw, W, U, A_qk, decay), G, Tinv, KKE
         intra(q, k, v, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, chunks)
     return ChunkForm(Qw, Kw, W, U, A_qk, decay)
 

@@ -642,17 +642,27 @@ def test_chunk_kernel_is_taken_only_where_it_applies(monkeypatch):
 def prepare_chunks_mirror(rounded=True):
     """``kda.gated_delta.prepare_chunks`` (the forward's ``chunk_intra``) made from the reference's pieces
     in float64, in its token-major layout; in its dtypes (those of ``q``, the decays float32) where
-    ``rounded``, else in float64."""
+    ``rounded``, else in float64. With ``backward_outputs``, ``(form, G, Tinv, KKE)`` as the kernel compiled
+    with that flag returns them (by ``pair_pieces_mirror``)."""
     from kda import gated_delta
 
-    def prepare_chunks(q, k, v, g, beta, scale):
-        B, T, H, _ = q.shape
+    def prepare_chunks(q, k, v, g, beta, scale, backward_outputs=False):
+        B, T, H, DK = q.shape
         p = ref.chunk_pieces(q.double(), k.double(), v.double(), g[..., 0] if g.shape[-1] == 1 else g, beta, scale,
                              64)
         out = q.dtype if rounded else torch.float64
         rows = lambda x: x.permute(0, 2, 3, 1, 4).reshape(B, -1, H, x.shape[-1])[:, :T].to(out)
         decay = p["decay"].expand(*p["decay"].shape[:3], q.shape[-1]).to(torch.float32 if rounded else out)
-        return gated_delta.ChunkForm(rows(p["Qg"]), rows(p["Kd"]), rows(p["W"]), rows(p["U"]), rows(p["P"]), decay)
+        form = gated_delta.ChunkForm(rows(p["Qg"]), rows(p["Kd"]), rows(p["W"]), rows(p["U"]), rows(p["P"]), decay)
+        if not backward_outputs:
+            return form
+        # the kernel's backward outputs, as chunk_pair_pieces writes them (G float32, T in q's dtype, KKE float32)
+        NC = -(-T // 64)
+        G, KKE = torch.empty(B, H, NC * 64, DK, dtype=torch.float64), torch.empty(B, T, H, 64, dtype=torch.float64)
+        Tinv = torch.empty(B, T, H, 64, dtype=torch.float64)
+        pair_pieces_mirror(q, k, g.expand(B, T, H, DK), beta, scale, G, Tinv, None, KKE, None, scores=False)
+        low = torch.float32 if rounded else torch.float64
+        return form, G[..., :g.shape[-1]].to(low), Tinv.to(out), KKE.to(low)
     return prepare_chunks
 
 
@@ -808,6 +818,60 @@ def test_scores_from_forward(monkeypatch):
     monkeypatch.setattr(backward, "SCORES_FROM_FORWARD", True)
     got = backward.op_gradients(*args)
     assert compiled["chunk_pair_pieces"]["scores"] is False and read["P"] == read["A_qk"]
+    assert_gradients_agree(got, want)
+
+
+def test_pair_pieces_from_forward(monkeypatch):
+    """``PAIR_PIECES_FROM_FORWARD`` (CUDA faked, every kernel replaced by its float64 mirror, the state passes
+    token-major): the forward's ``chunk_intra`` is compiled with ``backward_outputs``, ``chunk_pair_pieces``
+    neither compiled nor run, and ``chunk_state_gradients`` and ``chunk_pair_gradients`` read the tensors that
+    launch wrote (``G``, ``T``, ``stril(K K^T E)`` and the scores ``A_qk``); the gradients are those of the pieces
+    made again, to the rounding of ``T`` and the scores to bf16."""
+    from kda.kernels import backward_chunks, backward_states
+
+    made, read = {}, {}
+    q, k, v, g, beta, h0, do, dht = inputs(B=2, T=150, H=4, HQ=2, K=16, V=64, seed=8, per_channel=True)
+    q, k, v, do = (x.to(torch.bfloat16) for x in (q * 3, k * 2, v, do))
+    args = (q, k, v, g.float(), beta.float(), 0.5, h0.float(), True, None, do, dht.float())
+    mirror = prepare_chunks_mirror()
+
+    def prepare_chunks(*a, **kw):
+        out = mirror(*a, **kw)
+        made["backward_outputs"] = kw.get("backward_outputs", False)
+        if made["backward_outputs"]:
+            form, G, Tinv, KKE = out
+            made.update(A_qk=form.A_qk.data_ptr(), G=G.data_ptr(), Tinv=Tinv.data_ptr(), KKE=KKE.data_ptr())
+        return out
+
+    def state_gradients(*a, **kw):
+        read.update(G=a[4].data_ptr(), Tinv=a[8].data_ptr(), A_qk=a[9].data_ptr(), KKE=a[10].data_ptr())
+        return state_gradients_mirror(*a, **kw)
+
+    def pair_gradients(*a, **kw):
+        read["G of the pairs"] = a[2].data_ptr()
+        return pair_gradients_mirror(*a, **kw)
+
+    passes = {backward_states.forward_states_pass: forward_states_mirror(64),
+              backward_states.reverse_state_pass: reverse_state_pass_mirror(64)}
+    for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNELS_BY_CHANNEL", "TOKEN_MAJOR_STATES"):
+        monkeypatch.setattr(backward, switch, True)
+    monkeypatch.setattr(backward, "SCORES_FROM_FORWARD", False)
+    monkeypatch.setattr(backward, "PAIR_PIECES_FROM_FORWARD", False)
+    fake_kernels(monkeypatch, {**passes, backward_chunks.chunk_pair_pieces: pair_pieces_mirror,
+                               backward_chunks.chunk_state_gradients: state_gradients_mirror,
+                               backward_chunks.chunk_pair_gradients: pair_gradients_mirror}, prepare_chunks)
+    want = backward.op_gradients(*args)                 # chunk_pair_pieces (its mirror) makes the pieces
+    assert made["backward_outputs"] is False
+    compiled = fake_kernels(monkeypatch, {**passes,
+                                          backward_chunks.chunk_pair_pieces: lambda *a, **kw: pytest.fail("ran"),
+                                          backward_chunks.chunk_state_gradients: state_gradients,
+                                          backward_chunks.chunk_pair_gradients: pair_gradients}, prepare_chunks)
+    monkeypatch.setattr(ops, "poison_outputs", True)              # a piece left unwritten would show
+    monkeypatch.setattr(backward, "PAIR_PIECES_FROM_FORWARD", True)
+    got = backward.op_gradients(*args)
+    assert made["backward_outputs"] is True and "chunk_pair_pieces" not in compiled
+    assert all(read[name] == made[name] for name in ("G", "Tinv", "KKE", "A_qk")), (read, made)
+    assert read["G of the pairs"] == made["G"]
     assert_gradients_agree(got, want)
 
 

@@ -195,10 +195,12 @@ def test_state_passes_as_operands_against_the_stages(per_channel, dtype, token_m
 # the backward's switches that landed off, with the gates that test each, on top of the defaults (run 100's
 # four switches on since their tests here passed: STATES_AS_OPERANDS, TOKEN_MAJOR_STATES, SHARED_PAIR_SUMS,
 # GATE_IN_PAIR_KERNEL); the scores from the forward need KDA and the token-major pieces (on by default)
-LANDED_OFF = ("SCORES_FROM_FORWARD", "PAIR_KERNEL_TWO_BLOCKS", "PAIR_KERNEL_BY_CHANNELS", "GRADS_IN_INPUT_DTYPE")
+LANDED_OFF = ("SCORES_FROM_FORWARD", "PAIR_KERNEL_TWO_BLOCKS", "PAIR_KERNEL_BY_CHANNELS", "GRADS_IN_INPUT_DTYPE",
+              "PAIR_PIECES_FROM_FORWARD")
 SWITCH_CASES = [(on, per_channel, kind)
                 for on, per_channel, kinds in (
                     (("SCORES_FROM_FORWARD",), True, ["logsigmoid", "runs_of_-20", "mild"]),
+                    (("PAIR_PIECES_FROM_FORWARD",), True, ["logsigmoid", "runs_of_-20", "mild"]),
                     (("PAIR_KERNEL_TWO_BLOCKS",), True, ["runs_of_-20", "mild"]),
                     (("PAIR_KERNEL_BY_CHANNELS",), True, ["logsigmoid", "runs_of_-20", "mild"]),
                     (("GRADS_IN_INPUT_DTYPE",), False, ["logsigmoid", "runs_of_-20"]),
@@ -240,7 +242,9 @@ def test_gradients_with_the_switches_landed_off(on, per_channel, kind, dtype, de
     pieces, pairs, chunk = (compiled.get(name, {}) for name in ("chunk_pair_pieces", "chunk_pair_gradients",
                                                                 "chunk_state_gradients" if per_channel else
                                                                 "chunk_gradients"))
-    taken = {"SCORES_FROM_FORWARD": pieces.get("scores") is False,          # KDA's kernels
+    forward = compiled.get("chunk_intra", {})
+    taken = {"SCORES_FROM_FORWARD": pieces.get("scores") is False or "PAIR_PIECES_FROM_FORWARD" in on,
+             "PAIR_PIECES_FROM_FORWARD": forward.get("backward_outputs") is True and "chunk_pair_pieces" not in compiled,
              "PAIR_KERNEL_TWO_BLOCKS": pairs.get("min_blocks") == 2,
              "PAIR_KERNEL_BY_CHANNELS": pairs.get("block_dk") == backward.PAIR_KERNEL_CHANNELS["block_dk"],
              "GRADS_IN_INPUT_DTYPE": chunk.get("grad_dtype") == str(dtype).removeprefix("torch.")}
@@ -307,6 +311,62 @@ def test_chunk_kernel_against_the_stages(per_channel, dtype, kind, poisoned, mon
     for name, got, want in zip("dq dk dv dg dbeta".split(), gots, wants):
         assert torch.isfinite(got).all(), f"{name}: not finite (unwritten?)"
         assert rel_l2(got.double().cpu(), want) <= bound, f"{name}: {rel_l2(got.double().cpu(), want):.2e}"
+
+
+def pair_pieces_reference(k, g, beta, C=64):
+    """What ``chunk_pair_pieces`` writes but the scores, in float64 from the kernel's inputs ``k [B, T, H, DK]``,
+    ``g [B, T, H, GD]`` (natural log), ``beta``: ``G [B, H, NC C, GD]`` (log2, flat past the end), ``T`` and
+    ``stril(K K^T E)`` per row ``[B, T, H, C]``."""
+    B, T, H, DK = k.shape
+    NC = -(-T // C)
+    pad = lambda x: torch.nn.functional.pad(x.double().cpu(), (0, 0) * (x.dim() - 3) + (0, 0, 0, NC * C - T))
+    chunks = lambda x: pad(x).view(B, NC, C, H, *x.shape[3:]).movedim(3, 1)             # [B, H, NC, C, *]
+    G = chunks(g).cumsum(-2) / torch.log(torch.tensor(2.0, dtype=torch.float64))
+    kc, b = chunks(k), chunks(beta)
+    lower = torch.ones(C, C, dtype=torch.bool).tril(-1)[..., None]
+    E = torch.where(lower, torch.exp2(torch.clamp(G[..., :, None, :] - G[..., None, :, :], max=0.0)), 0.0)
+    KKE = torch.einsum("bhnid,bhnjd,bhnijd->bhnij", kc, kc, E.expand(-1, -1, -1, -1, -1, DK))
+    Tinv = torch.linalg.inv(torch.eye(C, dtype=torch.float64) + b[..., None] * KKE)
+    rows = lambda x: x.movedim(1, 3).reshape(B, NC * C, H, C)[:, :T]
+    return G.reshape(B, H, NC * C, G.shape[-1]), rows(Tinv), rows(KKE)
+
+
+@pytest.mark.parametrize("kind", ["logsigmoid", "runs_of_-20", "mild"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("scalar_gate", [False, True], ids=["kda", "gdn"])
+def test_chunk_intra_backward_outputs(scalar_gate, dtype, kind):
+    """The forward's ``chunk_intra`` compiled with ``backward_outputs`` (``PAIR_PIECES_FROM_FORWARD``): its
+    six forward outputs those of the forward's own compile (``b`` goes on ``A_kk`` after it is written out: the
+    same products, in another order for a gate per head), and ``G``, ``T``, ``stril(K K^T E)`` against float64 (a tail chunk; outputs poisoned with
+    NaN; the three gate paths of a gate per channel: 16-row sub-chunks, about the middle row, pairwise)."""
+    from kda.kernels import level5
+    from kda.kernels.build import compile_program
+
+    B, T, H, DK, DV = 2, 200, 3, 128, 64
+    q, k, v, g, beta, _ = inputs((B, T, H, DK, DV), dtype, kind, not scalar_gate, 57 if scalar_gate else 59)
+    gate = g[..., None].contiguous() if scalar_gate else g
+    name = str(dtype).removeprefix("torch.")
+    NC, C = -(-T // 64), 64
+    nan = lambda *size, dt=dtype: torch.full(size, float("nan"), dtype=dt, device="cuda")
+    flags = torch.zeros(2, dtype=torch.int32, device="cuda")
+    no_chunks = torch.empty(1, 1, dtype=torch.int32, device="cuda")
+    runs = []
+    for extra in ({}, {"backward_outputs": True}):
+        kernel = compile_program(level5.chunk_intra, (), DK=DK, DV=DV, dtype=name, scalar_gate=scalar_gate, **extra)
+        outs = [nan(B, T, H, DK), nan(B, T, H, DK), nan(B, H, NC, DK, dt=torch.float32), nan(B, T, H, C),
+                nan(B, T, H, DK), nan(B, T, H, DV)]
+        more = [nan(B, H, NC * C, gate.shape[-1], dt=torch.float32), nan(B, T, H, C), nan(B, T, H, C, dt=torch.float32)]
+        kernel(q, k, v, gate, beta, DK ** -0.5, *outs, flags, no_chunks, *(more if extra else []))
+        runs.append(outs + (more if extra else []))
+    assert flags.tolist() == [0, 0]
+    for label, a, b in zip("Qw Kw decay A_qk W U".split(), runs[1], runs[0]):
+        assert torch.isfinite(a).all(), f"{label}: not finite (unwritten?)"
+        assert rel_l2(a.double(), b.double()) <= 1e-6, f"{label}: {rel_l2(a.double(), b.double()):.1e}"
+    bound = 5e-3 if dtype == torch.bfloat16 else 1e-3
+    for label, got, want in zip(("G", "Tinv", "KKE"), runs[1][6:], pair_pieces_reference(k, gate, beta)):
+        assert torch.isfinite(got).all(), f"{label}: not finite (unwritten?)"
+        limit = 1e-6 if label == "G" else bound
+        assert rel_l2(got.double().cpu(), want) <= limit, f"{label}: {rel_l2(got.double().cpu(), want):.2e}"
 
 
 @pytest.mark.parametrize("kind", ["logsigmoid", "runs_of_-20"])

@@ -44,6 +44,10 @@ CASES = [
     ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", value_groups=2, spill_budget=400)),
     ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", scalar_gate=True)),
     ("level5", "chunk_intra", dict(DK=64, DV=128, dtype="float16", scalar_gate=True, varlen=True)),
+    # the backward's outputs (PAIR_PIECES_FROM_FORWARD): G, T and K K^T E written besides; 184 bytes spilled
+    ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", backward_outputs=True, spill_budget=400)),
+    ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="float16", backward_outputs=True)),
+    ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", scalar_gate=True, backward_outputs=True)),
     ("level5", "gated_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", block_dv=64, varlen=True,
                                                initial_state=True, final_state=True)),
     ("level5", "gated_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16")),

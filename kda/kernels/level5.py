@@ -76,7 +76,7 @@ def pairwise_diagonal(Left_s, K_s, G_s, Out_s, factor, beta_s, C, D, BC):
 # --8<-- [start:chunk_intra]
 def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WIDE_SUBCHUNK, dtype="bfloat16",
                 gate_dtype="float32", threads=256, min_blocks=None, delta=True, varlen=False, value_groups=1,
-                scalar_gate=False):
+                scalar_gate=False, backward_outputs=False):
     """Everything a chunk needs before the sequential pass, from one load of ``q, k, g`` (and
     ``v, beta``), every chunk at once. Arguments at run time: ``Q, K [B, T, H, DK]``, ``V [B, T,
     H, DV]``, ``g [B, T, H, DK]``, ``beta [B, T, H]`` (float32), ``scale``, then the outputs
@@ -117,6 +117,13 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
 
     ``A_kk`` (float32) stays in shared memory: the solve is level 4's (the diagonal blocks by
     ``invert_diagonal_blocks_by_columns``), then ``W`` and ``U``.
+
+    ``backward_outputs`` (dense, with ``delta``; ``kda.backward``'s ``PAIR_PIECES_FROM_FORWARD``): three more
+    outputs after ``chunks``, what the backward's chunk kernels read of the forward's pairs instead of making
+    them again: ``G [B, H, NC C, GD]`` (float32, the cumulative gate in log2 units, flat past the end),
+    ``Tinv [B, T, H, C]`` (dtype, ``T``; the blocks above the diagonal zero) and ``KKE [B, T, H, C]``
+    (float32, ``A_kk`` before the row scaling by ``b``). ``A_kk`` is then made without ``b`` and scaled once
+    it is written; without the flag the generated code is the forward's.
     """
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     C, BC = chunk_size, subchunk
@@ -134,7 +141,10 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     wide = wide_subchunk if same_layout and wide_subchunk else None
     assert wide is None or wide == C // 2, "wide_subchunk is half the chunk (or None)"
     assert delta or not scalar_gate, "a scalar gate without the delta rule is level 3's own kernel"
+    assert not backward_outputs or (delta and not varlen), "the backward's outputs: dense, with the delta rule"
     GD = 1 if scalar_gate else DK              # gates per row
+    # A_kk's row factor b: with backward_outputs it goes on after A_kk is written out (KKE)
+    row_b = (lambda beta_s, i: 1.0) if backward_outputs else (lambda beta_s, i: beta_s[i])
 
     @T.macro
     def store_rows(src_s, dst, bb, t0, L, bh):
@@ -260,12 +270,13 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
         for i, j in T.Parallel(C, C):
             Aqk_s[i, j] = T.if_then_else(j <= i, A[i, j] * scale * decay_factor(G_s[i, 0] - G_s[j, 0]), 0.0)
         for i, j in T.Parallel(C, C):
-            A_s[i, j] = T.if_then_else(j < i, A[C + i, j] * beta_s[i] * decay_factor(G_s[i, 0] - G_s[j, 0]), 0.0)
+            A_s[i, j] = T.if_then_else(j < i, A[C + i, j] * row_b(beta_s, i) * decay_factor(G_s[i, 0] - G_s[j, 0]), 0.0)
 
     @T.macro
-    def body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, c, t0, L, bb, bh):
+    def body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, c, t0, L, bb, bh, G_out, Tinv_out, KKE_out):
         """Chunk ``c`` (its index in ``decay``): ``L`` rows from token ``t0`` of sequence ``bb``, value
-        head ``bh``, which reads query and key head ``bh // value_groups`` (grouped value heads)."""
+        head ``bh``, which reads query and key head ``bh // value_groups`` (grouped value heads).
+        ``G_out, Tinv_out, KKE_out``: the backward's outputs, ``None`` without ``backward_outputs``."""
         hq = bh // value_groups if value_groups > 1 else bh
         if min_blocks > 1:
             T.annotate_min_blocks_per_sm(min_blocks)
@@ -282,6 +293,8 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
         T.copy(K[bb, t0:t0 + C, hq, :], K_s)
         T.copy(g[bb, t0:t0 + C, bh, :], g_s)
         log2_cumsum_by_columns(g_s, G_s, L, C, GD, flags)
+        if backward_outputs:                            # before bf16's scores write Ke over G_s
+            T.copy(G_s, G_out[bb, bh, t0:t0 + C, :])
 
         for d in T.Parallel(DK):
             decay[bb, bh, c, d] = T.exp2(G_s[C - 1, d if GD > 1 else 0])
@@ -304,6 +317,9 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             A_part = T.alloc_fragment([R, C], ACCUM)
             too_steep = T.alloc_shared([1], "int32")
             too_steep[0] = 0
+            if backward_outputs:                       # the pairwise diagonal's row factor, without b
+                ones_s = T.alloc_shared([C], ACCUM)
+                T.fill(ones_s, 1.0)
             G_f = T.alloc_fragment([C, DK], ACCUM)         # G, q, k in registers for the scores pass
             q_f = T.alloc_fragment([C, DK], dtype)
             k_f = T.alloc_fragment([C, DK], dtype)
@@ -328,7 +344,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             if delta:
                 load_beta_checked(beta, beta_s, flags, t0, L, C, bb, bh)
                 for i, j in T.Parallel(C, C):
-                    A_s[i, j] = T.if_then_else(j < i, A[C + i, j] * beta_s[i], 0.0)
+                    A_s[i, j] = T.if_then_else(j < i, A[C + i, j] * row_b(beta_s, i), 0.0)
 
             # the diagonal from the original q and k, reloaded (rare for bf16: steep gates only)
             if too_steep[0] == 1 or not same_layout:
@@ -356,11 +372,11 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                             if r < C:
                                 Aqk_s[r, j] = T.if_then_else(j <= r, A_diag[r, j] * scale, 0.0)
                             elif delta:
-                                A_s[r - C, j] = T.if_then_else(j < r - C, A_diag[r, j] * beta_s[r - C], 0.0)
+                                A_s[r - C, j] = T.if_then_else(j < r - C, A_diag[r, j] * row_b(beta_s, r - C), 0.0)
             if too_steep[0] == 1:
                 pairwise_diagonal(Rgt_s, K_s, G_s, Aqk_s, scale, None, C, DK, BC)
                 if delta:
-                    pairwise_diagonal(K_s, K_s, G_s, A_s, 1.0, beta_s, C, DK, BC)
+                    pairwise_diagonal(K_s, K_s, G_s, A_s, 1.0, ones_s if backward_outputs else beta_s, C, DK, BC)
             if delta:
                 if too_steep[0] == 1 or not same_layout:     # the keys become K 2^G again
                     for i, d in T.Parallel(C, DK):
@@ -372,15 +388,53 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             Tinv_s = T.alloc_shared([C, C], ACCUM)
             T.copy(V[bb, t0:t0 + C, bh, :], V_s)
             x_col = T.alloc_local([SOLVE_BLOCK], ACCUM)
+            if backward_outputs:                         # A_kk out without b, then b on its rows
+                for i, j in T.Parallel(C, C):
+                    if i < L:
+                        KKE_out[bb, t0 + i, bh, j] = A_s[i, j]
+                    A_s[i, j] = A_s[i, j] * beta_s[i]
             invert_diagonal_blocks_by_columns(A_s, Tinv_s, x_col, C, SOLVE_BLOCK)
             merge_by_substitution(A_s, Tinv_s, C, SOLVE_BLOCK)
+            if backward_outputs:                         # the blocks above the diagonal were not written
+                for i, j in T.Parallel(C, C):
+                    if i < L:
+                        Tinv_out[bb, t0 + i, bh, j] = T.if_then_else(i // SOLVE_BLOCK >= j // SOLVE_BLOCK,
+                                                                     Tinv_s[i, j], 0.0)
             wy_tail(Tinv_s, beta_s, K_s, V_s, C, SOLVE_BLOCK)   # W into K_s, U into V_s
             store_rows(K_s, W, bb, t0, L, bh)
             store_rows(V_s, U, bb, t0, L, bh)
 
+    if backward_outputs:
+        @T.prim_func
+        def with_backward_outputs(
+            Q: T.Tensor([B, S, HQ, DK], dtype),
+            K: T.Tensor([B, S, HQ, DK], dtype),
+            V: T.Tensor([B, S, H, DV], dtype),
+            g: T.Tensor([B, S, H, GD], gate_dtype),
+            beta: T.Tensor([B, S, H], ACCUM),
+            scale: T.float32,
+            Qw: T.Tensor([B, S, H, DK], dtype),
+            Kw: T.Tensor([B, S, H, DK], dtype),
+            decay: T.Tensor([B, H, NC, DK], ACCUM),
+            A_qk: T.Tensor([B, S, H, C], dtype),
+            W: T.Tensor([B, S, H, DK], dtype),
+            U: T.Tensor([B, S, H, DV], dtype),
+            flags: T.Tensor([2], "int32"),
+            chunks: T.Tensor([1, 1], "int32"),
+            G_out: T.Tensor([B, H, NC * C, GD], ACCUM),
+            Tinv_out: T.Tensor([B, S, H, C], dtype),
+            KKE_out: T.Tensor([B, S, H, C], ACCUM),
+        ):
+            with T.Kernel(NC, H, B, threads=threads) as (c, bh, bb):
+                body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, c, c * C, T.min(C, S - c * C), bb, bh,
+                     G_out, Tinv_out, KKE_out)
+
+        return with_backward_outputs
+
     # dense: chunk c of sequence bb starts at token c C; varlen (B = 1): the chunk table says where.
-    # One signature for every variant: what a variant does not use is a [1, ...] stand-in, never
-    # read or written (the delta rule's V, beta, W, U; the chunk table of varlen).
+    # One signature for every variant of the forward (the backward's outputs have theirs, above): what a
+    # variant does not use is a [1, ...] stand-in, never read or written (the delta rule's V, beta, W, U;
+    # the chunk table of varlen).
     BB = 1 if varlen else B
     used = lambda shape, flag: shape if flag else [1] * len(shape)
 
@@ -403,9 +457,11 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     ):
         with T.Kernel(NC, H, BB, threads=threads) as (c, bh, bb):
             if varlen:
-                body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, c, chunks[c, 0], chunks[c, 1], bb, bh)
+                body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, c, chunks[c, 0], chunks[c, 1], bb, bh,
+                     None, None, None)
             else:
-                body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, c, c * C, T.min(C, S - c * C), bb, bh)
+                body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, c, c * C, T.min(C, S - c * C), bb, bh,
+                     None, None, None)
 
     return main
 
