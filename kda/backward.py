@@ -97,6 +97,13 @@ PAIR_KERNEL_TWO_BLOCKS = False
 # chunk_pair_pieces wrote too). Implies the scores of SCORES_FROM_FORWARD. Off until its GPU tests pass.
 PAIR_PIECES_FROM_FORWARD = False
 
+# CUDA, GDN (a gate per head, the delta rule) with the forward's pieces read token-major: the chunk kernel reads
+# the inverse T, stril(K K^T E) and the scores P as the forward's chunk_intra writes them (compiled with
+# backward_outputs, in the launch that makes the state passes' pieces) instead of making them again: no solve
+# (its diagonal blocks one thread per column, then the block substitution), no K K^T and Q K^T GEMMs and their
+# masks, for 32 KB more read per chunk and head. Off until its GPU tests pass.
+INVERSE_FROM_FORWARD = False
+
 # CUDA, KDA: chunk_pair_gradients split by channels, PAIR_KERNEL_CHANNELS of them per block (every pair sum
 # is per channel; only dPs and dAb, read again by each block, are shared), as fla's intra-chunk backward
 # splits its own: tiles of 64 x 16 instead of 64 x 128, 117 registers for 128 threads against 255 for 256,
@@ -319,9 +326,12 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
     token_major = TOKEN_MAJOR_STATES and state_kernels and (from_forward or from_level)
     # KDA's chunk kernels reading all that the forward's kernel made of the pairs (else at most its scores)
     pairs_from_forward = PAIR_PIECES_FROM_FORWARD and token_major and channel_kernels and from_forward
+    # GDN's chunk kernel reading the forward's inverse, K K^T E and scores
+    inverse_from_forward = INVERSE_FROM_FORWARD and token_major and chunk_kernel and from_forward
     if from_forward:
         # in kernel_dtype, as the kernel wrote them; token-major ([B, T, H, *]) for the state kernels to read
-        whole = forward_pieces(q, k, v, g, beta, scale, kernel_dtype, token_major, pairs_from_forward)
+        whole = forward_pieces(q, k, v, g, beta, scale, kernel_dtype, token_major,
+                               pairs_from_forward or inverse_from_forward)
     elif from_level:
         whole = level_pieces(q, k, v, g, scale, kernel_dtype)
     else:
@@ -343,12 +353,13 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
     # the forward's scores A_qk, [B, T, H, C] as chunk_intra wrote them, for the chunk kernels of KDA
     scores = whole["P"] if (SCORES_FROM_FORWARD or pairs_from_forward) and token_major and channel_kernels else None
     pair_pieces = {name: whole[name] for name in ("G", "Tinv", "KKE")} if pairs_from_forward else None
+    inverse = {name: whole[name] for name in ("Tinv", "KKE", "P")} if inverse_from_forward else None
     del whole
     # 3. every chunk's gradients: in one launch (a gate per head), or a group of chunks at a time
     if chunk_kernel:
         gate = g if g is not None else torch.zeros(q.shape[:3], dtype=q.dtype, device=q.device)
         dq, dk, dv, dg, dbeta = kernel_chunk_gradients(q, k, v, gate, beta, do, S, dS, scale, kernel_dtype, dG_last,
-                                                       final_dtype)
+                                                       final_dtype, inverse)
         return dq, dk, dv, (dg if g is not None else None), dbeta, dh0
     if channel_kernels:
         return (*kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, kernel_dtype, dG_last, scores,
@@ -468,14 +479,16 @@ def gate_gradient(dG, to_end, dG_last, C):
     return stages.gate_from_rows(dG, to_end, dim=2).reshape(B, NC * C, H, *rest)[:, :T]
 
 
-def kernel_chunk_gradients(q, k, v, g, beta, do, S, dS, scale, dtype, dG_last=None, final_dtype=False):
+def kernel_chunk_gradients(q, k, v, g, beta, do, S, dS, scale, dtype, dG_last=None, final_dtype=False, inverse=None):
     """Step 3 of ``chunked_gradients`` by ``kda.kernels.backward_chunks.chunk_gradients``: ``dq`` (scale
     in), ``dk``, ``dv``, ``dg``, ``dbeta`` (float32, ``[B, T, H, *]``; ``dbeta`` ``None`` without the delta
     rule, ``beta=None``) from the inputs (``g [B, T, H]``, a gate per head), ``do``, the states entering
     the chunks and the gradients of those leaving them (``S``, ``dS [B, H, NC, DK, DV]``, rounded to
     ``dtype`` as the kernel reads them); ``dG_last [B, H, NC, DK]``: the chunk decays' gate terms where the
     reverse pass made them (``STATES_AS_OPERANDS``), else taken here from ``S`` and ``dS``. ``final_dtype``:
-    ``dq, dk, dv`` in ``dtype``, as the kernel rounds them once (``GRADS_IN_INPUT_DTYPE``)."""
+    ``dq, dk, dv`` in ``dtype``, as the kernel rounds them once (``GRADS_IN_INPUT_DTYPE``).
+    ``inverse``: ``{"Tinv", "KKE", "P"}`` ``[B, T, H, C]`` as the forward's ``chunk_intra`` wrote them with
+    ``backward_outputs`` (``INVERSE_FROM_FORWARD``): the kernel compiled with ``pieces_in`` reads them."""
     from kda import ops
     from kda.kernels import backward_chunks
     from kda.kernels.build import compile_program
@@ -484,17 +497,19 @@ def kernel_chunk_gradients(q, k, v, g, beta, do, S, dS, scale, dtype, dG_last=No
     DV = v.shape[-1]
     low = lambda x: x.to(dtype).contiguous()
     grads = dict(grad_dtype=ops.dtype_name(dtype)) if final_dtype else {}
+    pieces = dict(pieces_in=True) if inverse is not None else {}
     with torch.cuda.device(q.device):
         kernel = compile_program(backward_chunks.chunk_gradients, (), DK=DK, DV=DV, chunk_size=CHUNK_SIZE,
-                                 dtype=ops.dtype_name(dtype), delta_rule=beta is not None, **grads)
+                                 dtype=ops.dtype_name(dtype), delta_rule=beta is not None, **grads, **pieces)
         new = lambda *shape, dt=torch.float32: ops.new_output(shape, dt, q.device)
         out = dtype if final_dtype else torch.float32
         dq, dk, dv = new(B, T, H, DK, dt=out), new(B, T, H, DK, dt=out), new(B, T, H, DV, dt=out)
         db, dG, to_end = new(B, T, H), new(B, T, H), new(B, T, H)
         flags = torch.zeros(2, dtype=torch.int32, device=q.device)    # the forward checked g and beta
         b = beta.float().contiguous() if beta is not None else db      # without the delta rule: not read
+        read = [inverse["Tinv"], inverse["KKE"], inverse["P"]] if inverse is not None else []
         kernel(low(q), low(k), low(v), low(do), g.float().unsqueeze(-1).contiguous(), b,
-               low(S), low(dS), float(scale), dq, dk, dv, db, dG, to_end, flags)
+               low(S), low(dS), *read, float(scale), dq, dk, dv, db, dG, to_end, flags)
     NC = S.shape[2]
     if dG_last is not None:
         dG_last = dG_last.sum(3)                                                       # a gate per head

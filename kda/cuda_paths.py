@@ -208,6 +208,16 @@ PATHS: tuple[CudaPath, ...] = (
               "zh": "KDA 的块内 kernel 所需的成对中间量（累积门控、逆矩阵 T、stril(K K^T E) 与得分）全部取自前向的 "
                     "chunk_intra：它在为状态遍历生成中间量的那次启动里一并写出这些量，于是 chunk_pair_pieces 不再运行"},
     ),
+    CudaPath(
+        name="inverse_from_forward",
+        module="kda.backward",
+        switch="INVERSE_FROM_FORWARD",
+        what={"en": "GDN's chunk kernel reading the inverse T, stril(K K^T E) and the scores from the forward's "
+                    "chunk_intra (written in the launch that makes the state passes' pieces) instead of making them "
+                    "again: no solve, no K K^T and Q K^T GEMMs",
+              "zh": "GDN 的块内 kernel 直接读取前向 chunk_intra 写出的逆矩阵 T、stril(K K^T E) 与得分（在为状态遍历"
+                    "生成中间量的那次启动里写出），不再重算：没有求逆，也没有 K K^T 与 Q K^T 两个 GEMM"},
+    ),
 )
 
 

@@ -322,12 +322,14 @@ def pair_decays(G):
     return torch.where(lower, torch.exp2(torch.clamp(G[..., :, None, :] - G[..., None, :, :], max=0.0)), 0.0)
 
 
-def chunk_kernel_mirror(Q, K, V, dO, g, beta, S_in, dS_out, scale, dQ, dK, dV, db, dG, to_end, flags, C=64,
-                        delta_rule=True):
+def chunk_kernel_mirror(Q, K, V, dO, g, beta, S_in, dS_out, *rest, C=64, delta_rule=True, pieces_in=False):
     """``kda.kernels.backward_chunks.chunk_gradients`` step by step in float64 torch, reading and writing
     its arguments as its docstring says (a gate per head, natural log, per token; its outputs per row):
     the stand-in that checks the kernel's arithmetic and ``kernel_chunk_gradients``'s binding on the CPU.
-    ``delta_rule=False``: ``V' = V``, ``dV = dV'``, ``beta`` not read and ``db`` not written."""
+    ``delta_rule=False``: ``V' = V``, ``dV = dV'``, ``beta`` not read and ``db`` not written. ``pieces_in``:
+    ``Tinv, KKE, P`` read after ``dS_out`` (the forward's), instead of made from ``q`` and ``k``."""
+    given, rest = (rest[:3], rest[3:]) if pieces_in else (None, rest)
+    scale, dQ, dK, dV, db, dG, to_end, flags = rest
     B, T, H, DK = Q.shape
     NC = S_in.shape[2]
     q, k, v, do = (chunk_rows(x, C, NC, T) for x in (Q, K, V, dO))
@@ -342,6 +344,8 @@ def chunk_kernel_mirror(Q, K, V, dO, g, beta, S_in, dS_out, scale, dQ, dK, dV, d
         b = chunk_rows(beta, C, NC, T)
         KKE = strict(k @ tr(k) * E)
         Tinv = torch.linalg.inv(torch.eye(C, dtype=torch.float64) + KKE * b[..., None])
+        if pieces_in:                                   # the forward's, rows past the end zero (not read)
+            Tinv, KKE = chunk_rows(given[0], C, NC, T), chunk_rows(given[1], C, NC, T)
         Kg = k * eG
         W, U = (Tinv * b[..., None, :]) @ Kg, (Tinv * b[..., None, :]) @ v
         new = U - W @ S
@@ -349,7 +353,7 @@ def chunk_kernel_mirror(Q, K, V, dO, g, beta, S_in, dS_out, scale, dQ, dK, dV, d
         new = v
     dQg = do @ tr(S)
     dq, dg = dQg * eG, scale * torch.exp(G) * (dQg * q).sum(-1)
-    P = scale * (q @ tr(k)) * E
+    P = scale * (q @ tr(k)) * E if not pieces_in else chunk_rows(given[2], C, NC, T)
     dnew = tr(P) @ do + (k * eEnd) @ dS
     dk = (new @ tr(dS)) * eEnd
     end = (dk * k).sum(-1)
@@ -392,7 +396,7 @@ def assert_gradients_agree(got, want, bound=1e-2):
 
 def fake_kernels(monkeypatch, fakes, prepare_chunks=None):
     """CUDA faked and every kernel replaced by its stand-in in ``fakes``, handed the compile flags it takes
-    (``token_major``, ``delta_rule``, ``scores``); the forward's ``chunk_intra`` by ``prepare_chunks``
+    (``token_major``, ``delta_rule``, ``scores``, ``pieces_in``); the forward's ``chunk_intra`` by ``prepare_chunks``
     (default: its mirror). Returns ``{kernel name: compile kwargs}``, the last compile of each."""
     from kda import gated_delta
     from kda.kernels import build
@@ -403,7 +407,8 @@ def fake_kernels(monkeypatch, fakes, prepare_chunks=None):
         compiled[fn.__name__] = kw
         takes = inspect.signature(fakes[fn]).parameters
         any_flag = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in takes.values())
-        return functools.partial(fakes[fn], **{name: kw[name] for name in ("token_major", "delta_rule", "scores")
+        return functools.partial(fakes[fn], **{name: kw[name] for name in ("token_major", "delta_rule", "scores",
+                                                                            "pieces_in")
                                                if name in kw and (any_flag or name in takes)})
 
     monkeypatch.setattr(build, "compile_program", compile_program)
@@ -872,6 +877,49 @@ def test_pair_pieces_from_forward(monkeypatch):
     assert made["backward_outputs"] is True and "chunk_pair_pieces" not in compiled
     assert all(read[name] == made[name] for name in ("G", "Tinv", "KKE", "A_qk")), (read, made)
     assert read["G of the pairs"] == made["G"]
+    assert_gradients_agree(got, want)
+
+
+def test_inverse_from_forward(monkeypatch):
+    """``INVERSE_FROM_FORWARD`` (CUDA faked, every kernel replaced by its float64 mirror, the state passes
+    token-major; GDN): the forward's ``chunk_intra`` is compiled with ``backward_outputs``, the chunk kernel with
+    ``pieces_in``, and it reads the ``T``, ``stril(K K^T E)`` and scores that launch wrote; the gradients are
+    those of the chunk kernel that makes them again, to the rounding of ``T`` and the scores to bf16."""
+    from kda.kernels import backward_chunks, backward_states
+
+    made, read = {}, {}
+    q, k, v, g, beta, h0, do, dht = inputs(B=2, T=150, H=4, HQ=2, K=16, V=64, seed=9, per_channel=False)
+    q, k, v, do = (x.to(torch.bfloat16) for x in (q * 3, k * 2, v, do))
+    args = (q, k, v, g.float(), beta.float(), 0.5, h0.float(), True, None, do, dht.float())
+    mirror = prepare_chunks_mirror()
+
+    def prepare_chunks(*a, **kw):
+        out = mirror(*a, **kw)
+        made["backward_outputs"] = kw.get("backward_outputs", False)
+        if made["backward_outputs"]:
+            form, G, Tinv, KKE = out
+            made.update(Tinv=Tinv.data_ptr(), KKE=KKE.data_ptr(), P=form.A_qk.data_ptr())
+        return out
+
+    def chunk_kernel(*a, **kw):
+        if kw.get("pieces_in"):
+            read.update(Tinv=a[8].data_ptr(), KKE=a[9].data_ptr(), P=a[10].data_ptr())
+        return chunk_kernel_mirror(*a, **kw)
+
+    fakes = {backward_states.forward_states_pass: forward_states_mirror(64),
+             backward_states.reverse_state_pass: reverse_state_pass_mirror(64),
+             backward_chunks.chunk_gradients: chunk_kernel}
+    for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL", "TOKEN_MAJOR_STATES"):
+        monkeypatch.setattr(backward, switch, True)
+    monkeypatch.setattr(backward, "INVERSE_FROM_FORWARD", False)
+    compiled = fake_kernels(monkeypatch, fakes, prepare_chunks)
+    want = backward.op_gradients(*args)
+    assert made["backward_outputs"] is False and "pieces_in" not in compiled["chunk_gradients"]
+    monkeypatch.setattr(ops, "poison_outputs", True)              # a piece left unwritten would show
+    monkeypatch.setattr(backward, "INVERSE_FROM_FORWARD", True)
+    got = backward.op_gradients(*args)
+    assert made["backward_outputs"] is True and compiled["chunk_gradients"]["pieces_in"] is True
+    assert read == {name: made[name] for name in ("Tinv", "KKE", "P")}
     assert_gradients_agree(got, want)
 
 

@@ -196,11 +196,12 @@ def test_state_passes_as_operands_against_the_stages(per_channel, dtype, token_m
 # four switches on since their tests here passed: STATES_AS_OPERANDS, TOKEN_MAJOR_STATES, SHARED_PAIR_SUMS,
 # GATE_IN_PAIR_KERNEL); the scores from the forward need KDA and the token-major pieces (on by default)
 LANDED_OFF = ("SCORES_FROM_FORWARD", "PAIR_KERNEL_TWO_BLOCKS", "PAIR_KERNEL_BY_CHANNELS", "GRADS_IN_INPUT_DTYPE",
-              "PAIR_PIECES_FROM_FORWARD")
+              "PAIR_PIECES_FROM_FORWARD", "INVERSE_FROM_FORWARD")
 SWITCH_CASES = [(on, per_channel, kind)
                 for on, per_channel, kinds in (
                     (("SCORES_FROM_FORWARD",), True, ["logsigmoid", "runs_of_-20", "mild"]),
                     (("PAIR_PIECES_FROM_FORWARD",), True, ["logsigmoid", "runs_of_-20", "mild"]),
+                    (("INVERSE_FROM_FORWARD",), False, ["logsigmoid", "runs_of_-20", "mild"]),
                     (("PAIR_KERNEL_TWO_BLOCKS",), True, ["runs_of_-20", "mild"]),
                     (("PAIR_KERNEL_BY_CHANNELS",), True, ["logsigmoid", "runs_of_-20", "mild"]),
                     (("GRADS_IN_INPUT_DTYPE",), False, ["logsigmoid", "runs_of_-20"]),
@@ -245,10 +246,12 @@ def test_gradients_with_the_switches_landed_off(on, per_channel, kind, dtype, de
     forward = compiled.get("chunk_intra", {})
     taken = {"SCORES_FROM_FORWARD": pieces.get("scores") is False or "PAIR_PIECES_FROM_FORWARD" in on,
              "PAIR_PIECES_FROM_FORWARD": forward.get("backward_outputs") is True and "chunk_pair_pieces" not in compiled,
+             "INVERSE_FROM_FORWARD": forward.get("backward_outputs") is True and chunk.get("pieces_in") is True,
              "PAIR_KERNEL_TWO_BLOCKS": pairs.get("min_blocks") == 2,
              "PAIR_KERNEL_BY_CHANNELS": pairs.get("block_dk") == backward.PAIR_KERNEL_CHANNELS["block_dk"],
              "GRADS_IN_INPUT_DTYPE": chunk.get("grad_dtype") == str(dtype).removeprefix("torch.")}
-    assert all(taken[switch] for switch in on if per_channel or switch == "GRADS_IN_INPUT_DTYPE"), taken
+    for_op = {"GRADS_IN_INPUT_DTYPE", "INVERSE_FROM_FORWARD"} if not per_channel else set(taken) - {"INVERSE_FROM_FORWARD"}
+    assert all(taken[switch] for switch in on if switch in for_op), taken
 
 
 @pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
@@ -307,6 +310,40 @@ def test_chunk_kernel_against_the_stages(per_channel, dtype, kind, poisoned, mon
              dg if per_channel else dg[..., 0], ref.from_chunks(wants[3][..., None], T)[..., 0])
     stage = backward.kernel_chunk_gradients_by_channel if per_channel else backward.kernel_chunk_gradients
     gots = stage(q, k, v, g, beta, do, S.cuda(), dS.cuda(), DK ** -0.5, dtype)
+    bound = {torch.bfloat16: 2e-2, torch.float16: 1e-2}[dtype]
+    for name, got, want in zip("dq dk dv dg dbeta".split(), gots, wants):
+        assert torch.isfinite(got).all(), f"{name}: not finite (unwritten?)"
+        assert rel_l2(got.double().cpu(), want) <= bound, f"{name}: {rel_l2(got.double().cpu(), want):.2e}"
+
+
+@pytest.mark.parametrize("kind", ["logsigmoid", "runs_of_-20", "mild"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_chunk_kernel_with_the_forwards_inverse(dtype, kind, poisoned):
+    """GDN's chunk kernel compiled with ``pieces_in`` (``INVERSE_FROM_FORWARD``), reading ``T``, ``stril(K K^T E)``
+    and the scores from the forward's ``chunk_intra`` (compiled with ``backward_outputs``, on the same inputs),
+    against the reference's ``chunk_gradients`` in float64 with the same states and state gradients rounded to
+    the kernel's dtype (a tail chunk; outputs poisoned with NaN), within the bound of the kernel that makes
+    them itself (``test_chunk_kernel_against_the_stages``)."""
+    from kda import backward
+    from kda.gated_delta import prepare_chunks
+
+    B, T, H, DK, DV = 2, 300, 3, 128, 128
+    q, k, v, g, beta, h0 = inputs((B, T, H, DK, DV), dtype, kind, False, 33)
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    do = torch.randn(B, T, H, DV, generator=gen, device="cuda").to(dtype)
+    dht = torch.randn(B, H, DK, DV, generator=gen, device="cuda")
+    args = [x.double().cpu() for x in (q, k, v, g, beta, do)]
+    p = ref.chunk_pieces(*args[:5], DK ** -0.5, 64)
+    S = ref.forward_states(p, h0.double().cpu())[0].to(dtype).double()
+    dO = ref.to_chunks(args[5], 64)
+    dS = ref.reverse_state_pass(p, dO, dht.double().cpu())[0].to(dtype).double()
+    wants = ref.chunk_gradients(p, S, dS, dO)
+    wants = (ref.from_chunks(wants[0], T) * DK ** -0.5, ref.from_chunks(wants[1], T), ref.from_chunks(wants[2], T),
+             ref.from_chunks(wants[4], T)[..., 0], ref.from_chunks(wants[3][..., None], T)[..., 0])
+    form, _, Tinv, KKE = prepare_chunks(q, k, v, g[..., None].contiguous(), beta, DK ** -0.5, backward_outputs=True)
+    inverse = {"Tinv": Tinv, "KKE": KKE, "P": form.A_qk}
+    gots = backward.kernel_chunk_gradients(q, k, v, g, beta, do, S.cuda(), dS.cuda(), DK ** -0.5, dtype,
+                                           inverse=inverse)
     bound = {torch.bfloat16: 2e-2, torch.float16: 1e-2}[dtype]
     for name, got, want in zip("dq dk dv dg dbeta".split(), gots, wants):
         assert torch.isfinite(got).all(), f"{name}: not finite (unwritten?)"

@@ -90,6 +90,9 @@ CASES = [
     ("backward_chunks", "chunk_gradients", dict(DK=128, DV=128, delta_rule=False)),          # levels 1-3
     ("backward_chunks", "chunk_gradients", dict(DK=128, DV=128, grad_dtype="bfloat16")),     # GRADS_IN_INPUT_DTYPE
     ("backward_chunks", "chunk_gradients", dict(DK=64, DV=64, dtype="float16", delta_rule=False)),
+    # reading the forward's T, K K^T E and scores (INVERSE_FROM_FORWARD)
+    ("backward_chunks", "chunk_gradients", dict(DK=128, DV=128, pieces_in=True, grad_dtype="bfloat16")),
+    ("backward_chunks", "chunk_gradients", dict(DK=64, DV=128, dtype="float16", pieces_in=True)),
     ("backward_chunks", "chunk_pair_pieces", dict(DK=128)),
     ("backward_chunks", "chunk_pair_pieces", dict(DK=64, dtype="float16")),
     ("backward_chunks", "chunk_state_gradients", dict(DK=128, DV=128, spill_budget=24)),

@@ -444,20 +444,25 @@ def test_backward_with_every_kernel(kernel_launches, monkeypatch, per_channel, u
         assert params["chunk_pair_gradients"].get("block_dk") == (16 if unverified else None)
 
 
-def test_backward_with_the_forwards_pair_pieces(kernel_launches, monkeypatch):
-    """``PAIR_PIECES_FROM_FORWARD`` with every kernel (CUDA faked, KDA, a tail chunk): the forward's ``chunk_intra``
-    bound with ``backward_outputs`` (its three extra outputs after the chunk table), no ``chunk_pair_pieces``,
-    and ``chunk_state_gradients`` and ``chunk_pair_gradients`` bound to what it wrote."""
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
+def test_backward_with_the_forwards_pair_pieces(kernel_launches, monkeypatch, per_channel):
+    """``PAIR_PIECES_FROM_FORWARD`` (KDA) and ``INVERSE_FROM_FORWARD`` (GDN) with every kernel (CUDA faked, a tail
+    chunk): the forward's ``chunk_intra`` bound with ``backward_outputs`` (its three extra outputs after the chunk
+    table); for KDA no ``chunk_pair_pieces``, ``chunk_state_gradients`` and ``chunk_pair_gradients`` bound to what
+    it wrote; for GDN the chunk kernel bound with ``pieces_in`` (``T``, ``K K^T E`` and the scores after ``dS``)."""
     from kda import backward
 
-    for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNELS_BY_CHANNEL", "TOKEN_MAJOR_STATES",
-                   "STATES_AS_OPERANDS", "PAIR_PIECES_FROM_FORWARD"):
+    for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL", "CHUNK_KERNELS_BY_CHANNEL", "TOKEN_MAJOR_STATES",
+                   "STATES_AS_OPERANDS", "PAIR_PIECES_FROM_FORWARD", "INVERSE_FROM_FORWARD"):
         monkeypatch.setattr(backward, switch, True)
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
-    q, k, v, g, beta = level5_inputs(B=2, T=200, per_channel=True)
-    got = backward.chunked_gradients(q, k, v, g, beta, torch.randn(2, 200, 2, 64).bfloat16(), None, 0.125, None,
+    q, k, v, g, beta = level5_inputs(B=2, T=200, per_channel=per_channel)
+    gate = g if per_channel else g[..., 0]
+    got = backward.chunked_gradients(q, k, v, gate, beta, torch.randn(2, 200, 2, 64).bfloat16(), None, 0.125, None,
                                      kernel_dtype=torch.bfloat16)
-    assert [name for name, _ in kernel_launches] == ["chunk_intra", "forward_states_pass", "reverse_state_pass",
-                                                     "chunk_state_gradients", "chunk_pair_gradients"]
+    step3 = ["chunk_state_gradients", "chunk_pair_gradients"] if per_channel else ["chunk_gradients"]
+    assert [name for name, _ in kernel_launches] == ["chunk_intra", "forward_states_pass", "reverse_state_pass", *step3]
     assert kernel_launches[0][1].get("backward_outputs") is True
-    assert [x.shape for x in got[:5]] == [q.shape, k.shape, v.shape, g.shape, beta.shape]
+    if not per_channel:
+        assert kernel_launches[-1][1].get("pieces_in") is True
+    assert [x.shape for x in got[:5]] == [q.shape, k.shape, v.shape, gate.shape, beta.shape]

@@ -66,7 +66,7 @@ def new_values(Tb_s, X_s, v_s, S_in, state_s, KD_f, VD_f, Y_s, bb, bh, c):
 
 # --8<-- [start:chunk_gradients]
 def chunk_gradients(DK, DV, chunk_size=64, dtype="bfloat16", scalar_gate=True, delta_rule=True, threads=256,
-                    grad_dtype=ACCUM):
+                    grad_dtype=ACCUM, pieces_in=False):
     """Arguments at run time: ``Q, K [B, T, H, DK]``, ``V, dO [B, T, H, DV]`` (dtype; ``Q`` and ``K``
     with one head per value head), ``g [B, T, H, 1]`` (the gate per token, natural log), ``beta [B, T,
     H]`` (float32), ``S_in, dS_out [B, H, NC, DK, DV]`` (dtype: the state entering each chunk and the
@@ -76,32 +76,19 @@ def chunk_gradients(DK, DV, chunk_size=64, dtype="bfloat16", scalar_gate=True, d
     ``delta_rule=False``: levels 1-3 (``g`` zero for level 1, ``log a`` for level 2): no WY form, ``V' = V``
     and ``dV = dV'``; ``beta`` is not read and ``db`` not written (the caller passes buffers of their shape).
     ``grad_dtype``: that of ``dQ, dK, dV`` (each written once, from float32 registers: the inputs' dtype spares
-    the caller a rounding copy of each)."""
+    the caller a rounding copy of each). ``pieces_in`` (with the delta rule; ``kda.backward``'s
+    ``INVERSE_FROM_FORWARD``): three more inputs after ``dS_out``, as the forward's ``chunk_intra`` compiled with
+    ``backward_outputs`` writes them, ``Tinv [B, T, H, C]`` (dtype), ``KKE [B, T, H, C]`` (float32) and ``P [B,
+    T, H, C]`` (dtype, its ``A_qk``): no GEMM of ``K K^T`` or ``Q K^T``, no solve."""
     assert scalar_gate, "a gate per channel takes kda.backward's torch stages"
+    assert delta_rule or not pieces_in, "the forward's pieces are the delta rule's"
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     C = chunk_size
     NC = T.ceildiv(S, C)
     out = (lambda x: x) if grad_dtype == ACCUM else (lambda x: T.Cast(grad_dtype, x))
 
-    @T.prim_func
-    def main(
-        Q: T.Tensor([B, S, H, DK], dtype),
-        K: T.Tensor([B, S, H, DK], dtype),
-        V: T.Tensor([B, S, H, DV], dtype),
-        dO: T.Tensor([B, S, H, DV], dtype),
-        g: T.Tensor([B, S, H, 1], ACCUM),
-        beta: T.Tensor([B, S, H], ACCUM),
-        S_in: T.Tensor([B, H, NC, DK, DV], dtype),
-        dS_out: T.Tensor([B, H, NC, DK, DV], dtype),
-        scale: T.float32,
-        dQ: T.Tensor([B, S, H, DK], grad_dtype),
-        dK: T.Tensor([B, S, H, DK], grad_dtype),
-        dV: T.Tensor([B, S, H, DV], grad_dtype),
-        db: T.Tensor([B, S, H], ACCUM),
-        dG: T.Tensor([B, S, H], ACCUM),
-        to_end: T.Tensor([B, S, H], ACCUM),
-        flags: T.Tensor([2], "int32"),
-    ):
+    @T.macro
+    def body(Q, K, V, dO, g, beta, S_in, dS_out, scale, dQ, dK, dV, db, dG, to_end, flags, Tinv_in, KKE_in, P_in):
         with T.Kernel(NC, H, B, threads=threads) as (c, bh, bb):
             t0 = c * C
             L = T.min(C, S - t0)
@@ -150,13 +137,18 @@ def chunk_gradients(DK, DV, chunk_size=64, dtype="bfloat16", scalar_gate=True, d
             if delta_rule:
                 # the forward's chunk form: A, T, W (into X_s, negated), U (in VD_f), then V' = U - W S
                 load_beta_checked(beta, b_s, flags, t0, L, C, bb, bh)
-                T.gemm(k_s, k_s, CC_f, transpose_B=True, clear_accum=True)
-                for i, j in T.Parallel(C, C):
-                    kke = T.if_then_else(j < i, CC_f[i, j] * decay(i, j), 0.0)
-                    KKE_s[i, j] = kke
-                    A_s[i, j] = kke * b_s[i]
-                invert_diagonal_blocks_by_columns(A_s, Tinv_s, x_col, C, SOLVE_BLOCK)
-                merge_by_substitution(A_s, Tinv_s, C, SOLVE_BLOCK)
+                if pieces_in:                              # T and K K^T E as the forward made them
+                    for i, j in T.Parallel(C, C):
+                        KKE_s[i, j] = T.if_then_else(i < L, KKE_in[bb, t0 + T.min(i, L - 1), bh, j], 0.0)
+                        Tinv_s[i, j] = T.if_then_else(i < L, T.Cast(ACCUM, Tinv_in[bb, t0 + T.min(i, L - 1), bh, j]), 0.0)
+                else:
+                    T.gemm(k_s, k_s, CC_f, transpose_B=True, clear_accum=True)
+                    for i, j in T.Parallel(C, C):
+                        kke = T.if_then_else(j < i, CC_f[i, j] * decay(i, j), 0.0)
+                        KKE_s[i, j] = kke
+                        A_s[i, j] = kke * b_s[i]
+                    invert_diagonal_blocks_by_columns(A_s, Tinv_s, x_col, C, SOLVE_BLOCK)
+                    merge_by_substitution(A_s, Tinv_s, C, SOLVE_BLOCK)
                 # stages.wy_tail's products, written here so that U stays in registers for U - W S (through
                 # wy_tail's buffers, bf16 at 128 x 128 spilled 8 bytes)
                 for i, j in T.Parallel(C, C):                  # blocks above the diagonal were not written
@@ -180,9 +172,13 @@ def chunk_gradients(DK, DV, chunk_size=64, dtype="bfloat16", scalar_gate=True, d
             # the scores P (kept in Cc2_s for dV'; T is made again after), and their gradient
             # dP = tril(dO V'^T): dQ += (dP E) K, then dQ is done; dK = scale (dP E)^T q; the gate's pair
             # terms sum_j dP_ij P_ij (j < i) by rows minus columns
-            T.gemm(q_s, k_s, CC_f, transpose_B=True, clear_accum=True)
-            for i, j in T.Parallel(C, C):
-                Cc2_s[i, j] = T.if_then_else(j <= i, CC_f[i, j] * scale * decay(i, j), 0.0)
+            if pieces_in:                                  # the forward's A_qk: scale in, masked
+                for i, j in T.Parallel(C, C):
+                    Cc2_s[i, j] = T.if_then_else(i < L, P_in[bb, t0 + T.min(i, L - 1), bh, j], 0.0)
+            else:
+                T.gemm(q_s, k_s, CC_f, transpose_B=True, clear_accum=True)
+                for i, j in T.Parallel(C, C):
+                    Cc2_s[i, j] = T.if_then_else(j <= i, CC_f[i, j] * scale * decay(i, j), 0.0)
             T.gemm(do_s, Y_s, CC_f, transpose_B=True, clear_accum=True)
             for i, j in T.Parallel(C, C):
                 Cc_s[i, j] = T.if_then_else(j <= i, CC_f[i, j] * decay(i, j), 0.0)
@@ -283,6 +279,54 @@ def chunk_gradients(DK, DV, chunk_size=64, dtype="bfloat16", scalar_gate=True, d
                 for i in T.Parallel(C):
                     if i < L:
                         db[bb, t0 + i, bh] = db_s[i]
+
+    if pieces_in:
+        @T.prim_func
+        def with_forward_pieces(
+            Q: T.Tensor([B, S, H, DK], dtype),
+            K: T.Tensor([B, S, H, DK], dtype),
+            V: T.Tensor([B, S, H, DV], dtype),
+            dO: T.Tensor([B, S, H, DV], dtype),
+            g: T.Tensor([B, S, H, 1], ACCUM),
+            beta: T.Tensor([B, S, H], ACCUM),
+            S_in: T.Tensor([B, H, NC, DK, DV], dtype),
+            dS_out: T.Tensor([B, H, NC, DK, DV], dtype),
+            Tinv_in: T.Tensor([B, S, H, C], dtype),
+            KKE_in: T.Tensor([B, S, H, C], ACCUM),
+            P_in: T.Tensor([B, S, H, C], dtype),
+            scale: T.float32,
+            dQ: T.Tensor([B, S, H, DK], grad_dtype),
+            dK: T.Tensor([B, S, H, DK], grad_dtype),
+            dV: T.Tensor([B, S, H, DV], grad_dtype),
+            db: T.Tensor([B, S, H], ACCUM),
+            dG: T.Tensor([B, S, H], ACCUM),
+            to_end: T.Tensor([B, S, H], ACCUM),
+            flags: T.Tensor([2], "int32"),
+        ):
+            body(Q, K, V, dO, g, beta, S_in, dS_out, scale, dQ, dK, dV, db, dG, to_end, flags, Tinv_in, KKE_in, P_in)
+
+        return with_forward_pieces
+
+    @T.prim_func
+    def main(
+        Q: T.Tensor([B, S, H, DK], dtype),
+        K: T.Tensor([B, S, H, DK], dtype),
+        V: T.Tensor([B, S, H, DV], dtype),
+        dO: T.Tensor([B, S, H, DV], dtype),
+        g: T.Tensor([B, S, H, 1], ACCUM),
+        beta: T.Tensor([B, S, H], ACCUM),
+        S_in: T.Tensor([B, H, NC, DK, DV], dtype),
+        dS_out: T.Tensor([B, H, NC, DK, DV], dtype),
+        scale: T.float32,
+        dQ: T.Tensor([B, S, H, DK], grad_dtype),
+        dK: T.Tensor([B, S, H, DK], grad_dtype),
+        dV: T.Tensor([B, S, H, DV], grad_dtype),
+        db: T.Tensor([B, S, H], ACCUM),
+        dG: T.Tensor([B, S, H], ACCUM),
+        to_end: T.Tensor([B, S, H], ACCUM),
+        flags: T.Tensor([2], "int32"),
+    ):
+        body(Q, K, V, dO, g, beta, S_in, dS_out, scale, dQ, dK, dV, db, dG, to_end, flags, None, None, None)
 
     return main
 

@@ -4,7 +4,8 @@
 ``SCORES_FROM_FORWARD`` (chunk_pair_pieces without the scores; the forward's A_qk read instead),
 ``PAIR_KERNEL_TWO_BLOCKS`` (chunk_pair_gradients at two blocks per SM), ``PAIR_KERNEL_BY_CHANNELS`` (it split by
 channels), ``PAIR_PIECES_FROM_FORWARD`` (no chunk_pair_pieces: the forward's chunk_intra writes G, T and K K^T E)
-and all, and GDN with ``GRADS_IN_INPUT_DTYPE``: time, peak memory, every gradient against the
+and all, and GDN with ``GRADS_IN_INPUT_DTYPE``, ``INVERSE_FROM_FORWARD`` (its chunk kernel reading the
+forward's T, K K^T E and scores) and both: time, peak memory, every gradient against the
 defaults'. ``profile``: one step of kda's KDA and GDN with the defaults by
 ``torch.profiler`` (``$OUT/run103-<name>.txt``, every launch of the last step in order), the split of the 22.6
 and 7.4 ms that the next kernels start from. ``levels``: levels 1, 2 and 3 with a gate per head at (1, 8192,
@@ -31,7 +32,7 @@ spec.loader.exec_module(run91)
 SHAPE = (1, 8192, 96, 128)
 NEW = ("SCORES_FROM_FORWARD", "PAIR_KERNEL_TWO_BLOCKS", "PAIR_KERNEL_BY_CHANNELS", "GRADS_IN_INPUT_DTYPE",
        "PAIR_PIECES_FROM_FORWARD")
-NEW_GDN = ("GRADS_IN_INPUT_DTYPE",)
+NEW_GDN = ("GRADS_IN_INPUT_DTYPE", "INVERSE_FROM_FORWARD")
 
 
 def switches():
