@@ -29,6 +29,7 @@ through their float64 path. Nothing of the forward imports this module.
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 
@@ -119,6 +120,14 @@ PAIR_KERNEL_CHANNELS = dict(block_dk=16, threads=128)
 # the state passes compiled without the delta rule (W = 0: one GEMM of the forward pass's two, one of the
 # reverse pass's four). Off until its GPU tests pass.
 LEVEL_PIECES = False
+
+# CUDA, levels 1-3 with a gate per head or none, after LEVEL_PIECES: no pieces at all. The two state passes,
+# compiled with gate_in, read the op's own q, k, v and do (token-major, the inputs' dtype) and each chunk's
+# cumulative gate ([B, T, H, 1], float32, from one torch cumsum), and make K 2^(G_last - G), scale Q 2^G and the
+# chunk decays themselves, one elementwise step per chunk before its GEMM; the chunk kernel reads the same
+# inputs already. So the level backward is three launches and the gate's sums: no float32 copies of q and k, no
+# scores P in HBM (the reverse pass without the delta rule never reads them). Off until its GPU tests pass.
+LEVEL_PASSES_FROM_INPUTS = False
 
 # CUDA: the chunk kernel of a gate per head (GDN, levels 1-4) writes dq, dk and dv in the inputs' dtype, and
 # KDA's chunk_state_gradients dv (each once, from float32 registers), instead of float32 tensors that the op
@@ -322,13 +331,16 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
     first = None
     state_kernels = state_kernels_apply(q, DV, len(segments) > 1)
     from_forward = forward_pieces_apply(q, beta, C, kernel_dtype)
-    from_level = level_pieces_apply(q, g, beta, C, kernel_dtype, DV, len(segments) > 1)
-    token_major = TOKEN_MAJOR_STATES and state_kernels and (from_forward or from_level)
+    from_inputs = level_passes_apply(q, g, beta, C, kernel_dtype, DV, len(segments) > 1)
+    from_level = not from_inputs and level_pieces_apply(q, g, beta, C, kernel_dtype, DV, len(segments) > 1)
+    token_major = TOKEN_MAJOR_STATES and state_kernels and (from_forward or from_level) or from_inputs
     # KDA's chunk kernels reading all that the forward's kernel made of the pairs (else at most its scores)
     pairs_from_forward = PAIR_PIECES_FROM_FORWARD and token_major and channel_kernels and from_forward
     # GDN's chunk kernel reading the forward's inverse, K K^T E and scores
     inverse_from_forward = INVERSE_FROM_FORWARD and token_major and chunk_kernel and from_forward
-    if from_forward:
+    if from_inputs:
+        whole = None              # the state kernels read q, k, v and do themselves
+    elif from_forward:
         # in kernel_dtype, as the kernel wrote them; token-major ([B, T, H, *]) for the state kernels to read
         whole = forward_pieces(q, k, v, g, beta, scale, kernel_dtype, token_major,
                                pairs_from_forward or inverse_from_forward)
@@ -343,7 +355,10 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
     dO = do if token_major else to_chunks(do, C)   # in do's dtype: the state kernels round it to theirs
     # 2. the states entering every chunk and the gradients of those leaving it
     dG_last = None          # each chunk decay's gate term, where the reverse pass makes it
-    if state_kernels:
+    if from_inputs:
+        S, dS, dh0, dG_last = kernel_state_passes_from_inputs(q, k, v, g, do, S0, dS_final, scale,
+                                                              STATES_AS_OPERANDS)
+    elif state_kernels:
         as_operands = STATES_AS_OPERANDS and (chunk_kernel or channel_kernels)
         S, dS, dh0, dG_last = kernel_state_passes(whole, S0, dO, dS_final, kernel_dtype, as_operands, token_major,
                                                   delta_rule=not from_level)
@@ -425,6 +440,47 @@ def level_pieces_apply(q, g, beta, C, kernel_dtype, DV, packed) -> bool:
     and the state kernels reading them token-major (a dense batch, values in blocks of 64)."""
     return (LEVEL_PIECES and beta is None and (g is None or g.dim() == 3) and kernels_take(q, C, kernel_dtype)
             and state_kernels_apply(q, DV, packed) and TOKEN_MAJOR_STATES)
+
+
+def level_passes_apply(q, g, beta, C, kernel_dtype, DV, packed) -> bool:
+    """Whether steps 1 and 2 of ``chunked_gradients`` run as the state kernels reading the op's inputs
+    (``LEVEL_PASSES_FROM_INPUTS``): no delta rule, a gate per head or none, the state kernels for a dense batch,
+    and the chunk kernel after them (step 3 then reads the same inputs; it makes no pieces for torch stages)."""
+    return (LEVEL_PASSES_FROM_INPUTS and beta is None and (g is None or g.dim() == 3)
+            and state_kernels_apply(q, DV, packed) and chunk_kernel_applies(q, g, beta, C, kernel_dtype))
+
+
+def kernel_state_passes_from_inputs(q, k, v, g, do, S0, dS_final, scale, as_operands=False):
+    """``forward_states`` and ``reverse_state_pass`` without the delta rule (levels 1-3, a gate per head ``g [B, T,
+    H]``, natural log, or ``None``) by the state kernels compiled with ``gate_in``: they read ``q, k, v, do`` as
+    they are (``[B, T, H, *]``, bf16 or fp16) and each chunk's cumulative gate in log2 units. Returns the states
+    entering every chunk, the gradients of those leaving it (float32, or with ``as_operands`` the inputs' dtype,
+    as the chunk kernel reads them), that of the initial state (float32) and each chunk decay's gate term
+    ``[B, H, NC, DK]``, as ``kernel_state_passes`` with ``as_operands``."""
+    from kda import ops
+    from kda.kernels import backward_states
+    from kda.kernels.build import compile_program
+
+    B, T, H, DK = q.shape
+    DV, C = v.shape[-1], CHUNK_SIZE
+    NC = ceildiv(T, C)
+    gate = torch.zeros(B, T, H, device=q.device) if g is None else g.float()
+    G = torch.nn.functional.pad(gate, (0, 0, 0, NC * C - T)).view(B, NC, C, H).cumsum(2) / math.log(2.0)
+    G = G.view(B, NC * C, H, 1)[:, :T].contiguous()
+    name = ops.dtype_name(q.dtype)
+    states = q.dtype if as_operands else torch.float32
+    shapes = dict(DK=DK, DV=DV, chunk_size=C, block_dv=64, dtype=name, token_major=True, delta_rule=False,
+                  gate_in=True, **({"state_dtype": name} if as_operands else {}))
+    with torch.cuda.device(q.device):
+        forward = compile_program(backward_states.forward_states_pass, (), **shapes)
+        reverse = compile_program(backward_states.reverse_state_pass, (), **shapes, chunk_decay_terms=True)
+        S, dS = (ops.new_output((B, H, NC, DK, DV), states, q.device) for _ in range(2))
+        dh0 = ops.new_output(S0.shape, torch.float32, q.device)
+        terms = ops.new_output((B, H, NC, ceildiv(DV, 64), DK), torch.float32, q.device)    # per 64 value columns
+        forward(k.contiguous(), v.contiguous(), G, S0.float().contiguous(), S)
+        reverse(q.contiguous(), do.to(q.dtype).contiguous(), G, float(scale), dS_final.float().contiguous(), S, dS,
+                dh0, terms)
+    return S, dS, dh0.to(S0.dtype), terms.sum(3)
 
 
 def level_pieces(q, k, v, g, scale, dtype):
@@ -662,8 +718,10 @@ def op_gradients(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, cu_seqle
     # them (float32 copies of four [B, T, H, D] tensors would only be rounded back); else float32
     chunk_kernels = chunk_kernel_applies(q, gate, beta, CHUNK_SIZE, q.dtype) or channel_kernels_apply(
         q, gate, beta, CHUNK_SIZE, q.dtype, v.shape[-1])
+    packed = cu_seqlens is not None
     kernels = chunk_kernels and (forward_pieces_apply(q, beta, CHUNK_SIZE, q.dtype) or level_pieces_apply(
-        q, gate, beta, CHUNK_SIZE, q.dtype, v.shape[-1], cu_seqlens is not None))
+        q, gate, beta, CHUNK_SIZE, q.dtype, v.shape[-1], packed) or level_passes_apply(
+        q, gate, beta, CHUNK_SIZE, q.dtype, v.shape[-1], packed))
     own = (lambda x: x.to(q.dtype)) if kernels else f32
     qn, kn = (own(l2_normalize(f32(x))) for x in (q, k)) if use_qk_l2norm else (own(q), own(k))
     group = H // HQ                                          # value head i reads key head i // group

@@ -218,6 +218,15 @@ PATHS: tuple[CudaPath, ...] = (
               "zh": "GDN 的块内 kernel 直接读取前向 chunk_intra 写出的逆矩阵 T、stril(K K^T E) 与得分（在为状态遍历"
                     "生成中间量的那次启动里写出），不再重算：没有求逆，也没有 K K^T 与 Q K^T 两个 GEMM"},
     ),
+    CudaPath(
+        name="level_passes_from_inputs",
+        module="kda.backward",
+        switch="LEVEL_PASSES_FROM_INPUTS",
+        what={"en": "the backward of levels 1-3 with a gate per head or none without pieces: the two state passes "
+                    "read the op's q, k, v, do and each chunk's cumulative gate and scale them themselves",
+              "zh": "第一至三级（每个头一个门控或没有门控）的反向不再生成中间量：两趟状态遍历直接读取算子的 q、k、v、do "
+                    "与每块的累积门控，自行缩放"},
+    ),
 )
 
 

@@ -210,10 +210,30 @@ def piece_chunks(C, token_major, NC):
     return lambda x: x.reshape(x.shape[0], x.shape[1], NC, C, x.shape[-1]).double()
 
 
+def gate_in_pieces(C, Q, K, G, scale):
+    """What the state kernels compiled with ``gate_in`` make of the op's inputs (``[B, T, H, D]``, ``G [B, T, H, 1]``
+    the cumulative gate per chunk, log2), as the pieces of the token-major layout: ``Qg = scale Q 2^G``, ``Kd = K
+    2^(G_last - G)`` (``G_last`` the chunk's last real row) and ``decay [B, H, NC, DK]``."""
+    T, DK = Q.shape[1], Q.shape[-1]
+    NC = -(-T // C)
+    Gc = ref.to_chunks(G.double(), C)                                  # [B, H, NC, C, 1], zero past T
+    last = torch.tensor([min(C, T - n * C) - 1 for n in range(NC)])
+    G_last = Gc[:, :, torch.arange(NC), last]                          # [B, H, NC, 1]
+    Qg = ref.from_chunks(scale * ref.to_chunks(Q.double(), C) * torch.exp2(Gc), T)
+    Kd = ref.from_chunks(ref.to_chunks(K.double(), C) * torch.exp2(G_last[..., None, :] - Gc), T)
+    return Qg, Kd, torch.exp2(G_last).expand(*G_last.shape[:3], DK)
+
+
 def forward_states_mirror(C):
     """``kda.kernels.backward_states.forward_states_pass`` for chunks of ``C`` in float64 torch, reading its
-    arguments in their head-major chunk layout (or token-major, ``token_major``) and writing ``S_in``."""
-    def forward_states(W, Kd, U, decay, h0, S_in, token_major=False, delta_rule=True):
+    arguments in their head-major chunk layout (or token-major, ``token_major``) and writing ``S_in``; with
+    ``gate_in``, its arguments ``K, V, G, h0, S_in`` (``gate_in_pieces``)."""
+    def forward_states(*args, token_major=False, delta_rule=True, gate_in=False):
+        if gate_in:
+            K, V, G, h0, S_in = args
+            _, Kd, decay = gate_in_pieces(C, K, K, G, 1.0)
+            return forward_states(Kd, Kd, V, decay, h0, S_in, token_major=True, delta_rule=False)
+        W, Kd, U, decay, h0, S_in = args
         chunks = piece_chunks(C, token_major, decay.shape[2])
         Ws = chunks(W) if delta_rule else torch.zeros_like(chunks(W))      # without the delta rule: W not read
         S_in.copy_(ref.forward_states({"W": Ws, "Kd": chunks(Kd), "U": chunks(U), "decay": decay.double()},
@@ -224,8 +244,15 @@ def forward_states_mirror(C):
 def reverse_state_pass_mirror(C, block_dv=64):
     """``kda.kernels.backward_states.reverse_state_pass`` for chunks of ``C`` in float64 torch; with the
     arguments of ``chunk_decay_terms=True`` (``S_in`` before ``dS_out``, ``dG_last`` after ``dh0``) each chunk
-    decay's gate term too, per ``block_dv`` value columns, from ``dS`` before it is rounded to ``dS_out``."""
-    def reverse(P, Kd, Qg, W, dO, decay, dht, *outputs, token_major=False, delta_rule=True):
+    decay's gate term too, per ``block_dv`` value columns, from ``dS`` before it is rounded to ``dS_out``. With
+    ``gate_in``, its arguments ``Q, dO, G, scale, dht, S_in, dS_out, dh0, dG_last`` (``gate_in_pieces``)."""
+    def reverse(*args, token_major=False, delta_rule=True, gate_in=False):
+        if gate_in:
+            Q, dO, G, scale, dht, *outputs = args
+            Qg, _, decay = gate_in_pieces(C, Q, Q, G, scale)
+            unread = Qg.new_zeros(*Qg.shape[:3], C)                          # P: not read without the delta rule
+            return reverse(unread, Qg, Qg, Qg, dO, decay, dht, *outputs, token_major=True, delta_rule=False)
+        P, Kd, Qg, W, dO, decay, dht, *outputs = args
         S_in, dS_out, dh0, dG_last = outputs if len(outputs) == 4 else (None, *outputs, None)
         chunks = piece_chunks(C, token_major, decay.shape[2])
         unread = (lambda x: torch.zeros_like(chunks(x))) if not delta_rule else chunks   # P, Kd, W: not read
@@ -396,7 +423,7 @@ def assert_gradients_agree(got, want, bound=1e-2):
 
 def fake_kernels(monkeypatch, fakes, prepare_chunks=None):
     """CUDA faked and every kernel replaced by its stand-in in ``fakes``, handed the compile flags it takes
-    (``token_major``, ``delta_rule``, ``scores``, ``pieces_in``); the forward's ``chunk_intra`` by ``prepare_chunks``
+    (``token_major``, ``delta_rule``, ``scores``, ``pieces_in``, ``gate_in``); the forward's ``chunk_intra`` by ``prepare_chunks``
     (default: its mirror). Returns ``{kernel name: compile kwargs}``, the last compile of each."""
     from kda import gated_delta
     from kda.kernels import build
@@ -408,7 +435,7 @@ def fake_kernels(monkeypatch, fakes, prepare_chunks=None):
         takes = inspect.signature(fakes[fn]).parameters
         any_flag = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in takes.values())
         return functools.partial(fakes[fn], **{name: kw[name] for name in ("token_major", "delta_rule", "scores",
-                                                                            "pieces_in")
+                                                                            "pieces_in", "gate_in")
                                                if name in kw and (any_flag or name in takes)})
 
     monkeypatch.setattr(build, "compile_program", compile_program)
@@ -965,6 +992,40 @@ def test_level_pieces_in_the_backward(gate, monkeypatch):
     got = backward.op_gradients(*args)
     for name in ("forward_states_pass", "reverse_state_pass"):        # token-major, without the delta rule
         assert compiled[name]["token_major"] is True and compiled[name]["delta_rule"] is False
+    assert_gradients_agree(got, want)
+
+
+@pytest.mark.parametrize("gate", ["none", "per_head"])
+def test_level_passes_from_inputs(gate, monkeypatch):
+    """``LEVEL_PASSES_FROM_INPUTS`` (CUDA faked, every kernel replaced by its float64 mirror): for levels 1-3 with
+    a gate per head or none no pieces are made (neither the torch stages nor ``level_pieces``); the state passes
+    are compiled with ``gate_in`` and read the op's ``q, k, v, do`` themselves, as the chunk kernel does; the
+    gradients are those of the torch stages, to the rounding of the states to bf16."""
+    from kda.kernels import backward_chunks, backward_states
+
+    compiled = fake_kernels(monkeypatch, {
+        backward_states.forward_states_pass: forward_states_mirror(64),
+        backward_states.reverse_state_pass: reverse_state_pass_mirror(64),
+        backward_chunks.chunk_gradients: chunk_kernel_mirror},
+        prepare_chunks=lambda *a: pytest.fail("the forward's chunk_intra ran"))
+    q, k, v, g, _, h0, do, dht = inputs(B=2, T=150, H=4, HQ=2, K=16, V=64, seed=10, per_channel=False)
+    q, k, v, do = (x.to(torch.bfloat16) for x in (q * 3, k * 2, v, do))
+    args = (q, k, v, None if gate == "none" else g.float(), None, 0.5, h0.float(), False, None, do, dht.float())
+    for switch in ("STATE_KERNELS", "CHUNK_KERNEL", "TOKEN_MAJOR_STATES", "STATES_AS_OPERANDS"):
+        monkeypatch.setattr(backward, switch, True)
+    monkeypatch.setattr(backward, "LEVEL_PASSES_FROM_INPUTS", False)
+    want = backward.op_gradients(*args)
+    assert "gate_in" not in compiled["forward_states_pass"]
+    monkeypatch.setattr(backward, "LEVEL_PASSES_FROM_INPUTS", True)
+    monkeypatch.setattr(backward, "LEVEL_PIECES", True)              # taken first: LEVEL_PIECES is not reached
+    monkeypatch.setattr(backward.stages, "chunk_pieces", lambda *a, **kw: pytest.fail("the torch stages ran"))
+    monkeypatch.setattr(backward, "level_pieces", lambda *a, **kw: pytest.fail("level_pieces ran"))
+    monkeypatch.setattr(backward, "to_chunks", lambda *a, **kw: pytest.fail("a chunk copy was made"))
+    monkeypatch.setattr(ops, "poison_outputs", True)
+    got = backward.op_gradients(*args)
+    for name in ("forward_states_pass", "reverse_state_pass"):
+        assert compiled[name]["gate_in"] is True and compiled[name]["delta_rule"] is False
+    assert compiled["reverse_state_pass"]["chunk_decay_terms"] is True
     assert_gradients_agree(got, want)
 
 

@@ -539,6 +539,51 @@ def test_level_gradients_with_level_pieces(level, dtype, level_backward, monkeyp
     assert made, "level_pieces did not run"
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("level", ["linear", "decay", "gated_scalar"])
+def test_level_gradients_with_passes_from_inputs(level, dtype, level_backward, monkeypatch):
+    """The level 1-3 gradients (a gate per head or none), as above, with ``LEVEL_PASSES_FROM_INPUTS`` on: no
+    pieces; the state passes compiled with ``gate_in`` read the op's inputs and each chunk's cumulative gate."""
+    from kda import backward
+
+    ran, passes = [], backward.kernel_state_passes_from_inputs
+    monkeypatch.setattr(backward, "LEVEL_PASSES_FROM_INPUTS", True)
+    monkeypatch.setattr(backward, "kernel_state_passes_from_inputs", lambda *a: ran.append(1) or passes(*a))
+    monkeypatch.setattr(backward, "level_pieces", lambda *a: pytest.fail("level_pieces ran"))
+    test_level_gradients_against_token_recurrence(level, dtype, None)
+    assert ran, "the passes from the inputs did not run"
+
+
+@pytest.mark.parametrize("gate", ["none", "runs_of_-20"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_state_passes_from_inputs_against_the_stages(dtype, gate, poisoned):
+    """The two state-pass kernels compiled with ``gate_in`` (``LEVEL_PASSES_FROM_INPUTS``), reading ``q, k, v,
+    do`` and the cumulative gate, against the reference's passes in float64 on the reference's pieces without
+    the delta rule, made from the same rounded inputs (the states rounded to the operands' dtype; a tail chunk,
+    two blocks of value columns); the decay terms against ``decay sum_v S dS``; outputs poisoned with NaN."""
+    from kda import backward
+
+    B, T, H, DK, DV = 2, 300, 3, 128, 128
+    q, k, v, g, _, h0 = inputs((B, T, H, DK, DV), dtype, "runs_of_-20", False, 71)
+    g = None if gate == "none" else g
+    gen = torch.Generator(device="cuda").manual_seed(17)
+    do, dht = torch.randn(B, T, H, DV, generator=gen, device="cuda").to(dtype), torch.randn(B, H, DK, DV,
+                                                                                             generator=gen, device="cuda")
+    S, dS, dh0, terms = backward.kernel_state_passes_from_inputs(q, k, v, g, do, h0, dht, DK ** -0.5, True)
+    assert S.dtype == dS.dtype == dtype
+    f64 = lambda x: x.double().cpu() if x is not None else None
+    p = ref.chunk_pieces(f64(q), f64(k), f64(v), f64(g), None, DK ** -0.5, 64)
+    want_S = ref.forward_states(p, f64(h0))[0]
+    want_dS, want_dh0 = ref.reverse_state_pass(p, ref.to_chunks(f64(do), 64), f64(dht))
+    decay = p["decay"].expand(*want_S.shape[:4])
+    want_terms = torch.einsum("bhnkv,bhnkv->bhnk", want_S, want_dS) * decay
+    bound = {torch.bfloat16: 2e-2, torch.float16: 5e-3}[dtype]
+    for name, got, want in (("S", S, want_S), ("dS", dS, want_dS), ("dh0", dh0, want_dh0),
+                            ("terms", terms, want_terms)):
+        assert torch.isfinite(got).all(), f"{name}: not finite (unwritten?)"
+        assert rel_l2(got.double().cpu(), want) <= bound, f"{name}: {rel_l2(got.double().cpu(), want):.2e}"
+
+
 @pytest.mark.parametrize("level", ["linear", "delta_l2norm"])
 def test_level_gradients_without_states(level, level_backward):
     """Levels 1 and 4 on CUDA with no initial state and no final state (the delta rule with the L2 norm of

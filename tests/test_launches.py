@@ -377,15 +377,19 @@ def test_backward_chunk_kernel(kernel_launches, monkeypatch, dtype):
     assert [x.shape for x in got[:5]] == [q.shape, k.shape, v.shape, g[..., 0].shape, beta.shape]
 
 
+@pytest.mark.parametrize("from_inputs", [False, True], ids=["level_pieces", "passes_from_inputs"])
 @pytest.mark.parametrize("gate", ["none", "per_head"])
-def test_level_backward_with_level_pieces(kernel_launches, monkeypatch, gate):
+def test_level_backward_with_level_pieces(kernel_launches, monkeypatch, gate, from_inputs):
     """``LEVEL_PIECES`` on (CUDA faked), levels 1-3 without the delta rule: ``level_pieces`` makes the state
     passes' pieces, token-major, and the two state kernels compiled with ``token_major`` bind them, then the
-    chunk kernel compiled without the delta rule (a tail chunk)."""
+    chunk kernel compiled without the delta rule (a tail chunk). ``passes_from_inputs``: with
+    ``LEVEL_PASSES_FROM_INPUTS`` too, the state kernels compiled with ``gate_in`` bind the op's inputs and the
+    cumulative gate instead."""
     from kda import backward
 
     for switch in ("STATE_KERNELS", "CHUNK_KERNEL", "TOKEN_MAJOR_STATES", "STATES_AS_OPERANDS", "LEVEL_PIECES"):
         monkeypatch.setattr(backward, switch, True)
+    monkeypatch.setattr(backward, "LEVEL_PASSES_FROM_INPUTS", from_inputs)
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     q, k, v, g, _ = level5_inputs(B=2, T=200, per_channel=False)
     gate_ = None if gate == "none" else g[..., 0]
@@ -395,6 +399,7 @@ def test_level_backward_with_level_pieces(kernel_launches, monkeypatch, gate):
     params = dict(kernel_launches)
     for name in ("forward_states_pass", "reverse_state_pass"):
         assert params[name]["token_major"] and params[name]["delta_rule"] is False
+        assert params[name].get("gate_in", False) is from_inputs
     assert params["chunk_gradients"]["delta_rule"] is False
     assert [x.shape for x in got[:3]] == [q.shape, k.shape, v.shape] and got[4] is None
 

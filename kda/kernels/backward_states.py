@@ -41,24 +41,22 @@ def layout(C, token_major):
 
 # --8<-- [start:forward_states_pass]
 def forward_states_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, threads=128, dtype="bfloat16",
-                        state_dtype=ACCUM, token_major=False, delta_rule=True):
+                        state_dtype=ACCUM, token_major=False, delta_rule=True, gate_in=False):
     """Arguments at run time: ``W, Kd [B, H, NC C, DK]``, ``U [B, H, NC C, DV]`` (dtype), ``decay [B, H,
     NC, DK]``, ``h0 [B, H, DK, DV]`` (float32), then the output ``S_in [B, H, NC, DK, DV]`` (``state_dtype``:
     float32, or the inputs' dtype, as the chunk kernels read it). ``token_major``: ``W, Kd, U`` ``[B, T, H,
     D]`` as the forward's ``chunk_intra`` writes them (``NC = ceil(T / C)``; the rows past ``T`` load as zeros).
-    ``delta_rule=False`` (levels 1-3, ``W = 0``, ``V' = U``): ``W`` is not read, ``S <- decay S + Kd^T U``."""
+    ``delta_rule=False`` (levels 1-3, ``W = 0``, ``V' = U``): ``W`` is not read, ``S <- decay S + Kd^T U``.
+    ``gate_in`` (levels 1-3 with a gate per head or none: ``delta_rule=False``, ``token_major``; ``kda.backward``'s
+    ``LEVEL_PASSES_FROM_INPUTS``): the pass reads the op's own inputs instead of pieces, ``K [B, T, H, DK]``,
+    ``V [B, T, H, DV]`` and ``G [B, T, H, 1]`` (float32, each chunk's cumulative gate in log2 units), then ``h0`` and
+    ``S_in``, and makes ``Kd = K 2^(G_last - G)`` and the decay ``2^G_last`` per chunk itself."""
+    assert not gate_in or (token_major and not delta_rule), "the inputs' gate: token-major, no delta rule"
     B, H, NC, rows, chunk_of = layout(chunk_size, token_major)
     C = chunk_size
 
-    @T.prim_func
-    def main(
-        W: T.Tensor(rows(DK), dtype),
-        Kd: T.Tensor(rows(DK), dtype),
-        U: T.Tensor(rows(DV), dtype),
-        decay: T.Tensor([B, H, NC, DK], ACCUM),
-        h0: T.Tensor([B, H, DK, DV], ACCUM),
-        S_in: T.Tensor([B, H, NC, DK, DV], state_dtype),
-    ):
+    @T.macro
+    def walk(W, Kd, U, decay, h0, S_in, G):
         with T.Kernel(T.ceildiv(DV, block_dv), H, B, threads=threads) as (bv, bh, bb):
             dv0 = bv * block_dv
             W_s = T.alloc_shared([C, DK], dtype)
@@ -69,13 +67,25 @@ def forward_states_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, thread
             new_s = T.alloc_shared([C, block_dv], dtype)
             S_f = T.alloc_fragment([DK, block_dv], ACCUM)
             new_f = T.alloc_fragment([C, block_dv], ACCUM)
+            if gate_in:
+                G_s = T.alloc_shared([C], ACCUM)
+                K_s = T.alloc_shared([C, DK], dtype)                     # K 2^(G_last - G), made here
             T.copy(h0[bb, bh, :, dv0:dv0 + block_dv], S_f)
             for c in T.Pipelined(NC, num_stages=num_stages):
                 if delta_rule:
                     T.copy(chunk_of(W, bb, bh, c, 0, DK), W_s)
                 T.copy(chunk_of(Kd, bb, bh, c, 0, DK), Kd_s)
                 T.copy(chunk_of(U, bb, bh, c, dv0, dv0 + block_dv), U_s)
-                T.copy(decay[bb, bh, c, :], decay_s)
+                if gate_in:                # the chunk's gate; its last row's for the rows past the end
+                    L = T.min(C, G.shape[1] - c * C)
+                    for i in T.Parallel(C):
+                        G_s[i] = G[bb, c * C + T.min(i, L - 1), bh, 0]
+                    for d in T.Parallel(DK):
+                        decay_s[d] = T.exp2(G_s[C - 1])
+                    for i, d in T.Parallel(C, DK):
+                        K_s[i, d] = Kd_s[i, d] * T.exp2(G_s[C - 1] - G_s[i])
+                else:
+                    T.copy(decay[bb, bh, c, :], decay_s)
                 T.copy(S_f, S_in[bb, bh, c, :, dv0:dv0 + block_dv])     # the state entering chunk c
                 if delta_rule:
                     T.copy(S_f, S_s)
@@ -84,7 +94,31 @@ def forward_states_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, thread
                         new_s[i, j] = U_s[i, j] - new_f[i, j]            # V' = U - W S
                 for i, j in T.Parallel(DK, block_dv):
                     S_f[i, j] = S_f[i, j] * decay_s[i]
-                T.gemm(Kd_s, new_s if delta_rule else U_s, S_f, transpose_A=True)   # + Kd^T V'
+                T.gemm(K_s if gate_in else Kd_s, new_s if delta_rule else U_s, S_f, transpose_A=True)   # + Kd^T V'
+
+    if gate_in:
+        @T.prim_func
+        def from_inputs(
+            K: T.Tensor(rows(DK), dtype),
+            V: T.Tensor(rows(DV), dtype),
+            G: T.Tensor(rows(1), ACCUM),
+            h0: T.Tensor([B, H, DK, DV], ACCUM),
+            S_in: T.Tensor([B, H, NC, DK, DV], state_dtype),
+        ):
+            walk(None, K, V, None, h0, S_in, G)
+
+        return from_inputs
+
+    @T.prim_func
+    def main(
+        W: T.Tensor(rows(DK), dtype),
+        Kd: T.Tensor(rows(DK), dtype),
+        U: T.Tensor(rows(DV), dtype),
+        decay: T.Tensor([B, H, NC, DK], ACCUM),
+        h0: T.Tensor([B, H, DK, DV], ACCUM),
+        S_in: T.Tensor([B, H, NC, DK, DV], state_dtype),
+    ):
+        walk(W, Kd, U, decay, h0, S_in, None)
 
     return main
 # --8<-- [end:forward_states_pass]
@@ -92,7 +126,7 @@ def forward_states_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, thread
 
 # --8<-- [start:reverse_state_pass]
 def reverse_state_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, threads=128, dtype="bfloat16",
-                       state_dtype=ACCUM, chunk_decay_terms=False, token_major=False, delta_rule=True):
+                       state_dtype=ACCUM, chunk_decay_terms=False, token_major=False, delta_rule=True, gate_in=False):
     """Arguments at run time: ``P [B, H, NC C, C]``, ``Kd, Qg, W [B, H, NC C, DK]``, ``dO [B, H, NC C,
     DV]`` (dtype), ``decay [B, H, NC, DK]``, ``dht [B, H, DK, DV]`` (float32), then the outputs
     ``dS_out [B, H, NC, DK, DV]`` (``state_dtype``) and ``dh0 [B, H, DK, DV]`` (float32).
@@ -102,13 +136,18 @@ def reverse_state_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, threads
     the registers hold it (float32), so that no one reads the two states back from HBM for it.
     ``token_major``: ``P, Kd, Qg, W, dO`` ``[B, T, H, *]``, as for ``forward_states_pass``.
     ``delta_rule=False`` (levels 1-3, ``W = 0``): ``dS <- decay dS + Qg^T dO``; ``P``, ``Kd`` and ``W`` are
-    not read (``dV'`` feeds only ``W^T dV'``)."""
+    not read (``dV'`` feeds only ``W^T dV'``). ``gate_in`` (as ``forward_states_pass``'s, with
+    ``chunk_decay_terms``): the arguments ``Q [B, T, H, DK]``, ``dO``, ``G [B, T, H, 1]`` (float32, log2, each
+    chunk's cumulative gate), ``scale``, ``dht``, ``S_in``, then the outputs; ``Qg = scale Q 2^G`` and the decay
+    made here."""
+    assert not gate_in or (token_major and not delta_rule and chunk_decay_terms), \
+        "the inputs' gate: token-major, no delta rule, with the decay terms"
     B, H, NC, rows, chunk_of = layout(chunk_size, token_major)
     C = chunk_size
     NBV = T.ceildiv(DV, block_dv)
 
     @T.macro
-    def walk(P, Kd, Qg, W, dO, decay, dht, dS_out, dh0, S_in, dG_last):
+    def walk(P, Kd, Qg, W, dO, decay, dht, dS_out, dh0, S_in, dG_last, G=None, scale=None):
         with T.Kernel(NBV, H, B, threads=threads) as (bv, bh, bb):
             dv0 = bv * block_dv
             P_s = T.alloc_shared([C, C], dtype)
@@ -125,6 +164,9 @@ def reverse_state_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, threads
                 S_s = T.alloc_shared([DK, block_dv], state_dtype)
                 product_f = T.alloc_fragment([DK, block_dv], ACCUM)
                 row_f = T.alloc_fragment([DK], ACCUM)
+            if gate_in:
+                G_s = T.alloc_shared([C], ACCUM)
+                Q_s = T.alloc_shared([C, DK], dtype)                     # scale Q 2^G, made here
             T.copy(dht[bb, bh, :, dv0:dv0 + block_dv], dS_f)
             for r in T.Pipelined(NC, num_stages=num_stages):
                 c = NC - 1 - r                                           # the last chunk first
@@ -135,7 +177,16 @@ def reverse_state_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, threads
                 if delta_rule:
                     T.copy(chunk_of(W, bb, bh, c, 0, DK), W_s)
                 T.copy(chunk_of(dO, bb, bh, c, dv0, dv0 + block_dv), dO_s)
-                T.copy(decay[bb, bh, c, :], decay_s)
+                if gate_in:                # the chunk's gate; its last row's for the rows past the end
+                    L = T.min(C, G.shape[1] - c * C)
+                    for i in T.Parallel(C):
+                        G_s[i] = G[bb, c * C + T.min(i, L - 1), bh, 0]
+                    for d in T.Parallel(DK):
+                        decay_s[d] = T.exp2(G_s[C - 1])
+                    for i, d in T.Parallel(C, DK):
+                        Q_s[i, d] = Qg_s[i, d] * (T.exp2(G_s[i]) * scale)
+                else:
+                    T.copy(decay[bb, bh, c, :], decay_s)
                 T.copy(dS_f, dS_out[bb, bh, c, :, dv0:dv0 + block_dv])  # the gradient of the state leaving c
                 if chunk_decay_terms:     # read before the stage's first GEMM (the pipelined buffers' rule)
                     T.copy(S_in[bb, bh, c, :, dv0:dv0 + block_dv], S_s)
@@ -152,10 +203,27 @@ def reverse_state_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, threads
                         dnew_s[i, j] = -dnew_f[i, j]                     # -dV', so that the last GEMM adds
                 for i, j in T.Parallel(DK, block_dv):
                     dS_f[i, j] = dS_f[i, j] * decay_s[i]
-                T.gemm(Qg_s, dO_s, dS_f, transpose_A=True)               # + Qg^T dO
+                T.gemm(Q_s if gate_in else Qg_s, dO_s, dS_f, transpose_A=True)   # + Qg^T dO
                 if delta_rule:
                     T.gemm(W_s, dnew_s, dS_f, transpose_A=True)          # - W^T dV'
             T.copy(dS_f, dh0[bb, bh, :, dv0:dv0 + block_dv])
+
+    if gate_in:
+        @T.prim_func
+        def from_inputs(
+            Q: T.Tensor(rows(DK), dtype),
+            dO: T.Tensor(rows(DV), dtype),
+            G: T.Tensor(rows(1), ACCUM),
+            scale: T.float32,
+            dht: T.Tensor([B, H, DK, DV], ACCUM),
+            S_in: T.Tensor([B, H, NC, DK, DV], state_dtype),
+            dS_out: T.Tensor([B, H, NC, DK, DV], state_dtype),
+            dh0: T.Tensor([B, H, DK, DV], ACCUM),
+            dG_last: T.Tensor([B, H, NC, NBV, DK], ACCUM),
+        ):
+            walk(None, None, Q, None, dO, None, dht, dS_out, dh0, S_in, dG_last, G, scale)
+
+        return from_inputs
 
     if chunk_decay_terms:
         @T.prim_func

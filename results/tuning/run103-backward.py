@@ -9,7 +9,8 @@ forward's T, K K^T E and scores) and both: time, peak memory, every gradient aga
 defaults'. ``profile``: one step of kda's KDA and GDN with the defaults by
 ``torch.profiler`` (``$OUT/run103-<name>.txt``, every launch of the last step in order), the split of the 22.6
 and 7.4 ms that the next kernels start from. ``levels``: levels 1, 2 and 3 with a gate per head at (1, 8192,
-96, 128), forward + backward, with ``LEVEL_PIECES`` off and on, beside their fla peers (run 100 had time for
+96, 128), forward + backward, with ``LEVEL_PIECES`` off and on and with ``LEVEL_PASSES_FROM_INPUTS``, beside
+their fla peers (run 100 had time for
 level 1 alone: 13.3 ms). Rows to ``$OUT/run103.jsonl``.
 
     FLA_FLASH_QLA=0 python results/tuning/run103-backward.py [switches] [levels] [profile]
@@ -77,7 +78,8 @@ def time_switches(op, fn, names, cases):
 
 
 def levels():
-    """Levels 1-3 (a gate per head or none) with and without ``LEVEL_PIECES``, and fla's peers."""
+    """Levels 1-3 (a gate per head or none) with neither, with ``LEVEL_PIECES`` and with
+    ``LEVEL_PASSES_FROM_INPUTS`` (no pieces), and fla's peers."""
     from kda import backward, cuda_autograd
     from kda.bench import median_ms
 
@@ -92,10 +94,11 @@ def levels():
             continue
         leaves = [t.detach().clone().requires_grad_() for t in [x["q"], x["k"], x["v"]] + [x[n] for n in own]]
         for name, fn in impls.items():
-            for pieces in ((False, True) if name == "kda" else (False,)):
-                backward.LEVEL_PIECES = pieces
+            for how in (("", "level_pieces", "passes_from_inputs") if name == "kda" else ("",)):
+                backward.LEVEL_PIECES = how == "level_pieces"
+                backward.LEVEL_PASSES_FROM_INPUTS = how == "passes_from_inputs"
                 run = lambda: torch.autograd.grad(fn(*leaves), leaves, x["do"])
-                row = {"stage": "levels", "level": level, "impl": name + (" level_pieces" if pieces else "")}
+                row = {"stage": "levels", "level": level, "impl": " ".join([name, how]).strip()}
                 try:
                     got = run()
                     row.update(ms=round(median_ms(run, warmup_ms=200, rep_ms=1000), 3), peak_MB=run91.peak_mb(run),
@@ -103,7 +106,7 @@ def levels():
                 except Exception as e:
                     row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
                 log(RUN, row)
-        backward.LEVEL_PIECES = False
+        backward.LEVEL_PIECES = backward.LEVEL_PASSES_FROM_INPUTS = False
     torch.cuda.empty_cache()
 
 
