@@ -49,6 +49,13 @@ from kda.reference.level4 import l2_normalize
 STATE_KERNELS = True
 STATE_KERNELS_DTYPE = None
 
+# CUDA, packed sequences (cu_seqlens): the two state passes by the same kernels compiled with varlen, one block per
+# sequence, head and 64 value columns walking that sequence's chunks of the layout that starts every sequence on
+# a chunk (chunk_offsets), with its own initial state and final-state gradient, instead of the torch passes
+# sequence by sequence and chunk by chunk from Python. With STATES_AS_OPERANDS (the decay terms). Off until its
+# GPU tests pass.
+PACKED_STATE_KERNELS = False
+
 # CUDA, where a chunk kernel follows the state-pass kernels: the passes write S and dS in the dtype the chunk
 # kernels read them in (the inputs', not float32), and the reverse pass each chunk decay's gate term
 # (decay sum S dS) from dS as its registers hold it (float32). No float32 copy of the two states in HBM, no
@@ -329,10 +336,13 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
     # 1. what the state passes read, for every chunk: by the forward's kernel, or a group of chunks at
     # a time (one group, step 3 by torch: its pieces are kept for step 3 instead of made again)
     first = None
-    state_kernels = state_kernels_apply(q, DV, len(segments) > 1)
+    packed = len(segments) > 1
+    # packed sequences: the kernels with the decay terms only (what they were compiled and tested for)
+    state_kernels = state_kernels_apply(q, DV, packed) and not (packed and not (
+        STATES_AS_OPERANDS and (chunk_kernel or channel_kernels)))
     from_forward = forward_pieces_apply(q, beta, C, kernel_dtype)
-    from_inputs = level_passes_apply(q, g, beta, C, kernel_dtype, DV, len(segments) > 1)
-    from_level = not from_inputs and level_pieces_apply(q, g, beta, C, kernel_dtype, DV, len(segments) > 1)
+    from_inputs = level_passes_apply(q, g, beta, C, kernel_dtype, DV, packed)
+    from_level = not from_inputs and level_pieces_apply(q, g, beta, C, kernel_dtype, DV, packed)
     token_major = TOKEN_MAJOR_STATES and state_kernels and (from_forward or from_level) or from_inputs
     # KDA's chunk kernels reading all that the forward's kernel made of the pairs (else at most its scores)
     pairs_from_forward = PAIR_PIECES_FROM_FORWARD and token_major and channel_kernels and from_forward
@@ -361,7 +371,7 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
     elif state_kernels:
         as_operands = STATES_AS_OPERANDS and (chunk_kernel or channel_kernels)
         S, dS, dh0, dG_last = kernel_state_passes(whole, S0, dO, dS_final, kernel_dtype, as_operands, token_major,
-                                                  delta_rule=not from_level)
+                                                  delta_rule=not from_level, segments=segments if packed else None)
     else:
         S, dS, dh0 = torch_state_passes({name: x.to(dtype) for name, x in whole.items()}, S0, dO.to(dtype),
                                         dS_final, segments)
@@ -430,8 +440,8 @@ def forward_pieces(q, k, v, g, beta, scale, dtype, token_major=False, pair_piece
 
 def state_kernels_apply(q, DV, packed) -> bool:
     """Whether step 2 of ``chunked_gradients`` runs as the state-pass kernels (``STATE_KERNELS``): CUDA, a
-    dense batch, values in blocks of 64."""
-    return STATE_KERNELS and q.is_cuda and not packed and DV % 64 == 0
+    dense batch (or packed sequences with ``PACKED_STATE_KERNELS``), values in blocks of 64."""
+    return STATE_KERNELS and q.is_cuda and (not packed or PACKED_STATE_KERNELS) and DV % 64 == 0
 
 
 def level_pieces_apply(q, g, beta, C, kernel_dtype, DV, packed) -> bool:
@@ -446,7 +456,7 @@ def level_passes_apply(q, g, beta, C, kernel_dtype, DV, packed) -> bool:
     """Whether steps 1 and 2 of ``chunked_gradients`` run as the state kernels reading the op's inputs
     (``LEVEL_PASSES_FROM_INPUTS``): no delta rule, a gate per head or none, the state kernels for a dense batch,
     and the chunk kernel after them (step 3 then reads the same inputs; it makes no pieces for torch stages)."""
-    return (LEVEL_PASSES_FROM_INPUTS and beta is None and (g is None or g.dim() == 3)
+    return (LEVEL_PASSES_FROM_INPUTS and beta is None and (g is None or g.dim() == 3) and not packed
             and state_kernels_apply(q, DV, packed) and chunk_kernel_applies(q, g, beta, C, kernel_dtype))
 
 
@@ -654,7 +664,7 @@ def torch_state_passes(whole, S0, dO, dS_final, segments):
 
 
 def kernel_state_passes(whole, S0, dO, dS_final, inputs_dtype=None, as_operands=False, token_major=False,
-                        delta_rule=True):
+                        delta_rule=True, segments=None):
     """``forward_states`` and ``reverse_state_pass`` for a dense batch by
     ``kda.kernels.backward_states``: the states entering every chunk, the gradients of those leaving
     it and that of the initial state (float32), from the pieces rounded to ``STATE_KERNELS_DTYPE``, or
@@ -663,7 +673,9 @@ def kernel_state_passes(whole, S0, dO, dS_final, inputs_dtype=None, as_operands=
     dtype and the fourth value is each chunk decay's gate term ``decay_k sum_v S dS``, ``[B, H, NC, DK]``.
     ``token_major`` (``TOKEN_MAJOR_STATES``): the pieces and ``dO`` ``[B, T, H, *]``, as ``forward_pieces``
     gives them with it, read so by the kernels. ``delta_rule=False`` (``W = 0``, ``level_pieces``): the
-    kernels compiled without the delta rule's GEMMs (the reverse pass then reads neither ``P`` nor ``Kd``)."""
+    kernels compiled without the delta rule's GEMMs (the reverse pass then reads neither ``P`` nor ``Kd``).
+    ``segments``: packed sequences' chunk ranges (``B = 1``; ``S0`` and ``dS_final`` ``[N, H, DK, DV]``; with
+    ``as_operands``): the kernels compiled with ``varlen``, one block per sequence (``PACKED_STATE_KERNELS``)."""
     from kda import ops
     from kda.kernels import backward_states
     from kda.kernels.build import compile_program
@@ -681,7 +693,10 @@ def kernel_state_passes(whole, S0, dO, dS_final, inputs_dtype=None, as_operands=
     # float32 operands (tf32 products) take twice the shared memory: one pipeline stage
     shapes = dict(DK=DK, DV=DV, chunk_size=C, block_dv=64, dtype=name, num_stages=1 if name == "float32" else 2)
     shapes.update({"state_dtype": name} if as_operands else {}, **({"token_major": True} if token_major else {}),
-                  **({} if delta_rule else {"delta_rule": False}))
+                  **({} if delta_rule else {"delta_rule": False}), **({"varlen": True} if segments else {}))
+    assert not segments or as_operands, "packed sequences: the kernels with the decay terms"
+    # where each packed sequence's chunks start and end (sequence n: chunk_offsets[n] to chunk_offsets[n + 1])
+    offsets = [torch.tensor([0] + [e for _, e in segments], dtype=torch.int32, device=S0.device)] if segments else []
     with torch.cuda.device(S0.device):
         forward = compile_program(backward_states.forward_states_pass, (), **shapes)
         reverse = compile_program(backward_states.reverse_state_pass, (), **shapes,
@@ -689,13 +704,13 @@ def kernel_state_passes(whole, S0, dO, dS_final, inputs_dtype=None, as_operands=
         S, dS = (ops.new_output((B, H, NC, DK, DV), states, S0.device) for _ in range(2))
         dh0 = ops.new_output(S0.shape, torch.float32, S0.device)
         W, Kd = flat(whole["W"]), flat(whole["Kd"])
-        forward(W, Kd, flat(whole["U"]), decay, S0.float().contiguous(), S)
+        forward(W, Kd, flat(whole["U"]), decay, S0.float().contiguous(), S, *offsets)
         pieces = (flat(whole["P"]), Kd, flat(whole["Qg"]), W, flat(dO), decay, dS_final.float().contiguous())
         if not as_operands:
             reverse(*pieces, dS, dh0)
             return S.to(S0.dtype), dS.to(S0.dtype), dh0.to(S0.dtype), None
         terms = ops.new_output((B, H, NC, ceildiv(DV, 64), DK), torch.float32, S0.device)   # per 64 value columns
-        reverse(*pieces, S, dS, dh0, terms)
+        reverse(*pieces, S, dS, dh0, terms, *offsets)
     return S, dS, dh0.to(S0.dtype), terms.sum(3)
 
 

@@ -227,6 +227,15 @@ PATHS: tuple[CudaPath, ...] = (
               "zh": "第一至三级（每个头一个门控或没有门控）的反向不再生成中间量：两趟状态遍历直接读取算子的 q、k、v、do "
                     "与每块的累积门控，自行缩放"},
     ),
+    CudaPath(
+        name="packed_state_kernels",
+        module="kda.backward",
+        switch="PACKED_STATE_KERNELS",
+        what={"en": "the backward's two state passes for packed sequences (cu_seqlens) by the state kernels, one "
+                    "launch each and one block per sequence, instead of torch passes sequence by sequence",
+              "zh": "打包序列（cu_seqlens）反向的两趟状态遍历由状态遍历 kernel 完成，每趟一次启动、每个序列一个 block，"
+                    "取代逐个序列的 torch 遍历"},
+    ),
 )
 
 

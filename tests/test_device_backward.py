@@ -224,15 +224,41 @@ def gate_in_pieces(C, Q, K, G, scale):
     return Qg, Kd, torch.exp2(G_last).expand(*G_last.shape[:3], DK)
 
 
+def packed_pass(dense, args, offsets, token_major, delta_rule, C, forward):
+    """A state pass's mirror over packed sequences (``varlen``): ``dense`` (the dense mirror) on each sequence's
+    chunks, ``offsets[n]`` to ``offsets[n + 1]`` of the batch row, with its own state (``h0``, or ``dht`` and
+    ``dh0``) and the whole tensors' views of its chunks."""
+    rows = (lambda x, s, e: x[:, s * C:e * C]) if token_major else (lambda x, s, e: x[:, :, s * C:e * C])
+    chunk = lambda x, s, e: x[:, :, s:e]
+    bounds = offsets.tolist()
+    for n, (s, e) in enumerate(zip(bounds[:-1], bounds[1:])):
+        if forward:
+            W, Kd, U, decay, h0, S_in = args
+            if e > s:
+                dense(rows(W, s, e), rows(Kd, s, e), rows(U, s, e), chunk(decay, s, e), h0[n:n + 1],
+                      chunk(S_in, s, e), token_major=token_major, delta_rule=delta_rule)
+        else:
+            P, Kd, Qg, W, dO, decay, dht, S_in, dS_out, dh0, dG_last = args
+            if e == s:                                          # an empty sequence: its gradient passes through
+                dh0[n:n + 1].copy_(dht[n:n + 1])
+                continue
+            dense(*(rows(x, s, e) for x in (P, Kd, Qg, W, dO)), chunk(decay, s, e), dht[n:n + 1], chunk(S_in, s, e),
+                  chunk(dS_out, s, e), dh0[n:n + 1], chunk(dG_last, s, e), token_major=token_major,
+                  delta_rule=delta_rule)
+
+
 def forward_states_mirror(C):
     """``kda.kernels.backward_states.forward_states_pass`` for chunks of ``C`` in float64 torch, reading its
     arguments in their head-major chunk layout (or token-major, ``token_major``) and writing ``S_in``; with
     ``gate_in``, its arguments ``K, V, G, h0, S_in`` (``gate_in_pieces``)."""
-    def forward_states(*args, token_major=False, delta_rule=True, gate_in=False):
+    def forward_states(*args, token_major=False, delta_rule=True, gate_in=False, varlen=False):
         if gate_in:
             K, V, G, h0, S_in = args
             _, Kd, decay = gate_in_pieces(C, K, K, G, 1.0)
             return forward_states(Kd, Kd, V, decay, h0, S_in, token_major=True, delta_rule=False)
+        if varlen:                     # sequence n: chunks offsets[n] to offsets[n + 1], its own h0
+            *args, offsets = args
+            return packed_pass(forward_states, args, offsets, token_major, delta_rule, C, forward=True)
         W, Kd, U, decay, h0, S_in = args
         chunks = piece_chunks(C, token_major, decay.shape[2])
         Ws = chunks(W) if delta_rule else torch.zeros_like(chunks(W))      # without the delta rule: W not read
@@ -246,7 +272,10 @@ def reverse_state_pass_mirror(C, block_dv=64):
     arguments of ``chunk_decay_terms=True`` (``S_in`` before ``dS_out``, ``dG_last`` after ``dh0``) each chunk
     decay's gate term too, per ``block_dv`` value columns, from ``dS`` before it is rounded to ``dS_out``. With
     ``gate_in``, its arguments ``Q, dO, G, scale, dht, S_in, dS_out, dh0, dG_last`` (``gate_in_pieces``)."""
-    def reverse(*args, token_major=False, delta_rule=True, gate_in=False):
+    def reverse(*args, token_major=False, delta_rule=True, gate_in=False, varlen=False):
+        if varlen:
+            *args, offsets = args
+            return packed_pass(reverse, args, offsets, token_major, delta_rule, C, forward=False)
         if gate_in:
             Q, dO, G, scale, dht, *outputs = args
             Qg, _, decay = gate_in_pieces(C, Q, Q, G, scale)
@@ -423,7 +452,7 @@ def assert_gradients_agree(got, want, bound=1e-2):
 
 def fake_kernels(monkeypatch, fakes, prepare_chunks=None):
     """CUDA faked and every kernel replaced by its stand-in in ``fakes``, handed the compile flags it takes
-    (``token_major``, ``delta_rule``, ``scores``, ``pieces_in``, ``gate_in``); the forward's ``chunk_intra`` by ``prepare_chunks``
+    (``token_major``, ``delta_rule``, ``scores``, ``pieces_in``, ``gate_in``, ``varlen``); the forward's ``chunk_intra`` by ``prepare_chunks``
     (default: its mirror). Returns ``{kernel name: compile kwargs}``, the last compile of each."""
     from kda import gated_delta
     from kda.kernels import build
@@ -435,7 +464,7 @@ def fake_kernels(monkeypatch, fakes, prepare_chunks=None):
         takes = inspect.signature(fakes[fn]).parameters
         any_flag = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in takes.values())
         return functools.partial(fakes[fn], **{name: kw[name] for name in ("token_major", "delta_rule", "scores",
-                                                                            "pieces_in", "gate_in")
+                                                                            "pieces_in", "gate_in", "varlen")
                                                if name in kw and (any_flag or name in takes)})
 
     monkeypatch.setattr(build, "compile_program", compile_program)
@@ -1026,6 +1055,44 @@ def test_level_passes_from_inputs(gate, monkeypatch):
     for name in ("forward_states_pass", "reverse_state_pass"):
         assert compiled[name]["gate_in"] is True and compiled[name]["delta_rule"] is False
     assert compiled["reverse_state_pass"]["chunk_decay_terms"] is True
+    assert_gradients_agree(got, want)
+
+
+@pytest.mark.parametrize("token_major", [False, True], ids=["head_major", "token_major"])
+@pytest.mark.parametrize("per_channel", [False, True], ids=["gdn", "kda"])
+def test_packed_state_kernels(per_channel, token_major, monkeypatch):
+    """``PACKED_STATE_KERNELS`` (CUDA faked, every kernel replaced by its float64 mirror): packed sequences (an
+    empty one, one of length 1, tails, initial states and final-state gradients per sequence) take the state
+    kernels compiled with ``varlen``, one launch each, instead of the torch passes; the gradients are those of the
+    torch passes, to the rounding of the states to bf16."""
+    from kda.kernels import backward_chunks, backward_states
+
+    compiled = fake_kernels(monkeypatch, {
+        backward_states.forward_states_pass: forward_states_mirror(64),
+        backward_states.reverse_state_pass: reverse_state_pass_mirror(64),
+        backward_chunks.chunk_gradients: chunk_kernel_mirror,
+        backward_chunks.chunk_pair_pieces: pair_pieces_mirror,
+        backward_chunks.chunk_state_gradients: state_gradients_mirror,
+        backward_chunks.chunk_pair_gradients: pair_gradients_mirror})
+    lengths = [0, 1, 63, 130, 70]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    q, k, v, g, beta, h0, do, dht = inputs(B=1, T=sum(lengths), H=2, HQ=2, K=8, V=64, seed=12,
+                                           per_channel=per_channel)       # values in a block of 64, as the kernels
+    q, k, v, do = (x.to(torch.bfloat16) for x in (q * 3, k * 2, v, do))
+    h0, dht = (torch.randn(len(lengths), *x.shape[1:], dtype=torch.float64) for x in (h0, dht))
+    args = (q, k, v, g.float(), beta.float(), 0.5, h0.float(), False, cu, do, dht.float())
+    for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL", "CHUNK_KERNELS_BY_CHANNEL", "STATES_AS_OPERANDS"):
+        monkeypatch.setattr(backward, switch, True)
+    monkeypatch.setattr(backward, "TOKEN_MAJOR_STATES", token_major)
+    monkeypatch.setattr(backward, "PACKED_STATE_KERNELS", False)
+    want = backward.op_gradients(*args)
+    assert "forward_states_pass" not in compiled                      # the torch passes
+    monkeypatch.setattr(backward, "PACKED_STATE_KERNELS", True)
+    monkeypatch.setattr(backward, "torch_state_passes", lambda *a, **kw: pytest.fail("the torch passes ran"))
+    monkeypatch.setattr(ops, "poison_outputs", True)
+    got = backward.op_gradients(*args)
+    for name in ("forward_states_pass", "reverse_state_pass"):
+        assert compiled[name]["varlen"] is True and compiled[name].get("token_major", False) is token_major
     assert_gradients_agree(got, want)
 
 

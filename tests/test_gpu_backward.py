@@ -70,16 +70,26 @@ def test_gradients_against_token_recurrence(shape, dtype, kind, per_channel, dev
     check(got, ref.recurrence_backward(q, k, v, g, beta, do.double().cpu(), dht.double().cpu(), DK ** -0.5, h0))
 
 
-@pytest.mark.parametrize("kernels", [(), ("FORWARD_PIECES", "CHUNK_KERNEL")], ids=["torch", "kernels"])
+PACKED_KERNELS = ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL", "CHUNK_KERNELS_BY_CHANNEL", "STATES_AS_OPERANDS",
+                  "TOKEN_MAJOR_STATES", "PACKED_STATE_KERNELS")
+
+
+@pytest.mark.parametrize("kernels", [(), ("FORWARD_PIECES", "CHUNK_KERNEL"), PACKED_KERNELS],
+                         ids=["torch", "kernels", "packed_state_kernels"])
 @pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
 def test_packed_sequences(per_channel, kernels, device_backward, monkeypatch):
     """An empty sequence, one of length 1 and lengths not a multiple of 64, each with its state; with the
     torch stages, and with the kernels that packed sequences take (the chunk kernel: a gate per head),
-    then within the kernels' bound."""
+    then within the kernels' bound. ``packed_state_kernels``: every kernel, the state passes too, compiled with
+    ``varlen`` (``PACKED_STATE_KERNELS``; seen compiled so)."""
     from kda import backward
+    from kda.kernels import build
 
     for switch in kernels:
         monkeypatch.setattr(backward, switch, True)
+    compiled, compile_program = {}, build.compile_program
+    monkeypatch.setattr(build, "compile_program",
+                        lambda fn, *a, **kw: compiled.update({fn.__name__: kw}) or compile_program(fn, *a, **kw))
     lengths = [0, 1, 63, 130, 200]
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
     T, H, DK, DV = sum(lengths), 2, 64, 128
@@ -92,6 +102,8 @@ def test_packed_sequences(per_channel, kernels, device_backward, monkeypatch):
     want = ref.packed_backward(*(x.double().cpu() for x in (q, k, v, g, beta, do)), cu.cpu(),
                                dht.double().cpu(), DK ** -0.5, initial_state=h0.double().cpu())
     check(got, want, KERNEL_BOUND if kernels else None)
+    if kernels == PACKED_KERNELS:
+        assert compiled["forward_states_pass"].get("varlen") and compiled["reverse_state_pass"].get("varlen")
 
 
 def test_a_training_step_in_a_layer(device_backward):
@@ -196,7 +208,7 @@ def test_state_passes_as_operands_against_the_stages(per_channel, dtype, token_m
 # four switches on since their tests here passed: STATES_AS_OPERANDS, TOKEN_MAJOR_STATES, SHARED_PAIR_SUMS,
 # GATE_IN_PAIR_KERNEL); the scores from the forward need KDA and the token-major pieces (on by default)
 LANDED_OFF = ("SCORES_FROM_FORWARD", "PAIR_KERNEL_TWO_BLOCKS", "PAIR_KERNEL_BY_CHANNELS", "GRADS_IN_INPUT_DTYPE",
-              "PAIR_PIECES_FROM_FORWARD", "INVERSE_FROM_FORWARD")
+              "PAIR_PIECES_FROM_FORWARD", "INVERSE_FROM_FORWARD", "PACKED_STATE_KERNELS", "LEVEL_PASSES_FROM_INPUTS")
 SWITCH_CASES = [(on, per_channel, kind)
                 for on, per_channel, kinds in (
                     (("SCORES_FROM_FORWARD",), True, ["logsigmoid", "runs_of_-20", "mild"]),

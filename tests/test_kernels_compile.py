@@ -65,6 +65,13 @@ CASES = [
     ("scalar_gate", "inverse_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", varlen=True,
                                                       value_groups=2, initial_state=True, final_state=True)),
     ("backward_states", "forward_states_pass", dict(DK=128, DV=128)),
+    # packed sequences, one block per sequence (PACKED_STATE_KERNELS)
+    ("backward_states", "forward_states_pass", dict(DK=128, DV=128, token_major=True, state_dtype="bfloat16",
+                                                    varlen=True)),
+    ("backward_states", "reverse_state_pass", dict(DK=128, DV=128, token_major=True, state_dtype="bfloat16",
+                                                   chunk_decay_terms=True, varlen=True)),
+    ("backward_states", "reverse_state_pass", dict(DK=64, DV=128, dtype="float16", state_dtype="float16",
+                                                   chunk_decay_terms=True, varlen=True)),
     # the level passes reading the op's inputs (LEVEL_PASSES_FROM_INPUTS)
     ("backward_states", "forward_states_pass", dict(DK=128, DV=128, token_major=True, delta_rule=False, gate_in=True,
                                                     state_dtype="bfloat16")),

@@ -471,3 +471,28 @@ def test_backward_with_the_forwards_pair_pieces(kernel_launches, monkeypatch, pe
     if not per_channel:
         assert kernel_launches[-1][1].get("pieces_in") is True
     assert [x.shape for x in got[:5]] == [q.shape, k.shape, v.shape, gate.shape, beta.shape]
+
+
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
+def test_backward_of_packed_sequences_with_the_state_kernels(kernel_launches, monkeypatch, per_channel):
+    """``PACKED_STATE_KERNELS`` with every kernel (CUDA faked): packed sequences (an empty one, one token, tails)
+    take one launch of each state kernel compiled with ``varlen``, bound with one initial state and final-state
+    gradient per sequence and the chunk offsets, between the forward's ``chunk_intra`` and the chunk kernels."""
+    from kda import backward
+
+    for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL", "CHUNK_KERNELS_BY_CHANNEL", "TOKEN_MAJOR_STATES",
+                   "STATES_AS_OPERANDS", "PACKED_STATE_KERNELS"):
+        monkeypatch.setattr(backward, switch, True)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    bounds = [0, 70, 71, 71, 200]
+    q, k, v, g, beta = level5_inputs(B=1, T=200, per_channel=per_channel)
+    gate = g if per_channel else g[..., 0]
+    N = len(bounds) - 1
+    h0, dht = torch.randn(N, 2, 64, 64), torch.randn(N, 2, 64, 64)
+    got = backward.op_gradients(q, k, v, gate, beta, 0.125, h0, False, torch.tensor(bounds),
+                                torch.randn(1, 200, 2, 64).bfloat16(), dht)
+    step3 = ["chunk_pair_pieces", "chunk_state_gradients", "chunk_pair_gradients"] if per_channel else ["chunk_gradients"]
+    assert [name for name, _ in kernel_launches] == ["chunk_intra", "forward_states_pass", "reverse_state_pass", *step3]
+    params = dict(kernel_launches)
+    assert params["forward_states_pass"]["varlen"] and params["reverse_state_pass"]["varlen"]
+    assert [x.shape for x in got] == [q.shape, k.shape, v.shape, gate.shape, beta.shape, h0.shape]

@@ -41,7 +41,7 @@ def layout(C, token_major):
 
 # --8<-- [start:forward_states_pass]
 def forward_states_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, threads=128, dtype="bfloat16",
-                        state_dtype=ACCUM, token_major=False, delta_rule=True, gate_in=False):
+                        state_dtype=ACCUM, token_major=False, delta_rule=True, gate_in=False, varlen=False):
     """Arguments at run time: ``W, Kd [B, H, NC C, DK]``, ``U [B, H, NC C, DV]`` (dtype), ``decay [B, H,
     NC, DK]``, ``h0 [B, H, DK, DV]`` (float32), then the output ``S_in [B, H, NC, DK, DV]`` (``state_dtype``:
     float32, or the inputs' dtype, as the chunk kernels read it). ``token_major``: ``W, Kd, U`` ``[B, T, H,
@@ -50,14 +50,22 @@ def forward_states_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, thread
     ``gate_in`` (levels 1-3 with a gate per head or none: ``delta_rule=False``, ``token_major``; ``kda.backward``'s
     ``LEVEL_PASSES_FROM_INPUTS``): the pass reads the op's own inputs instead of pieces, ``K [B, T, H, DK]``,
     ``V [B, T, H, DV]`` and ``G [B, T, H, 1]`` (float32, each chunk's cumulative gate in log2 units), then ``h0`` and
-    ``S_in``, and makes ``Kd = K 2^(G_last - G)`` and the decay ``2^G_last`` per chunk itself."""
+    ``S_in``, and makes ``Kd = K 2^(G_last - G)`` and the decay ``2^G_last`` per chunk itself.
+    ``varlen`` (packed sequences laid out from chunk boundaries, ``B = 1``; ``kda.backward``'s
+    ``PACKED_STATE_KERNELS``): ``h0 [N, H, DK, DV]``, one initial state per sequence, and a last argument
+    ``chunk_offsets [N + 1]`` (int32: sequence ``n`` holds chunks ``chunk_offsets[n]`` to ``chunk_offsets[n + 1]``);
+    one block per sequence, head and ``block_dv`` value columns."""
     assert not gate_in or (token_major and not delta_rule), "the inputs' gate: token-major, no delta rule"
+    assert not (gate_in and varlen), "packed sequences take the pieces"
     B, H, NC, rows, chunk_of = layout(chunk_size, token_major)
     C = chunk_size
+    N = T.dynamic("N")
 
     @T.macro
-    def walk(W, Kd, U, decay, h0, S_in, G):
-        with T.Kernel(T.ceildiv(DV, block_dv), H, B, threads=threads) as (bv, bh, bb):
+    def walk(W, Kd, U, decay, h0, S_in, G, offsets=None):
+        with T.Kernel(T.ceildiv(DV, block_dv), H, N if varlen else B, threads=threads) as (bv, bh, lane):
+            # a dense batch row walks all its chunks; a packed sequence (batch row 0) its own
+            bb, c0 = (0, offsets[lane]) if varlen else (lane, 0)
             dv0 = bv * block_dv
             W_s = T.alloc_shared([C, DK], dtype)
             Kd_s = T.alloc_shared([C, DK], dtype)
@@ -70,8 +78,9 @@ def forward_states_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, thread
             if gate_in:
                 G_s = T.alloc_shared([C], ACCUM)
                 K_s = T.alloc_shared([C, DK], dtype)                     # K 2^(G_last - G), made here
-            T.copy(h0[bb, bh, :, dv0:dv0 + block_dv], S_f)
-            for c in T.Pipelined(NC, num_stages=num_stages):
+            T.copy(h0[lane, bh, :, dv0:dv0 + block_dv], S_f)
+            for r in T.Pipelined(offsets[lane + 1] - c0 if varlen else NC, num_stages=num_stages):
+                c = c0 + r
                 if delta_rule:
                     T.copy(chunk_of(W, bb, bh, c, 0, DK), W_s)
                 T.copy(chunk_of(Kd, bb, bh, c, 0, DK), Kd_s)
@@ -109,6 +118,21 @@ def forward_states_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, thread
 
         return from_inputs
 
+    if varlen:
+        @T.prim_func
+        def packed(
+            W: T.Tensor(rows(DK), dtype),
+            Kd: T.Tensor(rows(DK), dtype),
+            U: T.Tensor(rows(DV), dtype),
+            decay: T.Tensor([B, H, NC, DK], ACCUM),
+            h0: T.Tensor([N, H, DK, DV], ACCUM),
+            S_in: T.Tensor([B, H, NC, DK, DV], state_dtype),
+            chunk_offsets: T.Tensor([N + 1], "int32"),
+        ):
+            walk(W, Kd, U, decay, h0, S_in, None, chunk_offsets)
+
+        return packed
+
     @T.prim_func
     def main(
         W: T.Tensor(rows(DK), dtype),
@@ -126,7 +150,8 @@ def forward_states_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, thread
 
 # --8<-- [start:reverse_state_pass]
 def reverse_state_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, threads=128, dtype="bfloat16",
-                       state_dtype=ACCUM, chunk_decay_terms=False, token_major=False, delta_rule=True, gate_in=False):
+                       state_dtype=ACCUM, chunk_decay_terms=False, token_major=False, delta_rule=True, gate_in=False,
+                       varlen=False):
     """Arguments at run time: ``P [B, H, NC C, C]``, ``Kd, Qg, W [B, H, NC C, DK]``, ``dO [B, H, NC C,
     DV]`` (dtype), ``decay [B, H, NC, DK]``, ``dht [B, H, DK, DV]`` (float32), then the outputs
     ``dS_out [B, H, NC, DK, DV]`` (``state_dtype``) and ``dh0 [B, H, DK, DV]`` (float32).
@@ -139,16 +164,21 @@ def reverse_state_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, threads
     not read (``dV'`` feeds only ``W^T dV'``). ``gate_in`` (as ``forward_states_pass``'s, with
     ``chunk_decay_terms``): the arguments ``Q [B, T, H, DK]``, ``dO``, ``G [B, T, H, 1]`` (float32, log2, each
     chunk's cumulative gate), ``scale``, ``dht``, ``S_in``, then the outputs; ``Qg = scale Q 2^G`` and the decay
-    made here."""
+    made here. ``varlen`` (with ``chunk_decay_terms``; as ``forward_states_pass``'s): ``dht`` and ``dh0`` ``[N, H,
+    DK, DV]``, one per sequence, and the last argument ``chunk_offsets [N + 1]`` (int32)."""
     assert not gate_in or (token_major and not delta_rule and chunk_decay_terms), \
         "the inputs' gate: token-major, no delta rule, with the decay terms"
+    assert not varlen or (chunk_decay_terms and not gate_in), "packed sequences: the pieces, with the decay terms"
     B, H, NC, rows, chunk_of = layout(chunk_size, token_major)
+    N = T.dynamic("N")
     C = chunk_size
     NBV = T.ceildiv(DV, block_dv)
 
     @T.macro
-    def walk(P, Kd, Qg, W, dO, decay, dht, dS_out, dh0, S_in, dG_last, G=None, scale=None):
-        with T.Kernel(NBV, H, B, threads=threads) as (bv, bh, bb):
+    def walk(P, Kd, Qg, W, dO, decay, dht, dS_out, dh0, S_in, dG_last, G=None, scale=None, offsets=None):
+        with T.Kernel(NBV, H, N if varlen else B, threads=threads) as (bv, bh, lane):
+            # a dense batch row walks all its chunks; a packed sequence (batch row 0) its own, from the last
+            bb = 0 if varlen else lane
             dv0 = bv * block_dv
             P_s = T.alloc_shared([C, C], dtype)
             Kd_s = T.alloc_shared([C, DK], dtype)
@@ -167,9 +197,9 @@ def reverse_state_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, threads
             if gate_in:
                 G_s = T.alloc_shared([C], ACCUM)
                 Q_s = T.alloc_shared([C, DK], dtype)                     # scale Q 2^G, made here
-            T.copy(dht[bb, bh, :, dv0:dv0 + block_dv], dS_f)
-            for r in T.Pipelined(NC, num_stages=num_stages):
-                c = NC - 1 - r                                           # the last chunk first
+            T.copy(dht[lane, bh, :, dv0:dv0 + block_dv], dS_f)
+            for r in T.Pipelined(offsets[lane + 1] - offsets[lane] if varlen else NC, num_stages=num_stages):
+                c = (offsets[lane + 1] if varlen else NC) - 1 - r        # the last chunk first
                 if delta_rule:
                     T.copy(chunk_of(P, bb, bh, c, 0, C), P_s)
                     T.copy(chunk_of(Kd, bb, bh, c, 0, DK), Kd_s)
@@ -206,7 +236,7 @@ def reverse_state_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, threads
                 T.gemm(Q_s if gate_in else Qg_s, dO_s, dS_f, transpose_A=True)   # + Qg^T dO
                 if delta_rule:
                     T.gemm(W_s, dnew_s, dS_f, transpose_A=True)          # - W^T dV'
-            T.copy(dS_f, dh0[bb, bh, :, dv0:dv0 + block_dv])
+            T.copy(dS_f, dh0[lane, bh, :, dv0:dv0 + block_dv])
 
     if gate_in:
         @T.prim_func
@@ -224,6 +254,26 @@ def reverse_state_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, threads
             walk(None, None, Q, None, dO, None, dht, dS_out, dh0, S_in, dG_last, G, scale)
 
         return from_inputs
+
+    if varlen:
+        @T.prim_func
+        def packed(
+            P: T.Tensor(rows(C), dtype),
+            Kd: T.Tensor(rows(DK), dtype),
+            Qg: T.Tensor(rows(DK), dtype),
+            W: T.Tensor(rows(DK), dtype),
+            dO: T.Tensor(rows(DV), dtype),
+            decay: T.Tensor([B, H, NC, DK], ACCUM),
+            dht: T.Tensor([N, H, DK, DV], ACCUM),
+            S_in: T.Tensor([B, H, NC, DK, DV], state_dtype),
+            dS_out: T.Tensor([B, H, NC, DK, DV], state_dtype),
+            dh0: T.Tensor([N, H, DK, DV], ACCUM),
+            dG_last: T.Tensor([B, H, NC, NBV, DK], ACCUM),
+            chunk_offsets: T.Tensor([N + 1], "int32"),
+        ):
+            walk(P, Kd, Qg, W, dO, decay, dht, dS_out, dh0, S_in, dG_last, offsets=chunk_offsets)
+
+        return packed
 
     if chunk_decay_terms:
         @T.prim_func

@@ -13,7 +13,9 @@ and 7.4 ms that the next kernels start from. ``levels``: levels 1, 2 and 3 with 
 their fla peers (run 100 had time for
 level 1 alone: 13.3 ms). Rows to ``$OUT/run103.jsonl``.
 
-    FLA_FLASH_QLA=0 python results/tuning/run103-backward.py [switches] [levels] [profile]
+``packed``: KDA and GDN forward + backward on 96 packed sequences with ``PACKED_STATE_KERNELS`` off and on.
+
+    FLA_FLASH_QLA=0 python results/tuning/run103-backward.py [switches] [levels] [profile] [packed]
 """
 import importlib.util
 import os
@@ -124,8 +126,39 @@ def profile():
         torch.cuda.empty_cache()
 
 
+def packed():
+    """KDA and GDN forward + backward on 32768 tokens packed from 96 sequences of random length (H = 32, D = 128),
+    with ``PACKED_STATE_KERNELS`` off (the torch passes, sequence by sequence) and on (one launch each)."""
+    import kda
+    from kda import backward, cuda_autograd
+    from kda.bench import median_ms
+
+    cuda_autograd.DEVICE_BACKWARD = True
+    gen = torch.Generator().manual_seed(3)
+    cuts = torch.randperm(32767, generator=gen)[:95].add(1).sort().values.tolist()
+    cu = torch.tensor([0, *cuts, 32768], dtype=torch.int32, device="cuda")
+    for op, fn in (("KDA", kda.chunk_kda), ("GDN", kda.chunk_gated_delta_rule)):
+        leaves, do = run91.inputs(1, 32768, 32, 128, op == "KDA")
+        for on in (False, True):
+            backward.PACKED_STATE_KERNELS = on
+            run = lambda: torch.autograd.grad(fn(*leaves, cu_seqlens=cu)[0], leaves, do)
+            row = {"stage": "packed", "op": op, "PACKED_STATE_KERNELS": on}
+            try:
+                got = run()
+                row.update(ms=round(median_ms(run, warmup_ms=100, rep_ms=500), 3), peak_MB=run91.peak_mb(run),
+                           finite=all(bool(torch.isfinite(x).all()) for x in got))
+            except Exception as e:
+                row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            log(RUN, row)
+        backward.PACKED_STATE_KERNELS = False
+        leaves = do = None                     # freed before the next op's inputs
+        torch.cuda.empty_cache()
+
+
 if __name__ == "__main__":
     stages = sys.argv[1:] or ["switches", "levels", "profile"]
+    if "packed" in stages:
+        packed()
     if "switches" in stages:
         switches()
     if "levels" in stages:
