@@ -408,13 +408,14 @@ def test_chunk_intra_backward_outputs(scalar_gate, dtype, kind):
         kernel(q, k, v, gate, beta, DK ** -0.5, *outs, flags, no_chunks, *(more if extra else []))
         runs.append(outs + (more if extra else []))
     assert flags.tolist() == [0, 0]
+    # the same outputs up to a rounding flipped here and there (b applied twice or not at all would be 0.1 or more)
     for label, a, b in zip("Qw Kw decay A_qk W U".split(), runs[1], runs[0]):
         assert torch.isfinite(a).all(), f"{label}: not finite (unwritten?)"
-        assert rel_l2(a.double(), b.double()) <= 1e-6, f"{label}: {rel_l2(a.double(), b.double()):.1e}"
-    bound = 5e-3 if dtype == torch.bfloat16 else 1e-3
+        assert rel_l2(a.double(), b.double()) <= 1e-3, f"{label}: {rel_l2(a.double(), b.double()):.1e}"
+    bound = 5e-3 if dtype == torch.bfloat16 else 2e-3
     for label, got, want in zip(("G", "Tinv", "KKE"), runs[1][6:], pair_pieces_reference(k, gate, beta)):
         assert torch.isfinite(got).all(), f"{label}: not finite (unwritten?)"
-        limit = 1e-6 if label == "G" else bound
+        limit = 1e-5 if label == "G" else bound
         assert rel_l2(got.double().cpu(), want) <= limit, f"{label}: {rel_l2(got.double().cpu(), want):.2e}"
 
 
