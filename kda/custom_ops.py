@@ -7,10 +7,11 @@ value checks that read tensors back to the host (a graph cannot hold them), and 
 below, which runs the eager path inside the compiled graph. Each op has a fake implementation:
 the output shapes, nothing computed. ``chunk_gated_delta`` and ``fused_recurrent`` also have a
 backward (``register_autograd``), so that a compiled graph trains: on the CPU it recomputes the
-float64 forward and takes autograd's gradients through it, exactly what an eager call gives. On
-CUDA an eager call differentiates through ``kda.cuda_autograd`` (the backward kernels of
-``kda.backward``), but this op's backward does not reach them yet: it refuses CUDA tensors (with
-an older message that names issue 18), so a compiled graph trains on the CPU only (issue 41).
+float64 forward and takes autograd's gradients through it, exactly what an eager call gives. The
+backward op of ``chunk_gated_delta`` has a CUDA kernel of its own, registered by ``kda.cuda_autograd``
+(``kda.backward.op_gradients``, the path an eager CUDA call takes), so a compiled graph trains on
+CUDA too; the CPU implementation below refuses CUDA tensors, which reach it only if that module was
+never imported (its message predates the backward). ``fused_recurrent`` (decode) has no CUDA backward.
 Importing ``kda`` registers them.
 """
 
