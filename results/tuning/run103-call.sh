@@ -6,7 +6,8 @@
 # the pair kernel's splits by channels alone (run101-pairs.py, VARIANT_SET=run103), then with what is left the
 # stale level-5 records (ONLY; the backward's wait for the switches that go on).
 # Too much for one call of 600 s: PARTS picks what a call runs, "tests" (the 89 GPU tests, about 240 s) or
-# "timings" (the timings and the profile, then the pairs, then rerecord with what is left), both by default.
+# "timings" (the timings and the profile, GDN's chunk kernel alone, the pair kernel alone, then rerecord with what
+# is left), both by default.
 # Logs, records and caches to $OUT (device-env.sh bundles the logs).
 set -u
 source "$(dirname "$0")/device-env.sh"
@@ -23,6 +24,7 @@ fi
 if [[ " $PARTS " == *" timings "* ]]; then
   timeout -k 5 "${SWITCHES_S:-240}" python results/tuning/run103-backward.py packed switches levels profile 2>&1 \
     | grep -v "^20" | tail -8
+  timeout -k 5 "${CHUNK_S:-90}" python results/tuning/run103-chunk.py compile time 2>&1 | grep -v "^20" | tail -12
   VARIANT_SET=run103 timeout -k 5 "${PAIRS_S:-90}" python results/tuning/run101-pairs.py compile time 2>&1 \
     | grep -v "^20" | tail -12
   ONLY=${ONLY:-snippets/level5} rerecord_rest
