@@ -236,6 +236,15 @@ PATHS: tuple[CudaPath, ...] = (
               "zh": "打包序列（cu_seqlens）反向的两趟状态遍历由状态遍历 kernel 完成，每趟一次启动、每个序列一个 block，"
                     "取代逐个序列的 torch 遍历"},
     ),
+    CudaPath(
+        name="l2norm_in_kernel",
+        module="kda.gated_delta",
+        switch="L2NORM_IN_KERNEL",
+        what={"en": "use_qk_l2norm_in_kernel on level 5's path: chunk_intra divides each row of q and k by its L2 "
+                    "norm as it loads them, instead of torch making normalized copies through float32 first",
+              "zh": "第五级路径上的 use_qk_l2norm_in_kernel：chunk_intra 在读入 q 与 k 时把每一行除以它的 L2 范数，"
+                    "不再先由 torch 经 float32 生成归一化的副本"},
+    ),
 )
 
 

@@ -56,6 +56,13 @@ def check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel
     return scale, h0, bounds
 
 
+# CUDA, use_qk_l2norm_in_kernel on level 5's path: chunk_intra divides each row of q and k by its L2 norm as it
+# loads them (compiled with qk_l2norm) instead of torch making normalized copies first, through float32 (issue
+# 41's table: 3.72 ms with the option against 1.52 without at (1, 8192, 96, 128)). GDN's scalar-gate path still
+# normalizes in torch. Off until its GPU tests pass.
+L2NORM_IN_KERNEL = False
+
+
 def kernel_inputs(q, k, g, use_qk_l2norm_in_kernel):
     """CUDA: ``q, k`` normalized if asked, and the gate as ``[B, T, H, K]`` per key channel or
     ``[B, T, H, 1]`` per head (``chunk_intra``'s scalar path: no broadcast copy)."""
@@ -103,10 +110,11 @@ def forward_eager(q, k, v, g, beta, scale, initial_state, output_final_state, us
     if cuda:                                             # packed sequences: one launch per stage too
         flags = torch.zeros(2, dtype=torch.int32, device=q.device)
         g_given = g
-        q, k, g = kernel_inputs(q, k, g, use_qk_l2norm_in_kernel)
+        fused = use_qk_l2norm_in_kernel and L2NORM_IN_KERNEL     # the norm in the kernels where they can
+        q, k, g = kernel_inputs(q, k, g, use_qk_l2norm_in_kernel and not fused)
         table = chunk_table(bounds, q.device) if bounds is not None else None
         check = (lambda flags: validate.raise_flagged_values(flags, g_given, beta)) if check_values else None
-        o, final = _run_kernels(q, k, v, g, beta, scale, h0, flags, table, output_final_state, check)
+        o, final = _run_kernels(q, k, v, g, beta, scale, h0, flags, table, output_final_state, check, qk_l2norm=fused)
         return o.to(v.dtype), (final.float() if output_final_state else None)
     if use_qk_l2norm_in_kernel:
         q, k = ref4.l2_normalize(q.double()), ref4.l2_normalize(k.double())
@@ -187,14 +195,15 @@ def _chunk_table(bounds: tuple, device: torch.device, chunk_size: int) -> ChunkT
                       to_device(seq_groups(offsets)))
 
 
-def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None, backward_outputs=False):
+def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None, backward_outputs=False, qk_l2norm=False):
     """Stage 1 of the level-5 pipeline (``chunk_intra``), every chunk of the batch at once.
     ``flags`` (int32 ``[2]``, zeroed) collects the kernel's value checks of ``g`` and ``beta``
     (``validate.raise_flagged_values``); ``None`` for callers that checked the values before. With the
     ``table`` of packed sequences (``chunk_table``, ``B = 1``) every chunk of every sequence is
     one block of the same launch. ``backward_outputs`` (dense; ``kda.backward``): returns ``(form, G, Tinv,
     KKE)``, the kernel's outputs of that flag (``G [B, H, NC C, GD]`` float32 log2, ``Tinv`` in the inputs'
-    dtype, ``KKE`` float32, both ``[B, T, H, C]``)."""
+    dtype, ``KKE`` float32, both ``[B, T, H, C]``). ``qk_l2norm``: the kernel L2-normalizes the rows of ``q`` and
+    ``k`` as it loads them (``L2NORM_IN_KERNEL``)."""
     from kda.kernels import level5
     from kda.kernels.build import compile_program
 
@@ -204,7 +213,7 @@ def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None, backward_out
     dtype, gate_dtype = ops.dtype_name(q.dtype), str(g.dtype).removeprefix("torch.")
     q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.to(torch.float32).contiguous()
     with torch.cuda.device(q.device):
-        extra = dict(backward_outputs=True) if backward_outputs else {}
+        extra = {name: True for name, on in (("backward_outputs", backward_outputs), ("qk_l2norm", qk_l2norm)) if on}
         intra = compile_program(level5.chunk_intra, (), DK=DK, DV=DV, chunk_size=C, dtype=dtype,
                                 gate_dtype=gate_dtype, varlen=table is not None, value_groups=H // q.shape[2],
                                 scalar_gate=g.shape[-1] == 1, **extra)
@@ -215,8 +224,8 @@ def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None, backward_out
             flags = torch.zeros(2, dtype=torch.int32, device=q.device)
         chunks = table.chunks if table is not None else ops.stand_in(2, torch.int32, q.device)
         if backward_outputs:
-            G, Tinv, KKE = new((B, H, NC * C, g.shape[-1]), torch.float32), new((B, T, H, C)), new((B, T, H, C),
-                                                                                                  torch.float32)
+            G, KKE = new((B, H, NC * C, g.shape[-1]), torch.float32), new((B, T, H, C), torch.float32)
+            Tinv = new((B, T, H, C))
             intra(q, k, v, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, chunks, G, Tinv, KKE)
             return ChunkForm(Qw, Kw, W, U, A_qk, decay), G, Tinv, KKE
         intra(q, k, v, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, chunks)
@@ -282,21 +291,25 @@ def state_pass_launch(form: ChunkForm, h0, table=None, output_final_state=True):
     return queued(state_pass, (*form, h0, o, ht, *tables), device), o, (ht if output_final_state else None)
 
 
-def _run_kernels(q, k, v, g, beta, scale, h0, flags=None, table=None, output_final_state=True, check=None):
+def _run_kernels(q, k, v, g, beta, scale, h0, flags=None, table=None, output_final_state=True, check=None,
+                 qk_l2norm=False):
     """One batch ``[B, T, H, *]`` (or the packed sequences of ``table``) through the level-5
     pipeline, or a scalar gate through ``kda.kernels.scalar_gate`` where its switch and its block rule
     send it (``SCALAR_GATE_PATH``, ``scalar_gate_columns``; see below); returns ``o``
     and the float32 final states (``None`` without ``output_final_state``). ``check(flags)`` runs once
     the state pass is queued (``validate.launch_then_check``): the host waits for the first kernel's
-    flags only, and the pass runs while the caller's next work does."""
+    flags only, and the pass runs while the caller's next work does. ``qk_l2norm``: ``q`` and ``k`` come raw and
+    are L2-normalized, by ``chunk_intra`` on level 5's path, in torch before the scalar-gate path."""
     if SCALAR_GATE_PATH and g.shape[-1] == 1 and (table is None or SCALAR_GATE_PACKED):
         from kda.kernels.build import sm_count
 
         _, lanes, _ = sequence_tables(table, q.shape[0], q.device)
         block_dv = scalar_gate_columns(lanes, v.shape[2], v.shape[-1], sm_count(q.device))
         if block_dv is not None:
+            if qk_l2norm:                                # not fused in this path's kernels yet
+                q, k, _ = kernel_inputs(q, k, g, True)
             return _run_scalar_gate(q, k, v, g, beta, scale, h0, flags, table, output_final_state, check, block_dv)
-    form = prepare_chunks(q, k, v, g, beta, scale, flags, table)
+    form = prepare_chunks(q, k, v, g, beta, scale, flags, table, **({"qk_l2norm": True} if qk_l2norm else {}))
     launch, o, ht = state_pass_launch(form, h0, table, output_final_state)
     validate.launch_then_check(flags, launch, check)
     return o, ht

@@ -184,6 +184,46 @@ def test_host_copy_of_cu_seqlens():
         chunk_kda(q, k, v, g, beta, cu_seqlens=cu, cu_seqlens_cpu=torch.tensor([0, 50]))
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["torch_norm", "l2norm_in_kernel"])
+@pytest.mark.parametrize("scalar_path", [False, True], ids=["level5_path", "scalar_gate_path"])
+def test_where_the_l2_norm_is_taken(fused, scalar_path, monkeypatch):
+    """``use_qk_l2norm_in_kernel`` on CUDA (faked): with ``L2NORM_IN_KERNEL`` level 5's ``chunk_intra`` gets the raw
+    ``q`` and ``k`` and normalizes them itself (compiled with ``qk_l2norm``); the scalar-gate path, which does not
+    yet, and every path without the switch get them normalized by torch first."""
+    from kda import gated_delta, validate
+    from kda.reference import level4 as ref4
+
+    seen = {}
+    monkeypatch.setattr(gated_delta, "L2NORM_IN_KERNEL", fused)
+    monkeypatch.setattr(validate, "runs_kernels", lambda q: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", scalar_path)
+    monkeypatch.setattr(gated_delta, "scalar_gate_columns", lambda *a: 64)
+    monkeypatch.setattr(gated_delta, "sequence_tables", lambda table, B, device: (B, B, None))
+    monkeypatch.setattr("kda.kernels.build.sm_count", lambda device: 132)
+
+    def prepare_chunks(q, k, *rest, **kw):
+        seen.update(q=q, k=k, **kw)
+        return "form"
+
+    def scalar_gate(q, k, v, *rest):
+        seen.update(q=q, k=k)
+        return torch.zeros_like(v), None
+
+    monkeypatch.setattr(gated_delta, "prepare_chunks", prepare_chunks)
+    monkeypatch.setattr(gated_delta, "state_pass_launch", lambda form, *a: ((lambda: None), torch.zeros(1), None))
+    monkeypatch.setattr(gated_delta, "_run_scalar_gate", scalar_gate)
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 70, 2, 64, generator=gen).bfloat16() * 3 for _ in range(3))
+    g, beta = -torch.rand(1, 70, 2, generator=gen), torch.rand(1, 70, 2, generator=gen)
+    gated_delta.forward_eager(q, k, v, g, beta, None, None, False, True, None, False, False)
+    in_kernel = fused and not scalar_path
+    assert seen.get("qk_l2norm", False) is in_kernel
+    for name, x in (("q", q), ("k", k)):
+        want = x if in_kernel else ref4.l2_normalize(x.float()).to(x.dtype)
+        assert torch.equal(seen[name], want), name
+
+
 def test_the_value_flags_are_read_once_the_state_pass_is_queued(monkeypatch):
     """``_run_kernels`` launches ``chunk_intra``, makes the state pass ready and launches it, and only
     then runs ``check`` on the flags (``validate.launch_then_check``): the GPU does not wait for the

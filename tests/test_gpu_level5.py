@@ -252,6 +252,50 @@ def test_l2norm_in_kernel_and_fla_agreement():
     assert rel_l2(o_fla, ref_o) <= 2 * BOUND and rel_l2(o, o_fla.double()) <= 2 * BOUND
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+@pytest.mark.parametrize("kind", ["logsigmoid", "runs_of_-20"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
+def test_l2norm_fused_in_chunk_intra(per_channel, dtype, kind, packed, poisoned, monkeypatch):
+    """``L2NORM_IN_KERNEL``: ``use_qk_l2norm_in_kernel`` on raw ``q`` and ``k`` (not unit, a tail chunk; packed:
+    an empty sequence and one token among them), ``chunk_intra`` normalizing the rows as it loads them, again
+    where a steep chunk loads them a second time (runs of -20; fp16 always), against the float64 recurrence on
+    normalized inputs; the kernel seen compiled with ``qk_l2norm`` (level 5's path: 3 heads)."""
+    from kda import gated_delta
+    from kda.kernels import build
+
+    monkeypatch.setattr(gated_delta, "L2NORM_IN_KERNEL", True)
+    compiled, compile_program = {}, build.compile_program
+    monkeypatch.setattr(build, "compile_program",
+                        lambda fn, *a, **kw: compiled.update({fn.__name__: kw}) or compile_program(fn, *a, **kw))
+    shape = (1 if packed else 2, 200, 3, 128, 128)
+    q, k, v, g, beta, h0 = inputs(shape, dtype, kind, per_channel, zlib.crc32(f"l2{per_channel}{dtype}{kind}".encode()))
+    q, k = (q * 3).to(dtype), (k * 5).to(dtype)              # rows far from unit norm
+    lengths = [0, 1, 130, 69] if packed else None
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda") \
+        if packed else None
+    h0 = torch.randn(len(lengths), 3, 128, 128, device="cuda") if packed else h0
+    fn = kda.chunk_kda if per_channel else kda.chunk_gated_delta_rule
+    o, ht = fn(q, k, v, g, beta, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True,
+               cu_seqlens=cu)
+    assert compiled["chunk_intra"].get("qk_l2norm") is True
+    qn, kn = ref4.l2_normalize(q.double()), ref4.l2_normalize(k.double())
+    bounds = [0, *torch.tensor(lengths).cumsum(0).tolist()] if packed else [0, 200]
+    for n, (s, e) in enumerate(zip(bounds[:-1], bounds[1:])):
+        rows = slice(n, n + 1) if packed else slice(None)
+        batch = slice(0, 1) if packed else slice(None)
+        if e == s:
+            assert torch.equal(ht[rows], h0[rows]), f"sequence {n}: an empty sequence keeps its state"
+            continue
+        piece = lambda x: x[batch, s:e]
+        ref_o, ref_ht = ref0.recurrent(piece(qn) * 128 ** -0.5, piece(kn), piece(v), piece(g), piece(beta),
+                                       h0[rows], True)
+        got = o[batch, s:e]
+        assert torch.isfinite(got).all() and torch.isfinite(ht[rows]).all()
+        assert rel_l2(got, ref_o) <= BOUND, f"sequence {n}, o: {rel_l2(got, ref_o):.2e}"
+        assert rel_l2(ht[rows], ref_ht) <= BOUND, f"sequence {n}, final state: {rel_l2(ht[rows], ref_ht):.2e}"
+
+
 @pytest.mark.parametrize("final", [False, True], ids=["no_final", "final"])
 @pytest.mark.parametrize("initial", [False, True], ids=["zero_start", "initial"])
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])

@@ -44,6 +44,10 @@ CASES = [
     ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", value_groups=2, spill_budget=400)),
     ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", scalar_gate=True)),
     ("level5", "chunk_intra", dict(DK=64, DV=128, dtype="float16", scalar_gate=True, varlen=True)),
+    # q and k L2-normalized as they are loaded (L2NORM_IN_KERNEL): 216 bytes spilled (200 without)
+    ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", qk_l2norm=True, spill_budget=400)),
+    ("level5", "chunk_intra", dict(DK=64, DV=128, dtype="float16", qk_l2norm=True)),
+    ("level5", "chunk_intra", dict(DK=128, DV=64, dtype="bfloat16", scalar_gate=True, varlen=True, qk_l2norm=True)),
     # the backward's outputs (PAIR_PIECES_FROM_FORWARD): G, T and K K^T E written besides; 184 bytes spilled
     ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", backward_outputs=True, spill_budget=400)),
     ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="float16", backward_outputs=True)),

@@ -76,7 +76,7 @@ def pairwise_diagonal(Left_s, K_s, G_s, Out_s, factor, beta_s, C, D, BC):
 # --8<-- [start:chunk_intra]
 def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WIDE_SUBCHUNK, dtype="bfloat16",
                 gate_dtype="float32", threads=256, min_blocks=None, delta=True, varlen=False, value_groups=1,
-                scalar_gate=False, backward_outputs=False):
+                scalar_gate=False, backward_outputs=False, qk_l2norm=False):
     """Everything a chunk needs before the sequential pass, from one load of ``q, k, g`` (and
     ``v, beta``), every chunk at once. Arguments at run time: ``Q, K [B, T, H, DK]``, ``V [B, T,
     H, DV]``, ``g [B, T, H, DK]``, ``beta [B, T, H]`` (float32), ``scale``, then the outputs
@@ -124,6 +124,11 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     ``Tinv [B, T, H, C]`` (dtype, ``T``; the blocks above the diagonal zero) and ``KKE [B, T, H, C]``
     (float32, ``A_kk`` before the row scaling by ``b``). ``A_kk`` is then made without ``b`` and scaled once
     it is written; without the flag the generated code is the forward's.
+
+    ``qk_l2norm`` (``kda.gated_delta``'s ``L2NORM_IN_KERNEL``; fla's ``use_qk_l2norm_in_kernel``): each row of
+    ``q`` and ``k`` is divided by its L2 norm (``sqrt(sum x^2 + 1e-6)``) as the tile is loaded (and loaded again),
+    rounded back to the inputs' dtype as a normalized copy of the inputs would be: no pass over the inputs
+    before the kernel, no float32 copy.
     """
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     C, BC = chunk_size, subchunk
@@ -145,6 +150,24 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     GD = 1 if scalar_gate else DK              # gates per row
     # A_kk's row factor b: with backward_outputs it goes on after A_kk is written out (KKE)
     row_b = (lambda beta_s, i: 1.0) if backward_outputs else (lambda beta_s, i: beta_s[i])
+
+    NORM_SLICE = 32                            # columns squared per register reduction (registers are capped)
+
+    @T.macro
+    def l2_normalize_rows(X_s, norm_f, sum_f, inv_s):
+        """Each of the first ``C`` rows of ``X_s [*, DK]`` divided by its L2 norm, in place (``norm_f [C,
+        NORM_SLICE]``, ``sum_f [C]`` float32 and ``inv_s [C]``: scratch): the squares summed by register
+        reductions over slices of columns, then one scaling pass."""
+        T.clear(sum_f)
+        for part in T.unroll(DK // NORM_SLICE):
+            for i, d in T.Parallel(C, NORM_SLICE):
+                x = T.Cast(ACCUM, X_s[i, part * NORM_SLICE + d])
+                norm_f[i, d] = x * x
+            T.reduce_sum(norm_f, sum_f, dim=1, clear=False)
+        for i in T.Parallel(C):
+            inv_s[i] = T.rsqrt(sum_f[i] + 1e-6)
+        for i, d in T.Parallel(C, DK):
+            X_s[i, d] = T.Cast(ACCUM, X_s[i, d]) * inv_s[i]
 
     @T.macro
     def store_rows(src_s, dst, bb, t0, L, bh):
@@ -291,6 +314,12 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
         # q: straight into the left operand for a scalar gate (its GEMM takes the raw inputs)
         T.copy(Q[bb, t0:t0 + C, hq, :], Lft_s[0:C, :] if scalar_gate else Rgt_s)
         T.copy(K[bb, t0:t0 + C, hq, :], K_s)
+        if qk_l2norm:
+            norm_f = T.alloc_fragment([C, NORM_SLICE], ACCUM)
+            sum_f = T.alloc_fragment([C], ACCUM)
+            inv_s = T.alloc_shared([C], ACCUM)
+            l2_normalize_rows(Lft_s if scalar_gate else Rgt_s, norm_f, sum_f, inv_s)     # q: Lft_s's first C rows
+            l2_normalize_rows(K_s, norm_f, sum_f, inv_s)
         T.copy(g[bb, t0:t0 + C, bh, :], g_s)
         log2_cumsum_by_columns(g_s, G_s, L, C, GD, flags)
         if backward_outputs:                            # before bf16's scores write Ke over G_s
@@ -350,6 +379,9 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             if too_steep[0] == 1 or not same_layout:
                 T.copy(Q[bb, t0:t0 + C, hq, :], Rgt_s)
                 T.copy(K[bb, t0:t0 + C, hq, :], K_s)
+                if qk_l2norm:
+                    l2_normalize_rows(Rgt_s, norm_f, sum_f, inv_s)
+                    l2_normalize_rows(K_s, norm_f, sum_f, inv_s)
                 if same_layout:                              # G_s holds Ke: the cumsum again
                     T.copy(g[bb, t0:t0 + C, bh, :], g_s)
                     log2_cumsum_by_columns(g_s, G_s, L, C, DK, flags)

@@ -14,8 +14,10 @@ their fla peers (run 100 had time for
 level 1 alone: 13.3 ms). Rows to ``$OUT/run103.jsonl``.
 
 ``packed``: KDA and GDN forward + backward on 96 packed sequences with ``PACKED_STATE_KERNELS`` off and on.
+``l2norm``: the forward with ``use_qk_l2norm_in_kernel``, the norm by torch or in ``chunk_intra``
+(``L2NORM_IN_KERNEL``).
 
-    FLA_FLASH_QLA=0 python results/tuning/run103-backward.py [switches] [levels] [profile] [packed]
+    FLA_FLASH_QLA=0 python results/tuning/run103-backward.py [switches] [levels] [profile] [packed] [l2norm]
 """
 import importlib.util
 import os
@@ -126,6 +128,33 @@ def profile():
         torch.cuda.empty_cache()
 
 
+def l2norm():
+    """Issue 41's row: chunk_kda and chunk_gated_delta_rule forward at (1, 8192, 96, 128), plain and with
+    ``use_qk_l2norm_in_kernel`` on raw keys, the norm by torch first (``L2NORM_IN_KERNEL`` off) and in
+    ``chunk_intra`` (on; GDN's scalar-gate path, taken at 96 heads, still normalizes in torch)."""
+    import kda
+    from kda import gated_delta
+    from kda.bench import median_ms
+
+    for op, fn in (("KDA", kda.chunk_kda), ("GDN", kda.chunk_gated_delta_rule)):
+        leaves, _ = run91.inputs(*SHAPE, op == "KDA")
+        q, k, v, g, beta = (x.detach() for x in leaves)
+        for name, norm, fused in (("plain", False, False), ("l2norm, torch", True, False),
+                                  ("l2norm, in chunk_intra", True, True)):
+            gated_delta.L2NORM_IN_KERNEL = fused
+            run = lambda: fn(q * 3, k * 3, v, g, beta, use_qk_l2norm_in_kernel=norm)
+            row = {"stage": "l2norm", "op": op, "call": name}
+            try:
+                run()
+                row["ms"] = round(median_ms(run, warmup_ms=100, rep_ms=500), 3)
+            except Exception as e:
+                row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            log(RUN, row)
+        gated_delta.L2NORM_IN_KERNEL = False
+        leaves = None
+        torch.cuda.empty_cache()
+
+
 def packed():
     """KDA and GDN forward + backward on 32768 tokens packed from 96 sequences of random length (H = 32, D = 128),
     with ``PACKED_STATE_KERNELS`` off (the torch passes, sequence by sequence) and on (one launch each)."""
@@ -157,6 +186,8 @@ def packed():
 
 if __name__ == "__main__":
     stages = sys.argv[1:] or ["switches", "levels", "profile"]
+    if "l2norm" in stages:
+        l2norm()
     if "packed" in stages:
         packed()
     if "switches" in stages:
