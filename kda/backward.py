@@ -328,7 +328,6 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
         return zero(q), zero(k), zero(v), zero(g), zero(beta), dS_final.clone()
     pick = lambda x, s, e: x[:, s * C:e * C] if x is not None else None
     width = g.shape[-1] if g is not None and g.dim() == 4 else 1
-    groups = chunk_groups(B, H, NC, C, DK, DV, width, budget if budget is not None else memory_budget(q.device))
     pieces = lambda s, e: stages.chunk_pieces(*(pick(x, s, e) for x in (q, k, v, g, beta)), scale, C, dtype,
                                               SubChunked)
     chunk_kernel = chunk_kernel_applies(q, g, beta, C, kernel_dtype)
@@ -343,6 +342,10 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
     from_forward = forward_pieces_apply(q, beta, C, kernel_dtype)
     from_inputs = level_passes_apply(q, g, beta, C, kernel_dtype, DV, packed)
     from_level = not from_inputs and level_pieces_apply(q, g, beta, C, kernel_dtype, DV, packed)
+    # the torch stages' groups of chunks, only where a torch stage runs (the budget asks the device's free memory)
+    torch_stages = not (from_inputs or from_forward or from_level) or not (chunk_kernel or channel_kernels)
+    groups = chunk_groups(B, H, NC, C, DK, DV, width, budget if budget is not None else memory_budget(q.device)) \
+        if torch_stages else None
     token_major = TOKEN_MAJOR_STATES and state_kernels and (from_forward or from_level) or from_inputs
     # KDA's chunk kernels reading all that the forward's kernel made of the pairs (else at most its scores)
     pairs_from_forward = PAIR_PIECES_FROM_FORWARD and token_major and channel_kernels and from_forward
