@@ -245,6 +245,15 @@ PATHS: tuple[CudaPath, ...] = (
               "zh": "第五级路径上的 use_qk_l2norm_in_kernel：chunk_intra 在读入 q 与 k 时把每一行除以它的 L2 范数，"
                     "不再先由 torch 经 float32 生成归一化的副本"},
     ),
+    CudaPath(
+        name="pairwise_by_products",
+        module="kda.gated_delta",
+        switch="PAIRWISE_BY_PRODUCTS",
+        what={"en": "chunk_intra's steep chunks (a layer's gates) with each pair's decay a running product of the "
+                    "token decays, one exponential per token and channel, instead of one per pair and channel",
+              "zh": "chunk_intra 的陡块（模型层的门控）中，每一对的衰减取各 token 衰减的累乘，每个 token、每个通道只求"
+                    "一次指数，而不是每一对、每个通道求一次"},
+    ),
 )
 
 

@@ -62,6 +62,13 @@ def check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel
 # normalizes in torch. Off until its GPU tests pass.
 L2NORM_IN_KERNEL = False
 
+# CUDA: chunk_intra's steep chunks (a gate that falls by more than 2^96 inside a 16-row sub-chunk: most chunks of a
+# layer's gates, -exp(A_log) softplus(.) with A_log up to log 16) summed by running products of the token decays
+# (pairwise="products": one exponential per token and channel, sixteen accumulators per thread) instead of an
+# exponential and four shared loads per pair and channel; exact for any gate as before. Issue 41 priced the
+# steep path at 10.28 ms against 0.656 for mild gates (level 3's record). Off until its GPU tests pass.
+PAIRWISE_BY_PRODUCTS = False
+
 
 def kernel_inputs(q, k, g, use_qk_l2norm_in_kernel):
     """CUDA: ``q, k`` normalized if asked, and the gate as ``[B, T, H, K]`` per key channel or
@@ -214,6 +221,7 @@ def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None, backward_out
     q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.to(torch.float32).contiguous()
     with torch.cuda.device(q.device):
         extra = {name: True for name, on in (("backward_outputs", backward_outputs), ("qk_l2norm", qk_l2norm)) if on}
+        extra.update({"pairwise": "products"} if PAIRWISE_BY_PRODUCTS and g.shape[-1] > 1 else {})
         intra = compile_program(level5.chunk_intra, (), DK=DK, DV=DV, chunk_size=C, dtype=dtype,
                                 gate_dtype=gate_dtype, varlen=table is not None, value_groups=H // q.shape[2],
                                 scalar_gate=g.shape[-1] == 1, **extra)

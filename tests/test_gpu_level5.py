@@ -252,6 +252,89 @@ def test_l2norm_in_kernel_and_fla_agreement():
     assert rel_l2(o_fla, ref_o) <= 2 * BOUND and rel_l2(o, o_fla.double()) <= 2 * BOUND
 
 
+def layer_gates(shape, gen):
+    """Gates as a KDA layer makes them at initialisation: ``-exp(A_log) softplus(x + dt_bias)``, ``A_log = log U(1,
+    16)`` per head, ``x`` N(0, 1), ``dt_bias`` 0.1 N(0, 1): several units per token, most chunks steep."""
+    B, T, H, D = shape
+    A = torch.empty(H, device="cuda").uniform_(1, 16, generator=gen)
+    x = torch.randn(shape, generator=gen, device="cuda") + 0.1 * torch.randn(H, D, generator=gen, device="cuda")
+    return -A[:, None] * torch.nn.functional.softplus(x)
+
+
+STEEP = ["uniform_to_-20", "runs_of_-20", "kda_style", "layer"]
+
+
+@pytest.mark.parametrize("delta", [True, False], ids=["level5", "level3"])
+@pytest.mark.parametrize("kind", STEEP)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_chunk_intra_pairwise_by_products(dtype, kind, delta):
+    """``chunk_intra`` compiled with ``pairwise="products"`` (``PAIRWISE_BY_PRODUCTS``: a steep chunk's diagonal
+    blocks by running products of the token decays) on steep gates, every output against its float64 stage
+    (``kda.reference.level5.intra``) with the bound of the default compile, and against the default compile's
+    outputs (the same sums in another order); outputs poisoned with NaN, a tail chunk."""
+    from kda.kernels import level5
+    from kda.kernels.build import compile_program
+    from kda.reference import level5 as ref5
+    from kda.reference.common import from_chunks
+
+    B, T, H, DK, DV = 2, 200, 3, 128, 64
+    C, NC = 64, -(-T // 64)
+    q, k, v, g, beta, _ = inputs((B, T, H, DK, DV), dtype, "logsigmoid", True, zlib.crc32(f"pp{kind}{delta}".encode()))
+    if kind == "layer":
+        g = layer_gates((B, T, H, DK), torch.Generator(device="cuda").manual_seed(3))
+    else:
+        g = gates(kind, (B, T, H, DK), torch.Generator(device="cuda").manual_seed(4))
+    name = "bfloat16" if dtype == torch.bfloat16 else "float16"
+    scale = DK ** -0.5
+    nan = lambda *size, dt=dtype: torch.full(size, float("nan"), dtype=dt, device="cuda")
+    runs = []
+    for pairwise in ("exp", "products"):
+        kernel = compile_program(level5.chunk_intra, (), DK=DK, DV=DV, dtype=name, delta=delta, pairwise=pairwise)
+        outs = [nan(B, T, H, DK), nan(B, T, H, DK), nan(B, H, NC, DK, dt=torch.float32), nan(B, T, H, C),
+                nan(B, T, H, DK), nan(B, T, H, DV)]
+        flags = torch.zeros(2, dtype=torch.int32, device="cuda")
+        no_chunks = torch.empty(1, 1, dtype=torch.int32, device="cuda")
+        if delta:
+            kernel(q, k, v, g, beta, scale, *outs, flags, no_chunks)
+        else:                                             # without the delta rule: V, beta, W, U stand-ins
+            rows, beta_rows = torch.empty(1, 1, 1, 1, dtype=dtype, device="cuda"), torch.empty(1, 1, 1, device="cuda")
+            kernel(q, k, rows, g, beta_rows, scale, outs[0], outs[1], outs[2], outs[3], rows, rows, flags, no_chunks)
+        assert flags.tolist() == [0, 0]
+        runs.append(outs if delta else outs[:4])
+    r_Qw, r_Kw, r_decay, r_A, r_W, r_U = ref5.intra(q, k, v, g, beta, scale, C)
+    wants = [from_chunks(x, T) for x in (r_Qw, r_Kw)] + [r_decay, from_chunks(r_A, T)] + \
+        ([from_chunks(r_W, T), from_chunks(r_U, T)] if delta else [])
+    bound = 5e-3 if dtype == torch.bfloat16 else 1e-3
+    for label, got, default, want in zip("Qw Kw decay A_qk W U".split(), runs[1], runs[0], wants):
+        assert torch.isfinite(got).all(), f"{label}: not finite (unwritten?)"
+        assert rel_l2(got, want) <= bound, f"{label}: {rel_l2(got, want):.2e}"
+        assert rel_l2(got.double(), default.double()) <= 1e-3, f"{label} against exp: {rel_l2(got.double(), default.double()):.1e}"
+
+
+@pytest.mark.parametrize("kind", ["runs_of_-20", "layer"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_chunk_kda_pairwise_by_products(dtype, kind, poisoned, monkeypatch):
+    """``chunk_kda`` with ``PAIRWISE_BY_PRODUCTS`` on steep gates (runs of -20, a layer's initial gates) against
+    the float64 recurrence, initial and final states, a tail chunk; the kernel seen compiled so."""
+    from kda import gated_delta
+    from kda.kernels import build
+
+    monkeypatch.setattr(gated_delta, "PAIRWISE_BY_PRODUCTS", True)
+    compiled, compile_program = {}, build.compile_program
+    monkeypatch.setattr(build, "compile_program",
+                        lambda fn, *a, **kw: compiled.update({fn.__name__: kw}) or compile_program(fn, *a, **kw))
+    shape = (2, 200, 3, 128, 128)
+    q, k, v, g, beta, h0 = inputs(shape, dtype, "runs_of_-20", True, zlib.crc32(f"ppop{dtype}{kind}".encode()))
+    if kind == "layer":
+        g = layer_gates(shape[:3] + (128,), torch.Generator(device="cuda").manual_seed(5))
+    o, ht = kda.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    assert compiled["chunk_intra"].get("pairwise") == "products"
+    ref_o, ref_ht = ref0.recurrent(q.double() * 128 ** -0.5, k, v, g, beta, h0, True)
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+    assert rel_l2(o, ref_o) <= BOUND, f"o: {rel_l2(o, ref_o):.2e}"
+    assert rel_l2(ht, ref_ht) <= BOUND, f"final state: {rel_l2(ht, ref_ht):.2e}"
+
+
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
 @pytest.mark.parametrize("kind", ["logsigmoid", "runs_of_-20"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

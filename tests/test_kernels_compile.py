@@ -44,6 +44,12 @@ CASES = [
     ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", value_groups=2, spill_budget=400)),
     ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", scalar_gate=True)),
     ("level5", "chunk_intra", dict(DK=64, DV=128, dtype="float16", scalar_gate=True, varlen=True)),
+    # steep chunks by running products of the token decays (PAIRWISE_BY_PRODUCTS): 164 bytes spilled (200 without)
+    ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", pairwise="products", spill_budget=400)),
+    ("level5", "chunk_intra", dict(DK=64, DV=128, dtype="float16", pairwise="products")),
+    ("level5", "chunk_intra", dict(DK=128, dtype="bfloat16", gate_dtype="bfloat16", delta=False, pairwise="products")),
+    ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", pairwise="products", backward_outputs=True,
+                                   qk_l2norm=True, spill_budget=400)),
     # q and k L2-normalized as they are loaded (L2NORM_IN_KERNEL): 216 bytes spilled (200 without)
     ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", qk_l2norm=True, spill_budget=400)),
     ("level5", "chunk_intra", dict(DK=64, DV=128, dtype="float16", qk_l2norm=True)),

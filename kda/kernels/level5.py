@@ -70,13 +70,62 @@ def pairwise_diagonal(Left_s, K_s, G_s, Out_s, factor, beta_s, C, D, BC):
             Out_s[i, j] = acc[i, jj] * factor
         else:
             Out_s[i, j] = T.if_then_else(j < i, acc[i, jj] * beta_s[i], 0.0)
+
+
+PAIRWISE_SLICES = 4     # channel slices of the walk by products: C x 4 threads, one (row, slice) each
+
+
+@T.macro
+def token_decays(G_s, A_s, C, D, BC):
+    """``A_s[j, d] = 2^(G_jd - G_(j-1)d)``, each token's own decay (``<= 1``; 1 on a sub-chunk's first row,
+    which the walk by products never multiplies in): one exponential per element for all the pairs."""
+    for j, d in T.Parallel(C, D):
+        A_s[j, d] = T.if_then_else(j % BC > 0, decay_factor(G_s[j, d] - G_s[T.max(j - 1, 0), d]), 1.0)
+
+
+@T.macro
+def pairwise_diagonal_by_products(Left_s, K_s, A_s, Out_s, factor, beta_s, part_s, C, D, BC):
+    """``pairwise_diagonal``'s sums with no exponential per pair: a thread per row and slice of channels walks
+    the row's sub-chunk from the row down, the pair's decay ``2^(G_i - G_j)`` the running product of the token
+    decays ``A_s`` (``token_decays``) between them, every factor ``<= 1`` (exact for any gate, as the pairwise
+    form; only the rounding of up to ``BC - 1`` products differs), 16 accumulators per thread in registers;
+    then the slices' partial sums ``part_s [C, PAIRWISE_SLICES, BC]`` added up."""
+    W = D // PAIRWISE_SLICES
+    for i, sl in T.Parallel(C, PAIRWISE_SLICES):
+        acc = T.alloc_local([BC], ACCUM)
+        for jj in T.unroll(BC):
+            acc[jj] = 0.0
+        i0 = (i // BC) * BC
+        for dd in T.serial(W):
+            d = sl * W + dd
+            left = T.Cast(ACCUM, Left_s[i, d])
+            f = T.alloc_var(ACCUM)
+            f = 1.0
+            for r in T.unroll(BC):                # j from the sub-chunk's last row to its first
+                jj = BC - 1 - r
+                j = i0 + jj
+                on = j <= i
+                acc[jj] = acc[jj] + T.if_then_else(on, left * T.Cast(ACCUM, K_s[j, d]) * f, 0.0)
+                f = T.if_then_else(on, f * A_s[j, d], 1.0)
+        for jj in T.unroll(BC):
+            part_s[i, sl, jj] = acc[jj]
+    for i, jj in T.Parallel(C, BC):
+        j = (i // BC) * BC + jj
+        total = T.alloc_var(ACCUM)
+        total = 0.0
+        for sl in T.unroll(PAIRWISE_SLICES):
+            total = total + part_s[i, sl, jj]
+        if beta_s is None:
+            Out_s[i, j] = T.if_then_else(j <= i, total * factor, 0.0)
+        else:
+            Out_s[i, j] = T.if_then_else(j < i, total * beta_s[i], 0.0)
 # --8<-- [end:intra_helpers]
 
 
 # --8<-- [start:chunk_intra]
 def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WIDE_SUBCHUNK, dtype="bfloat16",
                 gate_dtype="float32", threads=256, min_blocks=None, delta=True, varlen=False, value_groups=1,
-                scalar_gate=False, backward_outputs=False, qk_l2norm=False):
+                scalar_gate=False, backward_outputs=False, qk_l2norm=False, pairwise="exp"):
     """Everything a chunk needs before the sequential pass, from one load of ``q, k, g`` (and
     ``v, beta``), every chunk at once. Arguments at run time: ``Q, K [B, T, H, DK]``, ``V [B, T,
     H, DV]``, ``g [B, T, H, DK]``, ``beta [B, T, H]`` (float32), ``scale``, then the outputs
@@ -129,6 +178,11 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     ``q`` and ``k`` is divided by its L2 norm (``sqrt(sum x^2 + 1e-6)``) as the tile is loaded (and loaded again),
     rounded back to the inputs' dtype as a normalized copy of the inputs would be: no pass over the inputs
     before the kernel, no float32 copy.
+
+    ``pairwise``: how a steep chunk's diagonal blocks are summed, ``"exp"`` (``pairwise_diagonal``: an
+    exponential and four shared loads per pair and channel) or ``"products"`` (``kda.gated_delta``'s
+    ``PAIRWISE_BY_PRODUCTS``; ``pairwise_diagonal_by_products``: one exponential per token and channel, the pairs'
+    decays as running products, sixteen accumulators per thread).
     """
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     C, BC = chunk_size, subchunk
@@ -147,6 +201,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     assert wide is None or wide == C // 2, "wide_subchunk is half the chunk (or None)"
     assert delta or not scalar_gate, "a scalar gate without the delta rule is level 3's own kernel"
     assert not backward_outputs or (delta and not varlen), "the backward's outputs: dense, with the delta rule"
+    assert pairwise in ("exp", "products"), "pairwise: 'exp' or 'products'"
     GD = 1 if scalar_gate else DK              # gates per row
     # A_kk's row factor b: with backward_outputs it goes on after A_kk is written out (KKE)
     row_b = (lambda beta_s, i: 1.0) if backward_outputs else (lambda beta_s, i: beta_s[i])
@@ -405,7 +460,15 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                                 Aqk_s[r, j] = T.if_then_else(j <= r, A_diag[r, j] * scale, 0.0)
                             elif delta:
                                 A_s[r - C, j] = T.if_then_else(j < r - C, A_diag[r, j] * row_b(beta_s, r - C), 0.0)
-            if too_steep[0] == 1:
+            if too_steep[0] == 1 and pairwise == "products":
+                decays_s = T.alloc_shared([C, DK], ACCUM)
+                part_s = T.alloc_shared([C, PAIRWISE_SLICES, BC], ACCUM)
+                token_decays(G_s, decays_s, C, DK, BC)
+                pairwise_diagonal_by_products(Rgt_s, K_s, decays_s, Aqk_s, scale, None, part_s, C, DK, BC)
+                if delta:
+                    pairwise_diagonal_by_products(K_s, K_s, decays_s, A_s, 1.0, ones_s if backward_outputs else beta_s,
+                                                  part_s, C, DK, BC)
+            elif too_steep[0] == 1:
                 pairwise_diagonal(Rgt_s, K_s, G_s, Aqk_s, scale, None, C, DK, BC)
                 if delta:
                     pairwise_diagonal(K_s, K_s, G_s, A_s, 1.0, ones_s if backward_outputs else beta_s, C, DK, BC)

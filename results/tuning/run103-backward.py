@@ -15,9 +15,10 @@ level 1 alone: 13.3 ms). Rows to ``$OUT/run103.jsonl``.
 
 ``packed``: KDA and GDN forward + backward on 96 packed sequences with ``PACKED_STATE_KERNELS`` off and on.
 ``l2norm``: the forward with ``use_qk_l2norm_in_kernel``, the norm by torch or in ``chunk_intra``
-(``L2NORM_IN_KERNEL``).
+(``L2NORM_IN_KERNEL``). ``steep``: the forward with a layer's initial gates, ``PAIRWISE_BY_PRODUCTS`` off and on.
 
     FLA_FLASH_QLA=0 python results/tuning/run103-backward.py [switches] [levels] [profile] [packed] [l2norm]
+    [steep]
 """
 import importlib.util
 import os
@@ -155,6 +156,39 @@ def l2norm():
         torch.cuda.empty_cache()
 
 
+def steep():
+    """Issue 41's steep gates: chunk_kda's forward at (1, 8192, 96, 128) with mild gates (logsigmoid) and with a
+    layer's initial gates (``-exp(A_log) softplus(x + dt_bias)``, ``A_log = log U(1, 16)``: most chunks steep),
+    ``PAIRWISE_BY_PRODUCTS`` off and on, outputs of on against off."""
+    import kda
+    from kda import gated_delta
+    from kda.bench import median_ms
+    from kda.metrics import rel_l2
+
+    leaves, _ = run91.inputs(*SHAPE, True)
+    q, k, v, g, beta = (x.detach() for x in leaves)
+    gen = torch.Generator(device="cuda").manual_seed(41)
+    A = torch.empty(SHAPE[2], device="cuda").uniform_(1, 16, generator=gen)
+    x = torch.randn(g.shape, generator=gen, device="cuda") + 0.1 * torch.randn(g.shape[2:], generator=gen,
+                                                                               device="cuda")
+    for gate_name, gate in (("logsigmoid", g), ("layer", -A[:, None] * torch.nn.functional.softplus(x))):
+        want = None
+        for on in (False, True):
+            gated_delta.PAIRWISE_BY_PRODUCTS = on
+            run = lambda: kda.chunk_kda(q, k, v, gate, beta)[0]
+            row = {"stage": "steep", "gates": gate_name, "PAIRWISE_BY_PRODUCTS": on}
+            try:
+                got = run()
+                want = want if want is not None else got
+                row.update(ms=round(median_ms(run, warmup_ms=100, rep_ms=500), 3),
+                           rel_l2_vs_off=float(f"{rel_l2(got.float(), want.float()):.2e}"))
+            except Exception as e:
+                row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            log(RUN, row)
+    gated_delta.PAIRWISE_BY_PRODUCTS = False
+    torch.cuda.empty_cache()
+
+
 def packed():
     """KDA and GDN forward + backward on 32768 tokens packed from 96 sequences of random length (H = 32, D = 128),
     with ``PACKED_STATE_KERNELS`` off (the torch passes, sequence by sequence) and on (one launch each)."""
@@ -188,6 +222,8 @@ if __name__ == "__main__":
     stages = sys.argv[1:] or ["switches", "levels", "profile"]
     if "l2norm" in stages:
         l2norm()
+    if "steep" in stages:
+        steep()
     if "packed" in stages:
         packed()
     if "switches" in stages:
