@@ -249,8 +249,9 @@ PATHS: tuple[CudaPath, ...] = (
         name="pairwise_by_products",
         module="kda.gated_delta",
         switch="PAIRWISE_BY_PRODUCTS",
-        what={"en": "chunk_intra's steep chunks (a layer's gates) with each pair's decay a running product of the "
-                    "token decays, one exponential per token and channel, instead of one per pair and channel",
+        what={"en": "chunk_intra's steep chunks (a layer's gates; chunk_kda and level 3's gated_attention per channel) "
+                    "with each pair's decay a running product of the token decays, one exponential per token and "
+                    "channel, instead of one per pair and channel",
               "zh": "chunk_intra 的陡块（模型层的门控）中，每一对的衰减取各 token 衰减的累乘，每个 token、每个通道只求"
                     "一次指数，而不是每一对、每个通道求一次"},
     ),

@@ -311,11 +311,14 @@ def test_chunk_intra_pairwise_by_products(dtype, kind, delta):
         assert rel_l2(got.double(), default.double()) <= 1e-3, f"{label} against exp: {rel_l2(got.double(), default.double()):.1e}"
 
 
+@pytest.mark.parametrize("op", ["chunk_kda", "gated_attention"])
 @pytest.mark.parametrize("kind", ["runs_of_-20", "layer"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_chunk_kda_pairwise_by_products(dtype, kind, poisoned, monkeypatch):
-    """``chunk_kda`` with ``PAIRWISE_BY_PRODUCTS`` on steep gates (runs of -20, a layer's initial gates) against
-    the float64 recurrence, initial and final states, a tail chunk; the kernel seen compiled so."""
+def test_chunk_kda_pairwise_by_products(dtype, kind, op, poisoned, monkeypatch):
+    """``chunk_kda`` and level 3's ``gated_attention`` with a gate per channel (GLA's form), with
+    ``PAIRWISE_BY_PRODUCTS`` on steep gates (runs of -20, a layer's initial gates), against the float64
+    recurrence, initial and final states, a tail chunk; the kernel seen compiled so."""
+    from kda.reference import level3 as ref3
     from kda import gated_delta
     from kda.kernels import build
 
@@ -327,9 +330,13 @@ def test_chunk_kda_pairwise_by_products(dtype, kind, poisoned, monkeypatch):
     q, k, v, g, beta, h0 = inputs(shape, dtype, "runs_of_-20", True, zlib.crc32(f"ppop{dtype}{kind}".encode()))
     if kind == "layer":
         g = layer_gates(shape[:3] + (128,), torch.Generator(device="cuda").manual_seed(5))
-    o, ht = kda.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    if op == "chunk_kda":
+        o, ht = kda.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+        ref_o, ref_ht = ref0.recurrent(q.double() * 128 ** -0.5, k, v, g, beta, h0, True)
+    else:
+        o, ht = kda.gated_attention(q, k, v, g, initial_state=h0, output_final_state=True)
+        ref_o, ref_ht = ref3.recurrent(q.double() * 128 ** -0.5, k, v, g, h0, True)
     assert compiled["chunk_intra"].get("pairwise") == "products"
-    ref_o, ref_ht = ref0.recurrent(q.double() * 128 ** -0.5, k, v, g, beta, h0, True)
     assert torch.isfinite(o).all() and torch.isfinite(ht).all()
     assert rel_l2(o, ref_o) <= BOUND, f"o: {rel_l2(o, ref_o):.2e}"
     assert rel_l2(ht, ref_ht) <= BOUND, f"final state: {rel_l2(ht, ref_ht):.2e}"

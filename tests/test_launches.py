@@ -514,3 +514,9 @@ def test_level5_pairwise_by_products(kernel_launches, monkeypatch, per_channel):
     o, _ = _run_kernels(q, k, v, g, beta, 0.125, None, torch.zeros(2, dtype=torch.int32), None, False)
     assert [name for name, _ in kernel_launches] == ["chunk_intra", "gated_state_output_pass"]
     assert kernel_launches[0][1].get("pairwise") == ("products" if per_channel else None)
+    if per_channel:                                  # level 3's per-channel call takes the same compile
+        from kda.gated import _run_gated_kernels
+
+        kernel_launches.clear()
+        _run_gated_kernels(q, k, v, g, True, 0.125, None, False)
+        assert kernel_launches[0][0] == "chunk_intra" and kernel_launches[0][1].get("pairwise") == "products"
