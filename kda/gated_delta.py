@@ -58,8 +58,8 @@ def check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel
 
 # CUDA, use_qk_l2norm_in_kernel on level 5's path: chunk_intra divides each row of q and k by its L2 norm as it
 # loads them (compiled with qk_l2norm) instead of torch making normalized copies first, through float32 (issue
-# 41's table: 3.72 ms with the option against 1.52 without at (1, 8192, 96, 128)). GDN's scalar-gate path still
-# normalizes in torch. Off until its GPU tests pass.
+# 41's table: 3.72 ms with the option against 1.52 without at (1, 8192, 96, 128)). GDN then takes level 5's path
+# too, whose chunk_intra normalizes (the scalar-gate path's kernels do not yet). Off until its GPU tests pass.
 L2NORM_IN_KERNEL = False
 
 # CUDA: chunk_intra's steep chunks (a gate that falls by more than 2^96 inside a 16-row sub-chunk: most chunks of a
@@ -307,15 +307,16 @@ def _run_kernels(q, k, v, g, beta, scale, h0, flags=None, table=None, output_fin
     and the float32 final states (``None`` without ``output_final_state``). ``check(flags)`` runs once
     the state pass is queued (``validate.launch_then_check``): the host waits for the first kernel's
     flags only, and the pass runs while the caller's next work does. ``qk_l2norm``: ``q`` and ``k`` come raw and
-    are L2-normalized, by ``chunk_intra`` on level 5's path, in torch before the scalar-gate path."""
-    if SCALAR_GATE_PATH and g.shape[-1] == 1 and (table is None or SCALAR_GATE_PACKED):
+    are L2-normalized by ``chunk_intra``, on level 5's path (taken then for a gate per head too: the scalar-gate
+    path's kernels do not normalize)."""
+    # with the norm fused, level 5's path (its chunk_intra normalizes) over the scalar-gate path and torch's norm:
+    # 1.22 ms against 0.87 + about 2.2 at (1, 8192, 96, 128) (the GDN record; issue 41's table)
+    if SCALAR_GATE_PATH and g.shape[-1] == 1 and (table is None or SCALAR_GATE_PACKED) and not qk_l2norm:
         from kda.kernels.build import sm_count
 
         _, lanes, _ = sequence_tables(table, q.shape[0], q.device)
         block_dv = scalar_gate_columns(lanes, v.shape[2], v.shape[-1], sm_count(q.device))
         if block_dv is not None:
-            if qk_l2norm:                                # not fused in this path's kernels yet
-                q, k, _ = kernel_inputs(q, k, g, True)
             return _run_scalar_gate(q, k, v, g, beta, scale, h0, flags, table, output_final_state, check, block_dv)
     form = prepare_chunks(q, k, v, g, beta, scale, flags, table, **({"qk_l2norm": True} if qk_l2norm else {}))
     launch, o, ht = state_pass_launch(form, h0, table, output_final_state)

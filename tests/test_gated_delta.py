@@ -188,8 +188,9 @@ def test_host_copy_of_cu_seqlens():
 @pytest.mark.parametrize("scalar_path", [False, True], ids=["level5_path", "scalar_gate_path"])
 def test_where_the_l2_norm_is_taken(fused, scalar_path, monkeypatch):
     """``use_qk_l2norm_in_kernel`` on CUDA (faked): with ``L2NORM_IN_KERNEL`` level 5's ``chunk_intra`` gets the raw
-    ``q`` and ``k`` and normalizes them itself (compiled with ``qk_l2norm``); the scalar-gate path, which does not
-    yet, and every path without the switch get them normalized by torch first."""
+    ``q`` and ``k`` and normalizes them itself (compiled with ``qk_l2norm``), and a gate per head that would take
+    the scalar-gate path (whose kernels do not normalize) takes level 5's then; without the switch every path gets
+    them normalized by torch first."""
     from kda import gated_delta, validate
     from kda.reference import level4 as ref4
 
@@ -207,7 +208,7 @@ def test_where_the_l2_norm_is_taken(fused, scalar_path, monkeypatch):
         return "form"
 
     def scalar_gate(q, k, v, *rest):
-        seen.update(q=q, k=k)
+        seen.update(q=q, k=k, scalar=True)
         return torch.zeros_like(v), None
 
     monkeypatch.setattr(gated_delta, "prepare_chunks", prepare_chunks)
@@ -217,8 +218,9 @@ def test_where_the_l2_norm_is_taken(fused, scalar_path, monkeypatch):
     q, k, v = (torch.randn(1, 70, 2, 64, generator=gen).bfloat16() * 3 for _ in range(3))
     g, beta = -torch.rand(1, 70, 2, generator=gen), torch.rand(1, 70, 2, generator=gen)
     gated_delta.forward_eager(q, k, v, g, beta, None, None, False, True, None, False, False)
-    in_kernel = fused and not scalar_path
+    in_kernel = fused                                # the scalar-gate path is not taken with the norm fused
     assert seen.get("qk_l2norm", False) is in_kernel
+    assert ("scalar" in seen) is (scalar_path and not fused)
     for name, x in (("q", q), ("k", k)):
         want = x if in_kernel else ref4.l2_normalize(x.float()).to(x.dtype)
         assert torch.equal(seen[name], want), name

@@ -252,6 +252,26 @@ def test_l2norm_in_kernel_and_fla_agreement():
     assert rel_l2(o_fla, ref_o) <= 2 * BOUND and rel_l2(o, o_fla.double()) <= 2 * BOUND
 
 
+def test_l2norm_fused_sends_gdn_to_level5_path(poisoned, monkeypatch):
+    """With ``L2NORM_IN_KERNEL``, GDN at a shape that takes the scalar-gate path (64 heads) takes level 5's path
+    with the norm in ``chunk_intra`` instead, and agrees with the float64 recurrence on normalized inputs."""
+    from kda import gated_delta
+    from kda.kernels import build
+
+    monkeypatch.setattr(gated_delta, "L2NORM_IN_KERNEL", True)
+    compiled, compile_program = {}, build.compile_program
+    monkeypatch.setattr(build, "compile_program",
+                        lambda fn, *a, **kw: compiled.update({fn.__name__: kw}) or compile_program(fn, *a, **kw))
+    q, k, v, g, beta, h0 = inputs((1, 300, 64, 128, 128), torch.bfloat16, "logsigmoid", False, 77)
+    q, k = (q * 3).bfloat16(), (k * 5).bfloat16()
+    o, ht = kda.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                       use_qk_l2norm_in_kernel=True)
+    assert compiled["chunk_intra"].get("qk_l2norm") is True and "chunk_gated_inverse" not in compiled
+    qn, kn = ref4.l2_normalize(q.double()), ref4.l2_normalize(k.double())
+    ref_o, ref_ht = ref0.recurrent(qn * 128 ** -0.5, kn, v, g, beta, h0, True)
+    assert rel_l2(o, ref_o) <= BOUND and rel_l2(ht, ref_ht) <= BOUND
+
+
 def layer_gates(shape, gen):
     """Gates as a KDA layer makes them at initialisation: ``-exp(A_log) softplus(x + dt_bias)``, ``A_log = log U(1,
     16)`` per head, ``x`` N(0, 1), ``dt_bias`` 0.1 N(0, 1): several units per token, most chunks steep."""

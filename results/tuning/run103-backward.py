@@ -132,7 +132,7 @@ def profile():
 def l2norm():
     """Issue 41's row: chunk_kda and chunk_gated_delta_rule forward at (1, 8192, 96, 128), plain and with
     ``use_qk_l2norm_in_kernel`` on raw keys, the norm by torch first (``L2NORM_IN_KERNEL`` off) and in
-    ``chunk_intra`` (on; GDN's scalar-gate path, taken at 96 heads, still normalizes in torch)."""
+    ``chunk_intra`` (on; GDN then takes level 5's path, whose ``chunk_intra`` normalizes, at 96 heads too)."""
     import kda
     from kda import gated_delta
     from kda.bench import median_ms

@@ -5,7 +5,7 @@
 # LEVEL_PASSES_FROM_INPUTS, PACKED_STATE_KERNELS), their time and a profile of the defaults (run103-backward.py),
 # the pair kernel's splits by channels alone (run101-pairs.py, VARIANT_SET=run103), then with what is left the
 # stale level-5 records (ONLY; the backward's wait for the switches that go on).
-# Too much for one call of 600 s: PARTS picks what a call runs, "tests" (the 129 GPU tests, about 300 s) or
+# Too much for one call of 600 s: PARTS picks what a call runs, "tests" (the 130 GPU tests, about 300 s) or
 # "timings" (the timings and the profile, GDN's chunk kernel alone, the pair kernel alone, then rerecord with what
 # is left), both by default.
 # Logs, records and caches to $OUT (device-env.sh bundles the logs).
