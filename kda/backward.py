@@ -120,6 +120,13 @@ INVERSE_FROM_FORWARD = False
 PAIR_KERNEL_BY_CHANNELS = False
 PAIR_KERNEL_CHANNELS = dict(block_dk=16, threads=128)
 
+# CUDA, KDA: chunk_pair_gradients compiled with products: the pairs inside a sub-chunk (most of its work, one
+# exponential per pair and channel) with each pair's decay a running product of the token decays, one exponential
+# per token and channel, exact for any gate as before (the forward's PAIRWISE_BY_PRODUCTS, for the backward's four
+# pair sums). More registers (the loops unrolled: 255 with the defaults, 205 split by 16 channels against 117).
+# Off until its GPU tests pass and run 103 times it.
+PAIR_SUMS_BY_PRODUCTS = False
+
 # CUDA, levels 1-3 with a gate per head or none (linear_attention, decay_attention, gated_attention with g
 # [B, T, H]): what the state passes read made by level_pieces in the inputs' dtype and token-major, as the
 # forward's chunk_intra makes it for level 5 (a per-head cumulative gate, two scalings, one batched GEMM for
@@ -621,7 +628,8 @@ def kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, dtype,
         shared = dict(shared_pairs=True) if SHARED_PAIR_SUMS and beta is not None else {}
         finish = dict(finish_gate=True) if GATE_IN_PAIR_KERNEL else {}
         blocks = {**(dict(min_blocks=2) if PAIR_KERNEL_TWO_BLOCKS and beta is not None and DK == 128 else {}),
-                  **(PAIR_KERNEL_CHANNELS if PAIR_KERNEL_BY_CHANNELS else {})}
+                  **(PAIR_KERNEL_CHANNELS if PAIR_KERNEL_BY_CHANNELS else {}),
+                  **(dict(products=True) if PAIR_SUMS_BY_PRODUCTS else {})}
         pairs = compile_program(kernels.chunk_pair_gradients, (), DK=DK, **config, **shared, **finish, **blocks)
         new = lambda *shape, dt=torch.float32: ops.new_output(shape, dt, q.device)
         Q, K = low(q), low(k)

@@ -255,6 +255,15 @@ PATHS: tuple[CudaPath, ...] = (
               "zh": "chunk_intra 的陡块（模型层的门控）中，每一对的衰减取各 token 衰减的累乘，每个 token、每个通道只求"
                     "一次指数，而不是每一对、每个通道求一次"},
     ),
+    CudaPath(
+        name="pair_sums_by_products",
+        module="kda.backward",
+        switch="PAIR_SUMS_BY_PRODUCTS",
+        what={"en": "KDA's backward pair sums inside a sub-chunk (chunk_pair_gradients) with each pair's decay a "
+                    "running product of the token decays, one exponential per token and channel",
+              "zh": "KDA 反向中子块内的成对求和（chunk_pair_gradients）把每一对的衰减取为各 token 衰减的累乘，每个 "
+                    "token、每个通道只求一次指数"},
+    ),
 )
 
 

@@ -208,12 +208,14 @@ def test_state_passes_as_operands_against_the_stages(per_channel, dtype, token_m
 # four switches on since their tests here passed: STATES_AS_OPERANDS, TOKEN_MAJOR_STATES, SHARED_PAIR_SUMS,
 # GATE_IN_PAIR_KERNEL); the scores from the forward need KDA and the token-major pieces (on by default)
 LANDED_OFF = ("SCORES_FROM_FORWARD", "PAIR_KERNEL_TWO_BLOCKS", "PAIR_KERNEL_BY_CHANNELS", "GRADS_IN_INPUT_DTYPE",
-              "PAIR_PIECES_FROM_FORWARD", "INVERSE_FROM_FORWARD", "PACKED_STATE_KERNELS", "LEVEL_PASSES_FROM_INPUTS")
+              "PAIR_PIECES_FROM_FORWARD", "INVERSE_FROM_FORWARD", "PACKED_STATE_KERNELS", "LEVEL_PASSES_FROM_INPUTS",
+              "PAIR_SUMS_BY_PRODUCTS")
 SWITCH_CASES = [(on, per_channel, kind)
                 for on, per_channel, kinds in (
                     (("SCORES_FROM_FORWARD",), True, ["logsigmoid", "runs_of_-20", "mild"]),
                     (("PAIR_PIECES_FROM_FORWARD",), True, ["logsigmoid", "runs_of_-20", "mild"]),
                     (("INVERSE_FROM_FORWARD",), False, ["logsigmoid", "runs_of_-20", "mild"]),
+                    (("PAIR_SUMS_BY_PRODUCTS",), True, ["logsigmoid", "runs_of_-20", "mild"]),
                     (("PAIR_KERNEL_TWO_BLOCKS",), True, ["runs_of_-20", "mild"]),
                     (("PAIR_KERNEL_BY_CHANNELS",), True, ["logsigmoid", "runs_of_-20", "mild"]),
                     (("GRADS_IN_INPUT_DTYPE",), False, ["logsigmoid", "runs_of_-20"]),
@@ -259,6 +261,7 @@ def test_gradients_with_the_switches_landed_off(on, per_channel, kind, dtype, de
     taken = {"SCORES_FROM_FORWARD": pieces.get("scores") is False or "PAIR_PIECES_FROM_FORWARD" in on,
              "PAIR_PIECES_FROM_FORWARD": forward.get("backward_outputs") is True and "chunk_pair_pieces" not in compiled,
              "INVERSE_FROM_FORWARD": forward.get("backward_outputs") is True and chunk.get("pieces_in") is True,
+             "PAIR_SUMS_BY_PRODUCTS": pairs.get("products") is True,
              "PAIR_KERNEL_TWO_BLOCKS": pairs.get("min_blocks") == 2,
              "PAIR_KERNEL_BY_CHANNELS": pairs.get("block_dk") == backward.PAIR_KERNEL_CHANNELS["block_dk"],
              "GRADS_IN_INPUT_DTYPE": chunk.get("grad_dtype") == str(dtype).removeprefix("torch.")}
@@ -287,8 +290,10 @@ def test_gradients_with_the_state_pass_kernels(per_channel, device_backward, mon
 
 @pytest.mark.parametrize("kind", ["logsigmoid", "runs_of_-20", "mild"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("per_channel", [False, True, "shared_pairs", "gate_in_pair_kernel", "by_channels"],
-                         ids=["gdn", "kda", "kda_shared_pairs", "kda_gate_in_pair_kernel", "kda_by_channels"])
+@pytest.mark.parametrize("per_channel", [False, True, "shared_pairs", "gate_in_pair_kernel", "by_channels", "products",
+                                         "by_channels_products"],
+                         ids=["gdn", "kda", "kda_shared_pairs", "kda_gate_in_pair_kernel", "kda_by_channels",
+                              "kda_products", "kda_by_channels_products"])
 def test_chunk_kernel_against_the_stages(per_channel, dtype, kind, poisoned, monkeypatch):
     """``kda/kernels/backward_chunks.py`` (a gate per head: ``chunk_gradients``; per channel: its three
     kernels) against the reference's ``chunk_gradients`` in float64 on the same inputs and the same
@@ -298,13 +303,15 @@ def test_chunk_kernel_against_the_stages(per_channel, dtype, kind, poisoned, mon
     ``SHARED_PAIR_SUMS`` (``chunk_pair_gradients`` compiled with ``shared_pairs``); ``kda_gate_in_pair_kernel``:
     with ``GATE_IN_PAIR_KERNEL`` (the gate's gradient finished in that kernel; mild gates make each chunk
     decay's term count); ``kda_by_channels``: with the defaults and ``PAIR_KERNEL_BY_CHANNELS`` (the pair sums
-    split by channels)."""
+    split by channels); ``kda_products``: with the defaults and ``PAIR_SUMS_BY_PRODUCTS`` (the pairs inside a
+    sub-chunk by running products of the token decays), and split by channels too."""
     from kda import backward
 
-    defaults = per_channel == "by_channels"
+    defaults = per_channel in ("by_channels", "products", "by_channels_products")
     monkeypatch.setattr(backward, "SHARED_PAIR_SUMS", per_channel == "shared_pairs" or defaults)
     monkeypatch.setattr(backward, "GATE_IN_PAIR_KERNEL", per_channel == "gate_in_pair_kernel" or defaults)
-    monkeypatch.setattr(backward, "PAIR_KERNEL_BY_CHANNELS", defaults)
+    monkeypatch.setattr(backward, "PAIR_KERNEL_BY_CHANNELS", per_channel in ("by_channels", "by_channels_products"))
+    monkeypatch.setattr(backward, "PAIR_SUMS_BY_PRODUCTS", per_channel in ("products", "by_channels_products"))
     per_channel = bool(per_channel)
     B, T, H, DK, DV = 2, 300, 3, 128, 128
     q, k, v, g, beta, h0 = inputs((B, T, H, DK, DV), dtype, kind, per_channel, 41 if per_channel else 31)

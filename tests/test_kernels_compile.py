@@ -134,6 +134,11 @@ CASES = [
                                                      threads=128)),
     ("backward_chunks", "chunk_pair_gradients", dict(DK=64, dtype="float16", block_dk=16, threads=128)),
     ("backward_chunks", "chunk_pair_gradients", dict(DK=128, delta_rule=False, block_dk=16, threads=128)),
+    # the pairs inside a sub-chunk by running products (PAIR_SUMS_BY_PRODUCTS): 255 registers, 205 by 16 channels
+    ("backward_chunks", "chunk_pair_gradients", dict(DK=128, shared_pairs=True, finish_gate=True, products=True)),
+    ("backward_chunks", "chunk_pair_gradients", dict(DK=128, shared_pairs=True, finish_gate=True, block_dk=16,
+                                                     threads=128, products=True)),
+    ("backward_chunks", "chunk_pair_gradients", dict(DK=128, delta_rule=False, products=True, spill_budget=64)),
     # two blocks per SM (PAIR_KERNEL_TWO_BLOCKS): registers capped at 128, 688 bytes spilled
     ("backward_chunks", "chunk_pair_gradients", dict(DK=128, shared_pairs=True, finish_gate=True, min_blocks=2,
                                                      spill_budget=720)),

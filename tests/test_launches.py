@@ -520,3 +520,17 @@ def test_level5_pairwise_by_products(kernel_launches, monkeypatch, per_channel):
         kernel_launches.clear()
         _run_gated_kernels(q, k, v, g, True, 0.125, None, False)
         assert kernel_launches[0][0] == "chunk_intra" and kernel_launches[0][1].get("pairwise") == "products"
+
+
+def test_backward_pair_sums_by_products(kernel_launches, monkeypatch):
+    """``PAIR_SUMS_BY_PRODUCTS`` (CUDA faked, KDA, every kernel): ``chunk_pair_gradients`` compiled with
+    ``products`` and bound as without it."""
+    from kda import backward
+
+    for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNELS_BY_CHANNEL", "PAIR_SUMS_BY_PRODUCTS"):
+        monkeypatch.setattr(backward, switch, True)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    q, k, v, g, beta = level5_inputs(B=2, T=200, per_channel=True)
+    backward.chunked_gradients(q, k, v, g, beta, torch.randn(2, 200, 2, 64).bfloat16(), None, 0.125, None,
+                               kernel_dtype=torch.bfloat16)
+    assert dict(kernel_launches)["chunk_pair_gradients"].get("products") is True

@@ -346,18 +346,36 @@ SUB_CHUNK = 16
 
 
 @T.macro
-def pair_rows(s_s, y_s, G_s, Y_s, R_f, tmp_f, C, sub):
+def token_decays(G_s, A_s, C, sub):
+    """``A_s[m, d] = 2^(G_md - G_(m-1)d)``, each token's own decay (``<= 1``; 1 on a sub-chunk's first row, never
+    used): the pairs inside a sub-chunk then take their decays as running products of these (``products``)."""
+    for m, d in T.Parallel(C, A_s.shape[1]):
+        A_s[m, d] = T.if_then_else(m % sub > 0, decay_factor(G_s[m, d] - G_s[T.max(m - 1, 0), d]), 1.0)
+
+
+@T.macro
+def pair_rows(s_s, y_s, G_s, Y_s, R_f, tmp_f, C, sub, A_s=None):
     """``R_id = sum_{j < i} s_ij y_jd 2^(G_id - G_jd)`` (``s_s`` zero on and above its diagonal): for the
     rows of sub-chunk ``r`` (first row ``r0``), the columns before it by a GEMM of ``s`` with
-    ``y_j 2^(G_r0 - G_j)`` scaled by ``2^(G_i - G_r0)``; the columns inside it pair by pair."""
+    ``y_j 2^(G_r0 - G_j)`` scaled by ``2^(G_i - G_r0)``; the columns inside it pair by pair, or with the token
+    decays ``A_s`` (``token_decays``) from ``j = i - 1`` down, the pair's decay a running product (no exponential
+    per pair; every factor ``<= 1``)."""
     DK = y_s.shape[1]
     for i, d in T.Parallel(C, DK):
         acc = T.alloc_var(ACCUM)
         acc = 0.0
-        for jj in T.serial(sub):
-            j = (i // sub) * sub + jj
-            acc += T.if_then_else(j < i, T.Cast(ACCUM, s_s[i, j]) * T.Cast(ACCUM, y_s[j, d])
-                                  * decay_factor(G_s[i, d] - G_s[j, d]), 0.0)
+        if A_s is None:
+            for jj in T.serial(sub):
+                j = (i // sub) * sub + jj
+                acc += T.if_then_else(j < i, T.Cast(ACCUM, s_s[i, j]) * T.Cast(ACCUM, y_s[j, d])
+                                      * decay_factor(G_s[i, d] - G_s[j, d]), 0.0)
+        else:
+            f = T.alloc_var(ACCUM)
+            f = 1.0
+            for r in T.unroll(sub):                   # j from the sub-chunk's last row down
+                j = (i // sub) * sub + sub - 1 - r
+                f = T.if_then_else(j < i, f * A_s[T.min(j + 1, C - 1), d], 1.0)
+                acc += T.if_then_else(j < i, T.Cast(ACCUM, s_s[i, j]) * T.Cast(ACCUM, y_s[j, d]) * f, 0.0)
         R_f[i, d] = acc
     for r in range(1, C // sub):
         r0 = r * sub
@@ -370,18 +388,26 @@ def pair_rows(s_s, y_s, G_s, Y_s, R_f, tmp_f, C, sub):
 
 
 @T.macro
-def pair_cols(s_s, x_s, G_s, Y_s, R_f, tmp_f, C, sub):
+def pair_cols(s_s, x_s, G_s, Y_s, R_f, tmp_f, C, sub, A_s=None):
     """``R_jd = sum_{i > j} s_ij x_id 2^(G_id - G_jd)``: for the columns of sub-chunk ``b`` (last row
     ``e``), the rows after it by a GEMM of ``s^T`` with ``x_i 2^(G_i - G_e)`` scaled by ``2^(G_e - G_j)``;
-    the rows inside it pair by pair."""
+    the rows inside it pair by pair, or with the token decays ``A_s`` from ``i = j + 1`` up (as ``pair_rows``)."""
     DK = x_s.shape[1]
     for j, d in T.Parallel(C, DK):
         acc = T.alloc_var(ACCUM)
         acc = 0.0
-        for ii in T.serial(sub):
-            i = (j // sub) * sub + ii
-            acc += T.if_then_else(i > j, T.Cast(ACCUM, s_s[i, j]) * T.Cast(ACCUM, x_s[i, d])
-                                  * decay_factor(G_s[i, d] - G_s[j, d]), 0.0)
+        if A_s is None:
+            for ii in T.serial(sub):
+                i = (j // sub) * sub + ii
+                acc += T.if_then_else(i > j, T.Cast(ACCUM, s_s[i, j]) * T.Cast(ACCUM, x_s[i, d])
+                                      * decay_factor(G_s[i, d] - G_s[j, d]), 0.0)
+        else:
+            f = T.alloc_var(ACCUM)
+            f = 1.0
+            for ii in T.unroll(sub):                  # i from the sub-chunk's first row up
+                i = (j // sub) * sub + ii
+                f = T.if_then_else(i > j, f * A_s[i, d], 1.0)
+                acc += T.if_then_else(i > j, T.Cast(ACCUM, s_s[i, j]) * T.Cast(ACCUM, x_s[i, d]) * f, 0.0)
         R_f[j, d] = acc
     for b in range(C // sub - 1):
         e = b * sub + sub - 1
@@ -394,21 +420,32 @@ def pair_cols(s_s, x_s, G_s, Y_s, R_f, tmp_f, C, sub):
 
 
 @T.macro
-def shared_pair_rows(s1_s, s2_s, y_s, G_s, Y_s, R1_f, tmp_f, dK_f, dG_f, C, sub):
+def shared_pair_rows(s1_s, s2_s, y_s, G_s, Y_s, R1_f, tmp_f, dK_f, dG_f, C, sub, A_s=None):
     """``pair_rows`` of two pair matrices against one ``y`` (``K``), each pair's decay and each reference
     row's ``Y`` made once for both: ``R1 = rows(s1, y)`` into ``R1_f``; ``R2 = rows(s2, y)`` added to ``dK_f``
-    and, times ``y`` (it is ``K``), to ``dG_f`` as it comes (no tile of its own)."""
+    and, times ``y`` (it is ``K``), to ``dG_f`` as it comes (no tile of its own). ``A_s``: the pairs inside a
+    sub-chunk by running products of the token decays, as ``pair_rows``."""
     DK = y_s.shape[1]
     for i, d in T.Parallel(C, DK):
         acc1 = T.alloc_var(ACCUM)
         acc2 = T.alloc_var(ACCUM)
         acc1 = 0.0
         acc2 = 0.0
-        for jj in T.serial(sub):
-            j = (i // sub) * sub + jj
-            w = T.if_then_else(j < i, T.Cast(ACCUM, y_s[j, d]) * decay_factor(G_s[i, d] - G_s[j, d]), 0.0)
-            acc1 += T.Cast(ACCUM, s1_s[i, j]) * w
-            acc2 += T.Cast(ACCUM, s2_s[i, j]) * w
+        if A_s is None:
+            for jj in T.serial(sub):
+                j = (i // sub) * sub + jj
+                w = T.if_then_else(j < i, T.Cast(ACCUM, y_s[j, d]) * decay_factor(G_s[i, d] - G_s[j, d]), 0.0)
+                acc1 += T.Cast(ACCUM, s1_s[i, j]) * w
+                acc2 += T.Cast(ACCUM, s2_s[i, j]) * w
+        else:
+            f = T.alloc_var(ACCUM)
+            f = 1.0
+            for r in T.unroll(sub):                   # j from the sub-chunk's last row down
+                j = (i // sub) * sub + sub - 1 - r
+                f = T.if_then_else(j < i, f * A_s[T.min(j + 1, C - 1), d], 1.0)
+                w = T.if_then_else(j < i, T.Cast(ACCUM, y_s[j, d]) * f, 0.0)
+                acc1 += T.Cast(ACCUM, s1_s[i, j]) * w
+                acc2 += T.Cast(ACCUM, s2_s[i, j]) * w
         R1_f[i, d] = acc1
         dK_f[i, d] = dK_f[i, d] + acc2
         dG_f[i, d] = dG_f[i, d] + T.Cast(ACCUM, y_s[i, d]) * acc2
@@ -430,19 +467,28 @@ def shared_pair_rows(s1_s, s2_s, y_s, G_s, Y_s, R1_f, tmp_f, dK_f, dG_f, C, sub)
 
 
 @T.macro
-def summed_pair_cols(s1_s, x1_s, s2_s, x2_s, G_s, Y1_s, Y2_s, R_f, tmp_f, scale, C, sub):
+def summed_pair_cols(s1_s, x1_s, s2_s, x2_s, G_s, Y1_s, Y2_s, R_f, tmp_f, scale, C, sub, A_s=None):
     """``R = scale cols(s1, x1) + cols(s2, x2)`` in one sum: the two go to the same places (``dK`` and,
     times ``-k``, the gate), so each pair's decay is made once, and for each reference row one accumulator
-    takes both GEMMs and one scaling."""
+    takes both GEMMs and one scaling. ``A_s``: the pairs inside a sub-chunk by running products, as ``pair_cols``."""
     DK = x1_s.shape[1]
     for j, d in T.Parallel(C, DK):
         acc = T.alloc_var(ACCUM)
         acc = 0.0
-        for ii in T.serial(sub):
-            i = (j // sub) * sub + ii
-            acc += T.if_then_else(i > j, (scale * T.Cast(ACCUM, s1_s[i, j]) * T.Cast(ACCUM, x1_s[i, d])
-                                          + T.Cast(ACCUM, s2_s[i, j]) * T.Cast(ACCUM, x2_s[i, d]))
-                                  * decay_factor(G_s[i, d] - G_s[j, d]), 0.0)
+        if A_s is None:
+            for ii in T.serial(sub):
+                i = (j // sub) * sub + ii
+                acc += T.if_then_else(i > j, (scale * T.Cast(ACCUM, s1_s[i, j]) * T.Cast(ACCUM, x1_s[i, d])
+                                              + T.Cast(ACCUM, s2_s[i, j]) * T.Cast(ACCUM, x2_s[i, d]))
+                                      * decay_factor(G_s[i, d] - G_s[j, d]), 0.0)
+        else:
+            f = T.alloc_var(ACCUM)
+            f = 1.0
+            for ii in T.unroll(sub):                  # i from the sub-chunk's first row up
+                i = (j // sub) * sub + ii
+                f = T.if_then_else(i > j, f * A_s[i, d], 1.0)
+                acc += T.if_then_else(i > j, (scale * T.Cast(ACCUM, s1_s[i, j]) * T.Cast(ACCUM, x1_s[i, d])
+                                              + T.Cast(ACCUM, s2_s[i, j]) * T.Cast(ACCUM, x2_s[i, d])) * f, 0.0)
         R_f[j, d] = acc
     for b in range(C // sub - 1):
         e = b * sub + sub - 1
@@ -474,7 +520,7 @@ def load_channels(src, dst_s, bb, t0, bh, L, C, d0, BD):
 
 # --8<-- [start:chunk_pair_gradients]
 def chunk_pair_gradients(DK, chunk_size=64, dtype="bfloat16", delta_rule=True, threads=256, shared_pairs=False,
-                         min_blocks=1, finish_gate=False, block_dk=None):
+                         min_blocks=1, finish_gate=False, block_dk=None, products=False):
     """The pair sums of the chunk stage for a gate per channel. Arguments at run time: ``Q, K [B, T, H,
     DK]`` (dtype), ``G [B, H, NC C, DK]`` (float32, log2: each chunk's cumulative gate, flat past the
     end), ``dPs, dAb [B, T, H, C]`` (dtype: ``stril(dP)`` and ``dA b`` from ``chunk_state_gradients``),
@@ -492,7 +538,10 @@ def chunk_pair_gradients(DK, chunk_size=64, dtype="bfloat16", delta_rule=True, t
     ``block_dk``: channels per block (a divisor of ``DK``; ``None``: all). Every sum is per channel, only
     ``dPs`` and ``dAb`` are shared by the channels, so a block of ``block_dk`` channels is independent of
     the others: ``DK / block_dk`` blocks per chunk and head, each reading the chunk's two pair matrices,
-    with smaller tiles and so more blocks per SM (fla's intra-chunk backward splits its channels so)."""
+    with smaller tiles and so more blocks per SM (fla's intra-chunk backward splits its channels so).
+    ``products``: the pairs inside a sub-chunk with each pair's decay a running product of the token decays
+    (``token_decays``: one exponential per token and channel instead of one per pair and channel; the loops
+    unrolled), exact for any gate as before (``kda.backward``'s ``PAIR_SUMS_BY_PRODUCTS``)."""
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     C, sub = chunk_size, SUB_CHUNK
     NC = T.ceildiv(S, C)
@@ -552,16 +601,20 @@ def chunk_pair_gradients(DK, chunk_size=64, dtype="bfloat16", delta_rule=True, t
                 T.copy(G[bb, bh, t0:t0 + C, d0:d0 + BK], G_s)
             else:
                 T.copy(G[bb, bh, t0:t0 + C, :], G_s)
+            A_s = None
+            if products:                                  # each token's decay, once for every pair sum below
+                A_s = T.alloc_shared([C, BK], ACCUM)
+                token_decays(G_s, A_s, C, sub)
 
             if shared_pairs and delta_rule:
                 # cols first: scale cols(dP, Q) + cols(dA b, K) sets dK, and -K times it the gate
                 Y2_s = T.alloc_shared([C, BK], dtype)
-                summed_pair_cols(dP_s, q_s, dA_s, k_s, G_s, Y_s, Y2_s, R_f, tmp_f, scale, C, sub)
+                summed_pair_cols(dP_s, q_s, dA_s, k_s, G_s, Y_s, Y2_s, R_f, tmp_f, scale, C, sub, A_s)
                 for i, d in T.Parallel(C, BK):
                     dK_f[i, d] = R_f[i, d]
                     dG_f[i, d] = -k_s[i, d] * R_f[i, d]
                 # then rows(dP, K) into R (dQ, Q R on the gate) and rows(dA b, K) into dK and K R on the gate
-                shared_pair_rows(dP_s, dA_s, k_s, G_s, Y_s, R_f, tmp_f, dK_f, dG_f, C, sub)
+                shared_pair_rows(dP_s, dA_s, k_s, G_s, Y_s, R_f, tmp_f, dK_f, dG_f, C, sub, A_s)
                 for i, d in T.Parallel(C, BK):
                     dG_f[i, d] = dG_f[i, d] + scale * q_s[i, d] * R_f[i, d]
                     if i < L:
@@ -570,21 +623,21 @@ def chunk_pair_gradients(DK, chunk_size=64, dtype="bfloat16", delta_rule=True, t
                         if not finish_gate:
                             dG[bb, t0 + i, bh, d0 + d] = dG[bb, t0 + i, bh, d0 + d] + dG_f[i, d]
             else:
-                pair_rows(dP_s, k_s, G_s, Y_s, R_f, tmp_f, C, sub)            # rows(dP, K): dQ, and Q R on the gate
+                pair_rows(dP_s, k_s, G_s, Y_s, R_f, tmp_f, C, sub, A_s)       # rows(dP, K): dQ, and Q R on the gate
                 for i, d in T.Parallel(C, BK):
                     if i < L:
                         dQ[bb, t0 + i, bh, d0 + d] = scale * (dQ[bb, t0 + i, bh, d0 + d] + R_f[i, d])
                     dG_f[i, d] = scale * q_s[i, d] * R_f[i, d]
-                pair_cols(dP_s, q_s, G_s, Y_s, R_f, tmp_f, C, sub)            # cols(dP, Q): dK, and -K R
+                pair_cols(dP_s, q_s, G_s, Y_s, R_f, tmp_f, C, sub, A_s)       # cols(dP, Q): dK, and -K R
                 for i, d in T.Parallel(C, BK):
                     dK_f[i, d] = scale * R_f[i, d]
                     dG_f[i, d] = dG_f[i, d] - scale * k_s[i, d] * R_f[i, d]
                 if delta_rule:
-                    pair_rows(dA_s, k_s, G_s, Y_s, R_f, tmp_f, C, sub)        # rows(dA b, K)
+                    pair_rows(dA_s, k_s, G_s, Y_s, R_f, tmp_f, C, sub, A_s)   # rows(dA b, K)
                     for i, d in T.Parallel(C, BK):
                         dK_f[i, d] = dK_f[i, d] + R_f[i, d]
                         dG_f[i, d] = dG_f[i, d] + k_s[i, d] * R_f[i, d]
-                    pair_cols(dA_s, k_s, G_s, Y_s, R_f, tmp_f, C, sub)        # cols(dA b, K)
+                    pair_cols(dA_s, k_s, G_s, Y_s, R_f, tmp_f, C, sub, A_s)   # cols(dA b, K)
                     for i, d in T.Parallel(C, BK):
                         dK_f[i, d] = dK_f[i, d] + R_f[i, d]
                         dG_f[i, d] = dG_f[i, d] - k_s[i, d] * R_f[i, d]

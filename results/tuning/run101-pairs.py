@@ -12,8 +12,9 @@ from the same values).
     python results/tuning/run101-pairs.py compile time
 
 ``VARIANT_SET=run103`` (run 103): ``shared_pairs`` (the default since run 100) against the same split by
-channels (``block_dk``: 16 or 32 channels per block, 128 threads, register caps) and with two blocks per SM;
-rows to ``run103-pairs.jsonl``.
+channels (``block_dk``: 16 or 32 channels per block, 128 threads, register caps) and with two blocks per SM, and
+with ``products`` (the pairs inside a sub-chunk by running products of the token decays); rows to
+``run103-pairs.jsonl``.
 """
 import os
 import sys
@@ -35,7 +36,10 @@ if os.environ.get("VARIANT_SET") == "run103":
                 "by_32_channels_3_blocks": dict(shared, block_dk=32, threads=128, min_blocks=3),
                 "by_32_channels_4_blocks": dict(shared, block_dk=32, threads=128, min_blocks=4),
                 "by_32_channels_256_threads": dict(shared, block_dk=32, threads=256),
-                "by_64_channels_2_blocks": dict(shared, block_dk=64, threads=256, min_blocks=2)}
+                "by_64_channels_2_blocks": dict(shared, block_dk=64, threads=256, min_blocks=2),
+                "shared_pairs_products": dict(shared, products=True),
+                "by_16_channels_products": dict(shared, block_dk=16, threads=128, products=True),
+                "by_32_channels_products": dict(shared, block_dk=32, threads=256, products=True)}
 
 
 def compile_one(i):

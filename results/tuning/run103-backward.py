@@ -3,8 +3,8 @@
 (the backward/latency record of run 102). ``switches``: KDA forward + backward with the defaults, with
 ``SCORES_FROM_FORWARD`` (chunk_pair_pieces without the scores; the forward's A_qk read instead),
 ``PAIR_KERNEL_TWO_BLOCKS`` (chunk_pair_gradients at two blocks per SM), ``PAIR_KERNEL_BY_CHANNELS`` (it split by
-channels), ``PAIR_PIECES_FROM_FORWARD`` (no chunk_pair_pieces: the forward's chunk_intra writes G, T and K K^T E)
-and all, and GDN with ``GRADS_IN_INPUT_DTYPE``, ``INVERSE_FROM_FORWARD`` (its chunk kernel reading the
+channels), ``PAIR_PIECES_FROM_FORWARD`` (no chunk_pair_pieces: the forward's chunk_intra writes G, T and K K^T E),
+``PAIR_SUMS_BY_PRODUCTS`` (the pairs inside a sub-chunk by running products) and all, and GDN with ``GRADS_IN_INPUT_DTYPE``, ``INVERSE_FROM_FORWARD`` (its chunk kernel reading the
 forward's T, K K^T E and scores) and both: time, peak memory, every gradient against the
 defaults'. ``profile``: one step of kda's KDA and GDN with the defaults by
 ``torch.profiler`` (``$OUT/run103-<name>.txt``, every launch of the last step in order), the split of the 22.6
@@ -37,7 +37,7 @@ run91 = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(run91)
 SHAPE = (1, 8192, 96, 128)
 NEW = ("SCORES_FROM_FORWARD", "PAIR_KERNEL_TWO_BLOCKS", "PAIR_KERNEL_BY_CHANNELS", "GRADS_IN_INPUT_DTYPE",
-       "PAIR_PIECES_FROM_FORWARD")
+       "PAIR_PIECES_FROM_FORWARD", "PAIR_SUMS_BY_PRODUCTS")
 NEW_GDN = ("GRADS_IN_INPUT_DTYPE", "INVERSE_FROM_FORWARD")
 
 
