@@ -83,11 +83,12 @@ NO_ACTIVATION = Activation(None, None, None, None, 0.0)
 
 
 
-def activated(q, k, v, g, beta, per_channel: bool, options: dict, check_values: bool, differentiable=False):
-    """``g`` and ``beta`` after the activations that ``options`` (fla's arguments) ask for, in
-    float32 on CUDA and float64 on the CPU; shapes checked first, so that a wrong tensor gets the
-    usual error. The chunked forward's path: it applies them in torch before its kernels.
-    ``differentiable``: a CUDA call that ``kda.backward`` differentiates (its inputs may require grad)."""
+def checked_activation(q, k, v, g, beta, per_channel: bool, options: dict, check_values: bool,
+                       differentiable=False) -> Activation:
+    """The ``Activation`` that ``options`` (fla's arguments) ask for, every shape checked first (``q, k, v``, ``g``
+    as one gate per head or per channel, ``beta``), so that a wrong tensor gets the usual error; with
+    ``check_values`` the raw ``g`` and ``beta`` it applies to must be finite. ``differentiable``: a CUDA call that
+    ``kda.backward`` differentiates (its inputs may require grad)."""
     from kda import cuda_autograd, validate
 
     with cuda_autograd.checks_allow_gradients(differentiable):
@@ -96,5 +97,13 @@ def activated(q, k, v, g, beta, per_channel: bool, options: dict, check_values: 
             form = "[B, T, H, DK] (one gate per key channel)" if per_channel else "[B, T, H] (one gate per head)"
             raise ValueError(f"g must have shape {form} here, got {validate.shape_of(g)}")
         validate.check_beta(beta, B, T, H, q.device, check_values=False)
-    act = check_activation(g, beta, check_values=check_values, **options)    # builds dt_bias's view: graph on
+    return check_activation(g, beta, check_values=check_values, **options)    # builds dt_bias's view: graph on
+
+
+def activated(q, k, v, g, beta, per_channel: bool, options: dict, check_values: bool, differentiable=False):
+    """``g`` and ``beta`` after the activations that ``options`` ask for (``checked_activation``), in float32 on
+    CUDA and float64 on the CPU: the chunked forward's path where its kernels do not apply them."""
+    from kda import validate
+
+    act = checked_activation(q, k, v, g, beta, per_channel, options, check_values, differentiable)
     return act.apply(g, beta, torch.float32 if validate.runs_kernels(q) else torch.float64)

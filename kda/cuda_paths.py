@@ -264,6 +264,16 @@ PATHS: tuple[CudaPath, ...] = (
               "zh": "KDA 反向中子块内的成对求和（chunk_pair_gradients）把每一对的衰减取为各 token 衰减的累乘，每个 "
                     "token、每个通道只求一次指数"},
     ),
+    CudaPath(
+        name="activations_in_kernel",
+        module="kda.gated_delta",
+        switch="ACTIVATIONS_IN_KERNEL",
+        what={"en": "chunk_kda as a model calls it (use_gate_in_kernel, use_beta_sigmoid_in_kernel), not "
+                    "differentiated: chunk_intra activates the raw gate and beta as it loads them, instead of torch's "
+                    "activated float32 copies first",
+              "zh": "模型调用 chunk_kda 的方式（use_gate_in_kernel、use_beta_sigmoid_in_kernel），不求导时：chunk_intra "
+                    "在读入原始门控与 beta 时就地激活，不再先由 torch 生成激活后的 float32 副本"},
+    ),
 )
 
 

@@ -23,7 +23,7 @@ from typing import NamedTuple
 import torch
 
 from kda import cuda_autograd, ops, validate
-from kda.activation import activated
+from kda.activation import activated, checked_activation
 from kda.chunking import CHUNK_SIZE, ceildiv
 from kda.reference import level0 as ref0
 from kda.reference import level4 as ref4
@@ -62,6 +62,12 @@ def check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel
 # too, whose chunk_intra normalizes (the scalar-gate path's kernels do not yet). Off until its GPU tests pass.
 L2NORM_IN_KERNEL = False
 
+# CUDA, chunk_kda as a model calls it (fla's use_gate_in_kernel, use_beta_sigmoid_in_kernel) and not
+# differentiated: chunk_intra activates the raw gate (softplus or bounded sigmoid form) and beta (sigmoid) as it
+# loads them (gate_act, beta_act), instead of torch making activated float32 copies first (a [B, T, H, K] pass for
+# the gate). A gate per head (GDN) and allow_neg_eigval keep torch's activations. Off until its GPU tests pass.
+ACTIVATIONS_IN_KERNEL = False
+
 # CUDA: chunk_intra's steep chunks (a gate that falls by more than 2^96 inside a 16-row sub-chunk: most chunks of a
 # layer's gates, -exp(A_log) softplus(.) with A_log up to log 16) summed by running products of the token decays
 # (pairwise="products": one exponential per token and channel, sixteen accumulators per thread) instead of an
@@ -86,10 +92,17 @@ def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_
     weights = {name: options[name] for name in ("A_log", "dt_bias")} if options else {}
     grads = not compiling and cuda_autograd.differentiates(q, k=k, v=v, g=g, beta=beta,
                                                            initial_state=initial_state, **weights)
+    activation = None
     if options and (options["use_gate_in_kernel"] or options["use_beta_sigmoid_in_kernel"]
                     or options["allow_neg_eigval"] or options["A_log"] is not None or options["dt_bias"] is not None
                     or options["lower_bound"] is not None):
-        g, beta = activated(q, k, v, g, beta, per_channel, options, check_values and not compiling, grads)
+        if (ACTIVATIONS_IN_KERNEL and per_channel and not (compiling or grads) and validate.runs_kernels(q)
+                and not options["allow_neg_eigval"]):           # chunk_intra activates them (gate_act, beta_act)
+            # the raw values' checks in the kernel's flags (no read-back here): an activated gate or a raw beta
+            # that is not finite
+            activation = checked_activation(q, k, v, g, beta, per_channel, options, False)
+        else:
+            g, beta = activated(q, k, v, g, beta, per_channel, options, check_values and not compiling, grads)
     if compiling or grads:
         # the checks a graph can hold, then the op: its registered backward is kda.backward on CUDA
         scale, h0, _ = check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel,
@@ -99,13 +112,14 @@ def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_
                                                     use_qk_l2norm_in_kernel, cu_seqlens, cu_seqlens_cpu)
         return o, (final if output_final_state else None)
     return forward_eager(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                         cu_seqlens, per_channel, check_values, cu_seqlens_cpu)
+                         cu_seqlens, per_channel, check_values, cu_seqlens_cpu, activation)
 
 
 def forward_eager(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                  cu_seqlens, per_channel: bool, check_values: bool, cu_seqlens_cpu=None):
+                  cu_seqlens, per_channel: bool, check_values: bool, cu_seqlens_cpu=None, activation=None):
     """``chunk_kda`` / ``chunk_gated_delta_rule`` outside ``torch.compile`` (and inside the op
-    ``kda::chunk_gated_delta`` that a compiled graph calls)."""
+    ``kda::chunk_gated_delta`` that a compiled graph calls). ``activation`` (CUDA, ``ACTIVATIONS_IN_KERNEL``): the
+    ``kda.activation.Activation`` that ``chunk_intra`` applies to the raw ``g`` and ``beta`` given."""
     cuda = validate.runs_kernels(q)
     capturing = cuda and torch.cuda.is_current_stream_capturing()    # a CUDA graph: nothing read back
     if capturing and cu_seqlens is not None:
@@ -121,7 +135,11 @@ def forward_eager(q, k, v, g, beta, scale, initial_state, output_final_state, us
         q, k, g = kernel_inputs(q, k, g, use_qk_l2norm_in_kernel and not fused)
         table = chunk_table(bounds, q.device) if bounds is not None else None
         check = (lambda flags: validate.raise_flagged_values(flags, g_given, beta)) if check_values else None
-        o, final = _run_kernels(q, k, v, g, beta, scale, h0, flags, table, output_final_state, check, qk_l2norm=fused)
+        if check_values and activation is not None:      # the full check's errors on the activated values
+            check = lambda flags: validate.raise_flagged_values(
+                flags, *activation.apply(g_given, beta, torch.float32)) if any(flags.tolist()) else None
+        o, final = _run_kernels(q, k, v, g, beta, scale, h0, flags, table, output_final_state, check, qk_l2norm=fused,
+                                activation=activation)
         return o.to(v.dtype), (final.float() if output_final_state else None)
     if use_qk_l2norm_in_kernel:
         q, k = ref4.l2_normalize(q.double()), ref4.l2_normalize(k.double())
@@ -202,7 +220,8 @@ def _chunk_table(bounds: tuple, device: torch.device, chunk_size: int) -> ChunkT
                       to_device(seq_groups(offsets)))
 
 
-def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None, backward_outputs=False, qk_l2norm=False):
+def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None, backward_outputs=False, qk_l2norm=False,
+                   activation=None):
     """Stage 1 of the level-5 pipeline (``chunk_intra``), every chunk of the batch at once.
     ``flags`` (int32 ``[2]``, zeroed) collects the kernel's value checks of ``g`` and ``beta``
     (``validate.raise_flagged_values``); ``None`` for callers that checked the values before. With the
@@ -210,7 +229,8 @@ def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None, backward_out
     one block of the same launch. ``backward_outputs`` (dense; ``kda.backward``): returns ``(form, G, Tinv,
     KKE)``, the kernel's outputs of that flag (``G [B, H, NC C, GD]`` float32 log2, ``Tinv`` in the inputs'
     dtype, ``KKE`` float32, both ``[B, T, H, C]``). ``qk_l2norm``: the kernel L2-normalizes the rows of ``q`` and
-    ``k`` as it loads them (``L2NORM_IN_KERNEL``)."""
+    ``k`` as it loads them (``L2NORM_IN_KERNEL``). ``activation`` (``ACTIVATIONS_IN_KERNEL``): ``g`` and ``beta``
+    are raw and the kernel applies that ``kda.activation.Activation`` to them."""
     from kda.kernels import level5
     from kda.kernels.build import compile_program
 
@@ -222,6 +242,14 @@ def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None, backward_out
     with torch.cuda.device(q.device):
         extra = {name: True for name, on in (("backward_outputs", backward_outputs), ("qk_l2norm", qk_l2norm)) if on}
         extra.update({"pairwise": "products"} if PAIRWISE_BY_PRODUCTS and g.shape[-1] > 1 else {})
+        acts = []                                        # A_log, dt_bias, lower_bound after the chunk table
+        if activation is not None:
+            extra.update(gate_act=activation.gate, beta_act=activation.beta)
+            GD = g.shape[-1]
+            A_log = activation.A_log if activation.A_log is not None else torch.zeros(H, device=q.device)
+            dt_bias = activation.dt_bias if activation.dt_bias is not None else torch.zeros(H, GD, device=q.device)
+            acts = [A_log.float().contiguous(), dt_bias.float().reshape(H, GD).contiguous(),
+                    float(activation.lower_bound)]
         intra = compile_program(level5.chunk_intra, (), DK=DK, DV=DV, chunk_size=C, dtype=dtype,
                                 gate_dtype=gate_dtype, varlen=table is not None, value_groups=H // q.shape[2],
                                 scalar_gate=g.shape[-1] == 1, **extra)
@@ -236,7 +264,7 @@ def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None, backward_out
             Tinv = new((B, T, H, C))
             intra(q, k, v, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, chunks, G, Tinv, KKE)
             return ChunkForm(Qw, Kw, W, U, A_qk, decay), G, Tinv, KKE
-        intra(q, k, v, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, chunks)
+        intra(q, k, v, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, chunks, *acts)
     return ChunkForm(Qw, Kw, W, U, A_qk, decay)
 
 
@@ -300,7 +328,7 @@ def state_pass_launch(form: ChunkForm, h0, table=None, output_final_state=True):
 
 
 def _run_kernels(q, k, v, g, beta, scale, h0, flags=None, table=None, output_final_state=True, check=None,
-                 qk_l2norm=False):
+                 qk_l2norm=False, activation=None):
     """One batch ``[B, T, H, *]`` (or the packed sequences of ``table``) through the level-5
     pipeline, or a scalar gate through ``kda.kernels.scalar_gate`` where its switch and its block rule
     send it (``SCALAR_GATE_PATH``, ``scalar_gate_columns``; see below); returns ``o``
@@ -308,7 +336,8 @@ def _run_kernels(q, k, v, g, beta, scale, h0, flags=None, table=None, output_fin
     the state pass is queued (``validate.launch_then_check``): the host waits for the first kernel's
     flags only, and the pass runs while the caller's next work does. ``qk_l2norm``: ``q`` and ``k`` come raw and
     are L2-normalized by ``chunk_intra``, on level 5's path (taken then for a gate per head too: the scalar-gate
-    path's kernels do not normalize)."""
+    path's kernels do not normalize). ``activation``: ``g`` and ``beta`` come raw and ``chunk_intra`` activates them
+    (a gate per channel)."""
     # with the norm fused, level 5's path (its chunk_intra normalizes) over the scalar-gate path and torch's norm:
     # 1.22 ms against 0.87 + about 2.2 at (1, 8192, 96, 128) (the GDN record; issue 41's table)
     if SCALAR_GATE_PATH and g.shape[-1] == 1 and (table is None or SCALAR_GATE_PACKED) and not qk_l2norm:
@@ -318,7 +347,8 @@ def _run_kernels(q, k, v, g, beta, scale, h0, flags=None, table=None, output_fin
         block_dv = scalar_gate_columns(lanes, v.shape[2], v.shape[-1], sm_count(q.device))
         if block_dv is not None:
             return _run_scalar_gate(q, k, v, g, beta, scale, h0, flags, table, output_final_state, check, block_dv)
-    form = prepare_chunks(q, k, v, g, beta, scale, flags, table, **({"qk_l2norm": True} if qk_l2norm else {}))
+    fused = {**({"qk_l2norm": True} if qk_l2norm else {}), **({"activation": activation} if activation else {})}
+    form = prepare_chunks(q, k, v, g, beta, scale, flags, table, **fused)
     launch, o, ht = state_pass_launch(form, h0, table, output_final_state)
     validate.launch_then_check(flags, launch, check)
     return o, ht

@@ -226,6 +226,42 @@ def test_where_the_l2_norm_is_taken(fused, scalar_path, monkeypatch):
         assert torch.equal(seen[name], want), name
 
 
+@pytest.mark.parametrize("form", ["softplus", "sigmoid"])
+@pytest.mark.parametrize("fused", [False, True], ids=["torch_activations", "activations_in_kernel"])
+def test_where_the_activations_are_applied(fused, form, monkeypatch):
+    """fla's ``use_gate_in_kernel`` (both forms) and ``use_beta_sigmoid_in_kernel`` for ``chunk_kda`` on CUDA
+    (faked): with ``ACTIVATIONS_IN_KERNEL``, ``prepare_chunks`` gets the raw ``g`` and ``beta`` and the
+    ``Activation`` to apply; without it, them activated by torch."""
+    from kda import gated_delta, validate
+
+    seen = {}
+    monkeypatch.setattr(gated_delta, "ACTIVATIONS_IN_KERNEL", fused)
+    monkeypatch.setattr(validate, "runs_kernels", lambda q: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+
+    def prepare_chunks(q, k, v, g, beta, *rest, **kw):
+        seen.update(g=g, beta=beta, **kw)
+        return "form"
+
+    monkeypatch.setattr(gated_delta, "prepare_chunks", prepare_chunks)
+    monkeypatch.setattr(gated_delta, "state_pass_launch", lambda form, *a: ((lambda: None), torch.zeros(1), None))
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 70, 2, 64, generator=gen).bfloat16() for _ in range(3))
+    raw, logits = torch.randn(1, 70, 2, 64, generator=gen), torch.randn(1, 70, 2, generator=gen)
+    A_log, dt_bias = torch.randn(2, generator=gen), torch.randn(2 * 64, generator=gen)
+    bound = dict(safe_gate=True, lower_bound=-5.0) if form == "sigmoid" else {}
+    chunk_kda(q, k, v, raw, logits, A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=True,
+              use_beta_sigmoid_in_kernel=True, check_values=False, **bound)
+    assert ("activation" in seen) is fused
+    if fused:
+        assert torch.equal(seen["g"], raw) and torch.equal(seen["beta"], logits)
+        assert seen["activation"].gate == form and seen["activation"].beta == "sigmoid"
+    else:
+        x, A = raw + dt_bias.view(2, 64), A_log.exp()[:, None]
+        want_g = -A * torch.nn.functional.softplus(x) if form == "softplus" else -5.0 * torch.sigmoid(A * x)
+        assert torch.allclose(seen["g"], want_g) and torch.allclose(seen["beta"], torch.sigmoid(logits))
+
+
 def test_the_value_flags_are_read_once_the_state_pass_is_queued(monkeypatch):
     """``_run_kernels`` launches ``chunk_intra``, makes the state pass ready and launches it, and only
     then runs ``check`` on the flags (``validate.launch_then_check``): the GPU does not wait for the

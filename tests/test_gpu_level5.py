@@ -272,6 +272,55 @@ def test_l2norm_fused_sends_gdn_to_level5_path(poisoned, monkeypatch):
     assert rel_l2(o, ref_o) <= BOUND and rel_l2(ht, ref_ht) <= BOUND
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+@pytest.mark.parametrize("form", ["softplus", "sigmoid"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_activations_in_chunk_intra(dtype, form, packed, poisoned, monkeypatch):
+    """``ACTIVATIONS_IN_KERNEL``: ``chunk_kda`` as a layer calls it (a raw gate with ``A_log`` and ``dt_bias``, the
+    softplus form or the bounded sigmoid one with ``safe_gate``, beta's logits; packed: an empty sequence and one
+    token among them), ``chunk_intra`` activating both as it loads them, against the float64 recurrence on the
+    inputs activated in float64; the kernel seen compiled so."""
+    from kda import gated_delta
+    from kda.kernels import build
+
+    monkeypatch.setattr(gated_delta, "ACTIVATIONS_IN_KERNEL", True)
+    monkeypatch.setattr(gated_delta, "PAIRWISE_BY_PRODUCTS", True)          # a layer's gates: most chunks steep
+    compiled, compile_program = {}, build.compile_program
+    monkeypatch.setattr(build, "compile_program",
+                        lambda fn, *a, **kw: compiled.update({fn.__name__: kw}) or compile_program(fn, *a, **kw))
+    B, T, H, D = (1 if packed else 2), 200, 3, 128
+    q, k, v, _, _, h0 = inputs((B, T, H, D, D), dtype, "logsigmoid", True, zlib.crc32(f"act{dtype}{form}".encode()))
+    gen = torch.Generator(device="cuda").manual_seed(21)
+    raw = torch.randn(B, T, H, D, generator=gen, device="cuda")
+    logits = torch.randn(B, T, H, generator=gen, device="cuda")
+    A_log = torch.log(torch.empty(H, device="cuda").uniform_(1, 16, generator=gen))
+    dt_bias = 0.1 * torch.randn(H * D, generator=gen, device="cuda")
+    lengths = [0, 1, 130, 69] if packed else None
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda") \
+        if packed else None
+    h0 = torch.randn(len(lengths), H, D, D, device="cuda") if packed else h0
+    bound = dict(safe_gate=True, lower_bound=-5.0) if form == "sigmoid" else {}
+    o, ht = kda.chunk_kda(q, k, v, raw, logits, A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=True,
+                          use_beta_sigmoid_in_kernel=True, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+                          **bound)
+    assert compiled["chunk_intra"].get("gate_act") == form and compiled["chunk_intra"].get("beta_act") == "sigmoid"
+    x, A = raw.double() + dt_bias.double().view(H, D), A_log.double().exp()[:, None]
+    g = -A * torch.nn.functional.softplus(x) if form == "softplus" else -5.0 * torch.sigmoid(A * x)
+    beta = torch.sigmoid(logits.double())
+    bounds = [0, *torch.tensor(lengths).cumsum(0).tolist()] if packed else [0, T]
+    for n, (s, e) in enumerate(zip(bounds[:-1], bounds[1:])):
+        rows = slice(n, n + 1) if packed else slice(None)
+        if e == s:
+            continue
+        piece = lambda t: t[:, s:e]
+        ref_o, ref_ht = ref0.recurrent(piece(q).double() * D ** -0.5, piece(k), piece(v), piece(g), piece(beta),
+                                       h0[rows], True)
+        got = o[:, s:e]
+        assert torch.isfinite(got).all() and torch.isfinite(ht[rows]).all()
+        assert rel_l2(got, ref_o) <= BOUND, f"sequence {n}, o: {rel_l2(got, ref_o):.2e}"
+        assert rel_l2(ht[rows], ref_ht) <= BOUND, f"sequence {n}, final state: {rel_l2(ht[rows], ref_ht):.2e}"
+
+
 def layer_gates(shape, gen):
     """Gates as a KDA layer makes them at initialisation: ``-exp(A_log) softplus(x + dt_bias)``, ``A_log = log U(1,
     16)`` per head, ``x`` N(0, 1), ``dt_bias`` 0.1 N(0, 1): several units per token, most chunks steep."""

@@ -534,3 +534,21 @@ def test_backward_pair_sums_by_products(kernel_launches, monkeypatch):
     backward.chunked_gradients(q, k, v, g, beta, torch.randn(2, 200, 2, 64).bfloat16(), None, 0.125, None,
                                kernel_dtype=torch.bfloat16)
     assert dict(kernel_launches)["chunk_pair_gradients"].get("products") is True
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+@pytest.mark.parametrize("form", ["softplus", "sigmoid"])
+def test_level5_activations_in_kernel(kernel_launches, form, packed):
+    """``chunk_intra`` compiled with ``gate_act`` and ``beta_act`` (``ACTIVATIONS_IN_KERNEL``): the raw gate and
+    beta bound as before, and the activations' ``A_log``, ``dt_bias`` and ``lower_bound`` after the chunk table,
+    dense and packed."""
+    from kda.activation import Activation
+    from kda.gated_delta import chunk_table, prepare_chunks
+
+    q, k, v, g, beta = level5_inputs(B=1 if packed else 2, per_channel=True)
+    table = chunk_table([0, 70, 71, 200], "cpu") if packed else None
+    act = Activation(form, "sigmoid", torch.randn(2), torch.randn(2, 64), -5.0 if form == "sigmoid" else 0.0)
+    prepare_chunks(q, k, v, g.abs(), beta * 4 - 2, 0.125, torch.zeros(2, dtype=torch.int32), table, activation=act)
+    name, params = kernel_launches[0]
+    assert name == "chunk_intra" and params["gate_act"] == form and params["beta_act"] == "sigmoid"
+    assert params["varlen"] is packed

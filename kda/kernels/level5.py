@@ -125,7 +125,8 @@ def pairwise_diagonal_by_products(Left_s, K_s, A_s, Out_s, factor, beta_s, part_
 # --8<-- [start:chunk_intra]
 def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WIDE_SUBCHUNK, dtype="bfloat16",
                 gate_dtype="float32", threads=256, min_blocks=None, delta=True, varlen=False, value_groups=1,
-                scalar_gate=False, backward_outputs=False, qk_l2norm=False, pairwise="exp"):
+                scalar_gate=False, backward_outputs=False, qk_l2norm=False, pairwise="exp", gate_act=None,
+                beta_act=None):
     """Everything a chunk needs before the sequential pass, from one load of ``q, k, g`` (and
     ``v, beta``), every chunk at once. Arguments at run time: ``Q, K [B, T, H, DK]``, ``V [B, T,
     H, DV]``, ``g [B, T, H, DK]``, ``beta [B, T, H]`` (float32), ``scale``, then the outputs
@@ -183,6 +184,14 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     exponential and four shared loads per pair and channel) or ``"products"`` (``kda.gated_delta``'s
     ``PAIRWISE_BY_PRODUCTS``; ``pairwise_diagonal_by_products``: one exponential per token and channel, the pairs'
     decays as running products, sixteen accumulators per thread).
+
+    ``gate_act`` / ``beta_act`` (``kda.gated_delta``'s ``ACTIVATIONS_IN_KERNEL``; fla's ``use_gate_in_kernel`` and
+    ``use_beta_sigmoid_in_kernel``): ``g`` and ``beta`` come raw and are activated as they are loaded, the gate
+    to ``-exp(A_log) softplus(g + dt_bias)`` (``"softplus"``) or ``lower_bound sigmoid(exp(A_log) (g + dt_bias))``
+    (``"sigmoid"``) in float32 before its cumsum, ``beta`` to ``sigmoid(beta)`` (``"sigmoid"``); three more
+    arguments after ``chunks``: ``A_log [H]``, ``dt_bias [H, GD]`` (float32) and ``lower_bound``. The value
+    checks then see the activated gate (``flags[0]``: not finite) and a raw ``beta`` that is not finite
+    (``flags[1]``).
     """
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     C, BC = chunk_size, subchunk
@@ -205,6 +214,41 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     GD = 1 if scalar_gate else DK              # gates per row
     # A_kk's row factor b: with backward_outputs it goes on after A_kk is written out (KKE)
     row_b = (lambda beta_s, i: 1.0) if backward_outputs else (lambda beta_s, i: beta_s[i])
+
+    assert gate_act in (None, "softplus", "sigmoid") and beta_act in (None, "sigmoid"), "the activations fla names"
+    assert not ((gate_act or beta_act) and backward_outputs), "the backward's call activates in torch"
+    activations = gate_act is not None or beta_act is not None
+
+    @T.macro
+    def load_gate(g, g_s, G_s, flags, A_log, dt_bias, lower_bound, L, t0, bb, bh):
+        """The chunk's gate into ``G_s`` as its cumsum in log2 units (through ``g_s`` where its dtype is not
+        float32), activated first with ``gate_act``."""
+        T.copy(g[bb, t0:t0 + C, bh, :], g_s)
+        if gate_act is None:
+            log2_cumsum_by_columns(g_s, G_s, L, C, GD, flags)
+        else:
+            A = T.exp(A_log[bh])
+            for i, d in T.Parallel(C, GD):
+                x = T.Cast(ACCUM, g_s[i, d]) + dt_bias[bh, d]
+                if gate_act == "softplus":
+                    G_s[i, d] = -A * T.if_then_else(x > 20.0, x, T.log1p(T.exp(x)))
+                else:
+                    G_s[i, d] = lower_bound * T.sigmoid(A * x)
+            log2_cumsum_by_columns(G_s, G_s, L, C, GD, flags)
+
+    @T.macro
+    def load_beta(beta, beta_s, flags, t0, L, bb, bh):
+        """The chunk's ``b``: ``load_beta_checked``, or with ``beta_act`` the sigmoid of the raw value (0 on the
+        rows past ``L``; ``flags[1]`` set where a raw value is not finite)."""
+        if beta_act is None:
+            load_beta_checked(beta, beta_s, flags, t0, L, C, bb, bh)
+        else:
+            for i in T.Parallel(C):
+                x = beta[bb, t0 + T.min(i, L - 1), bh]
+                beta_s[i] = T.if_then_else(i < L, T.sigmoid(x), 0.0)
+                if i < L:
+                    if real(x >= -3.0e38) * real(x <= 3.0e38) == 0.0:       # NaN fails both
+                        flags[1] = 1
 
     NORM_SLICE = 32                            # columns squared per register reduction (registers are capped)
 
@@ -351,10 +395,12 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             A_s[i, j] = T.if_then_else(j < i, A[C + i, j] * row_b(beta_s, i) * decay_factor(G_s[i, 0] - G_s[j, 0]), 0.0)
 
     @T.macro
-    def body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, c, t0, L, bb, bh, G_out, Tinv_out, KKE_out):
+    def body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, c, t0, L, bb, bh, G_out, Tinv_out, KKE_out,
+             A_log=None, dt_bias=None, lower_bound=None):
         """Chunk ``c`` (its index in ``decay``): ``L`` rows from token ``t0`` of sequence ``bb``, value
         head ``bh``, which reads query and key head ``bh // value_groups`` (grouped value heads).
-        ``G_out, Tinv_out, KKE_out``: the backward's outputs, ``None`` without ``backward_outputs``."""
+        ``G_out, Tinv_out, KKE_out``: the backward's outputs, ``None`` without ``backward_outputs``; ``A_log,
+        dt_bias, lower_bound``: the activations' arguments, ``None`` without them."""
         hq = bh // value_groups if value_groups > 1 else bh
         if min_blocks > 1:
             T.annotate_min_blocks_per_sm(min_blocks)
@@ -375,8 +421,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             inv_s = T.alloc_shared([C], ACCUM)
             l2_normalize_rows(Lft_s if scalar_gate else Rgt_s, norm_f, sum_f, inv_s)     # q: Lft_s's first C rows
             l2_normalize_rows(K_s, norm_f, sum_f, inv_s)
-        T.copy(g[bb, t0:t0 + C, bh, :], g_s)
-        log2_cumsum_by_columns(g_s, G_s, L, C, GD, flags)
+        load_gate(g, g_s, G_s, flags, A_log, dt_bias, lower_bound, L, t0, bb, bh)
         if backward_outputs:                            # before bf16's scores write Ke over G_s
             T.copy(G_s, G_out[bb, bh, t0:t0 + C, :])
 
@@ -387,7 +432,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             beta_s = T.alloc_shared([C], ACCUM)
             A_s = T.alloc_shared([C, C], ACCUM)                 # A_kk times b, float32
         if scalar_gate:
-            load_beta_checked(beta, beta_s, flags, t0, L, C, bb, bh)
+            load_beta(beta, beta_s, flags, t0, L, bb, bh)
             scores_scalar_gate(Qw, Kw, scale, Lft_s, K_s, G_s, Rgt_s, A, Aqk_s, A_s, beta_s, t0, L, bb, bh)
         else:
             # Ke = k 2^(G_end - G), float32; in place of G for bf16 (fp16 needs G again for tf32)
@@ -426,7 +471,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             for i, j in T.Parallel(C, C):
                 Aqk_s[i, j] = T.if_then_else(j <= i, A[i, j] * scale, 0.0)
             if delta:
-                load_beta_checked(beta, beta_s, flags, t0, L, C, bb, bh)
+                load_beta(beta, beta_s, flags, t0, L, bb, bh)
                 for i, j in T.Parallel(C, C):
                     A_s[i, j] = T.if_then_else(j < i, A[C + i, j] * row_b(beta_s, i), 0.0)
 
@@ -438,8 +483,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                     l2_normalize_rows(Rgt_s, norm_f, sum_f, inv_s)
                     l2_normalize_rows(K_s, norm_f, sum_f, inv_s)
                 if same_layout:                              # G_s holds Ke: the cumsum again
-                    T.copy(g[bb, t0:t0 + C, bh, :], g_s)
-                    log2_cumsum_by_columns(g_s, G_s, L, C, DK, flags)
+                    load_gate(g, g_s, G_s, flags, A_log, dt_bias, lower_bound, L, t0, bb, bh)
             if not same_layout:
                 if too_steep[0] == 0:                        # fp16: tf32 operands, merged in shared
                     A_diag = T.alloc_fragment([R, C], ACCUM)
@@ -525,6 +569,39 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                      G_out, Tinv_out, KKE_out)
 
         return with_backward_outputs
+
+    if activations:
+        BA = 1 if varlen else B
+
+        @T.prim_func
+        def with_activations(
+            Q: T.Tensor([BA, S, HQ, DK], dtype),
+            K: T.Tensor([BA, S, HQ, DK], dtype),
+            V: T.Tensor([BA, S, H, DV], dtype),
+            g: T.Tensor([BA, S, H, GD], gate_dtype),
+            beta: T.Tensor([BA, S, H], ACCUM),
+            scale: T.float32,
+            Qw: T.Tensor([BA, S, H, DK], dtype),
+            Kw: T.Tensor([BA, S, H, DK], dtype),
+            decay: T.Tensor([BA, H, NC, DK], ACCUM),
+            A_qk: T.Tensor([BA, S, H, C], dtype),
+            W: T.Tensor([BA, S, H, DK], dtype),
+            U: T.Tensor([BA, S, H, DV], dtype),
+            flags: T.Tensor([2], "int32"),
+            chunks: T.Tensor([NC, 2] if varlen else [1, 1], "int32"),
+            A_log: T.Tensor([H], ACCUM),
+            dt_bias: T.Tensor([H, GD], ACCUM),
+            lower_bound: T.float32,
+        ):
+            with T.Kernel(NC, H, BA, threads=threads) as (c, bh, bb):
+                if varlen:
+                    body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, c, chunks[c, 0], chunks[c, 1], bb,
+                         bh, None, None, None, A_log, dt_bias, lower_bound)
+                else:
+                    body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, c, c * C, T.min(C, S - c * C), bb,
+                         bh, None, None, None, A_log, dt_bias, lower_bound)
+
+        return with_activations
 
     # dense: chunk c of sequence bb starts at token c C; varlen (B = 1): the chunk table says where.
     # One signature for every variant of the forward (the backward's outputs have theirs, above): what a

@@ -159,7 +159,8 @@ def l2norm():
 def steep():
     """Issue 41's steep gates: chunk_kda's forward at (1, 8192, 96, 128) with mild gates (logsigmoid) and with a
     layer's initial gates (``-exp(A_log) softplus(x + dt_bias)``, ``A_log = log U(1, 16)``: most chunks steep),
-    ``PAIRWISE_BY_PRODUCTS`` off and on, outputs of on against off."""
+    ``PAIRWISE_BY_PRODUCTS`` off and on, outputs of on against off; then as the layer calls it (a raw gate with
+    ``A_log`` and ``dt_bias``, beta's logits, the L2 norm in the op), every switch of issue 41 off and all on."""
     import kda
     from kda import gated_delta
     from kda.bench import median_ms
@@ -185,7 +186,22 @@ def steep():
             except Exception as e:
                 row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
             log(RUN, row)
-    gated_delta.PAIRWISE_BY_PRODUCTS = False
+    raw, logits = x, torch.randn(beta.shape, generator=gen, device="cuda")
+    A_log, dt_bias = A.log(), 0.1 * torch.randn(SHAPE[2] * SHAPE[3], generator=gen, device="cuda")
+    for on in (False, True):
+        for name in ("PAIRWISE_BY_PRODUCTS", "L2NORM_IN_KERNEL", "ACTIVATIONS_IN_KERNEL"):
+            setattr(gated_delta, name, on)
+        run = lambda: kda.chunk_kda(q * 3, k * 3, v, raw, logits, A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=True,
+                                    use_beta_sigmoid_in_kernel=True, use_qk_l2norm_in_kernel=True)[0]
+        row = {"stage": "steep", "gates": "the layer's call", "issue 41's switches": on}
+        try:
+            run()
+            row["ms"] = round(median_ms(run, warmup_ms=100, rep_ms=500), 3)
+        except Exception as e:
+            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        log(RUN, row)
+    for name in ("PAIRWISE_BY_PRODUCTS", "L2NORM_IN_KERNEL", "ACTIVATIONS_IN_KERNEL"):
+        setattr(gated_delta, name, False)
     torch.cuda.empty_cache()
 
 
