@@ -277,19 +277,22 @@ def test_l2norm_fused_sends_gdn_to_level5_path(poisoned, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_activations_in_chunk_intra(dtype, form, packed, poisoned, monkeypatch):
     """``ACTIVATIONS_IN_KERNEL``: ``chunk_kda`` as a layer calls it (a raw gate with ``A_log`` and ``dt_bias``, the
-    softplus form or the bounded sigmoid one with ``safe_gate``, beta's logits; packed: an empty sequence and one
-    token among them), ``chunk_intra`` activating both as it loads them, against the float64 recurrence on the
-    inputs activated in float64; the kernel seen compiled so."""
+    softplus form or the bounded sigmoid one with ``safe_gate``, beta's logits, raw keys with the L2 norm in the op;
+    packed: an empty sequence and one token among them), ``chunk_intra`` activating both and normalizing ``q`` and
+    ``k`` as it loads them (with ``L2NORM_IN_KERNEL`` and ``PAIRWISE_BY_PRODUCTS``: issue 41's three switches), against
+    the float64 recurrence on the inputs activated and normalized in float64; the kernel seen compiled so."""
     from kda import gated_delta
     from kda.kernels import build
 
     monkeypatch.setattr(gated_delta, "ACTIVATIONS_IN_KERNEL", True)
     monkeypatch.setattr(gated_delta, "PAIRWISE_BY_PRODUCTS", True)          # a layer's gates: most chunks steep
+    monkeypatch.setattr(gated_delta, "L2NORM_IN_KERNEL", True)
     compiled, compile_program = {}, build.compile_program
     monkeypatch.setattr(build, "compile_program",
                         lambda fn, *a, **kw: compiled.update({fn.__name__: kw}) or compile_program(fn, *a, **kw))
     B, T, H, D = (1 if packed else 2), 200, 3, 128
     q, k, v, _, _, h0 = inputs((B, T, H, D, D), dtype, "logsigmoid", True, zlib.crc32(f"act{dtype}{form}".encode()))
+    q, k = (q * 3).to(dtype), (k * 5).to(dtype)                              # rows far from unit norm
     gen = torch.Generator(device="cuda").manual_seed(21)
     raw = torch.randn(B, T, H, D, generator=gen, device="cuda")
     logits = torch.randn(B, T, H, generator=gen, device="cuda")
@@ -301,9 +304,12 @@ def test_activations_in_chunk_intra(dtype, form, packed, poisoned, monkeypatch):
     h0 = torch.randn(len(lengths), H, D, D, device="cuda") if packed else h0
     bound = dict(safe_gate=True, lower_bound=-5.0) if form == "sigmoid" else {}
     o, ht = kda.chunk_kda(q, k, v, raw, logits, A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=True,
-                          use_beta_sigmoid_in_kernel=True, initial_state=h0, output_final_state=True, cu_seqlens=cu,
-                          **bound)
-    assert compiled["chunk_intra"].get("gate_act") == form and compiled["chunk_intra"].get("beta_act") == "sigmoid"
+                          use_beta_sigmoid_in_kernel=True, use_qk_l2norm_in_kernel=True, initial_state=h0,
+                          output_final_state=True, cu_seqlens=cu, **bound)
+    intra = compiled["chunk_intra"]
+    assert intra.get("gate_act") == form and intra.get("beta_act") == "sigmoid" and intra.get("qk_l2norm") is True
+    assert intra.get("pairwise") == "products"
+    qn, kn = ref4.l2_normalize(q.double()), ref4.l2_normalize(k.double())
     x, A = raw.double() + dt_bias.double().view(H, D), A_log.double().exp()[:, None]
     g = -A * torch.nn.functional.softplus(x) if form == "softplus" else -5.0 * torch.sigmoid(A * x)
     beta = torch.sigmoid(logits.double())
@@ -313,7 +319,7 @@ def test_activations_in_chunk_intra(dtype, form, packed, poisoned, monkeypatch):
         if e == s:
             continue
         piece = lambda t: t[:, s:e]
-        ref_o, ref_ht = ref0.recurrent(piece(q).double() * D ** -0.5, piece(k), piece(v), piece(g), piece(beta),
+        ref_o, ref_ht = ref0.recurrent(piece(qn) * D ** -0.5, piece(kn), piece(v), piece(g), piece(beta),
                                        h0[rows], True)
         got = o[:, s:e]
         assert torch.isfinite(got).all() and torch.isfinite(ht[rows]).all()
