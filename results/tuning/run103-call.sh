@@ -23,10 +23,10 @@ if [[ " $PARTS " == *" tests "* ]]; then
   grep -c PASSED "$OUT"/gpu-tests-switches.txt; grep "FAILED\|ERROR\|passed\|failed" "$OUT"/gpu-tests-switches.txt | tail -8
 fi
 if [[ " $PARTS " == *" timings "* ]]; then
-  timeout -k 5 "${SWITCHES_S:-240}" python results/tuning/run103-backward.py l2norm steep packed switches levels profile 2>&1 \
+  timeout -k 5 "${SWITCHES_S:-280}" python results/tuning/run103-backward.py l2norm steep packed switches levels profile 2>&1 \
     | grep -v "^20" | tail -8
   timeout -k 5 "${CHUNK_S:-90}" python results/tuning/run103-chunk.py compile time 2>&1 | grep -v "^20" | tail -12
-  VARIANT_SET=run103 timeout -k 5 "${PAIRS_S:-90}" python results/tuning/run101-pairs.py compile time 2>&1 \
+  VARIANT_SET=run103 timeout -k 5 "${PAIRS_S:-70}" python results/tuning/run101-pairs.py compile time 2>&1 \
     | grep -v "^20" | tail -12
   ONLY=${ONLY:-snippets/level5} rerecord_rest
 fi
