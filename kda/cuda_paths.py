@@ -274,6 +274,15 @@ PATHS: tuple[CudaPath, ...] = (
               "zh": "模型调用 chunk_kda 的方式（use_gate_in_kernel、use_beta_sigmoid_in_kernel），不求导时：chunk_intra "
                     "在读入原始门控与 beta 时就地激活，不再先由 torch 生成激活后的 float32 副本"},
     ),
+    CudaPath(
+        name="l2norm_kernel",
+        module="kda.gated_delta",
+        switch="L2NORM_KERNEL",
+        what={"en": "use_qk_l2norm_in_kernel where the kernels do not normalize as they load (GDN's scalar-gate "
+                    "path): one kernel per tensor (kda/kernels/norms.py) instead of torch's copies through float32",
+              "zh": "在 kernel 读入时不做归一化的路径上（GDN 的标量门控路径）实现 use_qk_l2norm_in_kernel：每个张量一次 "
+                    "kernel（kda/kernels/norms.py），取代 torch 经 float32 的多次拷贝"},
+    ),
 )
 
 

@@ -76,11 +76,34 @@ ACTIVATIONS_IN_KERNEL = False
 PAIRWISE_BY_PRODUCTS = False
 
 
+# CUDA, use_qk_l2norm_in_kernel where the kernels do not normalize as they load (GDN's scalar-gate path; every path
+# without L2NORM_IN_KERNEL): one launch of kda/kernels/norms.py per tensor, read once and written once in the
+# inputs' dtype, instead of torch's copies through float32. With it GDN keeps its scalar-gate path under the fused
+# norm too. Off until its GPU tests pass.
+L2NORM_KERNEL = False
+
+
+def l2_normalized(x):
+    """``x``'s rows divided by their L2 norm (``sqrt(sum x^2 + 1e-6)``), in ``x``'s dtype: by the kernel of
+    ``kda.kernels.norms`` on CUDA with ``L2NORM_KERNEL``, else by torch through float32."""
+    if not (L2NORM_KERNEL and x.is_cuda):
+        return ref4.l2_normalize(x.float()).to(x.dtype)
+    from kda.kernels import norms
+    from kda.kernels.build import compile_program
+
+    D = x.shape[-1]
+    with torch.cuda.device(x.device):
+        kernel = compile_program(norms.l2_normalize_rows, (), D=D, dtype=ops.dtype_name(x.dtype))
+        out = ops.new_output(x.shape, x.dtype, x.device)
+        kernel(x.contiguous().view(-1, D), out.view(-1, D))
+    return out
+
+
 def kernel_inputs(q, k, g, use_qk_l2norm_in_kernel):
-    """CUDA: ``q, k`` normalized if asked, and the gate as ``[B, T, H, K]`` per key channel or
-    ``[B, T, H, 1]`` per head (``chunk_intra``'s scalar path: no broadcast copy)."""
+    """CUDA: ``q, k`` normalized if asked (``l2_normalized``), and the gate as ``[B, T, H, K]`` per key channel
+    or ``[B, T, H, 1]`` per head (``chunk_intra``'s scalar path: no broadcast copy)."""
     if use_qk_l2norm_in_kernel:
-        q, k = (ref4.l2_normalize(x.float()).to(x.dtype) for x in (q, k))
+        q, k = l2_normalized(q), l2_normalized(k)
     if g.dim() == 3:
         g = g[..., None]
     return q, k, g.contiguous()
@@ -338,14 +361,18 @@ def _run_kernels(q, k, v, g, beta, scale, h0, flags=None, table=None, output_fin
     are L2-normalized by ``chunk_intra``, on level 5's path (taken then for a gate per head too: the scalar-gate
     path's kernels do not normalize). ``activation``: ``g`` and ``beta`` come raw and ``chunk_intra`` activates them
     (a gate per channel)."""
-    # with the norm fused, level 5's path (its chunk_intra normalizes) over the scalar-gate path and torch's norm:
-    # 1.22 ms against 0.87 + about 2.2 at (1, 8192, 96, 128) (the GDN record; issue 41's table)
-    if SCALAR_GATE_PATH and g.shape[-1] == 1 and (table is None or SCALAR_GATE_PACKED) and not qk_l2norm:
+    # with the norm fused, level 5's path (its chunk_intra normalizes) over the scalar-gate path and torch's norm
+    # (1.22 ms against 0.87 + about 2.2 at (1, 8192, 96, 128): the GDN record, issue 41's table); with the norm's
+    # own kernel (L2NORM_KERNEL) the scalar-gate path and that kernel
+    if SCALAR_GATE_PATH and g.shape[-1] == 1 and (table is None or SCALAR_GATE_PACKED) and not (
+            qk_l2norm and not L2NORM_KERNEL):
         from kda.kernels.build import sm_count
 
         _, lanes, _ = sequence_tables(table, q.shape[0], q.device)
         block_dv = scalar_gate_columns(lanes, v.shape[2], v.shape[-1], sm_count(q.device))
         if block_dv is not None:
+            if qk_l2norm:                                # its kernels read q and k as they are
+                q, k = l2_normalized(q), l2_normalized(k)
             return _run_scalar_gate(q, k, v, g, beta, scale, h0, flags, table, output_final_state, check, block_dv)
     fused = {**({"qk_l2norm": True} if qk_l2norm else {}), **({"activation": activation} if activation else {})}
     form = prepare_chunks(q, k, v, g, beta, scale, flags, table, **fused)

@@ -184,18 +184,21 @@ def test_host_copy_of_cu_seqlens():
         chunk_kda(q, k, v, g, beta, cu_seqlens=cu, cu_seqlens_cpu=torch.tensor([0, 50]))
 
 
+@pytest.mark.parametrize("norm_kernel", [False, True], ids=["torch", "norm_kernel"])
 @pytest.mark.parametrize("fused", [False, True], ids=["torch_norm", "l2norm_in_kernel"])
 @pytest.mark.parametrize("scalar_path", [False, True], ids=["level5_path", "scalar_gate_path"])
-def test_where_the_l2_norm_is_taken(fused, scalar_path, monkeypatch):
+def test_where_the_l2_norm_is_taken(fused, scalar_path, norm_kernel, monkeypatch):
     """``use_qk_l2norm_in_kernel`` on CUDA (faked): with ``L2NORM_IN_KERNEL`` level 5's ``chunk_intra`` gets the raw
     ``q`` and ``k`` and normalizes them itself (compiled with ``qk_l2norm``), and a gate per head that would take
     the scalar-gate path (whose kernels do not normalize) takes level 5's then; without the switch every path gets
-    them normalized by torch first."""
+    them normalized by torch first; with ``L2NORM_KERNEL`` the scalar-gate path is kept and the norm's own kernel
+    (``l2_normalized``) normalizes them for it."""
     from kda import gated_delta, validate
     from kda.reference import level4 as ref4
 
     seen = {}
     monkeypatch.setattr(gated_delta, "L2NORM_IN_KERNEL", fused)
+    monkeypatch.setattr(gated_delta, "L2NORM_KERNEL", norm_kernel)
     monkeypatch.setattr(validate, "runs_kernels", lambda q: True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", scalar_path)
@@ -218,9 +221,10 @@ def test_where_the_l2_norm_is_taken(fused, scalar_path, monkeypatch):
     q, k, v = (torch.randn(1, 70, 2, 64, generator=gen).bfloat16() * 3 for _ in range(3))
     g, beta = -torch.rand(1, 70, 2, generator=gen), torch.rand(1, 70, 2, generator=gen)
     gated_delta.forward_eager(q, k, v, g, beta, None, None, False, True, None, False, False)
-    in_kernel = fused                                # the scalar-gate path is not taken with the norm fused
+    scalar = scalar_path and (not fused or norm_kernel)   # not taken with the norm fused but without its kernel
+    in_kernel = fused and not scalar
     assert seen.get("qk_l2norm", False) is in_kernel
-    assert ("scalar" in seen) is (scalar_path and not fused)
+    assert ("scalar" in seen) is scalar
     for name, x in (("q", q), ("k", k)):
         want = x if in_kernel else ref4.l2_normalize(x.float()).to(x.dtype)
         assert torch.equal(seen[name], want), name

@@ -327,6 +327,43 @@ def test_activations_in_chunk_intra(dtype, form, packed, poisoned, monkeypatch):
         assert rel_l2(ht[rows], ref_ht) <= BOUND, f"sequence {n}, final state: {rel_l2(ht[rows], ref_ht):.2e}"
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_norm_kernel_is_torchs_norm(dtype, poisoned, monkeypatch):
+    """``L2NORM_KERNEL``: ``l2_normalized`` by ``kda.kernels.norms`` against torch's normalization through float32
+    (rows far from unit norm, a row count that is not a multiple of the kernel's 64, a zero row), to a rounding
+    of the inputs' dtype here and there."""
+    from kda import gated_delta
+
+    monkeypatch.setattr(gated_delta, "L2NORM_KERNEL", True)
+    gen = torch.Generator(device="cuda").manual_seed(8)
+    x = (torch.randn(1, 333, 3, 128, generator=gen, device="cuda") * 7).to(dtype)
+    x[0, 5, 1] = 0
+    got, want = gated_delta.l2_normalized(x), ref4.l2_normalize(x.float()).to(dtype)
+    assert torch.isfinite(got).all() and got.dtype == dtype and got.shape == x.shape
+    assert rel_l2(got.double(), want.double()) <= 1e-3 and torch.equal(got[0, 5, 1], x[0, 5, 1])
+
+
+def test_gdn_scalar_gate_path_with_the_norm_kernel(poisoned, monkeypatch):
+    """With ``L2NORM_IN_KERNEL`` and ``L2NORM_KERNEL``, GDN at 64 heads keeps its scalar-gate path, ``q`` and ``k``
+    normalized by the norm's kernel first, and agrees with the float64 recurrence on normalized inputs."""
+    from kda import gated_delta
+    from kda.kernels import build
+
+    monkeypatch.setattr(gated_delta, "L2NORM_IN_KERNEL", True)
+    monkeypatch.setattr(gated_delta, "L2NORM_KERNEL", True)
+    compiled, compile_program = {}, build.compile_program
+    monkeypatch.setattr(build, "compile_program",
+                        lambda fn, *a, **kw: compiled.update({fn.__name__: kw}) or compile_program(fn, *a, **kw))
+    q, k, v, g, beta, h0 = inputs((1, 300, 64, 128, 128), torch.bfloat16, "logsigmoid", False, 78)
+    q, k = (q * 3).bfloat16(), (k * 5).bfloat16()
+    o, ht = kda.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                       use_qk_l2norm_in_kernel=True)
+    assert "l2_normalize_rows" in compiled and "chunk_gated_inverse" in compiled and "chunk_intra" not in compiled
+    qn, kn = ref4.l2_normalize(q.double()), ref4.l2_normalize(k.double())
+    ref_o, ref_ht = ref0.recurrent(qn * 128 ** -0.5, kn, v, g, beta, h0, True)
+    assert rel_l2(o, ref_o) <= BOUND and rel_l2(ht, ref_ht) <= BOUND
+
+
 def layer_gates(shape, gen):
     """Gates as a KDA layer makes them at initialisation: ``-exp(A_log) softplus(x + dt_bias)``, ``A_log = log U(1,
     16)`` per head, ``x`` N(0, 1), ``dt_bias`` 0.1 N(0, 1): several units per token, most chunks steep."""

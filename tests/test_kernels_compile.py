@@ -153,6 +153,8 @@ CASES = [
     ("backward_chunks", "chunk_state_gradients", dict(DK=128, DV=128, delta_rule=False)),
     ("backward_chunks", "chunk_pair_gradients", dict(DK=128, delta_rule=False)),
     ("backward_chunks", "chunk_state_gradients", dict(DK=64, DV=64, dtype="float16", delta_rule=False)),
+    ("norms", "l2_normalize_rows", dict(D=128)),                                         # L2NORM_KERNEL
+    ("norms", "l2_normalize_rows", dict(D=64, dtype="float16")),
     ("decode", "fused_recurrent", dict(DK=128, DV=128, dtype="bfloat16")),
     ("decode", "fused_recurrent", dict(DK=64, DV=128, dtype="float16", scalar_gate=True, varlen=True, pooled=True)),
     ("decode", "fused_recurrent", dict(DK=128, DV=64, dtype="bfloat16", value_groups=2, with_initial=False,

@@ -552,3 +552,16 @@ def test_level5_activations_in_kernel(kernel_launches, form, packed):
     name, params = kernel_launches[0]
     assert name == "chunk_intra" and params["gate_act"] == form and params["beta_act"] == "sigmoid"
     assert params["varlen"] is packed
+
+
+def test_the_norm_kernel(kernel_launches, monkeypatch):
+    """``L2NORM_KERNEL``: ``l2_normalized`` launches ``kda.kernels.norms.l2_normalize_rows`` on the rows of
+    ``[B, T, H, D]`` seen as ``[B T H, D]``, the output in the input's dtype and shape."""
+    from kda import gated_delta
+
+    monkeypatch.setattr(gated_delta, "L2NORM_KERNEL", True)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    x = torch.randn(2, 70, 3, 64).bfloat16()
+    y = gated_delta.l2_normalized(x)
+    assert kernel_launches == [("l2_normalize_rows", dict(D=64, dtype="bfloat16"))]
+    assert y.shape == x.shape and y.dtype == x.dtype

@@ -140,9 +140,11 @@ def l2norm():
     for op, fn in (("KDA", kda.chunk_kda), ("GDN", kda.chunk_gated_delta_rule)):
         leaves, _ = run91.inputs(*SHAPE, op == "KDA")
         q, k, v, g, beta = (x.detach() for x in leaves)
-        for name, norm, fused in (("plain", False, False), ("l2norm, torch", True, False),
-                                  ("l2norm, in chunk_intra", True, True)):
-            gated_delta.L2NORM_IN_KERNEL = fused
+        for name, norm, fused, kernel in (("plain", False, False, False), ("l2norm, torch", True, False, False),
+                                          ("l2norm, in chunk_intra", True, True, False),
+                                          ("l2norm, its own kernel", True, False, True),
+                                          ("l2norm, in chunk_intra or its own kernel", True, True, True)):
+            gated_delta.L2NORM_IN_KERNEL, gated_delta.L2NORM_KERNEL = fused, kernel
             run = lambda: fn(q * 3, k * 3, v, g, beta, use_qk_l2norm_in_kernel=norm)
             row = {"stage": "l2norm", "op": op, "call": name}
             try:
@@ -151,7 +153,7 @@ def l2norm():
             except Exception as e:
                 row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
             log(RUN, row)
-        gated_delta.L2NORM_IN_KERNEL = False
+        gated_delta.L2NORM_IN_KERNEL = gated_delta.L2NORM_KERNEL = False
         leaves = None
         torch.cuda.empty_cache()
 

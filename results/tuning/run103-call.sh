@@ -5,7 +5,7 @@
 # LEVEL_PASSES_FROM_INPUTS, PACKED_STATE_KERNELS), their time and a profile of the defaults (run103-backward.py),
 # the pair kernel's splits by channels alone (run101-pairs.py, VARIANT_SET=run103), then with what is left the
 # stale level-5 records (ONLY; the backward's wait for the switches that go on).
-# Too much for one call of 600 s: PARTS picks what a call runs, "tests" (the 156 GPU tests, about 340 s) or
+# Too much for one call of 600 s: PARTS picks what a call runs, "tests" (the 159 GPU tests, about 340 s) or
 # "timings" (the timings and the profile, GDN's chunk kernel alone, the pair kernel alone, then rerecord with what
 # is left), both by default.
 # Logs, records and caches to $OUT (device-env.sh bundles the logs).
@@ -15,7 +15,7 @@ export NO_MKDOCS_2_WARNING=1
 PARTS=${PARTS:-tests timings}
 TESTS="landed_off or level_pieces or by_channels or backward_outputs or forwards_inverse or from_inputs"
 TESTS="$TESTS or packed_state_kernels or compiles_fullgraph or l2norm_fused or pairwise_by_products or products"
-TESTS="$TESTS or activations_in_chunk_intra"
+TESTS="$TESTS or activations_in_chunk_intra or norm_kernel"
 if [[ " $PARTS " == *" tests "* ]]; then
   OMP_NUM_THREADS=1 timeout -k 5 "${TEST_S:-360}" python -m pytest -o addopts="" -n 12 -m gpu -v -p no:cacheprovider \
     tests/test_gpu_backward.py tests/test_gpu_compile.py tests/test_gpu_level5.py -k "$TESTS" 2>&1 | grep "PASSED\|FAILED\|ERROR\|passed\|failed\|Error" \
