@@ -749,7 +749,12 @@ def op_gradients(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, cu_seqle
         q, gate, beta, CHUNK_SIZE, q.dtype, v.shape[-1], packed) or level_passes_apply(
         q, gate, beta, CHUNK_SIZE, q.dtype, v.shape[-1], packed))
     own = (lambda x: x.to(q.dtype)) if kernels else f32
-    qn, kn = (own(l2_normalize(f32(x))) for x in (q, k)) if use_qk_l2norm else (own(q), own(k))
+    if use_qk_l2norm and kernels:                            # in the inputs' dtype, as the forward normalizes
+        from kda.gated_delta import l2_normalized            # (by the norm's kernel with L2NORM_KERNEL)
+
+        qn, kn = l2_normalized(q), l2_normalized(k)
+    else:
+        qn, kn = (own(l2_normalize(f32(x))) for x in (q, k)) if use_qk_l2norm else (own(q), own(k))
     group = H // HQ                                          # value head i reads key head i // group
     if group > 1:
         qn, kn = qn.repeat_interleave(group, dim=2), kn.repeat_interleave(group, dim=2)
