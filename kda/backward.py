@@ -344,8 +344,8 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
     first = None
     packed = len(segments) > 1
     # packed sequences: the kernels with the decay terms only (what they were compiled and tested for)
-    state_kernels = state_kernels_apply(q, DV, packed) and not (packed and not (
-        STATES_AS_OPERANDS and (chunk_kernel or channel_kernels)))
+    state_kernels = state_kernels_apply(q, DV, packed) and (
+        not packed or (STATES_AS_OPERANDS and (chunk_kernel or channel_kernels)))
     from_forward = forward_pieces_apply(q, beta, C, kernel_dtype)
     from_inputs = level_passes_apply(q, g, beta, C, kernel_dtype, DV, packed)
     from_level = not from_inputs and level_pieces_apply(q, g, beta, C, kernel_dtype, DV, packed)

@@ -882,6 +882,22 @@ def test_scores_from_forward(monkeypatch):
     assert_gradients_agree(got, want)
 
 
+def recording_prepare_chunks(made):
+    """``prepare_chunks_mirror()`` that records in ``made`` whether it was asked for the backward's outputs and,
+    if so, where the tensors it returned lie (``A_qk``, ``G``, ``Tinv``, ``KKE``: their data pointers), so that a
+    test can tell that a kernel read those very tensors."""
+    mirror = prepare_chunks_mirror()
+
+    def prepare_chunks(*a, **kw):
+        out = mirror(*a, **kw)
+        made["backward_outputs"] = kw.get("backward_outputs", False)
+        if made["backward_outputs"]:
+            form, G, Tinv, KKE = out
+            made.update(A_qk=form.A_qk.data_ptr(), G=G.data_ptr(), Tinv=Tinv.data_ptr(), KKE=KKE.data_ptr())
+        return out
+    return prepare_chunks
+
+
 def test_pair_pieces_from_forward(monkeypatch):
     """``PAIR_PIECES_FROM_FORWARD`` (CUDA faked, every kernel replaced by its float64 mirror, the state passes
     token-major): the forward's ``chunk_intra`` is compiled with ``backward_outputs``, ``chunk_pair_pieces``
@@ -894,15 +910,7 @@ def test_pair_pieces_from_forward(monkeypatch):
     q, k, v, g, beta, h0, do, dht = inputs(B=2, T=150, H=4, HQ=2, K=16, V=64, seed=8, per_channel=True)
     q, k, v, do = (x.to(torch.bfloat16) for x in (q * 3, k * 2, v, do))
     args = (q, k, v, g.float(), beta.float(), 0.5, h0.float(), True, None, do, dht.float())
-    mirror = prepare_chunks_mirror()
-
-    def prepare_chunks(*a, **kw):
-        out = mirror(*a, **kw)
-        made["backward_outputs"] = kw.get("backward_outputs", False)
-        if made["backward_outputs"]:
-            form, G, Tinv, KKE = out
-            made.update(A_qk=form.A_qk.data_ptr(), G=G.data_ptr(), Tinv=Tinv.data_ptr(), KKE=KKE.data_ptr())
-        return out
+    prepare_chunks = recording_prepare_chunks(made)
 
     def state_gradients(*a, **kw):
         read.update(G=a[4].data_ptr(), Tinv=a[8].data_ptr(), A_qk=a[9].data_ptr(), KKE=a[10].data_ptr())
@@ -947,19 +955,11 @@ def test_inverse_from_forward(monkeypatch):
     q, k, v, g, beta, h0, do, dht = inputs(B=2, T=150, H=4, HQ=2, K=16, V=64, seed=9, per_channel=False)
     q, k, v, do = (x.to(torch.bfloat16) for x in (q * 3, k * 2, v, do))
     args = (q, k, v, g.float(), beta.float(), 0.5, h0.float(), True, None, do, dht.float())
-    mirror = prepare_chunks_mirror()
-
-    def prepare_chunks(*a, **kw):
-        out = mirror(*a, **kw)
-        made["backward_outputs"] = kw.get("backward_outputs", False)
-        if made["backward_outputs"]:
-            form, G, Tinv, KKE = out
-            made.update(Tinv=Tinv.data_ptr(), KKE=KKE.data_ptr(), P=form.A_qk.data_ptr())
-        return out
+    prepare_chunks = recording_prepare_chunks(made)
 
     def chunk_kernel(*a, **kw):
         if kw.get("pieces_in"):
-            read.update(Tinv=a[8].data_ptr(), KKE=a[9].data_ptr(), P=a[10].data_ptr())
+            read.update(Tinv=a[8].data_ptr(), KKE=a[9].data_ptr(), A_qk=a[10].data_ptr())
         return chunk_kernel_mirror(*a, **kw)
 
     fakes = {backward_states.forward_states_pass: forward_states_mirror(64),
@@ -975,7 +975,7 @@ def test_inverse_from_forward(monkeypatch):
     monkeypatch.setattr(backward, "INVERSE_FROM_FORWARD", True)
     got = backward.op_gradients(*args)
     assert made["backward_outputs"] is True and compiled["chunk_gradients"]["pieces_in"] is True
-    assert read == {name: made[name] for name in ("Tinv", "KKE", "P")}
+    assert read == {name: made[name] for name in ("Tinv", "KKE", "A_qk")}
     assert_gradients_agree(got, want)
 
 

@@ -288,6 +288,28 @@ def test_gradients_with_the_state_pass_kernels(per_channel, device_backward, mon
     check(got, want, KERNEL_BOUND)
 
 
+def chunk_stage_case(dtype, kind, per_channel, seed):
+    """The chunk stage's inputs on the GPU (2 x 300 tokens: a tail; 3 heads of 128) ``q, k, v, g, beta, do``, the
+    states entering the chunks and the gradients of those leaving them rounded to ``dtype`` (float64 on the CPU,
+    as the reference made them), and the reference's ``chunk_gradients`` in float64 per token: ``dq`` (scale in),
+    ``dk``, ``dv``, ``dg`` (``[B, T, H]`` for a gate per head) and ``dbeta``."""
+    B, T, H, DK, DV = 2, 300, 3, 128, 128
+    q, k, v, g, beta, h0 = inputs((B, T, H, DK, DV), dtype, kind, per_channel, seed)
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    do = torch.randn(B, T, H, DV, generator=gen, device="cuda").to(dtype)
+    dht = torch.randn(B, H, DK, DV, generator=gen, device="cuda")
+    args = [x.double().cpu() for x in (q, k, v, g, beta, do)]
+    p = ref.chunk_pieces(*args[:5], DK ** -0.5, 64)
+    S = ref.forward_states(p, h0.double().cpu())[0].to(dtype).double()
+    dO = ref.to_chunks(args[5], 64)
+    dS = ref.reverse_state_pass(p, dO, dht.double().cpu())[0].to(dtype).double()
+    wants = ref.chunk_gradients(p, S, dS, dO)
+    dg = ref.from_chunks(wants[4], T)
+    wants = (ref.from_chunks(wants[0], T) * DK ** -0.5, ref.from_chunks(wants[1], T), ref.from_chunks(wants[2], T),
+             dg if per_channel else dg[..., 0], ref.from_chunks(wants[3][..., None], T)[..., 0])
+    return q, k, v, g, beta, do, S, dS, wants
+
+
 @pytest.mark.parametrize("kind", ["logsigmoid", "runs_of_-20", "mild"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("per_channel", [False, True, "shared_pairs", "gate_in_pair_kernel", "by_channels", "products",
@@ -313,20 +335,8 @@ def test_chunk_kernel_against_the_stages(per_channel, dtype, kind, poisoned, mon
     monkeypatch.setattr(backward, "PAIR_KERNEL_BY_CHANNELS", per_channel in ("by_channels", "by_channels_products"))
     monkeypatch.setattr(backward, "PAIR_SUMS_BY_PRODUCTS", per_channel in ("products", "by_channels_products"))
     per_channel = bool(per_channel)
-    B, T, H, DK, DV = 2, 300, 3, 128, 128
-    q, k, v, g, beta, h0 = inputs((B, T, H, DK, DV), dtype, kind, per_channel, 41 if per_channel else 31)
-    gen = torch.Generator(device="cuda").manual_seed(9)
-    do = torch.randn(B, T, H, DV, generator=gen, device="cuda").to(dtype)
-    dht = torch.randn(B, H, DK, DV, generator=gen, device="cuda")
-    args = [x.double().cpu() for x in (q, k, v, g, beta, do)]
-    p = ref.chunk_pieces(*args[:5], DK ** -0.5, 64)
-    S = ref.forward_states(p, h0.double().cpu())[0].to(dtype).double()
-    dO = ref.to_chunks(args[5], 64)
-    dS = ref.reverse_state_pass(p, dO, dht.double().cpu())[0].to(dtype).double()
-    wants = ref.chunk_gradients(p, S, dS, dO)
-    dg = ref.from_chunks(wants[4], T)
-    wants = (ref.from_chunks(wants[0], T) * DK ** -0.5, ref.from_chunks(wants[1], T), ref.from_chunks(wants[2], T),
-             dg if per_channel else dg[..., 0], ref.from_chunks(wants[3][..., None], T)[..., 0])
+    q, k, v, g, beta, do, S, dS, wants = chunk_stage_case(dtype, kind, per_channel, 41 if per_channel else 31)
+    DK = q.shape[-1]
     stage = backward.kernel_chunk_gradients_by_channel if per_channel else backward.kernel_chunk_gradients
     gots = stage(q, k, v, g, beta, do, S.cuda(), dS.cuda(), DK ** -0.5, dtype)
     bound = {torch.bfloat16: 2e-2, torch.float16: 1e-2}[dtype]
@@ -346,19 +356,8 @@ def test_chunk_kernel_with_the_forwards_inverse(dtype, kind, poisoned):
     from kda import backward
     from kda.gated_delta import prepare_chunks
 
-    B, T, H, DK, DV = 2, 300, 3, 128, 128
-    q, k, v, g, beta, h0 = inputs((B, T, H, DK, DV), dtype, kind, False, 33)
-    gen = torch.Generator(device="cuda").manual_seed(9)
-    do = torch.randn(B, T, H, DV, generator=gen, device="cuda").to(dtype)
-    dht = torch.randn(B, H, DK, DV, generator=gen, device="cuda")
-    args = [x.double().cpu() for x in (q, k, v, g, beta, do)]
-    p = ref.chunk_pieces(*args[:5], DK ** -0.5, 64)
-    S = ref.forward_states(p, h0.double().cpu())[0].to(dtype).double()
-    dO = ref.to_chunks(args[5], 64)
-    dS = ref.reverse_state_pass(p, dO, dht.double().cpu())[0].to(dtype).double()
-    wants = ref.chunk_gradients(p, S, dS, dO)
-    wants = (ref.from_chunks(wants[0], T) * DK ** -0.5, ref.from_chunks(wants[1], T), ref.from_chunks(wants[2], T),
-             ref.from_chunks(wants[4], T)[..., 0], ref.from_chunks(wants[3][..., None], T)[..., 0])
+    q, k, v, g, beta, do, S, dS, wants = chunk_stage_case(dtype, kind, False, 33)
+    DK = q.shape[-1]
     form, _, Tinv, KKE = prepare_chunks(q, k, v, g[..., None].contiguous(), beta, DK ** -0.5, backward_outputs=True)
     inverse = {"Tinv": Tinv, "KKE": KKE, "P": form.A_qk}
     gots = backward.kernel_chunk_gradients(q, k, v, g, beta, do, S.cuda(), dS.cuda(), DK ** -0.5, dtype,

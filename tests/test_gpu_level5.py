@@ -313,13 +313,22 @@ def test_activations_in_chunk_intra(dtype, form, packed, poisoned, monkeypatch):
     x, A = raw.double() + dt_bias.double().view(H, D), A_log.double().exp()[:, None]
     g = -A * torch.nn.functional.softplus(x) if form == "softplus" else -5.0 * torch.sigmoid(A * x)
     beta = torch.sigmoid(logits.double())
-    bounds = [0, *torch.tensor(lengths).cumsum(0).tolist()] if packed else [0, T]
+    check_sequences(o, ht, qn, kn, v, g, beta, h0, lengths)
+
+
+def check_sequences(o, ht, q, k, v, g, beta, h0, lengths=None):
+    """``o`` and the final states ``ht`` of a call against the float64 recurrence on ``q, k, v, g, beta`` (what the
+    kernels should have made of the inputs: activated, normalized), sequence by sequence where ``lengths`` packs
+    them in a batch of one (an empty sequence keeping its initial state), else the whole batch; ``h0`` the
+    initial states."""
+    bounds = [0, *torch.tensor(lengths).cumsum(0).tolist()] if lengths else [0, q.shape[1]]
     for n, (s, e) in enumerate(zip(bounds[:-1], bounds[1:])):
-        rows = slice(n, n + 1) if packed else slice(None)
+        rows = slice(n, n + 1) if lengths else slice(None)
         if e == s:
+            assert torch.equal(ht[rows], h0[rows]), f"sequence {n}: an empty sequence keeps its state"
             continue
-        piece = lambda t: t[:, s:e]
-        ref_o, ref_ht = ref0.recurrent(piece(qn) * D ** -0.5, piece(kn), piece(v), piece(g), piece(beta),
+        piece = lambda x: x[:, s:e]
+        ref_o, ref_ht = ref0.recurrent(piece(q) * q.shape[-1] ** -0.5, piece(k), piece(v), piece(g), piece(beta),
                                        h0[rows], True)
         got = o[:, s:e]
         assert torch.isfinite(got).all() and torch.isfinite(ht[rows]).all()
@@ -482,20 +491,7 @@ def test_l2norm_fused_in_chunk_intra(per_channel, dtype, kind, packed, poisoned,
                cu_seqlens=cu)
     assert compiled["chunk_intra"].get("qk_l2norm") is True
     qn, kn = ref4.l2_normalize(q.double()), ref4.l2_normalize(k.double())
-    bounds = [0, *torch.tensor(lengths).cumsum(0).tolist()] if packed else [0, 200]
-    for n, (s, e) in enumerate(zip(bounds[:-1], bounds[1:])):
-        rows = slice(n, n + 1) if packed else slice(None)
-        batch = slice(0, 1) if packed else slice(None)
-        if e == s:
-            assert torch.equal(ht[rows], h0[rows]), f"sequence {n}: an empty sequence keeps its state"
-            continue
-        piece = lambda x: x[batch, s:e]
-        ref_o, ref_ht = ref0.recurrent(piece(qn) * 128 ** -0.5, piece(kn), piece(v), piece(g), piece(beta),
-                                       h0[rows], True)
-        got = o[batch, s:e]
-        assert torch.isfinite(got).all() and torch.isfinite(ht[rows]).all()
-        assert rel_l2(got, ref_o) <= BOUND, f"sequence {n}, o: {rel_l2(got, ref_o):.2e}"
-        assert rel_l2(ht[rows], ref_ht) <= BOUND, f"sequence {n}, final state: {rel_l2(ht[rows], ref_ht):.2e}"
+    check_sequences(o, ht, qn, kn, v, g, beta, h0, lengths)
 
 
 @pytest.mark.parametrize("final", [False, True], ids=["no_final", "final"])

@@ -34,6 +34,7 @@ import tilelang.language as T
 
 from kda.kernels.stages import (ACCUM, decay_factor, invert_diagonal_blocks_by_columns, load_beta_checked,
                                 log2_cumsum_by_columns, merge_by_substitution)
+from kda.kernels.level5 import token_decays
 
 SOLVE_BLOCK = 16       # the inverse's diagonal blocks, as in the forward
 
@@ -343,14 +344,6 @@ chunk_gradients.compile_flags = ("-ftz=true",)
 # (both factors <= 1) into GEMMs; pairs inside a sub-chunk are summed one by one.
 
 SUB_CHUNK = 16
-
-
-@T.macro
-def token_decays(G_s, A_s, C, sub):
-    """``A_s[m, d] = 2^(G_md - G_(m-1)d)``, each token's own decay (``<= 1``; 1 on a sub-chunk's first row, never
-    used): the pairs inside a sub-chunk then take their decays as running products of these (``products``)."""
-    for m, d in T.Parallel(C, A_s.shape[1]):
-        A_s[m, d] = T.if_then_else(m % sub > 0, decay_factor(G_s[m, d] - G_s[T.max(m - 1, 0), d]), 1.0)
 
 
 @T.macro

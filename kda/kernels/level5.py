@@ -26,6 +26,7 @@ Mirrors ``kda.reference.level5``.
 import tilelang.language as T
 
 from kda.kernels.build import WARP_SPECIALISED
+from kda.kernels.norms import NORM_SLICE, normalize_rows
 from kda.kernels.stages import (ACCUM, DIAGONAL_SPAN_MAX, decay_factor, invert_diagonal_blocks_by_columns,
                                 load_beta_checked, load_state, log2_cumsum_by_columns, merge_by_substitution, real,
                                 state_shape, store_state, tf32_nearest, wy_tail)
@@ -76,10 +77,12 @@ PAIRWISE_SLICES = 4     # channel slices of the walk by products: C x 4 threads,
 
 
 @T.macro
-def token_decays(G_s, A_s, C, D, BC):
+def token_decays(G_s, A_s, C, BC):
     """``A_s[j, d] = 2^(G_jd - G_(j-1)d)``, each token's own decay (``<= 1``; 1 on a sub-chunk's first row,
-    which the walk by products never multiplies in): one exponential per element for all the pairs."""
-    for j, d in T.Parallel(C, D):
+    which a walk by products never multiplies in): one exponential per element for all the pairs of the
+    sub-chunks of ``BC`` rows (the forward's steep chunks here, the backward's pair sums in
+    ``kda.kernels.backward_chunks``)."""
+    for j, d in T.Parallel(C, A_s.shape[1]):
         A_s[j, d] = T.if_then_else(j % BC > 0, decay_factor(G_s[j, d] - G_s[T.max(j - 1, 0), d]), 1.0)
 
 
@@ -250,24 +253,6 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                     if real(x >= -3.0e38) * real(x <= 3.0e38) == 0.0:       # NaN fails both
                         flags[1] = 1
 
-    NORM_SLICE = 32                            # columns squared per register reduction (registers are capped)
-
-    @T.macro
-    def l2_normalize_rows(X_s, norm_f, sum_f, inv_s):
-        """Each of the first ``C`` rows of ``X_s [*, DK]`` divided by its L2 norm, in place (``norm_f [C,
-        NORM_SLICE]``, ``sum_f [C]`` float32 and ``inv_s [C]``: scratch): the squares summed by register
-        reductions over slices of columns, then one scaling pass."""
-        T.clear(sum_f)
-        for part in T.unroll(DK // NORM_SLICE):
-            for i, d in T.Parallel(C, NORM_SLICE):
-                x = T.Cast(ACCUM, X_s[i, part * NORM_SLICE + d])
-                norm_f[i, d] = x * x
-            T.reduce_sum(norm_f, sum_f, dim=1, clear=False)
-        for i in T.Parallel(C):
-            inv_s[i] = T.rsqrt(sum_f[i] + 1e-6)
-        for i, d in T.Parallel(C, DK):
-            X_s[i, d] = T.Cast(ACCUM, X_s[i, d]) * inv_s[i]
-
     @T.macro
     def store_rows(src_s, dst, bb, t0, L, bh):
         """The chunk's rows of ``dst`` from ``src_s``: a TMA store of the whole tile; with
@@ -416,11 +401,11 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
         T.copy(Q[bb, t0:t0 + C, hq, :], Lft_s[0:C, :] if scalar_gate else Rgt_s)
         T.copy(K[bb, t0:t0 + C, hq, :], K_s)
         if qk_l2norm:
-            norm_f = T.alloc_fragment([C, NORM_SLICE], ACCUM)
+            norm_f = T.alloc_fragment([C, NORM_SLICE], ACCUM)          # kda.kernels.norms' scratch
             sum_f = T.alloc_fragment([C], ACCUM)
             inv_s = T.alloc_shared([C], ACCUM)
-            l2_normalize_rows(Lft_s if scalar_gate else Rgt_s, norm_f, sum_f, inv_s)     # q: Lft_s's first C rows
-            l2_normalize_rows(K_s, norm_f, sum_f, inv_s)
+            normalize_rows(Lft_s if scalar_gate else Rgt_s, norm_f, sum_f, inv_s, C, DK)   # q: Lft_s's first C rows
+            normalize_rows(K_s, norm_f, sum_f, inv_s, C, DK)
         load_gate(g, g_s, G_s, flags, A_log, dt_bias, lower_bound, L, t0, bb, bh)
         if backward_outputs:                            # before bf16's scores write Ke over G_s
             T.copy(G_s, G_out[bb, bh, t0:t0 + C, :])
@@ -480,8 +465,8 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                 T.copy(Q[bb, t0:t0 + C, hq, :], Rgt_s)
                 T.copy(K[bb, t0:t0 + C, hq, :], K_s)
                 if qk_l2norm:
-                    l2_normalize_rows(Rgt_s, norm_f, sum_f, inv_s)
-                    l2_normalize_rows(K_s, norm_f, sum_f, inv_s)
+                    normalize_rows(Rgt_s, norm_f, sum_f, inv_s, C, DK)
+                    normalize_rows(K_s, norm_f, sum_f, inv_s, C, DK)
                 if same_layout:                              # G_s holds Ke: the cumsum again
                     load_gate(g, g_s, G_s, flags, A_log, dt_bias, lower_bound, L, t0, bb, bh)
             if not same_layout:
@@ -507,7 +492,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             if too_steep[0] == 1 and pairwise == "products":
                 decays_s = T.alloc_shared([C, DK], ACCUM)
                 part_s = T.alloc_shared([C, PAIRWISE_SLICES, BC], ACCUM)
-                token_decays(G_s, decays_s, C, DK, BC)
+                token_decays(G_s, decays_s, C, BC)
                 pairwise_diagonal_by_products(Rgt_s, K_s, decays_s, Aqk_s, scale, None, part_s, C, DK, BC)
                 if delta:
                     pairwise_diagonal_by_products(K_s, K_s, decays_s, A_s, 1.0, ones_s if backward_outputs else beta_s,

@@ -1,8 +1,11 @@
-"""The L2 norm of rows (fla's ``l2norm``, ``use_qk_l2norm_in_kernel``) as one TileLang kernel: each row of
-``X [N, D]`` divided by ``sqrt(sum x^2 + 1e-6)``, read once and written once in the inputs' dtype.
+"""The L2 norm of rows (fla's ``l2norm``, ``use_qk_l2norm_in_kernel``): ``normalize_rows``, the stage that
+divides each row of a shared tile by ``sqrt(sum x^2 + 1e-6)`` (level 5's ``chunk_intra`` runs it on its ``q`` and
+``k`` tiles as it loads them), and ``l2_normalize_rows``, that stage as a kernel of its own over ``X [N, D]``, read
+once and written once in the inputs' dtype.
 
-For the paths whose own kernels do not normalize as they load (GDN's scalar-gate path, whose pass reads the raw
-``q`` and ``k``): torch makes the same result through float32 copies, several passes over ``[B, T, H, D]``.
+The kernel is for the paths whose own kernels do not normalize as they load (GDN's scalar-gate path, whose pass
+reads the raw ``q`` and ``k``): torch makes the same result through float32 copies, several passes over
+``[B, T, H, D]``.
 """
 
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
@@ -11,13 +14,31 @@ import tilelang.language as T
 from kda.kernels.stages import ACCUM
 
 EPS = 1e-6
+NORM_SLICE = 32         # columns squared per register reduction (chunk_intra's registers are capped)
 
 
-# --8<-- [start:l2_normalize_rows]
+# --8<-- [start:l2_norm]
+@T.macro
+def normalize_rows(X_s, norm_f, sum_f, inv_s, C, D):
+    """Each of the first ``C`` rows of ``X_s [*, D]`` divided by its L2 norm, in place (``norm_f [C,
+    NORM_SLICE]``, ``sum_f [C]`` float32 and ``inv_s [C]``: scratch): the squares summed by register
+    reductions over slices of columns, then one scaling pass."""
+    T.clear(sum_f)
+    for part in T.unroll(D // NORM_SLICE):
+        for i, d in T.Parallel(C, NORM_SLICE):
+            x = T.Cast(ACCUM, X_s[i, part * NORM_SLICE + d])
+            norm_f[i, d] = x * x
+        T.reduce_sum(norm_f, sum_f, dim=1, clear=False)
+    for i in T.Parallel(C):
+        inv_s[i] = T.rsqrt(sum_f[i] + EPS)
+    for i, d in T.Parallel(C, D):
+        X_s[i, d] = T.Cast(ACCUM, X_s[i, d]) * inv_s[i]
+
+
 def l2_normalize_rows(D, dtype="bfloat16", block_rows=64, threads=128):
     """Arguments at run time: ``X [N, D]`` (dtype), then the output ``Y [N, D]`` (dtype). One block per
-    ``block_rows`` rows: the tile loaded, the squares summed per row by a register reduction, the rows scaled
-    and stored; rows past ``N`` are neither read as data nor written."""
+    ``block_rows`` rows: the tile loaded, ``normalize_rows``, the tile stored; rows past ``N`` are neither read as
+    data nor written."""
     N = T.dynamic("N")
     R = block_rows
 
@@ -25,15 +46,12 @@ def l2_normalize_rows(D, dtype="bfloat16", block_rows=64, threads=128):
     def main(X: T.Tensor([N, D], dtype), Y: T.Tensor([N, D], dtype)):
         with T.Kernel(T.ceildiv(N, R), threads=threads) as rb:
             x_s = T.alloc_shared([R, D], dtype)
-            sq_f = T.alloc_fragment([R, D], ACCUM)
+            norm_f = T.alloc_fragment([R, NORM_SLICE], ACCUM)
             sum_f = T.alloc_fragment([R], ACCUM)
+            inv_s = T.alloc_shared([R], ACCUM)
             T.copy(X[rb * R:(rb + 1) * R, :], x_s)
-            for i, d in T.Parallel(R, D):
-                sq_f[i, d] = T.Cast(ACCUM, x_s[i, d]) * T.Cast(ACCUM, x_s[i, d])
-            T.reduce_sum(sq_f, sum_f, dim=1)
-            for i, d in T.Parallel(R, D):
-                x_s[i, d] = T.Cast(ACCUM, x_s[i, d]) * T.rsqrt(sum_f[i] + EPS)
+            normalize_rows(x_s, norm_f, sum_f, inv_s, R, D)
             T.copy(x_s, Y[rb * R:(rb + 1) * R, :])
 
     return main
-# --8<-- [end:l2_normalize_rows]
+# --8<-- [end:l2_norm]

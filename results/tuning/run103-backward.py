@@ -41,6 +41,24 @@ NEW = ("SCORES_FROM_FORWARD", "PAIR_KERNEL_TWO_BLOCKS", "PAIR_KERNEL_BY_CHANNELS
 NEW_GDN = ("GRADS_IN_INPUT_DTYPE", "INVERSE_FROM_FORWARD")
 
 
+def timed(row, run, describe=None, peak=False, warmup_ms=100, rep_ms=500):
+    """``row`` logged with ``run``'s median time, its peak memory (``peak``) and what ``describe(its output)``
+    adds, or with the error that stopped it."""
+    from kda.bench import median_ms
+
+    try:
+        got = run()
+        row["ms"] = round(median_ms(run, warmup_ms=warmup_ms, rep_ms=rep_ms), 3)
+        row.update({"peak_MB": run91.peak_mb(run)} if peak else {}, **(describe(got) if describe else {}))
+    except Exception as e:
+        row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    log(RUN, row)
+
+
+def finite(outputs):
+    return {"finite": all(bool(torch.isfinite(x).all()) for x in outputs)}
+
+
 def switches():
     """KDA forward + backward with each new switch and all of them, GDN with its one, against the defaults."""
     import kda
@@ -56,26 +74,21 @@ def time_switches(op, fn, names, cases):
     """One row per case (the switches of ``names`` that it turns on): time, peak memory, finiteness and every
     gradient against the first case's; every switch of ``names`` off at the end."""
     from kda import backward
-    from kda.bench import median_ms
     from kda.metrics import rel_l2
 
     leaves, do = run91.inputs(*SHAPE, op == "KDA")
-    want = None
+    first = []                                   # the defaults' gradients, what the others are held to
+
+    def against_defaults(got):
+        first.append(got)
+        return {**finite(got), "rel_l2_vs_defaults": {n: float(f"{rel_l2(a.float(), b.float()):.2e}")
+                                                      for n, a, b in zip("q k v g beta".split(), got, first[0])}}
+
     for on in cases:
         for name in names:
             setattr(backward, name, name in on)
-        run = run91.step(fn, leaves, do)
-        row = {"stage": "switches", "op": op, "on": list(on)}
-        try:
-            got = run()
-            want = want or got
-            row.update(ms=round(median_ms(run, warmup_ms=200, rep_ms=1000), 3), peak_MB=run91.peak_mb(run),
-                       finite=all(bool(torch.isfinite(x).all()) for x in got),
-                       rel_l2_vs_defaults={n: float(f"{rel_l2(a.float(), b.float()):.2e}")
-                                           for n, a, b in zip("q k v g beta".split(), got, want)})
-        except Exception as e:
-            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-        log(RUN, row)
+        timed({"stage": "switches", "op": op, "on": list(on)}, run91.step(fn, leaves, do), against_defaults,
+              peak=True, warmup_ms=200, rep_ms=1000)
     for name in names:
         setattr(backward, name, False)
     del leaves, do
@@ -86,7 +99,6 @@ def levels():
     """Levels 1-3 (a gate per head or none) with neither, with ``LEVEL_PIECES`` and with
     ``LEVEL_PASSES_FROM_INPUTS`` (no pieces), and fla's peers."""
     from kda import backward, cuda_autograd
-    from kda.bench import median_ms
 
     spec = importlib.util.spec_from_file_location("run100_levels", os.path.join(HERE, "run100-levels.py"))
     run100 = importlib.util.module_from_spec(spec)
@@ -102,15 +114,9 @@ def levels():
             for how in (("", "level_pieces", "passes_from_inputs") if name == "kda" else ("",)):
                 backward.LEVEL_PIECES = how == "level_pieces"
                 backward.LEVEL_PASSES_FROM_INPUTS = how == "passes_from_inputs"
-                run = lambda: torch.autograd.grad(fn(*leaves), leaves, x["do"])
-                row = {"stage": "levels", "level": level, "impl": " ".join([name, how]).strip()}
-                try:
-                    got = run()
-                    row.update(ms=round(median_ms(run, warmup_ms=200, rep_ms=1000), 3), peak_MB=run91.peak_mb(run),
-                               finite=all(bool(torch.isfinite(a).all()) for a in got))
-                except Exception as e:
-                    row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-                log(RUN, row)
+                timed({"stage": "levels", "level": level, "impl": " ".join([name, how]).strip()},
+                      lambda: torch.autograd.grad(fn(*leaves), leaves, x["do"]), finite, peak=True, warmup_ms=200,
+                      rep_ms=1000)
         backward.LEVEL_PIECES = backward.LEVEL_PASSES_FROM_INPUTS = False
     torch.cuda.empty_cache()
 
@@ -135,7 +141,6 @@ def l2norm():
     ``chunk_intra`` (on; GDN then takes level 5's path, whose ``chunk_intra`` normalizes, at 96 heads too)."""
     import kda
     from kda import gated_delta
-    from kda.bench import median_ms
 
     for op, fn in (("KDA", kda.chunk_kda), ("GDN", kda.chunk_gated_delta_rule)):
         leaves, _ = run91.inputs(*SHAPE, op == "KDA")
@@ -145,14 +150,8 @@ def l2norm():
                                           ("l2norm, its own kernel", True, False, True),
                                           ("l2norm, in chunk_intra or its own kernel", True, True, True)):
             gated_delta.L2NORM_IN_KERNEL, gated_delta.L2NORM_KERNEL = fused, kernel
-            run = lambda: fn(q * 3, k * 3, v, g, beta, use_qk_l2norm_in_kernel=norm)
-            row = {"stage": "l2norm", "op": op, "call": name}
-            try:
-                run()
-                row["ms"] = round(median_ms(run, warmup_ms=100, rep_ms=500), 3)
-            except Exception as e:
-                row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-            log(RUN, row)
+            timed({"stage": "l2norm", "op": op, "call": name},
+                  lambda: fn(q * 3, k * 3, v, g, beta, use_qk_l2norm_in_kernel=norm))
         gated_delta.L2NORM_IN_KERNEL = gated_delta.L2NORM_KERNEL = False
         leaves = None
         torch.cuda.empty_cache()
@@ -165,7 +164,6 @@ def steep():
     ``A_log`` and ``dt_bias``, beta's logits, the L2 norm in the op), every switch of issue 41 off and all on."""
     import kda
     from kda import gated_delta
-    from kda.bench import median_ms
     from kda.metrics import rel_l2
 
     leaves, _ = run91.inputs(*SHAPE, True)
@@ -175,33 +173,24 @@ def steep():
     x = torch.randn(g.shape, generator=gen, device="cuda") + 0.1 * torch.randn(g.shape[2:], generator=gen,
                                                                                device="cuda")
     for gate_name, gate in (("logsigmoid", g), ("layer", -A[:, None] * torch.nn.functional.softplus(x))):
-        want = None
+        off = []                                 # the output with the switch off, what on is held to
+
+        def against_off(got):
+            off.append(got)
+            return {"rel_l2_vs_off": float(f"{rel_l2(got.float(), off[0].float()):.2e}")}
+
         for on in (False, True):
             gated_delta.PAIRWISE_BY_PRODUCTS = on
-            run = lambda: kda.chunk_kda(q, k, v, gate, beta)[0]
-            row = {"stage": "steep", "gates": gate_name, "PAIRWISE_BY_PRODUCTS": on}
-            try:
-                got = run()
-                want = want if want is not None else got
-                row.update(ms=round(median_ms(run, warmup_ms=100, rep_ms=500), 3),
-                           rel_l2_vs_off=float(f"{rel_l2(got.float(), want.float()):.2e}"))
-            except Exception as e:
-                row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-            log(RUN, row)
+            timed({"stage": "steep", "gates": gate_name, "PAIRWISE_BY_PRODUCTS": on},
+                  lambda: kda.chunk_kda(q, k, v, gate, beta)[0], against_off)
     raw, logits = x, torch.randn(beta.shape, generator=gen, device="cuda")
     A_log, dt_bias = A.log(), 0.1 * torch.randn(SHAPE[2] * SHAPE[3], generator=gen, device="cuda")
     for on in (False, True):
         for name in ("PAIRWISE_BY_PRODUCTS", "L2NORM_IN_KERNEL", "ACTIVATIONS_IN_KERNEL"):
             setattr(gated_delta, name, on)
-        run = lambda: kda.chunk_kda(q * 3, k * 3, v, raw, logits, A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=True,
-                                    use_beta_sigmoid_in_kernel=True, use_qk_l2norm_in_kernel=True)[0]
-        row = {"stage": "steep", "gates": "the layer's call", "issue 41's switches": on}
-        try:
-            run()
-            row["ms"] = round(median_ms(run, warmup_ms=100, rep_ms=500), 3)
-        except Exception as e:
-            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-        log(RUN, row)
+        timed({"stage": "steep", "gates": "the layer's call", "issue 41's switches": on},
+              lambda: kda.chunk_kda(q * 3, k * 3, v, raw, logits, A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=True,
+                                    use_beta_sigmoid_in_kernel=True, use_qk_l2norm_in_kernel=True)[0])
     for name in ("PAIRWISE_BY_PRODUCTS", "L2NORM_IN_KERNEL", "ACTIVATIONS_IN_KERNEL"):
         setattr(gated_delta, name, False)
     torch.cuda.empty_cache()
@@ -212,7 +201,6 @@ def packed():
     with ``PACKED_STATE_KERNELS`` off (the torch passes, sequence by sequence) and on (one launch each)."""
     import kda
     from kda import backward, cuda_autograd
-    from kda.bench import median_ms
 
     cuda_autograd.DEVICE_BACKWARD = True
     gen = torch.Generator().manual_seed(3)
@@ -222,15 +210,8 @@ def packed():
         leaves, do = run91.inputs(1, 32768, 32, 128, op == "KDA")
         for on in (False, True):
             backward.PACKED_STATE_KERNELS = on
-            run = lambda: torch.autograd.grad(fn(*leaves, cu_seqlens=cu)[0], leaves, do)
-            row = {"stage": "packed", "op": op, "PACKED_STATE_KERNELS": on}
-            try:
-                got = run()
-                row.update(ms=round(median_ms(run, warmup_ms=100, rep_ms=500), 3), peak_MB=run91.peak_mb(run),
-                           finite=all(bool(torch.isfinite(x).all()) for x in got))
-            except Exception as e:
-                row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-            log(RUN, row)
+            timed({"stage": "packed", "op": op, "PACKED_STATE_KERNELS": on},
+                  lambda: torch.autograd.grad(fn(*leaves, cu_seqlens=cu)[0], leaves, do), finite, peak=True)
         backward.PACKED_STATE_KERNELS = False
         leaves = do = None                     # freed before the next op's inputs
         torch.cuda.empty_cache()
