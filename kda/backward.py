@@ -52,9 +52,10 @@ STATE_KERNELS_DTYPE = None
 # CUDA, packed sequences (cu_seqlens): the two state passes by the same kernels compiled with varlen, one block per
 # sequence, head and 64 value columns walking that sequence's chunks of the layout that starts every sequence on
 # a chunk (chunk_offsets), with its own initial state and final-state gradient, instead of the torch passes
-# sequence by sequence and chunk by chunk from Python. With STATES_AS_OPERANDS (the decay terms). Off until its
-# GPU tests pass.
-PACKED_STATE_KERNELS = False
+# sequence by sequence and chunk by chunk from Python. With STATES_AS_OPERANDS (the decay terms). On since its
+# GPU tests passed (run 103); 96 packed sequences of random lengths, 32768 tokens, H = 32, forward + backward:
+# KDA 222.6 ms without, 36.1 ms with; GDN 146.9 and 13.6 ms.
+PACKED_STATE_KERNELS = True
 
 # CUDA, where a chunk kernel follows the state-pass kernels: the passes write S and dS in the dtype the chunk
 # kernels read them in (the inputs', not float32), and the reverse pass each chunk decay's gate term
@@ -87,14 +88,16 @@ TOKEN_MAJOR_STATES = True
 # CUDA, KDA with the forward's pieces read token-major: chunk_pair_gradients' scores P taken from the forward's
 # chunk_intra (its A_qk, which the state passes read already), chunk_pair_pieces compiled with scores=False:
 # one of its two pair-score passes (three GEMMs and the pairs inside the sub-chunks, one by one) and the
-# load of q gone. Off until its GPU tests pass (tests/test_gpu_backward.py).
-SCORES_FROM_FORWARD = False
+# load of q gone. On since its GPU tests passed (run 103): KDA at (1, 8192, 96, 128), forward + backward, 22.22 ms
+# without, 20.02 ms with.
+SCORES_FROM_FORWARD = True
 
 # CUDA, KDA: chunk_pair_gradients compiled for two blocks per SM (min_blocks=2: registers capped at 128, some
 # 690 bytes spilled) instead of one block of 8 warps at 255 registers. Run 100's call timed the kernel alone at
 # (1, 8192, 96, 128) with shared_pairs: 7.52 ms against 8.91 ms, the same outputs; with finish_gate (the
-# default now) it has not run. KDA with the delta rule at DK = 128 only (what was compiled and timed). Off until
-# its GPU tests pass.
+# default now) it has not run. KDA with the delta rule at DK = 128 only (what was compiled and timed). Its GPU
+# tests passed (run 103; KDA 19.95 ms against 22.22), and it stays off: the split by channels below (which sets
+# its own min_blocks) is faster.
 PAIR_KERNEL_TWO_BLOCKS = False
 
 # CUDA, KDA with the forward's pieces read token-major: all that chunk_pair_pieces made (the cumulative gate
@@ -102,29 +105,35 @@ PAIR_KERNEL_TWO_BLOCKS = False
 # backward_outputs, in the launch that makes the state passes' pieces, so that chunk_pair_pieces does not run:
 # its loads of q, k and g, its two pair-score passes (the pairs inside the sub-chunks one by one) and its solve
 # gone; the forward's kernel writes G, T and K K^T E besides (about 0.7 GB at (1, 8192, 96, 128), what
-# chunk_pair_pieces wrote too). Implies the scores of SCORES_FROM_FORWARD. Off until its GPU tests pass.
-PAIR_PIECES_FROM_FORWARD = False
+# chunk_pair_pieces wrote too). Implies the scores of SCORES_FROM_FORWARD. On since its GPU tests passed (run 103):
+# KDA at (1, 8192, 96, 128), forward + backward, 18.28 ms with it alone against 22.22.
+PAIR_PIECES_FROM_FORWARD = True
 
 # CUDA, GDN (a gate per head, the delta rule) with the forward's pieces read token-major: the chunk kernel reads
 # the inverse T, stril(K K^T E) and the scores P as the forward's chunk_intra writes them (compiled with
 # backward_outputs, in the launch that makes the state passes' pieces) instead of making them again: no solve
 # (its diagonal blocks one thread per column, then the block substitution), no K K^T and Q K^T GEMMs and their
-# masks, for 32 KB more read per chunk and head. Off until its GPU tests pass.
-INVERSE_FROM_FORWARD = False
+# masks, for 32 KB more read per chunk and head. On since its GPU tests passed (run 103): GDN at (1, 8192, 96,
+# 128), forward + backward, 6.83 ms without, 6.61 with (6.18 with GRADS_IN_INPUT_DTYPE too); the chunk kernel alone
+# 2.48 ms against 2.52.
+INVERSE_FROM_FORWARD = True
 
 # CUDA, KDA: chunk_pair_gradients split by channels, PAIR_KERNEL_CHANNELS of them per block (every pair sum
 # is per channel; only dPs and dAb, read again by each block, are shared), as fla's intra-chunk backward
 # splits its own: tiles of 64 x 16 instead of 64 x 128, 117 registers for 128 threads against 255 for 256,
-# so four blocks of 4 warps per SM instead of one of 8. Off until its GPU tests pass; run 103 times the split
-# widths against each other.
-PAIR_KERNEL_BY_CHANNELS = False
-PAIR_KERNEL_CHANNELS = dict(block_dk=16, threads=128)
+# so several blocks of 4 warps per SM instead of one of 8. On since its GPU tests passed (run 103, 16 channels).
+# The kernel alone at (1, 8192, 96, 128), the same outputs bit for bit: 8.88 ms in one block, 6.13 by 16 channels,
+# 5.96 by 32 for 3 blocks per SM, 5.15 by 32 for 4 (128 registers, 56 bytes spilled), 5.60 by 64 for 2, 9.03 by
+# 32 with 256 threads; so 32 channels, 4 blocks.
+PAIR_KERNEL_BY_CHANNELS = True
+PAIR_KERNEL_CHANNELS = dict(block_dk=32, threads=128, min_blocks=4)
 
 # CUDA, KDA: chunk_pair_gradients compiled with products: the pairs inside a sub-chunk (most of its work, one
 # exponential per pair and channel) with each pair's decay a running product of the token decays, one exponential
 # per token and channel, exact for any gate as before (the forward's PAIRWISE_BY_PRODUCTS, for the backward's four
 # pair sums). More registers (the loops unrolled: 255 with the defaults, 205 split by 16 channels against 117).
-# Off until its GPU tests pass and run 103 times it.
+# Its GPU tests passed (run 103), and it stays off: slower where timed (KDA forward + backward 24.18 ms against
+# 22.22; the kernel alone by 16 channels 7.20 ms against 6.13).
 PAIR_SUMS_BY_PRODUCTS = False
 
 # CUDA, levels 1-3 with a gate per head or none (linear_attention, decay_attention, gated_attention with g
@@ -132,7 +141,9 @@ PAIR_SUMS_BY_PRODUCTS = False
 # forward's chunk_intra makes it for level 5 (a per-head cumulative gate, two scalings, one batched GEMM for
 # the scores), instead of the float32 torch stages by groups of chunks, their copies and concatenation; and
 # the state passes compiled without the delta rule (W = 0: one GEMM of the forward pass's two, one of the
-# reverse pass's four). Off until its GPU tests pass.
+# reverse pass's four). Its GPU tests passed (run 103), and it stays off: LEVEL_PASSES_FROM_INPUTS below is
+# faster (level 1 at (1, 8192, 96, 128), forward + backward: 11.62 ms by default before, 7.65 with this, 3.49
+# with that).
 LEVEL_PIECES = False
 
 # CUDA, levels 1-3 with a gate per head or none, after LEVEL_PIECES: no pieces at all. The two state passes,
@@ -140,14 +151,18 @@ LEVEL_PIECES = False
 # cumulative gate ([B, T, H, 1], float32, from one torch cumsum), and make K 2^(G_last - G), scale Q 2^G and the
 # chunk decays themselves, one elementwise step per chunk before its GEMM; the chunk kernel reads the same
 # inputs already. So the level backward is three launches and the gate's sums: no float32 copies of q and k, no
-# scores P in HBM (the reverse pass without the delta rule never reads them). Off until its GPU tests pass.
-LEVEL_PASSES_FROM_INPUTS = False
+# scores P in HBM (the reverse pass without the delta rule never reads them). On since its GPU tests passed
+# (run 103): forward + backward at (1, 8192, 96, 128), levels 1 / 2 / 3 per head, 11.62 / 10.57 / 10.77 ms
+# without, 3.49 / 3.51 / 3.87 with (fla: 2.46 / 2.49 / -).
+LEVEL_PASSES_FROM_INPUTS = True
 
 # CUDA: the chunk kernel of a gate per head (GDN, levels 1-4) writes dq, dk and dv in the inputs' dtype, and
 # KDA's chunk_state_gradients dv (each once, from float32 registers), instead of float32 tensors that the op
 # then rounds, one copy each (about 0.14 ms apiece at (1, 8192, 96, 128) in run 100's profile); where no L2
-# norm and no grouped value heads need them in float32 after the kernel. Off until its GPU tests pass.
-GRADS_IN_INPUT_DTYPE = False
+# norm and no grouped value heads need them in float32 after the kernel. On since its GPU tests passed (run 103):
+# forward + backward at (1, 8192, 96, 128), GDN 6.83 ms without, 6.36 with (peak 1.87 GB against 2.16); KDA
+# 22.22 and 21.93 (3.68 GB against 3.87).
+GRADS_IN_INPUT_DTYPE = True
 
 # CUDA: what the two state passes read (W, U, the gated q and k, the scores, the decays) made by the
 # forward's own chunk_intra kernel (kda.gated_delta.prepare_chunks, one launch, bf16 or fp16) instead

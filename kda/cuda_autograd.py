@@ -57,8 +57,9 @@ def cuda_gradients(q, k, v, g, beta, scale, initial_state, output_final_state, u
     from kda import backward, cuda_paths
 
     cuda_paths.require(cuda_paths.by_name("chunk_backward"), "the backward of chunk_kda and chunk_gated_delta_rule")
-    return backward.op_gradients(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, cu_seqlens, do,
-                                 dfinal if output_final_state else None, cu_seqlens_cpu=cu_seqlens_cpu)
+    grads = backward.op_gradients(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, cu_seqlens, do,
+                                  dfinal if output_final_state else None, cu_seqlens_cpu=cu_seqlens_cpu)
+    return [x.contiguous() for x in grads]              # as the op's fake has them
 
 
 # CUDA: gradients of the level 1-4 functions (linear_attention, decay_attention, gated_attention, delta_rule)

@@ -159,6 +159,7 @@ PATHS: tuple[CudaPath, ...] = (
               "zh": "第一至三级（每个头一个门控或没有门控）状态遍历所读的中间量由 level_pieces 以输入的 dtype、"
                     "按 token 优先的布局算出（每个头的累积门控，一次批量 GEMM 算得分），取代按块分组的 float32 "
                     "torch 阶段"},
+        gpu_log="results/tuning/run103/gpu-tests-switches.txt",
     ),
     CudaPath(
         name="pair_kernel_two_blocks",
@@ -168,6 +169,7 @@ PATHS: tuple[CudaPath, ...] = (
                     "instead of one block of 8 warps at 255 registers",
               "zh": "KDA 的 chunk_pair_gradients 以每个 SM 两个 block 编译（128 个寄存器，部分溢出），"
                     "取代每个 SM 一个 8 warp、255 个寄存器的 block"},
+        gpu_log="results/tuning/run103/gpu-tests-switches.txt",
     ),
     CudaPath(
         name="pair_kernel_by_channels",
@@ -177,6 +179,7 @@ PATHS: tuple[CudaPath, ...] = (
                     "smaller tiles, more blocks per SM) instead of one block for all 128 channels of a chunk",
               "zh": "KDA 的 chunk_pair_gradients 按通道拆分（每个 block 处理 kda.backward.PAIR_KERNEL_CHANNELS "
                     "个通道：块更小，每个 SM 可驻留更多 block），取代一个 block 处理一块的全部 128 个通道"},
+        gpu_log="results/tuning/run103/gpu-tests-switches.txt",
     ),
     CudaPath(
         name="grads_in_input_dtype",
@@ -187,6 +190,7 @@ PATHS: tuple[CudaPath, ...] = (
                     "float32 tensors rounded by a copy each",
               "zh": "每个头一个门控的块内 kernel 直接以输入的 dtype 写出 dq、dk、dv（KDA 的 chunk_state_gradients 写出 dv；"
                     "其后没有 L2 归一化、也没有分组值头时），取代先写 float32 张量、再各拷贝一次舍入"},
+        gpu_log="results/tuning/run103/gpu-tests-switches.txt",
     ),
     CudaPath(
         name="scores_from_forward",
@@ -197,6 +201,7 @@ PATHS: tuple[CudaPath, ...] = (
                     "a second time pair by pair",
               "zh": "KDA 的块内 kernel 直接读取前向 chunk_intra 算出的得分 P（即其 A_qk，本已为状态遍历算好），"
                     "chunk_pair_pieces 以不含得分的方式编译，不再逐对重算一遍"},
+        gpu_log="results/tuning/run103/gpu-tests-switches.txt",
     ),
     CudaPath(
         name="pair_pieces_from_forward",
@@ -207,6 +212,7 @@ PATHS: tuple[CudaPath, ...] = (
                     "launch that makes the state passes' pieces, so that chunk_pair_pieces does not run",
               "zh": "KDA 的块内 kernel 所需的成对中间量（累积门控、逆矩阵 T、stril(K K^T E) 与得分）全部取自前向的 "
                     "chunk_intra：它在为状态遍历生成中间量的那次启动里一并写出这些量，于是 chunk_pair_pieces 不再运行"},
+        gpu_log="results/tuning/run103/gpu-tests-switches.txt",
     ),
     CudaPath(
         name="inverse_from_forward",
@@ -217,6 +223,7 @@ PATHS: tuple[CudaPath, ...] = (
                     "again: no solve, no K K^T and Q K^T GEMMs",
               "zh": "GDN 的块内 kernel 直接读取前向 chunk_intra 写出的逆矩阵 T、stril(K K^T E) 与得分（在为状态遍历"
                     "生成中间量的那次启动里写出），不再重算：没有求逆，也没有 K K^T 与 Q K^T 两个 GEMM"},
+        gpu_log="results/tuning/run103/gpu-tests-switches.txt",
     ),
     CudaPath(
         name="level_passes_from_inputs",
@@ -226,6 +233,7 @@ PATHS: tuple[CudaPath, ...] = (
                     "read the op's q, k, v, do and each chunk's cumulative gate and scale them themselves",
               "zh": "第一至三级（每个头一个门控或没有门控）的反向不再生成中间量：两趟状态遍历直接读取算子的 q、k、v、do "
                     "与每块的累积门控，自行缩放"},
+        gpu_log="results/tuning/run103/gpu-tests-switches.txt",
     ),
     CudaPath(
         name="packed_state_kernels",
@@ -235,6 +243,7 @@ PATHS: tuple[CudaPath, ...] = (
                     "launch each and one block per sequence, instead of torch passes sequence by sequence",
               "zh": "打包序列（cu_seqlens）反向的两趟状态遍历由状态遍历 kernel 完成，每趟一次启动、每个序列一个 block，"
                     "取代逐个序列的 torch 遍历"},
+        gpu_log="results/tuning/run103/gpu-tests-switches.txt",
     ),
     CudaPath(
         name="l2norm_in_kernel",
@@ -244,6 +253,7 @@ PATHS: tuple[CudaPath, ...] = (
                     "norm as it loads them, instead of torch making normalized copies through float32 first",
               "zh": "第五级路径上的 use_qk_l2norm_in_kernel：chunk_intra 在读入 q 与 k 时把每一行除以它的 L2 范数，"
                     "不再先由 torch 经 float32 生成归一化的副本"},
+        gpu_log="results/tuning/run103/gpu-tests-switches.txt",
     ),
     CudaPath(
         name="pairwise_by_products",
@@ -254,6 +264,7 @@ PATHS: tuple[CudaPath, ...] = (
                     "channel, instead of one per pair and channel",
               "zh": "chunk_intra 的陡块（模型层的门控）中，每一对的衰减取各 token 衰减的累乘，每个 token、每个通道只求"
                     "一次指数，而不是每一对、每个通道求一次"},
+        gpu_log="results/tuning/run103/gpu-tests-switches.txt",
     ),
     CudaPath(
         name="pair_sums_by_products",
@@ -263,6 +274,7 @@ PATHS: tuple[CudaPath, ...] = (
                     "running product of the token decays, one exponential per token and channel",
               "zh": "KDA 反向中子块内的成对求和（chunk_pair_gradients）把每一对的衰减取为各 token 衰减的累乘，每个 "
                     "token、每个通道只求一次指数"},
+        gpu_log="results/tuning/run103/gpu-tests-switches.txt",
     ),
     CudaPath(
         name="activations_in_kernel",
@@ -273,6 +285,7 @@ PATHS: tuple[CudaPath, ...] = (
                     "activated float32 copies first",
               "zh": "模型调用 chunk_kda 的方式（use_gate_in_kernel、use_beta_sigmoid_in_kernel），不求导时：chunk_intra "
                     "在读入原始门控与 beta 时就地激活，不再先由 torch 生成激活后的 float32 副本"},
+        gpu_log="results/tuning/run103/gpu-tests-switches.txt",
     ),
     CudaPath(
         name="l2norm_kernel",
@@ -282,6 +295,7 @@ PATHS: tuple[CudaPath, ...] = (
                     "path): one kernel per tensor (kda/kernels/norms.py) instead of torch's copies through float32",
               "zh": "在 kernel 读入时不做归一化的路径上（GDN 的标量门控路径）实现 use_qk_l2norm_in_kernel：每个张量一次 "
                     "kernel（kda/kernels/norms.py），取代 torch 经 float32 的多次拷贝"},
+        gpu_log="results/tuning/run103/gpu-tests-switches.txt",
     ),
 )
 

@@ -5,7 +5,8 @@
 Under compilation the public functions check shapes, dtypes and devices as always, skip the
 value checks that read tensors back to the host (a graph cannot hold them), and call an op
 below, which runs the eager path inside the compiled graph. Each op has a fake implementation:
-the output shapes, nothing computed. ``chunk_gated_delta`` and ``fused_recurrent`` also have a
+the output shapes, nothing computed. Outputs and gradients are contiguous whatever the inputs' strides
+(a layer's convolution hands ``v`` over transposed), so that the fakes' strides are the real ones. ``chunk_gated_delta`` and ``fused_recurrent`` also have a
 backward (``register_autograd``), so that a compiled graph trains: on the CPU it recomputes the
 float64 forward and takes autograd's gradients through it, exactly what an eager call gives. The
 backward op of ``chunk_gated_delta`` has a CUDA kernel of its own, registered by ``kda.cuda_autograd``
@@ -38,7 +39,7 @@ def _chunk_forward(q, k, v, g, beta, scale, initial_state, output_final_state, u
     from kda import gated_delta            # here, not above: importing kda loads no level until used
     o, final = gated_delta.forward_eager(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm,
                                          cu_seqlens, g.dim() == 4, False, cu_seqlens_cpu)
-    return o, (final if final is not None else v.new_empty(0, dtype=torch.float32))
+    return o.contiguous(), (final.contiguous() if final is not None else v.new_empty(0, dtype=torch.float32))
 
 
 @torch.library.custom_op("kda::chunk_gated_delta", mutates_args=())
@@ -51,7 +52,7 @@ def chunk_gated_delta(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, 
 
 @chunk_gated_delta.register_fake
 def _(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm, cu_seqlens, cu_seqlens_cpu):
-    return torch.empty_like(v), _final_like(v, q, cu_seqlens, output_final_state)
+    return v.new_empty(v.shape), _final_like(v, q, cu_seqlens, output_final_state)
 
 
 def _recurrent_forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm, cu_seqlens,
@@ -59,7 +60,7 @@ def _recurrent_forward(q, k, v, g, beta, scale, initial_state, output_final_stat
     from kda import decode
     o, final = decode.recurrent_eager(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm,
                                       cu_seqlens, None, g.dim() == 4, False, cu_seqlens_cpu)
-    return o, (final if final is not None else v.new_empty(0, dtype=torch.float32))
+    return o.contiguous(), (final.contiguous() if final is not None else v.new_empty(0, dtype=torch.float32))
 
 
 @torch.library.custom_op("kda::fused_recurrent", mutates_args=())
@@ -72,7 +73,7 @@ def fused_recurrent(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, sc
 
 @fused_recurrent.register_fake
 def _(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm, cu_seqlens, cu_seqlens_cpu):
-    return torch.empty_like(v), _final_like(v, q, cu_seqlens, output_final_state)
+    return v.new_empty(v.shape), _final_like(v, q, cu_seqlens, output_final_state)
 
 
 @torch.library.custom_op("kda::fused_recurrent_pooled", mutates_args=("pool",))
@@ -83,12 +84,12 @@ def fused_recurrent_pooled(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Ten
 
     o, _ = decode.recurrent_eager(q, k, v, g, beta, scale, pool, False, use_qk_l2norm, cu_seqlens,
                                   ssm_state_indices, g.dim() == 4, False, cu_seqlens_cpu)
-    return o
+    return o.contiguous()
 
 
 @fused_recurrent_pooled.register_fake
 def _(q, k, v, g, beta, scale, pool, ssm_state_indices, use_qk_l2norm, cu_seqlens, cu_seqlens_cpu):
-    return torch.empty_like(v)
+    return v.new_empty(v.shape)
 
 
 def _save_inputs(ctx, inputs, output):
@@ -120,7 +121,7 @@ def _recomputed_gradients(forward, inputs, do, dfinal) -> list[Tensor]:
     for x in leaves[:7]:
         if isinstance(x, Tensor) and x.requires_grad:
             grad = next(found)
-            out.append(torch.zeros_like(x) if grad is None else grad)
+            out.append(x.new_zeros(x.shape) if grad is None else grad.contiguous())
     return out
 
 
@@ -138,7 +139,7 @@ def chunk_gated_delta_backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta:
 def _gradients_like(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm, cu_seqlens,
                     cu_seqlens_cpu, do, dfinal):
     """The fake of both backward ops: one gradient shaped like each input that has one."""
-    return [torch.empty_like(x) for x in (q, k, v, g, beta, initial_state) if x is not None]
+    return [x.new_empty(x.shape) for x in (q, k, v, g, beta, initial_state) if x is not None]
 
 
 chunk_gated_delta_backward.register_fake(_gradients_like)

@@ -59,28 +59,35 @@ def check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel
 # CUDA, use_qk_l2norm_in_kernel on level 5's path: chunk_intra divides each row of q and k by its L2 norm as it
 # loads them (compiled with qk_l2norm) instead of torch making normalized copies first, through float32 (issue
 # 41's table: 3.72 ms with the option against 1.52 without at (1, 8192, 96, 128)). GDN then takes level 5's path
-# too, whose chunk_intra normalizes (the scalar-gate path's kernels do not yet). Off until its GPU tests pass.
-L2NORM_IN_KERNEL = False
+# too, whose chunk_intra normalizes (the scalar-gate path's kernels do not yet), unless L2NORM_KERNEL is on. On
+# since its GPU tests passed (run 103): KDA at (1, 8192, 96, 128), 1.706 ms plain, 3.913 with the option by torch,
+# 1.779 with it here (+4%).
+L2NORM_IN_KERNEL = True
 
 # CUDA, chunk_kda as a model calls it (fla's use_gate_in_kernel, use_beta_sigmoid_in_kernel) and not
 # differentiated: chunk_intra activates the raw gate (softplus or bounded sigmoid form) and beta (sigmoid) as it
 # loads them (gate_act, beta_act), instead of torch making activated float32 copies first (a [B, T, H, K] pass for
-# the gate). A gate per head (GDN) and allow_neg_eigval keep torch's activations. Off until its GPU tests pass.
-ACTIVATIONS_IN_KERNEL = False
+# the gate). A gate per head (GDN) and allow_neg_eigval keep torch's activations. On since its GPU tests passed
+# (run 103): the layer's call at (1, 8192, 96, 128) took 13.88 ms with torch's activations and norms, 8.29 with
+# this, L2NORM_IN_KERNEL and PAIRWISE_BY_PRODUCTS on together.
+ACTIVATIONS_IN_KERNEL = True
 
 # CUDA: chunk_intra's steep chunks (a gate that falls by more than 2^96 inside a 16-row sub-chunk: most chunks of a
 # layer's gates, -exp(A_log) softplus(.) with A_log up to log 16) summed by running products of the token decays
 # (pairwise="products": one exponential per token and channel, sixteen accumulators per thread) instead of an
 # exponential and four shared loads per pair and channel; exact for any gate as before. Issue 41 priced the
-# steep path at 10.28 ms against 0.656 for mild gates (level 3's record). Off until its GPU tests pass.
+# steep path at 10.28 ms against 0.656 for mild gates (level 3's record). Its GPU tests passed (run 103), and it
+# stays off: at (1, 8192, 96, 128) steep gates (a layer's) take 6.58 ms with it against 9.77, but mild ones
+# (logsigmoid) 1.885 against 1.511, the plain call 25% slower.
 PAIRWISE_BY_PRODUCTS = False
 
 
 # CUDA, use_qk_l2norm_in_kernel where the kernels do not normalize as they load (GDN's scalar-gate path; every path
 # without L2NORM_IN_KERNEL): one launch of kda/kernels/norms.py per tensor, read once and written once in the
 # inputs' dtype, instead of torch's copies through float32. With it GDN keeps its scalar-gate path under the fused
-# norm too. Off until its GPU tests pass.
-L2NORM_KERNEL = False
+# norm too. On since its GPU tests passed (run 103): GDN at (1, 8192, 96, 128), 1.065 ms plain, 3.264 with the
+# norm by torch, 1.469 with it in level 5's chunk_intra, 1.265 with this kernel.
+L2NORM_KERNEL = True
 
 
 def l2_normalized(x):
@@ -113,8 +120,8 @@ def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_
              cu_seqlens, per_channel: bool, check_values: bool, cu_seqlens_cpu=None, options=None):
     compiling = torch.compiler.is_compiling()
     weights = {name: options[name] for name in ("A_log", "dt_bias")} if options else {}
-    grads = not compiling and cuda_autograd.differentiates(q, k=k, v=v, g=g, beta=beta,
-                                                           initial_state=initial_state, **weights)
+    # compiled or not: the checks below refuse a CUDA input that requires grad unless the op differentiates it
+    grads = cuda_autograd.differentiates(q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, **weights)
     activation = None
     if options and (options["use_gate_in_kernel"] or options["use_beta_sigmoid_in_kernel"]
                     or options["allow_neg_eigval"] or options["A_log"] is not None or options["dt_bias"] is not None

@@ -37,6 +37,23 @@ def test_opcheck(per_channel):
                           (q, k, v, g, beta, K ** -0.5, pool, torch.tensor([3, 1]), False, cu, None))
 
 
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
+def test_opcheck_with_transposed_inputs(per_channel):
+    """Inputs laid out as a convolution over time hands them over (``[B, T, C]`` viewed from ``[B, C, T]``): the
+    real outputs and gradients are contiguous, and so are the fakes' (a compiled layer on CUDA asserted it)."""
+    def time_minor(x):
+        return x.movedim(1, -1).contiguous().movedim(-1, 1)
+    q, k, v, g, beta = (time_minor(x) for x in inputs(1, 20, per_channel=per_channel))
+    assert not v.is_contiguous()
+    h0 = torch.randn(1, H, K, V)
+    torch.library.opcheck(torch.ops.kda.chunk_gated_delta.default,
+                          (q, k, v, g, beta, K ** -0.5, h0, True, False, None, None))
+    torch.library.opcheck(torch.ops.kda.fused_recurrent.default,
+                          (q, k, v, g, beta, K ** -0.5, h0, True, False, None, None))
+    o, _ = torch.ops.kda.chunk_gated_delta(q, k, v, g, beta, K ** -0.5, h0, True, False, None, None)
+    assert o.is_contiguous()
+
+
 def layer(q, k, v, g, beta, cu, pool, slots, q1, k1, v1, g1, beta1):
     """A prefill of packed sequences into fresh states, then one decode step from a pool."""
     o, states = kda.chunk_kda(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu,

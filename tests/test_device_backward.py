@@ -450,6 +450,17 @@ def assert_gradients_agree(got, want, bound=1e-2):
             assert rel_l2(a.double(), b.double()) < bound, f"{name}: {rel_l2(a.double(), b.double()):.1e}"
 
 
+# the switches that went on after run 103 (kda.backward): a test of an earlier switch sets them off, to test it as
+# it was written (each of them has a test of its own below)
+RUN103_ON = ("SCORES_FROM_FORWARD", "PAIR_PIECES_FROM_FORWARD", "INVERSE_FROM_FORWARD", "PAIR_KERNEL_BY_CHANNELS",
+             "GRADS_IN_INPUT_DTYPE", "LEVEL_PASSES_FROM_INPUTS", "PACKED_STATE_KERNELS")
+
+
+def later_switches_off(monkeypatch):
+    for name in RUN103_ON:
+        monkeypatch.setattr(backward, name, False)
+
+
 def fake_kernels(monkeypatch, fakes, prepare_chunks=None):
     """CUDA faked and every kernel replaced by its stand-in in ``fakes``, handed the compile flags it takes
     (``token_major``, ``delta_rule``, ``scores``, ``pieces_in``, ``gate_in``, ``varlen``); the forward's ``chunk_intra`` by ``prepare_chunks``
@@ -468,6 +479,7 @@ def fake_kernels(monkeypatch, fakes, prepare_chunks=None):
                                                if name in kw and (any_flag or name in takes)})
 
     monkeypatch.setattr(build, "compile_program", compile_program)
+    monkeypatch.setattr(gated_delta, "L2NORM_KERNEL", False)     # the norm's kernel has tests of its own
     monkeypatch.setattr(gated_delta, "prepare_chunks", prepare_chunks or prepare_chunks_mirror())
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
@@ -817,6 +829,7 @@ def test_states_as_operands(per_channel, delta_rule, token_major, monkeypatch):
         backward_chunks.chunk_pair_pieces: pair_pieces_mirror,
         backward_chunks.chunk_state_gradients: state_gradients_mirror,
         backward_chunks.chunk_pair_gradients: pair_gradients_mirror})
+    later_switches_off(monkeypatch)
     einsums = []
     q, k, v, g, beta, h0, do, dht = inputs(B=2, T=150, H=4, HQ=2, K=16, V=128, seed=6, per_channel=per_channel)
     q, k, v, do = (x.to(torch.bfloat16) for x in (q * 3, k * 2, v, do))     # two blocks of value columns
@@ -870,6 +883,7 @@ def test_scores_from_forward(monkeypatch):
         backward_chunks.chunk_pair_pieces: pair_pieces_mirror,
         backward_chunks.chunk_state_gradients: state_gradients,
         backward_chunks.chunk_pair_gradients: pair_gradients_mirror}, prepare_chunks)
+    later_switches_off(monkeypatch)
     for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNELS_BY_CHANNEL", "TOKEN_MAJOR_STATES"):
         monkeypatch.setattr(backward, switch, True)
     monkeypatch.setattr(backward, "SCORES_FROM_FORWARD", False)
@@ -1008,6 +1022,7 @@ def test_level_pieces_in_the_backward(gate, monkeypatch):
         backward_states.reverse_state_pass: reverse_state_pass_mirror(64),
         backward_chunks.chunk_gradients: chunk_kernel_mirror},
         prepare_chunks=lambda *a: pytest.fail("the forward's chunk_intra ran"))
+    later_switches_off(monkeypatch)
     q, k, v, g, _, h0, do, dht = inputs(B=2, T=150, H=4, HQ=2, K=16, V=64, seed=9, per_channel=False)
     q, k, v, do = (x.to(torch.bfloat16) for x in (q * 3, k * 2, v, do))
     args = (q, k, v, None if gate == "none" else g.float(), None, 0.5, h0.float(), False, None, do, dht.float())
@@ -1132,6 +1147,7 @@ def test_op_gradients_with_every_kernel(l2norm, as_operands, monkeypatch):
     fake_kernels(monkeypatch, {backward_states.forward_states_pass: forward_states_mirror(64),
                                backward_states.reverse_state_pass: reverse_state_pass_mirror(64),
                                backward_chunks.chunk_gradients: chunk_kernel})
+    later_switches_off(monkeypatch)
     for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL"):
         monkeypatch.setattr(backward, switch, True)
     monkeypatch.setattr(backward, "STATES_AS_OPERANDS", as_operands)
@@ -1168,6 +1184,7 @@ def test_grads_in_input_dtype(l2norm, per_channel, monkeypatch):
         backward_chunks.chunk_pair_pieces: pair_pieces_mirror,
         backward_chunks.chunk_state_gradients: state_gradients,
         backward_chunks.chunk_pair_gradients: pair_gradients_mirror})
+    later_switches_off(monkeypatch)
     q, k, v, g, beta, h0, do, dht = inputs(B=2, T=150, H=4, HQ=4, K=16, V=64, seed=7, per_channel=per_channel)
     q, k, v, do = (x.to(torch.bfloat16) for x in (q * 3, k * 2, v, do))
     args = (q, k, v, g.float(), beta.float(), 0.5, h0.float(), l2norm, None, do, dht.float())

@@ -140,6 +140,13 @@ CASES = [
                                                      threads=128)),
     ("backward_chunks", "chunk_pair_gradients", dict(DK=64, dtype="float16", block_dk=16, threads=128)),
     ("backward_chunks", "chunk_pair_gradients", dict(DK=128, delta_rule=False, block_dk=16, threads=128)),
+    # the default since run 103 (kda.backward.PAIR_KERNEL_CHANNELS): 32 per block, 4 blocks per SM, 128 registers
+    ("backward_chunks", "chunk_pair_gradients", dict(DK=128, shared_pairs=True, finish_gate=True, block_dk=32,
+                                                     threads=128, min_blocks=4, spill_budget=96)),
+    ("backward_chunks", "chunk_pair_gradients", dict(DK=64, dtype="float16", shared_pairs=True, finish_gate=True,
+                                                     block_dk=32, threads=128, min_blocks=4, spill_budget=32)),
+    ("backward_chunks", "chunk_pair_gradients", dict(DK=128, delta_rule=False, finish_gate=True, block_dk=32,
+                                                     threads=128, min_blocks=4)),
     # the pairs inside a sub-chunk by running products (PAIR_SUMS_BY_PRODUCTS): 255 registers, 205 by 16 channels
     ("backward_chunks", "chunk_pair_gradients", dict(DK=128, shared_pairs=True, finish_gate=True, products=True)),
     ("backward_chunks", "chunk_pair_gradients", dict(DK=128, shared_pairs=True, finish_gate=True, block_dk=16,

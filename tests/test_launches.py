@@ -422,6 +422,8 @@ def test_backward_with_every_kernel(kernel_launches, monkeypatch, per_channel, u
     for switch in ("STATES_AS_OPERANDS", "TOKEN_MAJOR_STATES", "SHARED_PAIR_SUMS", "GATE_IN_PAIR_KERNEL",
                    "SCORES_FROM_FORWARD", "PAIR_KERNEL_TWO_BLOCKS", "PAIR_KERNEL_BY_CHANNELS"):
         monkeypatch.setattr(backward, switch, unverified)
+    for switch in ("PAIR_PIECES_FROM_FORWARD", "INVERSE_FROM_FORWARD"):    # tested below
+        monkeypatch.setattr(backward, switch, False)
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     # no torch stage runs, so the torch stages' memory budget (a query of the device) is not asked for
     monkeypatch.setattr(backward, "memory_budget", lambda *a: pytest.fail("the torch stages' budget was asked for"))
@@ -447,8 +449,8 @@ def test_backward_with_every_kernel(kernel_launches, monkeypatch, per_channel, u
         assert params["chunk_pair_gradients"].get("shared_pairs", False) is unverified
         assert params["chunk_pair_gradients"].get("finish_gate", False) is unverified
         assert params["chunk_pair_pieces"].get("scores", True) is not unverified     # the forward's A_qk read
-        assert params["chunk_pair_gradients"].get("min_blocks", 1) == 1      # two blocks at DK = 128 only
-        assert params["chunk_pair_gradients"].get("block_dk") == (16 if unverified else None)
+        assert params["chunk_pair_gradients"].get("min_blocks", 1) == (4 if unverified else 1)   # by channels
+        assert params["chunk_pair_gradients"].get("block_dk") == (32 if unverified else None)
 
 
 @pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
@@ -493,7 +495,8 @@ def test_backward_of_packed_sequences_with_the_state_kernels(kernel_launches, mo
     h0, dht = torch.randn(N, 2, 64, 64), torch.randn(N, 2, 64, 64)
     got = backward.op_gradients(q, k, v, gate, beta, 0.125, h0, False, torch.tensor(bounds),
                                 torch.randn(1, 200, 2, 64).bfloat16(), dht)
-    step3 = ["chunk_pair_pieces", "chunk_state_gradients", "chunk_pair_gradients"] if per_channel else ["chunk_gradients"]
+    # the defaults: KDA's pair pieces and GDN's inverse from the forward's chunk_intra
+    step3 = ["chunk_state_gradients", "chunk_pair_gradients"] if per_channel else ["chunk_gradients"]
     assert [name for name, _ in kernel_launches] == ["chunk_intra", "forward_states_pass", "reverse_state_pass", *step3]
     params = dict(kernel_launches)
     assert params["forward_states_pass"]["varlen"] and params["reverse_state_pass"]["varlen"]
