@@ -253,12 +253,14 @@ def test_l2norm_in_kernel_and_fla_agreement():
 
 
 def test_l2norm_fused_sends_gdn_to_level5_path(poisoned, monkeypatch):
-    """With ``L2NORM_IN_KERNEL``, GDN at a shape that takes the scalar-gate path (64 heads) takes level 5's path
-    with the norm in ``chunk_intra`` instead, and agrees with the float64 recurrence on normalized inputs."""
+    """With ``L2NORM_IN_KERNEL`` and without the norm's own kernel (``L2NORM_KERNEL``, on by default since run 103),
+    GDN at a shape that takes the scalar-gate path (64 heads) takes level 5's path with the norm in ``chunk_intra``
+    instead, and agrees with the float64 recurrence on normalized inputs."""
     from kda import gated_delta
     from kda.kernels import build
 
     monkeypatch.setattr(gated_delta, "L2NORM_IN_KERNEL", True)
+    monkeypatch.setattr(gated_delta, "L2NORM_KERNEL", False)
     compiled, compile_program = {}, build.compile_program
     monkeypatch.setattr(build, "compile_program",
                         lambda fn, *a, **kw: compiled.update({fn.__name__: kw}) or compile_program(fn, *a, **kw))
