@@ -49,9 +49,11 @@ def delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state
         use_qk_l2norm: L2-normalize ``q`` and ``k`` over the head dimension first (fla's
             ``use_qk_l2norm_in_kernel``); with unit keys and ``b <= 1`` every step is a
             contraction, which is what keeps the state bounded.
-        check_values: check that every ``beta`` is in ``[0, 1]``. On CUDA the first kernel checks
-            them as it reads them and the host reads its flag once the second is queued (a wait for
-            the first); ``False`` skips the read-back.
+        check_values: check that every ``beta`` is in ``[0, 1]`` (and on the CPU, without
+            ``use_qk_l2norm``, that ``beta ||k||^2 <= 2``: the delta rule's bound,
+            ``validate.check_key_norms``). On CUDA the first kernel checks ``beta`` as it reads it and
+            the host reads its flag once the second is queued (a wait for the first); ``False`` skips
+            the read-back.
         q, k, v, scale, initial_state, output_final_state: as in ``kda.linear_attention``.
 
     Returns:
@@ -65,6 +67,8 @@ def delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state
         validate.check_beta(beta, B, T, H, q.device, check_values=check_values and not on_cuda)
         scale = validate.check_scale(scale, DK)
         h0 = validate.check_initial_state(initial_state, B, H, DK, DV, q.device)
+        if check_values and not on_cuda and not use_qk_l2norm:
+            validate.check_key_norms(k, beta)
     if use_qk_l2norm:                                   # torch operations: autograd takes them
         q, k = (ref4.l2_normalize(x.float()).to(x.dtype) for x in (q, k))
     if on_cuda:

@@ -31,7 +31,7 @@ from kda.reference import level4 as ref4
 
 
 def check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel: bool, check_values=True,
-                 cu_seqlens_cpu=None, read_bounds=True, differentiable=False):
+                 cu_seqlens_cpu=None, read_bounds=True, differentiable=False, keys_normalized=True):
     """Every argument checked (clear errors, nothing computed); returns ``scale`` as a float, the
     initial state or ``None``, and the ``cu_seqlens`` boundaries or ``None``. With
     ``check_values=False`` the values of ``g`` and ``beta`` are left to
@@ -53,6 +53,8 @@ def check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel
         bounds = validate.check_cu_seqlens(cu_seqlens, B, T, cu_seqlens_cpu, read_values=read_bounds)
         N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
         h0 = validate.check_initial_state(initial_state, N, H, DK, DV, q.device)
+        if check_values and not keys_normalized:          # after every shape: the keys against the delta rule's bound
+            validate.check_key_norms(k, beta)
     return scale, h0, bounds
 
 
@@ -157,7 +159,8 @@ def forward_eager(q, k, v, g, beta, scale, initial_state, output_final_state, us
                          "is built on the host; capture a batch of equal lengths, or decode steps")
     check_values = check_values and not capturing
     scale, h0, bounds = check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel,
-                                     check_values=check_values and not cuda, cu_seqlens_cpu=cu_seqlens_cpu)
+                                     check_values=check_values and not cuda, cu_seqlens_cpu=cu_seqlens_cpu,
+                                     keys_normalized=use_qk_l2norm_in_kernel)
     if cuda:                                             # packed sequences: one launch per stage too
         flags = torch.zeros(2, dtype=torch.int32, device=q.device)
         g_given = g
@@ -501,7 +504,10 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
             (not in fla's API). On CUDA the first kernel checks them as it reads them, and the host
             reads its two flags once the state pass is queued: a wait for the first kernel, after
             which the pass runs while the caller goes on. ``False`` skips the read-back (a bad
-            value then gives a wrong result, not an error).
+            value then gives a wrong result, not an error). On the CPU, without
+            ``use_qk_l2norm_in_kernel``, also raise if ``beta ||k||^2 > 2`` somewhere (the delta rule's
+            update leaves ``[-1, 1]`` and the state diverges; ``validate.check_key_norms``); the CUDA
+            kernels do not check the keys yet.
         cu_seqlens_cpu: a host copy of ``cu_seqlens`` (as in fla); given, the boundaries are not
             read back from the GPU. It must equal ``cu_seqlens``; that is not checked.
 

@@ -181,6 +181,26 @@ def check_beta_range(low: float, high: float) -> None:
                          f"[{low!r}, {high!r}]")
 
 
+# beta ||k||^2 may pass 2 by this factor: rounding (unit keys in bf16 with allow_neg_eigval's beta of 2 reach 2.008)
+KEY_NORM_SLACK = 1.02
+
+
+def check_key_norms(k, beta) -> None:
+    """The delta rule's stability bound: its update multiplies the state along ``k`` by ``1 - beta ||k||^2``, which
+    leaves ``[-1, 1]`` once ``beta ||k||^2 > 2``, and the state then grows without bound (keys not normalized: the
+    option ``use_qk_l2norm_in_kernel`` forgotten). Raises where it passes 2 by more than rounding
+    (``KEY_NORM_SLACK``). ``k [B, T, HQ, DK]``, ``beta [B, T, H]`` (``H`` a multiple of ``HQ``: value head ``i``
+    reads key head ``i // (H / HQ)``). One read-back."""
+    group = beta.shape[2] // k.shape[2]
+    load = beta.double() * k.double().square().sum(-1).repeat_interleave(group, dim=2)     # [B, T, H]
+    worst = load.max().item() if load.numel() else 0.0
+    if not worst <= 2 * KEY_NORM_SLACK:
+        b, t, h = (int(i) for i in torch.nonzero(~(load <= 2 * KEY_NORM_SLACK))[0])
+        raise ValueError(f"k: beta * ||k||^2 = {worst:.4g} > 2 (batch {b}, token {t}, value head {h}): the delta rule's "
+                         f"update 1 - beta ||k||^2 leaves [-1, 1] there and the state diverges; normalize the keys "
+                         f"(use_qk_l2norm_in_kernel=True, as fla's layers call it), or pass check_values=False")
+
+
 def raise_flagged_gates(g) -> None:
     """After a kernel flagged a gate out of range: the error of the full value check."""
     check_gates(g, *g.shape[:3], g.shape[3] if g.dim() == 4 else 1, g.device)   # raises with the value

@@ -180,3 +180,54 @@ def test_an_integer_q_is_refused_for_its_own_dtype():
     """An int64 q with float32 k is told that q must be floating, not that k must match q's int64."""
     q, k, v = qkv()
     raises(r"q, k, v must be a floating dtype .* got q torch.int64", kda.linear_attention, q.long(), k, v)
+
+
+def delta_inputs(H=2, HV=2, T=40, DK=8, seed=3):
+    """Unit keys and ``beta`` in ``[0, 1]``: within the delta rule's bound ``beta ||k||^2 <= 2``."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, T, H, DK, generator=gen)
+    k = torch.nn.functional.normalize(torch.randn(1, T, H, DK, generator=gen), dim=-1)
+    v = torch.randn(1, T, HV, 4, generator=gen)
+    g = torch.nn.functional.logsigmoid(torch.randn(1, T, HV, DK, generator=gen))
+    return q, k, v, g, torch.rand(1, T, HV, generator=gen)
+
+
+DIVERGING_CALLS = {
+    "chunk_kda": lambda q, k, v, g, beta, **kw: kda.chunk_kda(q, k, v, g, beta, **kw),
+    "chunk_gated_delta_rule": lambda q, k, v, g, beta, **kw: kda.chunk_gated_delta_rule(q, k, v, g[..., 0], beta, **kw),
+    "fused_recurrent_kda": lambda q, k, v, g, beta, **kw: kda.fused_recurrent_kda(q, k, v, g, beta, **kw),
+    "delta_rule": lambda q, k, v, g, beta, use_qk_l2norm_in_kernel=False, **kw: kda.delta_rule(
+        q, k, v, beta, use_qk_l2norm=use_qk_l2norm_in_kernel, **kw),
+}
+
+
+@pytest.mark.parametrize("name", list(DIVERGING_CALLS))
+def test_keys_past_the_delta_rules_bound_raise(name):
+    """A key whose ``beta ||k||^2`` exceeds 2 (issue 41: keys x10 gave outputs of 1e28 silently) raises, naming
+    ``k``, the value, where, and the option that normalizes the keys; exactly 2 passes; with the option or with
+    ``check_values=False`` the call runs."""
+    call = DIVERGING_CALLS[name]
+    q, k, v, g, beta = delta_inputs()
+    beta = torch.ones_like(beta)
+    call(q, k * 2 ** 0.5, v, g, beta)                              # beta ||k||^2 = 2 (to rounding): the bound
+    call(q, k * 2.03 ** 0.5, v, g, beta)                           # 2.03: past it by rounding's slack only
+    k_bad = k.clone()
+    k_bad[0, 17, 1] *= 1.5                                         # 2.25 at token 17 of head 1
+    with pytest.raises(ValueError, match=r"k: beta \* \|\|k\|\|\^2 = 2\.25 > 2 \(batch 0, token 17, value head 1\)"
+                                         r".*use_qk_l2norm_in_kernel=True"):
+        call(q, k_bad, v, g, beta)
+    o = call(q, k * 10, v, g, beta, use_qk_l2norm_in_kernel=True)[0]
+    assert torch.isfinite(o).all()
+    call(q, k_bad, v, g, beta, check_values=False)
+
+
+def test_keys_bound_per_value_head():
+    """Grouped value heads: value head ``i`` reads key head ``i // 2``, with its own ``beta``; the bound is checked
+    per value head (a large key under a small ``beta`` passes)."""
+    q, k, v, g, beta = delta_inputs(H=1, HV=2)
+    k = k * 1.8                                                    # ||k||^2 = 3.24
+    beta[..., 0], beta[..., 1] = 0.5, 0.6                          # 1.62 on head 0, 1.94 on head 1
+    kda.chunk_kda(q, k, v, g, beta)
+    beta[0, 5, 1] = 0.7                                            # 2.27 on head 1 at token 5
+    with pytest.raises(ValueError, match=r"token 5, value head 1\)"):
+        kda.chunk_kda(q, k, v, g, beta)

@@ -172,7 +172,8 @@ def test_host_copy_of_cu_seqlens():
     """``cu_seqlens_cpu`` gives the boundaries without a read-back; it must be a CPU integer
     tensor of the shape of ``cu_seqlens``, and it needs ``cu_seqlens``."""
     gen = torch.Generator().manual_seed(5)
-    q = k = torch.randn(1, 50, 2, 16, generator=gen)
+    q = torch.randn(1, 50, 2, 16, generator=gen)
+    k = q / q.norm(dim=-1, keepdim=True)                 # unit keys: within the delta rule's bound
     v, g, beta = torch.randn(1, 50, 2, 16, generator=gen), -torch.rand(1, 50, 2, 16, generator=gen), torch.rand(1, 50, 2)
     cu = torch.tensor([0, 20, 50])
     o, _ = chunk_kda(q, k, v, g, beta, cu_seqlens=cu)
