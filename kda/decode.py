@@ -99,8 +99,6 @@ def recurrent_eager(q, k, v, g, beta, scale, initial_state, output_final_state, 
         check_state_pool(initial_state, ssm_state_indices, N, HV, DK, DV, q.device, check_values=False)
     if check_values and not cuda:
         check_values_on_host(g, beta, options, initial_state, ssm_state_indices, N)
-        if not use_qk_l2norm_in_kernel:                   # the keys against the delta rule's bound, beta activated
-            validate.check_key_norms(k, act.apply(g, beta)[1])
     # on CUDA the GPU checks the values (no wait before the kernel); the host names what it flagged
     recheck = (lambda flags: _raise_flagged(flags, g, beta, options, initial_state, ssm_state_indices, N)) \
         if check_values and cuda else None
@@ -119,6 +117,8 @@ def recurrent_eager(q, k, v, g, beta, scale, initial_state, output_final_state, 
                                ssm_state_indices, output_final_state, use_qk_l2norm_in_kernel, act, recheck)
     else:
         g, beta = act.apply(g, beta)
+        if check_values and not use_qk_l2norm_in_kernel:  # the keys against the delta rule's bound, beta activated
+            validate.check_key_norms(k, beta)
         o, final = _run_reference(q, k, v, g, beta, scale, initial_state if pooled else h0, bounds,
                                   ssm_state_indices, output_final_state, use_qk_l2norm_in_kernel)
     return o, (final if output_final_state else None)

@@ -384,8 +384,7 @@ def _run_kernels(q, k, v, g, beta, scale, h0, flags=None, table=None, output_fin
             if qk_l2norm:                                # its kernels read q and k as they are
                 q, k = l2_normalized(q), l2_normalized(k)
             return _run_scalar_gate(q, k, v, g, beta, scale, h0, flags, table, output_final_state, check, block_dv)
-    fused = {**({"qk_l2norm": True} if qk_l2norm else {}), **({"activation": activation} if activation else {})}
-    form = prepare_chunks(q, k, v, g, beta, scale, flags, table, **fused)
+    form = prepare_chunks(q, k, v, g, beta, scale, flags, table, qk_l2norm=qk_l2norm, activation=activation)
     launch, o, ht = state_pass_launch(form, h0, table, output_final_state)
     validate.launch_then_check(flags, launch, check)
     return o, ht

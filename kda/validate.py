@@ -181,7 +181,7 @@ def check_beta_range(low: float, high: float) -> None:
                          f"[{low!r}, {high!r}]")
 
 
-# beta ||k||^2 may pass 2 by this factor: rounding (unit keys in bf16 with allow_neg_eigval's beta of 2 reach 2.008)
+# beta ||k||^2 may pass 2 by this factor: rounding (unit keys rounded to bf16, with allow_neg_eigval's beta of 2)
 KEY_NORM_SLACK = 1.02
 
 

@@ -34,6 +34,18 @@ def poisoned(monkeypatch):
     monkeypatch.setattr(kda.ops, "poison_outputs", True)
 
 
+@pytest.fixture
+def compiled_kernels(monkeypatch):
+    """``{kernel name: compile kwargs}`` of every kernel compiled while the test runs (the last compile of each):
+    the path a call took."""
+    from kda.kernels import build
+
+    compiled, compile_program = {}, build.compile_program
+    monkeypatch.setattr(build, "compile_program",
+                        lambda fn, *a, **kw: compiled.update({fn.__name__: kw}) or compile_program(fn, *a, **kw))
+    return compiled
+
+
 @pytest.fixture(scope="session")
 def built_site(tmp_path_factory):
     """The whole site, both languages, built once with ``mkdocs build --strict``."""

@@ -252,23 +252,25 @@ def test_l2norm_in_kernel_and_fla_agreement():
     assert rel_l2(o_fla, ref_o) <= 2 * BOUND and rel_l2(o, o_fla.double()) <= 2 * BOUND
 
 
-def test_l2norm_fused_sends_gdn_to_level5_path(poisoned, monkeypatch):
-    """With ``L2NORM_IN_KERNEL`` and without the norm's own kernel (``L2NORM_KERNEL``, on by default since run 103),
-    GDN at a shape that takes the scalar-gate path (64 heads) takes level 5's path with the norm in ``chunk_intra``
-    instead, and agrees with the float64 recurrence on normalized inputs."""
+@pytest.mark.parametrize("norm_kernel", [False, True], ids=["norm_fused", "norm_kernel"])
+def test_gdn_route_with_the_norm(norm_kernel, compiled_kernels, poisoned, monkeypatch):
+    """``use_qk_l2norm_in_kernel`` for GDN at a shape that takes the scalar-gate path (64 heads), with
+    ``L2NORM_IN_KERNEL``: without the norm's own kernel (``L2NORM_KERNEL``) it takes level 5's path with the norm in
+    ``chunk_intra``; with it, it keeps the scalar-gate path, ``q`` and ``k`` normalized by that kernel first; both
+    agree with the float64 recurrence on normalized inputs."""
     from kda import gated_delta
-    from kda.kernels import build
 
     monkeypatch.setattr(gated_delta, "L2NORM_IN_KERNEL", True)
-    monkeypatch.setattr(gated_delta, "L2NORM_KERNEL", False)
-    compiled, compile_program = {}, build.compile_program
-    monkeypatch.setattr(build, "compile_program",
-                        lambda fn, *a, **kw: compiled.update({fn.__name__: kw}) or compile_program(fn, *a, **kw))
-    q, k, v, g, beta, h0 = inputs((1, 300, 64, 128, 128), torch.bfloat16, "logsigmoid", False, 77)
+    monkeypatch.setattr(gated_delta, "L2NORM_KERNEL", norm_kernel)
+    q, k, v, g, beta, h0 = inputs((1, 300, 64, 128, 128), torch.bfloat16, "logsigmoid", False, 78 if norm_kernel else 77)
     q, k = (q * 3).bfloat16(), (k * 5).bfloat16()
     o, ht = kda.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
                                        use_qk_l2norm_in_kernel=True)
-    assert compiled["chunk_intra"].get("qk_l2norm") is True and "chunk_gated_inverse" not in compiled
+    if norm_kernel:
+        assert "l2_normalize_rows" in compiled_kernels and "chunk_gated_inverse" in compiled_kernels
+        assert "chunk_intra" not in compiled_kernels
+    else:
+        assert compiled_kernels["chunk_intra"].get("qk_l2norm") is True and "chunk_gated_inverse" not in compiled_kernels
     qn, kn = ref4.l2_normalize(q.double()), ref4.l2_normalize(k.double())
     ref_o, ref_ht = ref0.recurrent(qn * 128 ** -0.5, kn, v, g, beta, h0, True)
     assert rel_l2(o, ref_o) <= BOUND and rel_l2(ht, ref_ht) <= BOUND
@@ -277,21 +279,17 @@ def test_l2norm_fused_sends_gdn_to_level5_path(poisoned, monkeypatch):
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
 @pytest.mark.parametrize("form", ["softplus", "sigmoid"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_activations_in_chunk_intra(dtype, form, packed, poisoned, monkeypatch):
+def test_activations_in_chunk_intra(dtype, form, packed, compiled_kernels, poisoned, monkeypatch):
     """``ACTIVATIONS_IN_KERNEL``: ``chunk_kda`` as a layer calls it (a raw gate with ``A_log`` and ``dt_bias``, the
     softplus form or the bounded sigmoid one with ``safe_gate``, beta's logits, raw keys with the L2 norm in the op;
     packed: an empty sequence and one token among them), ``chunk_intra`` activating both and normalizing ``q`` and
     ``k`` as it loads them (with ``L2NORM_IN_KERNEL`` and ``PAIRWISE_BY_PRODUCTS``: issue 41's three switches), against
     the float64 recurrence on the inputs activated and normalized in float64; the kernel seen compiled so."""
     from kda import gated_delta
-    from kda.kernels import build
 
     monkeypatch.setattr(gated_delta, "ACTIVATIONS_IN_KERNEL", True)
     monkeypatch.setattr(gated_delta, "PAIRWISE_BY_PRODUCTS", True)          # a layer's gates: most chunks steep
     monkeypatch.setattr(gated_delta, "L2NORM_IN_KERNEL", True)
-    compiled, compile_program = {}, build.compile_program
-    monkeypatch.setattr(build, "compile_program",
-                        lambda fn, *a, **kw: compiled.update({fn.__name__: kw}) or compile_program(fn, *a, **kw))
     B, T, H, D = (1 if packed else 2), 200, 3, 128
     q, k, v, _, _, h0 = inputs((B, T, H, D, D), dtype, "logsigmoid", True, zlib.crc32(f"act{dtype}{form}".encode()))
     q, k = (q * 3).to(dtype), (k * 5).to(dtype)                              # rows far from unit norm
@@ -308,7 +306,7 @@ def test_activations_in_chunk_intra(dtype, form, packed, poisoned, monkeypatch):
     o, ht = kda.chunk_kda(q, k, v, raw, logits, A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=True,
                           use_beta_sigmoid_in_kernel=True, use_qk_l2norm_in_kernel=True, initial_state=h0,
                           output_final_state=True, cu_seqlens=cu, **bound)
-    intra = compiled["chunk_intra"]
+    intra = compiled_kernels["chunk_intra"]
     assert intra.get("gate_act") == form and intra.get("beta_act") == "sigmoid" and intra.get("qk_l2norm") is True
     assert intra.get("pairwise") == "products"
     qn, kn = ref4.l2_normalize(q.double()), ref4.l2_normalize(k.double())
@@ -352,27 +350,6 @@ def test_norm_kernel_is_torchs_norm(dtype, poisoned, monkeypatch):
     got, want = gated_delta.l2_normalized(x), ref4.l2_normalize(x.float()).to(dtype)
     assert torch.isfinite(got).all() and got.dtype == dtype and got.shape == x.shape
     assert rel_l2(got.double(), want.double()) <= 1e-3 and torch.equal(got[0, 5, 1], x[0, 5, 1])
-
-
-def test_gdn_scalar_gate_path_with_the_norm_kernel(poisoned, monkeypatch):
-    """With ``L2NORM_IN_KERNEL`` and ``L2NORM_KERNEL``, GDN at 64 heads keeps its scalar-gate path, ``q`` and ``k``
-    normalized by the norm's kernel first, and agrees with the float64 recurrence on normalized inputs."""
-    from kda import gated_delta
-    from kda.kernels import build
-
-    monkeypatch.setattr(gated_delta, "L2NORM_IN_KERNEL", True)
-    monkeypatch.setattr(gated_delta, "L2NORM_KERNEL", True)
-    compiled, compile_program = {}, build.compile_program
-    monkeypatch.setattr(build, "compile_program",
-                        lambda fn, *a, **kw: compiled.update({fn.__name__: kw}) or compile_program(fn, *a, **kw))
-    q, k, v, g, beta, h0 = inputs((1, 300, 64, 128, 128), torch.bfloat16, "logsigmoid", False, 78)
-    q, k = (q * 3).bfloat16(), (k * 5).bfloat16()
-    o, ht = kda.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
-                                       use_qk_l2norm_in_kernel=True)
-    assert "l2_normalize_rows" in compiled and "chunk_gated_inverse" in compiled and "chunk_intra" not in compiled
-    qn, kn = ref4.l2_normalize(q.double()), ref4.l2_normalize(k.double())
-    ref_o, ref_ht = ref0.recurrent(qn * 128 ** -0.5, kn, v, g, beta, h0, True)
-    assert rel_l2(o, ref_o) <= BOUND and rel_l2(ht, ref_ht) <= BOUND
 
 
 def layer_gates(shape, gen):
@@ -437,18 +414,14 @@ def test_chunk_intra_pairwise_by_products(dtype, kind, delta):
 @pytest.mark.parametrize("op", ["chunk_kda", "gated_attention"])
 @pytest.mark.parametrize("kind", ["runs_of_-20", "layer"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_chunk_kda_pairwise_by_products(dtype, kind, op, poisoned, monkeypatch):
+def test_chunk_kda_pairwise_by_products(dtype, kind, op, compiled_kernels, poisoned, monkeypatch):
     """``chunk_kda`` and level 3's ``gated_attention`` with a gate per channel (GLA's form), with
     ``PAIRWISE_BY_PRODUCTS`` on steep gates (runs of -20, a layer's initial gates), against the float64
     recurrence, initial and final states, a tail chunk; the kernel seen compiled so."""
     from kda.reference import level3 as ref3
     from kda import gated_delta
-    from kda.kernels import build
 
     monkeypatch.setattr(gated_delta, "PAIRWISE_BY_PRODUCTS", True)
-    compiled, compile_program = {}, build.compile_program
-    monkeypatch.setattr(build, "compile_program",
-                        lambda fn, *a, **kw: compiled.update({fn.__name__: kw}) or compile_program(fn, *a, **kw))
     shape = (2, 200, 3, 128, 128)
     q, k, v, g, beta, h0 = inputs(shape, dtype, "runs_of_-20", True, zlib.crc32(f"ppop{dtype}{kind}".encode()))
     if kind == "layer":
@@ -459,7 +432,7 @@ def test_chunk_kda_pairwise_by_products(dtype, kind, op, poisoned, monkeypatch):
     else:
         o, ht = kda.gated_attention(q, k, v, g, initial_state=h0, output_final_state=True)
         ref_o, ref_ht = ref3.recurrent(q.double() * 128 ** -0.5, k, v, g, h0, True)
-    assert compiled["chunk_intra"].get("pairwise") == "products"
+    assert compiled_kernels["chunk_intra"].get("pairwise") == "products"
     assert torch.isfinite(o).all() and torch.isfinite(ht).all()
     assert rel_l2(o, ref_o) <= BOUND, f"o: {rel_l2(o, ref_o):.2e}"
     assert rel_l2(ht, ref_ht) <= BOUND, f"final state: {rel_l2(ht, ref_ht):.2e}"
@@ -469,18 +442,14 @@ def test_chunk_kda_pairwise_by_products(dtype, kind, op, poisoned, monkeypatch):
 @pytest.mark.parametrize("kind", ["logsigmoid", "runs_of_-20"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
-def test_l2norm_fused_in_chunk_intra(per_channel, dtype, kind, packed, poisoned, monkeypatch):
+def test_l2norm_fused_in_chunk_intra(per_channel, dtype, kind, packed, compiled_kernels, poisoned, monkeypatch):
     """``L2NORM_IN_KERNEL``: ``use_qk_l2norm_in_kernel`` on raw ``q`` and ``k`` (not unit, a tail chunk; packed:
     an empty sequence and one token among them), ``chunk_intra`` normalizing the rows as it loads them, again
     where a steep chunk loads them a second time (runs of -20; fp16 always), against the float64 recurrence on
     normalized inputs; the kernel seen compiled with ``qk_l2norm`` (level 5's path: 3 heads)."""
     from kda import gated_delta
-    from kda.kernels import build
 
     monkeypatch.setattr(gated_delta, "L2NORM_IN_KERNEL", True)
-    compiled, compile_program = {}, build.compile_program
-    monkeypatch.setattr(build, "compile_program",
-                        lambda fn, *a, **kw: compiled.update({fn.__name__: kw}) or compile_program(fn, *a, **kw))
     shape = (1 if packed else 2, 200, 3, 128, 128)
     q, k, v, g, beta, h0 = inputs(shape, dtype, kind, per_channel, zlib.crc32(f"l2{per_channel}{dtype}{kind}".encode()))
     q, k = (q * 3).to(dtype), (k * 5).to(dtype)              # rows far from unit norm
@@ -491,7 +460,7 @@ def test_l2norm_fused_in_chunk_intra(per_channel, dtype, kind, packed, poisoned,
     fn = kda.chunk_kda if per_channel else kda.chunk_gated_delta_rule
     o, ht = fn(q, k, v, g, beta, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True,
                cu_seqlens=cu)
-    assert compiled["chunk_intra"].get("qk_l2norm") is True
+    assert compiled_kernels["chunk_intra"].get("qk_l2norm") is True
     qn, kn = ref4.l2_normalize(q.double()), ref4.l2_normalize(k.double())
     check_sequences(o, ht, qn, kn, v, g, beta, h0, lengths)
 

@@ -15,6 +15,14 @@ record() {
     | grep -v "^20" | tail -4
   python -c "import os, tarfile; t = tarfile.open(os.environ['OUT'] + '/records.tar', 'w'); t.add('results/gpu', arcname='.')"
 }
+# Record the snippets given after $1 one at a time, each within what is left of TOTAL less 40 s, at most $1 s.
+record_each() {
+  local cap=$1 snippet budget; shift
+  for snippet in "$@"; do
+    budget=$(( ${TOTAL:-575} - $(date +%s) + start - 40 )); [ "$budget" -gt "$cap" ] && budget=$cap
+    record "$snippet" "$budget"
+  done
+}
 # The stale GPU records (those whose path contains ONLY, where set) by rerecord within what is left of TOTAL
 # seconds (the caches packed either way).
 rerecord_rest() {

@@ -6,15 +6,12 @@
 set -u
 source "$(dirname "$0")/device-env.sh"
 export NO_MKDOCS_2_WARNING=1
-left() { echo $(( ${TOTAL:-560} - $(date +%s) + start )); }
+TOTAL=${TOTAL:-560}
 OMP_NUM_THREADS=1 timeout -k 5 "${TEST_S:-120}" python -m pytest -o addopts="" -n 4 -m gpu -v -p no:cacheprovider \
   tests/test_gpu_compile.py tests/test_gpu_level5.py -k "compiles_fullgraph or l2norm_fused_sends" 2>&1 \
   | grep "PASSED\|FAILED\|ERROR\|passed\|failed\|^E  " | sed 's/^\[gw[0-9]*\] \[ *[0-9]*%\] //' | cut -c1-400 \
   > "$OUT"/gpu-tests-fixed.txt
 grep -c PASSED "$OUT"/gpu-tests-fixed.txt; grep "FAILED\|passed\|failed" "$OUT"/gpu-tests-fixed.txt | tail -6
-for snippet in ${RECORDS:-snippets/backward/gpu_error snippets/backward/training}; do
-  budget=$(( $(left) - 40 )); [ "$budget" -gt 240 ] && budget=240
-  record "$snippet" "$budget"
-done
+record_each 240 ${RECORDS:-snippets/backward/gpu_error snippets/backward/training}
 rerecord_rest
 echo "done after $(( $(date +%s) - start )) s"
