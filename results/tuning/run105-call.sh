@@ -8,7 +8,7 @@ source "$(dirname "$0")/device-env.sh"
 export NO_MKDOCS_2_WARNING=1
 TOTAL=${TOTAL:-560}
 OMP_NUM_THREADS=1 timeout -k 5 "${TEST_S:-120}" python -m pytest -o addopts="" -n 4 -m gpu -v -p no:cacheprovider \
-  tests/test_gpu_compile.py tests/test_gpu_level5.py -k "compiles_fullgraph or l2norm_fused_sends" 2>&1 \
+  tests/test_gpu_compile.py tests/test_gpu_level5.py -k "compiles_fullgraph or gdn_route_with_the_norm" 2>&1 \
   | grep "PASSED\|FAILED\|ERROR\|passed\|failed\|^E  " | sed 's/^\[gw[0-9]*\] \[ *[0-9]*%\] //' | cut -c1-400 \
   > "$OUT"/gpu-tests-fixed.txt
 grep -c PASSED "$OUT"/gpu-tests-fixed.txt; grep "FAILED\|passed\|failed" "$OUT"/gpu-tests-fixed.txt | tail -6
