@@ -58,27 +58,33 @@ def test_training_step_compiles_fullgraph(per_channel):
         assert rel_l2(a.float(), b.float()) < 1e-5, f"{name}: {rel_l2(a.float(), b.float()):.1e}"
 
 
-def test_layer_prefill_and_decode_compiles_fullgraph(monkeypatch):
+def test_layer_prefill_and_decode_compiles_fullgraph():
     """``kda.layer.KimiDeltaAttention`` as a model calls it (raw gate, beta's sigmoid and the L2 norm in the ops):
-    a compiled prefill, then a compiled decode step from its cache, equal to eager. A compiled graph activates the
-    gate and beta in torch before the op (``kda::chunk_gated_delta`` takes activated values), so eager does too here
-    (``ACTIVATIONS_IN_KERNEL`` off): the same arithmetic. With the activations in the kernel, eager's output differs
-    from it by rounding alone (4.4e-3 relative in bf16, run 104), both against float64 in tests/test_gpu_level5.py."""
-    from kda import gated_delta
+    a compiled prefill, then a compiled decode step from its cache, each as close to the same layer in float64 on
+    the CPU as eager is. Not equal to eager: inductor fuses the layer's own bf16 arithmetic around the ops (the
+    projections' epilogues, the short convolution's SiLU) and rounds once where eager rounds after each operation,
+    4.4e-3 relative at this size (run 105; also with the activations in torch, run 104's guess)."""
+    import copy
+
     from kda.layer import KimiDeltaAttention
 
-    monkeypatch.setattr(gated_delta, "ACTIVATIONS_IN_KERNEL", False)
     torch._dynamo.reset()
     torch.manual_seed(0)
     layer = KimiDeltaAttention(hidden_size=256, num_heads=2, head_dim=128).cuda().to(torch.bfloat16)
+    reference = copy.deepcopy(layer).cpu().double()
     x, x1 = torch.randn(2, 150, 256, device="cuda").bfloat16(), torch.randn(2, 1, 256, device="cuda").bfloat16()
     with torch.no_grad():
         y, cache = layer(x)
         y1, cache1 = layer(x1, cache, decode=True)
+        ref_y, ref_cache = reference(x.cpu().double())
+        ref_y1, ref_cache1 = reference(x1.cpu().double(), ref_cache, decode=True)
         prefill, step = torch.compile(layer, fullgraph=True), torch.compile(
             lambda x, cache: layer(x, cache, decode=True), fullgraph=True)
         got_y, got_cache = prefill(x)
         got_y1, got_cache1 = step(x1, got_cache)
-    for name, a, b in (("prefill", got_y, y), ("prefill state", got_cache.state, cache.state),
-                       ("decode", got_y1, y1), ("decode state", got_cache1.state, cache1.state)):
-        assert torch.isfinite(a).all() and rel_l2(a.float(), b.float()) < 1e-3, f"{name}: {rel_l2(a.float(), b.float()):.1e}"
+    checks = (("prefill", got_y, y, ref_y), ("prefill state", got_cache.state, cache.state, ref_cache.state),
+              ("decode", got_y1, y1, ref_y1), ("decode state", got_cache1.state, cache1.state, ref_cache1.state))
+    for name, a, b, ref in checks:
+        compiled, eager = (rel_l2(t.double().cpu(), ref.double()) for t in (a, b))
+        assert torch.isfinite(a).all(), f"{name}: not finite"
+        assert compiled <= 1.5 * eager + 1e-3, f"{name}: compiled {compiled:.1e} against float64, eager {eager:.1e}"
