@@ -136,6 +136,14 @@ PAIR_KERNEL_CHANNELS = dict(block_dk=32, threads=128, min_blocks=4)
 # 22.22; the kernel alone by 16 channels 7.20 ms against 6.13).
 PAIR_SUMS_BY_PRODUCTS = False
 
+# CUDA, KDA with the delta rule: chunk_pair_gradients compiled with halve_to=PAIR_HALVINGS_TO: the pairs of
+# different blocks of that many rows by halvings (halved_pair_sums: for blocks of 2h rows, h = 32, 16, .., the
+# pairs across a block's two halves factor through the upper half's last row, both factors <= 1, four GEMMs per
+# halving), only the pairs inside a block of PAIR_HALVINGS_TO rows one by one (3 of a row's 63 partners at most
+# for 4, against 15 for the sub-chunks of 16). Exact for any gate, as the sub-chunks are. Not yet run on a GPU.
+PAIR_SUMS_BY_HALVINGS = False
+PAIR_HALVINGS_TO = 4
+
 # CUDA, levels 1-3 with a gate per head or none (linear_attention, decay_attention, gated_attention with g
 # [B, T, H]): what the state passes read made by level_pieces in the inputs' dtype and token-major, as the
 # forward's chunk_intra makes it for level 5 (a per-head cumulative gate, two scalings, one batched GEMM for
@@ -644,7 +652,8 @@ def kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, dtype,
         finish = dict(finish_gate=True) if GATE_IN_PAIR_KERNEL else {}
         blocks = {**(dict(min_blocks=2) if PAIR_KERNEL_TWO_BLOCKS and beta is not None and DK == 128 else {}),
                   **(PAIR_KERNEL_CHANNELS if PAIR_KERNEL_BY_CHANNELS else {}),
-                  **(dict(products=True) if PAIR_SUMS_BY_PRODUCTS else {})}
+                  **(dict(products=True) if PAIR_SUMS_BY_PRODUCTS and not (PAIR_SUMS_BY_HALVINGS and shared) else {}),
+                  **(dict(halve_to=PAIR_HALVINGS_TO) if PAIR_SUMS_BY_HALVINGS and shared else {})}
         pairs = compile_program(kernels.chunk_pair_gradients, (), DK=DK, **config, **shared, **finish, **blocks)
         new = lambda *shape, dt=torch.float32: ops.new_output(shape, dt, q.device)
         Q, K = low(q), low(k)

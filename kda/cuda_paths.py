@@ -277,6 +277,16 @@ PATHS: tuple[CudaPath, ...] = (
         gpu_log="results/tuning/run103/gpu-tests-switches.txt",
     ),
     CudaPath(
+        name="pair_sums_by_halvings",
+        module="kda.backward",
+        switch="PAIR_SUMS_BY_HALVINGS",
+        what={"en": "KDA's backward pair sums (chunk_pair_gradients) by halvings: the pairs across the two halves of "
+                    "blocks of 64, 32, .. rows as GEMMs through the upper half's last row, only the pairs inside "
+                    "blocks of PAIR_HALVINGS_TO rows one by one",
+              "zh": "KDA 反向的成对求和（chunk_pair_gradients）按对半划分：64、32……行的块中跨越上下两半的对，"
+                    "经上半块最后一行化为 GEMM，只有 PAIR_HALVINGS_TO 行的块内的对逐对求和"},
+    ),
+    CudaPath(
         name="activations_in_kernel",
         module="kda.gated_delta",
         switch="ACTIVATIONS_IN_KERNEL",

@@ -209,13 +209,14 @@ def test_state_passes_as_operands_against_the_stages(per_channel, dtype, token_m
 # GATE_IN_PAIR_KERNEL); the scores from the forward need KDA and the token-major pieces (on by default)
 LANDED_OFF = ("SCORES_FROM_FORWARD", "PAIR_KERNEL_TWO_BLOCKS", "PAIR_KERNEL_BY_CHANNELS", "GRADS_IN_INPUT_DTYPE",
               "PAIR_PIECES_FROM_FORWARD", "INVERSE_FROM_FORWARD", "PACKED_STATE_KERNELS", "LEVEL_PASSES_FROM_INPUTS",
-              "PAIR_SUMS_BY_PRODUCTS")
+              "PAIR_SUMS_BY_PRODUCTS", "PAIR_SUMS_BY_HALVINGS")
 SWITCH_CASES = [(on, per_channel, kind)
                 for on, per_channel, kinds in (
                     (("SCORES_FROM_FORWARD",), True, ["logsigmoid", "runs_of_-20", "mild"]),
                     (("PAIR_PIECES_FROM_FORWARD",), True, ["logsigmoid", "runs_of_-20", "mild"]),
                     (("INVERSE_FROM_FORWARD",), False, ["logsigmoid", "runs_of_-20", "mild"]),
                     (("PAIR_SUMS_BY_PRODUCTS",), True, ["logsigmoid", "runs_of_-20", "mild"]),
+                    (("PAIR_SUMS_BY_HALVINGS",), True, ["logsigmoid", "runs_of_-20", "mild"]),
                     (("PAIR_KERNEL_TWO_BLOCKS",), True, ["runs_of_-20", "mild"]),
                     (("PAIR_KERNEL_BY_CHANNELS",), True, ["logsigmoid", "runs_of_-20", "mild"]),
                     (("GRADS_IN_INPUT_DTYPE",), False, ["logsigmoid", "runs_of_-20"]),
@@ -261,7 +262,9 @@ def test_gradients_with_the_switches_landed_off(on, per_channel, kind, dtype, de
     taken = {"SCORES_FROM_FORWARD": pieces.get("scores") is False or "PAIR_PIECES_FROM_FORWARD" in on,
              "PAIR_PIECES_FROM_FORWARD": forward.get("backward_outputs") is True and "chunk_pair_pieces" not in compiled,
              "INVERSE_FROM_FORWARD": forward.get("backward_outputs") is True and chunk.get("pieces_in") is True,
-             "PAIR_SUMS_BY_PRODUCTS": pairs.get("products") is True,
+             # the halvings take the place of the products where both are on
+             "PAIR_SUMS_BY_PRODUCTS": pairs.get("products") is True or "PAIR_SUMS_BY_HALVINGS" in on,
+             "PAIR_SUMS_BY_HALVINGS": pairs.get("halve_to") == backward.PAIR_HALVINGS_TO,
              "PAIR_KERNEL_TWO_BLOCKS": pairs.get("min_blocks") == 2,
              "PAIR_KERNEL_BY_CHANNELS": pairs.get("block_dk") == backward.PAIR_KERNEL_CHANNELS["block_dk"],
              "GRADS_IN_INPUT_DTYPE": chunk.get("grad_dtype") == str(dtype).removeprefix("torch.")}
@@ -313,9 +316,10 @@ def chunk_stage_case(dtype, kind, per_channel, seed):
 @pytest.mark.parametrize("kind", ["logsigmoid", "runs_of_-20", "mild"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("per_channel", [False, True, "shared_pairs", "gate_in_pair_kernel", "by_channels", "products",
-                                         "by_channels_products"],
+                                         "by_channels_products", "halvings", "halvings_to_1", "halvings_to_16"],
                          ids=["gdn", "kda", "kda_shared_pairs", "kda_gate_in_pair_kernel", "kda_by_channels",
-                              "kda_products", "kda_by_channels_products"])
+                              "kda_products", "kda_by_channels_products", "kda_halvings", "kda_halvings_to_1",
+                              "kda_halvings_to_16"])
 def test_chunk_kernel_against_the_stages(per_channel, dtype, kind, poisoned, monkeypatch):
     """``kda/kernels/backward_chunks.py`` (a gate per head: ``chunk_gradients``; per channel: its three
     kernels) against the reference's ``chunk_gradients`` in float64 on the same inputs and the same
@@ -326,13 +330,18 @@ def test_chunk_kernel_against_the_stages(per_channel, dtype, kind, poisoned, mon
     with ``GATE_IN_PAIR_KERNEL`` (the gate's gradient finished in that kernel; mild gates make each chunk
     decay's term count); ``kda_by_channels``: with the defaults and ``PAIR_KERNEL_BY_CHANNELS`` (the pair sums
     split by channels); ``kda_products``: with the defaults and ``PAIR_SUMS_BY_PRODUCTS`` (the pairs inside a
-    sub-chunk by running products of the token decays), and split by channels too."""
+    sub-chunk by running products of the token decays), and split by channels too; ``kda_halvings``: with the
+    defaults and ``PAIR_SUMS_BY_HALVINGS`` (the pairs of different blocks of 4 rows by halvings; ``_to_1``: every
+    pair, ``_to_16``: blocks of 16)."""
     from kda import backward
 
-    defaults = per_channel in ("by_channels", "products", "by_channels_products")
+    defaults = per_channel in ("by_channels", "products", "by_channels_products") or str(per_channel).startswith("halv")
+    monkeypatch.setattr(backward, "PAIR_SUMS_BY_HALVINGS", str(per_channel).startswith("halvings"))
+    monkeypatch.setattr(backward, "PAIR_HALVINGS_TO", {"halvings_to_1": 1, "halvings_to_16": 16}.get(per_channel, 4))
     monkeypatch.setattr(backward, "SHARED_PAIR_SUMS", per_channel == "shared_pairs" or defaults)
     monkeypatch.setattr(backward, "GATE_IN_PAIR_KERNEL", per_channel == "gate_in_pair_kernel" or defaults)
-    monkeypatch.setattr(backward, "PAIR_KERNEL_BY_CHANNELS", per_channel in ("by_channels", "by_channels_products"))
+    monkeypatch.setattr(backward, "PAIR_KERNEL_BY_CHANNELS", per_channel in ("by_channels", "by_channels_products")
+                        or str(per_channel).startswith("halv"))
     monkeypatch.setattr(backward, "PAIR_SUMS_BY_PRODUCTS", per_channel in ("products", "by_channels_products"))
     per_channel = bool(per_channel)
     q, k, v, g, beta, do, S, dS, wants = chunk_stage_case(dtype, kind, per_channel, 41 if per_channel else 31)

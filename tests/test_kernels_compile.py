@@ -152,6 +152,16 @@ CASES = [
     ("backward_chunks", "chunk_pair_gradients", dict(DK=128, shared_pairs=True, finish_gate=True, block_dk=16,
                                                      threads=128, products=True)),
     ("backward_chunks", "chunk_pair_gradients", dict(DK=128, delta_rule=False, products=True, spill_budget=64)),
+    # the pairs of different blocks of 4 (PAIR_SUMS_BY_HALVINGS' default), 16 or 1 rows by halvings, with the
+    # defaults' split by channels: 128 registers, no spill for 4 and 1
+    ("backward_chunks", "chunk_pair_gradients", dict(DK=128, shared_pairs=True, finish_gate=True, block_dk=32,
+                                                     threads=128, min_blocks=4, halve_to=4)),
+    ("backward_chunks", "chunk_pair_gradients", dict(DK=128, shared_pairs=True, finish_gate=True, block_dk=32,
+                                                     threads=128, min_blocks=4, halve_to=16, spill_budget=112)),
+    ("backward_chunks", "chunk_pair_gradients", dict(DK=128, shared_pairs=True, finish_gate=True, block_dk=32,
+                                                     threads=128, min_blocks=4, halve_to=1)),
+    ("backward_chunks", "chunk_pair_gradients", dict(DK=64, dtype="float16", shared_pairs=True, finish_gate=True,
+                                                     block_dk=32, threads=128, min_blocks=4, halve_to=4)),
     # two blocks per SM (PAIR_KERNEL_TWO_BLOCKS): registers capped at 128, 688 bytes spilled
     ("backward_chunks", "chunk_pair_gradients", dict(DK=128, shared_pairs=True, finish_gate=True, min_blocks=2,
                                                      spill_budget=720)),

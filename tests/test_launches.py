@@ -539,6 +539,23 @@ def test_backward_pair_sums_by_products(kernel_launches, monkeypatch):
     assert dict(kernel_launches)["chunk_pair_gradients"].get("products") is True
 
 
+@pytest.mark.parametrize("products", [False, True], ids=["alone", "with_products"])
+def test_backward_pair_sums_by_halvings(kernel_launches, products, monkeypatch):
+    """``PAIR_SUMS_BY_HALVINGS`` (CUDA faked, KDA, every kernel): ``chunk_pair_gradients`` compiled with
+    ``halve_to=PAIR_HALVINGS_TO``, in the place of the products where both switches are on, and bound as without it."""
+    from kda import backward
+
+    for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNELS_BY_CHANNEL", "PAIR_SUMS_BY_HALVINGS"):
+        monkeypatch.setattr(backward, switch, True)
+    monkeypatch.setattr(backward, "PAIR_SUMS_BY_PRODUCTS", products)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    q, k, v, g, beta = level5_inputs(B=2, T=200, per_channel=True)
+    backward.chunked_gradients(q, k, v, g, beta, torch.randn(2, 200, 2, 64).bfloat16(), None, 0.125, None,
+                               kernel_dtype=torch.bfloat16)
+    params = dict(kernel_launches)["chunk_pair_gradients"]
+    assert params.get("halve_to") == backward.PAIR_HALVINGS_TO and "products" not in params
+
+
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
 @pytest.mark.parametrize("form", ["softplus", "sigmoid"])
 def test_level5_activations_in_kernel(kernel_launches, form, packed):

@@ -413,11 +413,12 @@ def pair_cols(s_s, x_s, G_s, Y_s, R_f, tmp_f, C, sub, A_s=None):
 
 
 @T.macro
-def shared_pair_rows(s1_s, s2_s, y_s, G_s, Y_s, R1_f, tmp_f, dK_f, dG_f, C, sub, A_s=None):
+def shared_pair_rows(s1_s, s2_s, y_s, G_s, Y_s, R1_f, tmp_f, dK_f, dG_f, C, sub, A_s=None, across=True):
     """``pair_rows`` of two pair matrices against one ``y`` (``K``), each pair's decay and each reference
     row's ``Y`` made once for both: ``R1 = rows(s1, y)`` into ``R1_f``; ``R2 = rows(s2, y)`` added to ``dK_f``
     and, times ``y`` (it is ``K``), to ``dG_f`` as it comes (no tile of its own). ``A_s``: the pairs inside a
-    sub-chunk by running products of the token decays, as ``pair_rows``."""
+    sub-chunk by running products of the token decays, as ``pair_rows``. ``across=False``: the pairs inside the
+    sub-chunks only (``halved_pair_sums`` adds the others)."""
     DK = y_s.shape[1]
     for i, d in T.Parallel(C, DK):
         acc1 = T.alloc_var(ACCUM)
@@ -442,7 +443,7 @@ def shared_pair_rows(s1_s, s2_s, y_s, G_s, Y_s, R1_f, tmp_f, dK_f, dG_f, C, sub,
         R1_f[i, d] = acc1
         dK_f[i, d] = dK_f[i, d] + acc2
         dG_f[i, d] = dG_f[i, d] + T.Cast(ACCUM, y_s[i, d]) * acc2
-    for r in range(1, C // sub):
+    for r in range(1, C // sub if across else 1):
         r0 = r * sub
         for j, d in T.Parallel(C, DK):
             Y_s[j, d] = T.if_then_else(j < r0, y_s[j, d] * decay_factor(G_s[r0, d] - G_s[j, d]), 0.0)
@@ -460,10 +461,11 @@ def shared_pair_rows(s1_s, s2_s, y_s, G_s, Y_s, R1_f, tmp_f, dK_f, dG_f, C, sub,
 
 
 @T.macro
-def summed_pair_cols(s1_s, x1_s, s2_s, x2_s, G_s, Y1_s, Y2_s, R_f, tmp_f, scale, C, sub, A_s=None):
+def summed_pair_cols(s1_s, x1_s, s2_s, x2_s, G_s, Y1_s, Y2_s, R_f, tmp_f, scale, C, sub, A_s=None, across=True):
     """``R = scale cols(s1, x1) + cols(s2, x2)`` in one sum: the two go to the same places (``dK`` and,
     times ``-k``, the gate), so each pair's decay is made once, and for each reference row one accumulator
-    takes both GEMMs and one scaling. ``A_s``: the pairs inside a sub-chunk by running products, as ``pair_cols``."""
+    takes both GEMMs and one scaling. ``A_s``: the pairs inside a sub-chunk by running products, as ``pair_cols``.
+    ``across=False``: the pairs inside the sub-chunks only."""
     DK = x1_s.shape[1]
     for j, d in T.Parallel(C, DK):
         acc = T.alloc_var(ACCUM)
@@ -483,7 +485,7 @@ def summed_pair_cols(s1_s, x1_s, s2_s, x2_s, G_s, Y1_s, Y2_s, R_f, tmp_f, scale,
                 acc += T.if_then_else(i > j, (scale * T.Cast(ACCUM, s1_s[i, j]) * T.Cast(ACCUM, x1_s[i, d])
                                               + T.Cast(ACCUM, s2_s[i, j]) * T.Cast(ACCUM, x2_s[i, d])) * f, 0.0)
         R_f[j, d] = acc
-    for b in range(C // sub - 1):
+    for b in range(C // sub - 1 if across else 0):
         e = b * sub + sub - 1
         for i, d in T.Parallel(C, DK):
             Y1_s[i, d] = T.if_then_else(i > e, scale * x1_s[i, d] * decay_factor(G_s[i, d] - G_s[e, d]), 0.0)
@@ -493,6 +495,60 @@ def summed_pair_cols(s1_s, x1_s, s2_s, x2_s, G_s, Y1_s, Y2_s, R_f, tmp_f, scale,
         for j, d in T.Parallel(C, DK):
             if j >= e + 1 - sub and j <= e:
                 R_f[j, d] = R_f[j, d] + tmp_f[j, d] * decay_factor(G_s[e, d] - G_s[j, d])
+
+
+# --8<-- [start:halved_pair_sums]
+def halvings(C: int, sub: int) -> tuple:
+    """The half-block sizes ``h`` of ``halved_pair_sums``: ``C / 2, C / 4, .., sub``."""
+    return tuple(C >> n for n in range(1, (C // sub).bit_length()))
+
+
+@T.macro
+def halved_pair_sums(dP_s, dA_s, q_s, k_s, G_s, Y1_s, Y2_s, R_f, tmp_f, dK_f, dG_f, scale, C, sub):
+    """The pair sums of ``shared_pair_rows`` and ``summed_pair_cols`` over the pairs of different sub-chunks (of
+    ``sub`` rows), added to ``R_f`` (``rows(dP, K)``), ``dK_f`` and ``dG_f``, by halvings: for blocks of ``2h``
+    rows (``h = C / 2, C / 4, .., sub``), the pairs with ``i`` in a block's lower half and ``j`` in its upper half
+    factor through the upper half's last row ``b`` as ``2^(G_i - G_b) 2^(G_b - G_j)``, both ``<= 1`` (exact for
+    any gate: a factor that underflows stands for a smaller product), so each halving is four GEMMs of the pair
+    matrices with rows scaled to ``b``. Every pair of different sub-chunks falls in exactly one halving. Before
+    the halving of ``h``, ``dP_s`` and ``dA_s`` keep only the pairs inside blocks of ``2h`` rows (zeroed in place,
+    coarse to fine: the caller is done with the pairs across blocks)."""
+    DK = k_s.shape[1]
+    for h in halvings(C, sub):                                  # a Python tuple: each halving its own code
+        if h < C // 2:
+            for i, j in T.Parallel(C, C):
+                if i // (2 * h) != j // (2 * h):
+                    dP_s[i, j] = 0.0
+                    dA_s[i, j] = 0.0
+        last = lambda x: (x // (2 * h)) * (2 * h) + h - 1          # b: the upper half's last row of x's block
+        # rows: sum over j in the upper half of s_ij k_j 2^(G_b - G_j), then times 2^(G_i - G_b) on the lower half
+        for j, d in T.Parallel(C, DK):
+            Y1_s[j, d] = T.if_then_else(j <= last(j), k_s[j, d] * decay_factor(G_s[last(j), d] - G_s[j, d]), 0.0)
+        T.gemm(dP_s, Y1_s, tmp_f, clear_accum=True)
+        for i, d in T.Parallel(C, DK):
+            if i > last(i):
+                R_f[i, d] = R_f[i, d] + tmp_f[i, d] * decay_factor(G_s[i, d] - G_s[last(i), d])
+        T.gemm(dA_s, Y1_s, tmp_f, clear_accum=True)
+        for i, d in T.Parallel(C, DK):
+            if i > last(i):
+                part = T.alloc_var(ACCUM)
+                part = tmp_f[i, d] * decay_factor(G_s[i, d] - G_s[last(i), d])
+                dK_f[i, d] = dK_f[i, d] + part
+                dG_f[i, d] = dG_f[i, d] + T.Cast(ACCUM, k_s[i, d]) * part
+        # columns: sum over i in the lower half of s_ij (scale q_i, k_i) 2^(G_i - G_b), times 2^(G_b - G_j) on the upper
+        for i, d in T.Parallel(C, DK):
+            down = T.if_then_else(i > last(i), decay_factor(G_s[i, d] - G_s[last(i), d]), 0.0)
+            Y1_s[i, d] = scale * q_s[i, d] * down
+            Y2_s[i, d] = k_s[i, d] * down
+        T.gemm(dP_s, Y1_s, tmp_f, transpose_A=True, clear_accum=True)
+        T.gemm(dA_s, Y2_s, tmp_f, transpose_A=True)
+        for j, d in T.Parallel(C, DK):
+            if j <= last(j):
+                part = T.alloc_var(ACCUM)
+                part = tmp_f[j, d] * decay_factor(G_s[last(j), d] - G_s[j, d])
+                dK_f[j, d] = dK_f[j, d] + part
+                dG_f[j, d] = dG_f[j, d] - T.Cast(ACCUM, k_s[j, d]) * part
+# --8<-- [end:halved_pair_sums]
 
 
 @T.macro
@@ -513,7 +569,7 @@ def load_channels(src, dst_s, bb, t0, bh, L, C, d0, BD):
 
 # --8<-- [start:chunk_pair_gradients]
 def chunk_pair_gradients(DK, chunk_size=64, dtype="bfloat16", delta_rule=True, threads=256, shared_pairs=False,
-                         min_blocks=1, finish_gate=False, block_dk=None, products=False):
+                         min_blocks=1, finish_gate=False, block_dk=None, products=False, halve_to=None):
     """The pair sums of the chunk stage for a gate per channel. Arguments at run time: ``Q, K [B, T, H,
     DK]`` (dtype), ``G [B, H, NC C, DK]`` (float32, log2: each chunk's cumulative gate, flat past the
     end), ``dPs, dAb [B, T, H, C]`` (dtype: ``stril(dP)`` and ``dA b`` from ``chunk_state_gradients``),
@@ -534,9 +590,14 @@ def chunk_pair_gradients(DK, chunk_size=64, dtype="bfloat16", delta_rule=True, t
     with smaller tiles and so more blocks per SM (fla's intra-chunk backward splits its channels so).
     ``products``: the pairs inside a sub-chunk with each pair's decay a running product of the token decays
     (``token_decays``: one exponential per token and channel instead of one per pair and channel; the loops
-    unrolled), exact for any gate as before (``kda.backward``'s ``PAIR_SUMS_BY_PRODUCTS``)."""
+    unrolled), exact for any gate as before (``kda.backward``'s ``PAIR_SUMS_BY_PRODUCTS``).
+    ``halve_to`` (with ``shared_pairs``; ``kda.backward``'s ``PAIR_SUMS_BY_HALVINGS``): sub-chunks of ``halve_to``
+    rows (a power of two), the pairs inside them one by one and all the others by ``halved_pair_sums``."""
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
-    C, sub = chunk_size, SUB_CHUNK
+    C, sub = chunk_size, halve_to or SUB_CHUNK
+    assert halve_to is None or (shared_pairs and delta_rule and not products and C % halve_to == 0
+                                and halve_to & (halve_to - 1) == 0), "halve_to: a power of two, with shared_pairs"
+    across = halve_to is None                             # the pairs of different sub-chunks by reference rows
     NC = T.ceildiv(S, C)
     BK = block_dk or DK                                   # channels of one block
     NK = DK // BK
@@ -602,12 +663,14 @@ def chunk_pair_gradients(DK, chunk_size=64, dtype="bfloat16", delta_rule=True, t
             if shared_pairs and delta_rule:
                 # cols first: scale cols(dP, Q) + cols(dA b, K) sets dK, and -K times it the gate
                 Y2_s = T.alloc_shared([C, BK], dtype)
-                summed_pair_cols(dP_s, q_s, dA_s, k_s, G_s, Y_s, Y2_s, R_f, tmp_f, scale, C, sub, A_s)
+                summed_pair_cols(dP_s, q_s, dA_s, k_s, G_s, Y_s, Y2_s, R_f, tmp_f, scale, C, sub, A_s, across)
                 for i, d in T.Parallel(C, BK):
                     dK_f[i, d] = R_f[i, d]
                     dG_f[i, d] = -k_s[i, d] * R_f[i, d]
                 # then rows(dP, K) into R (dQ, Q R on the gate) and rows(dA b, K) into dK and K R on the gate
-                shared_pair_rows(dP_s, dA_s, k_s, G_s, Y_s, R_f, tmp_f, dK_f, dG_f, C, sub, A_s)
+                shared_pair_rows(dP_s, dA_s, k_s, G_s, Y_s, R_f, tmp_f, dK_f, dG_f, C, sub, A_s, across)
+                if not across:
+                    halved_pair_sums(dP_s, dA_s, q_s, k_s, G_s, Y_s, Y2_s, R_f, tmp_f, dK_f, dG_f, scale, C, sub)
                 for i, d in T.Parallel(C, BK):
                     dG_f[i, d] = dG_f[i, d] + scale * q_s[i, d] * R_f[i, d]
                     if i < L:
