@@ -267,6 +267,16 @@ PATHS: tuple[CudaPath, ...] = (
         gpu_log="results/tuning/run103/gpu-tests-switches.txt",
     ),
     CudaPath(
+        name="pairwise_by_halvings",
+        module="kda.gated_delta",
+        switch="PAIRWISE_BY_HALVINGS",
+        what={"en": "chunk_intra's steep chunks (a layer's gates; chunk_kda and level 3's gated_attention per channel) "
+                    "with their diagonal blocks by halvings: the pairs across the halves of blocks of 16, 8, 4 and 2 "
+                    "rows as GEMMs through the upper half's last row, instead of one exponential per pair and channel",
+              "zh": "chunk_intra 的陡块（模型层的门控）的对角块按对半划分：16、8、4、2 行的块中跨越上下两半的对，"
+                    "经上半块最后一行化为 GEMM，而不是每一对、每个通道求一次指数"},
+    ),
+    CudaPath(
         name="pair_sums_by_products",
         module="kda.backward",
         switch="PAIR_SUMS_BY_PRODUCTS",

@@ -42,9 +42,8 @@ def _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state, c
         else:
             from kda import gated_delta                      # its switch of the steep chunks' sums
 
-            steep = {"pairwise": "products"} if gated_delta.PAIRWISE_BY_PRODUCTS else {}
             intra = compile_program(level5.chunk_intra, (), DK=DK, chunk_size=C, dtype=dtype, gate_dtype=gate_dtype,
-                                    delta=False, **steep)
+                                    delta=False, **gated_delta.steep_chunks())
             Qw, Kw = ops.new_output(q.shape, q.dtype, q.device), ops.new_output(k.shape, k.dtype, k.device)
             decay = ops.new_output((B, H, ceildiv(T, C), DK), torch.float32, q.device)
             A = ops.new_output((B, T, H, C), q.dtype, q.device)

@@ -83,6 +83,21 @@ ACTIVATIONS_IN_KERNEL = True
 # (logsigmoid) 1.885 against 1.511, the plain call 25% slower.
 PAIRWISE_BY_PRODUCTS = False
 
+# CUDA: chunk_intra's steep chunks with their 16 x 16 diagonal blocks by halvings (pairwise="halvings"): for blocks of
+# 8, 4, 2 and 1 rows' halves, the pairs across a block's two halves factor through the upper half's last row, both
+# factors <= 1, one GEMM of the stacked [q; k] per halving and one for A_qk's diagonal, one exponential per element
+# and halving, no shared memory of its own (108.5 KB as the default, two blocks per SM; PAIRWISE_BY_PRODUCTS needs
+# 124 KB). Exact for any gate, as the pairwise sums. Takes the place of PAIRWISE_BY_PRODUCTS where both are on.
+# Not yet run on a GPU.
+PAIRWISE_BY_HALVINGS = False
+
+
+def steep_chunks() -> dict:
+    """``chunk_intra``'s compile flag for the diagonal blocks of steep chunks, by the two switches above."""
+    if PAIRWISE_BY_HALVINGS:
+        return {"pairwise": "halvings"}
+    return {"pairwise": "products"} if PAIRWISE_BY_PRODUCTS else {}
+
 
 # CUDA, use_qk_l2norm_in_kernel where the kernels do not normalize as they load (GDN's scalar-gate path; every path
 # without L2NORM_IN_KERNEL): one launch of kda/kernels/norms.py per tensor, read once and written once in the
@@ -274,7 +289,7 @@ def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None, backward_out
     q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.to(torch.float32).contiguous()
     with torch.cuda.device(q.device):
         extra = {name: True for name, on in (("backward_outputs", backward_outputs), ("qk_l2norm", qk_l2norm)) if on}
-        extra.update({"pairwise": "products"} if PAIRWISE_BY_PRODUCTS and g.shape[-1] > 1 else {})
+        extra.update(steep_chunks() if g.shape[-1] > 1 else {})
         acts = []                                        # A_log, dt_bias, lower_bound after the chunk table
         if activation is not None:
             extra.update(gate_act=activation.gate, beta_act=activation.beta)

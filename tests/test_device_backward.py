@@ -203,6 +203,52 @@ def test_sub_chunked_sums_are_the_pairwise_sums(C):
     assert rel_l2(sub.cols(s, x), pairwise.cols(s, x)) < 1e-14
 
 
+def halved_sums(G, s, x, y, sub):
+    """The kernels' walk by halvings (``kda.kernels.stages.halvings``) in float64, one chunk: the row and column sums
+    of ``chunk_pair_gradients``' ``halved_pair_sums`` (the pairs inside blocks of ``sub`` rows one by one, the others
+    through the upper half's last row of each halving, ``s`` masked to the halving's blocks) and the scores of
+    ``chunk_intra``'s ``diagonal_by_halvings`` (pairs ``j < i`` by halvings down to single rows, then ``x_i . y_i``)."""
+    from kda.kernels.stages import halvings
+
+    C = G.shape[-2]
+    idx = torch.arange(C)
+    inside = (idx[:, None] // sub == idx[None, :] // sub) & (idx[None, :] < idx[:, None])
+    E = torch.exp(torch.clamp(G[..., :, None, :] - G[..., None, :, :], max=0.0))        # [.., i, j, d]
+    rows = torch.einsum("...ij,...jd,...ijd->...id", s * inside, y, E)
+    cols = torch.einsum("...ij,...id,...ijd->...jd", s * inside, x, E)
+    scores = torch.einsum("...id,...id->...i", x, y).diag_embed()
+    for h in halvings(C, 1):
+        last = (idx // (2 * h)) * (2 * h) + h - 1                    # the upper half's last row of each row's block
+        lower = (idx > last)[:, None]
+        down = torch.where(lower, torch.exp(torch.clamp(G - G[..., last, :], max=0.0)), 0.0)   # 2^(G_i - G_b)
+        up = torch.where(lower, 0.0, torch.exp(torch.clamp(G[..., last, :] - G, max=0.0)))    # 2^(G_b - G_j)
+        across = (idx[:, None] // (2 * h) == idx[None, :] // (2 * h)) & lower & ~lower.T
+        scores = torch.where(across, (x * down) @ (y * up).transpose(-1, -2), scores)
+        if h >= sub:
+            within = s * (idx[:, None] // (2 * h) == idx[None, :] // (2 * h))
+            rows = rows + down * (within @ (y * up))                     # down and up: 0 off their halves
+            cols = cols + up * (within.transpose(-1, -2) @ (x * down))
+    return rows, cols, scores
+
+
+@pytest.mark.parametrize("sub", [1, 4, 16])
+def test_halvings_are_the_pairwise_sums(sub):
+    """The walk by halvings that ``chunk_pair_gradients`` (``halve_to``) and ``chunk_intra`` (``pairwise="halvings"``)
+    take, emulated in float64 (``halved_sums``): every pair ``j < i`` met once, with its decay as a product of two
+    factors ``<= 1``, so the sums are ``Pairwise``'s for any gate (runs of -20 per token included)."""
+    gen = torch.Generator().manual_seed(sub)
+    x, y = (torch.randn(3, 64, 8, generator=gen, **F64) for _ in range(2))
+    g = torch.nn.functional.logsigmoid(torch.randn(3, 64, 8, generator=gen, **F64))
+    g[1, 10:40] = -20.0
+    G = g.cumsum(-2)
+    s = torch.randn(3, 64, 64, generator=gen, **F64).tril(-1)
+    rows, cols, scores = halved_sums(G, s, x, y, sub)
+    pairwise = ref.Pairwise(G)
+    assert rel_l2(rows, pairwise.rows(s, y)) < 1e-14
+    assert rel_l2(cols, pairwise.cols(s, x)) < 1e-14
+    assert rel_l2(scores, pairwise.scores(x, y, True)) < 1e-14
+
+
 def piece_chunks(C, token_major, NC):
     """A state pass's pieces as ``[B, H, NC, C, D]`` float64: from the head-major chunk layout ``[B, H, NC C, D]``,
     or from token-major ``[B, T, H, D]`` (``token_major``), the rows past ``T`` zeros as the kernels load them."""

@@ -364,14 +364,16 @@ def layer_gates(shape, gen):
 STEEP = ["uniform_to_-20", "runs_of_-20", "kda_style", "layer"]
 
 
+@pytest.mark.parametrize("steep", ["products", "halvings"])
 @pytest.mark.parametrize("delta", [True, False], ids=["level5", "level3"])
 @pytest.mark.parametrize("kind", STEEP)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_chunk_intra_pairwise_by_products(dtype, kind, delta):
+def test_chunk_intra_steep_chunk_variants(dtype, kind, delta, steep):
     """``chunk_intra`` compiled with ``pairwise="products"`` (``PAIRWISE_BY_PRODUCTS``: a steep chunk's diagonal
-    blocks by running products of the token decays) on steep gates, every output against its float64 stage
-    (``kda.reference.level5.intra``) with the bound of the default compile, and against the default compile's
-    outputs (the same sums in another order); outputs poisoned with NaN, a tail chunk."""
+    blocks by running products of the token decays) or ``"halvings"`` (``PAIRWISE_BY_HALVINGS``: by GEMMs through
+    the upper half's last row of blocks of 16, 8, 4 and 2 rows) on steep gates, every output against its float64
+    stage (``kda.reference.level5.intra``) with the bound of the default compile, and against the default
+    compile's outputs (the same sums in another order); outputs poisoned with NaN, a tail chunk."""
     from kda.kernels import level5
     from kda.kernels.build import compile_program
     from kda.reference import level5 as ref5
@@ -388,7 +390,7 @@ def test_chunk_intra_pairwise_by_products(dtype, kind, delta):
     scale = DK ** -0.5
     nan = lambda *size, dt=dtype: torch.full(size, float("nan"), dtype=dt, device="cuda")
     runs = []
-    for pairwise in ("exp", "products"):
+    for pairwise in ("exp", steep):
         kernel = compile_program(level5.chunk_intra, (), DK=DK, DV=DV, dtype=name, delta=delta, pairwise=pairwise)
         outs = [nan(B, T, H, DK), nan(B, T, H, DK), nan(B, H, NC, DK, dt=torch.float32), nan(B, T, H, C),
                 nan(B, T, H, DK), nan(B, T, H, DV)]
@@ -411,17 +413,18 @@ def test_chunk_intra_pairwise_by_products(dtype, kind, delta):
         assert rel_l2(got.double(), default.double()) <= 1e-3, f"{label} against exp: {rel_l2(got.double(), default.double()):.1e}"
 
 
+@pytest.mark.parametrize("steep", ["products", "halvings"])
 @pytest.mark.parametrize("op", ["chunk_kda", "gated_attention"])
 @pytest.mark.parametrize("kind", ["runs_of_-20", "layer"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_chunk_kda_pairwise_by_products(dtype, kind, op, compiled_kernels, poisoned, monkeypatch):
+def test_chunk_kda_steep_chunk_variants(dtype, kind, op, steep, compiled_kernels, poisoned, monkeypatch):
     """``chunk_kda`` and level 3's ``gated_attention`` with a gate per channel (GLA's form), with
-    ``PAIRWISE_BY_PRODUCTS`` on steep gates (runs of -20, a layer's initial gates), against the float64
-    recurrence, initial and final states, a tail chunk; the kernel seen compiled so."""
+    ``PAIRWISE_BY_PRODUCTS`` or ``PAIRWISE_BY_HALVINGS`` on steep gates (runs of -20, a layer's initial gates),
+    against the float64 recurrence, initial and final states, a tail chunk; the kernel seen compiled so."""
     from kda.reference import level3 as ref3
     from kda import gated_delta
 
-    monkeypatch.setattr(gated_delta, "PAIRWISE_BY_PRODUCTS", True)
+    monkeypatch.setattr(gated_delta, "PAIRWISE_BY_" + steep.upper(), True)
     shape = (2, 200, 3, 128, 128)
     q, k, v, g, beta, h0 = inputs(shape, dtype, "runs_of_-20", True, zlib.crc32(f"ppop{dtype}{kind}".encode()))
     if kind == "layer":
@@ -432,7 +435,7 @@ def test_chunk_kda_pairwise_by_products(dtype, kind, op, compiled_kernels, poiso
     else:
         o, ht = kda.gated_attention(q, k, v, g, initial_state=h0, output_final_state=True)
         ref_o, ref_ht = ref3.recurrent(q.double() * 128 ** -0.5, k, v, g, h0, True)
-    assert compiled_kernels["chunk_intra"].get("pairwise") == "products"
+    assert compiled_kernels["chunk_intra"].get("pairwise") == steep
     assert torch.isfinite(o).all() and torch.isfinite(ht).all()
     assert rel_l2(o, ref_o) <= BOUND, f"o: {rel_l2(o, ref_o):.2e}"
     assert rel_l2(ht, ref_ht) <= BOUND, f"final state: {rel_l2(ht, ref_ht):.2e}"

@@ -50,6 +50,14 @@ CASES = [
     ("level5", "chunk_intra", dict(DK=128, dtype="bfloat16", gate_dtype="bfloat16", delta=False, pairwise="products")),
     ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", pairwise="products", backward_outputs=True,
                                    qk_l2norm=True, spill_budget=400)),
+    # steep chunks' diagonal blocks by halvings (PAIRWISE_BY_HALVINGS): 244 bytes spilled (200 without)
+    ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", pairwise="halvings", spill_budget=400)),
+    ("level5", "chunk_intra", dict(DK=64, DV=128, dtype="float16", pairwise="halvings")),
+    ("level5", "chunk_intra", dict(DK=128, dtype="bfloat16", gate_dtype="bfloat16", delta=False, pairwise="halvings")),
+    ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", pairwise="halvings", backward_outputs=True,
+                                   qk_l2norm=True, spill_budget=400)),
+    ("level5", "chunk_intra", dict(DK=128, DV=64, dtype="bfloat16", gate_act="softplus", beta_act="sigmoid",
+                                   varlen=True, pairwise="halvings", qk_l2norm=True, spill_budget=400)),
     # the gate and beta activated as they are loaded (ACTIVATIONS_IN_KERNEL): 216 bytes spilled with both
     ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", gate_act="softplus", beta_act="sigmoid",
                                    spill_budget=400)),

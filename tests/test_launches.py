@@ -503,26 +503,31 @@ def test_backward_of_packed_sequences_with_the_state_kernels(kernel_launches, mo
     assert [x.shape for x in got] == [q.shape, k.shape, v.shape, gate.shape, beta.shape, h0.shape]
 
 
+@pytest.mark.parametrize("switches, want", [(("PAIRWISE_BY_PRODUCTS",), "products"),
+                                             (("PAIRWISE_BY_HALVINGS",), "halvings"),
+                                             (("PAIRWISE_BY_PRODUCTS", "PAIRWISE_BY_HALVINGS"), "halvings")],
+                         ids=["products", "halvings", "both"])
 @pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
-def test_level5_pairwise_by_products(kernel_launches, monkeypatch, per_channel):
-    """``PAIRWISE_BY_PRODUCTS``: a gate per channel compiles ``chunk_intra`` with ``pairwise="products"`` (its steep
-    chunks' diagonal blocks by running products), bound as the forward's; a gate per head has no pairwise path
-    and keeps the default compile."""
+def test_level5_steep_chunk_switches(kernel_launches, monkeypatch, per_channel, switches, want):
+    """``PAIRWISE_BY_PRODUCTS`` and ``PAIRWISE_BY_HALVINGS``: a gate per channel compiles ``chunk_intra`` with
+    ``pairwise="products"`` or ``"halvings"`` (its steep chunks' diagonal blocks; the halvings where both are on),
+    bound as the forward's; a gate per head has no pairwise path and keeps the default compile."""
     from kda import gated_delta
     from kda.gated_delta import _run_kernels
 
-    monkeypatch.setattr(gated_delta, "PAIRWISE_BY_PRODUCTS", True)
+    for switch in switches:
+        monkeypatch.setattr(gated_delta, switch, True)
     monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", False)
     q, k, v, g, beta = level5_inputs(B=2, per_channel=per_channel)
     o, _ = _run_kernels(q, k, v, g, beta, 0.125, None, torch.zeros(2, dtype=torch.int32), None, False)
     assert [name for name, _ in kernel_launches] == ["chunk_intra", "gated_state_output_pass"]
-    assert kernel_launches[0][1].get("pairwise") == ("products" if per_channel else None)
+    assert kernel_launches[0][1].get("pairwise") == (want if per_channel else None)
     if per_channel:                                  # level 3's per-channel call takes the same compile
         from kda.gated import _run_gated_kernels
 
         kernel_launches.clear()
         _run_gated_kernels(q, k, v, g, True, 0.125, None, False)
-        assert kernel_launches[0][0] == "chunk_intra" and kernel_launches[0][1].get("pairwise") == "products"
+        assert kernel_launches[0][0] == "chunk_intra" and kernel_launches[0][1].get("pairwise") == want
 
 
 def test_backward_pair_sums_by_products(kernel_launches, monkeypatch):

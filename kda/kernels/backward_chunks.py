@@ -32,7 +32,7 @@ to a real row). Not yet run on a GPU: ``kda.backward`` calls it only with its sw
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
 import tilelang.language as T
 
-from kda.kernels.stages import (ACCUM, decay_factor, invert_diagonal_blocks_by_columns, load_beta_checked,
+from kda.kernels.stages import (ACCUM, decay_factor, halvings, invert_diagonal_blocks_by_columns, load_beta_checked,
                                 log2_cumsum_by_columns, merge_by_substitution)
 from kda.kernels.level5 import token_decays
 
@@ -498,11 +498,6 @@ def summed_pair_cols(s1_s, x1_s, s2_s, x2_s, G_s, Y1_s, Y2_s, R_f, tmp_f, scale,
 
 
 # --8<-- [start:halved_pair_sums]
-def halvings(C: int, sub: int) -> tuple:
-    """The half-block sizes ``h`` of ``halved_pair_sums``: ``C / 2, C / 4, .., sub``."""
-    return tuple(C >> n for n in range(1, (C // sub).bit_length()))
-
-
 @T.macro
 def halved_pair_sums(dP_s, dA_s, q_s, k_s, G_s, Y1_s, Y2_s, R_f, tmp_f, dK_f, dG_f, scale, C, sub):
     """The pair sums of ``shared_pair_rows`` and ``summed_pair_cols`` over the pairs of different sub-chunks (of

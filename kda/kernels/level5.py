@@ -27,7 +27,7 @@ import tilelang.language as T
 
 from kda.kernels.build import WARP_SPECIALISED
 from kda.kernels.norms import NORM_SLICE, normalize_rows
-from kda.kernels.stages import (ACCUM, DIAGONAL_SPAN_MAX, decay_factor, invert_diagonal_blocks_by_columns,
+from kda.kernels.stages import (ACCUM, DIAGONAL_SPAN_MAX, decay_factor, halvings, invert_diagonal_blocks_by_columns,
                                 load_beta_checked, load_state, log2_cumsum_by_columns, merge_by_substitution, real,
                                 state_shape, store_state, tf32_nearest, wy_tail)
 
@@ -184,9 +184,11 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     before the kernel, no float32 copy.
 
     ``pairwise``: how a steep chunk's diagonal blocks are summed, ``"exp"`` (``pairwise_diagonal``: an
-    exponential and four shared loads per pair and channel) or ``"products"`` (``kda.gated_delta``'s
+    exponential and four shared loads per pair and channel), ``"products"`` (``kda.gated_delta``'s
     ``PAIRWISE_BY_PRODUCTS``; ``pairwise_diagonal_by_products``: one exponential per token and channel, the pairs'
-    decays as running products, sixteen accumulators per thread).
+    decays as running products, sixteen accumulators per thread) or ``"halvings"`` (``kda.gated_delta``'s
+    ``PAIRWISE_BY_HALVINGS``; ``diagonal_by_halvings``: five GEMMs, one exponential per element for each of the
+    four halvings of a sub-chunk, no shared memory of its own).
 
     ``gate_act`` / ``beta_act`` (``kda.gated_delta``'s ``ACTIVATIONS_IN_KERNEL``; fla's ``use_gate_in_kernel`` and
     ``use_beta_sigmoid_in_kernel``): ``g`` and ``beta`` come raw and are activated as they are loaded, the gate
@@ -213,7 +215,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     assert wide is None or wide == C // 2, "wide_subchunk is half the chunk (or None)"
     assert delta or not scalar_gate, "a scalar gate without the delta rule is level 3's own kernel"
     assert not backward_outputs or (delta and not varlen), "the backward's outputs: dense, with the delta rule"
-    assert pairwise in ("exp", "products"), "pairwise: 'exp' or 'products'"
+    assert pairwise in ("exp", "products", "halvings"), "pairwise: 'exp', 'products' or 'halvings'"
     GD = 1 if scalar_gate else DK              # gates per row
     # A_kk's row factor b: with backward_outputs it goes on after A_kk is written out (KKE)
     row_b = (lambda beta_s, i: 1.0) if backward_outputs else (lambda beta_s, i: beta_s[i])
@@ -380,6 +382,42 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             A_s[i, j] = T.if_then_else(j < i, A[C + i, j] * row_b(beta_s, i) * decay_factor(G_s[i, 0] - G_s[j, 0]), 0.0)
 
     @T.macro
+    def diagonal_by_halvings(q_s, K_s, G_s, Lft_s, Rgt_s, A_part, q_f, Aqk_s, A_s, beta_s, scale):
+        """A steep chunk's diagonal blocks (``subchunk`` rows) into ``Aqk_s`` and ``A_s`` by halvings, exact for any
+        gate: for blocks of ``2h`` rows (``h = subchunk / 2, .., 1``), a pair with ``i`` in a block's lower half and
+        ``j`` in its upper half is ``(x_i 2^(G_i - G_b)) . (k_j 2^(G_b - G_j))`` with ``b`` the upper half's last
+        row, both factors ``<= 1`` (``kda.kernels.stages.halvings``): one GEMM of the stacked left operand ``[q;
+        k]`` per halving, its pairs written where they belong; then ``A_qk``'s diagonal, ``q_i . k_i``, from a GEMM
+        of the rows as they are. ``q_s`` (q, reloaded; its buffer the right operand from here) goes to ``q_f``;
+        ``K_s`` (k) and ``G_s`` (the cumulative gate) are read, not written."""
+        T.copy(q_s, q_f)
+        for h in halvings(BC, 1):                                   # a Python tuple: each halving its own code
+            last = lambda x: (x // (2 * h)) * (2 * h) + h - 1      # b: the upper half's last row of x's block
+            for i, d in T.Parallel(C, DK):
+                lower = i > last(i)
+                e = G_s[i, d] - G_s[last(i), d]                     # <= 0 below b, >= 0 up to it
+                f = T.exp2(T.if_then_else(lower, e, -e))
+                Lft_s[i, d] = T.if_then_else(lower, T.Cast(ACCUM, q_f[i, d]) * f, 0.0)
+                if delta:
+                    Lft_s[C + i, d] = T.if_then_else(lower, T.Cast(ACCUM, K_s[i, d]) * f, 0.0)
+                Rgt_s[i, d] = T.if_then_else(lower, 0.0, T.Cast(ACCUM, K_s[i, d]) * f)
+            T.gemm(Lft_s, Rgt_s, A_part, transpose_B=True, clear_accum=True)
+            for r, j in T.Parallel(R, C):                           # rows r < C: A_qk's; from C on: A_kk's
+                i = r % C
+                if i // (2 * h) == j // (2 * h) and i > last(i) and j <= last(j):
+                    if r < C:
+                        Aqk_s[i, j] = A_part[r, j] * scale
+                    elif delta:
+                        A_s[i, j] = A_part[r, j] * row_b(beta_s, i)
+        for i, d in T.Parallel(C, DK):
+            Lft_s[i, d] = q_f[i, d]
+            Rgt_s[i, d] = K_s[i, d]
+        T.gemm(Lft_s, Rgt_s, A_part, transpose_B=True, clear_accum=True)
+        for r, j in T.Parallel(R, C):
+            if r == j:
+                Aqk_s[r, j] = A_part[r, j] * scale
+
+    @T.macro
     def body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, c, t0, L, bb, bh, G_out, Tinv_out, KKE_out,
              A_log=None, dt_bias=None, lower_bound=None):
         """Chunk ``c`` (its index in ``decay``): ``L`` rows from token ``t0`` of sequence ``bb``, value
@@ -489,7 +527,9 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                                 Aqk_s[r, j] = T.if_then_else(j <= r, A_diag[r, j] * scale, 0.0)
                             elif delta:
                                 A_s[r - C, j] = T.if_then_else(j < r - C, A_diag[r, j] * row_b(beta_s, r - C), 0.0)
-            if too_steep[0] == 1 and pairwise == "products":
+            if too_steep[0] == 1 and pairwise == "halvings":
+                diagonal_by_halvings(Rgt_s, K_s, G_s, Lft_s, Rgt_s, A_part, q_f, Aqk_s, A_s, beta_s, scale)
+            elif too_steep[0] == 1 and pairwise == "products":
                 decays_s = T.alloc_shared([C, DK], ACCUM)
                 part_s = T.alloc_shared([C, PAIRWISE_SLICES, BC], ACCUM)
                 token_decays(G_s, decays_s, C, BC)
