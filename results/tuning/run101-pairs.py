@@ -14,7 +14,8 @@ from the same values).
 ``VARIANT_SET=run103`` (run 103): ``shared_pairs`` (the default since run 100) against the same split by
 channels (``block_dk``: 16 or 32 channels per block, 128 threads, register caps) and with two blocks per SM, and
 with ``products`` (the pairs inside a sub-chunk by running products of the token decays); rows to
-``run103-pairs.jsonl``.
+``run103-pairs.jsonl``. ``VARIANT_SET=run106`` (run 106): that default against the pair sums by halvings
+(``halve_to``: 16, 8, 4, 2, 1); rows to ``run106-pairs.jsonl``.
 """
 import os
 import sys
@@ -28,7 +29,14 @@ SHAPE = (1, 8192, 96, 128)
 VARIANTS = {"default": {}, "shared_pairs": dict(shared_pairs=True), "min_blocks_2": dict(min_blocks=2),
             "shared_pairs_min_blocks_2": dict(shared_pairs=True, min_blocks=2)}
 OTHERS = {"chunk_pair_pieces": dict(DK=128), "chunk_state_gradients": dict(DK=128, DV=128)}
-if os.environ.get("VARIANT_SET") == "run103":
+if os.environ.get("VARIANT_SET") == "run106":
+    # run 106: the default since run 103 (32 channels, 4 blocks per SM) against the pair sums by halvings down
+    # to blocks of 16, 8, 4, 2 and 1 rows (halve_to)
+    RUN = "run106-pairs"
+    default = dict(shared_pairs=True, block_dk=32, threads=128, min_blocks=4)
+    VARIANTS = {"by_32_channels_4_blocks": default,
+                **{f"halve_to_{n}": dict(default, halve_to=n) for n in (16, 8, 4, 2, 1)}}
+elif os.environ.get("VARIANT_SET") == "run103":
     RUN = "run103-pairs"
     shared = dict(shared_pairs=True)
     VARIANTS = {"shared_pairs": shared, "shared_pairs_min_blocks_2": dict(shared, min_blocks=2),

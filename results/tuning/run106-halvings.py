@@ -1,0 +1,113 @@
+"""Run 106 (prepared 2026-12-05): the walk by halvings, timed. Run 105's profile of KDA's forward + backward at
+(1, 8192, 96, 128), bf16, has the pair kernel (chunk_pair_gradients) at 5.69 ms of the step's 13.2, most of it the
+pairs inside 16-row sub-chunks summed one by one; and issue 41's layer call is slow because a layer's steep gates
+send chunk_intra's diagonal blocks down the same kind of pair-by-pair sums. Both now have a walk by halvings
+(``kda.kernels.stages.halvings``): GEMMs through the upper half's last row of blocks of 64, 32, .. rows.
+
+``steep``: chunk_kda's forward with mild (logsigmoid) and a layer's initial gates, the steep chunks by ``exp``
+(the default), ``products`` and ``halvings``, outputs against the default's; then the layer's call (raw gate with
+``A_log`` and ``dt_bias``, beta's logits, the L2 norm in the op; with and without ``safe_gate, lower_bound=-5``) by
+``exp`` and ``halvings``, beside fla's same call. ``backward``: KDA forward + backward with
+``PAIR_SUMS_BY_HALVINGS`` off and on (down to blocks of 16, 4 and 1 rows), gradients against off's. Rows to
+``$OUT/run106.jsonl``. The pair kernel alone: ``VARIANT_SET=run106 run101-pairs.py``.
+
+    FLA_FLASH_QLA=0 python results/tuning/run106-halvings.py [steep] [backward]
+"""
+import importlib.util
+import os
+import sys
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from harness import log  # noqa: E402
+
+RUN = "run106"
+spec = importlib.util.spec_from_file_location("run91_backward", os.path.join(HERE, "run91-backward.py"))
+run91 = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(run91)
+SHAPE = (1, 8192, 96, 128)
+
+
+def timed(row, run, describe=None, peak=False, warmup_ms=100, rep_ms=500):
+    """``row`` logged with ``run``'s median time (and peak memory, and what ``describe(output)`` adds), or the
+    error that stopped it."""
+    from kda.bench import median_ms
+
+    try:
+        got = run()
+        row["ms"] = round(median_ms(run, warmup_ms=warmup_ms, rep_ms=rep_ms), 3)
+        row.update({"peak_MB": run91.peak_mb(run)} if peak else {}, **(describe(got) if describe else {}))
+    except Exception as e:  # noqa: BLE001
+        row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    log(RUN, row)
+
+
+def against(first):
+    """A describer: finiteness, and the relative L2 of each output against the first call's."""
+    from kda.metrics import rel_l2
+
+    def describe(got):
+        got = got if isinstance(got, (list, tuple)) else [got]
+        first.append(got)
+        return {"finite": all(bool(torch.isfinite(x).all()) for x in got),
+                "rel_l2_vs_first": [float(f"{rel_l2(a.float(), b.float()):.2e}") for a, b in zip(got, first[0])]}
+    return describe
+
+
+def steep():
+    import kda
+    from fla.ops.kda import chunk_kda as fla_kda
+    from kda import gated_delta
+
+    leaves, _ = run91.inputs(*SHAPE, True)
+    q, k, v, g, beta = (x.detach() for x in leaves)
+    gen = torch.Generator(device="cuda").manual_seed(41)
+    A = torch.empty(SHAPE[2], device="cuda").uniform_(1, 16, generator=gen)
+    x = torch.randn(g.shape, generator=gen, device="cuda") + 0.1 * torch.randn(g.shape[2:], generator=gen,
+                                                                               device="cuda")
+    variants = {"exp": (False, False), "products": (True, False), "halvings": (False, True)}
+    for gate_name, gate in (("logsigmoid", g), ("layer", -A[:, None] * torch.nn.functional.softplus(x))):
+        first = []
+        for name, (products, halved) in variants.items():
+            gated_delta.PAIRWISE_BY_PRODUCTS, gated_delta.PAIRWISE_BY_HALVINGS = products, halved
+            timed({"stage": "steep", "gates": gate_name, "steep_chunks": name},
+                  lambda: kda.chunk_kda(q, k, v, gate, beta)[0], against(first))
+    raw, logits = x, torch.randn(beta.shape, generator=gen, device="cuda")
+    A_log, dt_bias = A.log(), 0.1 * torch.randn(SHAPE[2] * SHAPE[3], generator=gen, device="cuda")
+    for safe in ({}, dict(safe_gate=True, lower_bound=-5.0)):
+        call = dict(A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+                    use_qk_l2norm_in_kernel=True, **safe)
+        first = []
+        for name in ("exp", "halvings"):
+            gated_delta.PAIRWISE_BY_PRODUCTS, gated_delta.PAIRWISE_BY_HALVINGS = variants[name]
+            timed({"stage": "layer call", "safe_gate": bool(safe), "steep_chunks": name},
+                  lambda: kda.chunk_kda(q * 3, k * 3, v, raw, logits, **call)[0], against(first))
+        timed({"stage": "layer call", "safe_gate": bool(safe), "op": "fla"},
+              lambda: fla_kda(q * 3, k * 3, v, raw, logits, scale=SHAPE[3] ** -0.5, **call)[0], against(first))
+    gated_delta.PAIRWISE_BY_PRODUCTS = gated_delta.PAIRWISE_BY_HALVINGS = False
+    torch.cuda.empty_cache()
+
+
+def backward():
+    import kda
+    from kda import backward, cuda_autograd
+
+    cuda_autograd.DEVICE_BACKWARD = True
+    leaves, do = run91.inputs(*SHAPE, True)
+    first = []
+    for to in (None, 16, 4, 1):
+        backward.PAIR_SUMS_BY_HALVINGS, backward.PAIR_HALVINGS_TO = to is not None, to or 4
+        timed({"stage": "backward", "op": "KDA", "halve_to": to}, run91.step(kda.chunk_kda, leaves, do),
+              against(first), peak=True, warmup_ms=200, rep_ms=1000)
+    backward.PAIR_SUMS_BY_HALVINGS = False
+    torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    stages = sys.argv[1:] or ["steep", "backward"]
+    if "steep" in stages:
+        steep()
+    if "backward" in stages:
+        backward()
