@@ -204,11 +204,11 @@ def test_sub_chunked_sums_are_the_pairwise_sums(C):
 
 
 def halved_sums(G, s, x, y, sub):
-    """The kernels' walk by halvings (``kda.kernels.stages.halvings``) in float64, one chunk: the row and column sums
+    """The kernels' walk by halvings (``kda.kernels.halvings``) in float64, one chunk: the row and column sums
     of ``chunk_pair_gradients``' ``halved_pair_sums`` (the pairs inside blocks of ``sub`` rows one by one, the others
     through the upper half's last row of each halving, ``s`` masked to the halving's blocks) and the scores of
     ``chunk_intra``'s ``diagonal_by_halvings`` (pairs ``j < i`` by halvings down to single rows, then ``x_i . y_i``)."""
-    from kda.kernels.stages import halvings
+    from kda.kernels.halvings import halvings
 
     C = G.shape[-2]
     idx = torch.arange(C)

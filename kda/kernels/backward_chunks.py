@@ -32,7 +32,8 @@ to a real row). Not yet run on a GPU: ``kda.backward`` calls it only with its sw
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
 import tilelang.language as T
 
-from kda.kernels.stages import (ACCUM, decay_factor, halvings, invert_diagonal_blocks_by_columns, load_beta_checked,
+from kda.kernels.halvings import halvings
+from kda.kernels.stages import (ACCUM, decay_factor, invert_diagonal_blocks_by_columns, load_beta_checked,
                                 log2_cumsum_by_columns, merge_by_substitution)
 from kda.kernels.level5 import token_decays
 

@@ -27,7 +27,8 @@ import tilelang.language as T
 
 from kda.kernels.build import WARP_SPECIALISED
 from kda.kernels.norms import NORM_SLICE, normalize_rows
-from kda.kernels.stages import (ACCUM, DIAGONAL_SPAN_MAX, decay_factor, halvings, invert_diagonal_blocks_by_columns,
+from kda.kernels.halvings import halvings
+from kda.kernels.stages import (ACCUM, DIAGONAL_SPAN_MAX, decay_factor, invert_diagonal_blocks_by_columns,
                                 load_beta_checked, load_state, log2_cumsum_by_columns, merge_by_substitution, real,
                                 state_shape, store_state, tf32_nearest, wy_tail)
 
@@ -386,7 +387,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
         """A steep chunk's diagonal blocks (``subchunk`` rows) into ``Aqk_s`` and ``A_s`` by halvings, exact for any
         gate: for blocks of ``2h`` rows (``h = subchunk / 2, .., 1``), a pair with ``i`` in a block's lower half and
         ``j`` in its upper half is ``(x_i 2^(G_i - G_b)) . (k_j 2^(G_b - G_j))`` with ``b`` the upper half's last
-        row, both factors ``<= 1`` (``kda.kernels.stages.halvings``): one GEMM of the stacked left operand ``[q;
+        row, both factors ``<= 1`` (``kda.kernels.halvings``): one GEMM of the stacked left operand ``[q;
         k]`` per halving, its pairs written where they belong; then ``A_qk``'s diagonal, ``q_i . k_i``, from a GEMM
         of the rows as they are. ``q_s`` (q, reloaded; its buffer the right operand from here) goes to ``q_f``;
         ``K_s`` (k) and ``G_s`` (the cumulative gate) are read, not written."""

@@ -26,15 +26,6 @@ def decay_factor(log2_decay):
     return T.exp2(T.min(log2_decay, 0.0))
 
 
-def halvings(C: int, sub: int) -> tuple:
-    """The half-block sizes ``h`` of a walk by halvings of ``C`` rows down to blocks of ``sub``: ``C / 2, C / 4,
-    .., sub``. For blocks of ``2h`` rows, a pair with ``i`` in a block's lower half and ``j`` in its upper half has
-    the decay ``2^(G_i - G_b) 2^(G_b - G_j)``, ``b`` the upper half's last row, both factors ``<= 1``; every pair
-    ``j < i`` of different blocks of ``sub`` rows meets in exactly one halving. A Python tuple: each halving is
-    its own code (``kda.kernels.backward_chunks.halved_pair_sums``, ``kda.kernels.level5``'s steep chunks)."""
-    return tuple(C >> n for n in range(1, (C // sub).bit_length()))
-
-
 # Largest gate span (log2 units) inside one diagonal sub-chunk for the GEMM path: the key
 # factor 2^span and the query factor 2^-span must stay normal fp32 numbers next to bf16
 # inputs (|x| in about [2^-10, 2^3]): 96 leaves 20 binades of room on either side.

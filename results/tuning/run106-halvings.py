@@ -2,7 +2,7 @@
 (1, 8192, 96, 128), bf16, has the pair kernel (chunk_pair_gradients) at 5.69 ms of the step's 13.2, most of it the
 pairs inside 16-row sub-chunks summed one by one; and issue 41's layer call is slow because a layer's steep gates
 send chunk_intra's diagonal blocks down the same kind of pair-by-pair sums. Both now have a walk by halvings
-(``kda.kernels.stages.halvings``): GEMMs through the upper half's last row of blocks of 64, 32, .. rows.
+(``kda.kernels.halvings``): GEMMs through the upper half's last row of blocks of 64, 32, .. rows.
 
 ``steep``: chunk_kda's forward with mild (logsigmoid) and a layer's initial gates, the steep chunks by ``exp``
 (the default), ``products`` and ``halvings``, outputs against the default's; then the layer's call (raw gate with
