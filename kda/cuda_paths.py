@@ -287,6 +287,15 @@ PATHS: tuple[CudaPath, ...] = (
         gpu_log="results/tuning/run103/gpu-tests-switches.txt",
     ),
     CudaPath(
+        name="key_check_in_kernel",
+        module="kda.gated_delta",
+        switch="KEY_CHECK_IN_KERNEL",
+        what={"en": "with check_values, raw keys checked against the delta rule's bound (beta ||k||^2 <= 2) in "
+                    "chunk_intra's value checks, as they are loaded (GDN's scalar-gate path not yet)",
+              "zh": "check_values 时，在 chunk_intra 的取值检查里、随加载检查原始键是否满足 delta 规则的界"
+                    "（beta ||k||^2 <= 2）（GDN 的标量门控路径尚未检查）"},
+    ),
+    CudaPath(
         name="pair_sums_by_halvings",
         module="kda.backward",
         switch="PAIR_SUMS_BY_HALVINGS",

@@ -92,6 +92,14 @@ PAIRWISE_BY_PRODUCTS = False
 PAIRWISE_BY_HALVINGS = False
 
 
+# CUDA: with check_values, the keys against the delta rule's bound (beta ||k||^2 <= 2, kda.validate.check_key_norms)
+# in chunk_intra's value checks (check_keys: the sums of squares of the key tile as it is loaded, flags[2]), for
+# raw keys (not use_qk_l2norm_in_kernel), so that keys that would diverge are an error on CUDA too, as on the CPU,
+# with no pass of their own. GDN's scalar-gate path (its own first kernel) does not check them yet. Not yet run on
+# a GPU.
+KEY_CHECK_IN_KERNEL = False
+
+
 def steep_chunks() -> dict:
     """``chunk_intra``'s compile flag for the diagonal blocks of steep chunks, by the two switches above."""
     if PAIRWISE_BY_HALVINGS:
@@ -177,15 +185,17 @@ def forward_eager(q, k, v, g, beta, scale, initial_state, output_final_state, us
                                      check_values=check_values and not cuda, cu_seqlens_cpu=cu_seqlens_cpu,
                                      keys_normalized=use_qk_l2norm_in_kernel)
     if cuda:                                             # packed sequences: one launch per stage too
-        flags = torch.zeros(2, dtype=torch.int32, device=q.device)
+        keys = check_values and KEY_CHECK_IN_KERNEL and not use_qk_l2norm_in_kernel   # flags[2]: the keys
+        flags = torch.zeros(3 if keys else 2, dtype=torch.int32, device=q.device)
+        k_given = k
         g_given = g
         fused = use_qk_l2norm_in_kernel and L2NORM_IN_KERNEL     # the norm in the kernels where they can
         q, k, g = kernel_inputs(q, k, g, use_qk_l2norm_in_kernel and not fused)
         table = chunk_table(bounds, q.device) if bounds is not None else None
-        check = (lambda flags: validate.raise_flagged_values(flags, g_given, beta)) if check_values else None
+        check = (lambda flags: validate.raise_flagged_values(flags, g_given, beta, k_given)) if check_values else None
         if check_values and activation is not None:      # the full check's errors on the activated values
             check = lambda flags: validate.raise_flagged_values(
-                flags, *activation.apply(g_given, beta, torch.float32)) if any(flags.tolist()) else None
+                flags, *activation.apply(g_given, beta, torch.float32), k_given) if any(flags.tolist()) else None
         o, final = _run_kernels(q, k, v, g, beta, scale, h0, flags, table, output_final_state, check, qk_l2norm=fused,
                                 activation=activation)
         return o.to(v.dtype), (final.float() if output_final_state else None)
@@ -271,8 +281,9 @@ def _chunk_table(bounds: tuple, device: torch.device, chunk_size: int) -> ChunkT
 def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None, backward_outputs=False, qk_l2norm=False,
                    activation=None):
     """Stage 1 of the level-5 pipeline (``chunk_intra``), every chunk of the batch at once.
-    ``flags`` (int32 ``[2]``, zeroed) collects the kernel's value checks of ``g`` and ``beta``
-    (``validate.raise_flagged_values``); ``None`` for callers that checked the values before. With the
+    ``flags`` (int32 ``[2]``, zeroed) collects the kernel's value checks of ``g`` and ``beta``, ``[3]`` those of
+    the keys too (``check_keys``; ``validate.raise_flagged_values``); ``None`` for callers that checked the values
+    before. With the
     ``table`` of packed sequences (``chunk_table``, ``B = 1``) every chunk of every sequence is
     one block of the same launch. ``backward_outputs`` (dense; ``kda.backward``): returns ``(form, G, Tinv,
     KKE)``, the kernel's outputs of that flag (``G [B, H, NC C, GD]`` float32 log2, ``Tinv`` in the inputs'
@@ -290,6 +301,7 @@ def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None, backward_out
     with torch.cuda.device(q.device):
         extra = {name: True for name, on in (("backward_outputs", backward_outputs), ("qk_l2norm", qk_l2norm)) if on}
         extra.update(steep_chunks() if g.shape[-1] > 1 else {})
+        extra.update({"check_keys": True} if flags is not None and flags.numel() == 3 else {})
         acts = []                                        # A_log, dt_bias, lower_bound after the chunk table
         if activation is not None:
             extra.update(gate_act=activation.gate, beta_act=activation.beta)
@@ -398,6 +410,8 @@ def _run_kernels(q, k, v, g, beta, scale, h0, flags=None, table=None, output_fin
         if block_dv is not None:
             if qk_l2norm:                                # its kernels read q and k as they are
                 q, k = l2_normalized(q), l2_normalized(k)
+            # its first kernel checks the gate and beta only (flags[:2]; KEY_CHECK_IN_KERNEL's keys not yet)
+            flags = flags[:2] if flags is not None else None
             return _run_scalar_gate(q, k, v, g, beta, scale, h0, flags, table, output_final_state, check, block_dv)
     form = prepare_chunks(q, k, v, g, beta, scale, flags, table, qk_l2norm=qk_l2norm, activation=activation)
     launch, o, ht = state_pass_launch(form, h0, table, output_final_state)

@@ -494,3 +494,37 @@ def test_state_flags(packed, initial, final, poisoned):
         assert torch.isfinite(o[:, s:e]).all() and rel_l2(o[:, s:e], ref_o) <= BOUND, n
         if final:
             assert torch.isfinite(ht[n]).all() and rel_l2(ht[n:n + 1], ref_ht) <= BOUND, n
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+@pytest.mark.parametrize("HV", [2, 4], ids=["heads", "grouped_value_heads"])
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn_level5_path"])
+def test_keys_past_the_bound_raise_in_the_kernel(per_channel, HV, packed, monkeypatch):
+    """``KEY_CHECK_IN_KERNEL``: on CUDA, a raw key whose ``beta ||k||^2`` exceeds 2 is flagged by ``chunk_intra`` as
+    it loads the keys, and the call raises the host check's error (naming ``k``, the value, where); keys at the bound
+    pass, a tail chunk and packed sequences included, and so do keys x10 with ``use_qk_l2norm_in_kernel`` (not
+    checked: the kernel normalizes them). GDN on level 5's path (its scalar-gate path checks no keys yet)."""
+    from kda import gated_delta
+
+    monkeypatch.setattr(gated_delta, "KEY_CHECK_IN_KERNEL", True)
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", False)
+    gen = torch.Generator(device="cuda").manual_seed(HV)
+    T, H, D = 200, 2, 128
+    q = torch.randn(1, T, H, D, generator=gen, device="cuda").bfloat16()
+    k = torch.nn.functional.normalize(torch.randn(1, T, H, D, generator=gen, device="cuda"), dim=-1)
+    v = torch.randn(1, T, HV, D, generator=gen, device="cuda").bfloat16()
+    g = torch.nn.functional.logsigmoid(torch.randn(1, T, HV, *([D] if per_channel else []), generator=gen,
+                                                   device="cuda"))
+    beta = torch.ones(1, T, HV, device="cuda")
+    fn = kda.chunk_kda if per_channel else kda.chunk_gated_delta_rule
+    cu = torch.tensor([0, 70, 71, 200], dtype=torch.int32, device="cuda") if packed else None
+    o, _ = fn(q, (k * 1.4).bfloat16(), v, g, beta, cu_seqlens=cu)      # 1.96 (bf16-rounded keys: under 2.04)
+    assert torch.isfinite(o).all()
+    k_bad = k.clone()
+    k_bad[0, 190, 1] *= 1.5                                           # 2.25 at token 190 (the tail) of key head 1
+    head = 1 if HV == H else 2
+    where = rf"k: beta \* \|\|k\|\|\^2 = 2\.2\d* > 2 \(batch 0, token 190, value head {head}\)"
+    with pytest.raises(ValueError, match=where):
+        fn(q, k_bad.bfloat16(), v, g, beta, cu_seqlens=cu)
+    o, _ = fn(q, (k * 10).bfloat16(), v, g, beta, cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
+    assert torch.isfinite(o).all()

@@ -58,6 +58,12 @@ CASES = [
                                    qk_l2norm=True, spill_budget=400)),
     ("level5", "chunk_intra", dict(DK=128, DV=64, dtype="bfloat16", gate_act="softplus", beta_act="sigmoid",
                                    varlen=True, pairwise="halvings", qk_l2norm=True, spill_budget=400)),
+    # the keys against the delta rule's bound as they are loaded (KEY_CHECK_IN_KERNEL): 204 bytes spilled
+    ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", check_keys=True, spill_budget=400)),
+    ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", scalar_gate=True, check_keys=True)),
+    ("level5", "chunk_intra", dict(DK=64, DV=128, dtype="float16", check_keys=True, varlen=True)),
+    ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", gate_act="softplus", beta_act="sigmoid",
+                                   check_keys=True, pairwise="halvings", spill_budget=400)),
     # the gate and beta activated as they are loaded (ACTIVATIONS_IN_KERNEL): 216 bytes spilled with both
     ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", gate_act="softplus", beta_act="sigmoid",
                                    spill_budget=400)),

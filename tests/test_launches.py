@@ -530,6 +530,43 @@ def test_level5_steep_chunk_switches(kernel_launches, monkeypatch, per_channel, 
         assert kernel_launches[0][0] == "chunk_intra" and kernel_launches[0][1].get("pairwise") == want
 
 
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
+def test_key_check_in_kernel(kernel_launches, per_channel, monkeypatch):
+    """``KEY_CHECK_IN_KERNEL``: ``forward_eager`` on CUDA hands the kernels three value flags where it checks raw keys
+    (not with ``use_qk_l2norm_in_kernel`` or ``check_values=False``, nor with the switch off), and
+    ``chunk_intra`` is compiled with ``check_keys`` and bound so; GDN's scalar-gate path takes the first two."""
+    from kda import gated_delta, validate
+
+    q, k, v, g, beta = level5_inputs(B=2, per_channel=True)
+    gated_delta.prepare_chunks(q, k, v, g, beta, 0.125, torch.zeros(3, dtype=torch.int32))
+    assert kernel_launches[-1][0] == "chunk_intra" and kernel_launches[-1][1].get("check_keys") is True
+    gated_delta.prepare_chunks(q, k, v, g, beta, 0.125, torch.zeros(2, dtype=torch.int32))
+    assert "check_keys" not in kernel_launches[-1][1]
+    if not per_channel:                                 # the scalar-gate path binds the first two flags
+        monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", True)
+        monkeypatch.setattr(gated_delta, "SCALAR_GATE_MIN_BLOCKS", 0.0)
+        kernel_launches.clear()
+        gated_delta._run_kernels(*level5_inputs(B=2, per_channel=False), 0.125, None, torch.zeros(3, dtype=torch.int32))
+        assert [name for name, _ in kernel_launches] == ["chunk_gated_inverse", "inverse_state_output_pass"]
+    seen = []
+
+    def run_kernels(q, k, v, g, beta, scale, h0, flags=None, *args, **kwargs):
+        seen.append(flags.numel())
+        return torch.zeros_like(v), None
+
+    monkeypatch.setattr(validate, "runs_kernels", lambda q: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(gated_delta, "_run_kernels", run_kernels)
+    q, k, v, g, beta = level5_inputs(B=2, per_channel=per_channel)
+    g = g if per_channel else g[..., 0]
+    for on, options, want in ((True, {}, 3), (True, dict(use_qk_l2norm_in_kernel=True), 2),
+                              (True, dict(check_values=False), 2), (False, {}, 2)):
+        monkeypatch.setattr(gated_delta, "KEY_CHECK_IN_KERNEL", on)
+        gated_delta.forward_eager(q, k, v, g, beta, None, None, False, options.get("use_qk_l2norm_in_kernel", False),
+                                  None, per_channel, options.get("check_values", True))
+        assert seen.pop() == want, (on, options)
+
+
 def test_backward_pair_sums_by_products(kernel_launches, monkeypatch):
     """``PAIR_SUMS_BY_PRODUCTS`` (CUDA faked, KDA, every kernel): ``chunk_pair_gradients`` compiled with
     ``products`` and bound as without it."""

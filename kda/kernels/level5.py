@@ -26,7 +26,8 @@ Mirrors ``kda.reference.level5``.
 import tilelang.language as T
 
 from kda.kernels.build import WARP_SPECIALISED
-from kda.kernels.norms import NORM_SLICE, normalize_rows
+from kda.kernels.norms import NORM_SLICE, normalize_rows, row_square_sums
+from kda.validate import KEY_NORM_SLACK
 from kda.kernels.halvings import halvings
 from kda.kernels.stages import (ACCUM, DIAGONAL_SPAN_MAX, decay_factor, invert_diagonal_blocks_by_columns,
                                 load_beta_checked, load_state, log2_cumsum_by_columns, merge_by_substitution, real,
@@ -40,6 +41,8 @@ SOLVE_BLOCK = 16        # the solve's diagonal blocks (level 4), whatever the sc
 # merges, but still GEMMs: 32-row sub-chunks would send them to the pairwise sums, 14 times slower.
 SUBCHUNK = 16
 WIDE_SUBCHUNK = 32      # half the chunk; None: SUBCHUNK in every chunk
+# The delta rule's bound on b ||k||^2, with the host check's slack for rounding (check_keys)
+KEY_BOUND = 2.0 * KEY_NORM_SLACK
 
 
 # --8<-- [start:intra_helpers]
@@ -130,7 +133,7 @@ def pairwise_diagonal_by_products(Left_s, K_s, A_s, Out_s, factor, beta_s, part_
 def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WIDE_SUBCHUNK, dtype="bfloat16",
                 gate_dtype="float32", threads=256, min_blocks=None, delta=True, varlen=False, value_groups=1,
                 scalar_gate=False, backward_outputs=False, qk_l2norm=False, pairwise="exp", gate_act=None,
-                beta_act=None):
+                beta_act=None, check_keys=False):
     """Everything a chunk needs before the sequential pass, from one load of ``q, k, g`` (and
     ``v, beta``), every chunk at once. Arguments at run time: ``Q, K [B, T, H, DK]``, ``V [B, T,
     H, DV]``, ``g [B, T, H, DK]``, ``beta [B, T, H]`` (float32), ``scale``, then the outputs
@@ -198,6 +201,11 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     arguments after ``chunks``: ``A_log [H]``, ``dt_bias [H, GD]`` (float32) and ``lower_bound``. The value
     checks then see the activated gate (``flags[0]``: not finite) and a raw ``beta`` that is not finite
     (``flags[1]``).
+
+    ``check_keys`` (with the delta rule and raw keys; ``kda.gated_delta``'s ``KEY_CHECK_IN_KERNEL``): ``flags [3]``,
+    ``flags[2] = 1`` where a row's ``b ||k||^2`` exceeds the delta rule's bound 2 by more than rounding
+    (``KEY_BOUND``): the sums of squares of the key tile as it is loaded (``row_square_sums``, in registers),
+    compared once ``b`` is loaded. No pass over the inputs of its own.
     """
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     C, BC = chunk_size, subchunk
@@ -224,6 +232,8 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     assert gate_act in (None, "softplus", "sigmoid") and beta_act in (None, "sigmoid"), "the activations fla names"
     assert not ((gate_act or beta_act) and backward_outputs), "the backward's call activates in torch"
     activations = gate_act is not None or beta_act is not None
+    assert not check_keys or (delta and not qk_l2norm), "check_keys: raw keys, with the delta rule"
+    NF = 3 if check_keys else 2                 # the value flags: gate, beta (and keys)
 
     @T.macro
     def load_gate(g, g_s, G_s, flags, A_log, dt_bias, lower_bound, L, t0, bb, bh):
@@ -241,6 +251,14 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                 else:
                     G_s[i, d] = lower_bound * T.sigmoid(A * x)
             log2_cumsum_by_columns(G_s, G_s, L, C, GD, flags)
+
+    @T.macro
+    def check_key_rows(beta_s, key_sums_s, flags, L):
+        """``flags[2] = 1`` where a row's ``b ||k||^2`` exceeds ``KEY_BOUND`` (``check_keys``)."""
+        for i in T.Parallel(C):
+            if i < L:
+                if beta_s[i] * key_sums_s[i] > KEY_BOUND:
+                    flags[2] = 1
 
     @T.macro
     def load_beta(beta, beta_s, flags, t0, L, bb, bh):
@@ -439,6 +457,12 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
         # q: straight into the left operand for a scalar gate (its GEMM takes the raw inputs)
         T.copy(Q[bb, t0:t0 + C, hq, :], Lft_s[0:C, :] if scalar_gate else Rgt_s)
         T.copy(K[bb, t0:t0 + C, hq, :], K_s)
+        if check_keys:                                  # each key row's ||k||^2, before K_s is rewritten
+            keys_f = T.alloc_fragment([C, NORM_SLICE], ACCUM)
+            key_sums = T.alloc_fragment([C], ACCUM)
+            key_sums_s = T.alloc_shared([C], ACCUM)
+            row_square_sums(K_s, keys_f, key_sums, C, DK)
+            T.copy(key_sums, key_sums_s)
         if qk_l2norm:
             norm_f = T.alloc_fragment([C, NORM_SLICE], ACCUM)          # kda.kernels.norms' scratch
             sum_f = T.alloc_fragment([C], ACCUM)
@@ -457,6 +481,8 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             A_s = T.alloc_shared([C, C], ACCUM)                 # A_kk times b, float32
         if scalar_gate:
             load_beta(beta, beta_s, flags, t0, L, bb, bh)
+            if check_keys:
+                check_key_rows(beta_s, key_sums_s, flags, L)
             scores_scalar_gate(Qw, Kw, scale, Lft_s, K_s, G_s, Rgt_s, A, Aqk_s, A_s, beta_s, t0, L, bb, bh)
         else:
             # Ke = k 2^(G_end - G), float32; in place of G for bf16 (fp16 needs G again for tf32)
@@ -496,6 +522,8 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                 Aqk_s[i, j] = T.if_then_else(j <= i, A[i, j] * scale, 0.0)
             if delta:
                 load_beta(beta, beta_s, flags, t0, L, bb, bh)
+                if check_keys:
+                    check_key_rows(beta_s, key_sums_s, flags, L)
                 for i, j in T.Parallel(C, C):
                     A_s[i, j] = T.if_then_else(j < i, A[C + i, j] * row_b(beta_s, i), 0.0)
 
@@ -584,7 +612,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             A_qk: T.Tensor([B, S, H, C], dtype),
             W: T.Tensor([B, S, H, DK], dtype),
             U: T.Tensor([B, S, H, DV], dtype),
-            flags: T.Tensor([2], "int32"),
+            flags: T.Tensor([NF], "int32"),
             chunks: T.Tensor([1, 1], "int32"),
             G_out: T.Tensor([B, H, NC * C, GD], ACCUM),
             Tinv_out: T.Tensor([B, S, H, C], dtype),
@@ -613,7 +641,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             A_qk: T.Tensor([BA, S, H, C], dtype),
             W: T.Tensor([BA, S, H, DK], dtype),
             U: T.Tensor([BA, S, H, DV], dtype),
-            flags: T.Tensor([2], "int32"),
+            flags: T.Tensor([NF], "int32"),
             chunks: T.Tensor([NC, 2] if varlen else [1, 1], "int32"),
             A_log: T.Tensor([H], ACCUM),
             dt_bias: T.Tensor([H, GD], ACCUM),
@@ -650,7 +678,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
         A_qk: T.Tensor([BB, S, H, C], dtype),
         W: T.Tensor(used([BB, S, H, DK], delta), dtype),
         U: T.Tensor(used([BB, S, H, DV], delta), dtype),
-        flags: T.Tensor([2], "int32"),
+        flags: T.Tensor([NF], "int32"),
         chunks: T.Tensor(used([NC, 2], varlen), "int32"),
     ):
         with T.Kernel(NC, H, BB, threads=threads) as (c, bh, bb):

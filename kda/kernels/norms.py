@@ -19,16 +19,23 @@ NORM_SLICE = 32         # columns squared per register reduction (chunk_intra's 
 
 # --8<-- [start:l2_norm]
 @T.macro
-def normalize_rows(X_s, norm_f, sum_f, inv_s, C, D):
-    """Each of the first ``C`` rows of ``X_s [*, D]`` divided by its L2 norm, in place (``norm_f [C,
-    NORM_SLICE]``, ``sum_f [C]`` float32 and ``inv_s [C]``: scratch): the squares summed by register
-    reductions over slices of columns, then one scaling pass."""
+def row_square_sums(X_s, norm_f, sum_f, C, D):
+    """``sum_f [C]`` (float32) = the sum of squares of each of the first ``C`` rows of ``X_s [*, D]``, by register
+    reductions over slices of columns (``norm_f [C, NORM_SLICE]``: scratch)."""
     T.clear(sum_f)
     for part in T.unroll(D // NORM_SLICE):
         for i, d in T.Parallel(C, NORM_SLICE):
             x = T.Cast(ACCUM, X_s[i, part * NORM_SLICE + d])
             norm_f[i, d] = x * x
         T.reduce_sum(norm_f, sum_f, dim=1, clear=False)
+
+
+@T.macro
+def normalize_rows(X_s, norm_f, sum_f, inv_s, C, D):
+    """Each of the first ``C`` rows of ``X_s [*, D]`` divided by its L2 norm, in place (``norm_f [C,
+    NORM_SLICE]``, ``sum_f [C]`` float32 and ``inv_s [C]``: scratch): the squares summed by register
+    reductions over slices of columns (``row_square_sums``), then one scaling pass."""
+    row_square_sums(X_s, norm_f, sum_f, C, D)
     for i in T.Parallel(C):
         inv_s[i] = T.rsqrt(sum_f[i] + EPS)
     for i, d in T.Parallel(C, D):
