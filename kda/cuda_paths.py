@@ -291,9 +291,10 @@ PATHS: tuple[CudaPath, ...] = (
         module="kda.gated_delta",
         switch="KEY_CHECK_IN_KERNEL",
         what={"en": "with check_values, raw keys checked against the delta rule's bound (beta ||k||^2 <= 2) in "
-                    "chunk_intra's value checks, as they are loaded (GDN's scalar-gate path not yet)",
-              "zh": "check_values 时，在 chunk_intra 的取值检查里、随加载检查原始键是否满足 delta 规则的界"
-                    "（beta ||k||^2 <= 2）（GDN 的标量门控路径尚未检查）"},
+                    "the first kernel's value checks (chunk_intra as it loads them; GDN's chunk_gated_inverse from "
+                    "its K K^T)",
+              "zh": "check_values 时，在第一个 kernel 的取值检查里检查原始键是否满足 delta 规则的界"
+                    "（beta ||k||^2 <= 2）（chunk_intra 随加载检查；GDN 的 chunk_gated_inverse 由其 K K^T 检查）"},
     ),
     CudaPath(
         name="pair_sums_by_halvings",

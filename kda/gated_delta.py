@@ -95,8 +95,8 @@ PAIRWISE_BY_HALVINGS = False
 # CUDA: with check_values, the keys against the delta rule's bound (beta ||k||^2 <= 2, kda.validate.check_key_norms)
 # in chunk_intra's value checks (check_keys: the sums of squares of the key tile as it is loaded, flags[2]), for
 # raw keys (not use_qk_l2norm_in_kernel), so that keys that would diverge are an error on CUDA too, as on the CPU,
-# with no pass of their own. GDN's scalar-gate path (its own first kernel) does not check them yet. Not yet run on
-# a GPU.
+# with no pass of their own; GDN's scalar-gate path in its chunk_gated_inverse, from the diagonal of the K K^T it
+# makes anyway. Not yet run on a GPU.
 KEY_CHECK_IN_KERNEL = False
 
 
@@ -410,8 +410,6 @@ def _run_kernels(q, k, v, g, beta, scale, h0, flags=None, table=None, output_fin
         if block_dv is not None:
             if qk_l2norm:                                # its kernels read q and k as they are
                 q, k = l2_normalized(q), l2_normalized(k)
-            # its first kernel checks the gate and beta only (flags[:2]; KEY_CHECK_IN_KERNEL's keys not yet)
-            flags = flags[:2] if flags is not None else None
             return _run_scalar_gate(q, k, v, g, beta, scale, h0, flags, table, output_final_state, check, block_dv)
     form = prepare_chunks(q, k, v, g, beta, scale, flags, table, qk_l2norm=qk_l2norm, activation=activation)
     launch, o, ht = state_pass_launch(form, h0, table, output_final_state)
@@ -453,7 +451,7 @@ def scalar_gate_columns(B: int, H: int, DV: int, sm_count: int) -> int | None:
 def scalar_gate_inverse(k, g, beta, H, flags=None, table=None):
     """``chunk_gated_inverse`` over every chunk (of the packed sequences of ``table``): ``(G [B, H, NC C],
     Tb [B, T, H, C])``, ``g [B, T, H(, 1)]``, ``H`` the value heads; ``flags`` (int32 ``[2]``, zeroed)
-    collects its value checks of ``g`` and ``beta``."""
+    collects its value checks of ``g`` and ``beta``, ``[3]`` those of the keys too (``check_keys``)."""
     from kda.kernels import scalar_gate
     from kda.kernels.build import compile_program
 
@@ -463,7 +461,8 @@ def scalar_gate_inverse(k, g, beta, H, flags=None, table=None):
     with torch.cuda.device(k.device):
         inverse = compile_program(scalar_gate.chunk_gated_inverse, (), DK=DK, chunk_size=C,
                                   dtype=ops.dtype_name(k.dtype), gate_dtype=str(g.dtype).removeprefix("torch."),
-                                  value_groups=H // HQ, varlen=table is not None, **SCALAR_GATE_INVERSE_CONFIG)
+                                  value_groups=H // HQ, varlen=table is not None, **SCALAR_GATE_INVERSE_CONFIG,
+                                  **({"check_keys": True} if flags is not None and flags.numel() == 3 else {}))
         G = ops.new_output((B, H, NC * C), torch.float32, k.device)
         Tb = ops.new_output((B, T, H, C), k.dtype, k.device)
         if flags is None:

@@ -498,16 +498,23 @@ def test_state_flags(packed, initial, final, poisoned):
 
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
 @pytest.mark.parametrize("HV", [2, 4], ids=["heads", "grouped_value_heads"])
-@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn_level5_path"])
-def test_keys_past_the_bound_raise_in_the_kernel(per_channel, HV, packed, monkeypatch):
+@pytest.mark.parametrize("per_channel, scalar_path", [(True, False), (False, False), (False, True)],
+                         ids=["kda", "gdn_level5_path", "gdn_scalar_gate_path"])
+def test_keys_past_the_bound_raise_in_the_kernel(per_channel, scalar_path, HV, packed, monkeypatch):
     """``KEY_CHECK_IN_KERNEL``: on CUDA, a raw key whose ``beta ||k||^2`` exceeds 2 is flagged by ``chunk_intra`` as
     it loads the keys, and the call raises the host check's error (naming ``k``, the value, where); keys at the bound
     pass, a tail chunk and packed sequences included, and so do keys x10 with ``use_qk_l2norm_in_kernel`` (not
-    checked: the kernel normalizes them). GDN on level 5's path (its scalar-gate path checks no keys yet)."""
+    checked: the kernel normalizes them). GDN on level 5's path and on its scalar-gate path (``chunk_gated_inverse``
+    reads ``||k||^2`` off its ``K K^T``), the latter seen taken."""
     from kda import gated_delta
 
     monkeypatch.setattr(gated_delta, "KEY_CHECK_IN_KERNEL", True)
-    monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", False)
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", scalar_path)
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_PACKED", scalar_path)
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_MIN_BLOCKS", 0.0)
+    taken = []
+    monkeypatch.setattr(gated_delta, "_run_scalar_gate", lambda *a, run=gated_delta._run_scalar_gate: taken.append(1)
+                        or run(*a))
     gen = torch.Generator(device="cuda").manual_seed(HV)
     T, H, D = 200, 2, 128
     q = torch.randn(1, T, H, D, generator=gen, device="cuda").bfloat16()
@@ -528,3 +535,4 @@ def test_keys_past_the_bound_raise_in_the_kernel(per_channel, HV, packed, monkey
         fn(q, k_bad.bfloat16(), v, g, beta, cu_seqlens=cu)
     o, _ = fn(q, (k * 10).bfloat16(), v, g, beta, cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
     assert torch.isfinite(o).all()
+    assert bool(taken) == scalar_path

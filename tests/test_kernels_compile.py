@@ -92,6 +92,9 @@ CASES = [
     ("scalar_gate", "chunk_gated_inverse", dict(DK=128, dtype="bfloat16", varlen=True, value_groups=2)),
     ("scalar_gate", "chunk_gated_inverse", dict(DK=128, dtype="bfloat16", merge="products", min_blocks=1)),
     ("scalar_gate", "chunk_gated_inverse", dict(DK=128, dtype="bfloat16", heads_first=True, chunks_per_block=1)),
+    # the keys against the delta rule's bound from K K^T's diagonal (KEY_CHECK_IN_KERNEL)
+    ("scalar_gate", "chunk_gated_inverse", dict(DK=128, dtype="bfloat16", check_keys=True)),
+    ("scalar_gate", "chunk_gated_inverse", dict(DK=64, dtype="float16", varlen=True, value_groups=2, check_keys=True)),
     ("scalar_gate", "inverse_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", varlen=True,
                                                       value_groups=2, initial_state=True, final_state=True)),
     ("backward_states", "forward_states_pass", dict(DK=128, DV=128)),

@@ -534,7 +534,7 @@ def test_level5_steep_chunk_switches(kernel_launches, monkeypatch, per_channel, 
 def test_key_check_in_kernel(kernel_launches, per_channel, monkeypatch):
     """``KEY_CHECK_IN_KERNEL``: ``forward_eager`` on CUDA hands the kernels three value flags where it checks raw keys
     (not with ``use_qk_l2norm_in_kernel`` or ``check_values=False``, nor with the switch off), and
-    ``chunk_intra`` is compiled with ``check_keys`` and bound so; GDN's scalar-gate path takes the first two."""
+    ``chunk_intra`` (or GDN's ``chunk_gated_inverse``) is compiled with ``check_keys`` and bound so."""
     from kda import gated_delta, validate
 
     q, k, v, g, beta = level5_inputs(B=2, per_channel=True)
@@ -542,12 +542,13 @@ def test_key_check_in_kernel(kernel_launches, per_channel, monkeypatch):
     assert kernel_launches[-1][0] == "chunk_intra" and kernel_launches[-1][1].get("check_keys") is True
     gated_delta.prepare_chunks(q, k, v, g, beta, 0.125, torch.zeros(2, dtype=torch.int32))
     assert "check_keys" not in kernel_launches[-1][1]
-    if not per_channel:                                 # the scalar-gate path binds the first two flags
+    if not per_channel:                                 # the scalar-gate path: its first kernel checks them
         monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", True)
         monkeypatch.setattr(gated_delta, "SCALAR_GATE_MIN_BLOCKS", 0.0)
         kernel_launches.clear()
         gated_delta._run_kernels(*level5_inputs(B=2, per_channel=False), 0.125, None, torch.zeros(3, dtype=torch.int32))
         assert [name for name, _ in kernel_launches] == ["chunk_gated_inverse", "inverse_state_output_pass"]
+        assert kernel_launches[0][1].get("check_keys") is True
     seen = []
 
     def run_kernels(q, k, v, g, beta, scale, h0, flags=None, *args, **kwargs):

@@ -26,12 +26,12 @@ Mirrors ``kda.reference.level5``.
 import tilelang.language as T
 
 from kda.kernels.build import WARP_SPECIALISED
-from kda.kernels.norms import NORM_SLICE, normalize_rows, row_square_sums
-from kda.validate import KEY_NORM_SLACK
 from kda.kernels.halvings import halvings
+from kda.kernels.norms import NORM_SLICE, normalize_rows, row_square_sums
 from kda.kernels.stages import (ACCUM, DIAGONAL_SPAN_MAX, decay_factor, invert_diagonal_blocks_by_columns,
                                 load_beta_checked, load_state, log2_cumsum_by_columns, merge_by_substitution, real,
                                 state_shape, store_state, tf32_nearest, wy_tail)
+from kda.validate import KEY_NORM_SLACK
 
 SOLVE_BLOCK = 16        # the solve's diagonal blocks (level 4), whatever the scores' sub-chunk
 # Rows per score sub-chunk. Where a chunk's gate falls by at most 2^96 over each 32-row half, one

@@ -25,6 +25,7 @@ the path is GDN's where its blocks fill the SMs (``kda.gated_delta.SCALAR_GATE_P
 import tilelang.language as T
 
 from kda.kernels.build import WARP_SPECIALISED
+from kda.kernels.level5 import KEY_BOUND
 from kda.kernels.stages import (ACCUM, decay_factor, invert_diagonal_blocks_by_columns, load_beta_checked,
                                 load_state, log2_cumsum_by_columns, merge_by_substitution, real, state_shape,
                                 store_state)
@@ -33,7 +34,7 @@ from kda.kernels.stages import (ACCUM, decay_factor, invert_diagonal_blocks_by_c
 # --8<-- [start:chunk_gated_inverse]
 def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtype="float32", value_groups=1,
                         varlen=False, threads=128, chunks_per_block=4, num_stages=1, min_blocks=3,
-                        merge="substitution", heads_first=False):
+                        merge="substitution", heads_first=False, check_keys=False):
     """Arguments at run time: ``K [B, T, HQ, DK]``, ``g [B, T, H]`` (``gate_dtype``, natural log),
     ``beta [B, T, H]`` (float32), then the outputs ``G [B, H, NC C]`` (float32: chunk ``c``'s cumsum in
     log2 units at ``c C ..``, flat past the end), ``Tb [B, T, H, C]`` (dtype; zero above the diagonal and
@@ -49,7 +50,9 @@ def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtyp
     that merges by substitution): 0.350 ms at (1, 8192, 96, 128) against 0.745 for 8 chunks, two stages and one block
     per SM (159 registers); three blocks per SM need 78 registers and one stage to fit in shared memory.
     ``heads_first``: the heads along the grid's first axis, so that blocks launched together read the same
-    tokens of neighbouring heads (FlashQLA's ``kkt_solve`` order; not yet timed here)."""
+    tokens of neighbouring heads (FlashQLA's ``kkt_solve`` order; not yet timed here). ``check_keys`` (raw keys;
+    ``kda.gated_delta``'s ``KEY_CHECK_IN_KERNEL``): ``flags [3]``, ``flags[2] = 1`` where a row's ``b ||k||^2``
+    (``||k||^2`` the diagonal of its ``K K^T``, already made) exceeds ``kda.kernels.level5.KEY_BOUND``."""
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     HQ = T.dynamic("HQ")
     C = chunk_size
@@ -66,7 +69,7 @@ def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtyp
         beta: T.Tensor([BB, S, H], ACCUM),
         G: T.Tensor([BB, H, NC * C], ACCUM),
         Tb: T.Tensor([BB, S, H, C], dtype),
-        flags: T.Tensor([2], "int32"),
+        flags: T.Tensor([3 if check_keys else 2], "int32"),
         chunks: T.Tensor([NC, 2] if varlen else [1, 1], "int32"),
     ):
         grid = (H, T.ceildiv(NC, chunks_per_block)) if heads_first else (T.ceildiv(NC, chunks_per_block), H)
@@ -105,6 +108,9 @@ def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtyp
                     T.clear(Tinv_s)
                 for i, j in T.Parallel(C, C):       # rows past the end: b = 0
                     A_s[i, j] = KK[i, j] * b_s[i] * decay_factor(G_s[i, 0] - G_s[j, 0]) * real(j < i)
+                    if check_keys:                  # the diagonal: b ||k||^2 against the delta rule's bound
+                        if i == j and KK[i, j] * b_s[i] > KEY_BOUND:
+                            flags[2] = 1
                 invert_diagonal_blocks_by_columns(A_s, Tinv_s, x_col, C, block)
                 if merge == "products":             # four tf32 GEMMs (level 4's merge_by_products)
                     merge_by_products(A_s, Tinv_s, C, block)
