@@ -100,6 +100,18 @@ PAIRWISE_BY_HALVINGS = False
 KEY_CHECK_IN_KERNEL = False
 
 
+def raise_flagged_inputs(flags, g, beta, k) -> None:
+    """``validate.raise_flagged_values`` for the gate and ``beta`` (``flags[0]``, ``flags[1]``), then the keys
+    (``flags[2]``, where the first kernel checked them: ``check_keys``): the host check's error, with the worst
+    key and where (``validate.check_key_norms``; ``beta`` activated)."""
+    bad = flags.tolist()
+    validate.raise_flagged_values(flags[:2], g, beta)
+    if len(bad) > 2 and bad[2]:
+        validate.check_key_norms(k, beta)                       # raises with the worst key found
+        raise ValueError("k: the kernel found beta * ||k||^2 > 2, past the delta rule's bound; normalize the keys "
+                         "(use_qk_l2norm_in_kernel=True)")
+
+
 def steep_chunks() -> dict:
     """``chunk_intra``'s compile flag for the diagonal blocks of steep chunks, by the two switches above."""
     if PAIRWISE_BY_HALVINGS:
@@ -192,9 +204,9 @@ def forward_eager(q, k, v, g, beta, scale, initial_state, output_final_state, us
         fused = use_qk_l2norm_in_kernel and L2NORM_IN_KERNEL     # the norm in the kernels where they can
         q, k, g = kernel_inputs(q, k, g, use_qk_l2norm_in_kernel and not fused)
         table = chunk_table(bounds, q.device) if bounds is not None else None
-        check = (lambda flags: validate.raise_flagged_values(flags, g_given, beta, k_given)) if check_values else None
+        check = (lambda flags: raise_flagged_inputs(flags, g_given, beta, k_given)) if check_values else None
         if check_values and activation is not None:      # the full check's errors on the activated values
-            check = lambda flags: validate.raise_flagged_values(
+            check = lambda flags: raise_flagged_inputs(
                 flags, *activation.apply(g_given, beta, torch.float32), k_given) if any(flags.tolist()) else None
         o, final = _run_kernels(q, k, v, g, beta, scale, h0, flags, table, output_final_state, check, qk_l2norm=fused,
                                 activation=activation)
@@ -282,7 +294,7 @@ def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None, backward_out
                    activation=None):
     """Stage 1 of the level-5 pipeline (``chunk_intra``), every chunk of the batch at once.
     ``flags`` (int32 ``[2]``, zeroed) collects the kernel's value checks of ``g`` and ``beta``, ``[3]`` those of
-    the keys too (``check_keys``; ``validate.raise_flagged_values``); ``None`` for callers that checked the values
+    the keys too (``check_keys``; ``raise_flagged_inputs``); ``None`` for callers that checked the values
     before. With the
     ``table`` of packed sequences (``chunk_table``, ``B = 1``) every chunk of every sequence is
     one block of the same launch. ``backward_outputs`` (dense; ``kda.backward``): returns ``(form, G, Tinv,

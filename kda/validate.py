@@ -228,22 +228,17 @@ def launch_then_check(flags, launch, check=None) -> None:
     check(host)
 
 
-def raise_flagged_values(flags, g, beta=None, k=None) -> None:
+def raise_flagged_values(flags, g, beta=None) -> None:
     """After a first kernel that checks values (``chunk_cumsum``, ``chunk_intra``, ``chunk_wy``): the
     errors of the full value checks if it flagged a gate (``flags[0]``; ``g`` given) or a ``beta``
-    (``flags[1]``; ``beta`` given) out of range, or keys past the delta rule's bound (``flags[2]``, where the
-    kernel checked them: ``chunk_intra`` with ``check_keys``; ``k`` and the activated ``beta`` given). ``flags``
-    on the host (``launch_then_check``) or the device (one read-back)."""
-    bad_gate, bad_beta, *bad_keys = flags.tolist()
+    (``flags[1]``; ``beta`` given) out of range. ``flags`` on the host (``launch_then_check``) or
+    the device (one read-back)."""
+    bad_gate, bad_beta = flags.tolist()
     if bad_gate:
         raise_flagged_gates(g)
     if bad_beta:
         check_beta(beta, *beta.shape, beta.device)              # raises with the range found
         raise ValueError("beta must lie in [0, 1]: the kernel found a value out of range")
-    if bad_keys and bad_keys[0]:
-        check_key_norms(k, beta)                                # raises with the worst key found
-        raise ValueError("k: the kernel found beta * ||k||^2 > 2, past the delta rule's bound; normalize the keys "
-                         "(use_qk_l2norm_in_kernel=True)")
 
 
 def check_beta(beta, B: int, T: int, H: int, device, check_values: bool = True) -> None:

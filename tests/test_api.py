@@ -234,17 +234,17 @@ def test_keys_bound_per_value_head():
 
 
 def test_flagged_keys_raise_the_full_checks_error():
-    """``chunk_intra``'s third flag (``check_keys``, ``KEY_CHECK_IN_KERNEL``) raises the host check's error, with
+    """The first kernel's third flag (``check_keys``, ``KEY_CHECK_IN_KERNEL``) raises the host check's error, with
     the worst key and where; two flags (a kernel that checks no keys) never do."""
-    from kda import validate
+    from kda.gated_delta import raise_flagged_inputs
 
     q, k, v, g, beta = delta_inputs()
     beta = torch.ones_like(beta)
     k_bad = k.clone()
     k_bad[0, 9, 0] *= 1.5
-    validate.raise_flagged_values(torch.tensor([0, 0]), g, beta, k_bad)
-    validate.raise_flagged_values(torch.tensor([0, 0, 0]), g, beta, k_bad)
+    raise_flagged_inputs(torch.tensor([0, 0]), g, beta, k_bad)
+    raise_flagged_inputs(torch.tensor([0, 0, 0]), g, beta, k_bad)
     with pytest.raises(ValueError, match=r"k: beta \* \|\|k\|\|\^2 = 2\.25 > 2 \(batch 0, token 9, value head 0\)"):
-        validate.raise_flagged_values(torch.tensor([0, 0, 1]), g, beta, k_bad)
+        raise_flagged_inputs(torch.tensor([0, 0, 1]), g, beta, k_bad)
     with pytest.raises(ValueError, match="the kernel found beta"):            # flagged, within the host's slack
-        validate.raise_flagged_values(torch.tensor([0, 0, 1]), g, beta, k)
+        raise_flagged_inputs(torch.tensor([0, 0, 1]), g, beta, k)
