@@ -4,7 +4,8 @@
 # the keys checked in chunk_intra (KEY_CHECK_IN_KERNEL) and of the layer's compile test as rewritten after run 105,
 # then the pair kernel alone by halvings
 # (run101-pairs.py, VARIANT_SET=run106), then run106-halvings.py (the forward's steep gates and the layer's call
-# beside fla's; KDA forward + backward by halvings), each within what is left of TOTAL. Logs and caches to $OUT.
+# beside fla's; KDA forward + backward by halvings), then run106-layer.py (the layer's prefill with kda's ops and with
+# fla's), each within what is left of TOTAL. Logs and caches to $OUT.
 # PARTS=tests or PARTS=timings runs one half (two calls back to back keep the machine warm: the first try of this
 # call, in one piece, lost its machine with nothing returned, and a half that returns says where that happened).
 set -u
@@ -23,6 +24,7 @@ if [[ " $PARTS " == *" timings "* ]]; then
 VARIANT_SET=run106 timeout -k 5 $(( $(left) > 150 ? 150 : $(left) )) python results/tuning/run101-pairs.py 2>&1 \
   | grep "^{" | tail -12
 timeout -k 5 $(( $(left) - 25 )) python results/tuning/run106-halvings.py steep backward 2>&1 | grep "^{\|Error" | tail -20
+[ "$(left)" -gt 80 ] && timeout -k 5 $(( $(left) - 25 )) python results/tuning/run106-layer.py 2>&1 | grep "^{\|Error" | tail -9
 fi
 python -c "import os; from pathlib import Path; from kda.site.rerecord import pack_caches; pack_caches(Path(os.environ['OUT']))" \
   2>&1 | tail -1
