@@ -650,10 +650,11 @@ def kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, dtype,
         states = compile_program(kernels.chunk_state_gradients, (), DK=DK, DV=DV, **config, **grads)
         shared = dict(shared_pairs=True) if SHARED_PAIR_SUMS and beta is not None else {}
         finish = dict(finish_gate=True) if GATE_IN_PAIR_KERNEL else {}
+        # the pairs inside a sub-chunk: by halvings (with shared_pairs), else by products, else one by one
+        inside = dict(halve_to=PAIR_HALVINGS_TO) if PAIR_SUMS_BY_HALVINGS and shared else \
+            dict(products=True) if PAIR_SUMS_BY_PRODUCTS else {}
         blocks = {**(dict(min_blocks=2) if PAIR_KERNEL_TWO_BLOCKS and beta is not None and DK == 128 else {}),
-                  **(PAIR_KERNEL_CHANNELS if PAIR_KERNEL_BY_CHANNELS else {}),
-                  **(dict(products=True) if PAIR_SUMS_BY_PRODUCTS and not (PAIR_SUMS_BY_HALVINGS and shared) else {}),
-                  **(dict(halve_to=PAIR_HALVINGS_TO) if PAIR_SUMS_BY_HALVINGS and shared else {})}
+                  **(PAIR_KERNEL_CHANNELS if PAIR_KERNEL_BY_CHANNELS else {}), **inside}
         pairs = compile_program(kernels.chunk_pair_gradients, (), DK=DK, **config, **shared, **finish, **blocks)
         new = lambda *shape, dt=torch.float32: ops.new_output(shape, dt, q.device)
         Q, K = low(q), low(k)

@@ -104,12 +104,17 @@ def raise_flagged_inputs(flags, g, beta, k) -> None:
     """``validate.raise_flagged_values`` for the gate and ``beta`` (``flags[0]``, ``flags[1]``), then the keys
     (``flags[2]``, where the first kernel checked them: ``check_keys``): the host check's error, with the worst
     key and where (``validate.check_key_norms``; ``beta`` activated)."""
-    bad = flags.tolist()
-    validate.raise_flagged_values(flags[:2], g, beta)
-    if len(bad) > 2 and bad[2]:
+    host = flags.cpu()                                          # one read-back for every flag
+    validate.raise_flagged_values(host[:2], g, beta)
+    if len(host) > 2 and host[2]:
         validate.check_key_norms(k, beta)                       # raises with the worst key found
         raise ValueError("k: the kernel found beta * ||k||^2 > 2, past the delta rule's bound; normalize the keys "
                          "(use_qk_l2norm_in_kernel=True)")
+
+
+def keys_checked(flags) -> dict:
+    """The first kernel's compile flag for the keys' check: on where the caller hands it three value flags."""
+    return {"check_keys": True} if flags is not None and flags.numel() == 3 else {}
 
 
 def steep_chunks() -> dict:
@@ -313,7 +318,7 @@ def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None, backward_out
     with torch.cuda.device(q.device):
         extra = {name: True for name, on in (("backward_outputs", backward_outputs), ("qk_l2norm", qk_l2norm)) if on}
         extra.update(steep_chunks() if g.shape[-1] > 1 else {})
-        extra.update({"check_keys": True} if flags is not None and flags.numel() == 3 else {})
+        extra.update(keys_checked(flags))
         acts = []                                        # A_log, dt_bias, lower_bound after the chunk table
         if activation is not None:
             extra.update(gate_act=activation.gate, beta_act=activation.beta)
@@ -474,7 +479,7 @@ def scalar_gate_inverse(k, g, beta, H, flags=None, table=None):
         inverse = compile_program(scalar_gate.chunk_gated_inverse, (), DK=DK, chunk_size=C,
                                   dtype=ops.dtype_name(k.dtype), gate_dtype=str(g.dtype).removeprefix("torch."),
                                   value_groups=H // HQ, varlen=table is not None, **SCALAR_GATE_INVERSE_CONFIG,
-                                  **({"check_keys": True} if flags is not None and flags.numel() == 3 else {}))
+                                  **keys_checked(flags))
         G = ops.new_output((B, H, NC * C), torch.float32, k.device)
         Tb = ops.new_output((B, T, H, C), k.dtype, k.device)
         if flags is None:
@@ -545,8 +550,8 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
             which the pass runs while the caller goes on. ``False`` skips the read-back (a bad
             value then gives a wrong result, not an error). On the CPU, without
             ``use_qk_l2norm_in_kernel``, also raise if ``beta ||k||^2 > 2`` somewhere (the delta rule's
-            update leaves ``[-1, 1]`` and the state diverges; ``validate.check_key_norms``); the CUDA
-            kernels do not check the keys yet.
+            update leaves ``[-1, 1]`` and the state diverges; ``validate.check_key_norms``); on CUDA the
+            first kernel checks the keys only with ``KEY_CHECK_IN_KERNEL`` (off until its GPU tests pass).
         cu_seqlens_cpu: a host copy of ``cu_seqlens`` (as in fla); given, the boundaries are not
             read back from the GPU. It must equal ``cu_seqlens``; that is not checked.
 

@@ -32,7 +32,7 @@ to a real row). Not yet run on a GPU: ``kda.backward`` calls it only with its sw
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
 import tilelang.language as T
 
-from kda.kernels.halvings import halvings
+from kda.kernels.halvings import halvings, upper_half_end
 from kda.kernels.stages import (ACCUM, decay_factor, invert_diagonal_blocks_by_columns, load_beta_checked,
                                 log2_cumsum_by_columns, merge_by_substitution)
 from kda.kernels.level5 import token_decays
@@ -500,7 +500,7 @@ def summed_pair_cols(s1_s, x1_s, s2_s, x2_s, G_s, Y1_s, Y2_s, R_f, tmp_f, scale,
 
 # --8<-- [start:halved_pair_sums]
 @T.macro
-def halved_pair_sums(dP_s, dA_s, q_s, k_s, G_s, Y1_s, Y2_s, R_f, tmp_f, dK_f, dG_f, scale, C, sub):
+def halved_pair_sums(dP_s, dA_s, q_s, k_s, G_s, F_s, Y1_s, Y2_s, R_f, tmp_f, dK_f, dG_f, scale, C, sub):
     """The pair sums of ``shared_pair_rows`` and ``summed_pair_cols`` over the pairs of different sub-chunks (of
     ``sub`` rows), added to ``R_f`` (``rows(dP, K)``), ``dK_f`` and ``dG_f``, by halvings: for blocks of ``2h``
     rows (``h = C / 2, C / 4, .., sub``), the pairs with ``i`` in a block's lower half and ``j`` in its upper half
@@ -508,7 +508,8 @@ def halved_pair_sums(dP_s, dA_s, q_s, k_s, G_s, Y1_s, Y2_s, R_f, tmp_f, dK_f, dG
     any gate: a factor that underflows stands for a smaller product), so each halving is four GEMMs of the pair
     matrices with rows scaled to ``b``. Every pair of different sub-chunks falls in exactly one halving. Before
     the halving of ``h``, ``dP_s`` and ``dA_s`` keep only the pairs inside blocks of ``2h`` rows (zeroed in place,
-    coarse to fine: the caller is done with the pairs across blocks)."""
+    coarse to fine: the caller is done with the pairs across blocks). ``F_s [C, *]`` (float32): each row's factor
+    to ``b``, one exponential per element and halving for the four GEMMs' scalings."""
     DK = k_s.shape[1]
     for h in halvings(C, sub):                                  # a Python tuple: each halving its own code
         if h < C // 2:
@@ -516,32 +517,35 @@ def halved_pair_sums(dP_s, dA_s, q_s, k_s, G_s, Y1_s, Y2_s, R_f, tmp_f, dK_f, dG
                 if i // (2 * h) != j // (2 * h):
                     dP_s[i, j] = 0.0
                     dA_s[i, j] = 0.0
-        last = lambda x: (x // (2 * h)) * (2 * h) + h - 1          # b: the upper half's last row of x's block
+        b = lambda x: upper_half_end(x, h)
+        for i, d in T.Parallel(C, DK):                          # 2^(G_i - G_b) below b, 2^(G_b - G_i) up to it
+            e = G_s[i, d] - G_s[b(i), d]
+            F_s[i, d] = decay_factor(T.if_then_else(i > b(i), e, -e))
         # rows: sum over j in the upper half of s_ij k_j 2^(G_b - G_j), then times 2^(G_i - G_b) on the lower half
         for j, d in T.Parallel(C, DK):
-            Y1_s[j, d] = T.if_then_else(j <= last(j), k_s[j, d] * decay_factor(G_s[last(j), d] - G_s[j, d]), 0.0)
+            Y1_s[j, d] = T.if_then_else(j <= b(j), k_s[j, d] * F_s[j, d], 0.0)
         T.gemm(dP_s, Y1_s, tmp_f, clear_accum=True)
         for i, d in T.Parallel(C, DK):
-            if i > last(i):
-                R_f[i, d] = R_f[i, d] + tmp_f[i, d] * decay_factor(G_s[i, d] - G_s[last(i), d])
+            if i > b(i):
+                R_f[i, d] = R_f[i, d] + tmp_f[i, d] * F_s[i, d]
         T.gemm(dA_s, Y1_s, tmp_f, clear_accum=True)
         for i, d in T.Parallel(C, DK):
-            if i > last(i):
+            if i > b(i):
                 part = T.alloc_var(ACCUM)
-                part = tmp_f[i, d] * decay_factor(G_s[i, d] - G_s[last(i), d])
+                part = tmp_f[i, d] * F_s[i, d]
                 dK_f[i, d] = dK_f[i, d] + part
                 dG_f[i, d] = dG_f[i, d] + T.Cast(ACCUM, k_s[i, d]) * part
         # columns: sum over i in the lower half of s_ij (scale q_i, k_i) 2^(G_i - G_b), times 2^(G_b - G_j) on the upper
         for i, d in T.Parallel(C, DK):
-            down = T.if_then_else(i > last(i), decay_factor(G_s[i, d] - G_s[last(i), d]), 0.0)
+            down = T.if_then_else(i > b(i), F_s[i, d], 0.0)
             Y1_s[i, d] = scale * q_s[i, d] * down
             Y2_s[i, d] = k_s[i, d] * down
         T.gemm(dP_s, Y1_s, tmp_f, transpose_A=True, clear_accum=True)
         T.gemm(dA_s, Y2_s, tmp_f, transpose_A=True)
         for j, d in T.Parallel(C, DK):
-            if j <= last(j):
+            if j <= b(j):
                 part = T.alloc_var(ACCUM)
-                part = tmp_f[j, d] * decay_factor(G_s[last(j), d] - G_s[j, d])
+                part = tmp_f[j, d] * F_s[j, d]
                 dK_f[j, d] = dK_f[j, d] + part
                 dG_f[j, d] = dG_f[j, d] - T.Cast(ACCUM, k_s[j, d]) * part
 # --8<-- [end:halved_pair_sums]
@@ -666,7 +670,8 @@ def chunk_pair_gradients(DK, chunk_size=64, dtype="bfloat16", delta_rule=True, t
                 # then rows(dP, K) into R (dQ, Q R on the gate) and rows(dA b, K) into dK and K R on the gate
                 shared_pair_rows(dP_s, dA_s, k_s, G_s, Y_s, R_f, tmp_f, dK_f, dG_f, C, sub, A_s, across)
                 if not across:
-                    halved_pair_sums(dP_s, dA_s, q_s, k_s, G_s, Y_s, Y2_s, R_f, tmp_f, dK_f, dG_f, scale, C, sub)
+                    F_s = T.alloc_shared([C, BK], ACCUM)
+                    halved_pair_sums(dP_s, dA_s, q_s, k_s, G_s, F_s, Y_s, Y2_s, R_f, tmp_f, dK_f, dG_f, scale, C, sub)
                 for i, d in T.Parallel(C, BK):
                     dG_f[i, d] = dG_f[i, d] + scale * q_s[i, d] * R_f[i, d]
                     if i < L:

@@ -10,3 +10,9 @@ def halvings(C: int, sub: int) -> tuple:
     ``j < i`` of different blocks of ``sub`` rows meets in exactly one halving. A Python tuple: each halving is
     its own code (``kda.kernels.backward_chunks.halved_pair_sums``, ``kda.kernels.level5``'s steep chunks)."""
     return tuple(C >> n for n in range(1, (C // sub).bit_length()))
+
+
+def upper_half_end(x, h):
+    """The upper half's last row of the block of ``2h`` rows that holds row ``x`` (``b`` above): a row ``i > b`` lies in
+    the lower half, a row ``j <= b`` in the upper. ``x`` a Python int or a TIR expression."""
+    return (x // (2 * h)) * (2 * h) + h - 1

@@ -26,7 +26,7 @@ Mirrors ``kda.reference.level5``.
 import tilelang.language as T
 
 from kda.kernels.build import WARP_SPECIALISED
-from kda.kernels.halvings import halvings
+from kda.kernels.halvings import halvings, upper_half_end
 from kda.kernels.norms import NORM_SLICE, normalize_rows, row_square_sums
 from kda.kernels.stages import (ACCUM, DIAGONAL_SPAN_MAX, decay_factor, invert_diagonal_blocks_by_columns,
                                 load_beta_checked, load_state, log2_cumsum_by_columns, merge_by_substitution, real,
@@ -253,17 +253,10 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             log2_cumsum_by_columns(G_s, G_s, L, C, GD, flags)
 
     @T.macro
-    def check_key_rows(beta_s, key_sums_s, flags, L):
-        """``flags[2] = 1`` where a row's ``b ||k||^2`` exceeds ``KEY_BOUND`` (``check_keys``)."""
-        for i in T.Parallel(C):
-            if i < L:
-                if beta_s[i] * key_sums_s[i] > KEY_BOUND:
-                    flags[2] = 1
-
-    @T.macro
-    def load_beta(beta, beta_s, flags, t0, L, bb, bh):
+    def load_beta(beta, beta_s, flags, t0, L, bb, bh, key_sums_s=None):
         """The chunk's ``b``: ``load_beta_checked``, or with ``beta_act`` the sigmoid of the raw value (0 on the
-        rows past ``L``; ``flags[1]`` set where a raw value is not finite)."""
+        rows past ``L``; ``flags[1]`` set where a raw value is not finite); with ``check_keys``, ``flags[2] = 1``
+        where a row's ``b ||k||^2`` (``key_sums_s``: the rows' ``||k||^2``) exceeds ``KEY_BOUND``."""
         if beta_act is None:
             load_beta_checked(beta, beta_s, flags, t0, L, C, bb, bh)
         else:
@@ -273,6 +266,11 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                 if i < L:
                     if real(x >= -3.0e38) * real(x <= 3.0e38) == 0.0:       # NaN fails both
                         flags[1] = 1
+        if check_keys:
+            for i in T.Parallel(C):
+                if i < L:
+                    if beta_s[i] * key_sums_s[i] > KEY_BOUND:
+                        flags[2] = 1
 
     @T.macro
     def store_rows(src_s, dst, bb, t0, L, bh):
@@ -401,20 +399,20 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             A_s[i, j] = T.if_then_else(j < i, A[C + i, j] * row_b(beta_s, i) * decay_factor(G_s[i, 0] - G_s[j, 0]), 0.0)
 
     @T.macro
-    def diagonal_by_halvings(q_s, K_s, G_s, Lft_s, Rgt_s, A_part, q_f, Aqk_s, A_s, beta_s, scale):
+    def diagonal_by_halvings(Rgt_s, K_s, G_s, Lft_s, A_part, q_f, Aqk_s, A_s, beta_s, scale):
         """A steep chunk's diagonal blocks (``subchunk`` rows) into ``Aqk_s`` and ``A_s`` by halvings, exact for any
         gate: for blocks of ``2h`` rows (``h = subchunk / 2, .., 1``), a pair with ``i`` in a block's lower half and
         ``j`` in its upper half is ``(x_i 2^(G_i - G_b)) . (k_j 2^(G_b - G_j))`` with ``b`` the upper half's last
         row, both factors ``<= 1`` (``kda.kernels.halvings``): one GEMM of the stacked left operand ``[q;
         k]`` per halving, its pairs written where they belong; then ``A_qk``'s diagonal, ``q_i . k_i``, from a GEMM
-        of the rows as they are. ``q_s`` (q, reloaded; its buffer the right operand from here) goes to ``q_f``;
-        ``K_s`` (k) and ``G_s`` (the cumulative gate) are read, not written."""
-        T.copy(q_s, q_f)
+        of the rows as they are. ``Rgt_s`` holds q (reloaded) on entry and is the right operand from there, q going
+        to ``q_f``; ``K_s`` (k) and ``G_s`` (the cumulative gate) are read, not written."""
+        T.copy(Rgt_s, q_f)
         for h in halvings(BC, 1):                                   # a Python tuple: each halving its own code
-            last = lambda x: (x // (2 * h)) * (2 * h) + h - 1      # b: the upper half's last row of x's block
+            b = lambda x: upper_half_end(x, h)
             for i, d in T.Parallel(C, DK):
-                lower = i > last(i)
-                e = G_s[i, d] - G_s[last(i), d]                     # <= 0 below b, >= 0 up to it
+                lower = i > b(i)
+                e = G_s[i, d] - G_s[b(i), d]                        # <= 0 below b, >= 0 up to it
                 f = T.exp2(T.if_then_else(lower, e, -e))
                 Lft_s[i, d] = T.if_then_else(lower, T.Cast(ACCUM, q_f[i, d]) * f, 0.0)
                 if delta:
@@ -423,7 +421,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             T.gemm(Lft_s, Rgt_s, A_part, transpose_B=True, clear_accum=True)
             for r, j in T.Parallel(R, C):                           # rows r < C: A_qk's; from C on: A_kk's
                 i = r % C
-                if i // (2 * h) == j // (2 * h) and i > last(i) and j <= last(j):
+                if i // (2 * h) == j // (2 * h) and i > b(i) and j <= b(j):
                     if r < C:
                         Aqk_s[i, j] = A_part[r, j] * scale
                     elif delta:
@@ -457,6 +455,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
         # q: straight into the left operand for a scalar gate (its GEMM takes the raw inputs)
         T.copy(Q[bb, t0:t0 + C, hq, :], Lft_s[0:C, :] if scalar_gate else Rgt_s)
         T.copy(K[bb, t0:t0 + C, hq, :], K_s)
+        key_sums_s = None
         if check_keys:                                  # each key row's ||k||^2, before K_s is rewritten
             keys_f = T.alloc_fragment([C, NORM_SLICE], ACCUM)
             key_sums = T.alloc_fragment([C], ACCUM)
@@ -480,9 +479,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             beta_s = T.alloc_shared([C], ACCUM)
             A_s = T.alloc_shared([C, C], ACCUM)                 # A_kk times b, float32
         if scalar_gate:
-            load_beta(beta, beta_s, flags, t0, L, bb, bh)
-            if check_keys:
-                check_key_rows(beta_s, key_sums_s, flags, L)
+            load_beta(beta, beta_s, flags, t0, L, bb, bh, key_sums_s)
             scores_scalar_gate(Qw, Kw, scale, Lft_s, K_s, G_s, Rgt_s, A, Aqk_s, A_s, beta_s, t0, L, bb, bh)
         else:
             # Ke = k 2^(G_end - G), float32; in place of G for bf16 (fp16 needs G again for tf32)
@@ -521,9 +518,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             for i, j in T.Parallel(C, C):
                 Aqk_s[i, j] = T.if_then_else(j <= i, A[i, j] * scale, 0.0)
             if delta:
-                load_beta(beta, beta_s, flags, t0, L, bb, bh)
-                if check_keys:
-                    check_key_rows(beta_s, key_sums_s, flags, L)
+                load_beta(beta, beta_s, flags, t0, L, bb, bh, key_sums_s)
                 for i, j in T.Parallel(C, C):
                     A_s[i, j] = T.if_then_else(j < i, A[C + i, j] * row_b(beta_s, i), 0.0)
 
@@ -557,7 +552,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                             elif delta:
                                 A_s[r - C, j] = T.if_then_else(j < r - C, A_diag[r, j] * row_b(beta_s, r - C), 0.0)
             if too_steep[0] == 1 and pairwise == "halvings":
-                diagonal_by_halvings(Rgt_s, K_s, G_s, Lft_s, Rgt_s, A_part, q_f, Aqk_s, A_s, beta_s, scale)
+                diagonal_by_halvings(Rgt_s, K_s, G_s, Lft_s, A_part, q_f, Aqk_s, A_s, beta_s, scale)
             elif too_steep[0] == 1 and pairwise == "products":
                 decays_s = T.alloc_shared([C, DK], ACCUM)
                 part_s = T.alloc_shared([C, PAIRWISE_SLICES, BC], ACCUM)

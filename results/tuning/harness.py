@@ -21,6 +21,43 @@ def log(run, row):
         f.write(json.dumps(row) + "\n")
 
 
+def timed(run, row, fn, describe=None, peak=False, warmup_ms=100, rep_ms=500):
+    """``row`` logged to ``run`` with ``fn``'s median time (``kda.bench.median_ms``), its peak memory above what was
+    allocated before (``peak``) and what ``describe(its output)`` adds; or with the error that stopped it."""
+    import torch
+
+    from kda.bench import median_ms
+
+    try:
+        got = fn()
+        row["ms"] = round(median_ms(fn, warmup_ms=warmup_ms, rep_ms=rep_ms), 3)
+        if peak:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            fn()
+            torch.cuda.synchronize()
+            row["peak_MB"] = round((torch.cuda.max_memory_allocated() - base) / 2 ** 20)
+        row.update(describe(got) if describe else {})
+    except Exception as e:  # noqa: BLE001
+        row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    log(run, row)
+
+
+def against(first):
+    """A describer: finiteness, and the relative L2 of each output against the first call's."""
+    import torch
+
+    from kda.metrics import rel_l2
+
+    def describe(got):
+        got = got if isinstance(got, (list, tuple)) else [got]
+        first.append(got)
+        return {"finite": all(bool(torch.isfinite(x).all()) for x in got),
+                "rel_l2_vs_first": [float(f"{rel_l2(a.float(), b.float()):.2e}") for a, b in zip(got, first[0])]}
+    return describe
+
+
 def variant_module(name, path="kda/kernels/level5.py", replacements=(), transform=None):
     """The module at ``path`` (relative to the repository) with each ``(text, new)`` of
     ``replacements`` applied (every ``text`` must occur exactly once), then ``transform(source)``

@@ -21,39 +21,13 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from harness import log  # noqa: E402
+import harness  # noqa: E402
 
 RUN = "run106"
 spec = importlib.util.spec_from_file_location("run91_backward", os.path.join(HERE, "run91-backward.py"))
 run91 = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(run91)
 SHAPE = (1, 8192, 96, 128)
-
-
-def timed(row, run, describe=None, peak=False, warmup_ms=100, rep_ms=500):
-    """``row`` logged with ``run``'s median time (and peak memory, and what ``describe(output)`` adds), or the
-    error that stopped it."""
-    from kda.bench import median_ms
-
-    try:
-        got = run()
-        row["ms"] = round(median_ms(run, warmup_ms=warmup_ms, rep_ms=rep_ms), 3)
-        row.update({"peak_MB": run91.peak_mb(run)} if peak else {}, **(describe(got) if describe else {}))
-    except Exception as e:  # noqa: BLE001
-        row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-    log(RUN, row)
-
-
-def against(first):
-    """A describer: finiteness, and the relative L2 of each output against the first call's."""
-    from kda.metrics import rel_l2
-
-    def describe(got):
-        got = got if isinstance(got, (list, tuple)) else [got]
-        first.append(got)
-        return {"finite": all(bool(torch.isfinite(x).all()) for x in got),
-                "rel_l2_vs_first": [float(f"{rel_l2(a.float(), b.float()):.2e}") for a, b in zip(got, first[0])]}
-    return describe
 
 
 def steep():
@@ -72,8 +46,8 @@ def steep():
         first = []
         for name, (products, halved) in variants.items():
             gated_delta.PAIRWISE_BY_PRODUCTS, gated_delta.PAIRWISE_BY_HALVINGS = products, halved
-            timed({"stage": "steep", "gates": gate_name, "steep_chunks": name},
-                  lambda: kda.chunk_kda(q, k, v, gate, beta)[0], against(first))
+            harness.timed(RUN, {"stage": "steep", "gates": gate_name, "steep_chunks": name},
+                  lambda: kda.chunk_kda(q, k, v, gate, beta)[0], harness.against(first))
     raw, logits = x, torch.randn(beta.shape, generator=gen, device="cuda")
     A_log, dt_bias = A.log(), 0.1 * torch.randn(SHAPE[2] * SHAPE[3], generator=gen, device="cuda")
     for safe in ({}, dict(safe_gate=True, lower_bound=-5.0)):
@@ -82,10 +56,10 @@ def steep():
         first = []
         for name in ("exp", "halvings"):
             gated_delta.PAIRWISE_BY_PRODUCTS, gated_delta.PAIRWISE_BY_HALVINGS = variants[name]
-            timed({"stage": "layer call", "safe_gate": bool(safe), "steep_chunks": name},
-                  lambda: kda.chunk_kda(q * 3, k * 3, v, raw, logits, **call)[0], against(first))
-        timed({"stage": "layer call", "safe_gate": bool(safe), "op": "fla"},
-              lambda: fla_kda(q * 3, k * 3, v, raw, logits, scale=SHAPE[3] ** -0.5, **call)[0], against(first))
+            harness.timed(RUN, {"stage": "layer call", "safe_gate": bool(safe), "steep_chunks": name},
+                  lambda: kda.chunk_kda(q * 3, k * 3, v, raw, logits, **call)[0], harness.against(first))
+        harness.timed(RUN, {"stage": "layer call", "safe_gate": bool(safe), "op": "fla"},
+              lambda: fla_kda(q * 3, k * 3, v, raw, logits, scale=SHAPE[3] ** -0.5, **call)[0], harness.against(first))
     gated_delta.PAIRWISE_BY_PRODUCTS = gated_delta.PAIRWISE_BY_HALVINGS = False
     torch.cuda.empty_cache()
 
@@ -99,8 +73,8 @@ def backward():
     first = []
     for to in (None, 16, 4, 1):
         backward.PAIR_SUMS_BY_HALVINGS, backward.PAIR_HALVINGS_TO = to is not None, to or 4
-        timed({"stage": "backward", "op": "KDA", "halve_to": to}, run91.step(kda.chunk_kda, leaves, do),
-              against(first), peak=True, warmup_ms=200, rep_ms=1000)
+        harness.timed(RUN, {"stage": "backward", "op": "KDA", "halve_to": to}, run91.step(kda.chunk_kda, leaves, do),
+              harness.against(first), peak=True, warmup_ms=200, rep_ms=1000)
     backward.PAIR_SUMS_BY_HALVINGS = False
     torch.cuda.empty_cache()
 

@@ -14,7 +14,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from harness import log  # noqa: E402
+import harness  # noqa: E402
 
 RUN = "run106-layer"
 SHAPES = ((1, 8192), (4, 4096), (1, 32768))
@@ -24,29 +24,19 @@ def main():
     from fla.ops.kda import chunk_kda as fla_kda
 
     from kda import gated_delta, layer
-    from kda.bench import median_ms
-    from kda.metrics import rel_l2
 
     ours = layer.chunk_kda
     torch.manual_seed(0)
     model = layer.KimiDeltaAttention(hidden_size=2304, num_heads=32, head_dim=128).cuda().to(torch.bfloat16)
     for B, T in SHAPES:
         x = torch.randn(B, T, 2304, device="cuda").bfloat16()
-        first = None
+        first = []
         for name, op, halvings in (("kda", ours, False), ("kda, steep chunks by halvings", ours, True),
                                    ("fla's chunk_kda", fla_kda, False)):
-            row = {"stage": "layer prefill", "B": B, "T": T, "ops": name}
             layer.chunk_kda, gated_delta.PAIRWISE_BY_HALVINGS = op, halvings
-            try:
-                with torch.no_grad():
-                    y = model(x)[0]
-                    first = y if first is None else first
-                    row.update(ms=round(median_ms(lambda: model(x), warmup_ms=100, rep_ms=500), 3),
-                               finite=bool(torch.isfinite(y).all()),
-                               rel_l2_vs_first=float(f"{rel_l2(y.float(), first.float()):.2e}"))
-            except Exception as e:  # noqa: BLE001
-                row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-            log(RUN, row)
+            with torch.no_grad():
+                harness.timed(RUN, {"stage": "layer prefill", "B": B, "T": T, "ops": name}, lambda: model(x)[0],
+                              harness.against(first))
         layer.chunk_kda, gated_delta.PAIRWISE_BY_HALVINGS = ours, False
         torch.cuda.empty_cache()
 
