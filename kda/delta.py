@@ -1,6 +1,6 @@
 """Level 4 public function: the delta rule, ``S_t = (I - b_t k_t k_t^T) S_{t-1} + b_t k_t v_t^T``.
 
-Conventions as in ``kda.ops``. On CUDA two kernels of ``kda.kernels.level4``: ``chunk_wy`` and
+Conventions as in ``kda.ops``. On CUDA two kernels: ``kda.kernels.wy_solve.chunk_wy`` and
 the fused ``state_output_pass``; on the CPU the chunked float64 reference.
 """
 
@@ -16,7 +16,8 @@ def _run_kernels(q, k, v, beta, scale, h0, output_final_state, check=None):
     """``chunk_wy`` (all chunks at once, flagging a ``beta`` out of range as it reads it), then
     ``state_output_pass`` (sequential, fused output). ``check(flags)`` runs once the pass is
     queued (``validate.launch_then_check``), as in levels 3 and 5."""
-    from kda.kernels import level4 as kernels
+    from kda.kernels.linear_pass import state_output_pass
+    from kda.kernels.wy_solve import chunk_wy
     from kda.kernels.build import compile_program
 
     B, T, H, DK = q.shape
@@ -26,8 +27,8 @@ def _run_kernels(q, k, v, beta, scale, h0, output_final_state, check=None):
     q, k, v = (x.contiguous() for x in (q, k, v))
     beta = beta.to(torch.float32).contiguous()
     with torch.cuda.device(q.device):
-        wy = compile_program(kernels.chunk_wy, (), DK=DK, DV=DV, chunk_size=C, dtype=dtype)
-        fused = compile_program(kernels.state_output_pass, (), DK=DK, DV=DV, chunk_size=C, dtype=dtype,
+        wy = compile_program(chunk_wy, (), DK=DK, DV=DV, chunk_size=C, dtype=dtype)
+        fused = compile_program(state_output_pass, (), DK=DK, DV=DV, chunk_size=C, dtype=dtype,
                                 initial_state=h0 is not None, final_state=output_final_state)
         W, U = ops.new_output(k.shape, k.dtype, k.device), ops.new_output(v.shape, v.dtype, v.device)
         flags = torch.zeros(2, dtype=torch.int32, device=q.device)

@@ -31,7 +31,7 @@ KDA = Path(__file__).resolve().parent
 VERIFIED_ON = "NVIDIA H200 (Hopper, sm_90a)"     # where every GPU test and record of the site ran
 BF16_128 = dict(DK=128, DV=128, dtype="bfloat16")
 STATES = dict(BF16_128, initial_state=True, final_state=True)      # the calls below pass h0 and want ht
-STATE_PASS = ("level5", "gated_state_output_pass", STATES)
+STATE_PASS = ("gated_state_pass", "gated_state_output_pass", STATES)
 
 
 @dataclass(frozen=True)
@@ -47,32 +47,32 @@ OPS = {
     "linear_attention": Op(
         "ops", "level1", "linear_attention(q, k, v, scale=scale, initial_state=h0, output_final_state=True)",
         "recurrent(q * scale, k, v, h0, True)",
-        (("level3", "seq_in_loop_scalar", dict(STATES, gate="none")),)),
+        (("linear_pass", "seq_in_loop_scalar", dict(STATES, gate="none")),)),
     "decay_attention": Op(
         "ops", "level2", "decay_attention(q, k, v, alpha, scale=scale, initial_state=h0, output_final_state=True)",
         "recurrent(q * scale, k, v, alpha, h0, True)",
-        (("level3", "seq_in_loop_scalar", dict(STATES, gate="constant")),)),
+        (("linear_pass", "seq_in_loop_scalar", dict(STATES, gate="constant")),)),
     "gated_attention": Op(
         "gated", "level3", "gated_attention(q, k, v, g, scale=scale, initial_state=h0, output_final_state=True)",
         "recurrent(q * scale, k, v, g, h0, True)",
-        (("level3", "chunk_cumsum", dict(D=1)),
-         ("level3", "seq_in_loop_scalar", STATES),
-         ("level5", "chunk_intra", dict(DK=128, dtype="bfloat16", gate_dtype="float32", delta=False)),
-         ("level3", "seq_in_loop_per_channel", STATES))),
+        (("linear_pass", "chunk_cumsum", dict(D=1)),
+         ("linear_pass", "seq_in_loop_scalar", STATES),
+         ("chunk_intra", "chunk_intra", dict(DK=128, dtype="bfloat16", gate_dtype="float32", delta=False)),
+         ("per_channel_pass", "seq_in_loop_per_channel", STATES))),
     "delta_rule": Op(
         "delta", "level4", "delta_rule(q, k, v, beta, scale=scale, initial_state=h0, output_final_state=True)",
         "recurrent(q * scale, k, v, beta, h0, True)",
-        (("level4", "chunk_wy", BF16_128), ("level4", "state_output_pass", STATES))),
+        (("wy_solve", "chunk_wy", BF16_128), ("linear_pass", "state_output_pass", STATES))),
     "chunk_kda": Op(
         "gated_delta", "level0",
         "chunk_kda(q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=True)",
         "recurrent(q * scale, k, v, g, beta, h0, True)",
-        (("level5", "chunk_intra", dict(BF16_128, gate_dtype="float32")), STATE_PASS)),
+        (("chunk_intra", "chunk_intra", dict(BF16_128, gate_dtype="float32")), STATE_PASS)),
     "chunk_gated_delta_rule": Op(
         "gated_delta", "level0",
         "chunk_gated_delta_rule(q, k, v, g_head, beta, scale=scale, initial_state=h0, output_final_state=True)",
         "recurrent(q * scale, k, v, g_head, beta, h0, True)",
-        (("level5", "chunk_intra", dict(BF16_128, gate_dtype="float32", scalar_gate=True)), STATE_PASS)),
+        (("chunk_intra", "chunk_intra", dict(BF16_128, gate_dtype="float32", scalar_gate=True)), STATE_PASS)),
     "fused_recurrent_kda": Op(
         "decode", "level0",
         "fused_recurrent_kda(q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=True)",

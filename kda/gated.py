@@ -2,7 +2,8 @@
 
 Same conventions as ``kda.ops`` (``[B, T, H, D]`` tensors, float32 ``[B, H, DK, DV]`` states,
 ``scale`` defaulting to ``DK ** -0.5``); on CUDA the TileLang kernels of
-``kda.kernels.level3``, on the CPU the chunked float64 reference.
+``kda.kernels.linear_pass`` (a gate per head) or ``kda.kernels.chunk_intra`` and
+``kda.kernels.per_channel_pass`` (a gate per channel), on the CPU the chunked float64 reference.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ def _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state, c
     first kernels flag a gate out of range as they read it; ``check(flags)`` runs once the pass is
     queued (``validate.launch_then_check``: the read-back waits for the first kernel only). Returns
     ``o`` and the final state or ``None``."""
-    from kda.kernels import level3 as kernels
-    from kda.kernels import level5
+    from kda.kernels.chunk_intra import chunk_intra
+    from kda.kernels.linear_pass import chunk_cumsum, seq_in_loop_scalar
+    from kda.kernels.per_channel_pass import seq_in_loop_per_channel
     from kda.kernels.build import compile_program
 
     B, T, H, DK = q.shape
@@ -34,15 +36,15 @@ def _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state, c
     with torch.cuda.device(q.device):
         flags = torch.zeros(2, dtype=torch.int32, device=q.device)
         if not per_channel:
-            cumsum = compile_program(kernels.chunk_cumsum, (), D=1, chunk_size=C, gate_dtype=gate_dtype)
+            cumsum = compile_program(chunk_cumsum, (), D=1, chunk_size=C, gate_dtype=gate_dtype)
             G = torch.empty(B, H, ceildiv(T, C) * C, dtype=torch.float32, device=q.device)
             cumsum(g.view(B, T, H, 1), G.view(*G.shape, 1), flags)
             inputs = (q, k, v, ops.stand_in(4, q.dtype, q.device), G, scale)   # no W
-            seq = compile_program(kernels.seq_in_loop_scalar, (), **pass_config, **ops.SCALAR_PASS_CONFIG)
+            seq = compile_program(seq_in_loop_scalar, (), **pass_config, **ops.SCALAR_PASS_CONFIG)
         else:
             from kda import gated_delta                      # its switch of the steep chunks' sums
 
-            intra = compile_program(level5.chunk_intra, (), DK=DK, chunk_size=C, dtype=dtype, gate_dtype=gate_dtype,
+            intra = compile_program(chunk_intra, (), DK=DK, chunk_size=C, dtype=dtype, gate_dtype=gate_dtype,
                                     delta=False, **gated_delta.steep_chunks())
             Qw, Kw = ops.new_output(q.shape, q.dtype, q.device), ops.new_output(k.shape, k.dtype, k.device)
             decay = ops.new_output((B, H, ceildiv(T, C), DK), torch.float32, q.device)
@@ -52,7 +54,7 @@ def _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state, c
             intra(q, k, rows, g, beta_rows, scale, Qw, Kw, decay, A, rows, rows, flags,
                   ops.stand_in(2, torch.int32, q.device))
             inputs = (Qw, Kw, A, decay, v)
-            seq = compile_program(kernels.seq_in_loop_per_channel, (), **pass_config,
+            seq = compile_program(seq_in_loop_per_channel, (), **pass_config,
                                   num_stages=ops.KERNEL_CONFIG["num_stages"], threads=ops.KERNEL_CONFIG["threads"])
         o = ops.new_output((B, T, H, DV), q.dtype, q.device)
         h0, ht = ops.state_arguments(h0, output_final_state, B, H, DK, DV, q.device)

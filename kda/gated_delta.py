@@ -5,7 +5,7 @@ The recurrence (fla's convention, state ``d_k x d_v``)::
 
     S <- diag(exp(g_t)) S;   S <- S + beta_t k_t (v_t - S^T k_t)^T;   o_t = S^T (scale q_t)
 
-On CUDA the kernels of ``kda.kernels.level5`` (a scalar gate takes ``chunk_intra``'s scalar path:
+On CUDA the kernels of ``kda.kernels.chunk_intra`` and ``kda.kernels.gated_state_pass`` (a scalar gate takes ``chunk_intra``'s scalar path:
 one GEMM for the scores, the decay applied after it), in two steps that ``kda.distributed`` reuses:
 ``prepare_chunks`` (``chunk_intra``, every chunk at once) and ``run_state_pass`` (sequential); on
 the CPU the float64 chunked reference of ``kda.reference.level0``. Packed sequences (``cu_seqlens``)
@@ -307,8 +307,8 @@ def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None, backward_out
     dtype, ``KKE`` float32, both ``[B, T, H, C]``). ``qk_l2norm``: the kernel L2-normalizes the rows of ``q`` and
     ``k`` as it loads them (``L2NORM_IN_KERNEL``). ``activation`` (``ACTIVATIONS_IN_KERNEL``): ``g`` and ``beta``
     are raw and the kernel applies that ``kda.activation.Activation`` to them."""
-    from kda.kernels import level5
     from kda.kernels.build import compile_program
+    from kda.kernels.chunk_intra import chunk_intra
 
     B, T, _, DK = q.shape
     H, DV, C = v.shape[2], v.shape[-1], CHUNK_SIZE       # H: value heads (q, k may have fewer)
@@ -327,7 +327,7 @@ def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None, backward_out
             dt_bias = activation.dt_bias if activation.dt_bias is not None else torch.zeros(H, GD, device=q.device)
             acts = [A_log.float().contiguous(), dt_bias.float().reshape(H, GD).contiguous(),
                     float(activation.lower_bound)]
-        intra = compile_program(level5.chunk_intra, (), DK=DK, DV=DV, chunk_size=C, dtype=dtype,
+        intra = compile_program(chunk_intra, (), DK=DK, DV=DV, chunk_size=C, dtype=dtype,
                                 gate_dtype=gate_dtype, varlen=table is not None, value_groups=H // q.shape[2],
                                 scalar_gate=g.shape[-1] == 1, **extra)
         new = lambda shape, dt=q.dtype: ops.new_output(shape, dt, q.device)
@@ -387,15 +387,15 @@ def queued(kernel, args, device):
 def state_pass_launch(form: ChunkForm, h0, table=None, output_final_state=True):
     """``run_state_pass`` up to its launch: the compiled pass with its arguments and outputs ready,
     as ``(launch, o, final state or None)``; nothing runs until ``launch()``."""
-    from kda.kernels import level5
     from kda.kernels.build import compile_program, sm_count
+    from kda.kernels.gated_state_pass import gated_state_output_pass
 
     B, T, H, DK = form.Qw.shape
     DV = form.U.shape[-1]
     device = form.Qw.device
     N, lanes, tables = sequence_tables(table, B, device)
     with torch.cuda.device(device):
-        state_pass = compile_program(level5.gated_state_output_pass, (), DK=DK, DV=DV, chunk_size=CHUNK_SIZE,
+        state_pass = compile_program(gated_state_output_pass, (), DK=DK, DV=DV, chunk_size=CHUNK_SIZE,
                                      block_dv=state_pass_columns(lanes, H, DV, sm_count(device)),
                                      dtype=ops.dtype_name(form.Qw.dtype), varlen=table is not None,
                                      initial_state=h0 is not None, final_state=output_final_state)

@@ -26,13 +26,13 @@ from kda.reference import level2 as ref2
 # beat two by 1-3%.
 KERNEL_CONFIG = {"chunk_size": CHUNK_SIZE, "block_dv": 32, "num_stages": 3, "threads": 128}
 
-# The scalar pass's chunk slots and output warpgroups (kernels.level3.seq_in_loop_scalar): run 61 in
+# The scalar pass's chunk slots and output warpgroups (kernels.linear_pass.seq_in_loop_scalar): run 61 in
 # results/tuning, pass at (1, 32768, 32, 128): 0.561 ms with 4 slots and two output warpgroups taking
 # alternate chunks, 0.566 with 2 slots, 0.693 before the split (one output group: 0.59 to 0.61, its
 # outputs wrong then through shared bytes aliased across warpgroups, see build.WARP_SPECIALISED).
 # Level 2 runs it too, with its constant decay (run 67: 0.421 ms with 4 slots, 0.536 with 2, 0.517 for
-# level 2's own pipelined kernel, kernels.level2.seq_in_loop), and level 1 without a gate (run 70: 0.402 ms
-# against 0.469 for level 1's own pipelined kernel, kernels.level1.seq_in_loop).
+# level 2's own pipelined kernel, kernels.chapters.constant_decay.seq_in_loop), and level 1 without a gate (run 70: 0.402 ms
+# against 0.469 for level 1's own pipelined kernel, kernels.chapters.linear_attention.seq_in_loop).
 SCALAR_PASS_CONFIG = {"slots": 4, "out_groups": 2}
 
 
@@ -122,10 +122,10 @@ def linear_attention(q, k, v, scale=None, initial_state=None, output_final_state
         scale = validate.check_scale(scale, DK)
         h0 = validate.check_initial_state(initial_state, B, H, DK, DV, q.device)
     if validate.runs_kernels(q):
-        from kda.kernels import level3 as kernels          # level 3's pass without a gate (see above)
+        from kda.kernels.linear_pass import seq_in_loop_scalar        # the pass without a gate (see above)
 
         no_w, no_gate = stand_in(4, q.dtype, q.device), stand_in(1, torch.float32, q.device)
-        run = lambda q, k, v, h0: _run_kernel(kernels.seq_in_loop_scalar, q, k, v, (no_w, no_gate), scale, h0,
+        run = lambda q, k, v, h0: _run_kernel(seq_in_loop_scalar, q, k, v, (no_w, no_gate), scale, h0,
                                               output_final_state, gate="none", chunk_size=CHUNK_SIZE,
                                               block_dv=KERNEL_CONFIG["block_dv"], **SCALAR_PASS_CONFIG)
         o, final = cuda_autograd.level_call(run, q, k, v, None, None, h0, scale) if differentiable else run(q, k, v, h0)
@@ -159,11 +159,11 @@ def decay_attention(q, k, v, alpha, scale=None, initial_state=None, output_final
         scale = validate.check_scale(scale, DK)
         h0 = validate.check_initial_state(initial_state, B, H, DK, DV, q.device)
     if validate.runs_kernels(q):
-        from kda.kernels import level3 as kernels          # level 3's pass, its gate constant (see above)
+        from kda.kernels.linear_pass import seq_in_loop_scalar        # the pass, its gate constant (see above)
 
         log2_alpha = _log2_alpha_on(a, str(q.device))
         no_w = stand_in(4, q.dtype, q.device)
-        run = lambda q, k, v, h0: _run_kernel(kernels.seq_in_loop_scalar, q, k, v, (no_w, log2_alpha), scale, h0,
+        run = lambda q, k, v, h0: _run_kernel(seq_in_loop_scalar, q, k, v, (no_w, log2_alpha), scale, h0,
                                               output_final_state, gate="constant", chunk_size=CHUNK_SIZE,
                                               block_dv=KERNEL_CONFIG["block_dv"], **SCALAR_PASS_CONFIG)
         if differentiable:                                 # the backward's gate: ln(a) at every token

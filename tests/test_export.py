@@ -28,7 +28,7 @@ def test_the_export_records_where_it_came_from(tmp_path):
     folder = export.export("delta_rule", tmp_path)
     source = json.loads((folder / "SOURCE.json").read_text())
     assert source["tilelang"] == "0.1.15" and source["verified_on"] == export.VERIFIED_ON
-    assert "kda/delta.py" in source["files"] and "kda/kernels/level4.py" in source["files"]
+    assert "kda/delta.py" in source["files"] and "kda/kernels/wy_solve.py" in source["files"]
     for rel, digest in source["files"].items():
         assert hashlib.sha256((ROOT / rel).read_bytes()).hexdigest() == digest, rel
     copied = (folder / "delta.py").read_text()
@@ -36,9 +36,9 @@ def test_the_export_records_where_it_came_from(tmp_path):
 
 
 def test_imports_are_renamed_and_nothing_else():
-    source = "from kda import ops\nimport kda.reference.level4 as ref4\n    from kda.kernels import level5\nx = 'kda.ops'\n"
+    source = "from kda import ops\nimport kda.reference.level4 as ref4\n    from kda.kernels import chunk_intra\nx = 'kda.ops'\n"
     assert export.rename_imports(source, "pkg") == (
-        "from pkg import ops\nimport pkg.reference.level4 as ref4\n    from pkg.kernels import level5\nx = 'kda.ops'\n")
+        "from pkg import ops\nimport pkg.reference.level4 as ref4\n    from pkg.kernels import chunk_intra\nx = 'kda.ops'\n")
 
 
 def test_an_unknown_op_is_refused(tmp_path):

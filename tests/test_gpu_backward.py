@@ -403,7 +403,7 @@ def test_chunk_intra_backward_outputs(scalar_gate, dtype, kind):
     six forward outputs those of the forward's own compile (``b`` goes on ``A_kk`` after it is written out: the
     same products, in another order for a gate per head), and ``G``, ``T``, ``stril(K K^T E)`` against float64 (a tail chunk; outputs poisoned with
     NaN; the three gate paths of a gate per channel: 16-row sub-chunks, about the middle row, pairwise)."""
-    from kda.kernels import level5
+    from kda.kernels.chunk_intra import chunk_intra
     from kda.kernels.build import compile_program
 
     B, T, H, DK, DV = 2, 200, 3, 128, 64
@@ -416,7 +416,7 @@ def test_chunk_intra_backward_outputs(scalar_gate, dtype, kind):
     no_chunks = torch.empty(1, 1, dtype=torch.int32, device="cuda")
     runs = []
     for extra in ({}, {"backward_outputs": True}):
-        kernel = compile_program(level5.chunk_intra, (), DK=DK, DV=DV, dtype=name, scalar_gate=scalar_gate, **extra)
+        kernel = compile_program(chunk_intra, (), DK=DK, DV=DV, dtype=name, scalar_gate=scalar_gate, **extra)
         outs = [nan(B, T, H, DK), nan(B, T, H, DK), nan(B, H, NC, DK, dt=torch.float32), nan(B, T, H, C),
                 nan(B, T, H, DK), nan(B, T, H, DV)]
         more = [nan(B, H, NC * C, gate.shape[-1], dt=torch.float32), nan(B, T, H, C), nan(B, T, H, C, dt=torch.float32)]

@@ -62,13 +62,13 @@ def test_pipelined_kernels(level, variant, shape):
     """The chapters' own kernels of levels 1 and 2 (``linear_attention`` and ``decay_attention`` run
     level 3's scalar pass, without a gate and with a constant decay) in each form the chapters time,
     states in and out, outputs poisoned."""
-    from kda.kernels import level1, level2
+    from kda.kernels.chapters import constant_decay, linear_attention
     from kda.kernels.build import compile_program
 
     B, T, H, DK, DV = shape
     q, k, v, h0 = inputs(shape, torch.bfloat16, seed=zlib.crc32(repr((level, shape, variant)).encode()))
     alpha = torch.linspace(0.3, 1.0, H, dtype=torch.float64)
-    kernel = compile_program((level1 if level == 1 else level2).seq_in_loop, (), DK=DK, DV=DV, dtype="bfloat16",
+    kernel = compile_program((linear_attention if level == 1 else constant_decay).seq_in_loop, (), DK=DK, DV=DV, dtype="bfloat16",
                              initial_state=True, final_state=True, **variant)
     decays = () if level == 1 else (torch.log2(alpha).float().cuda(),)
     o, ht = torch.full_like(v, float("nan")), torch.full_like(h0, float("nan"))
@@ -106,12 +106,12 @@ def test_states_in_and_out(level, shape, poisoned):
 @pytest.mark.parametrize("shape", [(2, 200, 3, 64, 128), (1, 64 * 9 + 5, 2, 128, 128)])
 def test_seq_in_grid_kernel(shape, dtype):
     """The teaching kernel computes the same function (output poisoned before the launch)."""
-    from kda.kernels import level1 as k1
+    from kda.kernels.chapters.linear_attention import seq_in_grid
     from kda.kernels.build import compile_program
 
     B, T, H, DK, DV = shape
     q, k, v, _ = inputs(shape, dtype, seed=3)
-    kernel = compile_program(k1.seq_in_grid, out_idx=(), DK=DK, DV=DV,
+    kernel = compile_program(seq_in_grid, out_idx=(), DK=DK, DV=DV,
                              dtype={torch.float16: "float16", torch.bfloat16: "bfloat16"}[dtype])
     o = torch.full((B, T, H, DV), float("nan"), dtype=dtype, device="cuda")
     kernel(q, k, v, o)

@@ -70,7 +70,7 @@ def test_scalar_pass_configs(shape, states, config):
     for two groups; whole chunks and a tail), against the float64 chunked reference, its outputs
     poisoned with NaN; bit-identical across arrangements (each output element is made by one
     warpgroup the same way)."""
-    from kda.kernels import level3
+    from kda.kernels.linear_pass import chunk_cumsum, seq_in_loop_scalar
     from kda.kernels.build import compile_program
 
     B, T, H, DK, DV = shape
@@ -79,8 +79,8 @@ def test_scalar_pass_configs(shape, states, config):
     g = gates("logsigmoid", (B, T, H), seed)
     G = torch.empty(B, H, -(-T // 64) * 64, device="cuda")
     flags = torch.zeros(2, dtype=torch.int32, device="cuda")
-    compile_program(level3.chunk_cumsum, (), D=1)(g.view(B, T, H, 1), G.view(*G.shape, 1), flags)
-    kernel = compile_program(level3.seq_in_loop_scalar, (), DK=DK, DV=DV, dtype="bfloat16", initial_state=states,
+    compile_program(chunk_cumsum, (), D=1)(g.view(B, T, H, 1), G.view(*G.shape, 1), flags)
+    kernel = compile_program(seq_in_loop_scalar, (), DK=DK, DV=DV, dtype="bfloat16", initial_state=states,
                              final_state=states, **config)
     stand_in = torch.empty(1, 1, 1, 1, device="cuda")     # h0 and ht of a pass compiled without states
     o = torch.full_like(v, float("nan"))
@@ -91,7 +91,7 @@ def test_scalar_pass_configs(shape, states, config):
     assert rel_l2(o, ref_o) <= TOL[torch.bfloat16], f"o: rel L2 {rel_l2(o, ref_o):.2e}"
     if states:
         assert torch.isfinite(ht).all() and rel_l2(ht, ref_ht) <= TOL[torch.bfloat16]
-    first = compile_program(level3.seq_in_loop_scalar, (), DK=DK, DV=DV, dtype="bfloat16", initial_state=states,
+    first = compile_program(seq_in_loop_scalar, (), DK=DK, DV=DV, dtype="bfloat16", initial_state=states,
                             final_state=states)                  # the default arrangement
     o_first = torch.full_like(v, float("nan"))
     first(q, k, v, stand_in.bfloat16(), G, DK ** -0.5, h0 if states else stand_in, o_first, torch.empty_like(h0) if states else stand_in)
@@ -103,7 +103,7 @@ def test_scalar_pass_configs(shape, states, config):
 def test_prepare_stage(shape, kind):
     """The per-channel stage (level 5's chunk_intra without the delta rule) alone against
     kda.reference.level3.prepare (outputs poisoned first)."""
-    from kda.kernels import level5
+    from kda.kernels.chunk_intra import chunk_intra
     from kda.kernels.build import compile_program
 
     B, T, H, DK, _ = shape
@@ -114,7 +114,7 @@ def test_prepare_stage(shape, kind):
     outs = [torch.full(s, float("nan"), dtype=d, device="cuda")
             for s, d in (((B, T, H, DK), dtype), ((B, T, H, DK), dtype), ((B, H, NC, DK), torch.float32),
                          ((B, T, H, 64), dtype))]
-    kernel = compile_program(level5.chunk_intra, (), DK=DK, chunk_size=64, dtype="bfloat16", gate_dtype="float32",
+    kernel = compile_program(chunk_intra, (), DK=DK, chunk_size=64, dtype="bfloat16", gate_dtype="float32",
                              delta=False)
     flags = torch.zeros(2, dtype=torch.int32, device="cuda")
     rows, beta_rows = torch.empty(1, 1, 1, 1, dtype=q.dtype, device="cuda"), torch.empty(1, 1, 1, device="cuda")

@@ -67,7 +67,7 @@ def test_chunk_intra_against_reference_stage(shape, dtype, kind, delta):
     """Every output of ``chunk_intra`` against its float64 stage (``kda.reference.level5.intra``),
     outputs poisoned with NaN, padding rows not compared. The scalar-gate path (GDN) against the
     same stage with its gate broadcast over the key channels."""
-    from kda.kernels import level5
+    from kda.kernels.chunk_intra import chunk_intra
     from kda.kernels.build import compile_program
     from kda.reference import level5 as ref5
     from kda.reference.common import from_chunks
@@ -78,7 +78,7 @@ def test_chunk_intra_against_reference_stage(shape, dtype, kind, delta):
     q, k, v, g, beta, _ = inputs(shape, dtype, kind, not scalar, seed=zlib.crc32(repr((shape, kind, delta)).encode()))
     scale = DK ** -0.5
     name = "bfloat16" if dtype == torch.bfloat16 else "float16"
-    kernel = compile_program(level5.chunk_intra, (), DK=DK, DV=DV, dtype=name, delta=bool(delta), scalar_gate=scalar)
+    kernel = compile_program(chunk_intra, (), DK=DK, DV=DV, dtype=name, delta=bool(delta), scalar_gate=scalar)
     g_kernel, g = (g[..., None].contiguous(), g[..., None].expand(*g.shape, DK)) if scalar else (g, g)
     nan = lambda *size, dt=dtype: torch.full(size, float("nan"), dtype=dt, device="cuda")
     Qw, Kw, decay, A_qk, W, U = nan(B, T, H, DK), nan(B, T, H, DK), nan(B, H, NC, DK, dt=torch.float32), \
@@ -108,15 +108,15 @@ def test_state_pass_against_reference_stage(shape, dtype, block_dv):
     random initial state, against the same pass in float64; outputs poisoned with NaN, the ragged
     last chunk included."""
     from kda.gated_delta import prepare_chunks
-    from kda.kernels import level5
     from kda.kernels.build import compile_program
+    from kda.kernels.gated_state_pass import gated_state_output_pass
     from kda.reference.common import from_chunks, to_chunks
 
     B, T, H, DK, DV = shape
     q, k, v, g, beta, h0 = inputs(shape, dtype, "logsigmoid", True, seed=zlib.crc32(repr((shape, block_dv)).encode()))
     form = prepare_chunks(q, k, v, g, beta, DK ** -0.5)
     name = "bfloat16" if dtype == torch.bfloat16 else "float16"
-    kernel = compile_program(level5.gated_state_output_pass, (), DK=DK, DV=DV, chunk_size=64, block_dv=block_dv,
+    kernel = compile_program(gated_state_output_pass, (), DK=DK, DV=DV, chunk_size=64, block_dv=block_dv,
                              dtype=name, initial_state=True, final_state=True)
     o = torch.full((B, T, H, DV), float("nan"), dtype=dtype, device="cuda")
     ht = torch.full((B, H, DK, DV), float("nan"), dtype=torch.float32, device="cuda")
@@ -374,7 +374,7 @@ def test_chunk_intra_steep_chunk_variants(dtype, kind, delta, steep):
     the upper half's last row of blocks of 16, 8, 4 and 2 rows) on steep gates, every output against its float64
     stage (``kda.reference.level5.intra``) with the bound of the default compile, and against the default
     compile's outputs (the same sums in another order); outputs poisoned with NaN, a tail chunk."""
-    from kda.kernels import level5
+    from kda.kernels.chunk_intra import chunk_intra
     from kda.kernels.build import compile_program
     from kda.reference import level5 as ref5
     from kda.reference.common import from_chunks
@@ -391,7 +391,7 @@ def test_chunk_intra_steep_chunk_variants(dtype, kind, delta, steep):
     nan = lambda *size, dt=dtype: torch.full(size, float("nan"), dtype=dt, device="cuda")
     runs = []
     for pairwise in ("exp", steep):
-        kernel = compile_program(level5.chunk_intra, (), DK=DK, DV=DV, dtype=name, delta=delta, pairwise=pairwise)
+        kernel = compile_program(chunk_intra, (), DK=DK, DV=DV, dtype=name, delta=delta, pairwise=pairwise)
         outs = [nan(B, T, H, DK), nan(B, T, H, DK), nan(B, H, NC, DK, dt=torch.float32), nan(B, T, H, C),
                 nan(B, T, H, DK), nan(B, T, H, DV)]
         flags = torch.zeros(2, dtype=torch.int32, device="cuda")

@@ -6,82 +6,91 @@ pytestmark = pytest.mark.tilelang
 
 # (module, kernel, parameters): both dtypes, both head sizes, with and without state
 CASES = [
-    ("level1", "seq_in_grid", dict(DK=64, DV=64, dtype="float16")),
-    ("level1", "seq_in_grid", dict(DK=128, DV=64, dtype="bfloat16")),
-    ("level1", "seq_in_loop", dict(DK=128, DV=128, dtype="bfloat16")),
-    ("level1", "seq_in_loop", dict(DK=64, DV=128, dtype="float16", initial_state=True, final_state=True)),
-    ("level1", "seq_in_loop", dict(DK=128, DV=128, dtype="bfloat16", overlap_gemms=False)),
-    ("level2", "seq_in_loop", dict(DK=128, DV=128, dtype="bfloat16")),
-    ("level2", "seq_in_loop", dict(DK=128, DV=64, dtype="float16", initial_state=True, final_state=True)),
-    ("level2", "seq_in_loop", dict(DK=128, DV=128, dtype="bfloat16", overlap_gemms=False)),
-    ("level2", "seq_in_loop", dict(DK=128, DV=128, dtype="bfloat16", weight_tables=True)),
-    ("level3", "chunk_cumsum", dict(D=1)),
-    ("level3", "chunk_cumsum", dict(D=128, gate_dtype="bfloat16")),
-    ("level3", "seq_in_loop_scalar", dict(DK=128, DV=128, dtype="bfloat16")),
-    ("level3", "seq_in_loop_scalar", dict(DK=64, DV=128, dtype="float16", initial_state=True, final_state=True)),
-    ("level3", "seq_in_loop_scalar", dict(DK=128, DV=128, dtype="bfloat16", slots=3, out_groups=2)),
-    ("level3", "seq_in_loop_scalar", dict(DK=128, DV=128, dtype="bfloat16", gate="constant")),
-    ("level3", "seq_in_loop_scalar", dict(DK=64, DV=64, dtype="float16", gate="constant", initial_state=True,
-                                          final_state=True)),
-    ("level3", "seq_in_loop_per_channel", dict(DK=128, DV=128, dtype="bfloat16")),
-    ("level3", "seq_in_loop_per_channel", dict(DK=128, DV=64, dtype="float16", initial_state=True, final_state=True)),
-    ("level4", "chunk_wy", dict(DK=128, DV=128, dtype="bfloat16")),
-    ("level4", "chunk_wy", dict(DK=64, DV=128, dtype="float16", merge="substitution", write_inverse=True)),
-    ("level4", "state_output_pass", dict(DK=128, DV=128, dtype="bfloat16")),
-    ("level4", "state_output_pass", dict(DK=64, DV=128, dtype="float16", initial_state=True, final_state=True)),
-    ("level4", "state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", slots=2, out_groups=1)),
-    ("level4", "state_pass", dict(DK=128, DV=128, dtype="bfloat16")),
-    ("level4", "chunk_output", dict(DK=128, DV=64, dtype="float16")),
-    ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", spill_budget=400)),
-    ("level5", "chunk_intra", dict(DK=64, DV=128, dtype="float16")),
-    ("level5", "chunk_intra", dict(DK=128, dtype="bfloat16", gate_dtype="bfloat16", delta=False)),
-    ("level5", "chunk_intra", dict(DK=64, dtype="float16", gate_dtype="float16", delta=False)),
-    ("level5", "gated_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", initial_state=True, final_state=True)),
-    ("level5", "gated_state_output_pass", dict(DK=128, DV=64, dtype="float16", initial_state=True, final_state=True)),
-    ("level5", "gated_state_output_pass", dict(DK=64, DV=128, dtype="bfloat16", block_dv=64, initial_state=True,
+    ("chapters.linear_attention", "seq_in_grid", dict(DK=64, DV=64, dtype="float16")),
+    ("chapters.linear_attention", "seq_in_grid", dict(DK=128, DV=64, dtype="bfloat16")),
+    ("chapters.linear_attention", "seq_in_loop", dict(DK=128, DV=128, dtype="bfloat16")),
+    ("chapters.linear_attention", "seq_in_loop", dict(DK=64, DV=128, dtype="float16", initial_state=True,
+                                                      final_state=True)),
+    ("chapters.linear_attention", "seq_in_loop", dict(DK=128, DV=128, dtype="bfloat16", overlap_gemms=False)),
+    ("chapters.constant_decay", "seq_in_loop", dict(DK=128, DV=128, dtype="bfloat16")),
+    ("chapters.constant_decay", "seq_in_loop", dict(DK=128, DV=64, dtype="float16", initial_state=True,
+                                                    final_state=True)),
+    ("chapters.constant_decay", "seq_in_loop", dict(DK=128, DV=128, dtype="bfloat16", overlap_gemms=False)),
+    ("chapters.constant_decay", "seq_in_loop", dict(DK=128, DV=128, dtype="bfloat16", weight_tables=True)),
+    ("linear_pass", "chunk_cumsum", dict(D=1)),
+    ("linear_pass", "chunk_cumsum", dict(D=128, gate_dtype="bfloat16")),
+    ("linear_pass", "seq_in_loop_scalar", dict(DK=128, DV=128, dtype="bfloat16")),
+    ("linear_pass", "seq_in_loop_scalar", dict(DK=64, DV=128, dtype="float16", initial_state=True, final_state=True)),
+    ("linear_pass", "seq_in_loop_scalar", dict(DK=128, DV=128, dtype="bfloat16", slots=3, out_groups=2)),
+    ("linear_pass", "seq_in_loop_scalar", dict(DK=128, DV=128, dtype="bfloat16", gate="constant")),
+    ("linear_pass", "seq_in_loop_scalar", dict(DK=64, DV=64, dtype="float16", gate="constant", initial_state=True,
                                                final_state=True)),
-    ("level5", "chunk_intra", dict(DK=128, DV=64, dtype="bfloat16", varlen=True, spill_budget=400)),
-    ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", value_groups=2, spill_budget=400)),
-    ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", scalar_gate=True)),
-    ("level5", "chunk_intra", dict(DK=64, DV=128, dtype="float16", scalar_gate=True, varlen=True)),
+    ("per_channel_pass", "seq_in_loop_per_channel", dict(DK=128, DV=128, dtype="bfloat16")),
+    ("per_channel_pass", "seq_in_loop_per_channel", dict(DK=128, DV=64, dtype="float16", initial_state=True,
+                                                         final_state=True)),
+    ("wy_solve", "chunk_wy", dict(DK=128, DV=128, dtype="bfloat16")),
+    ("wy_solve", "chunk_wy", dict(DK=64, DV=128, dtype="float16", merge="substitution", write_inverse=True)),
+    ("linear_pass", "state_output_pass", dict(DK=128, DV=128, dtype="bfloat16")),
+    ("linear_pass", "state_output_pass", dict(DK=64, DV=128, dtype="float16", initial_state=True, final_state=True)),
+    ("linear_pass", "state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", slots=2, out_groups=1)),
+    ("chapters.delta_split", "state_pass", dict(DK=128, DV=128, dtype="bfloat16")),
+    ("chapters.delta_split", "chunk_output", dict(DK=128, DV=64, dtype="float16")),
+    ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", spill_budget=400)),
+    ("chunk_intra", "chunk_intra", dict(DK=64, DV=128, dtype="float16")),
+    ("chunk_intra", "chunk_intra", dict(DK=128, dtype="bfloat16", gate_dtype="bfloat16", delta=False)),
+    ("chunk_intra", "chunk_intra", dict(DK=64, dtype="float16", gate_dtype="float16", delta=False)),
+    ("gated_state_pass", "gated_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", initial_state=True,
+                                                         final_state=True)),
+    ("gated_state_pass", "gated_state_output_pass", dict(DK=128, DV=64, dtype="float16", initial_state=True,
+                                                         final_state=True)),
+    ("gated_state_pass", "gated_state_output_pass", dict(DK=64, DV=128, dtype="bfloat16", block_dv=64,
+                                                         initial_state=True, final_state=True)),
+    ("chunk_intra", "chunk_intra", dict(DK=128, DV=64, dtype="bfloat16", varlen=True, spill_budget=400)),
+    ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", value_groups=2, spill_budget=400)),
+    ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", scalar_gate=True)),
+    ("chunk_intra", "chunk_intra", dict(DK=64, DV=128, dtype="float16", scalar_gate=True, varlen=True)),
     # steep chunks by running products of the token decays (PAIRWISE_BY_PRODUCTS): 164 bytes spilled (200 without)
-    ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", pairwise="products", spill_budget=400)),
-    ("level5", "chunk_intra", dict(DK=64, DV=128, dtype="float16", pairwise="products")),
-    ("level5", "chunk_intra", dict(DK=128, dtype="bfloat16", gate_dtype="bfloat16", delta=False, pairwise="products")),
-    ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", pairwise="products", backward_outputs=True,
-                                   qk_l2norm=True, spill_budget=400)),
+    ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", pairwise="products", spill_budget=400)),
+    ("chunk_intra", "chunk_intra", dict(DK=64, DV=128, dtype="float16", pairwise="products")),
+    ("chunk_intra", "chunk_intra", dict(DK=128, dtype="bfloat16", gate_dtype="bfloat16", delta=False,
+                                        pairwise="products")),
+    ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", pairwise="products", backward_outputs=True,
+                                        qk_l2norm=True, spill_budget=400)),
     # steep chunks' diagonal blocks by halvings (PAIRWISE_BY_HALVINGS): 244 bytes spilled (200 without)
-    ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", pairwise="halvings", spill_budget=400)),
-    ("level5", "chunk_intra", dict(DK=64, DV=128, dtype="float16", pairwise="halvings")),
-    ("level5", "chunk_intra", dict(DK=128, dtype="bfloat16", gate_dtype="bfloat16", delta=False, pairwise="halvings")),
-    ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", pairwise="halvings", backward_outputs=True,
-                                   qk_l2norm=True, spill_budget=400)),
-    ("level5", "chunk_intra", dict(DK=128, DV=64, dtype="bfloat16", gate_act="softplus", beta_act="sigmoid",
-                                   varlen=True, pairwise="halvings", qk_l2norm=True, spill_budget=400)),
+    ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", pairwise="halvings", spill_budget=400)),
+    ("chunk_intra", "chunk_intra", dict(DK=64, DV=128, dtype="float16", pairwise="halvings")),
+    ("chunk_intra", "chunk_intra", dict(DK=128, dtype="bfloat16", gate_dtype="bfloat16", delta=False,
+                                        pairwise="halvings")),
+    ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", pairwise="halvings", backward_outputs=True,
+                                        qk_l2norm=True, spill_budget=400)),
+    ("chunk_intra", "chunk_intra", dict(DK=128, DV=64, dtype="bfloat16", gate_act="softplus", beta_act="sigmoid",
+                                        varlen=True, pairwise="halvings", qk_l2norm=True, spill_budget=400)),
     # the keys against the delta rule's bound as they are loaded (KEY_CHECK_IN_KERNEL): 204 bytes spilled
-    ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", check_keys=True, spill_budget=400)),
-    ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", scalar_gate=True, check_keys=True)),
-    ("level5", "chunk_intra", dict(DK=64, DV=128, dtype="float16", check_keys=True, varlen=True)),
-    ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", gate_act="softplus", beta_act="sigmoid",
-                                   check_keys=True, pairwise="halvings", spill_budget=400)),
+    ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", check_keys=True, spill_budget=400)),
+    ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", scalar_gate=True, check_keys=True)),
+    ("chunk_intra", "chunk_intra", dict(DK=64, DV=128, dtype="float16", check_keys=True, varlen=True)),
+    ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", gate_act="softplus", beta_act="sigmoid",
+                                        check_keys=True, pairwise="halvings", spill_budget=400)),
     # the gate and beta activated as they are loaded (ACTIVATIONS_IN_KERNEL): 216 bytes spilled with both
-    ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", gate_act="softplus", beta_act="sigmoid",
-                                   spill_budget=400)),
-    ("level5", "chunk_intra", dict(DK=128, DV=64, dtype="bfloat16", gate_act="sigmoid", gate_dtype="bfloat16",
-                                   varlen=True, pairwise="products", qk_l2norm=True, spill_budget=400)),
-    ("level5", "chunk_intra", dict(DK=64, DV=128, dtype="float16", gate_act="softplus", beta_act="sigmoid")),
+    ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", gate_act="softplus", beta_act="sigmoid",
+                                        spill_budget=400)),
+    ("chunk_intra", "chunk_intra", dict(DK=128, DV=64, dtype="bfloat16", gate_act="sigmoid", gate_dtype="bfloat16",
+                                        varlen=True, pairwise="products", qk_l2norm=True, spill_budget=400)),
+    ("chunk_intra", "chunk_intra", dict(DK=64, DV=128, dtype="float16", gate_act="softplus", beta_act="sigmoid")),
     # q and k L2-normalized as they are loaded (L2NORM_IN_KERNEL): 216 bytes spilled (200 without)
-    ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", qk_l2norm=True, spill_budget=400)),
-    ("level5", "chunk_intra", dict(DK=64, DV=128, dtype="float16", qk_l2norm=True)),
-    ("level5", "chunk_intra", dict(DK=128, DV=64, dtype="bfloat16", scalar_gate=True, varlen=True, qk_l2norm=True)),
+    ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", qk_l2norm=True, spill_budget=400)),
+    ("chunk_intra", "chunk_intra", dict(DK=64, DV=128, dtype="float16", qk_l2norm=True)),
+    ("chunk_intra", "chunk_intra", dict(DK=128, DV=64, dtype="bfloat16", scalar_gate=True, varlen=True,
+                                        qk_l2norm=True)),
     # the backward's outputs (PAIR_PIECES_FROM_FORWARD): G, T and K K^T E written besides; 184 bytes spilled
-    ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", backward_outputs=True, spill_budget=400)),
-    ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="float16", backward_outputs=True)),
-    ("level5", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", scalar_gate=True, backward_outputs=True)),
-    ("level5", "gated_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", block_dv=64, varlen=True,
-                                               initial_state=True, final_state=True)),
-    ("level5", "gated_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16")),
-    ("level5", "gated_state_output_pass", dict(DK=128, DV=64, dtype="float16", varlen=True, final_state=True)),
+    ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", backward_outputs=True, spill_budget=400)),
+    ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="float16", backward_outputs=True)),
+    ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", scalar_gate=True, backward_outputs=True)),
+    ("gated_state_pass", "gated_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", block_dv=64, varlen=True,
+                                                         initial_state=True, final_state=True)),
+    ("gated_state_pass", "gated_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16")),
+    ("gated_state_pass", "gated_state_output_pass", dict(DK=128, DV=64, dtype="float16", varlen=True,
+                                                         final_state=True)),
     ("scalar_gate", "chunk_gated_inverse", dict(DK=128, dtype="bfloat16")),
     ("scalar_gate", "chunk_gated_inverse", dict(DK=64, dtype="float16", gate_dtype="bfloat16", value_groups=2)),
     ("scalar_gate", "inverse_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16")),
@@ -223,21 +232,22 @@ def test_compiles_without_spills(module, name, params):
 def test_article_seq_in_grid_as_written():
     """Article 000 section 4 as written (the own chunk loaded back into the pipelined buffers):
     tilelang 0.1.15 rejects it with two stages and accepts it with one."""
-    from kda.kernels import level1
+    from kda.kernels.chapters.linear_attention import seq_in_grid
     from kda.kernels.build import SM90A, compile_program
 
     with pytest.raises(Exception, match="Versioned buffer load escaped pipeline stage context"):
-        compile_program(level1.seq_in_grid, (), target=SM90A, DK=64, DV=64, num_stages=2, own_chunk_buffers=False)
-    compile_program(level1.seq_in_grid, (), target=SM90A, DK=64, DV=64, num_stages=1, own_chunk_buffers=False)
+        compile_program(seq_in_grid, (), target=SM90A, DK=64, DV=64, num_stages=2, own_chunk_buffers=False)
+    compile_program(seq_in_grid, (), target=SM90A, DK=64, DV=64, num_stages=1, own_chunk_buffers=False)
 
 
 def test_register_budget_bisection_matches_a_scan_from_the_top():
     """``registers.report`` bisects the consumer's register budget; a scan from the declared
     budget down, one ptxas run per step of 8, stops at the same smallest budget."""
-    from kda.kernels import level1, registers
+    from kda.kernels import registers
+    from kda.kernels.chapters.linear_attention import seq_in_loop
     from kda.kernels.build import SM90A, compile_program, ptxas_of
 
-    kernel = compile_program(level1.seq_in_loop, (), target=SM90A, DK=128, DV=128, dtype="bfloat16")
+    kernel = compile_program(seq_in_loop, (), target=SM90A, DK=128, DV=128, dtype="bfloat16")
     found = registers.report(kernel)
     ptx = kernel._get_ptx()
     smallest = None
@@ -282,15 +292,15 @@ def overlapping(regions):
 
 
 WARP_SPECIALISED = [
-    ("level3", "seq_in_loop_scalar", dict(DK=128, DV=128, dtype="bfloat16", slots=2, out_groups=1)),
-    ("level3", "seq_in_loop_scalar", dict(DK=128, DV=128, dtype="bfloat16", initial_state=True, final_state=True)),
-    ("level3", "seq_in_loop_scalar", dict(DK=128, DV=128, dtype="bfloat16", gate="constant")),
-    ("level4", "state_output_pass", dict(DK=128, DV=128, dtype="bfloat16")),
-    ("level4", "state_output_pass", dict(DK=64, DV=128, dtype="float16", slots=2, out_groups=1, initial_state=True,
-                                         final_state=True)),
-    ("level5", "gated_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16")),
-    ("level5", "gated_state_output_pass", dict(DK=128, DV=64, dtype="float16", varlen=True, initial_state=True,
-                                               final_state=True)),
+    ("linear_pass", "seq_in_loop_scalar", dict(DK=128, DV=128, dtype="bfloat16", slots=2, out_groups=1)),
+    ("linear_pass", "seq_in_loop_scalar", dict(DK=128, DV=128, dtype="bfloat16", initial_state=True, final_state=True)),
+    ("linear_pass", "seq_in_loop_scalar", dict(DK=128, DV=128, dtype="bfloat16", gate="constant")),
+    ("linear_pass", "state_output_pass", dict(DK=128, DV=128, dtype="bfloat16")),
+    ("linear_pass", "state_output_pass", dict(DK=64, DV=128, dtype="float16", slots=2, out_groups=1, initial_state=True,
+                                              final_state=True)),
+    ("gated_state_pass", "gated_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16")),
+    ("gated_state_pass", "gated_state_output_pass", dict(DK=128, DV=64, dtype="float16", varlen=True,
+                                                         initial_state=True, final_state=True)),
     ("scalar_gate", "inverse_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", initial_state=True,
                                                       final_state=True)),
 ]
@@ -311,8 +321,8 @@ def test_shared_memory_reuse_aliases_buffers_across_warpgroups():
     """Without ``build.WARP_SPECIALISED``, tilelang 0.1.15 puts the chain's weighted values and the
     output's staging tile of level 3's scalar pass (one output warpgroup) at one address: run 61's
     wrong outputs. The check above sees it."""
-    from kda.kernels import level3
+    from kda.kernels.linear_pass import seq_in_loop_scalar
 
-    regions = shared_regions(level3.seq_in_loop_scalar, {"tl.disable_shared_memory_reuse": False}, DK=128, DV=128,
+    regions = shared_regions(seq_in_loop_scalar, {"tl.disable_shared_memory_reuse": False}, DK=128, DV=128,
                              dtype="bfloat16", slots=2, out_groups=1)
     assert ("O_s", "Vw_s") in overlapping(regions) or ("Vw_s", "O_s") in overlapping(regions)

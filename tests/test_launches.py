@@ -279,13 +279,13 @@ def test_levels_1_2_and_4(kernel_launches, monkeypatch, with_state):
 def test_the_stand_in_refuses_what_the_binder_refuses(kernel_launches, broken):
     """The check is not a stand-in that accepts anything: an argument left out, a strided view, a
     float64 tensor where float32 is declared, and a size that binds a symbol twice differently."""
-    from kda.kernels import level5
+    from kda.kernels.gated_state_pass import gated_state_output_pass
     from kda.kernels.build import compile_program
 
     q, k, v, g, beta = level5_inputs(T=128)
     Qw, Kw, W, U = (torch.empty_like(x) for x in (q, k, q, v))
     decay, A = torch.empty(1, 2, 2, 64), torch.empty(1, 128, 2, 64, dtype=q.dtype)
-    launch = compile_program(level5.gated_state_output_pass, (), DK=64, DV=64, initial_state=True, final_state=True)
+    launch = compile_program(gated_state_output_pass, (), DK=64, DV=64, initial_state=True, final_state=True)
     h0, o, ht = torch.zeros(1, 2, 64, 64), torch.empty_like(v), torch.empty(1, 2, 64, 64)
     no_table = torch.empty(1, dtype=torch.int32)
     args = [Qw, Kw, W, U, A, decay, h0, o, ht, no_table, no_table, no_table]

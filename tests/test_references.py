@@ -272,7 +272,7 @@ from kda.reference import level5 as ref5  # noqa: E402
 @pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
 @pytest.mark.parametrize("T,gate", [(1, 1.0), (70, 1.0), (200, 5.0), (130, 20.0)])
 def test_level5_kernel_mimic_matches_the_token_recurrence(T, gate, per_channel):
-    """The stages of kda.kernels.level5 in float64 (prepare twice, blocked solve, fused pass)
+    """The stages of kda.kernels.chunk_intra and gated_state_pass in float64 (prepare twice, blocked solve, fused pass)
     against level 0's token recurrence, gates down to -20 per step, tails included."""
     gen = torch.Generator().manual_seed(T)
     q = torch.randn(2, T, 3, 16, dtype=torch.float64, generator=gen)

@@ -289,7 +289,7 @@ def test_a_gpu_run_lists_the_kda_modules_it_loaded(mini_site):
     result = sn.run(snippet, timeout=300)
     assert result.output.strip() == "kda.reference.level1"
     assert {"kda/__init__.py", "kda/reference/level1.py", "kda/reference/common.py"} <= set(result.modules)
-    assert "kda/kernels/level2.py" not in result.modules
+    assert "kda/kernels/chapters/constant_decay.py" not in result.modules
     assert not any(m.startswith("kda/site/") for m in result.modules)
     bare = mini_site("# snippet: gpu\nimport sys\nsys.exit(0)\n", name="bare.py")
     assert sn.run(bare, timeout=300).modules == []          # the runner's own import of kda is not counted
@@ -381,10 +381,10 @@ def test_a_kernel_snippet_builds_with_the_system_toolkit_hidden(mini_site, tmp_p
 
         import tilelang
 
-        from kda.kernels import level1
+        from kda.kernels.chapters.linear_attention import seq_in_loop
         from kda.kernels.build import SM90A, compile_program, ptxas_report
 
-        kernel = compile_program(level1.seq_in_loop, (), target=SM90A, DK=64, DV=64, dtype="bfloat16")
+        kernel = compile_program(seq_in_loop, (), target=SM90A, DK=64, DV=64, dtype="bfloat16")
         print(f"toolkit {tilelang.env.CUDA_HOME} ptxas {shutil.which('ptxas')} registers {ptxas_report(kernel)['registers']}")
         """)
     env = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH")}

@@ -35,7 +35,7 @@ import tilelang.language as T
 from kda.kernels.halvings import halvings, upper_half_end
 from kda.kernels.stages import (ACCUM, decay_factor, invert_diagonal_blocks_by_columns, load_beta_checked,
                                 log2_cumsum_by_columns, merge_by_substitution)
-from kda.kernels.level5 import token_decays
+from kda.kernels.chunk_intra import token_decays
 
 SOLVE_BLOCK = 16       # the inverse's diagonal blocks, as in the forward
 

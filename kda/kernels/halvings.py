@@ -1,4 +1,4 @@
-"""The walk by halvings that the steep chunks' diagonal blocks (``kda.kernels.level5.chunk_intra``) and the
+"""The walk by halvings that the steep chunks' diagonal blocks (``kda.kernels.chunk_intra.chunk_intra``) and the
 backward's pair sums (``kda.kernels.backward_chunks.halved_pair_sums``) take: pairs of rows whose decay is a product
 of two factors ``<= 1`` through one row between them, so that they go by GEMMs for any gate."""
 
@@ -8,7 +8,7 @@ def halvings(C: int, sub: int) -> tuple:
     .., sub``. For blocks of ``2h`` rows, a pair with ``i`` in a block's lower half and ``j`` in its upper half has
     the decay ``2^(G_i - G_b) 2^(G_b - G_j)``, ``b`` the upper half's last row, both factors ``<= 1``; every pair
     ``j < i`` of different blocks of ``sub`` rows meets in exactly one halving. A Python tuple: each halving is
-    its own code (``kda.kernels.backward_chunks.halved_pair_sums``, ``kda.kernels.level5``'s steep chunks)."""
+    its own code (``kda.kernels.backward_chunks.halved_pair_sums``, ``kda.kernels.chunk_intra``'s steep chunks)."""
     return tuple(C >> n for n in range(1, (C // sub).bit_length()))
 
 

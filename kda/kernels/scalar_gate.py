@@ -25,7 +25,7 @@ the path is GDN's where its blocks fill the SMs (``kda.gated_delta.SCALAR_GATE_P
 import tilelang.language as T
 
 from kda.kernels.build import WARP_SPECIALISED
-from kda.kernels.level5 import KEY_BOUND
+from kda.kernels.chunk_intra import KEY_BOUND
 from kda.kernels.stages import (ACCUM, decay_factor, invert_diagonal_blocks_by_columns, load_beta_checked,
                                 load_state, log2_cumsum_by_columns, merge_by_substitution, real, state_shape,
                                 store_state)
@@ -45,14 +45,14 @@ def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtyp
     solve is level 4's (``chunk_wy``): the diagonal blocks by columns, then block substitution;
     ``chunks_per_block`` chunks of one head per block, the next one's loads in flight when
     ``num_stages > 1``; ``min_blocks`` blocks per SM (registers capped to fit them); ``merge="products"``
-    merges the blocks by four tf32 GEMMs instead (``kda.kernels.level4.merge_by_products``). The
+    merges the blocks by four tf32 GEMMs instead (``kda.kernels.wy_solve.merge_by_products``). The
     defaults are run 90's fastest (H200, bit for bit the same ``G`` and ``Tb`` as every arrangement
     that merges by substitution): 0.350 ms at (1, 8192, 96, 128) against 0.745 for 8 chunks, two stages and one block
     per SM (159 registers); three blocks per SM need 78 registers and one stage to fit in shared memory.
     ``heads_first``: the heads along the grid's first axis, so that blocks launched together read the same
     tokens of neighbouring heads (FlashQLA's ``kkt_solve`` order; not yet timed here). ``check_keys`` (raw keys;
     ``kda.gated_delta``'s ``KEY_CHECK_IN_KERNEL``): ``flags [3]``, ``flags[2] = 1`` where a row's ``b ||k||^2``
-    (``||k||^2`` the diagonal of its ``K K^T``, already made) exceeds ``kda.kernels.level5.KEY_BOUND``."""
+    (``||k||^2`` the diagonal of its ``K K^T``, already made) exceeds ``kda.kernels.chunk_intra.KEY_BOUND``."""
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     HQ = T.dynamic("HQ")
     C = chunk_size
@@ -60,7 +60,7 @@ def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtyp
     BB = 1 if varlen else B
     assert merge in ("substitution", "products") and (merge == "substitution" or C == 4 * block)
     if merge == "products":
-        from kda.kernels.level4 import merge_by_products
+        from kda.kernels.wy_solve import merge_by_products
 
     @T.prim_func
     def main(
@@ -134,7 +134,7 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
                               initial_state=False, final_state=False, registers=(160, 128, 128, 40)):
     """Arguments at run time: ``Q, K [B, T, HQ, DK]``, ``V [B, T, H, DV]``, ``Tb [B, T, H, C]`` and
     ``G [B, H, NC C]`` of ``chunk_gated_inverse``, ``scale``, ``h0``, then ``O [B, T, H, DV]`` (dtype)
-    and ``ht`` (the state flags as in ``kda.kernels.level1.seq_in_loop``), and last the tables of packed
+    and ``ht`` (the state flags as in ``kda.kernels.chapters.linear_attention.seq_in_loop``), and last the tables of packed
     sequences ``cu_seqlens [N + 1]``, ``chunk_offsets [N + 1]`` and ``seq_groups [NG + 1]`` (int32, as
     level 5's ``gated_state_output_pass`` takes them; dense, ``[1]`` stand-ins). With ``varlen`` ``h0``
     and ``ht`` are ``[N, H, DK, DV]``.

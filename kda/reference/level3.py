@@ -148,7 +148,7 @@ LOG2_E = 1.4426950408889634
 
 
 def prepare(q, k, g, scale=1.0, chunk_size=64, subchunk=16):
-    """What the per-channel stage (``kda.kernels.level5.chunk_intra(delta=False)``) writes, in
+    """What the per-channel stage (``kda.kernels.chunk_intra.chunk_intra(delta=False)``) writes, in
     float64 and chunk layout:
     ``Qw = scale Q 2^G``, ``Kw = K 2^(G_last - G)`` (zero past the real length), the state
     decay ``2^G_last`` per chunk, and ``A = scale * intra scores`` by sub-chunks, with ``G``

@@ -2,7 +2,7 @@
 
 The recurrence, its chunked form and the chunk affine maps are in ``kda.reference.level0``
 (``recurrent``, ``chunked``, ``chunk_affine``, ``compose``). ``kernel_mimic`` here is the same
-function built from the stages of ``kda.kernels.level5``, in float64: ``intra`` (level 3's
+function built from the stages of ``kda.kernels.chunk_intra`` and ``kda.kernels.gated_state_pass``, in float64: ``intra`` (level 3's
 ``prepare`` for both score matrices, level 4's blocked inverse, ``W`` and ``U``: what
 ``chunk_intra`` writes), then the sequential pass with the output fused.
 """
@@ -18,7 +18,7 @@ from kda.reference.level4 import invert_unit_lower_blocked
 
 # --8<-- [start:intra]
 def intra(q, k, v, g, beta, scale=1.0, chunk_size=64):
-    """What ``kda.kernels.level5.chunk_intra`` writes, in float64 and chunk layout ``[B, H, NC, C, *]``:
+    """What ``kda.kernels.chunk_intra.chunk_intra`` writes, in float64 and chunk layout ``[B, H, NC, C, *]``:
     ``Qw, Kw, decay, A_qk = prepare(Q, K, g, scale)`` (level 3), then from ``Kg, _, _, A_kk =
     prepare(K, K, g)`` the inverse ``T = (I + tril(diag(b) A_kk, -1))^-1``, ``W = T diag(b) Kg`` and
     ``U = T diag(b) V``."""

@@ -58,7 +58,7 @@ def against(first):
     return describe
 
 
-def variant_module(name, path="kda/kernels/level5.py", replacements=(), transform=None):
+def variant_module(name, path="kda/kernels/chunk_intra.py", replacements=(), transform=None):
     """The module at ``path`` (relative to the repository) with each ``(text, new)`` of
     ``replacements`` applied (every ``text`` must occur exactly once), then ``transform(source)``
     if given (for a change of every occurrence of something)."""
@@ -187,13 +187,13 @@ def check_state_passes(run, factory, names, shapes):
                       "o_rel": rel_l2(o, o_ref), "ht_rel": rel_l2(ht, ht_ref)})
 
 
-# --- chunk_intra variants (runs 43 onwards): source replacements in kda/kernels/level5.py ---
+# --- chunk_intra variants (runs 43 onwards): source replacements in kda/kernels/chunk_intra.py ---
 
 INTRA_SHAPES = [(1, 8192, 96, 128), (4, 4096, 64, 128), (1, 32768, 32, 128)]
 
 
 def intra_module(name, replacements=(), transform=None):
-    """``kda/kernels/level5.py`` with a variant's replacements, under a file name made of ``name``."""
+    """``kda/kernels/chunk_intra.py`` with a variant's replacements, under a file name made of ``name``."""
     return variant_module("".join(c if c.isalnum() else "_" for c in name), replacements=replacements,
                           transform=transform)
 
@@ -258,7 +258,7 @@ def time_intra_variants(run, names, module):
 
     from kda import chunk_kda
     from kda.bench import median_ms
-    from kda.kernels import level5
+    from kda.kernels import chunk_intra as stage
     from kda.kernels.build import compile_program
     B, T, H, D = 1, 32768, 32, 128
     q, k, v, _, beta = kda_inputs(B, T, H, D)
@@ -271,14 +271,14 @@ def time_intra_variants(run, names, module):
             log(run, {"what": "chunk_intra", "variant": name, "gate": kind,
                       "ms": median_ms(lambda: kern(q, k, v, g, beta, D ** -0.5, *outs, flags))})
     del q, k, v, beta, outs, g
-    adopted = level5.chunk_intra
+    adopted = stage.chunk_intra
     for shape in INTRA_SHAPES:
         q, k, v, g, beta = kda_inputs(*shape)
         for name in names:
-            level5.chunk_intra = module(name).chunk_intra
+            stage.chunk_intra = module(name).chunk_intra
             log(run, {"what": "chunk_kda", "variant": name, "shape": list(shape), "check_values": False,
                       "ms": median_ms(lambda: chunk_kda(q, k, v, g, beta, check_values=False))})
-        level5.chunk_intra = adopted
+        stage.chunk_intra = adopted
         del q, k, v, g, beta
         torch.cuda.empty_cache()
 

@@ -3,7 +3,7 @@
 two pipeline stages fail, one compiles; with the block's own chunk in its own buffers, two do."""
 import tilelang
 
-from kda.kernels import level1
+from kda.kernels.chapters import linear_attention
 from kda.kernels.build import SM90A, compile_program
 from kda.site.runtime import text
 
@@ -18,7 +18,7 @@ cases = [(text(zh="原文写法，num_stages=2", en="as written, num_stages=2"),
 print("| kernel | " + text(zh="结果", en="result") + " |\n|---|---|")
 for name, options in cases:
     try:
-        compile_program(level1.seq_in_grid, (), target=SM90A, DK=64, DV=64, dtype="float16", **options)
+        compile_program(linear_attention.seq_in_grid, (), target=SM90A, DK=64, DV=64, dtype="float16", **options)
         result = text(zh="编译通过", en="compiles")
     except Exception as e:   # tilelang raises its own InternalError type
         result = "`" + str(e).strip().splitlines()[-1].strip() + "`"

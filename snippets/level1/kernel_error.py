@@ -7,7 +7,7 @@ import torch
 
 from kda import ops
 from kda.ops import linear_attention
-from kda.kernels import level1 as kernels
+from kda.kernels.chapters import linear_attention as kernels
 from kda.kernels.build import compile_program
 from kda.metrics import rel_l2
 from kda.reference import level1 as ref

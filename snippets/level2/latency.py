@@ -9,7 +9,7 @@ import torch
 from kda.ops import decay_attention
 from kda import ledger
 from kda.bench import fla_decay_attention, median_ms, random_qkv
-from kda.kernels import level2 as kernels
+from kda.kernels.chapters import constant_decay as kernels
 from kda.kernels.build import compile_program
 from kda.metrics import rel_l2
 from kda.reference import level2 as ref

@@ -4,7 +4,7 @@ the article's estimate (fp32 fragments S_f, acc_o, Gamma and A, divided over the
 to what ptxas does with the compiled kernel for sm_90a."""
 import tilelang
 
-from kda.kernels import level2
+from kda.kernels.chapters import constant_decay
 from kda.kernels.build import SM90A, compile_program
 from kda.kernels.registers import report
 from kda.site.runtime import text
@@ -21,7 +21,7 @@ table = Table(["block_dv", text(zh="估算：S_f + acc_o + Gamma + A", en="estim
 for block_dv in (32, 64, 128):
     estimate = (DK * block_dv + C * block_dv + 2 * C * C) // THREADS
     try:
-        kernel = compile_program(level2.seq_in_loop, (), target=SM90A, DK=DK, DV=DV, dtype="bfloat16",
+        kernel = compile_program(constant_decay.seq_in_loop, (), target=SM90A, DK=DK, DV=DV, dtype="bfloat16",
                                  block_dv=block_dv)
         r = report(kernel)
         smallest = r["smallest_without_spills"]

@@ -5,7 +5,7 @@ from the row before the sub-chunk to its last row. Gates drawn as models draw th
 T = 8192, H = 8, D = 128; for both sizes the kernel uses: 32-row sub-chunks (one GEMM below the
 diagonal instead of three) in a chunk where they hold, 16-row ones where they do not."""
 from kda.kernels.stages import DIAGONAL_SPAN_MAX
-from kda.kernels.level5 import SUBCHUNK, WIDE_SUBCHUNK
+from kda.kernels.chunk_intra import SUBCHUNK, WIDE_SUBCHUNK
 from kda.site.runtime import text
 from kda.tables import level3
 

@@ -8,7 +8,7 @@ import torch
 from kda import ops
 from kda.gated import gated_attention
 from kda.kernels.stages import DIAGONAL_SPAN_MAX
-from kda.kernels.level5 import SUBCHUNK
+from kda.kernels.chunk_intra import SUBCHUNK
 from kda.metrics import rel_l2
 from kda.reference import level3 as ref
 from kda.site.runtime import text

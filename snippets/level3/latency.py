@@ -11,8 +11,9 @@ from kda.gated import gated_attention
 from kda.ops import SCALAR_PASS_CONFIG
 from kda import ledger
 from kda.bench import median_ms, random_qkv
-from kda.kernels import level3 as kernels
-from kda.kernels import level5
+from kda.kernels.chunk_intra import chunk_intra
+from kda.kernels.linear_pass import chunk_cumsum, seq_in_loop_scalar
+from kda.kernels.per_channel_pass import seq_in_loop_per_channel
 from kda.kernels.build import compile_program
 from kda.metrics import rel_l2
 from kda.site.runtime import save_data, text
@@ -63,11 +64,11 @@ print(table)
 
 # each stage alone, on the same inputs
 NC = T // C
-cumsum = compile_program(kernels.chunk_cumsum, (), D=1, chunk_size=C, gate_dtype="float32")
-scalar_pass = compile_program(kernels.seq_in_loop_scalar, (), DK=D, DV=D, dtype="bfloat16", **SCALAR_PASS_CONFIG)
-intra = compile_program(level5.chunk_intra, (), DK=D, chunk_size=C, dtype="bfloat16", gate_dtype="float32",
+cumsum = compile_program(chunk_cumsum, (), D=1, chunk_size=C, gate_dtype="float32")
+scalar_pass = compile_program(seq_in_loop_scalar, (), DK=D, DV=D, dtype="bfloat16", **SCALAR_PASS_CONFIG)
+intra = compile_program(chunk_intra, (), DK=D, chunk_size=C, dtype="bfloat16", gate_dtype="float32",
                         delta=False)
-channel_pass = compile_program(kernels.seq_in_loop_per_channel, (), DK=D, DV=D, dtype="bfloat16")
+channel_pass = compile_program(seq_in_loop_per_channel, (), DK=D, DV=D, dtype="bfloat16")
 G = torch.empty(B, H, T, device="cuda")
 o = torch.empty_like(v)
 Qw, Kw = torch.empty_like(q), torch.empty_like(k)

@@ -6,7 +6,9 @@ import re
 
 import tilelang
 
-from kda.kernels import level3, level5
+from kda.kernels.chunk_intra import chunk_intra
+from kda.kernels.linear_pass import chunk_cumsum, seq_in_loop_scalar
+from kda.kernels.per_channel_pass import seq_in_loop_per_channel
 from kda.kernels.build import SM90A, compile_program
 from kda.kernels.registers import report
 from kda.site.runtime import text
@@ -19,10 +21,10 @@ table = Table(["kernel", "grid", text(zh="线程数", en="threads"), text(zh="pt
                text(zh="溢出写入（字节）", en="spill stores (bytes)"),
                text(zh="消费者：不溢出的最小预算", en="consumer: smallest budget without spills")])
 for name, fn, params, grid in [
-    ("chunk_cumsum", level3.chunk_cumsum, dict(D=1), "(NC, H, B)"),
-    ("seq_in_loop_scalar", level3.seq_in_loop_scalar, dict(DK=128, DV=128), "(DV/32, H, B)"),
-    ("chunk_intra(delta=False)", level5.chunk_intra, dict(DK=128, delta=False), "(NC, H, B)"),
-    ("seq_in_loop_per_channel", level3.seq_in_loop_per_channel, dict(DK=128, DV=128), "(DV/32, H, B)"),
+    ("chunk_cumsum", chunk_cumsum, dict(D=1), "(NC, H, B)"),
+    ("seq_in_loop_scalar", seq_in_loop_scalar, dict(DK=128, DV=128), "(DV/32, H, B)"),
+    ("chunk_intra(delta=False)", chunk_intra, dict(DK=128, delta=False), "(NC, H, B)"),
+    ("seq_in_loop_per_channel", seq_in_loop_per_channel, dict(DK=128, DV=128), "(DV/32, H, B)"),
 ]:
     kernel = compile_program(fn, (), target=SM90A, **params)
     r = report(kernel)

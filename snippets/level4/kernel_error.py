@@ -6,7 +6,7 @@ import torch
 
 from kda import ops
 from kda.delta import delta_rule
-from kda.kernels import level4 as kernels
+from kda.kernels.wy_solve import chunk_wy
 from kda.kernels.build import compile_program
 from kda.metrics import rel_l2
 from kda.reference import level4 as ref
@@ -52,7 +52,7 @@ for merge, arithmetic in [("substitution", text(zh="float32，CUDA core", en="fl
                           ("products", text(zh="tf32 GEMM，操作数经过舍入", en="tf32 GEMMs, operands rounded"))]:
     W, U = torch.empty_like(k), torch.empty_like(v)
     Ainv = torch.full((1, 4096, 8, 64), float("nan"), device="cuda")
-    compile_program(kernels.chunk_wy, (), DK=128, DV=128, chunk_size=64, dtype="bfloat16", merge=merge,
+    compile_program(chunk_wy, (), DK=128, DV=128, chunk_size=64, dtype="bfloat16", merge=merge,
                     write_inverse=True)(k, v, beta, W, U, Ainv, torch.zeros(2, dtype=torch.int32, device="cuda"))
     got = to_chunks(Ainv.double(), 64)
     solve.rows.append([merge, arithmetic, rel_l2(got, exact), (got - exact).abs().max().item()])

@@ -7,7 +7,9 @@ import torch
 from kda import ledger
 from kda.bench import median_ms, random_qkv
 from kda.delta import delta_rule
-from kda.kernels import level4 as kernels
+from kda.kernels.chapters.delta_split import chunk_output, state_pass
+from kda.kernels.linear_pass import state_output_pass
+from kda.kernels.wy_solve import chunk_wy
 from kda.kernels.build import compile_program
 from kda.metrics import rel_l2
 from kda.reference import level4 as ref
@@ -43,12 +45,12 @@ print(text(zh=f"\n下限：{flops / 1e9:.0f} GFLOP 按 686 TFLOP/s 计 = {flops 
 
 NC = T // C
 build = lambda fn, **kw: compile_program(fn, (), DK=D, DV=D, chunk_size=C, dtype="bfloat16", **kw)
-wy, wy_products = build(kernels.chunk_wy), build(kernels.chunk_wy, merge="products")
+wy, wy_products = build(chunk_wy), build(chunk_wy, merge="products")
 no_inverse = torch.empty(1, 1, 1, 1, device="cuda")       # Ainv's stand-in: the inverse is not written
 no_gate = torch.empty(1, device="cuda")                   # state_output_pass has no gate
 flags = torch.zeros(2, dtype=torch.int32, device="cuda")  # chunk_wy's check of beta
-fused = build(kernels.state_output_pass, initial_state=True, final_state=True)   # like state_pass: h0 in, ht out
-state, output = build(kernels.state_pass), build(kernels.chunk_output)
+fused = build(state_output_pass, initial_state=True, final_state=True)   # like state_pass: h0 in, ht out
+state, output = build(state_pass), build(chunk_output)
 beta32 = beta.float()
 W, U = torch.empty_like(k), torch.empty_like(v)
 h = torch.empty(B, NC, H, D, D, dtype=q.dtype, device="cuda")

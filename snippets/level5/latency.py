@@ -9,8 +9,9 @@ import torch
 from kda import ledger
 from kda.bench import median_ms, random_qkv
 from kda.gated_delta import chunk_kda
-from kda.kernels import level5
 from kda.kernels.build import compile_program
+from kda.kernels.chunk_intra import chunk_intra
+from kda.kernels.gated_state_pass import gated_state_output_pass
 from kda.metrics import rel_l2
 from kda.reference import level4 as ref
 from kda.site.runtime import save_data, text
@@ -60,8 +61,8 @@ print(text(zh="\n「kda 快的倍数」= 该实现的时间除以 kda 的时间�
 B, T, H, D = SHAPES[0]
 q, k, v, beta, g = inputs(B, T, H, D)
 NC = T // C
-intra = compile_program(level5.chunk_intra, (), DK=D, DV=D, chunk_size=C, dtype="bfloat16")
-state_pass = compile_program(level5.gated_state_output_pass, (), DK=D, DV=D, chunk_size=C, dtype="bfloat16",
+intra = compile_program(chunk_intra, (), DK=D, DV=D, chunk_size=C, dtype="bfloat16")
+state_pass = compile_program(gated_state_output_pass, (), DK=D, DV=D, chunk_size=C, dtype="bfloat16",
                              initial_state=True, final_state=True)
 Qw, Kw, W, U, o = (torch.empty_like(q) for _ in range(5))
 decay, A_qk = torch.empty(B, H, NC, D, device="cuda"), torch.empty(B, T, H, C, dtype=q.dtype, device="cuda")

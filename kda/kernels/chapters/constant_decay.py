@@ -1,6 +1,6 @@
 """Level 2 TileLang kernel: ``S <- a S + k v^T`` with a constant decay ``a`` per head.
 
-The grid and loop are those of ``kda.kernels.level1.seq_in_loop``; the decay adds the
+The grid and loop are those of ``kda.kernels.chapters.linear_attention.seq_in_loop``; the decay adds the
 three weight places of the chunk identity, all computed as ``exp2`` of a non-positive
 number so that no factor above 1 is ever formed:
 
@@ -26,7 +26,7 @@ from kda.kernels.stages import ACCUM, load_state, state_shape, store_state
 def seq_in_loop(DK, DV, chunk_size=64, block_dv=32, num_stages=3, threads=128,
                 dtype="bfloat16", initial_state=False, final_state=False, overlap_gemms=True, weight_tables=False):
     """Arguments at run time: ``Q, K, V, log2_alpha [H], scale, h0``, then the outputs ``O``, ``ht``.
-    The state flags and ``overlap_gemms`` as in ``kda.kernels.level1.seq_in_loop``.
+    The state flags and ``overlap_gemms`` as in ``kda.kernels.chapters.linear_attention.seq_in_loop``.
 
     ``Gamma`` (``C x C``) is always a table built once per block. ``weight_tables=True``
     also tabulates the query and key weights and ``a^C``, so that a full chunk calls no

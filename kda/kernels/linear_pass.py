@@ -1,4 +1,9 @@
-"""Level 3 TileLang kernels: per-token gates, ``S_t = diag(exp g_t) S_{t-1} + k_t v_t^T``.
+"""The warp-specialised sequential pass of linear attention with at most one gate per head.
+
+What ``kda.linear_attention``, ``kda.decay_attention``, ``kda.gated_attention`` with a gate per head
+and ``kda.delta_rule`` run (the last after ``kernels.wy_solve.chunk_wy``): one block per value
+stripe, head and sequence, the chunks a loop inside it, the state in the registers of one
+warpgroup while others form the chunk's output beside it.
 
 Every weight is ``exp2`` of a difference of chunk-local cumulative gates ``G`` (log2 units,
 ``G = cumsum(g) / ln 2`` inside each chunk) taken so that the argument is never positive.
@@ -6,17 +11,11 @@ Every weight is ``exp2`` of a difference of chunk-local cumulative gates ``G`` (
 * ``chunk_cumsum``: ``g [B, T, H, D]`` (``D = 1`` for a scalar gate) -> ``G [B, H, T_pad, D]``
   float32, each chunk contiguous for the kernels that read it, and a flag for a gate out of
   range (the value check costs no read of ``g`` of its own).
-* Scalar gate (``g [B, T, H]``): ``seq_in_loop_scalar``, the level-2 kernel with the decay
-  table rebuilt per chunk from ``G``.
-* Per-channel gate (``g [B, T, H, DK]``): two stages. The first runs over all chunks at once
-  (no state involved): the cumsum, the weighted queries and keys the state pass needs, the
-  per-chunk state decay, and the intra-chunk scores ``A`` by sub-chunks (GEMMs with a
-  reference point between sub-chunks, pairwise ``exp2`` on steep diagonal sub-chunks), safe
-  for any ``g <= 0``. It is level 5's ``chunk_intra`` without the delta rule
-  (``kda.kernels.level5.chunk_intra(delta=False)``): the stage is shared, not copied.
-  ``seq_in_loop_per_channel`` then walks the chunks like level 1 with three GEMMs.
+* ``seq_in_loop_scalar``: the pass; its gate is none (level 1), a constant per head (level 2) or
+  read from ``G`` (level 3), and ``delta`` adds the delta rule's chain (level 4).
+* ``state_output_pass``: the delta rule's form of it, no gate.
 
-Mirrors ``kda.reference.level3`` (``prepare`` and ``kernel_mimic``).
+Mirrors ``kda.reference.level3`` (``kernel_mimic``) and ``kda.reference.level4``.
 """
 
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
@@ -254,65 +253,21 @@ seq_in_loop_scalar.pass_configs = WARP_SPECIALISED
 # --8<-- [end:seq_in_loop_scalar]
 
 
-# --8<-- [start:seq_in_loop_per_channel]
-def seq_in_loop_per_channel(DK, DV, chunk_size=64, block_dv=32, num_stages=3, threads=128,
-                            dtype="bfloat16", initial_state=False, final_state=False):
-    """Per-channel gate, the sequential pass over the outputs of ``chunk_intra(delta=False)``.
-    Arguments at run time: ``Qw, Kw, A, decay, V, h0``, then ``O, ht`` (the state flags as in level 1).
+# --8<-- [start:state_output_pass]
+def state_output_pass(DK, DV, chunk_size=64, block_dv=32, slots=3, out_groups=2, dtype="bfloat16",
+                      initial_state=False, final_state=False):
+    """``state_pass`` and ``chunk_output`` fused: the output of a chunk is made from the state it
+    enters with, so neither the snapshots nor ``U - W S`` go through HBM. It is level 3's
+    warp-specialised pass (``kernels.level3.seq_in_loop_scalar``) with no gate and the delta rule's
+    chain: warpgroup 0 writes ``S`` and ``V_new = U - W S`` to shared memory and updates ``S <- S + K^T
+    V_new``; ``out_groups`` output warpgroups form ``tril(Q K^T)`` before the chunk's state is needed,
+    then ``scale (Q S + tril(Q K^T) V_new)``; one producer warp loads q, k, U's value columns and ``W``.
+    Arguments at run time: ``Q, K [B, T, H, DK]``, ``U [B, T, H, DV]``, ``W [B, T, H, DK]``, a ``[1]``
+    stand-in for the gate, ``scale``, ``h0 [B, H, DK, DV]`` (float32), then the outputs ``O [B, T, H,
+    DV]`` (dtype) and ``ht`` (float32); the state flags as in ``kda.kernels.level1.seq_in_loop``."""
+    return seq_in_loop_scalar(DK, DV, chunk_size, block_dv, slots, out_groups, dtype, gate="none", delta=True,
+                              initial_state=initial_state, final_state=final_state)
 
-    Per chunk: ``O = Qw S + A V``, then ``S = diag(decay) S + Kw^T V``. The scale is
-    already in ``Qw`` and ``A``. Each GEMM is waited for: the three read different
-    pipelined buffers, and tilelang 0.1.15 releases a buffer to the producer once its
-    last GEMM is issued (see ``kda.kernels.level1``), so none may be left in flight.
-    """
-    B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
-    C = chunk_size
-    NV = T.ceildiv(DV, block_dv)
-    NC = T.ceildiv(S, C)
 
-    @T.macro
-    def chunk_loop(Qw, Kw, A, decay, V, O, S_f, bb, bh, dv0):
-        Qw_s = T.alloc_shared([C, DK], dtype)
-        Kw_s = T.alloc_shared([C, DK], dtype)
-        A_s = T.alloc_shared([C, C], dtype)
-        V_s = T.alloc_shared([C, block_dv], dtype)
-        decay_s = T.alloc_shared([DK], ACCUM)
-        S_s = T.alloc_shared([DK, block_dv], dtype)
-        O_s = T.alloc_shared([C, block_dv], dtype)
-        acc_o = T.alloc_fragment([C, block_dv], ACCUM)
-
-        for c in T.Pipelined(T.ceildiv(S, C), num_stages=num_stages):
-            T.copy(Qw[bb, c * C:(c + 1) * C, bh, :], Qw_s)
-            T.copy(Kw[bb, c * C:(c + 1) * C, bh, :], Kw_s)
-            T.copy(A[bb, c * C:(c + 1) * C, bh, :], A_s)
-            T.copy(V[bb, c * C:(c + 1) * C, bh, dv0:dv0 + block_dv], V_s)
-            T.copy(decay[bb, bh, c, :], decay_s)
-            T.copy(S_f, S_s)                               # the state before this chunk
-            T.gemm(Qw_s, S_s, acc_o, clear_accum=True)
-            T.gemm(A_s, V_s, acc_o)
-            for i, j in T.Parallel(DK, block_dv):
-                S_f[i, j] = S_f[i, j] * decay_s[i]
-            T.gemm(Kw_s, V_s, S_f, transpose_A=True)
-            T.copy(acc_o, O_s)
-            T.copy(O_s, O[bb, c * C:(c + 1) * C, bh, dv0:dv0 + block_dv])
-
-    @T.prim_func
-    def main(
-        Qw: T.Tensor([B, S, H, DK], dtype),
-        Kw: T.Tensor([B, S, H, DK], dtype),
-        A: T.Tensor([B, S, H, C], dtype),
-        decay: T.Tensor([B, H, NC, DK], ACCUM),
-        V: T.Tensor([B, S, H, DV], dtype),
-        h0: T.Tensor(state_shape(initial_state, B, H, DK, DV), ACCUM),
-        O: T.Tensor([B, S, H, DV], dtype),
-        ht: T.Tensor(state_shape(final_state, B, H, DK, DV), ACCUM),
-    ):
-        with T.Kernel(NV, H, B, threads=threads) as (bv, bh, bb):
-            dv0 = bv * block_dv
-            S_f = T.alloc_fragment([DK, block_dv], ACCUM)
-            load_state(h0, S_f, bb, bh, dv0, initial_state)
-            chunk_loop(Qw, Kw, A, decay, V, O, S_f, bb, bh, dv0)
-            store_state(S_f, ht, bb, bh, dv0, final_state)
-
-    return main
-# --8<-- [end:seq_in_loop_per_channel]
+state_output_pass.pass_configs = WARP_SPECIALISED
+# --8<-- [end:state_output_pass]

@@ -1,0 +1,172 @@
+"""The sequential state pass of the gated delta rule, the output fused (``kda.chunk_kda`` and
+``kda.chunk_gated_delta_rule`` after ``kernels.chunk_intra.chunk_intra``).
+
+Per chunk, with ``decay`` the chunk's state decay per key channel: ``V_new = U - W S``,
+``O = Qw S + A_qk V_new``, ``S <- diag(decay) S + Kw^T V_new``. Mirrors ``kda.reference.level5``.
+"""
+
+# No `from __future__ import annotations` here: T.prim_func reads the annotations.
+import tilelang.language as T
+
+from kda.kernels.build import WARP_SPECIALISED
+from kda.kernels.stages import ACCUM, load_state, state_shape, store_state
+
+
+# --8<-- [start:gated_state_output_pass]
+def gated_state_output_pass(DK, DV, chunk_size=64, block_dv=32, dtype="bfloat16", varlen=False, initial_state=False,
+                            final_state=False):
+    """Arguments at run time: ``Qw, Kw, W [B, T, H, DK]``, ``U [B, T, H, DV]``, ``A_qk [B, T, H, C]``
+    (dtype, scale included), ``decay [B, H, NC, DK]`` and ``h0 [B, H, DK, DV]`` (float32), then the
+    outputs ``O [B, T, H, DV]`` (dtype) and ``ht`` (float32), and last the tables of packed
+    sequences ``cu_seqlens [N + 1]``, ``chunk_offsets [N + 1]`` and ``seq_groups [NG + 1]`` (int32,
+    ``chunk_table``; dense, ``[1]`` stand-ins). With ``varlen`` (packed sequences, ``B = 1``) ``h0``
+    and ``ht`` are ``[N, H, DK, DV]``, ``decay`` is in the order of the chunk table, and the rows of a
+    sequence's last chunk past its end are masked. Without ``initial_state`` the state starts at
+    zero and ``h0`` is a stand-in of shape ``[1, 1, 1, 1]`` that is never read; without
+    ``final_state`` no state is written and ``ht`` is such a stand-in.
+
+    Warp-specialised by hand. Warpgroup 0 carries the state's chain (S to shared memory, W S,
+    V_new = U - W S, S <- diag(decay) S + Kw^T V_new), warpgroup 1 the output beside it
+    (Qw S, then + A_qk V_new), one producer warp loads two chunk slots by TMA. The chain waits
+    for two GEMMs per chunk instead of four (run 39 in results/tuning).
+
+    A block carries one sequence (dense) or a group of packed sequences one after another
+    (``seq_groups``: those whose first chunk lies in one window of ``GROUP_CHUNKS`` chunks), the
+    state starting again at each: a thousand short sequences take a few hundred blocks, not one
+    block per sequence, each paying its start and its pipeline's fill."""
+    B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
+    C, BV = chunk_size, block_dv
+    NC = T.dynamic("NC") if varlen else T.ceildiv(S, C)
+    N, NG = T.dynamic("N"), T.dynamic("NG")
+    states = N if varlen else B
+    h0_shape, ht_shape = state_shape(initial_state, states, H, DK, DV), state_shape(final_state, states, H, DK, DV)
+
+    @T.macro
+    def body(Qw, Kw, W, U, A_qk, decay, h0, O, ht, bv, bh, bb, n_first, n_count, seq):
+        """Value columns ``bv`` of head ``bh``, sequences ``n_first .. n_first + n_count - 1`` of batch
+        row ``bb``; ``seq(n)`` gives sequence ``n``'s first token, end, first chunk in ``decay`` and
+        chunk count. ``j`` counts the block's chunks over all its sequences: slots and barrier
+        phases follow it."""
+        dv0 = bv * BV
+        Qw_s = T.alloc_shared([2, C, DK], dtype)         # two slots: the block's chunk j in slot j % 2
+        Kw_s = T.alloc_shared([2, C, DK], dtype)
+        W_s = T.alloc_shared([2, C, DK], dtype)
+        A_s = T.alloc_shared([2, C, C], dtype)
+        U_s = T.alloc_shared([2, C, BV], dtype)
+        decay_s = T.alloc_shared([2, DK], ACCUM)
+        S_s = T.alloc_shared([DK, BV], dtype)
+        Vn_s = T.alloc_shared([C, BV], dtype)
+        O_s = T.alloc_shared([C, BV], dtype)
+        S_f = T.alloc_fragment([DK, BV], ACCUM)
+        WS = T.alloc_fragment([C, BV], ACCUM)
+        acc_o = T.alloc_fragment([C, BV], ACCUM)
+        data_ready = T.alloc_barrier(arrive_count=[32, 32])      # the producer warp, + TMA bytes
+        data_free = T.alloc_barrier(arrive_count=[256, 256])     # both warpgroups
+        s_ready = T.alloc_barrier(arrive_count=128)
+        s_free = T.alloc_barrier(arrive_count=128)
+        vn_ready = T.alloc_barrier(arrive_count=128)
+        vn_free = T.alloc_barrier(arrive_count=128)
+        tx = T.get_thread_binding()
+        j0 = lambda n: seq(n)[2] - seq(n_first)[2]      # the block's count of chunks before sequence n
+        # a wait for parity (j + 1) % 2 passes at j = 0 (the phase before the first) and then
+        # waits for the other side's arrival of chunk j - 1
+        if tx < 128:
+            for s in T.serial(n_count):
+                n = n_first + s
+                t_first, t_end, c_first, n_chunks = seq(n)
+                load_state(h0, S_f, n, bh, dv0, initial_state)
+                for c in T.serial(n_chunks):
+                    j = j0(n) + c
+                    slot = j % 2
+                    T.barrier_wait(data_ready[slot], (j // 2) % 2)
+                    T.barrier_wait(s_free, (j + 1) % 2)               # warpgroup 1 has read S_s
+                    T.copy(S_f, S_s)
+                    T.fence_proxy_async()
+                    T.barrier_arrive(s_ready)
+                    T.gemm(W_s[slot, :, :], S_s, WS, clear_accum=True)
+                    T.barrier_wait(vn_free, (j + 1) % 2)
+                    for i, jj in T.Parallel(C, BV):
+                        if varlen:                  # rows past the sequence are the next one's
+                            Vn_s[i, jj] = T.if_then_else(t_first + c * C + i < t_end, U_s[slot, i, jj] - WS[i, jj], 0.0)
+                        else:
+                            Vn_s[i, jj] = U_s[slot, i, jj] - WS[i, jj]
+                    T.fence_proxy_async()
+                    T.barrier_arrive(vn_ready)
+                    for i, jj in T.Parallel(DK, BV):
+                        S_f[i, jj] = S_f[i, jj] * decay_s[slot, i]
+                    T.gemm(Kw_s[slot, :, :], Vn_s, S_f, transpose_A=True)
+                    T.barrier_arrive(data_free[slot])
+                store_state(S_f, ht, n, bh, dv0, final_state)
+        elif tx < 256:
+            for s in T.serial(n_count):
+                n = n_first + s
+                t_first, t_end, c_first, n_chunks = seq(n)
+                for c in T.serial(n_chunks):
+                    j = j0(n) + c
+                    slot = j % 2
+                    T.barrier_wait(data_ready[slot], (j // 2) % 2)
+                    T.barrier_wait(s_ready, j % 2)
+                    T.gemm(Qw_s[slot, :, :], S_s, acc_o, clear_accum=True)
+                    T.barrier_arrive(s_free)
+                    T.barrier_wait(vn_ready, j % 2)
+                    T.gemm(A_s[slot, :, :], Vn_s, acc_o)
+                    T.barrier_arrive(vn_free)
+                    T.barrier_arrive(data_free[slot])
+                    T.copy(acc_o, O_s)
+                    if varlen:
+                        for i, jj in T.Parallel(C, BV):
+                            if t_first + c * C + i < t_end:
+                                O[bb, t_first + c * C + i, bh, dv0 + jj] = O_s[i, jj]
+                    else:
+                        T.copy(O_s, O[bb, c * C:(c + 1) * C, bh, dv0:dv0 + BV])
+        elif tx < 288:
+            for s in T.serial(n_count):
+                n = n_first + s
+                t_first, t_end, c_first, n_chunks = seq(n)
+                for c in T.serial(n_chunks):
+                    j = j0(n) + c
+                    slot = j % 2
+                    T.barrier_wait(data_free[slot], (j // 2 + 1) % 2)
+                    rows = slice(t_first + c * C, t_first + (c + 1) * C)
+                    T.tma_copy(Qw[bb, rows, bh, :], Qw_s[slot, :, :], barrier=data_ready[slot])
+                    T.tma_copy(Kw[bb, rows, bh, :], Kw_s[slot, :, :], barrier=data_ready[slot])
+                    T.tma_copy(W[bb, rows, bh, :], W_s[slot, :, :], barrier=data_ready[slot])
+                    T.tma_copy(A_qk[bb, rows, bh, :], A_s[slot, :, :], barrier=data_ready[slot])
+                    T.tma_copy(U[bb, rows, bh, dv0:dv0 + BV], U_s[slot, :, :], barrier=data_ready[slot])
+                    T.tma_copy(decay[bb, bh, c_first + c, :], decay_s[slot, :], barrier=data_ready[slot])
+                    T.barrier_arrive(data_ready[slot])
+
+    # dense and packed share one signature: dense, the three tables are [1] stand-ins, never read
+    BB = 1 if varlen else B
+    table = lambda rows: [rows] if varlen else [1]
+
+    @T.prim_func
+    def main(
+        Qw: T.Tensor([BB, S, H, DK], dtype),
+        Kw: T.Tensor([BB, S, H, DK], dtype),
+        W: T.Tensor([BB, S, H, DK], dtype),
+        U: T.Tensor([BB, S, H, DV], dtype),
+        A_qk: T.Tensor([BB, S, H, C], dtype),
+        decay: T.Tensor([BB, H, NC, DK], ACCUM),
+        h0: T.Tensor(h0_shape, ACCUM),
+        O: T.Tensor([BB, S, H, DV], dtype),
+        ht: T.Tensor(ht_shape, ACCUM),
+        cu_seqlens: T.Tensor(table(N + 1), "int32"),
+        chunk_offsets: T.Tensor(table(N + 1), "int32"),
+        seq_groups: T.Tensor(table(NG + 1), "int32"),
+    ):
+        with T.Kernel(T.ceildiv(DV, BV), H, NG if varlen else B, threads=384) as (bv, bh, lane):
+            if varlen:                  # lane: a group of packed sequences
+                body(Qw, Kw, W, U, A_qk, decay, h0, O, ht, bv, bh, 0, seq_groups[lane],
+                     seq_groups[lane + 1] - seq_groups[lane],
+                     lambda n: (cu_seqlens[n], cu_seqlens[n + 1], chunk_offsets[n],
+                                chunk_offsets[n + 1] - chunk_offsets[n]))
+            else:                       # lane: a batch row, one sequence
+                body(Qw, Kw, W, U, A_qk, decay, h0, O, ht, bv, bh, lane, lane, 1, lambda n: (0, S, 0, NC))
+
+    return main
+
+
+# Warpgroups run their branches at once: no two shared buffers may share bytes (build.WARP_SPECIALISED).
+gated_state_output_pass.pass_configs = WARP_SPECIALISED
+# --8<-- [end:gated_state_output_pass]
