@@ -89,9 +89,9 @@ def checked_activation(q, k, v, g, beta, per_channel: bool, options: dict, check
     as one gate per head or per channel, ``beta``), so that a wrong tensor gets the usual error; with
     ``check_values`` the raw ``g`` and ``beta`` it applies to must be finite. ``differentiable``: a CUDA call that
     ``kda.backward`` differentiates (its inputs may require grad)."""
-    from kda import cuda_autograd, validate
+    from kda import validate
 
-    with cuda_autograd.checks_allow_gradients(differentiable):
+    with validate.checks_allow_gradients(differentiable):
         B, T, H, DK, _ = validate.check_qkv(q, k, v, grouped_values=True)
         if validate.check_gates(g, B, T, H, DK, q.device, check_values=False) != per_channel:
             form = "[B, T, H, DK] (one gate per key channel)" if per_channel else "[B, T, H] (one gate per head)"

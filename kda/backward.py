@@ -173,7 +173,7 @@ LEVEL_PASSES_FROM_INPUTS = True
 GRADS_IN_INPUT_DTYPE = True
 
 # CUDA: what the two state passes read (W, U, the gated q and k, the scores, the decays) made by the
-# forward's own chunk_intra kernel (kda.gated_delta.prepare_chunks, one launch, bf16 or fp16) instead
+# forward's own chunk_intra kernel (kda.kernels.chunk_intra.prepare_chunks, one launch, bf16 or fp16) instead
 # of torch stages by groups of chunks. GPU tests passed in run 93; KDA at (1, 8192, 96, 128), forward + backward:
 # 249 ms without, 201 ms with.
 FORWARD_PIECES = True
@@ -449,14 +449,14 @@ def forward_pieces_apply(q, beta, C, kernel_dtype) -> bool:
 
 
 def forward_pieces(q, k, v, g, beta, scale, dtype, token_major=False, pair_pieces=False):
-    """``STATE_PIECES`` for every chunk ``[B, H, NC, C, *]`` from ``kda.gated_delta.prepare_chunks`` (the
+    """``STATE_PIECES`` for every chunk ``[B, H, NC, C, *]`` from ``kda.kernels.chunk_intra.prepare_chunks`` (the
     forward's ``chunk_intra``) on the inputs rounded to ``dtype``: ``Qg`` is its ``Qw`` (scale in), ``Kd`` its
     ``Kw``, ``P`` its ``A_qk``; the rows past the end are zeros, as the torch pieces' are. ``g``: ``[B, T, H,
     DK]``, ``[B, T, H]`` (a gate per head) or ``None`` (none: a zero gate per head). ``token_major``: the
     pieces as the kernel wrote them, ``[B, T, H, *]`` (``decay`` ``[B, H, NC, DK]`` either way).
     ``pair_pieces`` (``PAIR_PIECES_FROM_FORWARD``): also ``G``, ``Tinv`` and ``KKE`` as ``chunk_pair_pieces``
     writes them, from the kernel compiled with ``backward_outputs``."""
-    from kda.gated_delta import prepare_chunks
+    from kda.kernels.chunk_intra import prepare_chunks
 
     B, T, H, _ = q.shape
     NC = ceildiv(T, CHUNK_SIZE)
@@ -500,7 +500,7 @@ def kernel_state_passes_from_inputs(q, k, v, g, do, S0, dS_final, scale, as_oper
     entering every chunk, the gradients of those leaving it (float32, or with ``as_operands`` the inputs' dtype,
     as the chunk kernel reads them), that of the initial state (float32) and each chunk decay's gate term
     ``[B, H, NC, DK]``, as ``kernel_state_passes`` with ``as_operands``."""
-    from kda import ops
+    from kda import launch
     from kda.kernels import backward_states
     from kda.kernels.build import compile_program
 
@@ -510,16 +510,16 @@ def kernel_state_passes_from_inputs(q, k, v, g, do, S0, dS_final, scale, as_oper
     gate = torch.zeros(B, T, H, device=q.device) if g is None else g.float()
     G = torch.nn.functional.pad(gate, (0, 0, 0, NC * C - T)).view(B, NC, C, H).cumsum(2) / math.log(2.0)
     G = G.view(B, NC * C, H, 1)[:, :T].contiguous()
-    name = ops.dtype_name(q.dtype)
+    name = launch.dtype_name(q.dtype)
     states = q.dtype if as_operands else torch.float32
     shapes = dict(DK=DK, DV=DV, chunk_size=C, block_dv=64, dtype=name, token_major=True, delta_rule=False,
                   gate_in=True, **({"state_dtype": name} if as_operands else {}))
     with torch.cuda.device(q.device):
         forward = compile_program(backward_states.forward_states_pass, (), **shapes)
         reverse = compile_program(backward_states.reverse_state_pass, (), **shapes, chunk_decay_terms=True)
-        S, dS = (ops.new_output((B, H, NC, DK, DV), states, q.device) for _ in range(2))
-        dh0 = ops.new_output(S0.shape, torch.float32, q.device)
-        terms = ops.new_output((B, H, NC, ceildiv(DV, 64), DK), torch.float32, q.device)    # per 64 value columns
+        S, dS = (launch.new_output((B, H, NC, DK, DV), states, q.device) for _ in range(2))
+        dh0 = launch.new_output(S0.shape, torch.float32, q.device)
+        terms = launch.new_output((B, H, NC, ceildiv(DV, 64), DK), torch.float32, q.device)    # per 64 value columns
         forward(k.contiguous(), v.contiguous(), G, S0.float().contiguous(), S)
         reverse(q.contiguous(), do.to(q.dtype).contiguous(), G, float(scale), dS_final.float().contiguous(), S, dS,
                 dh0, terms)
@@ -588,19 +588,19 @@ def kernel_chunk_gradients(q, k, v, g, beta, do, S, dS, scale, dtype, dG_last=No
     ``dq, dk, dv`` in ``dtype``, as the kernel rounds them once (``GRADS_IN_INPUT_DTYPE``).
     ``inverse``: ``{"Tinv", "KKE", "P"}`` ``[B, T, H, C]`` as the forward's ``chunk_intra`` wrote them with
     ``backward_outputs`` (``INVERSE_FROM_FORWARD``): the kernel compiled with ``pieces_in`` reads them."""
-    from kda import ops
+    from kda import launch
     from kda.kernels import backward_chunks
     from kda.kernels.build import compile_program
 
     B, T, H, DK = q.shape
     DV = v.shape[-1]
     low = lambda x: x.to(dtype).contiguous()
-    grads = dict(grad_dtype=ops.dtype_name(dtype)) if final_dtype else {}
+    grads = dict(grad_dtype=launch.dtype_name(dtype)) if final_dtype else {}
     pieces = dict(pieces_in=True) if inverse is not None else {}
     with torch.cuda.device(q.device):
         kernel = compile_program(backward_chunks.chunk_gradients, (), DK=DK, DV=DV, chunk_size=CHUNK_SIZE,
-                                 dtype=ops.dtype_name(dtype), delta_rule=beta is not None, **grads, **pieces)
-        new = lambda *shape, dt=torch.float32: ops.new_output(shape, dt, q.device)
+                                 dtype=launch.dtype_name(dtype), delta_rule=beta is not None, **grads, **pieces)
+        new = lambda *shape, dt=torch.float32: launch.new_output(shape, dt, q.device)
         out = dtype if final_dtype else torch.float32
         dq, dk, dv = new(B, T, H, DK, dt=out), new(B, T, H, DK, dt=out), new(B, T, H, DV, dt=out)
         db, dG, to_end = new(B, T, H), new(B, T, H), new(B, T, H)
@@ -633,20 +633,20 @@ def kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, dtype,
     ``dq`` and ``dk`` add up over two kernels, in float32). ``pair_pieces``: ``{"G", "Tinv", "KKE"}`` as the
     forward's ``chunk_intra`` wrote them (``PAIR_PIECES_FROM_FORWARD``, with ``scores``): ``chunk_pair_pieces``
     does not run."""
-    from kda import ops
+    from kda import launch
     from kda.kernels import backward_chunks as kernels
     from kda.kernels.build import compile_program
 
     B, T, H, DK = q.shape
     DV, C, NC = v.shape[-1], CHUNK_SIZE, S.shape[2]
     low = lambda x: x.to(dtype).contiguous()
-    config = dict(chunk_size=C, dtype=ops.dtype_name(dtype), delta_rule=beta is not None)
+    config = dict(chunk_size=C, dtype=launch.dtype_name(dtype), delta_rule=beta is not None)
     assert pair_pieces is None or scores is not None, "the forward's pair pieces come with its scores"
     with torch.cuda.device(q.device):
         made = dict(scores=False) if scores is not None else {}
         pieces = None if pair_pieces is not None else compile_program(kernels.chunk_pair_pieces, (), DK=DK, **config,
                                                                       **made)
-        grads = dict(grad_dtype=ops.dtype_name(dtype)) if final_dtype else {}
+        grads = dict(grad_dtype=launch.dtype_name(dtype)) if final_dtype else {}
         states = compile_program(kernels.chunk_state_gradients, (), DK=DK, DV=DV, **config, **grads)
         shared = dict(shared_pairs=True) if SHARED_PAIR_SUMS and beta is not None else {}
         finish = dict(finish_gate=True) if GATE_IN_PAIR_KERNEL else {}
@@ -656,7 +656,7 @@ def kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, dtype,
         blocks = {**(dict(min_blocks=2) if PAIR_KERNEL_TWO_BLOCKS and beta is not None and DK == 128 else {}),
                   **(PAIR_KERNEL_CHANNELS if PAIR_KERNEL_BY_CHANNELS else {}), **inside}
         pairs = compile_program(kernels.chunk_pair_gradients, (), DK=DK, **config, **shared, **finish, **blocks)
-        new = lambda *shape, dt=torch.float32: ops.new_output(shape, dt, q.device)
+        new = lambda *shape, dt=torch.float32: launch.new_output(shape, dt, q.device)
         Q, K = low(q), low(k)
         db = new(B, T, H)
         b = beta.float().contiguous() if beta is not None else db      # without the delta rule: not read
@@ -712,7 +712,7 @@ def kernel_state_passes(whole, S0, dO, dS_final, inputs_dtype=None, as_operands=
     kernels compiled without the delta rule's GEMMs (the reverse pass then reads neither ``P`` nor ``Kd``).
     ``segments``: packed sequences' chunk ranges (``B = 1``; ``S0`` and ``dS_final`` ``[N, H, DK, DV]``; with
     ``as_operands``): the kernels compiled with ``varlen``, one block per sequence (``PACKED_STATE_KERNELS``)."""
-    from kda import ops
+    from kda import launch
     from kda.kernels import backward_states
     from kda.kernels.build import compile_program
 
@@ -737,15 +737,15 @@ def kernel_state_passes(whole, S0, dO, dS_final, inputs_dtype=None, as_operands=
         forward = compile_program(backward_states.forward_states_pass, (), **shapes)
         reverse = compile_program(backward_states.reverse_state_pass, (), **shapes,
                                   **({"chunk_decay_terms": True} if as_operands else {}))
-        S, dS = (ops.new_output((B, H, NC, DK, DV), states, S0.device) for _ in range(2))
-        dh0 = ops.new_output(S0.shape, torch.float32, S0.device)
+        S, dS = (launch.new_output((B, H, NC, DK, DV), states, S0.device) for _ in range(2))
+        dh0 = launch.new_output(S0.shape, torch.float32, S0.device)
         W, Kd = flat(whole["W"]), flat(whole["Kd"])
         forward(W, Kd, flat(whole["U"]), decay, S0.float().contiguous(), S, *offsets)
         pieces = (flat(whole["P"]), Kd, flat(whole["Qg"]), W, flat(dO), decay, dS_final.float().contiguous())
         if not as_operands:
             reverse(*pieces, dS, dh0)
             return S.to(S0.dtype), dS.to(S0.dtype), dh0.to(S0.dtype), None
-        terms = ops.new_output((B, H, NC, ceildiv(DV, 64), DK), torch.float32, S0.device)   # per 64 value columns
+        terms = launch.new_output((B, H, NC, ceildiv(DV, 64), DK), torch.float32, S0.device)   # per 64 value columns
         reverse(*pieces, S, dS, dh0, terms, *offsets)
     return S, dS, dh0.to(S0.dtype), terms.sum(3)
 

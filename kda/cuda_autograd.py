@@ -9,7 +9,6 @@ backward's code (an edit of it re-made five GPU records once).
 
 from __future__ import annotations
 
-import contextlib
 
 import torch
 
@@ -40,13 +39,6 @@ def differentiates(q, **others) -> bool:
                          f"differentiable); or set kda.cuda_autograd.DEVICE_BACKWARD = True to differentiate it "
                          f"by kda.backward")
     return bool(wanting)
-
-
-def checks_allow_gradients(differentiable: bool):
-    """The context of the input checks of a chunked op's call: ``validate`` refuses a CUDA input that
-    requires grad only while grad mode is on, and a call that goes through the op (``differentiates``)
-    has a backward. Only the checks run in it, nothing that builds the graph."""
-    return torch.no_grad() if differentiable else contextlib.nullcontext()
 
 
 @torch.library.register_kernel("kda::chunk_gated_delta_backward", "cuda")

@@ -257,7 +257,7 @@ PATHS: tuple[CudaPath, ...] = (
     ),
     CudaPath(
         name="pairwise_by_products",
-        module="kda.gated_delta",
+        module="kda.kernels.chunk_intra",
         switch="PAIRWISE_BY_PRODUCTS",
         what={"en": "chunk_intra's steep chunks (a layer's gates; chunk_kda and level 3's gated_attention per channel) "
                     "with each pair's decay a running product of the token decays, one exponential per token and "
@@ -268,7 +268,7 @@ PATHS: tuple[CudaPath, ...] = (
     ),
     CudaPath(
         name="pairwise_by_halvings",
-        module="kda.gated_delta",
+        module="kda.kernels.chunk_intra",
         switch="PAIRWISE_BY_HALVINGS",
         what={"en": "chunk_intra's steep chunks (a layer's gates; chunk_kda and level 3's gated_attention per channel) "
                     "with their diagonal blocks by halvings: the pairs across the halves of blocks of 16, 8, 4 and 2 "

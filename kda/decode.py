@@ -27,9 +27,9 @@ import functools
 
 import torch
 
-from kda import ops, validate
+from kda import launch, validate
 from kda.activation import NO_ACTIVATION, check_activation
-from kda.gated_delta import check_inputs, kernel_inputs
+from kda.gated_delta import kernel_inputs
 from kda.reference import level0 as ref0
 from kda.reference import level4 as ref4
 
@@ -87,9 +87,9 @@ def recurrent_eager(q, k, v, g, beta, scale, initial_state, output_final_state, 
     # a CUDA graph: no reads (dynamo cannot trace the capture query, and compiling skips the reads anyway)
     capturing = cuda and not compiling and torch.cuda.is_current_stream_capturing()
     check_values = check_values and not compiling and not capturing
-    scale, h0, bounds = check_inputs(q, k, v, g, beta, scale, None if pooled else initial_state, cu_seqlens,
-                                     per_channel, check_values=False, cu_seqlens_cpu=cu_seqlens_cpu,
-                                     read_bounds=not compiling and not capturing)
+    scale, h0, bounds = validate.check_gated_delta_inputs(
+        q, k, v, g, beta, scale, None if pooled else initial_state, cu_seqlens, per_channel, check_values=False,
+        cu_seqlens_cpu=cu_seqlens_cpu, read_bounds=not compiling and not capturing)
     B, HV, DK, DV = q.shape[0], v.shape[2], q.shape[3], v.shape[3]
     act = check_activation(g, beta, check_values=False, **options)
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
@@ -185,7 +185,7 @@ def _run_kernel(q, k, v, g, beta, scale, h0, cu_seqlens, indices, output_final_s
     q, k, g = kernel_inputs(q, k, g, l2norm)
     with torch.cuda.device(q.device):
         kernel = compile_program(decode.fused_recurrent, (), DK=DK, DV=DV, block_dv=BLOCK_DV,
-                                 dtype=ops.dtype_name(q.dtype), gate_dtype=str(g.dtype).removeprefix("torch."),
+                                 dtype=launch.dtype_name(q.dtype), gate_dtype=str(g.dtype).removeprefix("torch."),
                                  scalar_gate=g.shape[-1] == 1, value_groups=HV // q.shape[2],
                                  varlen=cu_seqlens is not None, with_initial=h0 is not None,
                                  store_final=pooled or output_final_state, pooled=pooled,
@@ -198,9 +198,9 @@ def _run_kernel(q, k, v, g, beta, scale, h0, cu_seqlens, indices, output_final_s
             h0_arg = ht = h0
         else:
             h0_arg = h0.to(torch.float32).contiguous() if h0 is not None else stand_in
-            ht = ops.new_output((N, HV, DK, DV), torch.float32, q.device) if output_final_state else stand_in
-        o = ops.new_output(v.shape, v.dtype, q.device)
-        no_table = ops.stand_in(1, torch.int32, q.device)  # for a table the launch form has not
+            ht = launch.new_output((N, HV, DK, DV), torch.float32, q.device) if output_final_state else stand_in
+        o = launch.new_output(v.shape, v.dtype, q.device)
+        no_table = launch.stand_in(1, torch.int32, q.device)  # for a table the launch form has not
         bounds = cu_seqlens.to(device=q.device, dtype=torch.int32) if cu_seqlens is not None else no_table
         slots = indices.to(torch.int32) if pooled else no_table
         beta = beta.to(torch.float32).contiguous()

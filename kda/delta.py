@@ -1,7 +1,8 @@
 """Level 4 public function: the delta rule, ``S_t = (I - b_t k_t k_t^T) S_{t-1} + b_t k_t v_t^T``.
 
 Conventions as in ``kda.ops``. On CUDA two kernels: ``kda.kernels.wy_solve.chunk_wy`` and
-the fused ``state_output_pass``; on the CPU the chunked float64 reference.
+``kda.kernels.linear_pass.state_output_pass`` (state and output fused); on the CPU the chunked float64
+reference.
 """
 
 from __future__ import annotations
@@ -12,32 +13,19 @@ from kda import cuda_autograd, ops, validate
 from kda.chunking import CHUNK_SIZE
 from kda.reference import level4 as ref4
 
+
 def _run_kernels(q, k, v, beta, scale, h0, output_final_state, check=None):
     """``chunk_wy`` (all chunks at once, flagging a ``beta`` out of range as it reads it), then
     ``state_output_pass`` (sequential, fused output). ``check(flags)`` runs once the pass is
     queued (``validate.launch_then_check``), as in levels 3 and 5."""
-    from kda.kernels.linear_pass import state_output_pass
-    from kda.kernels.wy_solve import chunk_wy
-    from kda.kernels.build import compile_program
+    from kda.kernels.linear_pass import pass_launch
+    from kda.kernels.wy_solve import run_chunk_wy
 
-    B, T, H, DK = q.shape
-    DV = v.shape[-1]
-    C = CHUNK_SIZE
-    dtype = ops.dtype_name(q.dtype)
-    q, k, v = (x.contiguous() for x in (q, k, v))
-    beta = beta.to(torch.float32).contiguous()
-    with torch.cuda.device(q.device):
-        wy = compile_program(chunk_wy, (), DK=DK, DV=DV, chunk_size=C, dtype=dtype)
-        fused = compile_program(state_output_pass, (), DK=DK, DV=DV, chunk_size=C, dtype=dtype,
-                                initial_state=h0 is not None, final_state=output_final_state)
-        W, U = ops.new_output(k.shape, k.dtype, k.device), ops.new_output(v.shape, v.dtype, v.device)
-        flags = torch.zeros(2, dtype=torch.int32, device=q.device)
-        wy(k, v, beta, W, U, ops.stand_in(4, torch.float32, q.device), flags)   # no inverse written
-        h0, ht = ops.state_arguments(h0, output_final_state, B, H, DK, DV, q.device)
-        o = ops.new_output((B, T, H, DV), q.dtype, q.device)
-        no_gate = ops.stand_in(1, torch.float32, q.device)
-        validate.launch_then_check(flags, lambda: fused(q, k, U, W, no_gate, scale, h0, o, ht), check)
-    return o, (ht if output_final_state else None)
+    flags = torch.zeros(2, dtype=torch.int32, device=q.device)
+    W, U = run_chunk_wy(k, v, beta, flags)
+    start, o, ht = pass_launch(q, k, U, scale, h0, output_final_state, W=W)
+    validate.launch_then_check(flags, start, check)
+    return o, ht
 
 
 # --8<-- [start:delta_rule]
@@ -62,7 +50,7 @@ def delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state
         Same function as fla's ``chunk_delta_rule``.
     """
     differentiable = cuda_autograd.level_differentiates(q, k=k, v=v, beta=beta, initial_state=initial_state)
-    with cuda_autograd.checks_allow_gradients(differentiable):
+    with validate.checks_allow_gradients(differentiable):
         B, T, H, DK, DV = validate.check_qkv(q, k, v)
         on_cuda = validate.runs_kernels(q)              # where the first kernel checks the values
         validate.check_beta(beta, B, T, H, q.device, check_values=check_values and not on_cuda)

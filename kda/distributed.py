@@ -19,19 +19,22 @@ state pass from a zero start gives ``B``, the same pass with the identity as sta
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from kda import validate
+from kda import gated_delta, validate
 from kda.chunking import CHUNK_SIZE, ceildiv
-from kda import gated_delta
-from kda.gated_delta import (ChunkForm, check_inputs, kernel_inputs, chunk_gated_delta_rule,
-                             chunk_kda, prepare_chunks, run_state_pass)
+from kda.gated_delta import chunk_gated_delta_rule, chunk_kda, kernel_inputs
 from kda.kernels.build import sm_count
 from kda.reference import level0 as ref0
 from kda.reference import level4 as ref4
 from kda.reference.common import start_state
+
+if TYPE_CHECKING:
+    from kda.kernels.chunk_intra import ChunkForm
 
 
 def _plain_forward(g):
@@ -65,6 +68,8 @@ def chunk_maps(form: ChunkForm):
     """``(M [B, H, K, K], B [B, H, K, V])`` of every sequence of a prepared batch, float32, from
     the level-5 state pass: from a zero start it ends at ``B``; with ``U = 0`` it applies only
     the homogeneous part ``S -> M S``, so from the identity it ends at ``M``."""
+    from kda.kernels.gated_state_pass import run_state_pass
+
     Bsz, _, H, K = form.W.shape
     _, Bm = run_state_pass(form, None)
     eye = torch.eye(K, dtype=torch.float32, device=form.W.device).expand(Bsz, H, K, K).contiguous()
@@ -101,9 +106,12 @@ def context_parallel(q, k, v, g, beta, scale=None, initial_state=None, output_fi
     token; arguments are checked before the collective, so a bad argument raises on its rank
     while the others wait in the all-gather, as with any ``torch.distributed`` call."""
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    scale, h0, _ = check_inputs(q, k, v, g, beta, scale, initial_state, None, g.dim() == 4)
+    scale, h0, _ = validate.check_gated_delta_inputs(q, k, v, g, beta, scale, initial_state, None, g.dim() == 4)
     _check_ungrouped(q, v)
     if validate.runs_kernels(q):
+        from kda.kernels.chunk_intra import prepare_chunks
+        from kda.kernels.gated_state_pass import run_state_pass
+
         q, k, g = kernel_inputs(q, k, g, use_qk_l2norm_in_kernel)
         form = prepare_chunks(q, k, v, g, beta, scale)            # once: for the map and the recompute
         M, Bm = chunk_maps(form)
@@ -164,8 +172,8 @@ def runs_form(form: ChunkForm, pieces: int) -> ChunkForm:
         raise ValueError(f"runs_form needs T = pieces * whole chunks, got T = {T}, pieces = {pieces}")
     view = lambda x: x.reshape(B * pieces, T // pieces, *x.shape[2:])
     decay = form.decay.reshape(B, H, pieces, NC // pieces, K).transpose(1, 2).contiguous()
-    return ChunkForm(Qw=view(form.Qw), Kw=view(form.Kw), W=view(form.W), U=view(form.U), A_qk=view(form.A_qk),
-                     decay=decay.reshape(B * pieces, H, NC // pieces, K))
+    return form._replace(Qw=view(form.Qw), Kw=view(form.Kw), W=view(form.W), U=view(form.U), A_qk=view(form.A_qk),
+                         decay=decay.reshape(B * pieces, H, NC // pieces, K))
 # --8<-- [end:runs_form]
 
 
@@ -180,7 +188,7 @@ def split_forward(q, k, v, g, beta, pieces: int | None = None, scale=None, initi
     ``cu_seqlens``. ``pieces=None`` lets ``choose_pieces`` decide from the device's SM count (CUDA)."""
     if pieces is not None and (isinstance(pieces, bool) or not isinstance(pieces, int) or pieces < 1):
         raise ValueError(f"pieces must be a positive int or None, got {pieces!r}")
-    scale, h0, _ = check_inputs(q, k, v, g, beta, scale, initial_state, None, g.dim() == 4)
+    scale, h0, _ = validate.check_gated_delta_inputs(q, k, v, g, beta, scale, initial_state, None, g.dim() == 4)
     _check_ungrouped(q, v)
     if validate.runs_kernels(q) and chunk_size != CHUNK_SIZE:
         raise ValueError(f"chunk_size must be {CHUNK_SIZE} on CUDA (the kernels' chunk), got {chunk_size}")
@@ -228,6 +236,9 @@ def _pad_time(x, pad: int):
 
 
 def _split_forward_cuda(q, k, v, g, beta, pieces, run_len, scale, h0, output_final_state, use_qk_l2norm_in_kernel):
+    from kda.kernels.chunk_intra import prepare_chunks
+    from kda.kernels.gated_state_pass import run_state_pass
+
     B, T, H, K = q.shape
     scalar_gate = _splits_by_scalar_gate(g)                   # before g becomes [B, T, H, 1]
     q, k, g = kernel_inputs(q, k, g, use_qk_l2norm_in_kernel)
@@ -252,9 +263,11 @@ def _split_scalar_gate(q, k, v, g, beta, pieces, scale, h0):
     by the pass over a batch of ``B * pieces`` runs (``M`` from the identity with ``V = 0``, ``B`` from
     zero), the fold, and the pass again from each run's true start. ``q, k, v, g [B, T, H, 1], beta``
     padded to whole runs; returns ``o`` and the final state."""
+    from kda.kernels.scalar_gate import scalar_gate_inverse, scalar_gate_pass_launch
+
     B, T, H, K = q.shape
     DV, L, R = v.shape[-1], T // pieces, B * pieces
-    G, Tb = gated_delta.scalar_gate_inverse(k, g, beta, H)
+    G, Tb = scalar_gate_inverse(k, g, beta, H)
     runs = lambda x: x.reshape(R, L, *x.shape[2:])                         # views: runs of whole chunks
     G = G.reshape(B, H, pieces, L).transpose(1, 2).reshape(R, H, L).contiguous()   # each run's chunks together
     q, k, v, Tb = runs(q), runs(k), runs(v), runs(Tb)
@@ -263,13 +276,13 @@ def _split_scalar_gate(q, k, v, g, beta, pieces, scale, h0):
     eye = torch.eye(K, dtype=torch.float32, device=q.device).expand(R, H, K, K).contiguous()
     maps = []
     for values, start in ((homogeneous, eye), (v, None)):                  # M, then B
-        launch, _, end = gated_delta.scalar_gate_pass_launch(q, k, values, Tb, G, scale, start, block(values.shape[-1]))
-        launch()
+        run, _, end = scalar_gate_pass_launch(q, k, values, Tb, G, scale, start, block(values.shape[-1]))
+        run()
         maps.append(end.reshape(B, pieces, H, K, -1))
     M, Bm = maps
     starts = fold(_start_state32(h0, Bm[:, 0]), [(M[:, p], Bm[:, p]) for p in range(pieces - 1)])
-    launch, o, ht = gated_delta.scalar_gate_pass_launch(q, k, v, Tb, G, scale,
-                                                        torch.stack(starts, dim=1).reshape(R, H, K, DV), block(DV))
-    launch()
+    run, o, ht = scalar_gate_pass_launch(q, k, v, Tb, G, scale, torch.stack(starts, dim=1).reshape(R, H, K, DV),
+                                         block(DV))
+    run()
     return o.reshape(B, T, H, DV), ht.reshape(B, pieces, H, K, DV)[:, -1].contiguous()
 # --8<-- [end:split_forward]

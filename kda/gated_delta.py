@@ -5,57 +5,25 @@ The recurrence (fla's convention, state ``d_k x d_v``)::
 
     S <- diag(exp(g_t)) S;   S <- S + beta_t k_t (v_t - S^T k_t)^T;   o_t = S^T (scale q_t)
 
-On CUDA the kernels of ``kda.kernels.chunk_intra`` and ``kda.kernels.gated_state_pass`` (a scalar gate takes ``chunk_intra``'s scalar path:
-one GEMM for the scores, the decay applied after it), in two steps that ``kda.distributed`` reuses:
-``prepare_chunks`` (``chunk_intra``, every chunk at once) and ``run_state_pass`` (sequential); on
-the CPU the float64 chunked reference of ``kda.reference.level0``. Packed sequences (``cu_seqlens``)
-go through each kernel in one launch (``chunk_table``), and through the CPU reference one after
-another. ``v``, ``g``, ``beta`` and the states may have more heads than ``q`` and ``k`` (grouped
-value heads, as in fla): ``HV`` a multiple of ``H``, value head ``i`` reading query and key
-head ``i // (HV / H)``.
+On CUDA two kernels, each launched by the function beside it, in two steps that ``kda.distributed``
+reuses: ``kda.kernels.chunk_intra.prepare_chunks`` (every chunk at once; a scalar gate takes its scalar
+path: one GEMM for the scores, the decay applied after it) and ``kda.kernels.gated_state_pass.run_state_pass``
+(sequential); or, for GDN where its blocks fill the SMs, ``kda.kernels.scalar_gate``'s two. On the CPU the
+float64 chunked reference of ``kda.reference.level0``. Packed sequences (``cu_seqlens``) go through each
+kernel in one launch (``kda.packed.chunk_table``), and through the CPU reference one after another.
+``v``, ``g``, ``beta`` and the states may have more heads than ``q`` and ``k`` (grouped value heads, as in
+fla): ``HV`` a multiple of ``H``, value head ``i`` reading query and key head ``i // (HV / H)``.
 """
 
 from __future__ import annotations
 
-import functools
-from typing import NamedTuple
-
 import torch
 
-from kda import cuda_autograd, ops, validate
+from kda import cuda_autograd, launch, packed, validate
 from kda.activation import activated, checked_activation
-from kda.chunking import CHUNK_SIZE, ceildiv
+from kda.chunking import CHUNK_SIZE
 from kda.reference import level0 as ref0
 from kda.reference import level4 as ref4
-
-
-
-def check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel: bool, check_values=True,
-                 cu_seqlens_cpu=None, read_bounds=True, differentiable=False, keys_normalized=True):
-    """Every argument checked (clear errors, nothing computed); returns ``scale`` as a float, the
-    initial state or ``None``, and the ``cu_seqlens`` boundaries or ``None``. With
-    ``check_values=False`` the values of ``g`` and ``beta`` are left to
-    ``validate.raise_flagged_values`` after the first kernel (``chunk_intra`` checks them as it
-    reads them). ``read_bounds=False`` (under ``torch.compile``) leaves the boundaries on the
-    device: the op reads them. ``differentiable``: a CUDA call that ``kda.backward`` differentiates
-    (through the op), whose inputs may require grad."""
-    with cuda_autograd.checks_allow_gradients(differentiable):
-        B, T, H, DK, DV = validate.check_qkv(q, k, v, grouped_values=True)   # H: the value heads
-        if validate.check_gates(g, B, T, H, DK, q.device, check_values=False) != per_channel:
-            form = "[B, T, H, DK] (one gate per key channel)" if per_channel else "[B, T, H] (one gate per head)"
-            raise ValueError(f"g must have shape {form} here, got {validate.shape_of(g)}")
-        validate.check_beta(beta, B, T, H, q.device, check_values=False)
-        if check_values:                                  # both ranges in one read-back
-            gate_range, beta_range = validate.value_ranges(g, beta)
-            validate.check_gate_range(g, *gate_range)
-            validate.check_beta_range(*beta_range)
-        scale = validate.check_scale(scale, DK)
-        bounds = validate.check_cu_seqlens(cu_seqlens, B, T, cu_seqlens_cpu, read_values=read_bounds)
-        N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-        h0 = validate.check_initial_state(initial_state, N, H, DK, DV, q.device)
-        if check_values and not keys_normalized:          # after every shape: the keys against the delta rule's bound
-            validate.check_key_norms(k, beta)
-    return scale, h0, bounds
 
 
 # CUDA, use_qk_l2norm_in_kernel on level 5's path: chunk_intra divides each row of q and k by its L2 norm as it
@@ -74,54 +42,12 @@ L2NORM_IN_KERNEL = True
 # this, L2NORM_IN_KERNEL and PAIRWISE_BY_PRODUCTS on together.
 ACTIVATIONS_IN_KERNEL = True
 
-# CUDA: chunk_intra's steep chunks (a gate that falls by more than 2^96 inside a 16-row sub-chunk: most chunks of a
-# layer's gates, -exp(A_log) softplus(.) with A_log up to log 16) summed by running products of the token decays
-# (pairwise="products": one exponential per token and channel, sixteen accumulators per thread) instead of an
-# exponential and four shared loads per pair and channel; exact for any gate as before. Issue 41 priced the
-# steep path at 10.28 ms against 0.656 for mild gates (level 3's record). Its GPU tests passed (run 103), and it
-# stays off: at (1, 8192, 96, 128) steep gates (a layer's) take 6.58 ms with it against 9.77, but mild ones
-# (logsigmoid) 1.885 against 1.511, the plain call 25% slower.
-PAIRWISE_BY_PRODUCTS = False
-
-# CUDA: chunk_intra's steep chunks with their 16 x 16 diagonal blocks by halvings (pairwise="halvings"): for blocks of
-# 8, 4, 2 and 1 rows' halves, the pairs across a block's two halves factor through the upper half's last row, both
-# factors <= 1, one GEMM of the stacked [q; k] per halving and one for A_qk's diagonal, one exponential per element
-# and halving, no shared memory of its own (108.5 KB as the default, two blocks per SM; PAIRWISE_BY_PRODUCTS needs
-# 124 KB). Exact for any gate, as the pairwise sums. Takes the place of PAIRWISE_BY_PRODUCTS where both are on.
-# Not yet run on a GPU.
-PAIRWISE_BY_HALVINGS = False
-
-
 # CUDA: with check_values, the keys against the delta rule's bound (beta ||k||^2 <= 2, kda.validate.check_key_norms)
 # in chunk_intra's value checks (check_keys: the sums of squares of the key tile as it is loaded, flags[2]), for
 # raw keys (not use_qk_l2norm_in_kernel), so that keys that would diverge are an error on CUDA too, as on the CPU,
 # with no pass of their own; GDN's scalar-gate path in its chunk_gated_inverse, from the diagonal of the K K^T it
 # makes anyway. Not yet run on a GPU.
 KEY_CHECK_IN_KERNEL = False
-
-
-def raise_flagged_inputs(flags, g, beta, k) -> None:
-    """``validate.raise_flagged_values`` for the gate and ``beta`` (``flags[0]``, ``flags[1]``), then the keys
-    (``flags[2]``, where the first kernel checked them: ``check_keys``): the host check's error, with the worst
-    key and where (``validate.check_key_norms``; ``beta`` activated)."""
-    host = flags.cpu()                                          # one read-back for every flag
-    validate.raise_flagged_values(host[:2], g, beta)
-    if len(host) > 2 and host[2]:
-        validate.check_key_norms(k, beta)                       # raises with the worst key found
-        raise ValueError("k: the kernel found beta * ||k||^2 > 2, past the delta rule's bound; normalize the keys "
-                         "(use_qk_l2norm_in_kernel=True)")
-
-
-def keys_checked(flags) -> dict:
-    """The first kernel's compile flag for the keys' check: on where the caller hands it three value flags."""
-    return {"check_keys": True} if flags is not None and flags.numel() == 3 else {}
-
-
-def steep_chunks() -> dict:
-    """``chunk_intra``'s compile flag for the diagonal blocks of steep chunks, by the two switches above."""
-    if PAIRWISE_BY_HALVINGS:
-        return {"pairwise": "halvings"}
-    return {"pairwise": "products"} if PAIRWISE_BY_PRODUCTS else {}
 
 
 # CUDA, use_qk_l2norm_in_kernel where the kernels do not normalize as they load (GDN's scalar-gate path; every path
@@ -142,8 +68,8 @@ def l2_normalized(x):
 
     D = x.shape[-1]
     with torch.cuda.device(x.device):
-        kernel = compile_program(norms.l2_normalize_rows, (), D=D, dtype=ops.dtype_name(x.dtype))
-        out = ops.new_output(x.shape, x.dtype, x.device)
+        kernel = compile_program(norms.l2_normalize_rows, (), D=D, dtype=launch.dtype_name(x.dtype))
+        out = launch.new_output(x.shape, x.dtype, x.device)
         kernel(x.contiguous().view(-1, D), out.view(-1, D))
     return out
 
@@ -177,9 +103,10 @@ def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_
             g, beta = activated(q, k, v, g, beta, per_channel, options, check_values and not compiling, grads)
     if compiling or grads:
         # the checks a graph can hold, then the op: its registered backward is kda.backward on CUDA
-        scale, h0, _ = check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel,
-                                    check_values=check_values and not compiling, cu_seqlens_cpu=cu_seqlens_cpu,
-                                    read_bounds=not compiling, differentiable=grads)
+        scale, h0, _ = validate.check_gated_delta_inputs(
+            q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel,
+            check_values=check_values and not compiling, cu_seqlens_cpu=cu_seqlens_cpu, read_bounds=not compiling,
+            differentiable=grads)
         o, final = torch.ops.kda.chunk_gated_delta(q, k, v, g, beta, scale, h0, output_final_state,
                                                     use_qk_l2norm_in_kernel, cu_seqlens, cu_seqlens_cpu)
         return o, (final if output_final_state else None)
@@ -198,9 +125,9 @@ def forward_eager(q, k, v, g, beta, scale, initial_state, output_final_state, us
         raise ValueError("packed sequences (cu_seqlens) cannot be captured in a CUDA graph yet: their chunk table "
                          "is built on the host; capture a batch of equal lengths, or decode steps")
     check_values = check_values and not capturing
-    scale, h0, bounds = check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel,
-                                     check_values=check_values and not cuda, cu_seqlens_cpu=cu_seqlens_cpu,
-                                     keys_normalized=use_qk_l2norm_in_kernel)
+    scale, h0, bounds = validate.check_gated_delta_inputs(
+        q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel, check_values=check_values and not cuda,
+        cu_seqlens_cpu=cu_seqlens_cpu, keys_normalized=use_qk_l2norm_in_kernel)
     if cuda:                                             # packed sequences: one launch per stage too
         keys = check_values and KEY_CHECK_IN_KERNEL and not use_qk_l2norm_in_kernel   # flags[2]: the keys
         flags = torch.zeros(3 if keys else 2, dtype=torch.int32, device=q.device)
@@ -208,10 +135,10 @@ def forward_eager(q, k, v, g, beta, scale, initial_state, output_final_state, us
         g_given = g
         fused = use_qk_l2norm_in_kernel and L2NORM_IN_KERNEL     # the norm in the kernels where they can
         q, k, g = kernel_inputs(q, k, g, use_qk_l2norm_in_kernel and not fused)
-        table = chunk_table(bounds, q.device) if bounds is not None else None
-        check = (lambda flags: raise_flagged_inputs(flags, g_given, beta, k_given)) if check_values else None
+        table = packed.chunk_table(bounds, q.device) if bounds is not None else None
+        check = (lambda flags: validate.raise_flagged_inputs(flags, g_given, beta, k_given)) if check_values else None
         if check_values and activation is not None:      # the full check's errors on the activated values
-            check = lambda flags: raise_flagged_inputs(
+            check = lambda flags: validate.raise_flagged_inputs(
                 flags, *activation.apply(g_given, beta, torch.float32), k_given) if any(flags.tolist()) else None
         o, final = _run_kernels(q, k, v, g, beta, scale, h0, flags, table, output_final_state, check, qk_l2norm=fused,
                                 activation=activation)
@@ -240,170 +167,6 @@ def forward_eager(q, k, v, g, beta, scale, initial_state, output_final_state, us
 
 
 # --8<-- [start:run_kernels]
-class ChunkForm(NamedTuple):
-    """What the sequential pass reads, for every chunk of a batch ``[B, T, H, *]``."""
-    Qw: torch.Tensor         # scale Q 2^G                       [B, T, H, DK]
-    Kw: torch.Tensor         # K 2^(G_last - G)                  [B, T, H, DK]
-    W: torch.Tensor          # T diag(b) (K 2^G)                 [B, T, H, DK]
-    U: torch.Tensor          # T diag(b) V                       [B, T, H, DV]
-    A_qk: torch.Tensor       # masked decayed scores, scale in   [B, T, H, C]
-    decay: torch.Tensor      # 2^G_last of each chunk, float32   [B, H, NC, DK]
-
-
-class ChunkTable(NamedTuple):
-    """Where the chunks of packed sequences lie (on the device, int32), built once per call."""
-    chunks: torch.Tensor         # first token and length of every chunk, sequence by sequence  [NC, 2]
-    cu_seqlens: torch.Tensor     # the sequences' boundaries                                     [N + 1]
-    chunk_offsets: torch.Tensor  # index of each sequence's first chunk in ``chunks``            [N + 1]
-    seq_groups: torch.Tensor     # first sequence of each group the state pass carries in one block [NG + 1]
-
-
-# The state pass carries, in one block, the packed sequences whose first chunk lies in one window of
-# this many chunks: 1024 sequences of 1 to 64 tokens take 32 groups, not 1024 blocks per value stripe.
-GROUP_CHUNKS = 32
-
-
-def seq_groups(chunk_offsets: torch.Tensor, window: int | None = None) -> torch.Tensor:
-    """The groups of sequences, as the index of each group's first sequence and then ``N``: a new
-    group starts where a sequence's first chunk ``chunk_offsets[n]`` falls in another window of
-    ``window`` chunks than the sequence before it. A sequence longer than the window ends its group
-    (the next sequence starts in a later window); an empty sequence joins the group of its offset."""
-    windows = chunk_offsets[:-1] // (window or GROUP_CHUNKS)
-    starts = torch.nonzero(windows[1:] != windows[:-1]).flatten() + 1
-    N = chunk_offsets.shape[0] - 1
-    return torch.cat([starts.new_zeros(1 if N > 0 else 0), starts, starts.new_full((1,), N)])
-
-
-def chunk_table(bounds, device, chunk_size=CHUNK_SIZE) -> ChunkTable:
-    """The chunk table of the packed sequences with boundaries ``bounds`` (a host list, as
-    ``validate.check_cu_seqlens`` returns it): a sequence of ``n`` tokens has ``ceil(n / C)`` chunks, the
-    last one short; an empty sequence has none. Built on the host and copied to ``device`` once per
-    boundaries: every layer of a model sees the same ones (the last few tables are kept)."""
-    return _chunk_table(tuple(bounds), torch.device(device), chunk_size)
-
-
-@functools.lru_cache(maxsize=8)
-def _chunk_table(bounds: tuple, device: torch.device, chunk_size: int) -> ChunkTable:
-    cu = torch.tensor(bounds, dtype=torch.int64)
-    counts = ceildiv(cu[1:] - cu[:-1], chunk_size)
-    offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
-    seq = torch.repeat_interleave(torch.arange(len(counts)), counts)
-    first = cu[seq] + (torch.arange(int(offsets[-1])) - offsets[seq]) * chunk_size
-    length = torch.minimum(cu[seq + 1] - first, torch.tensor(chunk_size))
-    to_device = lambda x: x.to(torch.int32).to(device, non_blocking=True)
-    return ChunkTable(to_device(torch.stack([first, length], dim=1)), to_device(cu), to_device(offsets),
-                      to_device(seq_groups(offsets)))
-
-
-def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None, backward_outputs=False, qk_l2norm=False,
-                   activation=None):
-    """Stage 1 of the level-5 pipeline (``chunk_intra``), every chunk of the batch at once.
-    ``flags`` (int32 ``[2]``, zeroed) collects the kernel's value checks of ``g`` and ``beta``, ``[3]`` those of
-    the keys too (``check_keys``; ``raise_flagged_inputs``); ``None`` for callers that checked the values
-    before. With the
-    ``table`` of packed sequences (``chunk_table``, ``B = 1``) every chunk of every sequence is
-    one block of the same launch. ``backward_outputs`` (dense; ``kda.backward``): returns ``(form, G, Tinv,
-    KKE)``, the kernel's outputs of that flag (``G [B, H, NC C, GD]`` float32 log2, ``Tinv`` in the inputs'
-    dtype, ``KKE`` float32, both ``[B, T, H, C]``). ``qk_l2norm``: the kernel L2-normalizes the rows of ``q`` and
-    ``k`` as it loads them (``L2NORM_IN_KERNEL``). ``activation`` (``ACTIVATIONS_IN_KERNEL``): ``g`` and ``beta``
-    are raw and the kernel applies that ``kda.activation.Activation`` to them."""
-    from kda.kernels.build import compile_program
-    from kda.kernels.chunk_intra import chunk_intra
-
-    B, T, _, DK = q.shape
-    H, DV, C = v.shape[2], v.shape[-1], CHUNK_SIZE       # H: value heads (q, k may have fewer)
-    NC = ceildiv(T, C) if table is None else table.chunks.shape[0]
-    dtype, gate_dtype = ops.dtype_name(q.dtype), str(g.dtype).removeprefix("torch.")
-    q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.to(torch.float32).contiguous()
-    with torch.cuda.device(q.device):
-        extra = {name: True for name, on in (("backward_outputs", backward_outputs), ("qk_l2norm", qk_l2norm)) if on}
-        extra.update(steep_chunks() if g.shape[-1] > 1 else {})
-        extra.update(keys_checked(flags))
-        acts = []                                        # A_log, dt_bias, lower_bound after the chunk table
-        if activation is not None:
-            extra.update(gate_act=activation.gate, beta_act=activation.beta)
-            GD = g.shape[-1]
-            A_log = activation.A_log if activation.A_log is not None else torch.zeros(H, device=q.device)
-            dt_bias = activation.dt_bias if activation.dt_bias is not None else torch.zeros(H, GD, device=q.device)
-            acts = [A_log.float().contiguous(), dt_bias.float().reshape(H, GD).contiguous(),
-                    float(activation.lower_bound)]
-        intra = compile_program(chunk_intra, (), DK=DK, DV=DV, chunk_size=C, dtype=dtype,
-                                gate_dtype=gate_dtype, varlen=table is not None, value_groups=H // q.shape[2],
-                                scalar_gate=g.shape[-1] == 1, **extra)
-        new = lambda shape, dt=q.dtype: ops.new_output(shape, dt, q.device)
-        Qw, Kw, W = new((B, T, H, DK)), new((B, T, H, DK)), new((B, T, H, DK))
-        decay, A_qk, U = new((B, H, NC, DK), torch.float32), new((B, T, H, C)), new(v.shape)
-        if flags is None:
-            flags = torch.zeros(2, dtype=torch.int32, device=q.device)
-        chunks = table.chunks if table is not None else ops.stand_in(2, torch.int32, q.device)
-        if backward_outputs:
-            G, KKE = new((B, H, NC * C, g.shape[-1]), torch.float32), new((B, T, H, C), torch.float32)
-            Tinv = new((B, T, H, C))
-            intra(q, k, v, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, chunks, G, Tinv, KKE)
-            return ChunkForm(Qw, Kw, W, U, A_qk, decay), G, Tinv, KKE
-        intra(q, k, v, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, chunks, *acts)
-    return ChunkForm(Qw, Kw, W, U, A_qk, decay)
-
-
-def state_pass_columns(B: int, H: int, DV: int, sm_count: int) -> int:
-    """Value columns per block of the state pass: 64 while that still gives every SM a block,
-    else 32 (``B``: the blocks' sequences or groups of packed sequences, ``seq_groups``). On the
-    H200 64 columns took the pass from 0.54 to 0.42 ms at (1, 8192, 96) and from 0.64 to 0.48 ms
-    at (4, 4096, 64), but at (1, 32768, 32) its 64 blocks left half the SMs idle (0.78 against
-    0.61 ms; run 39 in results/tuning)."""
-    return 64 if B * H * (DV // 64) >= sm_count else 32
-
-
-def run_state_pass(form: ChunkForm, h0, table=None, output_final_state=True):
-    """Stage 3, sequential over chunks from ``h0 [B, H, DK, DV]`` (``None``: zeros, which the kernel
-    starts from without reading any); returns ``o`` and the float32 final state (``None`` without
-    ``output_final_state``: none is written). With the ``table`` of packed sequences, one state per
-    sequence: ``h0`` and the final state are ``[N, H, DK, DV]``."""
-    launch, o, ht = state_pass_launch(form, h0, table, output_final_state)
-    launch()
-    return o, ht
-
-
-def sequence_tables(table, B: int, device):
-    """What a sequential pass takes for the packed sequences of ``table`` (``None``: a dense batch of
-    ``B`` sequences): ``(states, lanes, tables)`` with ``states`` the sequences, ``lanes`` the blocks per
-    head and value block (groups of packed sequences, ``seq_groups``) and ``tables`` the pass's last
-    three arguments (``cu_seqlens, chunk_offsets, seq_groups``, or ``[1]`` stand-ins)."""
-    if table is None:
-        return B, B, [ops.stand_in(1, torch.int32, device)] * 3
-    return (table.cu_seqlens.shape[0] - 1, table.seq_groups.shape[0] - 1,
-            [table.cu_seqlens, table.chunk_offsets, table.seq_groups])
-
-
-def queued(kernel, args, device):
-    """``kernel(*args)`` on ``device`` as a function to call later (``validate.launch_then_check``)."""
-    def launch():
-        with torch.cuda.device(device):
-            kernel(*args)
-
-    return launch
-
-
-def state_pass_launch(form: ChunkForm, h0, table=None, output_final_state=True):
-    """``run_state_pass`` up to its launch: the compiled pass with its arguments and outputs ready,
-    as ``(launch, o, final state or None)``; nothing runs until ``launch()``."""
-    from kda.kernels.build import compile_program, sm_count
-    from kda.kernels.gated_state_pass import gated_state_output_pass
-
-    B, T, H, DK = form.Qw.shape
-    DV = form.U.shape[-1]
-    device = form.Qw.device
-    N, lanes, tables = sequence_tables(table, B, device)
-    with torch.cuda.device(device):
-        state_pass = compile_program(gated_state_output_pass, (), DK=DK, DV=DV, chunk_size=CHUNK_SIZE,
-                                     block_dv=state_pass_columns(lanes, H, DV, sm_count(device)),
-                                     dtype=ops.dtype_name(form.Qw.dtype), varlen=table is not None,
-                                     initial_state=h0 is not None, final_state=output_final_state)
-        h0, ht = ops.state_arguments(h0, output_final_state, N, H, DK, DV, device)
-        o = ops.new_output((B, T, H, DV), form.U.dtype, device)
-    return queued(state_pass, (*form, h0, o, ht, *tables), device), o, (ht if output_final_state else None)
-
-
 def _run_kernels(q, k, v, g, beta, scale, h0, flags=None, table=None, output_final_state=True, check=None,
                  qk_l2norm=False, activation=None):
     """One batch ``[B, T, H, *]`` (or the packed sequences of ``table``) through the level-5
@@ -422,15 +185,18 @@ def _run_kernels(q, k, v, g, beta, scale, h0, flags=None, table=None, output_fin
             qk_l2norm and not L2NORM_KERNEL):
         from kda.kernels.build import sm_count
 
-        _, lanes, _ = sequence_tables(table, q.shape[0], q.device)
+        _, lanes, _ = packed.sequence_tables(table, q.shape[0], q.device)
         block_dv = scalar_gate_columns(lanes, v.shape[2], v.shape[-1], sm_count(q.device))
         if block_dv is not None:
             if qk_l2norm:                                # its kernels read q and k as they are
                 q, k = l2_normalized(q), l2_normalized(k)
             return _run_scalar_gate(q, k, v, g, beta, scale, h0, flags, table, output_final_state, check, block_dv)
+    from kda.kernels.chunk_intra import prepare_chunks
+    from kda.kernels.gated_state_pass import state_pass_launch
+
     form = prepare_chunks(q, k, v, g, beta, scale, flags, table, qk_l2norm=qk_l2norm, activation=activation)
-    launch, o, ht = state_pass_launch(form, h0, table, output_final_state)
-    validate.launch_then_check(flags, launch, check)
+    start, o, ht = state_pass_launch(form, h0, table, output_final_state)
+    validate.launch_then_check(flags, start, check)
     return o, ht
 # --8<-- [end:run_kernels]
 
@@ -449,9 +215,6 @@ SCALAR_GATE_PATH = True
 # at 128 for 32 heads).
 SCALAR_GATE_COLUMNS = 128
 SCALAR_GATE_MIN_BLOCKS = 0.4       # blocks per SM
-# chunk_gated_inverse's arrangement beyond its defaults (chunks per block, stages, blocks per SM):
-# run 90 timed ten (results/tuning/run90-gdn-inverse.py); the defaults are its best.
-SCALAR_GATE_INVERSE_CONFIG: dict = {}
 # Packed sequences can take it too (one launch per kernel, groups of sequences per block); not by
 # default until a timing says where it pays.
 SCALAR_GATE_PACKED = False
@@ -465,59 +228,15 @@ def scalar_gate_columns(B: int, H: int, DV: int, sm_count: int) -> int | None:
     return columns if B * H * (DV // columns) >= SCALAR_GATE_MIN_BLOCKS * sm_count else None
 
 
-def scalar_gate_inverse(k, g, beta, H, flags=None, table=None):
-    """``chunk_gated_inverse`` over every chunk (of the packed sequences of ``table``): ``(G [B, H, NC C],
-    Tb [B, T, H, C])``, ``g [B, T, H(, 1)]``, ``H`` the value heads; ``flags`` (int32 ``[2]``, zeroed)
-    collects its value checks of ``g`` and ``beta``, ``[3]`` those of the keys too (``check_keys``)."""
-    from kda.kernels import scalar_gate
-    from kda.kernels.build import compile_program
-
-    B, T, HQ, DK = k.shape
-    C = CHUNK_SIZE
-    NC = ceildiv(T, C) if table is None else table.chunks.shape[0]
-    with torch.cuda.device(k.device):
-        inverse = compile_program(scalar_gate.chunk_gated_inverse, (), DK=DK, chunk_size=C,
-                                  dtype=ops.dtype_name(k.dtype), gate_dtype=str(g.dtype).removeprefix("torch."),
-                                  value_groups=H // HQ, varlen=table is not None, **SCALAR_GATE_INVERSE_CONFIG,
-                                  **keys_checked(flags))
-        G = ops.new_output((B, H, NC * C), torch.float32, k.device)
-        Tb = ops.new_output((B, T, H, C), k.dtype, k.device)
-        if flags is None:
-            flags = torch.zeros(2, dtype=torch.int32, device=k.device)
-        chunks = table.chunks if table is not None else ops.stand_in(2, torch.int32, k.device)
-        inverse(k.contiguous(), g.reshape(B, T, H).contiguous(), beta.to(torch.float32).contiguous(), G, Tb, flags,
-                chunks)
-    return G, Tb
-
-
-def scalar_gate_pass_launch(q, k, v, Tb, G, scale, h0, block_dv, table=None, output_final_state=True):
-    """``inverse_state_output_pass`` up to its launch, as ``(launch, o, final state or None)``
-    (``state_pass_launch``'s form); one state per sequence (``[N, H, DK, DV]`` with ``table``)."""
-    from kda.kernels import scalar_gate
-    from kda.kernels.build import compile_program
-
-    B, T, HQ, DK = q.shape
-    H, DV = v.shape[2], v.shape[-1]
-    device = q.device
-    N, _, tables = sequence_tables(table, B, device)
-    with torch.cuda.device(device):
-        state_pass = compile_program(scalar_gate.inverse_state_output_pass, (), DK=DK, DV=DV, chunk_size=CHUNK_SIZE,
-                                     block_dv=block_dv, dtype=ops.dtype_name(q.dtype), value_groups=H // HQ,
-                                     varlen=table is not None, initial_state=h0 is not None,
-                                     final_state=output_final_state)
-        h0, ht = ops.state_arguments(h0, output_final_state, N, H, DK, DV, device)
-        o = ops.new_output((B, T, H, DV), v.dtype, device)
-    args = (q.contiguous(), k.contiguous(), v.contiguous(), Tb, G, scale, h0, o, ht, *tables)
-    return queued(state_pass, args, device), o, (ht if output_final_state else None)
-
-
 def _run_scalar_gate(q, k, v, g, beta, scale, h0, flags, table, output_final_state, check, block_dv):
     """GDN through ``kda.kernels.scalar_gate``: ``chunk_gated_inverse`` (``G`` and ``Tb``, checking
     ``g`` and ``beta`` as it reads them), then ``inverse_state_output_pass``. With the ``table`` of
     packed sequences, each kernel is one launch for all of them, as level 5's."""
+    from kda.kernels.scalar_gate import scalar_gate_inverse, scalar_gate_pass_launch
+
     G, Tb = scalar_gate_inverse(k, g, beta, v.shape[2], flags, table)
-    launch, o, ht = scalar_gate_pass_launch(q, k, v, Tb, G, scale, h0, block_dv, table, output_final_state)
-    validate.launch_then_check(flags, launch, check)
+    start, o, ht = scalar_gate_pass_launch(q, k, v, Tb, G, scale, h0, block_dv, table, output_final_state)
+    validate.launch_then_check(flags, start, check)
     return o, ht
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 import numbers
 
@@ -305,3 +306,50 @@ def read_bounds(cu_seqlens: torch.Tensor) -> list[int]:
     while len(_BOUNDS) > _BOUNDS_KEPT:
         _BOUNDS.popitem(last=False)
     return bounds
+
+
+def checks_allow_gradients(differentiable: bool):
+    """The context of the input checks of a chunked op's call: the checks refuse a CUDA input that requires
+    grad only while grad mode is on, and a call that goes through the op (``cuda_autograd.differentiates``) has a
+    backward. Only the checks run in it, nothing that builds the graph."""
+    return torch.no_grad() if differentiable else contextlib.nullcontext()
+
+
+def check_gated_delta_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel: bool, check_values=True,
+                 cu_seqlens_cpu=None, read_bounds=True, differentiable=False, keys_normalized=True):
+    """Every argument checked (clear errors, nothing computed); returns ``scale`` as a float, the
+    initial state or ``None``, and the ``cu_seqlens`` boundaries or ``None``. With
+    ``check_values=False`` the values of ``g`` and ``beta`` are left to
+    ``raise_flagged_values`` after the first kernel (``chunk_intra`` checks them as it
+    reads them). ``read_bounds=False`` (under ``torch.compile``) leaves the boundaries on the
+    device: the op reads them. ``differentiable``: a CUDA call that ``kda.backward`` differentiates
+    (through the op), whose inputs may require grad."""
+    with checks_allow_gradients(differentiable):
+        B, T, H, DK, DV = check_qkv(q, k, v, grouped_values=True)   # H: the value heads
+        if check_gates(g, B, T, H, DK, q.device, check_values=False) != per_channel:
+            form = "[B, T, H, DK] (one gate per key channel)" if per_channel else "[B, T, H] (one gate per head)"
+            raise ValueError(f"g must have shape {form} here, got {shape_of(g)}")
+        check_beta(beta, B, T, H, q.device, check_values=False)
+        if check_values:                                  # both ranges in one read-back
+            gate_range, beta_range = value_ranges(g, beta)
+            check_gate_range(g, *gate_range)
+            check_beta_range(*beta_range)
+        scale = check_scale(scale, DK)
+        bounds = check_cu_seqlens(cu_seqlens, B, T, cu_seqlens_cpu, read_values=read_bounds)
+        N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+        h0 = check_initial_state(initial_state, N, H, DK, DV, q.device)
+        if check_values and not keys_normalized:          # after every shape: the keys against the delta rule's bound
+            check_key_norms(k, beta)
+    return scale, h0, bounds
+
+
+def raise_flagged_inputs(flags, g, beta, k) -> None:
+    """``raise_flagged_values`` for the gate and ``beta`` (``flags[0]``, ``flags[1]``), then the keys
+    (``flags[2]``, where the first kernel checked them: ``check_keys``): the host check's error, with the worst
+    key and where (``check_key_norms``; ``beta`` activated)."""
+    host = flags.cpu()                                          # one read-back for every flag
+    raise_flagged_values(host[:2], g, beta)
+    if len(host) > 2 and host[2]:
+        check_key_norms(k, beta)                       # raises with the worst key found
+        raise ValueError("k: the kernel found beta * ||k||^2 > 2, past the delta rule's bound; normalize the keys "
+                         "(use_qk_l2norm_in_kernel=True)")

@@ -29,9 +29,9 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def poisoned(monkeypatch):
     """Every output of the public functions starts as NaN."""
-    import kda.ops
+    import kda.launch
 
-    monkeypatch.setattr(kda.ops, "poison_outputs", True)
+    monkeypatch.setattr(kda.launch, "poison_outputs", True)
 
 
 @pytest.fixture

@@ -236,7 +236,7 @@ def test_keys_bound_per_value_head():
 def test_flagged_keys_raise_the_full_checks_error():
     """The first kernel's third flag (``check_keys``, ``KEY_CHECK_IN_KERNEL``) raises the host check's error, with
     the worst key and where; two flags (a kernel that checks no keys) never do."""
-    from kda.gated_delta import raise_flagged_inputs
+    from kda.validate import raise_flagged_inputs
 
     q, k, v, g, beta = delta_inputs()
     beta = torch.ones_like(beta)

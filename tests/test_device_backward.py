@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import kda
-from kda import backward, cuda_autograd, ops
+from kda import backward, cuda_autograd, launch
 from kda.metrics import rel_l2
 from kda.reference import backward as ref
 from kda.reference import level4 as ref4
@@ -527,7 +527,7 @@ def fake_kernels(monkeypatch, fakes, prepare_chunks=None):
 
     monkeypatch.setattr(build, "compile_program", compile_program)
     monkeypatch.setattr(gated_delta, "L2NORM_KERNEL", False)     # the norm's kernel has tests of its own
-    monkeypatch.setattr(gated_delta, "prepare_chunks", prepare_chunks or prepare_chunks_mirror())
+    monkeypatch.setattr("kda.kernels.chunk_intra.prepare_chunks", prepare_chunks or prepare_chunks_mirror())
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     return compiled
@@ -632,7 +632,6 @@ def mirrored_chunk_kernels(monkeypatch):
     import contextlib
     import functools
 
-    from kda import ops
     from kda.kernels import backward_chunks as kernels, build
 
     mirrors = {kernels.chunk_gradients: chunk_kernel_mirror, kernels.chunk_pair_pieces: pair_pieces_mirror,
@@ -646,7 +645,7 @@ def mirrored_chunk_kernels(monkeypatch):
 
     monkeypatch.setattr(build, "compile_program", compile_program)
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
-    monkeypatch.setattr(ops, "dtype_name", lambda dt: str(dt).removeprefix("torch."))      # float64 too
+    monkeypatch.setattr(launch, "dtype_name", lambda dt: str(dt).removeprefix("torch."))      # float64 too
     return compiled_with
 
 
@@ -760,11 +759,11 @@ def test_chunk_kernel_is_taken_only_where_it_applies(monkeypatch):
 
 
 def prepare_chunks_mirror(rounded=True):
-    """``kda.gated_delta.prepare_chunks`` (the forward's ``chunk_intra``) made from the reference's pieces
+    """``kda.kernels.chunk_intra.prepare_chunks`` (the forward's ``chunk_intra``) made from the reference's pieces
     in float64, in its token-major layout; in its dtypes (those of ``q``, the decays float32) where
     ``rounded``, else in float64. With ``backward_outputs``, ``(form, G, Tinv, KKE)`` as the kernel compiled
     with that flag returns them (by ``pair_pieces_mirror``)."""
-    from kda import gated_delta
+    from kda.kernels.chunk_intra import ChunkForm
 
     def prepare_chunks(q, k, v, g, beta, scale, backward_outputs=False):
         B, T, H, DK = q.shape
@@ -773,7 +772,7 @@ def prepare_chunks_mirror(rounded=True):
         out = q.dtype if rounded else torch.float64
         rows = lambda x: x.permute(0, 2, 3, 1, 4).reshape(B, -1, H, x.shape[-1])[:, :T].to(out)
         decay = p["decay"].expand(*p["decay"].shape[:3], q.shape[-1]).to(torch.float32 if rounded else out)
-        form = gated_delta.ChunkForm(rows(p["Qg"]), rows(p["Kd"]), rows(p["W"]), rows(p["U"]), rows(p["P"]), decay)
+        form = ChunkForm(rows(p["Qg"]), rows(p["Kd"]), rows(p["W"]), rows(p["U"]), rows(p["P"]), decay)
         if not backward_outputs:
             return form
         # the kernel's backward outputs, as chunk_pair_pieces writes them (G float32, T in q's dtype, KKE float32)
@@ -806,9 +805,7 @@ def test_forward_pieces_are_the_state_pieces(monkeypatch):
     ``ChunkForm`` in its token-major layout (made from the reference's pieces): the state passes'
     pieces in their head-major chunk layout, a tail chunk's rows past the end zero; then
     ``chunked_gradients`` with ``FORWARD_PIECES`` gives the gradients of the torch pieces."""
-    from kda import gated_delta
-
-    monkeypatch.setattr(gated_delta, "prepare_chunks", prepare_chunks_mirror(rounded=False))
+    monkeypatch.setattr("kda.kernels.chunk_intra.prepare_chunks", prepare_chunks_mirror(rounded=False))
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     for per_channel in (True, False):
         q, k, v, g, beta, h0, do, dht = inputs(T=100, K=16, V=8, per_channel=per_channel)
@@ -938,7 +935,7 @@ def test_scores_from_forward(monkeypatch):
     monkeypatch.setattr(backward, "SCORES_FROM_FORWARD", False)
     want = backward.op_gradients(*args)
     assert "scores" not in compiled["chunk_pair_pieces"] and read["P"] != read["A_qk"]
-    monkeypatch.setattr(ops, "poison_outputs", True)              # a score left unwritten would show
+    monkeypatch.setattr(launch, "poison_outputs", True)              # a score left unwritten would show
     monkeypatch.setattr(backward, "SCORES_FROM_FORWARD", True)
     got = backward.op_gradients(*args)
     assert compiled["chunk_pair_pieces"]["scores"] is False and read["P"] == read["A_qk"]
@@ -998,7 +995,7 @@ def test_pair_pieces_from_forward(monkeypatch):
                                           backward_chunks.chunk_pair_pieces: lambda *a, **kw: pytest.fail("ran"),
                                           backward_chunks.chunk_state_gradients: state_gradients,
                                           backward_chunks.chunk_pair_gradients: pair_gradients}, prepare_chunks)
-    monkeypatch.setattr(ops, "poison_outputs", True)              # a piece left unwritten would show
+    monkeypatch.setattr(launch, "poison_outputs", True)              # a piece left unwritten would show
     monkeypatch.setattr(backward, "PAIR_PIECES_FROM_FORWARD", True)
     got = backward.op_gradients(*args)
     assert made["backward_outputs"] is True and "chunk_pair_pieces" not in compiled
@@ -1034,7 +1031,7 @@ def test_inverse_from_forward(monkeypatch):
     compiled = fake_kernels(monkeypatch, fakes, prepare_chunks)
     want = backward.op_gradients(*args)
     assert made["backward_outputs"] is False and "pieces_in" not in compiled["chunk_gradients"]
-    monkeypatch.setattr(ops, "poison_outputs", True)              # a piece left unwritten would show
+    monkeypatch.setattr(launch, "poison_outputs", True)              # a piece left unwritten would show
     monkeypatch.setattr(backward, "INVERSE_FROM_FORWARD", True)
     got = backward.op_gradients(*args)
     assert made["backward_outputs"] is True and compiled["chunk_gradients"]["pieces_in"] is True
@@ -1114,7 +1111,7 @@ def test_level_passes_from_inputs(gate, monkeypatch):
     monkeypatch.setattr(backward.stages, "chunk_pieces", lambda *a, **kw: pytest.fail("the torch stages ran"))
     monkeypatch.setattr(backward, "level_pieces", lambda *a, **kw: pytest.fail("level_pieces ran"))
     monkeypatch.setattr(backward, "to_chunks", lambda *a, **kw: pytest.fail("a chunk copy was made"))
-    monkeypatch.setattr(ops, "poison_outputs", True)
+    monkeypatch.setattr(launch, "poison_outputs", True)
     got = backward.op_gradients(*args)
     for name in ("forward_states_pass", "reverse_state_pass"):
         assert compiled[name]["gate_in"] is True and compiled[name]["delta_rule"] is False
@@ -1153,7 +1150,7 @@ def test_packed_state_kernels(per_channel, token_major, monkeypatch):
     assert "forward_states_pass" not in compiled                      # the torch passes
     monkeypatch.setattr(backward, "PACKED_STATE_KERNELS", True)
     monkeypatch.setattr(backward, "torch_state_passes", lambda *a, **kw: pytest.fail("the torch passes ran"))
-    monkeypatch.setattr(ops, "poison_outputs", True)
+    monkeypatch.setattr(launch, "poison_outputs", True)
     got = backward.op_gradients(*args)
     for name in ("forward_states_pass", "reverse_state_pass"):
         assert compiled[name]["varlen"] is True and compiled[name].get("token_major", False) is token_major
@@ -1270,19 +1267,21 @@ def level_call(level, q, k, v, g, beta, h0, alpha=(0.9, 0.97), final=True):
 def kernels_as_references(monkeypatch):
     """CUDA faked: the levels' kernel runners replaced by their float64 references, which is what the
     kernels compute, so that the public functions take their CUDA route (``LevelGradients``) on CPU tensors."""
-    from kda import delta, gated, ops, validate
+    from kda import delta, gated, validate
     from kda.chunking import CHUNK_SIZE as C
     from kda.reference import level1 as ref1, level2 as ref2, level3 as ref3
 
-    def run_kernel(program_fn, q, k, v, extra, scale, h0, output_final_state, gate, **config):
+    def pass_launch(q, k, v, scale, h0, output_final_state, gate, G=None):
         if gate == "none":
-            return ref1.chunked(q * scale, k, v, C, h0, output_final_state)
-        return ref2.chunked(q * scale, k, v, 2.0 ** extra[1].double(), C, h0, output_final_state)
+            o, ht = ref1.chunked(q * scale, k, v, C, h0, output_final_state)
+        else:
+            o, ht = ref2.chunked(q * scale, k, v, 2.0 ** G.double(), C, h0, output_final_state)
+        return (lambda: None), o, ht
 
     monkeypatch.setattr(validate, "runs_kernels", lambda where: True)
     monkeypatch.setattr(validate, "KERNEL_DTYPES", validate.CPU_DTYPES)       # float64, to compare exactly
     monkeypatch.setattr(validate, "GATE_DTYPES", validate.CPU_DTYPES)
-    monkeypatch.setattr(ops, "_run_kernel", run_kernel)
+    monkeypatch.setattr("kda.kernels.linear_pass.pass_launch", pass_launch)
     monkeypatch.setattr(gated, "_run_gated_kernels", lambda q, k, v, g, per_channel, scale, h0, out, check:
                         ref3.chunked(q * scale, k, v, g, C, h0, out))
     monkeypatch.setattr(delta, "_run_kernels", lambda q, k, v, beta, scale, h0, out, check:

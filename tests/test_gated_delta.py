@@ -4,7 +4,8 @@ variable-length batches, and the argument checks."""
 import pytest
 import torch
 
-from kda.gated_delta import chunk_gated_delta_rule, chunk_kda, chunk_table
+from kda.gated_delta import chunk_gated_delta_rule, chunk_kda
+from kda.packed import chunk_table
 from kda.metrics import rel_l2
 from kda.reference import level0 as ref0
 from kda.reference import level4 as ref4
@@ -101,7 +102,7 @@ def test_check_values_false_skips_only_the_value_checks():
                                              (1, 65, 128, 32), (2, 96, 64, 64), (1, 96, 64, 32)])
 def test_state_pass_columns(B, H, DV, expected):
     """64 value columns per block while B * H * DV / 64 blocks still cover the 132 SMs, else 32."""
-    from kda.gated_delta import state_pass_columns
+    from kda.kernels.gated_state_pass import state_pass_columns
 
     assert state_pass_columns(B, H, DV, sm_count=132) == expected
 
@@ -127,7 +128,7 @@ def test_seq_groups(window, expected):
     """Sequences whose first chunk lies in one window share a group: first chunks 0, 2, 3, 3
     (empty), 7 fall in windows 0, 2, 3, 3, 7 of one chunk, 0, 0, 1, 1, 2 of three. Every group is a
     run of whole sequences, so its chunks are one contiguous range of the table."""
-    from kda.gated_delta import seq_groups
+    from kda.packed import seq_groups
 
     offsets = torch.tensor([0, 2, 3, 3, 7, 10])
     groups = seq_groups(offsets, window)
@@ -204,7 +205,7 @@ def test_where_the_l2_norm_is_taken(fused, scalar_path, norm_kernel, monkeypatch
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", scalar_path)
     monkeypatch.setattr(gated_delta, "scalar_gate_columns", lambda *a: 64)
-    monkeypatch.setattr(gated_delta, "sequence_tables", lambda table, B, device: (B, B, None))
+    monkeypatch.setattr("kda.packed.sequence_tables", lambda table, B, device: (B, B, None))
     monkeypatch.setattr("kda.kernels.build.sm_count", lambda device: 132)
 
     def prepare_chunks(q, k, *rest, **kw):
@@ -215,8 +216,9 @@ def test_where_the_l2_norm_is_taken(fused, scalar_path, norm_kernel, monkeypatch
         seen.update(q=q, k=k, scalar=True)
         return torch.zeros_like(v), None
 
-    monkeypatch.setattr(gated_delta, "prepare_chunks", prepare_chunks)
-    monkeypatch.setattr(gated_delta, "state_pass_launch", lambda form, *a: ((lambda: None), torch.zeros(1), None))
+    monkeypatch.setattr("kda.kernels.chunk_intra.prepare_chunks", prepare_chunks)
+    monkeypatch.setattr("kda.kernels.gated_state_pass.state_pass_launch",
+                        lambda form, *a: ((lambda: None), torch.zeros(1), None))
     monkeypatch.setattr(gated_delta, "_run_scalar_gate", scalar_gate)
     gen = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(1, 70, 2, 64, generator=gen).bfloat16() * 3 for _ in range(3))
@@ -248,8 +250,9 @@ def test_where_the_activations_are_applied(fused, form, monkeypatch):
         seen.update(g=g, beta=beta, **kw)
         return "form"
 
-    monkeypatch.setattr(gated_delta, "prepare_chunks", prepare_chunks)
-    monkeypatch.setattr(gated_delta, "state_pass_launch", lambda form, *a: ((lambda: None), torch.zeros(1), None))
+    monkeypatch.setattr("kda.kernels.chunk_intra.prepare_chunks", prepare_chunks)
+    monkeypatch.setattr("kda.kernels.gated_state_pass.state_pass_launch",
+                        lambda form, *a: ((lambda: None), torch.zeros(1), None))
     gen = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(1, 70, 2, 64, generator=gen).bfloat16() for _ in range(3))
     raw, logits = torch.randn(1, 70, 2, 64, generator=gen), torch.randn(1, 70, 2, generator=gen)
@@ -275,9 +278,10 @@ def test_the_value_flags_are_read_once_the_state_pass_is_queued(monkeypatch):
 
     calls = []
     monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", False)           # level 5's two kernels
-    monkeypatch.setattr(gated_delta, "prepare_chunks", lambda *args, **kw: calls.append("chunk_intra") or "form")
-    monkeypatch.setattr(gated_delta, "state_pass_launch", lambda form, *args: calls.append(f"ready({form})")
-                        or ((lambda: calls.append("launch")), "o", None))
+    monkeypatch.setattr("kda.kernels.chunk_intra.prepare_chunks",
+                        lambda *args, **kw: calls.append("chunk_intra") or "form")
+    ready = lambda name: calls.append(f"ready({name})") or ((lambda: calls.append("launch")), "o", None)
+    monkeypatch.setattr("kda.kernels.gated_state_pass.state_pass_launch", lambda form, *args: ready(form))
     args = (None,) * 7 + (torch.zeros(2, dtype=torch.int32),)
 
     assert gated_delta._run_kernels(*args, check=lambda flags: calls.append("read-back")) == ("o", None)
@@ -302,9 +306,10 @@ def test_the_scalar_gate_path_reads_the_flags_once_its_pass_is_queued(monkeypatc
     monkeypatch.setattr(build, "sm_count", lambda device: 132)
     monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", True)
     monkeypatch.setattr(gated_delta, "SCALAR_GATE_MIN_BLOCKS", 0.0)
-    monkeypatch.setattr(gated_delta, "scalar_gate_inverse", lambda *a: calls.append("inverse") or ("G", "Tb"))
-    monkeypatch.setattr(gated_delta, "scalar_gate_pass_launch", lambda q, k, v, Tb, G, *a: calls.append(f"ready({Tb})")
-                        or ((lambda: calls.append("launch")), "o", None))
+    monkeypatch.setattr("kda.kernels.scalar_gate.scalar_gate_inverse",
+                        lambda *a: calls.append("inverse") or ("G", "Tb"))
+    ready = lambda name: calls.append(f"ready({name})") or ((lambda: calls.append("launch")), "o", None)
+    monkeypatch.setattr("kda.kernels.scalar_gate.scalar_gate_pass_launch", lambda q, k, v, Tb, G, *a: ready(Tb))
     q, v, g = torch.zeros(1, 64, 2, 64), torch.zeros(1, 64, 2, 64), torch.zeros(1, 64, 2, 1)
     args = (q, q, v, g, None, 0.125, None, torch.zeros(2, dtype=torch.int32))
     assert gated_delta._run_kernels(*args, check=lambda flags: calls.append("read-back")) == ("o", None)
@@ -312,23 +317,23 @@ def test_the_scalar_gate_path_reads_the_flags_once_its_pass_is_queued(monkeypatc
 
 
 def test_the_value_checks_read_both_ranges_back_at_once(monkeypatch):
-    """``check_inputs`` (the CPU path and decode) reads the ranges of ``g`` and ``beta`` back in one
-    read-back, and each still gets its own error; a float64 gate just above 0 is not rounded away."""
-    from kda import gated_delta, validate
+    """``validate.check_gated_delta_inputs`` (the CPU path and decode) reads the ranges of ``g`` and ``beta`` back
+    in one read-back, and each still gets its own error; a float64 gate just above 0 is not rounded away."""
+    from kda import validate
 
     calls = []
     value_ranges = validate.value_ranges
     monkeypatch.setattr(validate, "value_ranges", lambda *t: calls.append(len(t)) or value_ranges(*t))
     q, k, v = (torch.randn(1, 8, 2, 4, dtype=torch.float64) for _ in range(3))
     g, beta = -torch.rand(1, 8, 2, 4, dtype=torch.float64), torch.rand(1, 8, 2, dtype=torch.float64)
-    gated_delta.check_inputs(q, k, v, g, beta, None, None, None, True)
+    validate.check_gated_delta_inputs(q, k, v, g, beta, None, None, None, True)
     assert calls == [2]
     g[0, 3, 1, 2] = 1e-50
     with pytest.raises(ValueError, match=r"g must be finite and <= 0 .* found 1e-50"):
-        gated_delta.check_inputs(q, k, v, g, beta, None, None, None, True)
+        validate.check_gated_delta_inputs(q, k, v, g, beta, None, None, None, True)
     beta[0, 5, 0] = 1.5
     with pytest.raises(ValueError, match=r"beta must lie in \[0, 1\]"):
-        gated_delta.check_inputs(q, k, v, -torch.rand_like(g), beta, None, None, None, True)
+        validate.check_gated_delta_inputs(q, k, v, -torch.rand_like(g), beta, None, None, None, True)
 
 
 def test_the_boundaries_are_read_once_per_tensor_and_version():
@@ -357,10 +362,10 @@ def test_the_boundaries_are_read_once_per_tensor_and_version():
 def test_the_chunk_table_is_built_once_per_boundaries():
     """Equal boundaries give the same table (built and copied to the device once); others give
     their own, with every chunk where it should be."""
-    from kda import gated_delta
+    from kda import packed
 
-    first = gated_delta.chunk_table([0, 70, 70, 200], "cpu")
-    assert gated_delta.chunk_table([0, 70, 70, 200], "cpu") is first
+    first = packed.chunk_table([0, 70, 70, 200], "cpu")
+    assert packed.chunk_table([0, 70, 70, 200], "cpu") is first
     assert first.chunks.tolist() == [[0, 64], [64, 6], [70, 64], [134, 64], [198, 2]]
     assert first.chunk_offsets.tolist() == [0, 2, 2, 5]
-    assert gated_delta.chunk_table([0, 200], "cpu").chunks.tolist() == [[0, 64], [64, 64], [128, 64], [192, 8]]
+    assert packed.chunk_table([0, 200], "cpu").chunks.tolist() == [[0, 64], [64, 64], [128, 64], [192, 8]]

@@ -363,7 +363,7 @@ def test_chunk_kernel_with_the_forwards_inverse(dtype, kind, poisoned):
     the kernel's dtype (a tail chunk; outputs poisoned with NaN), within the bound of the kernel that makes
     them itself (``test_chunk_kernel_against_the_stages``)."""
     from kda import backward
-    from kda.gated_delta import prepare_chunks
+    from kda.kernels.chunk_intra import prepare_chunks
 
     q, k, v, g, beta, do, S, dS, wants = chunk_stage_case(dtype, kind, False, 33)
     DK = q.shape[-1]

@@ -12,7 +12,7 @@ import torch.multiprocessing as mp
 
 import kda
 from kda.distributed import choose_pieces, chunk_maps, context_parallel, local_affine_map, split_forward
-from kda.gated_delta import prepare_chunks
+from kda.kernels.chunk_intra import prepare_chunks
 from kda.metrics import rel_l2
 from kda.reference import level0 as ref0
 from kda.reference import level4 as ref4

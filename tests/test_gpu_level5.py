@@ -107,7 +107,7 @@ def test_state_pass_against_reference_stage(shape, dtype, block_dv):
     """``gated_state_output_pass`` alone, both column widths, on ``chunk_intra``'s own output and a
     random initial state, against the same pass in float64; outputs poisoned with NaN, the ragged
     last chunk included."""
-    from kda.gated_delta import prepare_chunks
+    from kda.kernels.chunk_intra import prepare_chunks
     from kda.kernels.build import compile_program
     from kda.kernels.gated_state_pass import gated_state_output_pass
     from kda.reference.common import from_chunks, to_chunks
@@ -183,9 +183,9 @@ def test_many_short_packed_sequences(per_channel, window, poisoned, monkeypatch)
     in the packed launch and zeros alone, and must not count). The state pass carries them in
     groups (``seq_groups``) of windows of 1, 4 and 32 chunks: the state must start again at each
     sequence of a group, empty ones included."""
-    from kda import gated_delta
+    from kda import packed
 
-    monkeypatch.setattr(gated_delta, "GROUP_CHUNKS", window)
+    monkeypatch.setattr(packed, "GROUP_CHUNKS", window)
     gen = torch.Generator().manual_seed(17)
     lengths = torch.randint(0, 65, (300,), generator=gen).tolist()
     T = sum(lengths)
@@ -286,9 +286,10 @@ def test_activations_in_chunk_intra(dtype, form, packed, compiled_kernels, poiso
     ``k`` as it loads them (with ``L2NORM_IN_KERNEL`` and ``PAIRWISE_BY_PRODUCTS``: issue 41's three switches), against
     the float64 recurrence on the inputs activated and normalized in float64; the kernel seen compiled so."""
     from kda import gated_delta
+    from kda.kernels import chunk_intra
 
     monkeypatch.setattr(gated_delta, "ACTIVATIONS_IN_KERNEL", True)
-    monkeypatch.setattr(gated_delta, "PAIRWISE_BY_PRODUCTS", True)          # a layer's gates: most chunks steep
+    monkeypatch.setattr(chunk_intra, "PAIRWISE_BY_PRODUCTS", True)          # a layer's gates: most chunks steep
     monkeypatch.setattr(gated_delta, "L2NORM_IN_KERNEL", True)
     B, T, H, D = (1 if packed else 2), 200, 3, 128
     q, k, v, _, _, h0 = inputs((B, T, H, D, D), dtype, "logsigmoid", True, zlib.crc32(f"act{dtype}{form}".encode()))
@@ -421,10 +422,10 @@ def test_chunk_kda_steep_chunk_variants(dtype, kind, op, steep, compiled_kernels
     """``chunk_kda`` and level 3's ``gated_attention`` with a gate per channel (GLA's form), with
     ``PAIRWISE_BY_PRODUCTS`` or ``PAIRWISE_BY_HALVINGS`` on steep gates (runs of -20, a layer's initial gates),
     against the float64 recurrence, initial and final states, a tail chunk; the kernel seen compiled so."""
+    from kda.kernels import chunk_intra
     from kda.reference import level3 as ref3
-    from kda import gated_delta
 
-    monkeypatch.setattr(gated_delta, "PAIRWISE_BY_" + steep.upper(), True)
+    monkeypatch.setattr(chunk_intra, "PAIRWISE_BY_" + steep.upper(), True)
     shape = (2, 200, 3, 128, 128)
     q, k, v, g, beta, h0 = inputs(shape, dtype, "runs_of_-20", True, zlib.crc32(f"ppop{dtype}{kind}".encode()))
     if kind == "layer":

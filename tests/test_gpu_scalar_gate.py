@@ -236,14 +236,14 @@ def test_split_forward(kind, pieces, scalar_path):
     """GDN's intra-card split by the scalar-gate path (the inverse once, the runs' maps and the
     recompute as passes over a batch of runs): a ragged length, an initial state, against the
     recurrence and the unsplit call."""
-    from kda import gated_delta
+    from kda.kernels import scalar_gate
     from kda.distributed import split_forward
 
     q, k, v, g, beta, h0 = inputs((2, 1000, 3, 128, 128), torch.bfloat16, kind, False, seed=43)
     inverses = []
-    inverse = gated_delta.scalar_gate_inverse
+    inverse = scalar_gate.scalar_gate_inverse
     with pytest.MonkeyPatch.context() as patch:           # the split must go through the scalar-gate path
-        patch.setattr(gated_delta, "scalar_gate_inverse", lambda *a, **kw: inverses.append(1) or inverse(*a, **kw))
+        patch.setattr(scalar_gate, "scalar_gate_inverse", lambda *a, **kw: inverses.append(1) or inverse(*a, **kw))
         o, ht = split_forward(q, k, v, g, beta, pieces, initial_state=h0, output_final_state=True)
     assert inverses == [1]
     ref_o, ref_ht = ref0.recurrent(q.double() * 128 ** -0.5, k, v, g, beta, h0, True)

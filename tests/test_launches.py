@@ -9,6 +9,8 @@ import contextlib
 import pytest
 import torch
 
+from kda import packed
+
 pytestmark = pytest.mark.tilelang
 
 pytest.importorskip("tilelang")
@@ -94,7 +96,8 @@ def level5_inputs(B=1, T=200, H=2, HV=2, D=64, per_channel=True, dtype=torch.bfl
 def test_level5(kernel_launches, per_channel, packed, initial, final):
     """``chunk_intra`` and the state pass, dense (B = 2) and packed (an empty sequence and a
     single token among them), with and without initial and final states."""
-    from kda.gated_delta import _run_kernels, chunk_table
+    from kda.gated_delta import _run_kernels
+    from kda.packed import chunk_table
 
     bounds = [0, 70, 71, 71, 200]
     q, k, v, g, beta = level5_inputs(B=1 if packed else 2, per_channel=per_channel)
@@ -143,7 +146,7 @@ def test_gdn_scalar_gate_path_packed(kernel_launches, monkeypatch, initial, fina
     q, k, v, g, beta = level5_inputs(B=1, H=2, HV=4, per_channel=False)
     h0 = torch.randn(4, 4, 64, 64) if initial else None
     o, ht = gated_delta._run_kernels(q, k, v, g, beta, 0.125, h0, torch.zeros(2, dtype=torch.int32),
-                                     gated_delta.chunk_table(bounds, "cpu"), final)
+                                     packed.chunk_table(bounds, "cpu"), final)
     assert [name for name, _ in kernel_launches] == ["chunk_gated_inverse", "inverse_state_output_pass"]
     assert all(params["varlen"] for _, params in kernel_launches)
     assert o.shape == v.shape and (ht is None) == (not final) and (ht is None or ht.shape == (4, 4, 64, 64))
@@ -159,7 +162,7 @@ def test_gdn_scalar_gate_path_only_where_it_pays(kernel_launches, monkeypatch):
     assert gated_delta.scalar_gate_columns(1, 32, 128, 132) is None
     assert gated_delta.scalar_gate_columns(4, 32, 64, 132) == 64
     for per_channel, table, blocks in ((False, None, 0.5), (True, None, 0.0),
-                                       (False, gated_delta.chunk_table([0, 70, 200], "cpu"), 0.0)):
+                                       (False, packed.chunk_table([0, 70, 200], "cpu"), 0.0)):
         monkeypatch.setattr(gated_delta, "SCALAR_GATE_MIN_BLOCKS", blocks)   # 0: only the gate or packing decides
         kernel_launches.clear()
         q, k, v, g, beta = level5_inputs(B=1 if table is not None else 2, per_channel=per_channel)
@@ -180,7 +183,9 @@ def test_level5_state_pass_columns_by_groups(kernel_launches):
     """Packed sequences choose the state pass's width by their groups, not their count: 100
     one-token sequences of 2 heads of 64 value columns would give 200 blocks of 64 columns, but
     they are 4 groups (windows of 32 chunks), so the pass takes stripes of 32 to cover more SMs."""
-    from kda.gated_delta import _run_kernels, chunk_table, state_pass_columns
+    from kda.gated_delta import _run_kernels
+    from kda.kernels.gated_state_pass import state_pass_columns
+    from kda.packed import chunk_table
 
     q, k, v, g, beta = level5_inputs(T=100)
     table = chunk_table(list(range(101)), "cpu")
@@ -196,7 +201,9 @@ def test_split_maps(kernel_launches):
     from kda import distributed
 
     q, k, v, g, beta = level5_inputs(T=256)
-    runs = distributed.runs_form(distributed.prepare_chunks(q, k, v, g, beta, 0.125), 2)
+    from kda.kernels.chunk_intra import prepare_chunks
+
+    runs = distributed.runs_form(prepare_chunks(q, k, v, g, beta, 0.125), 2)
     M, Bm = distributed.chunk_maps(runs)
     assert M.shape == (2, 2, 64, 64) and Bm.shape == (2, 2, 64, 64)
     assert [name for name, _ in kernel_launches] == ["chunk_intra"] + ["gated_state_output_pass"] * 2
@@ -514,9 +521,10 @@ def test_level5_steep_chunk_switches(kernel_launches, monkeypatch, per_channel, 
     bound as the forward's; a gate per head has no pairwise path and keeps the default compile."""
     from kda import gated_delta
     from kda.gated_delta import _run_kernels
+    from kda.kernels import chunk_intra
 
     for switch in switches:
-        monkeypatch.setattr(gated_delta, switch, True)
+        monkeypatch.setattr(chunk_intra, switch, True)
     monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", False)
     q, k, v, g, beta = level5_inputs(B=2, per_channel=per_channel)
     o, _ = _run_kernels(q, k, v, g, beta, 0.125, None, torch.zeros(2, dtype=torch.int32), None, False)
@@ -536,11 +544,12 @@ def test_key_check_in_kernel(kernel_launches, per_channel, monkeypatch):
     (not with ``use_qk_l2norm_in_kernel`` or ``check_values=False``, nor with the switch off), and
     ``chunk_intra`` (or GDN's ``chunk_gated_inverse``) is compiled with ``check_keys`` and bound so."""
     from kda import gated_delta, validate
+    from kda.kernels.chunk_intra import prepare_chunks
 
     q, k, v, g, beta = level5_inputs(B=2, per_channel=True)
-    gated_delta.prepare_chunks(q, k, v, g, beta, 0.125, torch.zeros(3, dtype=torch.int32))
+    prepare_chunks(q, k, v, g, beta, 0.125, torch.zeros(3, dtype=torch.int32))
     assert kernel_launches[-1][0] == "chunk_intra" and kernel_launches[-1][1].get("check_keys") is True
-    gated_delta.prepare_chunks(q, k, v, g, beta, 0.125, torch.zeros(2, dtype=torch.int32))
+    prepare_chunks(q, k, v, g, beta, 0.125, torch.zeros(2, dtype=torch.int32))
     assert "check_keys" not in kernel_launches[-1][1]
     if not per_channel:                                 # the scalar-gate path: its first kernel checks them
         monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", True)
@@ -606,7 +615,8 @@ def test_level5_activations_in_kernel(kernel_launches, form, packed):
     beta bound as before, and the activations' ``A_log``, ``dt_bias`` and ``lower_bound`` after the chunk table,
     dense and packed."""
     from kda.activation import Activation
-    from kda.gated_delta import chunk_table, prepare_chunks
+    from kda.kernels.chunk_intra import prepare_chunks
+    from kda.packed import chunk_table
 
     q, k, v, g, beta = level5_inputs(B=1 if packed else 2, per_channel=True)
     table = chunk_table([0, 70, 71, 200], "cpu") if packed else None

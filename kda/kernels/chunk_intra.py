@@ -23,8 +23,13 @@ Mirrors ``kda.reference.level5``.
 """
 
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
-import tilelang.language as T
+from typing import NamedTuple
 
+import tilelang.language as T
+import torch
+
+from kda import launch
+from kda.chunking import CHUNK_SIZE, ceildiv
 from kda.kernels.halvings import halvings, upper_half_end
 from kda.kernels.norms import NORM_SLICE, normalize_rows, row_square_sums
 from kda.kernels.stages import (ACCUM, DIAGONAL_SPAN_MAX, decay_factor, invert_diagonal_blocks_by_columns,
@@ -691,3 +696,99 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
 # multiplies nothing that shows in bf16 or fp16.
 chunk_intra.compile_flags = ("-ftz=true",)
 # --8<-- [end:chunk_intra]
+
+
+# ---- the launcher: the kernel's arguments and outputs on the device, then the launch ----
+
+# CUDA: chunk_intra's steep chunks (a gate that falls by more than 2^96 inside a 16-row sub-chunk: most chunks of a
+# layer's gates, -exp(A_log) softplus(.) with A_log up to log 16) summed by running products of the token decays
+# (pairwise="products": one exponential per token and channel, sixteen accumulators per thread) instead of an
+# exponential and four shared loads per pair and channel; exact for any gate as before. Issue 41 priced the
+# steep path at 10.28 ms against 0.656 for mild gates (level 3's record). Its GPU tests passed (run 103), and it
+# stays off: at (1, 8192, 96, 128) steep gates (a layer's) take 6.58 ms with it against 9.77, but mild ones
+# (logsigmoid) 1.885 against 1.511, the plain call 25% slower.
+PAIRWISE_BY_PRODUCTS = False
+
+# CUDA: chunk_intra's steep chunks with their 16 x 16 diagonal blocks by halvings (pairwise="halvings"): for blocks of
+# 8, 4, 2 and 1 rows' halves, the pairs across a block's two halves factor through the upper half's last row, both
+# factors <= 1, one GEMM of the stacked [q; k] per halving and one for A_qk's diagonal, one exponential per element
+# and halving, no shared memory of its own (108.5 KB as the default, two blocks per SM; PAIRWISE_BY_PRODUCTS needs
+# 124 KB). Exact for any gate, as the pairwise sums. Takes the place of PAIRWISE_BY_PRODUCTS where both are on.
+# Not yet run on a GPU.
+PAIRWISE_BY_HALVINGS = False
+
+
+def steep_chunks() -> dict:
+    """``chunk_intra``'s compile flag for the diagonal blocks of steep chunks, by the two switches above."""
+    if PAIRWISE_BY_HALVINGS:
+        return {"pairwise": "halvings"}
+    return {"pairwise": "products"} if PAIRWISE_BY_PRODUCTS else {}
+
+
+# --8<-- [start:prepare_chunks]
+class ChunkForm(NamedTuple):
+    """What the sequential pass reads, for every chunk of a batch ``[B, T, H, *]``."""
+    Qw: torch.Tensor         # scale Q 2^G                       [B, T, H, DK]
+    Kw: torch.Tensor         # K 2^(G_last - G)                  [B, T, H, DK]
+    W: torch.Tensor          # T diag(b) (K 2^G)                 [B, T, H, DK]
+    U: torch.Tensor          # T diag(b) V                       [B, T, H, DV]
+    A_qk: torch.Tensor       # masked decayed scores, scale in   [B, T, H, C]
+    decay: torch.Tensor      # 2^G_last of each chunk, float32   [B, H, NC, DK]
+
+
+def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None, backward_outputs=False, qk_l2norm=False,
+                   activation=None, delta=True):
+    """Stage 1 of the level-5 pipeline (``chunk_intra``), every chunk of the batch at once; without the
+    ``delta`` rule level 3's per-channel stage (``v`` and ``beta`` ``None``; ``W`` and ``U`` of the result are
+    stand-ins).
+    ``flags`` (int32 ``[2]``, zeroed) collects the kernel's value checks of ``g`` and ``beta``, ``[3]`` those of
+    the keys too (``check_keys``; ``raise_flagged_inputs``); ``None`` for callers that checked the values
+    before. With the
+    ``table`` of packed sequences (``chunk_table``, ``B = 1``) every chunk of every sequence is
+    one block of the same launch. ``backward_outputs`` (dense; ``kda.backward``): returns ``(form, G, Tinv,
+    KKE)``, the kernel's outputs of that flag (``G [B, H, NC C, GD]`` float32 log2, ``Tinv`` in the inputs'
+    dtype, ``KKE`` float32, both ``[B, T, H, C]``). ``qk_l2norm``: the kernel L2-normalizes the rows of ``q`` and
+    ``k`` as it loads them (``L2NORM_IN_KERNEL``). ``activation`` (``ACTIVATIONS_IN_KERNEL``): ``g`` and ``beta``
+    are raw and the kernel applies that ``kda.activation.Activation`` to them."""
+    from kda.kernels.build import compile_program
+
+    B, T, HQ, DK = q.shape
+    H, C = v.shape[2] if delta else HQ, CHUNK_SIZE       # H: value heads (q, k may have fewer)
+    NC = ceildiv(T, C) if table is None else table.chunks.shape[0]
+    dtype, gate_dtype = launch.dtype_name(q.dtype), str(g.dtype).removeprefix("torch.")
+    q, k = q.contiguous(), k.contiguous()
+    if delta:
+        v, beta = v.contiguous(), beta.to(torch.float32).contiguous()
+        rule = dict(DV=v.shape[-1], varlen=table is not None, value_groups=H // HQ, scalar_gate=g.shape[-1] == 1)
+    else:                                                # no V, beta, W or U: stand-ins of their ranks
+        v, beta = launch.stand_in(4, q.dtype, q.device), launch.stand_in(3, torch.float32, q.device)
+        rule = dict(delta=False)
+    with torch.cuda.device(q.device):
+        extra = {name: True for name, on in (("backward_outputs", backward_outputs), ("qk_l2norm", qk_l2norm)) if on}
+        extra.update(steep_chunks() if g.shape[-1] > 1 else {})
+        extra.update(launch.keys_checked(flags))
+        acts = []                                        # A_log, dt_bias, lower_bound after the chunk table
+        if activation is not None:
+            extra.update(gate_act=activation.gate, beta_act=activation.beta)
+            GD = g.shape[-1]
+            A_log = activation.A_log if activation.A_log is not None else torch.zeros(H, device=q.device)
+            dt_bias = activation.dt_bias if activation.dt_bias is not None else torch.zeros(H, GD, device=q.device)
+            acts = [A_log.float().contiguous(), dt_bias.float().reshape(H, GD).contiguous(),
+                    float(activation.lower_bound)]
+        intra = compile_program(chunk_intra, (), DK=DK, chunk_size=C, dtype=dtype, gate_dtype=gate_dtype, **rule,
+                                **extra)
+        new = lambda shape, dt=q.dtype: launch.new_output(shape, dt, q.device)
+        Qw, Kw = new((B, T, H, DK)), new((B, T, H, DK))
+        W, U = (new((B, T, H, DK)), new(v.shape)) if delta else (v, v)
+        decay, A_qk = new((B, H, NC, DK), torch.float32), new((B, T, H, C))
+        if flags is None:
+            flags = torch.zeros(2, dtype=torch.int32, device=q.device)
+        chunks = table.chunks if table is not None else launch.stand_in(2, torch.int32, q.device)
+        if backward_outputs:
+            G, KKE = new((B, H, NC * C, g.shape[-1]), torch.float32), new((B, T, H, C), torch.float32)
+            Tinv = new((B, T, H, C))
+            intra(q, k, v, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, chunks, G, Tinv, KKE)
+            return ChunkForm(Qw, Kw, W, U, A_qk, decay), G, Tinv, KKE
+        intra(q, k, v, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, chunks, *acts)
+    return ChunkForm(Qw, Kw, W, U, A_qk, decay)
+# --8<-- [end:prepare_chunks]

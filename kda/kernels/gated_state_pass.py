@@ -7,8 +7,12 @@ Per chunk, with ``decay`` the chunk's state decay per key channel: ``V_new = U -
 
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
 import tilelang.language as T
+import torch
 
+from kda import launch, packed
+from kda.chunking import CHUNK_SIZE
 from kda.kernels.build import WARP_SPECIALISED
+from kda.kernels.chunk_intra import ChunkForm
 from kda.kernels.stages import ACCUM, load_state, state_shape, store_state
 
 
@@ -170,3 +174,43 @@ def gated_state_output_pass(DK, DV, chunk_size=64, block_dv=32, dtype="bfloat16"
 # Warpgroups run their branches at once: no two shared buffers may share bytes (build.WARP_SPECIALISED).
 gated_state_output_pass.pass_configs = WARP_SPECIALISED
 # --8<-- [end:gated_state_output_pass]
+
+
+# --8<-- [start:state_pass_launch]
+def state_pass_columns(B: int, H: int, DV: int, sm_count: int) -> int:
+    """Value columns per block of the state pass: 64 while that still gives every SM a block,
+    else 32 (``B``: the blocks' sequences or groups of packed sequences, ``seq_groups``). On the
+    H200 64 columns took the pass from 0.54 to 0.42 ms at (1, 8192, 96) and from 0.64 to 0.48 ms
+    at (4, 4096, 64), but at (1, 32768, 32) its 64 blocks left half the SMs idle (0.78 against
+    0.61 ms; run 39 in results/tuning)."""
+    return 64 if B * H * (DV // 64) >= sm_count else 32
+
+
+def run_state_pass(form: ChunkForm, h0, table=None, output_final_state=True):
+    """Stage 3, sequential over chunks from ``h0 [B, H, DK, DV]`` (``None``: zeros, which the kernel
+    starts from without reading any); returns ``o`` and the float32 final state (``None`` without
+    ``output_final_state``: none is written). With the ``table`` of packed sequences, one state per
+    sequence: ``h0`` and the final state are ``[N, H, DK, DV]``."""
+    start, o, ht = state_pass_launch(form, h0, table, output_final_state)
+    start()
+    return o, ht
+
+
+def state_pass_launch(form: ChunkForm, h0, table=None, output_final_state=True):
+    """``run_state_pass`` up to its launch: the compiled pass with its arguments and outputs ready,
+    as ``(launch, o, final state or None)``; nothing runs until ``launch()``."""
+    from kda.kernels.build import compile_program, sm_count
+
+    B, T, H, DK = form.Qw.shape
+    DV = form.U.shape[-1]
+    device = form.Qw.device
+    N, lanes, tables = packed.sequence_tables(table, B, device)
+    with torch.cuda.device(device):
+        state_pass = compile_program(gated_state_output_pass, (), DK=DK, DV=DV, chunk_size=CHUNK_SIZE,
+                                     block_dv=state_pass_columns(lanes, H, DV, sm_count(device)),
+                                     dtype=launch.dtype_name(form.Qw.dtype), varlen=table is not None,
+                                     initial_state=h0 is not None, final_state=output_final_state)
+        h0, ht = launch.state_arguments(h0, output_final_state, N, H, DK, DV, device)
+        o = launch.new_output((B, T, H, DV), form.U.dtype, device)
+    return launch.queued(state_pass, (*form, h0, o, ht, *tables), device), o, (ht if output_final_state else None)
+# --8<-- [end:state_pass_launch]

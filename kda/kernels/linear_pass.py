@@ -20,7 +20,10 @@ Mirrors ``kda.reference.level3`` (``kernel_mimic``) and ``kda.reference.level4``
 
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
 import tilelang.language as T
+import torch
 
+from kda import launch
+from kda.chunking import ceildiv
 from kda.kernels.build import WARP_SPECIALISED
 from kda.kernels.stages import (ACCUM, decay_factor, load_state, log2_cumsum_by_columns, real, state_shape,
                                 store_state)
@@ -271,3 +274,45 @@ def state_output_pass(DK, DV, chunk_size=64, block_dv=32, slots=3, out_groups=2,
 
 state_output_pass.pass_configs = WARP_SPECIALISED
 # --8<-- [end:state_output_pass]
+
+
+# --8<-- [start:pass_launch]
+def gate_cumsum(g, flags):
+    """``chunk_cumsum`` of a gate per head ``g [B, T, H]``: ``G [B, H, T_pad]`` in float32 (log2 units, chunk
+    by chunk, as ``seq_in_loop_scalar`` reads it); a gate out of range sets ``flags[0]`` as it is read."""
+    from kda.kernels.build import compile_program
+
+    B, T, H = g.shape
+    C = launch.KERNEL_CONFIG["chunk_size"]
+    with torch.cuda.device(g.device):
+        cumsum = compile_program(chunk_cumsum, (), D=1, chunk_size=C, gate_dtype=str(g.dtype).removeprefix("torch."))
+        G = torch.empty(B, H, ceildiv(T, C) * C, dtype=torch.float32, device=g.device)
+        cumsum(g.contiguous().view(B, T, H, 1), G.view(*G.shape, 1), flags)
+    return G
+
+
+def pass_launch(q, k, v, scale, h0, output_final_state, gate="none", G=None, W=None):
+    """``seq_in_loop_scalar`` on ``q, k [B, T, H, DK]`` and ``v [B, T, H, DV]`` up to its launch, as ``(launch,
+    o, final state or None)``: ``G`` as ``gate`` reads it (``"per_token"``: ``gate_cumsum``'s; ``"constant"``:
+    ``log2 a [H]``; ``"none"``: no ``G``). With the delta rule's ``W`` (``v`` then holds ``U``), its
+    ``state_output_pass`` instead."""
+    from kda.kernels.build import compile_program
+
+    B, T, H, DK = q.shape
+    DV = v.shape[-1]
+    device = q.device
+    sizes = dict(DK=DK, DV=DV, chunk_size=launch.KERNEL_CONFIG["chunk_size"], dtype=launch.dtype_name(q.dtype),
+                 initial_state=h0 is not None, final_state=output_final_state)
+    with torch.cuda.device(device):
+        if W is None:
+            kernel = compile_program(seq_in_loop_scalar, (), gate=gate, block_dv=launch.KERNEL_CONFIG["block_dv"],
+                                     **launch.SCALAR_PASS_CONFIG, **sizes)
+            W = launch.stand_in(4, q.dtype, device)
+        else:
+            kernel = compile_program(state_output_pass, (), **sizes)
+        G = G if G is not None else launch.stand_in(1, torch.float32, device)
+        h0, ht = launch.state_arguments(h0, output_final_state, B, H, DK, DV, device)
+        o = launch.new_output((B, T, H, DV), q.dtype, device)
+    args = (q.contiguous(), k.contiguous(), v.contiguous(), W, G, scale, h0, o, ht)
+    return launch.queued(kernel, args, device), o, (ht if output_final_state else None)
+# --8<-- [end:pass_launch]

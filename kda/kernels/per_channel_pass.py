@@ -9,7 +9,9 @@ three GEMMs. Mirrors ``kda.reference.level3`` (``prepare`` and ``kernel_mimic``)
 
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
 import tilelang.language as T
+import torch
 
+from kda import launch
 from kda.kernels.stages import ACCUM, load_state, state_shape, store_state
 
 
@@ -75,3 +77,23 @@ def seq_in_loop_per_channel(DK, DV, chunk_size=64, block_dv=32, num_stages=3, th
 
     return main
 # --8<-- [end:seq_in_loop_per_channel]
+
+
+def pass_launch(form, v, h0, output_final_state):
+    """``seq_in_loop_per_channel`` up to its launch, as ``(launch, o, final state or None)``, on ``form``
+    (``kernels.chunk_intra.prepare_chunks(..., delta=False)``: ``Qw, Kw, A_qk, decay``) and ``v [B, T, H, DV]``."""
+    from kda.kernels.build import compile_program
+
+    B, T, H, DK = form.Qw.shape
+    DV = v.shape[-1]
+    device = v.device
+    config = launch.KERNEL_CONFIG
+    with torch.cuda.device(device):
+        kernel = compile_program(seq_in_loop_per_channel, (), DK=DK, DV=DV, dtype=launch.dtype_name(v.dtype),
+                                 chunk_size=config["chunk_size"], block_dv=config["block_dv"],
+                                 initial_state=h0 is not None, final_state=output_final_state,
+                                 num_stages=config["num_stages"], threads=config["threads"])
+        h0, ht = launch.state_arguments(h0, output_final_state, B, H, DK, DV, device)
+        o = launch.new_output((B, T, H, DV), v.dtype, device)
+    args = (form.Qw, form.Kw, form.A_qk, form.decay, v.contiguous(), h0, o, ht)
+    return launch.queued(kernel, args, device), o, (ht if output_final_state else None)

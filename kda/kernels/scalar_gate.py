@@ -23,7 +23,10 @@ the path is GDN's where its blocks fill the SMs (``kda.gated_delta.SCALAR_GATE_P
 
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
 import tilelang.language as T
+import torch
 
+from kda import launch, packed
+from kda.chunking import CHUNK_SIZE, ceildiv
 from kda.kernels.build import WARP_SPECIALISED
 from kda.kernels.chunk_intra import KEY_BOUND
 from kda.kernels.stages import (ACCUM, decay_factor, invert_diagonal_blocks_by_columns, load_beta_checked,
@@ -333,3 +336,54 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
 # Warpgroups run their branches at once: no two shared buffers may share bytes (build.WARP_SPECIALISED).
 inverse_state_output_pass.pass_configs = WARP_SPECIALISED
 # --8<-- [end:inverse_state_output_pass]
+
+
+# ---- the launchers ----
+
+# chunk_gated_inverse's arrangement beyond its defaults (chunks per block, stages, blocks per SM):
+# run 90 timed ten (results/tuning/run90-gdn-inverse.py); the defaults are its best.
+SCALAR_GATE_INVERSE_CONFIG: dict = {}
+
+
+def scalar_gate_inverse(k, g, beta, H, flags=None, table=None):
+    """``chunk_gated_inverse`` over every chunk (of the packed sequences of ``table``): ``(G [B, H, NC C],
+    Tb [B, T, H, C])``, ``g [B, T, H(, 1)]``, ``H`` the value heads; ``flags`` (int32 ``[2]``, zeroed)
+    collects its value checks of ``g`` and ``beta``, ``[3]`` those of the keys too (``check_keys``)."""
+    from kda.kernels.build import compile_program
+
+    B, T, HQ, DK = k.shape
+    C = CHUNK_SIZE
+    NC = ceildiv(T, C) if table is None else table.chunks.shape[0]
+    with torch.cuda.device(k.device):
+        inverse = compile_program(chunk_gated_inverse, (), DK=DK, chunk_size=C,
+                                  dtype=launch.dtype_name(k.dtype), gate_dtype=str(g.dtype).removeprefix("torch."),
+                                  value_groups=H // HQ, varlen=table is not None, **SCALAR_GATE_INVERSE_CONFIG,
+                                  **launch.keys_checked(flags))
+        G = launch.new_output((B, H, NC * C), torch.float32, k.device)
+        Tb = launch.new_output((B, T, H, C), k.dtype, k.device)
+        if flags is None:
+            flags = torch.zeros(2, dtype=torch.int32, device=k.device)
+        chunks = table.chunks if table is not None else launch.stand_in(2, torch.int32, k.device)
+        inverse(k.contiguous(), g.reshape(B, T, H).contiguous(), beta.to(torch.float32).contiguous(), G, Tb, flags,
+                chunks)
+    return G, Tb
+
+
+def scalar_gate_pass_launch(q, k, v, Tb, G, scale, h0, block_dv, table=None, output_final_state=True):
+    """``inverse_state_output_pass`` up to its launch, as ``(launch, o, final state or None)``
+    (``state_pass_launch``'s form); one state per sequence (``[N, H, DK, DV]`` with ``table``)."""
+    from kda.kernels.build import compile_program
+
+    B, T, HQ, DK = q.shape
+    H, DV = v.shape[2], v.shape[-1]
+    device = q.device
+    N, _, tables = packed.sequence_tables(table, B, device)
+    with torch.cuda.device(device):
+        state_pass = compile_program(inverse_state_output_pass, (), DK=DK, DV=DV, chunk_size=CHUNK_SIZE,
+                                     block_dv=block_dv, dtype=launch.dtype_name(q.dtype), value_groups=H // HQ,
+                                     varlen=table is not None, initial_state=h0 is not None,
+                                     final_state=output_final_state)
+        h0, ht = launch.state_arguments(h0, output_final_state, N, H, DK, DV, device)
+        o = launch.new_output((B, T, H, DV), v.dtype, device)
+    args = (q.contiguous(), k.contiguous(), v.contiguous(), Tb, G, scale, h0, o, ht, *tables)
+    return launch.queued(state_pass, args, device), o, (ht if output_final_state else None)

@@ -10,7 +10,9 @@ substitution on the CUDA cores), and ``W = (I + A)^-1 diag(b) K``, ``U = (I + A)
 
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
 import tilelang.language as T
+import torch
 
+from kda import launch
 from kda.kernels.stages import (ACCUM, invert_diagonal_blocks_by_columns, load_beta_checked, merge_by_substitution,
                                 real, tf32_nearest, wy_tail)
 
@@ -112,3 +114,19 @@ def chunk_wy(DK, DV, chunk_size=64, block=16, dtype="bfloat16", threads=128, mer
 
     return main
 # --8<-- [end:chunk_wy]
+
+
+def run_chunk_wy(k, v, beta, flags):
+    """``chunk_wy`` over every chunk of ``k [B, T, H, DK]``, ``v [B, T, H, DV]``, ``beta [B, T, H]``: returns
+    ``(W, U)`` in the inputs' dtype (the inverse itself is not written); a ``beta`` outside ``[0, 1]`` sets
+    ``flags[1]`` as it is read."""
+    from kda.kernels.build import compile_program
+
+    DK, DV = k.shape[-1], v.shape[-1]
+    with torch.cuda.device(k.device):
+        wy = compile_program(chunk_wy, (), DK=DK, DV=DV, chunk_size=launch.KERNEL_CONFIG["chunk_size"],
+                             dtype=launch.dtype_name(k.dtype))
+        W, U = launch.new_output(k.shape, k.dtype, k.device), launch.new_output(v.shape, v.dtype, v.device)
+        wy(k.contiguous(), v.contiguous(), beta.to(torch.float32).contiguous(), W, U,
+           launch.stand_in(4, torch.float32, k.device), flags)
+    return W, U

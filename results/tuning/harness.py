@@ -147,7 +147,7 @@ def intra_outputs(q, v, C=64):
 
 def chunk_form(B, T, H, D):
     """What the level-5 state pass reads (``prepare_chunks`` of ``kda_inputs``), and the inputs."""
-    from kda.gated_delta import prepare_chunks
+    from kda.kernels.chunk_intra import prepare_chunks
     q, k, v, g, beta = kda_inputs(B, T, H, D)
     return prepare_chunks(q, k, v, g, beta, D ** -0.5), (q, k, v, g, beta)
 
@@ -220,7 +220,8 @@ def check_intra_variants(run, names, module):
     the output through the state pass of record against the float64 recurrence."""
     import torch
 
-    from kda.gated_delta import ChunkForm, run_state_pass
+    from kda.kernels.chunk_intra import ChunkForm
+    from kda.kernels.gated_state_pass import run_state_pass
     from kda.kernels.build import compile_program
     from kda.metrics import rel_l2
     from kda.reference import level0 as ref0

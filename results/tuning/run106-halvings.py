@@ -33,7 +33,7 @@ SHAPE = (1, 8192, 96, 128)
 def steep():
     import kda
     from fla.ops.kda import chunk_kda as fla_kda
-    from kda import gated_delta
+    from kda.kernels import chunk_intra             # the switches of the steep chunks
 
     leaves, _ = run91.inputs(*SHAPE, True)
     q, k, v, g, beta = (x.detach() for x in leaves)
@@ -45,7 +45,7 @@ def steep():
     for gate_name, gate in (("logsigmoid", g), ("layer", -A[:, None] * torch.nn.functional.softplus(x))):
         first = []
         for name, (products, halved) in variants.items():
-            gated_delta.PAIRWISE_BY_PRODUCTS, gated_delta.PAIRWISE_BY_HALVINGS = products, halved
+            chunk_intra.PAIRWISE_BY_PRODUCTS, chunk_intra.PAIRWISE_BY_HALVINGS = products, halved
             harness.timed(RUN, {"stage": "steep", "gates": gate_name, "steep_chunks": name},
                   lambda: kda.chunk_kda(q, k, v, gate, beta)[0], harness.against(first))
     raw, logits = x, torch.randn(beta.shape, generator=gen, device="cuda")
@@ -55,12 +55,12 @@ def steep():
                     use_qk_l2norm_in_kernel=True, **safe)
         first = []
         for name in ("exp", "halvings"):
-            gated_delta.PAIRWISE_BY_PRODUCTS, gated_delta.PAIRWISE_BY_HALVINGS = variants[name]
+            chunk_intra.PAIRWISE_BY_PRODUCTS, chunk_intra.PAIRWISE_BY_HALVINGS = variants[name]
             harness.timed(RUN, {"stage": "layer call", "safe_gate": bool(safe), "steep_chunks": name},
                   lambda: kda.chunk_kda(q * 3, k * 3, v, raw, logits, **call)[0], harness.against(first))
         harness.timed(RUN, {"stage": "layer call", "safe_gate": bool(safe), "op": "fla"},
               lambda: fla_kda(q * 3, k * 3, v, raw, logits, scale=SHAPE[3] ** -0.5, **call)[0], harness.against(first))
-    gated_delta.PAIRWISE_BY_PRODUCTS = gated_delta.PAIRWISE_BY_HALVINGS = False
+    chunk_intra.PAIRWISE_BY_PRODUCTS = chunk_intra.PAIRWISE_BY_HALVINGS = False
     torch.cuda.empty_cache()
 
 

@@ -23,7 +23,8 @@ SHAPES = ((1, 8192), (4, 4096), (1, 32768))
 def main():
     from fla.ops.kda import chunk_kda as fla_kda
 
-    from kda import gated_delta, layer
+    from kda import layer
+    from kda.kernels import chunk_intra             # the switches of the steep chunks
 
     ours = layer.chunk_kda
     torch.manual_seed(0)
@@ -33,11 +34,11 @@ def main():
         first = []
         for name, op, halvings in (("kda", ours, False), ("kda, steep chunks by halvings", ours, True),
                                    ("fla's chunk_kda", fla_kda, False)):
-            layer.chunk_kda, gated_delta.PAIRWISE_BY_HALVINGS = op, halvings
+            layer.chunk_kda, chunk_intra.PAIRWISE_BY_HALVINGS = op, halvings
             with torch.no_grad():
                 harness.timed(RUN, {"stage": "layer prefill", "B": B, "T": T, "ops": name}, lambda: model(x)[0],
                               harness.against(first))
-        layer.chunk_kda, gated_delta.PAIRWISE_BY_HALVINGS = ours, False
+        layer.chunk_kda, chunk_intra.PAIRWISE_BY_HALVINGS = ours, False
         torch.cuda.empty_cache()
 
 

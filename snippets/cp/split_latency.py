@@ -11,7 +11,9 @@ import torch
 from kda import ledger
 from kda.bench import median_ms, random_qkv
 from kda.distributed import choose_pieces, chunk_maps, fold, runs_form, split_forward
-from kda.gated_delta import chunk_gated_delta_rule, chunk_kda, prepare_chunks, run_state_pass
+from kda.gated_delta import chunk_gated_delta_rule, chunk_kda
+from kda.kernels.chunk_intra import prepare_chunks
+from kda.kernels.gated_state_pass import run_state_pass
 from kda.metrics import rel_l2
 from kda.reference import level4 as ref
 from kda.site.runtime import save_data, text

@@ -5,7 +5,7 @@ dtypes; outputs poisoned with NaN before each launch. Then the error of every ch
 sequence for linear_attention (saved for the plot below)."""
 import torch
 
-from kda import ops
+from kda import launch
 from kda.ops import linear_attention
 from kda.kernels.chapters import linear_attention as kernels
 from kda.kernels.build import compile_program
@@ -14,20 +14,20 @@ from kda.reference import level1 as ref
 from kda.site.runtime import save_data, text
 from kda.tables import Table, sci
 
-ops.poison_outputs = True
+launch.poison_outputs = True
 torch.manual_seed(0)
 NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 no_state = torch.empty(1, 1, 1, 1, device="cuda")    # h0 and ht of a kernel compiled without states
 
 def fused_kernel(q, k, v):
-    kernel = compile_program(kernels.seq_in_loop, (), DK=q.shape[-1], DV=v.shape[-1], dtype=ops.dtype_name(q.dtype))
+    kernel = compile_program(kernels.seq_in_loop, (), DK=q.shape[-1], DV=v.shape[-1], dtype=launch.dtype_name(q.dtype))
     o = torch.full(v.shape, float("nan"), dtype=v.dtype, device=v.device)
     kernel(q, k, v, 1.0, no_state, o, no_state)
     return o
 
 def grid_kernel(q, k, v):
-    kernel = compile_program(kernels.seq_in_grid, (), DK=q.shape[-1], DV=v.shape[-1], dtype=ops.dtype_name(q.dtype))
+    kernel = compile_program(kernels.seq_in_grid, (), DK=q.shape[-1], DV=v.shape[-1], dtype=launch.dtype_name(q.dtype))
     o = torch.full(v.shape, float("nan"), dtype=v.dtype, device=v.device)
     kernel(q, k, v, o)
     return o

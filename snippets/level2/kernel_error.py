@@ -6,14 +6,14 @@ the old state, and the error the bf16/fp16 copy of it carried, fades by a^64 per
 the plot)."""
 import torch
 
-from kda import ops
+from kda import launch
 from kda.ops import decay_attention
 from kda.metrics import rel_l2
 from kda.reference import level2 as ref
 from kda.site.runtime import save_data, text
 from kda.tables import Table, sci
 
-ops.poison_outputs = True
+launch.poison_outputs = True
 torch.manual_seed(0)
 NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 H = 4

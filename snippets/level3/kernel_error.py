@@ -5,7 +5,7 @@ state, outputs poisoned with NaN before every launch. Then short sequences, wher
 scores (and so the diagonal GEMM of the per-channel path) carry most of the output."""
 import torch
 
-from kda import ops
+from kda import launch
 from kda.gated import gated_attention
 from kda.kernels.stages import DIAGONAL_SPAN_MAX
 from kda.kernels.chunk_intra import SUBCHUNK
@@ -14,7 +14,7 @@ from kda.reference import level3 as ref
 from kda.site.runtime import text
 from kda.tables import Table, sci
 
-ops.poison_outputs = True
+launch.poison_outputs = True
 torch.manual_seed(0)
 NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 SPAN_MAX = DIAGONAL_SPAN_MAX      # the per-channel kernel's span bound on a diagonal sub-chunk (log2)

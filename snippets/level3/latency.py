@@ -8,7 +8,7 @@ import tilelang
 import torch
 
 from kda.gated import gated_attention
-from kda.ops import SCALAR_PASS_CONFIG
+from kda.launch import SCALAR_PASS_CONFIG
 from kda import ledger
 from kda.bench import median_ms, random_qkv
 from kda.kernels.chunk_intra import chunk_intra

@@ -4,7 +4,7 @@ token recurrence (both dtypes, tails, DK != DV, b from 0 to 1, an initial state,
 with NaN), and the solve alone, both merges, against torch.linalg.solve_triangular in float64."""
 import torch
 
-from kda import ops
+from kda import launch
 from kda.delta import delta_rule
 from kda.kernels.wy_solve import chunk_wy
 from kda.kernels.build import compile_program
@@ -14,7 +14,7 @@ from kda.reference.common import to_chunks
 from kda.site.runtime import text
 from kda.tables import Table, sci
 
-ops.poison_outputs = True
+launch.poison_outputs = True
 torch.manual_seed(0)
 NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 B, T, H, DK, DV = 2, 1000, 4, 128, 64

@@ -5,7 +5,7 @@ extreme, b uniform in [0, 1], an initial state, a tail chunk, outputs poisoned w
 same inputs through fla's chunk_kda."""
 import torch
 
-from kda import ops
+from kda import launch
 from kda.gated_delta import chunk_gated_delta_rule, chunk_kda
 from kda.metrics import rel_l2
 from kda.reference import level0 as ref0
@@ -14,7 +14,7 @@ from kda.site.runtime import text
 from kda.tables import Table, sci
 from fla.ops.kda import chunk_kda as fla_chunk_kda
 
-ops.poison_outputs = True
+launch.poison_outputs = True
 torch.manual_seed(0)
 B, T, H, DK, DV = 2, 1000, 4, 128, 64
 GATES = {

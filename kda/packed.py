@@ -1,0 +1,72 @@
+"""Packed sequences (``cu_seqlens``): where their chunks lie, as the kernels read it, built once per call.
+
+A sequence of ``n`` tokens has ``ceil(n / C)`` chunks, the last one short; an empty sequence has none. Every
+chunk-parallel kernel takes the table's ``chunks`` (one block per chunk of every sequence, one launch), and every
+sequential pass its ``cu_seqlens``, ``chunk_offsets`` and ``seq_groups`` (``sequence_tables``).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import torch
+
+from kda import launch
+from kda.chunking import CHUNK_SIZE, ceildiv
+
+
+class ChunkTable(NamedTuple):
+    """Where the chunks of packed sequences lie (on the device, int32), built once per call."""
+    chunks: torch.Tensor         # first token and length of every chunk, sequence by sequence  [NC, 2]
+    cu_seqlens: torch.Tensor     # the sequences' boundaries                                     [N + 1]
+    chunk_offsets: torch.Tensor  # index of each sequence's first chunk in ``chunks``            [N + 1]
+    seq_groups: torch.Tensor     # first sequence of each group the state pass carries in one block [NG + 1]
+
+
+# The state pass carries, in one block, the packed sequences whose first chunk lies in one window of
+# this many chunks: 1024 sequences of 1 to 64 tokens take 32 groups, not 1024 blocks per value stripe.
+GROUP_CHUNKS = 32
+
+
+def seq_groups(chunk_offsets: torch.Tensor, window: int | None = None) -> torch.Tensor:
+    """The groups of sequences, as the index of each group's first sequence and then ``N``: a new
+    group starts where a sequence's first chunk ``chunk_offsets[n]`` falls in another window of
+    ``window`` chunks than the sequence before it. A sequence longer than the window ends its group
+    (the next sequence starts in a later window); an empty sequence joins the group of its offset."""
+    windows = chunk_offsets[:-1] // (window or GROUP_CHUNKS)
+    starts = torch.nonzero(windows[1:] != windows[:-1]).flatten() + 1
+    N = chunk_offsets.shape[0] - 1
+    return torch.cat([starts.new_zeros(1 if N > 0 else 0), starts, starts.new_full((1,), N)])
+
+
+def chunk_table(bounds, device, chunk_size=CHUNK_SIZE) -> ChunkTable:
+    """The chunk table of the packed sequences with boundaries ``bounds`` (a host list, as
+    ``validate.check_cu_seqlens`` returns it): a sequence of ``n`` tokens has ``ceil(n / C)`` chunks, the
+    last one short; an empty sequence has none. Built on the host and copied to ``device`` once per
+    boundaries: every layer of a model sees the same ones (the last few tables are kept)."""
+    return _chunk_table(tuple(bounds), torch.device(device), chunk_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _chunk_table(bounds: tuple, device: torch.device, chunk_size: int) -> ChunkTable:
+    cu = torch.tensor(bounds, dtype=torch.int64)
+    counts = ceildiv(cu[1:] - cu[:-1], chunk_size)
+    offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+    seq = torch.repeat_interleave(torch.arange(len(counts)), counts)
+    first = cu[seq] + (torch.arange(int(offsets[-1])) - offsets[seq]) * chunk_size
+    length = torch.minimum(cu[seq + 1] - first, torch.tensor(chunk_size))
+    to_device = lambda x: x.to(torch.int32).to(device, non_blocking=True)
+    return ChunkTable(to_device(torch.stack([first, length], dim=1)), to_device(cu), to_device(offsets),
+                      to_device(seq_groups(offsets)))
+
+
+def sequence_tables(table, B: int, device):
+    """What a sequential pass takes for the packed sequences of ``table`` (``None``: a dense batch of
+    ``B`` sequences): ``(states, lanes, tables)`` with ``states`` the sequences, ``lanes`` the blocks per
+    head and value block (groups of packed sequences, ``seq_groups``) and ``tables`` the pass's last
+    three arguments (``cu_seqlens, chunk_offsets, seq_groups``, or ``[1]`` stand-ins)."""
+    if table is None:
+        return B, B, [launch.stand_in(1, torch.int32, device)] * 3
+    return (table.cu_seqlens.shape[0] - 1, table.seq_groups.shape[0] - 1,
+            [table.cu_seqlens, table.chunk_offsets, table.seq_groups])
