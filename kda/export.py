@@ -21,72 +21,14 @@ import re
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from kda.catalog import OPS
 from kda.site.snippets import git_commit, kda_closure
 
 KDA = Path(__file__).resolve().parent
 VERIFIED_ON = "NVIDIA H200 (Hopper, sm_90a)"     # where every GPU test and record of the site ran
-BF16_128 = dict(DK=128, DV=128, dtype="bfloat16")
-STATES = dict(BF16_128, initial_state=True, final_state=True)      # the calls below pass h0 and want ht
-STATE_PASS = ("gated_state_pass", "gated_state_output_pass", STATES)
-
-
-@dataclass(frozen=True)
-class Op:
-    module: str        # the kda module that defines the public function
-    reference: str     # the float64 token recurrence it is checked against
-    call: str          # the op on the test's inputs
-    ref_call: str      # the recurrence on the same inputs (q already scaled)
-    kernels: tuple     # (module, factory, parameters) that the CUDA path compiles
-
-
-OPS = {
-    "linear_attention": Op(
-        "ops", "level1", "linear_attention(q, k, v, scale=scale, initial_state=h0, output_final_state=True)",
-        "recurrent(q * scale, k, v, h0, True)",
-        (("linear_pass", "seq_in_loop_scalar", dict(STATES, gate="none")),)),
-    "decay_attention": Op(
-        "ops", "level2", "decay_attention(q, k, v, alpha, scale=scale, initial_state=h0, output_final_state=True)",
-        "recurrent(q * scale, k, v, alpha, h0, True)",
-        (("linear_pass", "seq_in_loop_scalar", dict(STATES, gate="constant")),)),
-    "gated_attention": Op(
-        "gated", "level3", "gated_attention(q, k, v, g, scale=scale, initial_state=h0, output_final_state=True)",
-        "recurrent(q * scale, k, v, g, h0, True)",
-        (("linear_pass", "chunk_cumsum", dict(D=1)),
-         ("linear_pass", "seq_in_loop_scalar", STATES),
-         ("chunk_intra", "chunk_intra", dict(DK=128, dtype="bfloat16", gate_dtype="float32", delta=False)),
-         ("per_channel_pass", "seq_in_loop_per_channel", STATES))),
-    "delta_rule": Op(
-        "delta", "level4", "delta_rule(q, k, v, beta, scale=scale, initial_state=h0, output_final_state=True)",
-        "recurrent(q * scale, k, v, beta, h0, True)",
-        (("wy_solve", "chunk_wy", BF16_128), ("linear_pass", "state_output_pass", STATES))),
-    "chunk_kda": Op(
-        "gated_delta", "level0",
-        "chunk_kda(q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=True)",
-        "recurrent(q * scale, k, v, g, beta, h0, True)",
-        (("chunk_intra", "chunk_intra", dict(BF16_128, gate_dtype="float32")), STATE_PASS)),
-    "chunk_gated_delta_rule": Op(
-        "gated_delta", "level0",
-        "chunk_gated_delta_rule(q, k, v, g_head, beta, scale=scale, initial_state=h0, output_final_state=True)",
-        "recurrent(q * scale, k, v, g_head, beta, h0, True)",
-        (("chunk_intra", "chunk_intra", dict(BF16_128, gate_dtype="float32", scalar_gate=True)), STATE_PASS)),
-    "fused_recurrent_kda": Op(
-        "decode", "level0",
-        "fused_recurrent_kda(q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=True)",
-        "recurrent(q * scale, k, v, g, beta, h0, True)",
-        (("decode", "value_checks", dict()),
-         ("decode", "fused_recurrent", dict(BF16_128, gate_dtype="float32", guarded=True)))),
-    "fused_recurrent_gated_delta_rule": Op(
-        "decode", "level0",
-        "fused_recurrent_gated_delta_rule(q, k, v, g=g_head, beta=beta, scale=scale, initial_state=h0, "
-        "output_final_state=True)",
-        "recurrent(q * scale, k, v, g_head, beta, h0, True)",
-        (("decode", "value_checks", dict()),
-         ("decode", "fused_recurrent", dict(BF16_128, gate_dtype="float32", scalar_gate=True, guarded=True)))),
-}
 
 
 def closure(module: str) -> list[Path]:

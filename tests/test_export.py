@@ -9,19 +9,20 @@ from pathlib import Path
 import pytest
 
 from kda import export
+from kda.catalog import OPS
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.tilelang
-@pytest.mark.parametrize("op", sorted(export.OPS))
+@pytest.mark.parametrize("op", sorted(OPS))
 def test_an_exported_op_passes_its_own_test_without_kda(op, tmp_path):
     folder = export.export(op, tmp_path)
     res = export.run_exported_test(folder)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
     assert "needs tilelang and nvcc" not in res.stdout, "the kernel compile test was skipped"
     passed = int(res.stdout.splitlines()[-1].split(" passed")[0].split()[-1])
-    assert passed >= len(export.OPS[op].kernels) + 1          # + 1 on a GPU: the CUDA check
+    assert passed >= len(OPS[op].kernels) + 1          # + 1 on a GPU: the CUDA check
 
 
 def test_the_export_records_where_it_came_from(tmp_path):
