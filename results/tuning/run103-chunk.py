@@ -29,13 +29,13 @@ def compile_one(i):
     """Compile the ``i``-th variant into the tilelang cache (and the forward's kernel with its backward outputs)."""
     import time
 
-    from kda.kernels import backward_chunks, level5
+    from kda.kernels import backward_chunks, chunk_intra
     from kda.kernels.build import compile_program, ptxas_report
 
     jobs = [("chunk_gradients", dict(DK=128, DV=128, **params)) for params in VARIANTS.values()] + \
         [("chunk_intra", dict(DK=128, DV=128, scalar_gate=True, backward_outputs=True))]
     name, params = jobs[i]
-    module = level5 if name == "chunk_intra" else backward_chunks
+    module = chunk_intra if name == "chunk_intra" else backward_chunks
     t = time.time()
     try:
         kernel = compile_program(getattr(module, name), (), **params)
@@ -48,9 +48,9 @@ def time_kernels():
     import torch
 
     from kda.bench import median_ms
-    from kda.gated_delta import prepare_chunks
+    from kda.kernels.chunk_intra import prepare_chunks
     from kda.kernels import backward_chunks as kernels
-    from kda.kernels import level5
+    from kda.kernels import chunk_intra
     from kda.kernels.build import compile_program
     from kda.metrics import rel_l2
 
@@ -86,7 +86,7 @@ def time_kernels():
                                      for n, a, b in zip("dq dk dv db dG to_end".split(), got, want)}}
         row["ms"] = round(median_ms(run, warmup_ms=100, rep_ms=500), 3)
         log(RUN, row)
-    intra = compile_program(level5.chunk_intra, (), DK=D, DV=D, scalar_gate=True)
+    intra = compile_program(chunk_intra.chunk_intra, (), DK=D, DV=D, scalar_gate=True)
     outs = [torch.empty_like(x) for x in (form.Qw, form.Kw, form.decay, form.A_qk, form.W, form.U)]
     gate, no_chunks = g[..., None].contiguous(), torch.empty(1, 1, dtype=torch.int32, device="cuda")
     run = lambda: intra(q, k, v, gate, beta, scale, *outs, flags, no_chunks)
