@@ -5,9 +5,10 @@
 Under compilation the public functions check shapes, dtypes and devices as always, skip the
 value checks that read tensors back to the host (a graph cannot hold them), and call an op
 below, which runs the eager path inside the compiled graph. Each op has a fake implementation:
-the output shapes, nothing computed. Outputs and gradients are contiguous whatever the inputs' strides
-(a layer's convolution hands ``v`` over transposed), so that the fakes' strides are the real ones. ``chunk_gated_delta`` and ``fused_recurrent`` also have a
-backward (``register_autograd``), so that a compiled graph trains: on the CPU it recomputes the
+the output shapes, nothing computed (``_forward_op`` makes the two ops of that form). Outputs and gradients
+are contiguous whatever the inputs' strides (a layer's convolution hands ``v`` over transposed), so that the
+fakes' strides are the real ones. ``chunk_gated_delta`` and ``fused_recurrent`` also have a backward
+(``register_autograd``), so that a compiled graph trains: on the CPU it recomputes the
 float64 forward and takes autograd's gradients through it, exactly what an eager call gives. The
 backward op of ``chunk_gated_delta`` has a CUDA kernel of its own, registered by ``kda.cuda_autograd``
 (``kda.backward.op_gradients``, the path an eager CUDA call takes), so a compiled graph trains on
@@ -34,46 +35,42 @@ def _final_like(v: Tensor, q: Tensor, cu_seqlens: Optional[Tensor], output_final
     return v.new_empty(N, v.shape[2], q.shape[3], v.shape[3], dtype=torch.float32)
 
 
+def _forward_op(name: str, forward):
+    """The op ``kda::<name>``: ``(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm,
+    cu_seqlens, cu_seqlens_cpu) -> (o, final state)`` by ``forward`` (same arguments), with a fake that gives the
+    shapes. Both outputs are contiguous, the final state an empty tensor where it was not asked for."""
+
+    @torch.library.custom_op(f"kda::{name}", mutates_args=())
+    def op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: float, initial_state: Optional[Tensor],
+           output_final_state: bool, use_qk_l2norm: bool, cu_seqlens: Optional[Tensor],
+           cu_seqlens_cpu: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+        o, final = forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm, cu_seqlens,
+                           cu_seqlens_cpu)
+        return o.contiguous(), (final.contiguous() if final is not None else v.new_empty(0, dtype=torch.float32))
+
+    @op.register_fake
+    def _(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm, cu_seqlens, cu_seqlens_cpu):
+        return v.new_empty(v.shape), _final_like(v, q, cu_seqlens, output_final_state)
+
+    return op
+
+
 def _chunk_forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm, cu_seqlens,
                    cu_seqlens_cpu):
     from kda import gated_delta            # here, not above: importing kda loads no level until used
-    o, final = gated_delta.forward_eager(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm,
-                                         cu_seqlens, g.dim() == 4, False, cu_seqlens_cpu)
-    return o.contiguous(), (final.contiguous() if final is not None else v.new_empty(0, dtype=torch.float32))
-
-
-@torch.library.custom_op("kda::chunk_gated_delta", mutates_args=())
-def chunk_gated_delta(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: float,
-                      initial_state: Optional[Tensor], output_final_state: bool, use_qk_l2norm: bool,
-                      cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor]) -> tuple[Tensor, Tensor]:
-    return _chunk_forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm, cu_seqlens,
-                          cu_seqlens_cpu)
-
-
-@chunk_gated_delta.register_fake
-def _(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm, cu_seqlens, cu_seqlens_cpu):
-    return v.new_empty(v.shape), _final_like(v, q, cu_seqlens, output_final_state)
+    return gated_delta.forward_eager(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm,
+                                     cu_seqlens, g.dim() == 4, False, cu_seqlens_cpu)
 
 
 def _recurrent_forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm, cu_seqlens,
                        cu_seqlens_cpu):
     from kda import decode
-    o, final = decode.recurrent_eager(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm,
-                                      cu_seqlens, None, g.dim() == 4, False, cu_seqlens_cpu)
-    return o.contiguous(), (final.contiguous() if final is not None else v.new_empty(0, dtype=torch.float32))
+    return decode.recurrent_eager(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm,
+                                  cu_seqlens, None, g.dim() == 4, False, cu_seqlens_cpu)
 
 
-@torch.library.custom_op("kda::fused_recurrent", mutates_args=())
-def fused_recurrent(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: float,
-                    initial_state: Optional[Tensor], output_final_state: bool, use_qk_l2norm: bool,
-                    cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor]) -> tuple[Tensor, Tensor]:
-    return _recurrent_forward(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm, cu_seqlens,
-                              cu_seqlens_cpu)
-
-
-@fused_recurrent.register_fake
-def _(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm, cu_seqlens, cu_seqlens_cpu):
-    return v.new_empty(v.shape), _final_like(v, q, cu_seqlens, output_final_state)
+chunk_gated_delta = _forward_op("chunk_gated_delta", _chunk_forward)
+fused_recurrent = _forward_op("fused_recurrent", _recurrent_forward)
 
 
 @torch.library.custom_op("kda::fused_recurrent_pooled", mutates_args=("pool",))

@@ -261,13 +261,13 @@ def state_output_pass(DK, DV, chunk_size=64, block_dv=32, slots=3, out_groups=2,
                       initial_state=False, final_state=False):
     """``state_pass`` and ``chunk_output`` fused: the output of a chunk is made from the state it
     enters with, so neither the snapshots nor ``U - W S`` go through HBM. It is level 3's
-    warp-specialised pass (``kernels.level3.seq_in_loop_scalar``) with no gate and the delta rule's
+    warp-specialised pass (``seq_in_loop_scalar`` above) with no gate and the delta rule's
     chain: warpgroup 0 writes ``S`` and ``V_new = U - W S`` to shared memory and updates ``S <- S + K^T
     V_new``; ``out_groups`` output warpgroups form ``tril(Q K^T)`` before the chunk's state is needed,
     then ``scale (Q S + tril(Q K^T) V_new)``; one producer warp loads q, k, U's value columns and ``W``.
     Arguments at run time: ``Q, K [B, T, H, DK]``, ``U [B, T, H, DV]``, ``W [B, T, H, DK]``, a ``[1]``
     stand-in for the gate, ``scale``, ``h0 [B, H, DK, DV]`` (float32), then the outputs ``O [B, T, H,
-    DV]`` (dtype) and ``ht`` (float32); the state flags as in ``kda.kernels.level1.seq_in_loop``."""
+    DV]`` (dtype) and ``ht`` (float32); the state flags as in ``kda.kernels.chapters.linear_attention.seq_in_loop``."""
     return seq_in_loop_scalar(DK, DV, chunk_size, block_dv, slots, out_groups, dtype, gate="none", delta=True,
                               initial_state=initial_state, final_state=final_state)
 

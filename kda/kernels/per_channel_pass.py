@@ -24,7 +24,7 @@ def seq_in_loop_per_channel(DK, DV, chunk_size=64, block_dv=32, num_stages=3, th
     Per chunk: ``O = Qw S + A V``, then ``S = diag(decay) S + Kw^T V``. The scale is
     already in ``Qw`` and ``A``. Each GEMM is waited for: the three read different
     pipelined buffers, and tilelang 0.1.15 releases a buffer to the producer once its
-    last GEMM is issued (see ``kda.kernels.level1``), so none may be left in flight.
+    last GEMM is issued (see ``kda.kernels.chapters.linear_attention``), so none may be left in flight.
     """
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     C = chunk_size
