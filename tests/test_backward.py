@@ -10,23 +10,15 @@ import torch
 import kda
 from kda.metrics import rel_l2
 from kda.reference import level0 as ref0
-from kda.reference import level4 as ref4
+
+import random_inputs
 
 F64 = dict(dtype=torch.float64)
 
 
 def inputs(B=1, T=9, H=2, K=4, V=3, seed=0, per_channel=True, strong=False):
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, T, H, K, generator=gen, **F64)
-    k = ref4.l2_normalize(torch.randn(B, T, H, K, generator=gen, **F64))
-    v = torch.randn(B, T, H, V, generator=gen, **F64)
-    g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, *([K] if per_channel else []), generator=gen, **F64))
-    if strong:
-        g[:, T // 3: 2 * T // 3] = -20.0
-    beta = torch.rand(B, T, H, generator=gen, **F64)
-    h0 = torch.randn(B, H, K, V, generator=gen, **F64)
-    return [x.requires_grad_() for x in (q, k, v, g, beta, h0)]
-
+    drawn = random_inputs.gated_delta(B, T, H, K, V, gate="channel" if per_channel else "head", strong=strong, seed=seed)
+    return [x.requires_grad_() for x in drawn[:6]]
 
 def check(fn, *args):
     assert torch.autograd.gradcheck(fn, args, eps=1e-6, atol=1e-5, rtol=1e-4)

@@ -7,24 +7,14 @@ import torch
 
 from kda.metrics import rel_l2
 from kda.reference import backward as bwd
-from kda.reference import level4 as ref4
+
+import random_inputs
 
 F64 = dict(dtype=torch.float64)
 
 
 def inputs(B=2, T=37, H=2, K=8, V=5, gate="channel", delta=True, strong=False, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, T, H, K, generator=gen, **F64)
-    k = ref4.l2_normalize(torch.randn(B, T, H, K, generator=gen, **F64))
-    v = torch.randn(B, T, H, V, generator=gen, **F64)
-    shape = {"channel": (B, T, H, K), "head": (B, T, H), "none": None}[gate]
-    g = torch.nn.functional.logsigmoid(torch.randn(*shape, generator=gen, **F64)) if shape else None
-    if strong and g is not None:
-        g[:, T // 3: 2 * T // 3] = -20.0          # e^-20 per token: the decay underflows within a chunk
-    beta = torch.rand(B, T, H, generator=gen, **F64) if delta else None
-    h0 = torch.randn(B, H, K, V, generator=gen, **F64)
-    do, dht = torch.randn(B, T, H, V, generator=gen, **F64), torch.randn(B, H, K, V, generator=gen, **F64)
-    return q, k, v, g, beta, h0, do, dht
+    return random_inputs.gated_delta(B, T, H, K, V, gate=gate, delta=delta, strong=strong, seed=seed)
 
 
 @pytest.mark.parametrize("gate", ["channel", "head", "none"])

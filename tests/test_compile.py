@@ -6,19 +6,16 @@ import pytest
 import torch
 
 import kda
-from kda.reference import level4 as ref4
+
+import random_inputs
 
 H, K, V = 2, 16, 8
 
 
 def inputs(B, T, HV=H, per_channel=True, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, T, H, K, generator=gen)
-    k = ref4.l2_normalize(torch.randn(B, T, H, K, generator=gen))
-    v = torch.randn(B, T, HV, V, generator=gen)
-    g = torch.nn.functional.logsigmoid(torch.randn(B, T, HV, *([K] if per_channel else []), generator=gen))
-    beta = torch.rand(B, T, HV, generator=gen)
-    return q, k, v, g, beta
+    drawn = random_inputs.gated_delta(B, T, HV, K, V, HQ=H, gate="channel" if per_channel else "head",
+                                      dtype=torch.float32, seed=seed)
+    return drawn[:5]
 
 
 @pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])

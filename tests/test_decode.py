@@ -8,21 +8,15 @@ import torch
 import kda
 from kda.metrics import rel_l2
 from kda.reference import level0 as ref0
-from kda.reference import level4 as ref4
+
+import random_inputs
 
 B, T, H, DK, DV = 2, 37, 2, 16, 8
 
 
 def inputs(B=B, T=T, H=H, HV=H, seed=0, per_channel=True):
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, T, H, DK, generator=gen, dtype=torch.float64)
-    k = ref4.l2_normalize(torch.randn(B, T, H, DK, generator=gen, dtype=torch.float64))
-    v = torch.randn(B, T, HV, DV, generator=gen, dtype=torch.float64)
-    g = torch.nn.functional.logsigmoid(torch.randn(B, T, HV, *([DK] if per_channel else []), generator=gen,
-                                                   dtype=torch.float64))
-    beta = torch.rand(B, T, HV, generator=gen, dtype=torch.float64)
-    h0 = torch.randn(B, HV, DK, DV, generator=gen, dtype=torch.float64)
-    return q, k, v, g, beta, h0
+    drawn = random_inputs.gated_delta(B, T, HV, DK, DV, HQ=H, gate="channel" if per_channel else "head", seed=seed)
+    return drawn[:6]
 
 
 def test_token_by_token_is_the_chunked_forward_and_the_recurrence():

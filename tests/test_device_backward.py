@@ -16,6 +16,8 @@ from kda.metrics import rel_l2
 from kda.reference import backward as ref
 from kda.reference import level4 as ref4
 
+import random_inputs
+
 F64 = dict(dtype=torch.float64)
 
 
@@ -28,19 +30,8 @@ def torch_stages(monkeypatch):
 
 
 def inputs(B=2, T=70, H=2, K=8, V=5, seed=0, per_channel=True, strong=False, HQ=None):
-    gen = torch.Generator().manual_seed(seed)
-    HQ = HQ or H
-    q = torch.randn(B, T, HQ, K, generator=gen, **F64)
-    k = ref4.l2_normalize(torch.randn(B, T, HQ, K, generator=gen, **F64))
-    v = torch.randn(B, T, H, V, generator=gen, **F64)
-    g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, *([K] if per_channel else []), generator=gen, **F64))
-    if strong:
-        g[:, T // 3: 2 * T // 3] = -20.0
-    beta = torch.rand(B, T, H, generator=gen, **F64)
-    h0 = torch.randn(B, H, K, V, generator=gen, **F64)
-    do = torch.randn(B, T, H, V, generator=gen, **F64)
-    dht = torch.randn(B, H, K, V, generator=gen, **F64)
-    return q, k, v, g, beta, h0, do, dht
+    return random_inputs.gated_delta(B, T, H, K, V, HQ=HQ, gate="channel" if per_channel else "head", strong=strong,
+                                     seed=seed)
 
 
 @pytest.mark.parametrize("per_channel", [True, False], ids=["per_channel", "scalar"])

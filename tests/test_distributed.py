@@ -12,20 +12,15 @@ from kda.distributed import choose_pieces, context_parallel, local_affine_map, m
 from kda.gated_delta import chunk_gated_delta_rule, chunk_kda
 from kda.metrics import rel_l2
 from kda.reference import level0 as ref0
-from kda.reference import level4 as ref4
 
+import random_inputs
 
 def inputs(T, per_channel, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    B, H, K, V = 2, 2, 16, 8
-    q, k = (torch.randn(B, T, H, K, generator=g, dtype=torch.float64) for _ in range(2))
-    v = torch.randn(B, T, H, V, generator=g, dtype=torch.float64)
     # mild gates: a third of the state survives 100 tokens, so a slice's M matters (under gates of
     # order -1 it underflows and a fold that ignored M would pass unnoticed)
-    gate = -0.02 * torch.rand(*((B, T, H, K) if per_channel else (B, T, H)), generator=g, dtype=torch.float64)
-    beta = torch.rand(B, T, H, generator=g, dtype=torch.float64)
-    h0 = torch.randn(B, H, K, V, generator=g, dtype=torch.float64)
-    return q, ref4.l2_normalize(k), v, gate, beta, h0
+    drawn = random_inputs.gated_delta(2, T, 2, 16, 8, gate="channel" if per_channel else "head", form="uniform",
+                                      strength=0.02, seed=seed)
+    return drawn[:6]
 
 
 def _rank_main(rank, world, port, bounds, per_channel, out_dir):

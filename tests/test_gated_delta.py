@@ -10,14 +10,10 @@ from kda.metrics import rel_l2
 from kda.reference import level0 as ref0
 from kda.reference import level4 as ref4
 
+import random_inputs
 
 def inputs(B=1, T=150, H=2, K=16, V=8, seed=0, strength=1.0):
-    g = torch.Generator().manual_seed(seed)
-    q, k = (torch.randn(B, T, H, K, generator=g, dtype=torch.float64) for _ in range(2))
-    v = torch.randn(B, T, H, V, generator=g, dtype=torch.float64)
-    gate = -strength * torch.rand(B, T, H, K, generator=g, dtype=torch.float64)
-    beta = torch.rand(B, T, H, generator=g, dtype=torch.float64)
-    return q, ref4.l2_normalize(k), v, gate, beta
+    return random_inputs.gated_delta(B, T, H, K, V, form="uniform", strength=strength, seed=seed)[:5]
 
 
 @pytest.mark.parametrize("strength", [0.05, 1.0, 20.0])
