@@ -499,6 +499,18 @@ def later_switches_off(monkeypatch):
         monkeypatch.setattr(backward, name, False)
 
 
+def every_mirror():
+    """Every backward kernel by its float64 mirror (the state passes' in value blocks of 64)."""
+    from kda.kernels import backward_chunks, backward_states
+
+    return {backward_states.forward_states_pass: forward_states_mirror(64),
+            backward_states.reverse_state_pass: reverse_state_pass_mirror(64),
+            backward_chunks.chunk_gradients: chunk_kernel_mirror,
+            backward_chunks.chunk_pair_pieces: pair_pieces_mirror,
+            backward_chunks.chunk_state_gradients: state_gradients_mirror,
+            backward_chunks.chunk_pair_gradients: pair_gradients_mirror}
+
+
 def fake_kernels(monkeypatch, fakes, prepare_chunks=None):
     """CUDA faked and every kernel replaced by its stand-in in ``fakes``, handed the compile flags it takes
     (``token_major``, ``delta_rule``, ``scores``, ``pieces_in``, ``gate_in``, ``varlen``); the forward's ``chunk_intra`` by ``prepare_chunks``
@@ -855,15 +867,7 @@ def test_states_as_operands(per_channel, delta_rule, token_major, monkeypatch):
     those with float32 states, to the rounding of the states to bf16. ``token_major``: with
     ``TOKEN_MAJOR_STATES`` too (the forward's pieces and ``do`` read as they are, where they come from the
     forward's kernel: with the delta rule)."""
-    from kda.kernels import backward_chunks, backward_states
-
-    compiled = fake_kernels(monkeypatch, {
-        backward_states.forward_states_pass: forward_states_mirror(64),
-        backward_states.reverse_state_pass: reverse_state_pass_mirror(64),
-        backward_chunks.chunk_gradients: chunk_kernel_mirror,
-        backward_chunks.chunk_pair_pieces: pair_pieces_mirror,
-        backward_chunks.chunk_state_gradients: state_gradients_mirror,
-        backward_chunks.chunk_pair_gradients: pair_gradients_mirror})
+    compiled = fake_kernels(monkeypatch, every_mirror())
     later_switches_off(monkeypatch)
     einsums = []
     q, k, v, g, beta, h0, do, dht = inputs(B=2, T=150, H=4, HQ=2, K=16, V=128, seed=6, per_channel=per_channel)
@@ -1117,15 +1121,7 @@ def test_packed_state_kernels(per_channel, token_major, monkeypatch):
     empty one, one of length 1, tails, initial states and final-state gradients per sequence) take the state
     kernels compiled with ``varlen``, one launch each, instead of the torch passes; the gradients are those of the
     torch passes, to the rounding of the states to bf16."""
-    from kda.kernels import backward_chunks, backward_states
-
-    compiled = fake_kernels(monkeypatch, {
-        backward_states.forward_states_pass: forward_states_mirror(64),
-        backward_states.reverse_state_pass: reverse_state_pass_mirror(64),
-        backward_chunks.chunk_gradients: chunk_kernel_mirror,
-        backward_chunks.chunk_pair_pieces: pair_pieces_mirror,
-        backward_chunks.chunk_state_gradients: state_gradients_mirror,
-        backward_chunks.chunk_pair_gradients: pair_gradients_mirror})
+    compiled = fake_kernels(monkeypatch, every_mirror())
     lengths = [0, 1, 63, 130, 70]
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
     q, k, v, g, beta, h0, do, dht = inputs(B=1, T=sum(lengths), H=2, HQ=2, K=8, V=64, seed=12,
