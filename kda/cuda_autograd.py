@@ -101,7 +101,18 @@ class LevelGradients(torch.autograd.Function):
 # --8<-- [end:level_gradients]
 
 
-def level_call(run, q, k, v, g, beta, h0, scale):
-    """``(o, final)`` of a level 1-4 function through ``LevelGradients`` (``final`` as ``run`` gives it:
-    ``None`` unless asked)."""
-    return LevelGradients.apply(run, scale, q, k, v, g, beta, h0)
+# --8<-- [start:level_dispatch]
+def level_dispatch(q, k, v, h0, scale, output_final_state, kernels, reference, differentiable=False, g=None,
+                   beta=None):
+    """Where a level 1-4 call runs, in one place: on CUDA ``kernels(q, k, v, h0) -> (o, final)``, through
+    ``LevelGradients`` where it is ``differentiable`` (``g`` and ``beta``: what its backward sees); on the CPU
+    ``reference(q * scale in float64, k, v, h0)``, the chunked float64 path that autograd differentiates, its
+    results in ``q``'s dtype and float32. Returns ``o``, or ``(o, final)`` with ``output_final_state``."""
+    if validate.runs_kernels(q):
+        o, final = LevelGradients.apply(kernels, scale, q, k, v, g, beta, h0) if differentiable else \
+            kernels(q, k, v, h0)
+    else:
+        o, final = reference(q.double() * scale, k, v, h0)
+        o, final = o.to(q.dtype), (final.float() if final is not None else None)
+    return (o, final) if output_final_state else o
+# --8<-- [end:level_dispatch]

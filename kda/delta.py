@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from kda import cuda_autograd, ops, validate
+from kda import cuda_autograd, validate
 from kda.chunking import CHUNK_SIZE
 from kda.reference import level4 as ref4
 
@@ -60,12 +60,9 @@ def delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state
             validate.check_key_norms(k, beta)
     if use_qk_l2norm:                                   # torch operations: autograd takes them
         q, k = (ref4.l2_normalize(x.float()).to(x.dtype) for x in (q, k))
-    if on_cuda:
-        check = (lambda flags: validate.raise_flagged_values(flags, None, beta)) if check_values else None
-        run = lambda q, k, v, h0: _run_kernels(q, k, v, beta, scale, h0, output_final_state, check)
-        o, final = cuda_autograd.level_call(run, q, k, v, None, beta, h0, scale) if differentiable else run(q, k, v, h0)
-    else:
-        o, final = ref4.chunked(q.double() * scale, k, v, beta, CHUNK_SIZE, h0, output_final_state)
-        o, final = o.to(q.dtype), (final.float() if final is not None else None)
-    return ops.finish(o, final, output_final_state)
+    check = (lambda flags: validate.raise_flagged_values(flags, None, beta)) if check_values else None
+    kernels = lambda q, k, v, h0: _run_kernels(q, k, v, beta, scale, h0, output_final_state, check)
+    reference = lambda q, k, v, h0: ref4.chunked(q, k, v, beta, CHUNK_SIZE, h0, output_final_state)
+    return cuda_autograd.level_dispatch(q, k, v, h0, scale, output_final_state, kernels, reference, differentiable,
+                                        beta=beta)
 # --8<-- [end:delta_rule]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from kda import cuda_autograd, ops, validate
+from kda import cuda_autograd, validate
 from kda.chunking import CHUNK_SIZE
 from kda.reference import level3 as ref3
 
@@ -60,12 +60,9 @@ def gated_attention(q, k, v, g, scale=None, initial_state=None, output_final_sta
         per_channel = validate.check_gates(g, B, T, H, DK, q.device, check_values=check_values and not on_cuda)
         scale = validate.check_scale(scale, DK)
         h0 = validate.check_initial_state(initial_state, B, H, DK, DV, q.device)
-    if on_cuda:
-        check = (lambda flags: validate.raise_flagged_values(flags, g)) if check_values else None
-        run = lambda q, k, v, h0: _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state, check)
-        o, final = cuda_autograd.level_call(run, q, k, v, g, None, h0, scale) if differentiable else run(q, k, v, h0)
-    else:
-        o, final = ref3.chunked(q.double() * scale, k, v, g, CHUNK_SIZE, h0, output_final_state)
-        o, final = o.to(q.dtype), (final.float() if final is not None else None)
-    return ops.finish(o, final, output_final_state)
+    check = (lambda flags: validate.raise_flagged_values(flags, g)) if check_values else None
+    kernels = lambda q, k, v, h0: _run_gated_kernels(q, k, v, g, per_channel, scale, h0, output_final_state, check)
+    reference = lambda q, k, v, h0: ref3.chunked(q, k, v, g, CHUNK_SIZE, h0, output_final_state)
+    return cuda_autograd.level_dispatch(q, k, v, h0, scale, output_final_state, kernels, reference, differentiable,
+                                        g=g)
 # --8<-- [end:gated_attention]

@@ -26,11 +26,6 @@ def _log2_alpha_on(values: tuple, device: str) -> torch.Tensor:
     return torch.log2(torch.tensor(values, dtype=torch.float64)).to(device, torch.float32)
 
 
-def finish(o, final, output_final_state):
-    """What the level 1-4 functions return: ``o``, or ``(o, final)`` when the final state is asked."""
-    return (o, final) if output_final_state else o
-
-
 # --8<-- [start:linear_attention]
 def linear_attention(q, k, v, scale=None, initial_state=None, output_final_state=False):
     """Causal linear attention without normalisation: ``S_t = S_{t-1} + k_t v_t^T``,
@@ -53,15 +48,12 @@ def linear_attention(q, k, v, scale=None, initial_state=None, output_final_state
         B, T, H, DK, DV = validate.check_qkv(q, k, v)
         scale = validate.check_scale(scale, DK)
         h0 = validate.check_initial_state(initial_state, B, H, DK, DV, q.device)
-    if validate.runs_kernels(q):
-        from kda.kernels.linear_pass import pass_launch         # the warp-specialised pass, no gate
+    def kernels(q, k, v, h0):                              # the warp-specialised pass, no gate
+        from kda.kernels.linear_pass import pass_launch
+        return launch.launched(pass_launch(q, k, v, scale, h0, output_final_state, gate="none"))
 
-        run = lambda q, k, v, h0: launch.launched(pass_launch(q, k, v, scale, h0, output_final_state, gate="none"))
-        o, final = cuda_autograd.level_call(run, q, k, v, None, None, h0, scale) if differentiable else run(q, k, v, h0)
-    else:
-        o, final = ref1.chunked(q.double() * scale, k, v, CHUNK_SIZE, h0, output_final_state)
-        o, final = o.to(q.dtype), (final.float() if final is not None else None)
-    return finish(o, final, output_final_state)
+    reference = lambda q, k, v, h0: ref1.chunked(q, k, v, CHUNK_SIZE, h0, output_final_state)
+    return cuda_autograd.level_dispatch(q, k, v, h0, scale, output_final_state, kernels, reference, differentiable)
 # --8<-- [end:linear_attention]
 
 
@@ -87,20 +79,15 @@ def decay_attention(q, k, v, alpha, scale=None, initial_state=None, output_final
         a = validate.check_alpha(alpha, H)
         scale = validate.check_scale(scale, DK)
         h0 = validate.check_initial_state(initial_state, B, H, DK, DV, q.device)
-    if validate.runs_kernels(q):
-        from kda.kernels.linear_pass import pass_launch         # the same pass, its gate constant
+    def kernels(q, k, v, h0):                              # the same pass, its gate constant
+        from kda.kernels.linear_pass import pass_launch
+        return launch.launched(pass_launch(q, k, v, scale, h0, output_final_state, gate="constant",
+                                           G=_log2_alpha_on(a, str(q.device))))
 
-        log2_alpha = _log2_alpha_on(a, str(q.device))
-        run = lambda q, k, v, h0: launch.launched(pass_launch(q, k, v, scale, h0, output_final_state,
-                                                              gate="constant", G=log2_alpha))
-        if differentiable:                                 # the backward's gate: ln(a) at every token
-            g = (log2_alpha * math.log(2)).expand(B, T, H).contiguous()
-            o, final = cuda_autograd.level_call(run, q, k, v, g, None, h0, scale)
-        else:
-            o, final = run(q, k, v, h0)
-    else:
-        o, final = ref2.chunked(q.double() * scale, k, v, torch.tensor(a, dtype=torch.float64), CHUNK_SIZE, h0,
-                                output_final_state)
-        o, final = o.to(q.dtype), (final.float() if final is not None else None)
-    return finish(o, final, output_final_state)
+    reference = lambda q, k, v, h0: ref2.chunked(q, k, v, torch.tensor(a, dtype=torch.float64), CHUNK_SIZE, h0,
+                                                 output_final_state)
+    # differentiated (on CUDA), the backward's gate: ln(a) at every token
+    g = (_log2_alpha_on(a, str(q.device)) * math.log(2)).expand(B, T, H).contiguous() if differentiable else None
+    return cuda_autograd.level_dispatch(q, k, v, h0, scale, output_final_state, kernels, reference, differentiable,
+                                        g=g)
 # --8<-- [end:decay_attention]
