@@ -87,18 +87,24 @@ def check_scale(scale, DK: int) -> float:
     return float(scale)
 
 
+def check_floating(name: str, t, dims: str, shape: tuple, device, alternative: str = "") -> None:
+    """``t`` a floating tensor of ``shape`` (``dims``: its axes, for the message) on ``device``, not a CUDA
+    tensor asking for a backward; ``alternative``: what else the argument may be, for the message."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a tensor {dims}{alternative}, got {type(t).__name__}")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} must have shape {dims} = {shape}, got {shape_of(t)}")
+    if t.device != device:
+        raise ValueError(f"{name} must be on the device of q ({device}), got {t.device}")
+    no_backward_on_cuda(name, t)
+    if not t.is_floating_point():
+        raise ValueError(f"{name} must be a floating tensor, got {t.dtype}")
+
+
 def check_initial_state(initial_state, B: int, H: int, DK: int, DV: int, device) -> torch.Tensor | None:
     if initial_state is None:
         return None
-    if not isinstance(initial_state, torch.Tensor):
-        raise ValueError(f"initial_state must be a tensor [B, H, DK, DV] or None, got {type(initial_state).__name__}")
-    if tuple(initial_state.shape) != (B, H, DK, DV):
-        raise ValueError(f"initial_state must have shape [B, H, DK, DV] = {(B, H, DK, DV)}, got {shape_of(initial_state)}")
-    if initial_state.device != device:
-        raise ValueError(f"initial_state must be on the device of q ({device}), got {initial_state.device}")
-    no_backward_on_cuda("initial_state", initial_state)
-    if not initial_state.is_floating_point():
-        raise ValueError(f"initial_state must be a floating tensor, got {initial_state.dtype}")
+    check_floating("initial_state", initial_state, "[B, H, DK, DV]", (B, H, DK, DV), device, " or None")
     return initial_state
 
 
@@ -244,15 +250,7 @@ def raise_flagged_values(flags, g, beta=None) -> None:
 
 def check_beta(beta, B: int, T: int, H: int, device, check_values: bool = True) -> None:
     """``beta [B, T, H]``, floating, on the device of ``q``, every value in ``[0, 1]``."""
-    if not isinstance(beta, torch.Tensor):
-        raise ValueError(f"beta must be a tensor [B, T, H], got {type(beta).__name__}")
-    if tuple(beta.shape) != (B, T, H):
-        raise ValueError(f"beta must have shape [B, T, H] = {(B, T, H)}, got {shape_of(beta)}")
-    if beta.device != device:
-        raise ValueError(f"beta must be on the device of q ({device}), got {beta.device}")
-    no_backward_on_cuda("beta", beta)
-    if not beta.is_floating_point():
-        raise ValueError(f"beta must be a floating tensor, got {beta.dtype}")
+    check_floating("beta", beta, "[B, T, H]", (B, T, H), device)
     if check_values:
         check_beta_range(*value_ranges(beta)[0])
 
