@@ -89,7 +89,7 @@ OPS = {
         "decode", "level0", "kda.reference.level0.recurrent",
         (("decode", "value_checks", dict()),
          ("decode", "fused_recurrent", dict(BF16_128, gate_dtype="float32", guarded=True))),
-        ("kda.decode._run_kernel",),
+        ("kda.kernels.decode.run_fused_recurrent",),
         ("tests/test_decode.py", "tests/test_gpu_decode.py"), "inference",
         "fused_recurrent_kda(q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=True)",
         "recurrent(q * scale, k, v, g, beta, h0, True)"),
@@ -97,7 +97,7 @@ OPS = {
         "decode", "level0", "kda.reference.level0.recurrent",
         (("decode", "value_checks", dict()),
          ("decode", "fused_recurrent", dict(BF16_128, gate_dtype="float32", scalar_gate=True, guarded=True))),
-        ("kda.decode._run_kernel",),
+        ("kda.kernels.decode.run_fused_recurrent",),
         ("tests/test_decode.py", "tests/test_gpu_decode.py"), "inference",
         "fused_recurrent_gated_delta_rule(q, k, v, g=g_head, beta=beta, scale=scale, initial_state=h0, "
         "output_final_state=True)",

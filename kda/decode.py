@@ -23,17 +23,13 @@ path reads and copies nothing, so a decode step can be captured once and replaye
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from kda import launch, validate
-from kda.activation import NO_ACTIVATION, check_activation
+from kda import validate
+from kda.activation import check_activation
 from kda.gated_delta import kernel_inputs
 from kda.reference import level0 as ref0
 from kda.reference import level4 as ref4
-
-BLOCK_DV = 32       # value columns per block: B * HV * DV / 32 blocks, 32 state registers per thread
 
 
 def check_state_pool(pool, indices, N: int, H: int, DK: int, DV: int, device, check_values: bool):
@@ -113,8 +109,11 @@ def recurrent_eager(q, k, v, g, beta, scale, initial_state, output_final_state, 
                                                  use_qk_l2norm_in_kernel, cu_seqlens, cu_seqlens_cpu)
         return o, (final if output_final_state else None)
     if cuda:
-        o, final = _run_kernel(q, k, v, g, beta, scale, initial_state if pooled else h0, cu_seqlens,
-                               ssm_state_indices, output_final_state, use_qk_l2norm_in_kernel, act, recheck)
+        from kda.kernels.decode import run_fused_recurrent
+
+        q, k, g = kernel_inputs(q, k, g, use_qk_l2norm_in_kernel)
+        o, final = run_fused_recurrent(q, k, v, g, beta, scale, initial_state if pooled else h0, cu_seqlens,
+                                       ssm_state_indices, output_final_state, act, recheck)
     else:
         g, beta = act.apply(g, beta)
         if check_values and not use_qk_l2norm_in_kernel:  # the keys against the delta rule's bound, beta activated
@@ -156,67 +155,6 @@ def _run_reference(q, k, v, g, beta, scale, h0, bounds, indices, output_final_st
             h0[slot] = f
         return o.to(v.dtype), h0
     return o.to(v.dtype), torch.stack(finals)
-
-
-@functools.lru_cache(maxsize=32)
-def _zeros(shape: tuple, device: torch.device, dtype=torch.float32) -> torch.Tensor:
-    """Zeros made once per shape, device and dtype, never written: the ``A_log`` and ``dt_bias`` the
-    kernel takes where none are given (a fill kernel per decode step cost a launch each), the
-    ``[1, HV, DK, DV]`` state stand-ins of a kernel compiled without an initial or final state, and
-    the clear flags of an unchecked step."""
-    return torch.zeros(shape, dtype=dtype, device=device)
-
-
-def _run_kernel(q, k, v, g, beta, scale, h0, cu_seqlens, indices, output_final_state, l2norm, act=NO_ACTIVATION,
-                check=None):
-    """One launch of ``fused_recurrent`` for every sequence. With ``check(flags)``: ``value_checks``
-    first, the kernel guarded by its flags (nothing written if one is set), and the flags read once
-    the kernel is queued (``validate.launch_then_check``): the host waits for the checks only.
-    Without: the same kernel reads flags that are always clear (cached zeros), and nothing here
-    reads the device or copies from the host, so that a CUDA graph can capture it after a first
-    call, checked or not, has compiled the kernel."""
-    from kda.kernels import decode
-    from kda.kernels.build import compile_program
-
-    B, T, HV, DV = v.shape
-    DK = q.shape[-1]
-    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    pooled = indices is not None
-    q, k, g = kernel_inputs(q, k, g, l2norm)
-    with torch.cuda.device(q.device):
-        kernel = compile_program(decode.fused_recurrent, (), DK=DK, DV=DV, block_dv=BLOCK_DV,
-                                 dtype=launch.dtype_name(q.dtype), gate_dtype=str(g.dtype).removeprefix("torch."),
-                                 scalar_gate=g.shape[-1] == 1, value_groups=HV // q.shape[2],
-                                 varlen=cu_seqlens is not None, with_initial=h0 is not None,
-                                 store_final=pooled or output_final_state, pooled=pooled,
-                                 gate_act=act.gate, beta_act=act.beta, guarded=True)
-        GD = g.shape[-1]
-        A_log = act.A_log if act.A_log is not None else _zeros((HV,), q.device)
-        dt_bias = act.dt_bias if act.dt_bias is not None else _zeros((HV, GD), q.device)
-        stand_in = _zeros((1, HV, DK, DV), q.device)      # never read or written by such a kernel
-        if pooled:
-            h0_arg = ht = h0
-        else:
-            h0_arg = h0.to(torch.float32).contiguous() if h0 is not None else stand_in
-            ht = launch.new_output((N, HV, DK, DV), torch.float32, q.device) if output_final_state else stand_in
-        o = launch.new_output(v.shape, v.dtype, q.device)
-        no_table = launch.stand_in(1, torch.int32, q.device)  # for a table the launch form has not
-        bounds = cu_seqlens.to(device=q.device, dtype=torch.int32) if cu_seqlens is not None else no_table
-        slots = indices.to(torch.int32) if pooled else no_table
-        beta = beta.to(torch.float32).contiguous()
-        flags = _zeros((3,), q.device, torch.int32)       # clear: an unchecked step
-        if check is not None:
-            flags = torch.zeros(3, dtype=torch.int32, device=q.device)
-            # the slots as given: an int64 slot of 2^32 or more would pass as int32 (it wraps)
-            given = indices if pooled else no_table
-            checks = compile_program(decode.value_checks, (), gate_dtype=str(g.dtype).removeprefix("torch."),
-                                     gate_finite_only=act.gate is not None, beta_finite_only=act.beta is not None,
-                                     pooled=pooled, index_dtype=str(given.dtype).removeprefix("torch."))
-            checks(g.view(-1), beta.view(-1), given, h0.shape[0] if pooled else 0, flags)
-        args = (q.contiguous(), k.contiguous(), v.contiguous(), g, beta, scale, A_log, dt_bias, act.lower_bound, o,
-                h0_arg, ht, bounds, slots, flags)
-        validate.launch_then_check(flags, lambda: kernel(*args), check)
-    return o, ht
 
 
 # --8<-- [start:fused_recurrent_kda]

@@ -314,7 +314,7 @@ def test_the_stand_in_refuses_what_the_binder_refuses(kernel_launches, broken):
 def test_decode(kernel_launches, per_channel, kind):
     """``fused_recurrent``: one step for a batch of 3 (dense), 3 packed sequences of 1, 2 and 1
     tokens, and 3 sequences reading and writing a pool of 5 states by index."""
-    from kda.decode import _run_kernel
+    from kda.kernels.decode import run_fused_recurrent
 
     B, T = (3, 1) if kind == "dense" else (1, 4)
     q, k, v, g, beta = level5_inputs(B=B, T=T, per_channel=per_channel)
@@ -322,11 +322,11 @@ def test_decode(kernel_launches, per_channel, kind):
     pool = torch.randn(5, 2, 64, 64)
     indices = torch.tensor([4, 0, 2]) if kind == "pooled" else None
     h0 = pool if kind == "pooled" else torch.randn(3, 2, 64, 64)
-    _run_kernel(q, k, v, g, beta, 0.125, h0, cu, indices, True, False)
+    run_fused_recurrent(q, k, v, g, beta, 0.125, h0, cu, indices, True)
     assert [name for name, _ in kernel_launches] == ["fused_recurrent"]
     kernel_launches.clear()                  # checked: the GPU's checks first, the kernel guarded, then the flags
-    _run_kernel(q, k, v, g, beta, 0.125, h0, cu, indices, True, False,
-                check=lambda flags: kernel_launches.append(("check", {"flags": flags.tolist()})))
+    run_fused_recurrent(q, k, v, g, beta, 0.125, h0, cu, indices, True,
+                        check=lambda flags: kernel_launches.append(("check", {"flags": flags.tolist()})))
     assert [name for name, _ in kernel_launches] == ["value_checks", "fused_recurrent", "check"]
     assert kernel_launches[1][1]["guarded"] and kernel_launches[0][1]["pooled"] == (kind == "pooled")
 
