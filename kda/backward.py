@@ -29,7 +29,6 @@ through their float64 path. Nothing of the forward imports this module.
 from __future__ import annotations
 
 import contextlib
-import math
 
 import torch
 
@@ -399,8 +398,9 @@ def chunked_gradients(q, k, v, g, beta, do, dht, scale, h0, segments=None, chunk
     # 2. the states entering every chunk and the gradients of those leaving it
     dG_last = None          # each chunk decay's gate term, where the reverse pass makes it
     if from_inputs:
-        S, dS, dh0, dG_last = kernel_state_passes_from_inputs(q, k, v, g, do, S0, dS_final, scale,
-                                                              STATES_AS_OPERANDS)
+        from kda.kernels.backward_states import run_state_passes_from_inputs
+
+        S, dS, dh0, dG_last = run_state_passes_from_inputs(q, k, v, g, do, S0, dS_final, scale, STATES_AS_OPERANDS)
     elif state_kernels:
         as_operands = STATES_AS_OPERANDS and (chunk_kernel or channel_kernels)
         S, dS, dh0, dG_last = kernel_state_passes(whole, S0, dO, dS_final, kernel_dtype, as_operands, token_major,
@@ -493,39 +493,6 @@ def level_passes_apply(q, g, beta, C, kernel_dtype, DV, packed) -> bool:
             and state_kernels_apply(q, DV, packed) and chunk_kernel_applies(q, g, beta, C, kernel_dtype))
 
 
-def kernel_state_passes_from_inputs(q, k, v, g, do, S0, dS_final, scale, as_operands=False):
-    """``forward_states`` and ``reverse_state_pass`` without the delta rule (levels 1-3, a gate per head ``g [B, T,
-    H]``, natural log, or ``None``) by the state kernels compiled with ``gate_in``: they read ``q, k, v, do`` as
-    they are (``[B, T, H, *]``, bf16 or fp16) and each chunk's cumulative gate in log2 units. Returns the states
-    entering every chunk, the gradients of those leaving it (float32, or with ``as_operands`` the inputs' dtype,
-    as the chunk kernel reads them), that of the initial state (float32) and each chunk decay's gate term
-    ``[B, H, NC, DK]``, as ``kernel_state_passes`` with ``as_operands``."""
-    from kda import launch
-    from kda.kernels import backward_states
-    from kda.kernels.build import compile_program
-
-    B, T, H, DK = q.shape
-    DV, C = v.shape[-1], CHUNK_SIZE
-    NC = ceildiv(T, C)
-    gate = torch.zeros(B, T, H, device=q.device) if g is None else g.float()
-    G = torch.nn.functional.pad(gate, (0, 0, 0, NC * C - T)).view(B, NC, C, H).cumsum(2) / math.log(2.0)
-    G = G.view(B, NC * C, H, 1)[:, :T].contiguous()
-    name = launch.dtype_name(q.dtype)
-    states = q.dtype if as_operands else torch.float32
-    shapes = dict(DK=DK, DV=DV, chunk_size=C, block_dv=64, dtype=name, token_major=True, delta_rule=False,
-                  gate_in=True, **({"state_dtype": name} if as_operands else {}))
-    with torch.cuda.device(q.device):
-        forward = compile_program(backward_states.forward_states_pass, (), **shapes)
-        reverse = compile_program(backward_states.reverse_state_pass, (), **shapes, chunk_decay_terms=True)
-        S, dS = (launch.new_output((B, H, NC, DK, DV), states, q.device) for _ in range(2))
-        dh0 = launch.new_output(S0.shape, torch.float32, q.device)
-        terms = launch.new_output((B, H, NC, ceildiv(DV, 64), DK), torch.float32, q.device)    # per 64 value columns
-        forward(k.contiguous(), v.contiguous(), G, S0.float().contiguous(), S)
-        reverse(q.contiguous(), do.to(q.dtype).contiguous(), G, float(scale), dS_final.float().contiguous(), S, dS,
-                dh0, terms)
-    return S, dS, dh0.to(S0.dtype), terms.sum(3)
-
-
 def level_pieces(q, k, v, g, scale, dtype):
     """``STATE_PIECES`` without the delta rule for a gate per head ``g [B, T, H]`` (natural log) or none,
     token-major ``[B, T, H, *]`` in ``dtype`` as ``forward_pieces`` gives them with ``token_major``: ``Qg =
@@ -579,36 +546,16 @@ def gate_gradient(dG, to_end, dG_last, C):
 
 
 def kernel_chunk_gradients(q, k, v, g, beta, do, S, dS, scale, dtype, dG_last=None, final_dtype=False, inverse=None):
-    """Step 3 of ``chunked_gradients`` by ``kda.kernels.backward_chunks.chunk_gradients``: ``dq`` (scale
-    in), ``dk``, ``dv``, ``dg``, ``dbeta`` (float32, ``[B, T, H, *]``; ``dbeta`` ``None`` without the delta
-    rule, ``beta=None``) from the inputs (``g [B, T, H]``, a gate per head), ``do``, the states entering
-    the chunks and the gradients of those leaving them (``S``, ``dS [B, H, NC, DK, DV]``, rounded to
-    ``dtype`` as the kernel reads them); ``dG_last [B, H, NC, DK]``: the chunk decays' gate terms where the
-    reverse pass made them (``STATES_AS_OPERANDS``), else taken here from ``S`` and ``dS``. ``final_dtype``:
-    ``dq, dk, dv`` in ``dtype``, as the kernel rounds them once (``GRADS_IN_INPUT_DTYPE``).
-    ``inverse``: ``{"Tinv", "KKE", "P"}`` ``[B, T, H, C]`` as the forward's ``chunk_intra`` wrote them with
-    ``backward_outputs`` (``INVERSE_FROM_FORWARD``): the kernel compiled with ``pieces_in`` reads them."""
-    from kda import launch
-    from kda.kernels import backward_chunks
-    from kda.kernels.build import compile_program
+    """Step 3 of ``chunked_gradients`` by ``kda.kernels.backward_chunks.run_chunk_gradients`` (a gate per head
+    ``g [B, T, H]``): ``dq`` (scale in), ``dk``, ``dv``, ``dg``, ``dbeta`` (float32, ``[B, T, H, *]``; ``dbeta``
+    ``None`` without the delta rule, ``beta=None``). ``dG_last [B, H, NC, DK]``: the chunk decays' gate terms
+    where the reverse pass made them (``STATES_AS_OPERANDS``), else taken here from ``S`` and ``dS``.
+    ``final_dtype``: ``dq, dk, dv`` in ``dtype``, as the kernel rounds them once (``GRADS_IN_INPUT_DTYPE``).
+    ``inverse``: the forward's ``Tinv``, ``KKE`` and ``P`` (``INVERSE_FROM_FORWARD``)."""
+    from kda.kernels.backward_chunks import run_chunk_gradients
 
-    B, T, H, DK = q.shape
-    DV = v.shape[-1]
-    low = lambda x: x.to(dtype).contiguous()
-    grads = dict(grad_dtype=launch.dtype_name(dtype)) if final_dtype else {}
-    pieces = dict(pieces_in=True) if inverse is not None else {}
-    with torch.cuda.device(q.device):
-        kernel = compile_program(backward_chunks.chunk_gradients, (), DK=DK, DV=DV, chunk_size=CHUNK_SIZE,
-                                 dtype=launch.dtype_name(dtype), delta_rule=beta is not None, **grads, **pieces)
-        new = lambda *shape, dt=torch.float32: launch.new_output(shape, dt, q.device)
-        out = dtype if final_dtype else torch.float32
-        dq, dk, dv = new(B, T, H, DK, dt=out), new(B, T, H, DK, dt=out), new(B, T, H, DV, dt=out)
-        db, dG, to_end = new(B, T, H), new(B, T, H), new(B, T, H)
-        flags = torch.zeros(2, dtype=torch.int32, device=q.device)    # the forward checked g and beta
-        b = beta.float().contiguous() if beta is not None else db      # without the delta rule: not read
-        read = [inverse["Tinv"], inverse["KKE"], inverse["P"]] if inverse is not None else []
-        kernel(low(q), low(k), low(v), low(do), g.float().unsqueeze(-1).contiguous(), b,
-               low(S), low(dS), *read, float(scale), dq, dk, dv, db, dG, to_end, flags)
+    B, T, H, _ = q.shape
+    dq, dk, dv, db, dG, to_end = run_chunk_gradients(q, k, v, g, beta, do, S, dS, scale, dtype, final_dtype, inverse)
     NC = S.shape[2]
     if dG_last is not None:
         dG_last = dG_last.sum(3)                                                       # a gate per head
@@ -618,68 +565,35 @@ def kernel_chunk_gradients(q, k, v, g, beta, do, S, dS, scale, dtype, dG_last=No
     return dq, dk, dv, gate_gradient(dG, to_end, dG_last, CHUNK_SIZE), (db if beta is not None else None)
 
 
+def pair_kernel_options(beta, DK: int) -> dict:
+    """``chunk_pair_gradients``' compile flags by this module's switches: the two pair sums sharing their decays
+    (``SHARED_PAIR_SUMS``, with the delta rule), the gate finished in the kernel (``GATE_IN_PAIR_KERNEL``), the
+    pairs inside a sub-chunk by halvings (with shared sums) or by products or one by one, and the blocks'
+    arrangement (``PAIR_KERNEL_TWO_BLOCKS``, ``PAIR_KERNEL_CHANNELS``)."""
+    shared = dict(shared_pairs=True) if SHARED_PAIR_SUMS and beta is not None else {}
+    finish = dict(finish_gate=True) if GATE_IN_PAIR_KERNEL else {}
+    inside = dict(halve_to=PAIR_HALVINGS_TO) if PAIR_SUMS_BY_HALVINGS and shared else \
+        dict(products=True) if PAIR_SUMS_BY_PRODUCTS else {}
+    blocks = {**(dict(min_blocks=2) if PAIR_KERNEL_TWO_BLOCKS and beta is not None and DK == 128 else {}),
+              **(PAIR_KERNEL_CHANNELS if PAIR_KERNEL_BY_CHANNELS else {}), **inside}
+    return {**shared, **finish, **blocks}
+
+
 def kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, dtype, dG_last=None, scores=None,
                                       final_dtype=False, pair_pieces=None):
-    """Step 3 of ``chunked_gradients`` for a gate per channel (KDA) by the three kernels of
-    ``kda.kernels.backward_chunks`` that split it: ``chunk_pair_pieces`` (the cumulative gate, ``T``, the
-    scores ``P`` and ``stril(K K^T E)``, whose pair decays need sub-chunks), ``chunk_state_gradients``
-    (every GEMM with the states, the WY form, ``dP`` and ``dA b`` written out) and ``chunk_pair_gradients``
-    (the sums of ``dP`` and ``dA b`` over pairs, by sub-chunks, into ``dq``, ``dk`` and the gate). Returns
-    ``dq`` (scale in), ``dk``, ``dv``, ``dg [B, T, H, DK]``, ``dbeta``, float32. Without the delta rule
-    (``beta=None``, level 3) the kernels are compiled without the WY form and ``dbeta`` is ``None``.
-    ``dG_last [B, H, NC, DK]``: as for ``kernel_chunk_gradients``. ``scores``: ``P [B, T, H, C]`` in ``dtype``
-    as the forward's ``chunk_intra`` made it (``SCORES_FROM_FORWARD``), else made by ``chunk_pair_pieces``.
-    ``final_dtype``: ``dv`` in ``dtype``, as ``chunk_state_gradients`` rounds it once (``GRADS_IN_INPUT_DTYPE``;
-    ``dq`` and ``dk`` add up over two kernels, in float32). ``pair_pieces``: ``{"G", "Tinv", "KKE"}`` as the
-    forward's ``chunk_intra`` wrote them (``PAIR_PIECES_FROM_FORWARD``, with ``scores``): ``chunk_pair_pieces``
-    does not run."""
-    from kda import launch
-    from kda.kernels import backward_chunks as kernels
-    from kda.kernels.build import compile_program
+    """Step 3 of ``chunked_gradients`` for a gate per channel (KDA) by
+    ``kda.kernels.backward_chunks.run_channel_gradients``, its pair kernel compiled by this module's switches
+    (``pair_kernel_options``): ``dq`` (scale in), ``dk``, ``dv``, ``dg [B, T, H, DK]``, ``dbeta``, float32
+    (``dbeta`` ``None`` without the delta rule). ``scores`` (``SCORES_FROM_FORWARD``) and ``pair_pieces``
+    (``PAIR_PIECES_FROM_FORWARD``): what the forward's ``chunk_intra`` made; ``final_dtype``: ``dv`` in ``dtype``
+    (``GRADS_IN_INPUT_DTYPE``)."""
+    from kda.kernels.backward_chunks import run_channel_gradients
 
-    B, T, H, DK = q.shape
-    DV, C, NC = v.shape[-1], CHUNK_SIZE, S.shape[2]
-    low = lambda x: x.to(dtype).contiguous()
-    config = dict(chunk_size=C, dtype=launch.dtype_name(dtype), delta_rule=beta is not None)
-    assert pair_pieces is None or scores is not None, "the forward's pair pieces come with its scores"
-    with torch.cuda.device(q.device):
-        made = dict(scores=False) if scores is not None else {}
-        pieces = None if pair_pieces is not None else compile_program(kernels.chunk_pair_pieces, (), DK=DK, **config,
-                                                                      **made)
-        grads = dict(grad_dtype=launch.dtype_name(dtype)) if final_dtype else {}
-        states = compile_program(kernels.chunk_state_gradients, (), DK=DK, DV=DV, **config, **grads)
-        shared = dict(shared_pairs=True) if SHARED_PAIR_SUMS and beta is not None else {}
-        finish = dict(finish_gate=True) if GATE_IN_PAIR_KERNEL else {}
-        # the pairs inside a sub-chunk: by halvings (with shared_pairs), else by products, else one by one
-        inside = dict(halve_to=PAIR_HALVINGS_TO) if PAIR_SUMS_BY_HALVINGS and shared else \
-            dict(products=True) if PAIR_SUMS_BY_PRODUCTS else {}
-        blocks = {**(dict(min_blocks=2) if PAIR_KERNEL_TWO_BLOCKS and beta is not None and DK == 128 else {}),
-                  **(PAIR_KERNEL_CHANNELS if PAIR_KERNEL_BY_CHANNELS else {}), **inside}
-        pairs = compile_program(kernels.chunk_pair_gradients, (), DK=DK, **config, **shared, **finish, **blocks)
-        new = lambda *shape, dt=torch.float32: launch.new_output(shape, dt, q.device)
-        Q, K = low(q), low(k)
-        db = new(B, T, H)
-        b = beta.float().contiguous() if beta is not None else db      # without the delta rule: not read
-        P = scores if scores is not None else new(B, T, H, C, dt=dtype)
-        if pair_pieces is not None:
-            G, Tinv, KKE = pair_pieces["G"], pair_pieces["Tinv"], pair_pieces["KKE"]
-        else:
-            G, KKE, Tinv = new(B, H, NC * C, DK), new(B, T, H, C), new(B, T, H, C, dt=dtype)
-            flags = torch.zeros(2, dtype=torch.int32, device=q.device)    # the forward checked g and beta
-            pieces(Q, K, g.float().contiguous(), b, float(scale), G, Tinv, P, KKE, flags)
-        dq, dk, dG, to_end = (new(B, T, H, DK) for _ in range(4))
-        dv = new(B, T, H, DV, dt=dtype if final_dtype else torch.float32)
-        dPs, dAb = new(B, T, H, C, dt=dtype), new(B, T, H, C, dt=dtype)
-        states(Q, K, low(v), low(do), G, b, low(S), low(dS), Tinv, P, KKE, float(scale), dq, dk, dv, db, dG, to_end,
-               dPs, dAb)
-        if dG_last is None:
-            decay = torch.exp2(G.view(B, H, NC, C, DK)[:, :, :, -1])     # the cumulative gate's last row, flat past T
-            dG_last = torch.einsum("bhnkv,bhnkv->bhnk", S, dS) * decay                # [B, H, NC, DK]
-        if finish:                                     # the kernel leaves dG as the gate's gradient
-            pairs(Q, K, G, dPs, dAb, float(scale), dq, dk, dG, to_end, dG_last.float().contiguous())
-            return dq, dk, dv, dG, (db if beta is not None else None)
-        pairs(Q, K, G, dPs, dAb, float(scale), dq, dk, dG)
-    return dq, dk, dv, gate_gradient(dG, to_end, dG_last, C), (db if beta is not None else None)
+    options = pair_kernel_options(beta, q.shape[-1])
+    dq, dk, dv, dG, to_end, dG_last, db = run_channel_gradients(q, k, v, g, beta, do, S, dS, scale, dtype, options,
+                                                                dG_last, scores, final_dtype, pair_pieces)
+    dg = dG if options.get("finish_gate") else gate_gradient(dG, to_end, dG_last, CHUNK_SIZE)
+    return dq, dk, dv, dg, (db if beta is not None else None)
 
 
 def torch_state_passes(whole, S0, dO, dS_final, segments):
@@ -701,53 +615,15 @@ def torch_state_passes(whole, S0, dO, dS_final, segments):
 
 def kernel_state_passes(whole, S0, dO, dS_final, inputs_dtype=None, as_operands=False, token_major=False,
                         delta_rule=True, segments=None):
-    """``forward_states`` and ``reverse_state_pass`` for a dense batch by
-    ``kda.kernels.backward_states``: the states entering every chunk, the gradients of those leaving
-    it and that of the initial state (float32), from the pieces rounded to ``STATE_KERNELS_DTYPE``, or
-    where that is None to the inputs' dtype if it is bf16 or fp16 (else bf16); and ``None``. With
-    ``as_operands`` (``STATES_AS_OPERANDS``, the operands bf16 or fp16) the two states come in the operands'
-    dtype and the fourth value is each chunk decay's gate term ``decay_k sum_v S dS``, ``[B, H, NC, DK]``.
-    ``token_major`` (``TOKEN_MAJOR_STATES``): the pieces and ``dO`` ``[B, T, H, *]``, as ``forward_pieces``
-    gives them with it, read so by the kernels. ``delta_rule=False`` (``W = 0``, ``level_pieces``): the
-    kernels compiled without the delta rule's GEMMs (the reverse pass then reads neither ``P`` nor ``Kd``).
-    ``segments``: packed sequences' chunk ranges (``B = 1``; ``S0`` and ``dS_final`` ``[N, H, DK, DV]``; with
-    ``as_operands``): the kernels compiled with ``varlen``, one block per sequence (``PACKED_STATE_KERNELS``)."""
-    from kda import launch
-    from kda.kernels import backward_states
-    from kda.kernels.build import compile_program
+    """``forward_states`` and ``reverse_state_pass`` by ``kda.kernels.backward_states.run_state_passes``, the
+    pieces rounded to ``STATE_KERNELS_DTYPE``, or where that is None to the inputs' dtype if it is bf16 or fp16
+    (else bf16). ``as_operands`` (``STATES_AS_OPERANDS``), ``token_major`` (``TOKEN_MAJOR_STATES``),
+    ``delta_rule`` and ``segments`` (``PACKED_STATE_KERNELS``) as that function takes them."""
+    from kda.kernels.backward_states import run_state_passes
 
-    B, H, NC, DK = whole["decay"].shape[:3] + whole["W"].shape[-1:]
-    C, DV = CHUNK_SIZE if token_major else whole["W"].shape[3], whole["U"].shape[-1]
     halves = (torch.bfloat16, torch.float16)
     operands = STATE_KERNELS_DTYPE or (inputs_dtype if inputs_dtype in halves else torch.bfloat16)
-    flat = (lambda x: x.to(operands).contiguous()) if token_major else \
-        lambda x: x.reshape(B, H, NC * C, x.shape[-1]).to(operands).contiguous()
-    decay = whole["decay"].expand(B, H, NC, DK).float().contiguous()      # a gate per head: width 1
-    name = str(operands).removeprefix("torch.")
-    as_operands = as_operands and operands in halves
-    states = operands if as_operands else torch.float32
-    # float32 operands (tf32 products) take twice the shared memory: one pipeline stage
-    shapes = dict(DK=DK, DV=DV, chunk_size=C, block_dv=64, dtype=name, num_stages=1 if name == "float32" else 2)
-    shapes.update({"state_dtype": name} if as_operands else {}, **({"token_major": True} if token_major else {}),
-                  **({} if delta_rule else {"delta_rule": False}), **({"varlen": True} if segments else {}))
-    assert not segments or as_operands, "packed sequences: the kernels with the decay terms"
-    # where each packed sequence's chunks start and end (sequence n: chunk_offsets[n] to chunk_offsets[n + 1])
-    offsets = [torch.tensor([0] + [e for _, e in segments], dtype=torch.int32, device=S0.device)] if segments else []
-    with torch.cuda.device(S0.device):
-        forward = compile_program(backward_states.forward_states_pass, (), **shapes)
-        reverse = compile_program(backward_states.reverse_state_pass, (), **shapes,
-                                  **({"chunk_decay_terms": True} if as_operands else {}))
-        S, dS = (launch.new_output((B, H, NC, DK, DV), states, S0.device) for _ in range(2))
-        dh0 = launch.new_output(S0.shape, torch.float32, S0.device)
-        W, Kd = flat(whole["W"]), flat(whole["Kd"])
-        forward(W, Kd, flat(whole["U"]), decay, S0.float().contiguous(), S, *offsets)
-        pieces = (flat(whole["P"]), Kd, flat(whole["Qg"]), W, flat(dO), decay, dS_final.float().contiguous())
-        if not as_operands:
-            reverse(*pieces, dS, dh0)
-            return S.to(S0.dtype), dS.to(S0.dtype), dh0.to(S0.dtype), None
-        terms = launch.new_output((B, H, NC, ceildiv(DV, 64), DK), torch.float32, S0.device)   # per 64 value columns
-        reverse(*pieces, S, dS, dh0, terms, *offsets)
-    return S, dS, dh0.to(S0.dtype), terms.sum(3)
+    return run_state_passes(whole, S0, dO, dS_final, operands, as_operands, token_major, delta_rule, segments)
 
 
 # --8<-- [start:op_gradients]

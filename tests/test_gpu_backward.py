@@ -573,10 +573,11 @@ def test_level_gradients_with_passes_from_inputs(level, dtype, level_backward, m
     """The level 1-3 gradients (a gate per head or none), as above, with ``LEVEL_PASSES_FROM_INPUTS`` on: no
     pieces; the state passes compiled with ``gate_in`` read the op's inputs and each chunk's cumulative gate."""
     from kda import backward
+    from kda.kernels import backward_states
 
-    ran, passes = [], backward.kernel_state_passes_from_inputs
+    ran, passes = [], backward_states.run_state_passes_from_inputs
     monkeypatch.setattr(backward, "LEVEL_PASSES_FROM_INPUTS", True)
-    monkeypatch.setattr(backward, "kernel_state_passes_from_inputs", lambda *a: ran.append(1) or passes(*a))
+    monkeypatch.setattr(backward_states, "run_state_passes_from_inputs", lambda *a: ran.append(1) or passes(*a))
     monkeypatch.setattr(backward, "level_pieces", lambda *a: pytest.fail("level_pieces ran"))
     test_level_gradients_against_token_recurrence(level, dtype, None)
     assert ran, "the passes from the inputs did not run"
@@ -589,7 +590,7 @@ def test_state_passes_from_inputs_against_the_stages(dtype, gate, poisoned):
     do`` and the cumulative gate, against the reference's passes in float64 on the reference's pieces without
     the delta rule, made from the same rounded inputs (the states rounded to the operands' dtype; a tail chunk,
     two blocks of value columns); the decay terms against ``decay sum_v S dS``; outputs poisoned with NaN."""
-    from kda import backward
+    from kda.kernels.backward_states import run_state_passes_from_inputs
 
     B, T, H, DK, DV = 2, 300, 3, 128, 128
     q, k, v, g, _, h0 = inputs((B, T, H, DK, DV), dtype, "runs_of_-20", False, 71)
@@ -597,7 +598,7 @@ def test_state_passes_from_inputs_against_the_stages(dtype, gate, poisoned):
     gen = torch.Generator(device="cuda").manual_seed(17)
     do, dht = torch.randn(B, T, H, DV, generator=gen, device="cuda").to(dtype), torch.randn(B, H, DK, DV,
                                                                                              generator=gen, device="cuda")
-    S, dS, dh0, terms = backward.kernel_state_passes_from_inputs(q, k, v, g, do, h0, dht, DK ** -0.5, True)
+    S, dS, dh0, terms = run_state_passes_from_inputs(q, k, v, g, do, h0, dht, DK ** -0.5, True)
     assert S.dtype == dS.dtype == dtype
     f64 = lambda x: x.double().cpu() if x is not None else None
     p = ref.chunk_pieces(f64(q), f64(k), f64(v), f64(g), None, DK ** -0.5, 64)

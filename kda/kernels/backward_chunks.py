@@ -31,7 +31,10 @@ to a real row). Not yet run on a GPU: ``kda.backward`` calls it only with its sw
 
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
 import tilelang.language as T
+import torch
 
+from kda import launch
+from kda.chunking import CHUNK_SIZE
 from kda.kernels.halvings import halvings, upper_half_end
 from kda.kernels.stages import (ACCUM, decay_factor, invert_diagonal_blocks_by_columns, load_beta_checked,
                                 log2_cumsum_by_columns, merge_by_substitution)
@@ -1027,3 +1030,90 @@ def chunk_state_gradients(DK, DV, chunk_size=64, dtype="bfloat16", delta_rule=Tr
 
 chunk_state_gradients.compile_flags = ("-ftz=true",)
 # --8<-- [end:chunk_state_gradients]
+
+
+# ---- the launchers ----
+
+def run_chunk_gradients(q, k, v, g, beta, do, S, dS, scale, dtype, final_dtype=False, inverse=None):
+    """``chunk_gradients`` on every chunk of ``q, k, v, do [B, T, H, *]`` with a gate per head ``g [B, T, H]``
+    and ``beta [B, T, H]`` (``None``: no delta rule), the states entering the chunks and the gradients of those
+    leaving them (``S``, ``dS [B, H, NC, DK, DV]``, rounded to ``dtype`` as the kernel reads them). Returns the
+    kernel's outputs: ``dq`` (scale in), ``dk``, ``dv`` (in ``dtype`` with ``final_dtype``, else float32), and
+    ``db``, ``dG`` (every term of the gate's gradient but the decay to the chunk's end) and ``to_end`` (that
+    decay's terms), float32 ``[B, T, H]``. ``inverse``: ``{"Tinv", "KKE", "P"}`` ``[B, T, H, C]`` as the
+    forward's ``chunk_intra`` wrote them with ``backward_outputs``: the kernel compiled with ``pieces_in`` reads
+    them."""
+    from kda.kernels.build import compile_program
+
+    B, T, H, DK = q.shape
+    DV = v.shape[-1]
+    low = lambda x: x.to(dtype).contiguous()
+    grads = dict(grad_dtype=launch.dtype_name(dtype)) if final_dtype else {}
+    pieces = dict(pieces_in=True) if inverse is not None else {}
+    with torch.cuda.device(q.device):
+        kernel = compile_program(chunk_gradients, (), DK=DK, DV=DV, chunk_size=CHUNK_SIZE,
+                                 dtype=launch.dtype_name(dtype), delta_rule=beta is not None, **grads, **pieces)
+        new = lambda *shape, dt=torch.float32: launch.new_output(shape, dt, q.device)
+        out = dtype if final_dtype else torch.float32
+        dq, dk, dv = new(B, T, H, DK, dt=out), new(B, T, H, DK, dt=out), new(B, T, H, DV, dt=out)
+        db, dG, to_end = new(B, T, H), new(B, T, H), new(B, T, H)
+        flags = torch.zeros(2, dtype=torch.int32, device=q.device)    # the forward checked g and beta
+        b = beta.float().contiguous() if beta is not None else db      # without the delta rule: not read
+        read = [inverse["Tinv"], inverse["KKE"], inverse["P"]] if inverse is not None else []
+        kernel(low(q), low(k), low(v), low(do), g.float().unsqueeze(-1).contiguous(), b,
+               low(S), low(dS), *read, float(scale), dq, dk, dv, db, dG, to_end, flags)
+    return dq, dk, dv, db, dG, to_end
+
+
+def run_channel_gradients(q, k, v, g, beta, do, S, dS, scale, dtype, pair_options, dG_last=None, scores=None,
+                          final_dtype=False, pair_pieces=None):
+    """The chunk stage for a gate per channel (KDA) by the three kernels that split it: ``chunk_pair_pieces``
+    (the cumulative gate, ``T``, the scores ``P`` and ``stril(K K^T E)``, whose pair decays need sub-chunks),
+    ``chunk_state_gradients`` (every GEMM with the states, the WY form, ``dP`` and ``dA b`` written out) and
+    ``chunk_pair_gradients`` compiled with ``pair_options`` (the sums of ``dP`` and ``dA b`` over pairs into
+    ``dq``, ``dk`` and the gate). Returns ``dq`` (scale in), ``dk``, ``dv``, ``dG``, ``to_end``, ``dG_last`` and
+    ``db``: with ``finish_gate`` in ``pair_options`` ``dG`` is the gate's gradient ``[B, T, H, DK]``, else its rows
+    before the reverse sums (``to_end`` and ``dG_last`` their other terms). Without the delta rule (``beta=None``,
+    level 3) the kernels are compiled without the WY form. ``dG_last [B, H, NC, DK]``: the chunk decays' gate
+    terms where the reverse pass made them, else taken here from ``S`` and ``dS``. ``scores``: ``P [B, T, H, C]``
+    in ``dtype`` as the forward's ``chunk_intra`` made it, else made by ``chunk_pair_pieces``. ``final_dtype``:
+    ``dv`` in ``dtype``, as ``chunk_state_gradients`` rounds it once. ``pair_pieces``: ``{"G", "Tinv", "KKE"}`` as
+    the forward's ``chunk_intra`` wrote them (with ``scores``): ``chunk_pair_pieces`` does not run."""
+    from kda.kernels.build import compile_program
+
+    B, T, H, DK = q.shape
+    DV, C, NC = v.shape[-1], CHUNK_SIZE, S.shape[2]
+    low = lambda x: x.to(dtype).contiguous()
+    config = dict(chunk_size=C, dtype=launch.dtype_name(dtype), delta_rule=beta is not None)
+    assert pair_pieces is None or scores is not None, "the forward's pair pieces come with its scores"
+    with torch.cuda.device(q.device):
+        made = dict(scores=False) if scores is not None else {}
+        pieces = None if pair_pieces is not None else compile_program(chunk_pair_pieces, (), DK=DK, **config,
+                                                                      **made)
+        grads = dict(grad_dtype=launch.dtype_name(dtype)) if final_dtype else {}
+        states = compile_program(chunk_state_gradients, (), DK=DK, DV=DV, **config, **grads)
+        pairs = compile_program(chunk_pair_gradients, (), DK=DK, **config, **pair_options)
+        new = lambda *shape, dt=torch.float32: launch.new_output(shape, dt, q.device)
+        Q, K = low(q), low(k)
+        db = new(B, T, H)
+        b = beta.float().contiguous() if beta is not None else db      # without the delta rule: not read
+        P = scores if scores is not None else new(B, T, H, C, dt=dtype)
+        if pair_pieces is not None:
+            G, Tinv, KKE = pair_pieces["G"], pair_pieces["Tinv"], pair_pieces["KKE"]
+        else:
+            G, KKE, Tinv = new(B, H, NC * C, DK), new(B, T, H, C), new(B, T, H, C, dt=dtype)
+            flags = torch.zeros(2, dtype=torch.int32, device=q.device)    # the forward checked g and beta
+            pieces(Q, K, g.float().contiguous(), b, float(scale), G, Tinv, P, KKE, flags)
+        dq, dk, dG, to_end = (new(B, T, H, DK) for _ in range(4))
+        dv = new(B, T, H, DV, dt=dtype if final_dtype else torch.float32)
+        dPs, dAb = new(B, T, H, C, dt=dtype), new(B, T, H, C, dt=dtype)
+        states(Q, K, low(v), low(do), G, b, low(S), low(dS), Tinv, P, KKE, float(scale), dq, dk, dv, db, dG, to_end,
+               dPs, dAb)
+        if dG_last is None:
+            decay = torch.exp2(G.view(B, H, NC, C, DK)[:, :, :, -1])     # the cumulative gate's last row, flat past T
+            dG_last = torch.einsum("bhnkv,bhnkv->bhnk", S, dS) * decay                # [B, H, NC, DK]
+        if pair_options.get("finish_gate"):            # the kernel leaves dG as the gate's gradient
+            pairs(Q, K, G, dPs, dAb, float(scale), dq, dk, dG, to_end, dG_last.float().contiguous())
+        else:
+            pairs(Q, K, G, dPs, dAb, float(scale), dq, dk, dG)
+    return dq, dk, dv, dG, to_end, dG_last, db

@@ -16,12 +16,18 @@ forward's state pass does.
 Dense batches only (one sequence per batch row); GEMM reads of pipelined buffers follow level 3's
 rule (tilelang 0.1.15 hands a stage's buffers back to the producer once their last GEMM is issued:
 nothing of a stage is read after it). Their GPU tests passed on the H200 (run 91); ``kda.backward`` calls
-them with its switch ``STATE_KERNELS`` on (``kernel_state_passes``), off until a timing says they pay.
+them with its switch ``STATE_KERNELS`` on, through the launchers at the end of this module (``run_state_passes``,
+``run_state_passes_from_inputs``).
 """
 
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
-import tilelang.language as T
+import math
 
+import tilelang.language as T
+import torch
+
+from kda import launch
+from kda.chunking import CHUNK_SIZE, ceildiv
 from kda.kernels.stages import ACCUM
 
 
@@ -310,3 +316,83 @@ def reverse_state_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, threads
 
     return main
 # --8<-- [end:reverse_state_pass]
+
+
+# ---- the launchers ----
+
+def run_state_passes(whole, S0, dO, dS_final, operands, as_operands=False, token_major=False, delta_rule=True,
+                     segments=None):
+    """``forward_states`` and ``reverse_state_pass`` for a dense batch by
+    these kernels: the states entering every chunk, the gradients of those leaving it and that of the initial
+    state (float32), from the pieces rounded to ``operands`` (a torch dtype); and ``None``. With
+    ``as_operands`` (``STATES_AS_OPERANDS``, the operands bf16 or fp16) the two states come in the operands'
+    dtype and the fourth value is each chunk decay's gate term ``decay_k sum_v S dS``, ``[B, H, NC, DK]``.
+    ``token_major`` (``TOKEN_MAJOR_STATES``): the pieces and ``dO`` ``[B, T, H, *]``, as ``forward_pieces``
+    gives them with it, read so by the kernels. ``delta_rule=False`` (``W = 0``, ``level_pieces``): the
+    kernels compiled without the delta rule's GEMMs (the reverse pass then reads neither ``P`` nor ``Kd``).
+    ``segments``: packed sequences' chunk ranges (``B = 1``; ``S0`` and ``dS_final`` ``[N, H, DK, DV]``; with
+    ``as_operands``): the kernels compiled with ``varlen``, one block per sequence (``PACKED_STATE_KERNELS``)."""
+    from kda.kernels.build import compile_program
+
+    B, H, NC, DK = whole["decay"].shape[:3] + whole["W"].shape[-1:]
+    C, DV = CHUNK_SIZE if token_major else whole["W"].shape[3], whole["U"].shape[-1]
+    halves = (torch.bfloat16, torch.float16)
+    flat = (lambda x: x.to(operands).contiguous()) if token_major else \
+        lambda x: x.reshape(B, H, NC * C, x.shape[-1]).to(operands).contiguous()
+    decay = whole["decay"].expand(B, H, NC, DK).float().contiguous()      # a gate per head: width 1
+    name = str(operands).removeprefix("torch.")
+    as_operands = as_operands and operands in halves
+    states = operands if as_operands else torch.float32
+    # float32 operands (tf32 products) take twice the shared memory: one pipeline stage
+    shapes = dict(DK=DK, DV=DV, chunk_size=C, block_dv=64, dtype=name, num_stages=1 if name == "float32" else 2)
+    shapes.update({"state_dtype": name} if as_operands else {}, **({"token_major": True} if token_major else {}),
+                  **({} if delta_rule else {"delta_rule": False}), **({"varlen": True} if segments else {}))
+    assert not segments or as_operands, "packed sequences: the kernels with the decay terms"
+    # where each packed sequence's chunks start and end (sequence n: chunk_offsets[n] to chunk_offsets[n + 1])
+    offsets = [torch.tensor([0] + [e for _, e in segments], dtype=torch.int32, device=S0.device)] if segments else []
+    with torch.cuda.device(S0.device):
+        forward = compile_program(forward_states_pass, (), **shapes)
+        reverse = compile_program(reverse_state_pass, (), **shapes,
+                                  **({"chunk_decay_terms": True} if as_operands else {}))
+        S, dS = (launch.new_output((B, H, NC, DK, DV), states, S0.device) for _ in range(2))
+        dh0 = launch.new_output(S0.shape, torch.float32, S0.device)
+        W, Kd = flat(whole["W"]), flat(whole["Kd"])
+        forward(W, Kd, flat(whole["U"]), decay, S0.float().contiguous(), S, *offsets)
+        pieces = (flat(whole["P"]), Kd, flat(whole["Qg"]), W, flat(dO), decay, dS_final.float().contiguous())
+        if not as_operands:
+            reverse(*pieces, dS, dh0)
+            return S.to(S0.dtype), dS.to(S0.dtype), dh0.to(S0.dtype), None
+        terms = launch.new_output((B, H, NC, ceildiv(DV, 64), DK), torch.float32, S0.device)   # per 64 value columns
+        reverse(*pieces, S, dS, dh0, terms, *offsets)
+    return S, dS, dh0.to(S0.dtype), terms.sum(3)
+
+
+def run_state_passes_from_inputs(q, k, v, g, do, S0, dS_final, scale, as_operands=False):
+    """``forward_states`` and ``reverse_state_pass`` without the delta rule (levels 1-3, a gate per head ``g [B, T,
+    H]``, natural log, or ``None``) by the state kernels compiled with ``gate_in``: they read ``q, k, v, do`` as
+    they are (``[B, T, H, *]``, bf16 or fp16) and each chunk's cumulative gate in log2 units. Returns the states
+    entering every chunk, the gradients of those leaving it (float32, or with ``as_operands`` the inputs' dtype,
+    as the chunk kernel reads them), that of the initial state (float32) and each chunk decay's gate term
+    ``[B, H, NC, DK]``, as ``run_state_passes`` with ``as_operands``."""
+    from kda.kernels.build import compile_program
+
+    B, T, H, DK = q.shape
+    DV, C = v.shape[-1], CHUNK_SIZE
+    NC = ceildiv(T, C)
+    gate = torch.zeros(B, T, H, device=q.device) if g is None else g.float()
+    G = torch.nn.functional.pad(gate, (0, 0, 0, NC * C - T)).view(B, NC, C, H).cumsum(2) / math.log(2.0)
+    G = G.view(B, NC * C, H, 1)[:, :T].contiguous()
+    name = launch.dtype_name(q.dtype)
+    states = q.dtype if as_operands else torch.float32
+    shapes = dict(DK=DK, DV=DV, chunk_size=C, block_dv=64, dtype=name, token_major=True, delta_rule=False,
+                  gate_in=True, **({"state_dtype": name} if as_operands else {}))
+    with torch.cuda.device(q.device):
+        forward = compile_program(forward_states_pass, (), **shapes)
+        reverse = compile_program(reverse_state_pass, (), **shapes, chunk_decay_terms=True)
+        S, dS = (launch.new_output((B, H, NC, DK, DV), states, q.device) for _ in range(2))
+        dh0 = launch.new_output(S0.shape, torch.float32, q.device)
+        terms = launch.new_output((B, H, NC, ceildiv(DV, 64), DK), torch.float32, q.device)    # per 64 value columns
+        forward(k.contiguous(), v.contiguous(), G, S0.float().contiguous(), S)
+        reverse(q.contiguous(), do.to(q.dtype).contiguous(), G, float(scale), dS_final.float().contiguous(), S, dS,
+                dh0, terms)
+    return S, dS, dh0.to(S0.dtype), terms.sum(3)
