@@ -33,7 +33,7 @@ def test_the_export_records_where_it_came_from(tmp_path):
     for rel, digest in source["files"].items():
         assert hashlib.sha256((ROOT / rel).read_bytes()).hexdigest() == digest, rel
     copied = (folder / "delta.py").read_text()
-    assert "from kda_delta_rule import cuda_autograd, ops, validate" in copied and "from kda " not in copied
+    assert "from kda_delta_rule import cuda_autograd, validate" in copied and "from kda " not in copied
 
 
 def test_imports_are_renamed_and_nothing_else():
