@@ -17,6 +17,8 @@ from kda.metrics import rel_l2
 from kda.reference import level0 as ref0
 from kda.reference import level4 as ref4
 
+import random_inputs
+
 pytestmark = pytest.mark.gpu
 
 BOUND = 5e-3
@@ -24,15 +26,8 @@ BOUND = 5e-3
 
 def inputs(shape, per_channel, seed, dtype=torch.bfloat16, device="cuda"):
     B, T, H, DK, DV = shape
-    gen = torch.Generator(device=device).manual_seed(seed)
-    q = torch.randn(B, T, H, DK, generator=gen, device=device).to(dtype)
-    k = ref4.l2_normalize(torch.randn(B, T, H, DK, generator=gen, device=device)).to(dtype)
-    v = torch.randn(B, T, H, DV, generator=gen, device=device).to(dtype)
-    g = torch.nn.functional.logsigmoid(torch.randn((B, T, H, DK) if per_channel else (B, T, H),
-                                                   generator=gen, device=device))
-    beta = torch.rand(B, T, H, generator=gen, device=device)
-    h0 = torch.randn(B, H, DK, DV, generator=gen, device=device)
-    return q, k, v, g, beta, h0
+    return random_inputs.gated_delta(B, T, H, DK, DV, gate="channel" if per_channel else "head",
+                                     dtype=torch.float32, cast=dtype, device=device, seed=seed)[:6]
 
 
 @pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])

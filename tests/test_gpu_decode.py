@@ -9,7 +9,8 @@ import torch
 import kda
 from kda.metrics import rel_l2
 from kda.reference import level0 as ref0
-from kda.reference import level4 as ref4
+
+import random_inputs
 
 pytestmark = pytest.mark.gpu
 
@@ -17,15 +18,8 @@ BOUND = 5e-3        # bf16 / fp16 inputs and outputs, float32 state
 
 
 def inputs(B, T, H, HV, DK, DV, dtype, per_channel, seed):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    q = torch.randn(B, T, H, DK, generator=gen, device="cuda").to(dtype)
-    k = ref4.l2_normalize(torch.randn(B, T, H, DK, generator=gen, device="cuda")).to(dtype)
-    v = torch.randn(B, T, HV, DV, generator=gen, device="cuda").to(dtype)
-    shape = (B, T, HV, DK) if per_channel else (B, T, HV)
-    g = torch.nn.functional.logsigmoid(torch.randn(shape, generator=gen, device="cuda"))
-    beta = torch.rand(B, T, HV, generator=gen, device="cuda")
-    h0 = torch.randn(B, HV, DK, DV, generator=gen, device="cuda")
-    return q, k, v, g, beta, h0
+    return random_inputs.gated_delta(B, T, HV, DK, DV, HQ=H, gate="channel" if per_channel else "head",
+                                     dtype=torch.float32, cast=dtype, device="cuda", seed=seed)[:6]
 
 
 def reference(q, k, v, g, beta, h0):

@@ -10,6 +10,8 @@ from kda.metrics import rel_l2
 from kda.reference import level1 as ref1
 from kda.reference import level2 as ref2
 
+import random_inputs
+
 pytestmark = pytest.mark.gpu
 
 TOL = {torch.float16: 1e-3, torch.bfloat16: 5e-3}
@@ -20,11 +22,8 @@ SHAPES = [(2, 200, 3, 64, 128), (1, 64, 2, 128, 64), (3, 1, 2, 64, 64), (1, 1000
 
 def inputs(shape, dtype, seed):
     B, T, H, DK, DV = shape
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    q = torch.randn(B, T, H, DK, generator=g, device="cuda").to(dtype)
-    k = torch.randn(B, T, H, DK, generator=g, device="cuda").to(dtype)
-    v = torch.randn(B, T, H, DV, generator=g, device="cuda").to(dtype)
-    h0 = torch.randn(B, H, DK, DV, generator=g, device="cuda")
+    q, k, v, _, _, h0 = random_inputs.gated_delta(B, T, H, DK, DV, gate="none", delta=False, normalize_keys=False,
+                                                  dtype=torch.float32, cast=dtype, device="cuda", seed=seed)[:6]
     return q, k, v, h0
 
 

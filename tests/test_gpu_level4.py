@@ -10,6 +10,8 @@ from kda.metrics import rel_l2
 from kda.reference import level4 as ref4
 from kda.reference.common import from_chunks, to_chunks
 
+import random_inputs
+
 pytestmark = pytest.mark.gpu
 
 
@@ -19,13 +21,8 @@ SHAPES = [(2, 200, 3, 64, 128), (1, 1, 2, 64, 64), (1, 1000, 2, 128, 64), (1, 12
 
 def inputs(shape, dtype, seed, beta_range=(0.0, 1.0)):
     B, T, H, DK, DV = shape
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    q = torch.randn(B, T, H, DK, generator=gen, device="cuda").to(dtype)
-    k = ref4.l2_normalize(torch.randn(B, T, H, DK, generator=gen, device="cuda")).to(dtype)
-    v = torch.randn(B, T, H, DV, generator=gen, device="cuda").to(dtype)
-    lo, hi = beta_range
-    beta = lo + (hi - lo) * torch.rand(B, T, H, generator=gen, device="cuda")
-    h0 = torch.randn(B, H, DK, DV, generator=gen, device="cuda")
+    q, k, v, _, beta, h0 = random_inputs.gated_delta(B, T, H, DK, DV, gate="none", beta_range=beta_range,
+                                                     dtype=torch.float32, cast=dtype, device="cuda", seed=seed)[:6]
     return q, k, v, beta, h0
 
 

@@ -12,6 +12,8 @@ from kda.metrics import rel_l2
 from kda.reference import level0 as ref0
 from kda.reference import level4 as ref4
 
+import random_inputs
+
 pytestmark = pytest.mark.gpu
 
 BOUND = 5e-3
@@ -19,30 +21,10 @@ SHAPES = [(2, 200, 3, 64, 128), (1, 1, 2, 64, 64), (1, 1000, 2, 128, 64), (1, 12
 GATES = ["logsigmoid", "kda_style", "uniform_to_-20", "runs_of_-20"]
 
 
-def gates(kind, shape, gen):
-    if kind == "mild":
-        return -0.02 * torch.rand(shape, generator=gen, device="cuda")
-    if kind == "logsigmoid":
-        return torch.nn.functional.logsigmoid(torch.randn(shape, generator=gen, device="cuda"))
-    if kind == "kda_style":     # -2 softplus: most chunks too steep for 32-row sub-chunks, not for 16
-        return -2 * torch.nn.functional.softplus(torch.randn(shape, generator=gen, device="cuda"))
-    if kind == "uniform_to_-20":
-        return -20 * torch.rand(shape, generator=gen, device="cuda")
-    g = torch.nn.functional.logsigmoid(torch.randn(shape, generator=gen, device="cuda"))
-    g[:, 40:110] = -20.0                                   # a long run of near-total forgetting
-    return g
-
-
 def inputs(shape, dtype, kind, per_channel, seed):
     B, T, H, DK, DV = shape
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    q = torch.randn(B, T, H, DK, generator=gen, device="cuda").to(dtype)
-    k = ref4.l2_normalize(torch.randn(B, T, H, DK, generator=gen, device="cuda")).to(dtype)
-    v = torch.randn(B, T, H, DV, generator=gen, device="cuda").to(dtype)
-    g = gates(kind, (B, T, H, DK) if per_channel else (B, T, H), gen)
-    beta = torch.rand(B, T, H, generator=gen, device="cuda")
-    h0 = torch.randn(B, H, DK, DV, generator=gen, device="cuda")
-    return q, k, v, g, beta, h0
+    return random_inputs.gated_delta(B, T, H, DK, DV, gate="channel" if per_channel else "head", form=kind,
+                                     dtype=torch.float32, cast=dtype, device="cuda", seed=seed)[:6]
 
 
 @pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
@@ -386,7 +368,7 @@ def test_chunk_intra_steep_chunk_variants(dtype, kind, delta, steep):
     if kind == "layer":
         g = layer_gates((B, T, H, DK), torch.Generator(device="cuda").manual_seed(3))
     else:
-        g = gates(kind, (B, T, H, DK), torch.Generator(device="cuda").manual_seed(4))
+        g = random_inputs.gate_values(kind, (B, T, H, DK), torch.Generator(device="cuda").manual_seed(4), "cuda")
     name = "bfloat16" if dtype == torch.bfloat16 else "float16"
     scale = DK ** -0.5
     nan = lambda *size, dt=dtype: torch.full(size, float("nan"), dtype=dt, device="cuda")
