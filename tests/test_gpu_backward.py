@@ -177,6 +177,15 @@ def test_state_pass_kernels_against_the_stages(dtype, per_channel, poisoned, mon
 
 
 @pytest.mark.parametrize("token_major", [False, True], ids=["head_major", "token_major"])
+def assert_passes_match(dtype, **pairs):
+    """Each ``name=(got, want)`` of the state passes finite (an unwritten element would be NaN) and within the
+    operands' bound of the float64 ``want``."""
+    bound = {torch.bfloat16: 2e-2, torch.float16: 5e-3}[dtype]
+    for name, (got, want) in pairs.items():
+        assert torch.isfinite(got).all(), f"{name}: not finite (unwritten?)"
+        assert rel_l2(got.double().cpu(), want) <= bound, f"{name}: {rel_l2(got.double().cpu(), want):.2e}"
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
 def test_state_passes_as_operands_against_the_stages(per_channel, dtype, token_major, poisoned):
@@ -197,11 +206,7 @@ def test_state_passes_as_operands_against_the_stages(per_channel, dtype, token_m
     want_S, want_dS, want_dh0, rounded = reference_passes(whole, h0, dO, dht, dtype)
     decay = rounded["decay"].expand(*want_S.shape[:4])
     want_terms = torch.einsum("bhnkv,bhnkv->bhnk", want_S, want_dS) * decay
-    bound = {torch.bfloat16: 2e-2, torch.float16: 5e-3}[dtype]
-    for name, got, want in (("S", S, want_S), ("dS", dS, want_dS), ("dh0", dh0, want_dh0),
-                            ("terms", terms, want_terms)):
-        assert torch.isfinite(got).all(), f"{name}: not finite (unwritten?)"
-        assert rel_l2(got.double().cpu(), want) <= bound, f"{name}: {rel_l2(got.double().cpu(), want):.2e}"
+    assert_passes_match(dtype, S=(S, want_S), dS=(dS, want_dS), dh0=(dh0, want_dh0), terms=(terms, want_terms))
 
 
 # the backward's switches that landed off, with the gates that test each, on top of the defaults (run 100's
@@ -606,11 +611,7 @@ def test_state_passes_from_inputs_against_the_stages(dtype, gate, poisoned):
     want_dS, want_dh0 = ref.reverse_state_pass(p, ref.to_chunks(f64(do), 64), f64(dht))
     decay = p["decay"].expand(*want_S.shape[:4])
     want_terms = torch.einsum("bhnkv,bhnkv->bhnk", want_S, want_dS) * decay
-    bound = {torch.bfloat16: 2e-2, torch.float16: 5e-3}[dtype]
-    for name, got, want in (("S", S, want_S), ("dS", dS, want_dS), ("dh0", dh0, want_dh0),
-                            ("terms", terms, want_terms)):
-        assert torch.isfinite(got).all(), f"{name}: not finite (unwritten?)"
-        assert rel_l2(got.double().cpu(), want) <= bound, f"{name}: {rel_l2(got.double().cpu(), want):.2e}"
+    assert_passes_match(dtype, S=(S, want_S), dS=(dS, want_dS), dh0=(dh0, want_dh0), terms=(terms, want_terms))
 
 
 @pytest.mark.parametrize("level", ["linear", "delta_l2norm"])

@@ -138,6 +138,20 @@ def test_prefill_then_decode_is_one_forward():
     assert rel_l2(torch.cat(steps, dim=1), ref_o[:, 100:]) <= BOUND and rel_l2(state, ref_ht) <= BOUND
 
 
+def captured(call):
+    """``call`` run once on a side stream (which compiles its kernels), then captured in a CUDA graph:
+    ``(graph, the outputs of the captured call)``, whose tensors each replay writes again."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    return graph, out
+
+
 def test_a_decode_step_replays_in_a_cuda_graph():
     """A pooled decode step captured once (the value checks skip themselves during capture) and
     replayed with new tokens: each replay equals an eager step on a copy of the pool."""
@@ -146,14 +160,7 @@ def test_a_decode_step_replays_in_a_cuda_graph():
     pool = torch.randn(6, HV, DK, DV, device="cuda")
     slots = torch.tensor([5, 0, 3, 1], device="cuda")
     step = lambda: kda.fused_recurrent_kda(q, k, v, g, beta, initial_state=pool, ssm_state_indices=slots)[0]
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()                                                           # compiles the kernel
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
+    graph, out = captured(step)
     for seed in range(3):
         new = inputs(B, 1, H, HV, DK, DV, torch.bfloat16, True, seed=100 + seed)
         for static, fresh in zip((q, k, v, g, beta), new[:5]):
@@ -227,14 +234,7 @@ def test_a_dense_prefill_replays_in_a_cuda_graph():
     eager calls. Packed sequences refuse capture with an error (their chunk table is built on the host)."""
     q, k, v, g, beta, h0 = inputs(2, 130, 2, 2, 128, 128, torch.bfloat16, True, seed=51)
     prefill = lambda: kda.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        prefill()                                                        # compiles the kernels
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out, state = prefill()
+    graph, (out, state) = captured(prefill)
     for seed in range(2):
         for static, fresh in zip((q, k, v, g, beta, h0), inputs(2, 130, 2, 2, 128, 128, torch.bfloat16, True,
                                                                   seed=60 + seed)):
