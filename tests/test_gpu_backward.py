@@ -176,7 +176,6 @@ def test_state_pass_kernels_against_the_stages(dtype, per_channel, poisoned, mon
         assert rel_l2(got.double().cpu(), want) <= bound, f"{name}: {rel_l2(got.double().cpu(), want):.2e}"
 
 
-@pytest.mark.parametrize("token_major", [False, True], ids=["head_major", "token_major"])
 def assert_passes_match(dtype, **pairs):
     """Each ``name=(got, want)`` of the state passes finite (an unwritten element would be NaN) and within the
     operands' bound of the float64 ``want``."""
@@ -186,6 +185,7 @@ def assert_passes_match(dtype, **pairs):
         assert rel_l2(got.double().cpu(), want) <= bound, f"{name}: {rel_l2(got.double().cpu(), want):.2e}"
 
 
+@pytest.mark.parametrize("token_major", [False, True], ids=["head_major", "token_major"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
 def test_state_passes_as_operands_against_the_stages(per_channel, dtype, token_major, poisoned):
