@@ -9,7 +9,6 @@ backward's code (an edit of it re-made five GPU records once).
 
 from __future__ import annotations
 
-
 import torch
 
 from kda import custom_ops, validate  # noqa: F401  (custom_ops defines the backward op registered below)

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from kda import gated_delta, validate
+from kda import gated_delta, launch, validate
 from kda.chunking import CHUNK_SIZE, ceildiv
 from kda.gated_delta import chunk_gated_delta_rule, chunk_kda, kernel_inputs
 from kda.kernels.build import sm_count
@@ -276,13 +276,11 @@ def _split_scalar_gate(q, k, v, g, beta, pieces, scale, h0):
     eye = torch.eye(K, dtype=torch.float32, device=q.device).expand(R, H, K, K).contiguous()
     maps = []
     for values, start in ((homogeneous, eye), (v, None)):                  # M, then B
-        run, _, end = scalar_gate_pass_launch(q, k, values, Tb, G, scale, start, block(values.shape[-1]))
-        run()
+        _, end = launch.launched(scalar_gate_pass_launch(q, k, values, Tb, G, scale, start, block(values.shape[-1])))
         maps.append(end.reshape(B, pieces, H, K, -1))
     M, Bm = maps
     starts = fold(_start_state32(h0, Bm[:, 0]), [(M[:, p], Bm[:, p]) for p in range(pieces - 1)])
-    run, o, ht = scalar_gate_pass_launch(q, k, v, Tb, G, scale, torch.stack(starts, dim=1).reshape(R, H, K, DV),
-                                         block(DV))
-    run()
+    o, ht = launch.launched(scalar_gate_pass_launch(q, k, v, Tb, G, scale,
+                                                    torch.stack(starts, dim=1).reshape(R, H, K, DV), block(DV)))
     return o.reshape(B, T, H, DV), ht.reshape(B, pieces, H, K, DV)[:, -1].contiguous()
 # --8<-- [end:split_forward]

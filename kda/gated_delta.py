@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from kda import cuda_autograd, launch, packed, validate
+from kda import cuda_autograd, packed, validate
 from kda.activation import activated, checked_activation
 from kda.chunking import CHUNK_SIZE
 from kda.reference import level0 as ref0
@@ -63,15 +63,9 @@ def l2_normalized(x):
     ``kda.kernels.norms`` on CUDA with ``L2NORM_KERNEL``, else by torch through float32."""
     if not (L2NORM_KERNEL and x.is_cuda):
         return ref4.l2_normalize(x.float()).to(x.dtype)
-    from kda.kernels import norms
-    from kda.kernels.build import compile_program
+    from kda.kernels.norms import normalized_rows
 
-    D = x.shape[-1]
-    with torch.cuda.device(x.device):
-        kernel = compile_program(norms.l2_normalize_rows, (), D=D, dtype=launch.dtype_name(x.dtype))
-        out = launch.new_output(x.shape, x.dtype, x.device)
-        kernel(x.contiguous().view(-1, D), out.view(-1, D))
-    return out
+    return normalized_rows(x)
 
 
 def kernel_inputs(q, k, g, use_qk_l2norm_in_kernel):

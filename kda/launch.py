@@ -70,6 +70,15 @@ def queued(kernel, args, device):
     return launch
 
 
+def pass_held(kernel, inputs, h0, output_final_state, states, out_shape, out_dtype, device, tables=()):
+    """A sequential pass ready to launch, ``kernel(*inputs, h0, o, ht, *tables)``: ``h0`` and ``ht`` as
+    ``state_arguments`` makes them for ``states = (N, H, DK, DV)``, ``o`` a new output of ``out_shape``. Returns
+    ``(launch, o, final state or None)``; nothing runs until ``launch()``."""
+    h0, ht = state_arguments(h0, output_final_state, *states, device)
+    o = new_output(out_shape, out_dtype, device)
+    return queued(kernel, (*inputs, h0, o, ht, *tables), device), o, (ht if output_final_state else None)
+
+
 def launched(prepared):
     """A launcher's ``(launch, o, final state)`` run now: returns ``(o, final state)``."""
     start, o, final = prepared

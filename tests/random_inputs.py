@@ -9,6 +9,13 @@ import torch
 
 from kda.reference import level4 as ref4
 
+def runs_of_minus_20(draw, shape, strength):
+    """logsigmoid gates with a long run of near-total forgetting (tokens 40 to 109 at -20 per step)."""
+    g = torch.nn.functional.logsigmoid(draw(*shape))
+    g[:, 40:110] = -20.0
+    return g
+
+
 # The gates' forms: the log decay per step, drawn by ``draw(*shape)`` (normal) or ``draw(*shape, rand=True)``
 GATE_FORMS = {
     "logsigmoid": lambda draw, shape, strength: torch.nn.functional.logsigmoid(draw(*shape)),
@@ -17,17 +24,8 @@ GATE_FORMS = {
     # -2 softplus: most chunks too steep for 32-row sub-chunks, not for 16
     "kda_style": lambda draw, shape, strength: -2 * torch.nn.functional.softplus(draw(*shape)),
     "uniform_to_-20": lambda draw, shape, strength: -20 * draw(*shape, rand=True),
+    "runs_of_-20": runs_of_minus_20,
 }
-
-
-def runs_of_minus_20(draw, shape, strength):
-    """logsigmoid gates with a long run of near-total forgetting (tokens 40 to 109 at -20 per step)."""
-    g = torch.nn.functional.logsigmoid(draw(*shape))
-    g[:, 40:110] = -20.0
-    return g
-
-
-GATE_FORMS["runs_of_-20"] = runs_of_minus_20
 
 
 def drawing(gen, dtype, device):

@@ -322,16 +322,16 @@ def reverse_state_pass(DK, DV, chunk_size=64, block_dv=64, num_stages=2, threads
 
 def run_state_passes(whole, S0, dO, dS_final, operands, as_operands=False, token_major=False, delta_rule=True,
                      segments=None):
-    """``forward_states`` and ``reverse_state_pass`` for a dense batch by
-    these kernels: the states entering every chunk, the gradients of those leaving it and that of the initial
-    state (float32), from the pieces rounded to ``operands`` (a torch dtype); and ``None``. With
-    ``as_operands`` (``STATES_AS_OPERANDS``, the operands bf16 or fp16) the two states come in the operands'
-    dtype and the fourth value is each chunk decay's gate term ``decay_k sum_v S dS``, ``[B, H, NC, DK]``.
-    ``token_major`` (``TOKEN_MAJOR_STATES``): the pieces and ``dO`` ``[B, T, H, *]``, as ``forward_pieces``
-    gives them with it, read so by the kernels. ``delta_rule=False`` (``W = 0``, ``level_pieces``): the
-    kernels compiled without the delta rule's GEMMs (the reverse pass then reads neither ``P`` nor ``Kd``).
-    ``segments``: packed sequences' chunk ranges (``B = 1``; ``S0`` and ``dS_final`` ``[N, H, DK, DV]``; with
-    ``as_operands``): the kernels compiled with ``varlen``, one block per sequence (``PACKED_STATE_KERNELS``)."""
+    """``forward_states`` and ``reverse_state_pass`` by this module's two kernels: the states entering every chunk,
+    the gradients of those leaving it and that of the initial state (float32), from the pieces rounded to
+    ``operands`` (a torch dtype); and ``None``. With ``as_operands`` (``STATES_AS_OPERANDS``, the operands bf16 or
+    fp16) the two states come in the operands' dtype and the fourth value is each chunk decay's gate term ``decay_k
+    sum_v S dS``, ``[B, H, NC, DK]``. ``token_major`` (``TOKEN_MAJOR_STATES``): the pieces and ``dO`` ``[B, T, H,
+    *]``, as ``forward_pieces`` gives them with it, read so by the kernels. ``delta_rule=False`` (``W = 0``,
+    ``level_pieces``): the kernels compiled without the delta rule's GEMMs (the reverse pass then reads neither
+    ``P`` nor ``Kd``). ``segments``: packed sequences' chunk ranges (``B = 1``; ``S0`` and ``dS_final`` ``[N, H, DK,
+    DV]``; with ``as_operands``): the kernels compiled with ``varlen``, one block per sequence
+    (``PACKED_STATE_KERNELS``)."""
     from kda.kernels.build import compile_program
 
     B, H, NC, DK = whole["decay"].shape[:3] + whole["W"].shape[-1:]

@@ -743,9 +743,8 @@ def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None, backward_out
     stand-ins).
     ``flags`` (int32 ``[2]``, zeroed) collects the kernel's value checks of ``g`` and ``beta``, ``[3]`` those of
     the keys too (``check_keys``; ``raise_flagged_inputs``); ``None`` for callers that checked the values
-    before. With the
-    ``table`` of packed sequences (``chunk_table``, ``B = 1``) every chunk of every sequence is
-    one block of the same launch. ``backward_outputs`` (dense; ``kda.backward``): returns ``(form, G, Tinv,
+    before. With the ``table`` of packed sequences (``kda.packed.chunk_table``, ``B = 1``) every chunk of every
+    sequence is one block of the same launch. ``backward_outputs`` (dense; ``kda.backward``): returns ``(form, G, Tinv,
     KKE)``, the kernel's outputs of that flag (``G [B, H, NC C, GD]`` float32 log2, ``Tinv`` in the inputs'
     dtype, ``KKE`` float32, both ``[B, T, H, C]``). ``qk_l2norm``: the kernel L2-normalizes the rows of ``q`` and
     ``k`` as it loads them (``L2NORM_IN_KERNEL``). ``activation`` (``ACTIVATIONS_IN_KERNEL``): ``g`` and ``beta``

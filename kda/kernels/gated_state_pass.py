@@ -191,9 +191,7 @@ def run_state_pass(form: ChunkForm, h0, table=None, output_final_state=True):
     starts from without reading any); returns ``o`` and the float32 final state (``None`` without
     ``output_final_state``: none is written). With the ``table`` of packed sequences, one state per
     sequence: ``h0`` and the final state are ``[N, H, DK, DV]``."""
-    start, o, ht = state_pass_launch(form, h0, table, output_final_state)
-    start()
-    return o, ht
+    return launch.launched(state_pass_launch(form, h0, table, output_final_state))
 
 
 def state_pass_launch(form: ChunkForm, h0, table=None, output_final_state=True):
@@ -210,7 +208,6 @@ def state_pass_launch(form: ChunkForm, h0, table=None, output_final_state=True):
                                      block_dv=state_pass_columns(lanes, H, DV, sm_count(device)),
                                      dtype=launch.dtype_name(form.Qw.dtype), varlen=table is not None,
                                      initial_state=h0 is not None, final_state=output_final_state)
-        h0, ht = launch.state_arguments(h0, output_final_state, N, H, DK, DV, device)
-        o = launch.new_output((B, T, H, DV), form.U.dtype, device)
-    return launch.queued(state_pass, (*form, h0, o, ht, *tables), device), o, (ht if output_final_state else None)
+    return launch.pass_held(state_pass, tuple(form), h0, output_final_state, (N, H, DK, DV), (B, T, H, DV),
+                            form.U.dtype, device, tables)
 # --8<-- [end:state_pass_launch]

@@ -310,9 +310,7 @@ def pass_launch(q, k, v, scale, h0, output_final_state, gate="none", G=None, W=N
             W = launch.stand_in(4, q.dtype, device)
         else:
             kernel = compile_program(state_output_pass, (), **sizes)
-        G = G if G is not None else launch.stand_in(1, torch.float32, device)
-        h0, ht = launch.state_arguments(h0, output_final_state, B, H, DK, DV, device)
-        o = launch.new_output((B, T, H, DV), q.dtype, device)
-    args = (q.contiguous(), k.contiguous(), v.contiguous(), W, G, scale, h0, o, ht)
-    return launch.queued(kernel, args, device), o, (ht if output_final_state else None)
+    G = G if G is not None else launch.stand_in(1, torch.float32, device)
+    return launch.pass_held(kernel, (q.contiguous(), k.contiguous(), v.contiguous(), W, G, scale), h0,
+                            output_final_state, (B, H, DK, DV), (B, T, H, DV), q.dtype, device)
 # --8<-- [end:pass_launch]

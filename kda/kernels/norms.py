@@ -10,7 +10,9 @@ reads the raw ``q`` and ``k``): torch makes the same result through float32 copi
 
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
 import tilelang.language as T
+import torch
 
+from kda import launch
 from kda.kernels.stages import ACCUM
 
 EPS = 1e-6
@@ -62,3 +64,17 @@ def l2_normalize_rows(D, dtype="bfloat16", block_rows=64, threads=128):
 
     return main
 # --8<-- [end:l2_norm]
+
+
+# ---- the launcher ----
+
+def normalized_rows(x):
+    """``x``'s rows (its last dimension) divided by their L2 norm by ``l2_normalize_rows``, in ``x``'s dtype."""
+    from kda.kernels.build import compile_program
+
+    D = x.shape[-1]
+    with torch.cuda.device(x.device):
+        kernel = compile_program(l2_normalize_rows, (), D=D, dtype=launch.dtype_name(x.dtype))
+        out = launch.new_output(x.shape, x.dtype, x.device)
+        kernel(x.contiguous().view(-1, D), out.view(-1, D))
+    return out

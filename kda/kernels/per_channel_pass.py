@@ -93,7 +93,5 @@ def pass_launch(form, v, h0, output_final_state):
                                  chunk_size=config["chunk_size"], block_dv=config["block_dv"],
                                  initial_state=h0 is not None, final_state=output_final_state,
                                  num_stages=config["num_stages"], threads=config["threads"])
-        h0, ht = launch.state_arguments(h0, output_final_state, B, H, DK, DV, device)
-        o = launch.new_output((B, T, H, DV), v.dtype, device)
-    args = (form.Qw, form.Kw, form.A_qk, form.decay, v.contiguous(), h0, o, ht)
-    return launch.queued(kernel, args, device), o, (ht if output_final_state else None)
+    return launch.pass_held(kernel, (form.Qw, form.Kw, form.A_qk, form.decay, v.contiguous()), h0, output_final_state,
+                            (B, H, DK, DV), (B, T, H, DV), v.dtype, device)

@@ -383,7 +383,5 @@ def scalar_gate_pass_launch(q, k, v, Tb, G, scale, h0, block_dv, table=None, out
                                      block_dv=block_dv, dtype=launch.dtype_name(q.dtype), value_groups=H // HQ,
                                      varlen=table is not None, initial_state=h0 is not None,
                                      final_state=output_final_state)
-        h0, ht = launch.state_arguments(h0, output_final_state, N, H, DK, DV, device)
-        o = launch.new_output((B, T, H, DV), v.dtype, device)
-    args = (q.contiguous(), k.contiguous(), v.contiguous(), Tb, G, scale, h0, o, ht, *tables)
-    return launch.queued(state_pass, args, device), o, (ht if output_final_state else None)
+    return launch.pass_held(state_pass, (q.contiguous(), k.contiguous(), v.contiguous(), Tb, G, scale), h0,
+                            output_final_state, (N, H, DK, DV), (B, T, H, DV), v.dtype, device, tables)
