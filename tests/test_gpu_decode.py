@@ -11,6 +11,7 @@ from kda.metrics import rel_l2
 from kda.reference import level0 as ref0
 
 import random_inputs
+from test_layer import prefill_then_decode
 
 pytestmark = pytest.mark.gpu
 
@@ -205,14 +206,8 @@ def test_layer_prefill_then_decode_on_the_gpu():
     torch.manual_seed(0)
     layer = KimiDeltaAttention(hidden_size=256, num_heads=2, head_dim=128, num_v_heads=4).to("cuda", torch.bfloat16)
     x = torch.randn(2, 70, 256, device="cuda", dtype=torch.bfloat16)
-    with torch.no_grad():
-        full, _ = layer(x)
-        y, cache = layer(x[:, :64])
-        pieces = [y]
-        for t in range(64, 70):
-            y_t, cache = layer(x[:, t:t + 1], cache, decode=True)
-            pieces.append(y_t)
-    assert rel_l2(torch.cat(pieces, dim=1), full) <= 2e-2
+    full, _, stepped, _ = prefill_then_decode(layer, x, 64)
+    assert rel_l2(stepped, full) <= 2e-2
 
 
 def test_chunk_kda_activations_on_the_gpu(poisoned):

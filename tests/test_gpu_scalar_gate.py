@@ -11,7 +11,7 @@ import kda
 from kda.metrics import rel_l2
 from kda.reference import level0 as ref0
 
-from test_gpu_level5 import BOUND, GATES, SHAPES, inputs
+from test_gpu_level5 import BOUND, GATES, SHAPES, check_sequences, inputs
 
 pytestmark = pytest.mark.gpu
 
@@ -192,19 +192,7 @@ def test_packed_sequences(initial, final, scalar_path):
     h0 = torch.randn(len(lengths), 4, 128, 128, device="cuda") if initial else None
     o, ht = kda.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=final, cu_seqlens=cu)
     assert scalar_path == [128] and (ht is not None) == final
-    q2, k2 = q.repeat_interleave(2, dim=2), k.repeat_interleave(2, dim=2)
-    bounds = cu.tolist()
-    for n, (s, e) in enumerate(zip(bounds, bounds[1:])):
-        start = h0[n:n + 1] if initial else torch.zeros(1, 4, 128, 128, device="cuda")
-        if e == s:
-            if final:
-                assert torch.equal(ht[n], start[0]), n
-            continue
-        ref_o, ref_ht = ref0.recurrent(q2[:, s:e].double() * 128 ** -0.5, k2[:, s:e], v[:, s:e], g[:, s:e],
-                                       beta[:, s:e], start, True)
-        assert torch.isfinite(o[:, s:e]).all() and rel_l2(o[:, s:e], ref_o) <= BOUND, n
-        if final:
-            assert torch.isfinite(ht[n]).all() and rel_l2(ht[n:n + 1], ref_ht) <= BOUND, n
+    check_sequences(o, ht, q.repeat_interleave(2, dim=2), k.repeat_interleave(2, dim=2), v, g, beta, h0, lengths)
 
 
 def test_many_short_packed_sequences(scalar_path):
