@@ -19,6 +19,21 @@ def median_ms(fn, warmup_ms: int = 100, rep_ms: int = 500) -> float:
     return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
 
 
+def captured(call):
+    """``call`` run once on a side stream (which compiles its kernels and warms up, as torch asks before a
+    capture), then captured in a CUDA graph: ``(graph, the outputs of the captured call)``, whose tensors each
+    replay writes again."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    return graph, out
+
+
 def random_qkv(B, T, H, DK, DV, dtype=torch.bfloat16, device="cuda", seed=0):
     """Inputs like a model's after its projections: unit-variance q, k, v."""
     g = torch.Generator(device=device).manual_seed(seed)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import kda
+from kda.bench import captured
 from kda.metrics import rel_l2
 from kda.reference import level0 as ref0
 
@@ -137,20 +138,6 @@ def test_prefill_then_decode_is_one_forward():
         steps.append(o_t)
     ref_o, ref_ht = reference(q, k, v, g, beta, h0)
     assert rel_l2(torch.cat(steps, dim=1), ref_o[:, 100:]) <= BOUND and rel_l2(state, ref_ht) <= BOUND
-
-
-def captured(call):
-    """``call`` run once on a side stream (which compiles its kernels), then captured in a CUDA graph:
-    ``(graph, the outputs of the captured call)``, whose tensors each replay writes again."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = call()
-    return graph, out
 
 
 def test_a_decode_step_replays_in_a_cuda_graph():

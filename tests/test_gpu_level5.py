@@ -148,13 +148,7 @@ def test_varlen_with_initial_states(per_channel, poisoned):
     h0 = torch.randn(len(lengths), 2, 128, 64, device="cuda")
     fn = kda.chunk_kda if per_channel else kda.chunk_gated_delta_rule
     o, ht = fn(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu)
-    for n, (s, e) in enumerate(zip(cu.tolist(), cu.tolist()[1:])):
-        if e == s:
-            assert torch.equal(ht[n], h0[n])
-            continue
-        ref_o, ref_ht = ref0.recurrent(q[:, s:e].double() * 128 ** -0.5, k[:, s:e], v[:, s:e], g[:, s:e],
-                                       beta[:, s:e], h0[n:n + 1], True)
-        assert rel_l2(o[:, s:e], ref_o) <= BOUND and rel_l2(ht[n:n + 1], ref_ht) <= BOUND, n
+    check_sequences(o, ht, q, k, v, g, beta, h0, lengths)
 
 
 @pytest.mark.parametrize("window", [1, 4, 32])
@@ -168,13 +162,18 @@ def test_many_short_packed_sequences(per_channel, window, poisoned, monkeypatch)
     from kda import packed
 
     monkeypatch.setattr(packed, "GROUP_CHUNKS", window)
+    check_many_short_sequences(kda.chunk_kda if per_channel else kda.chunk_gated_delta_rule, per_channel)
+
+
+def check_many_short_sequences(fn, per_channel):
+    """``fn`` (``chunk_kda`` or ``chunk_gated_delta_rule``) on 300 packed sequences of 0 to 64 tokens against each
+    sequence run alone through ``fn``; returns their lengths."""
     gen = torch.Generator().manual_seed(17)
     lengths = torch.randint(0, 65, (300,), generator=gen).tolist()
     T = sum(lengths)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda")
     q, k, v, g, beta, _ = inputs((1, T, 2, 128, 64), torch.bfloat16, "logsigmoid", per_channel, seed=19)
     h0 = torch.randn(len(lengths), 2, 128, 64, device="cuda")
-    fn = kda.chunk_kda if per_channel else kda.chunk_gated_delta_rule
     o, ht = fn(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu, cu_seqlens_cpu=cu.cpu())
     assert torch.isfinite(o).all() and torch.isfinite(ht).all()
     bounds = cu.tolist()
@@ -185,6 +184,7 @@ def test_many_short_packed_sequences(per_channel, window, poisoned, monkeypatch)
         o_n, ht_n = fn(q[:, s:e], k[:, s:e], v[:, s:e], g[:, s:e], beta[:, s:e], initial_state=h0[n:n + 1],
                        output_final_state=True)
         assert rel_l2(o[:, s:e], o_n) <= 1e-5 and rel_l2(ht[n:n + 1], ht_n) <= 1e-5, n
+    return lengths
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])

@@ -11,7 +11,7 @@ import kda
 from kda.metrics import rel_l2
 from kda.reference import level0 as ref0
 
-from test_gpu_level5 import BOUND, GATES, SHAPES, check_sequences, inputs
+from test_gpu_level5 import BOUND, GATES, SHAPES, check_many_short_sequences, check_sequences, inputs
 
 pytestmark = pytest.mark.gpu
 
@@ -198,23 +198,7 @@ def test_packed_sequences(initial, final, scalar_path):
 def test_many_short_packed_sequences(scalar_path):
     """300 sequences of 0 to 64 tokens (groups of sequences per block) against each one run alone
     through the same path."""
-    gen = torch.Generator().manual_seed(17)
-    lengths = torch.randint(0, 65, (300,), generator=gen).tolist()
-    T = sum(lengths)
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda")
-    q, k, v, g, beta, _ = inputs((1, T, 2, 128, 64), torch.bfloat16, "logsigmoid", False, seed=19)
-    h0 = torch.randn(len(lengths), 2, 128, 64, device="cuda")
-    o, ht = kda.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu,
-                                       cu_seqlens_cpu=cu.cpu())
-    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
-    bounds = cu.tolist()
-    for n, (s, e) in enumerate(zip(bounds, bounds[1:])):
-        if e == s:
-            assert torch.equal(ht[n], h0[n]), n
-            continue
-        o_n, ht_n = kda.chunk_gated_delta_rule(q[:, s:e], k[:, s:e], v[:, s:e], g[:, s:e], beta[:, s:e],
-                                               initial_state=h0[n:n + 1], output_final_state=True)
-        assert rel_l2(o[:, s:e], o_n) <= 1e-5 and rel_l2(ht[n:n + 1], ht_n) <= 1e-5, n
+    lengths = check_many_short_sequences(kda.chunk_gated_delta_rule, False)
     assert scalar_path[0] == 64 and len(scalar_path) == 1 + sum(1 for x in lengths if x)
 
 

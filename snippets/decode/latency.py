@@ -8,7 +8,7 @@ as a server runs a decode step: the GPU's time alone, without the host's launch 
 import torch
 
 from kda import fused_recurrent_gated_delta_rule, fused_recurrent_kda, ledger
-from kda.bench import median_ms, random_qkv
+from kda.bench import captured, median_ms, random_qkv
 from kda.metrics import rel_l2
 from kda.reference import level4 as ref
 from kda.site.runtime import save_data, text
@@ -32,17 +32,9 @@ failed = []
 
 
 def graph_ms(fn):
-    """``fn`` captured in a CUDA graph (after a warm-up on a side stream, as torch asks), then the
-    median time of a replay."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return median_ms(graph.replay)
+    """``fn`` captured in a CUDA graph (kda.bench.captured: after a warm-up on a side stream, as torch asks), then
+    the median time of a replay."""
+    return median_ms(captured(fn)[0].replay)
 
 
 rows = []
