@@ -88,7 +88,7 @@ def time_variants():
                 best = (name, ms)
         # the pair with the best inverse, against level 5's GDN
         gated_delta.SCALAR_GATE_MIN_BLOCKS = 0.0
-        gated_delta.SCALAR_GATE_INVERSE_CONFIG = VARIANTS[best[0]]
+        scalar_gate.SCALAR_GATE_INVERSE_CONFIG = VARIANTS[best[0]]   # kda.kernels.scalar_gate since issue 43
         for path in (False, True):
             gated_delta.SCALAR_GATE_PATH = path
             fn = lambda: gated_delta.chunk_gated_delta_rule(q, k, v, g, beta)[0]
