@@ -277,6 +277,16 @@ PATHS: tuple[CudaPath, ...] = (
                     "经上半块最后一行化为 GEMM，而不是每一对、每个通道求一次指数"},
     ),
     CudaPath(
+        name="diagonal_about_middles",
+        module="kda.kernels.chunk_intra",
+        switch="DIAGONAL_ABOUT_MIDDLES",
+        what={"en": "chunk_intra's steep chunks in bf16 whose gate falls by at most 2^96 over each half of every "
+                    "16-row sub-chunk (every safe_gate gate) with their diagonal blocks from one GEMM about each "
+                    "sub-chunk's middle row, instead of the pairwise sums",
+              "zh": "chunk_intra 中 bf16 的陡块：若门控在每个 16 行子块的每一半内下降不超过 2^96（safe_gate 的门控"
+                    "都满足），其对角块由一次以各子块中间行为参照的 GEMM 算出，而不用逐对求和"},
+    ),
+    CudaPath(
         name="pair_sums_by_products",
         module="kda.backward",
         switch="PAIR_SUMS_BY_PRODUCTS",

@@ -240,6 +240,37 @@ def test_halvings_are_the_pairwise_sums(sub):
     assert rel_l2(scores, pairwise.scores(x, y, True)) < 1e-14
 
 
+@pytest.mark.parametrize("lower_bound", [-5.0, -8.0])
+def test_diagonal_about_middles_holds_safe_gates(lower_bound):
+    """``chunk_intra``'s ``middles`` emulated on one chunk: with every gate at fla's ``safe_gate`` bound (-5 per token,
+    the steepest it allows; -8 too), each 16-row sub-chunk falls by more than ``DIAGONAL_SPAN_MAX`` (the diagonal
+    about ``G_ref`` would need the pairwise sums) but each half by at most that (``halves_fall_too_far``), and the
+    factors about ``middle_row``, rounded to bf16 as the kernel's operands are and multiplied in float32, give the
+    diagonal blocks' scores to bf16's rounding of ``Pairwise``'s, no factor leaving float32's range."""
+    from kda.kernels.chunk_intra import middle_row
+    from kda.kernels.stages import DIAGONAL_SPAN_MAX
+
+    C, BC = 64, 16
+    gen = torch.Generator().manual_seed(5)
+    x, y = (torch.randn(64, 32, generator=gen, **F64) for _ in range(2))
+    g = lower_bound * (1 - 0.02 * torch.rand(64, 32, generator=gen, **F64))     # at the bound, within 2%
+    G2 = g.cumsum(0) * math.log2(math.e)                                        # log2 units, as the kernel
+    blocks = torch.arange(C)[:, None] // BC == torch.arange(C)[None, :] // BC
+    want = torch.where(blocks, ref.Pairwise(g.cumsum(0)).scores(x, y, True), 0.0)
+    got = torch.zeros(C, C, **F64)
+    for s in range(C // BC):
+        rows = slice(s * BC, s * BC + BC)
+        G_ref = G2[s * BC - 1] if s else torch.zeros(32, **F64)
+        m = middle_row(s * BC, BC)
+        assert (G_ref - G2[s * BC + BC - 1]).max() > DIAGONAL_SPAN_MAX
+        assert torch.maximum(G_ref - G2[m], G2[m] - G2[s * BC + BC - 1]).max() <= DIAGONAL_SPAN_MAX
+        left, right = torch.exp2(G2[rows] - G2[m]), torch.exp2(G2[m] - G2[rows])
+        assert max(left.max(), right.max()) < 2.0 ** DIAGONAL_SPAN_MAX
+        bf16 = lambda t: t.float().bfloat16().float()
+        got[rows, rows] = (bf16(x[rows] * left) @ bf16(y[rows] * right).T).double().tril()
+    assert torch.isfinite(got).all() and rel_l2(got, want) < 1e-2
+
+
 def piece_chunks(C, token_major, NC):
     """A state pass's pieces as ``[B, H, NC, C, D]`` float64: from the head-major chunk layout ``[B, H, NC C, D]``,
     or from token-major ``[B, T, H, D]`` (``token_major``), the rows past ``T`` zeros as the kernels load them."""

@@ -349,19 +349,55 @@ def layer_gates(shape, gen):
     return -A[:, None] * torch.nn.functional.softplus(x)
 
 
-STEEP = ["uniform_to_-20", "runs_of_-20", "kda_style", "layer"]
+def safe_layer_gates(shape, gen, lower_bound=-5.0):
+    """Gates of fla's ``safe_gate`` form, ``lower_bound sigmoid(exp(A_log) (x + dt_bias))``, ``x`` N(1, 1) so that
+    most tokens are near the bound: most 16-row sub-chunks fall by more than 96 in log2 (up to 115), each half by
+    at most 57.7."""
+    B, T, H, D = shape
+    A = torch.empty(H, device="cuda").uniform_(1, 16, generator=gen)
+    x = torch.randn(shape, generator=gen, device="cuda") + 1 + 0.1 * torch.randn(H, D, generator=gen, device="cuda")
+    return lower_bound * torch.sigmoid(A[:, None] * x)
 
 
-@pytest.mark.parametrize("steep", ["products", "halvings"])
+def steep_gates(kind, shape, seed):
+    """Gates of ``kind``: a layer's (``"layer"``), the same with ``safe_gate`` (``"safe_layer"``), or a form of
+    ``random_inputs.GATE_FORMS``."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    if kind in ("layer", "safe_layer"):
+        return (layer_gates if kind == "layer" else safe_layer_gates)(shape, gen)
+    return random_inputs.gate_values(kind, shape, gen, "cuda")
+
+
+def middle_band(g, C=64, BC=16):
+    """How many (chunk, sub-chunk, channel) of ``g [B, T, H, D]`` the diagonal about the middles serves: the gate falls
+    by more than ``DIAGONAL_SPAN_MAX`` over the sub-chunk, by at most that over each half of it (whole chunks)."""
+    from kda.kernels.stages import DIAGONAL_SPAN_MAX
+
+    B, T, H, D = g.shape
+    G = (g[:, :T // C * C].double() * 1.4426950408889634).reshape(B, T // C, C, H, D).cumsum(2)
+    ref = torch.cat([torch.zeros_like(G[:, :, :1]), G[:, :, BC - 1:C - 1:BC]], 2)       # G before each sub-chunk
+    mid, end = G[:, :, BC // 2 - 1::BC], G[:, :, BC - 1::BC]
+    band = (ref - end > DIAGONAL_SPAN_MAX) & (torch.maximum(ref - mid, mid - end) <= DIAGONAL_SPAN_MAX)
+    return int(band.sum())
+
+
+STEEP = ["uniform_to_-20", "runs_of_-20", "kda_style", "layer", "safe_layer"]
+STEEP_COMPILES = {"products": dict(pairwise="products"), "halvings": dict(pairwise="halvings"),
+                  "middles": dict(middles=True), "middles_halvings": dict(middles=True, pairwise="halvings")}
+
+
+@pytest.mark.parametrize("steep", list(STEEP_COMPILES))
 @pytest.mark.parametrize("delta", [True, False], ids=["level5", "level3"])
 @pytest.mark.parametrize("kind", STEEP)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_chunk_intra_steep_chunk_variants(dtype, kind, delta, steep):
     """``chunk_intra`` compiled with ``pairwise="products"`` (``PAIRWISE_BY_PRODUCTS``: a steep chunk's diagonal
-    blocks by running products of the token decays) or ``"halvings"`` (``PAIRWISE_BY_HALVINGS``: by GEMMs through
-    the upper half's last row of blocks of 16, 8, 4 and 2 rows) on steep gates, every output against its float64
-    stage (``kda.reference.level5.intra``) with the bound of the default compile, and against the default
-    compile's outputs (the same sums in another order); outputs poisoned with NaN, a tail chunk."""
+    blocks by running products of the token decays), ``"halvings"`` (``PAIRWISE_BY_HALVINGS``: by GEMMs through
+    the upper half's last row of blocks of 16, 8, 4 and 2 rows) or ``middles`` (``DIAGONAL_ABOUT_MIDDLES``, bf16:
+    one GEMM about each sub-chunk's middle row where its halves allow; alone and with halvings) on steep gates,
+    every output against its float64 stage (``kda.reference.level5.intra``) with the bound of the default compile,
+    and against the default compile's outputs (the same sums in another order); outputs poisoned with NaN, a tail
+    chunk. The safe_gate gates put sub-chunks in the middles' band (counted on the host)."""
     from kda.kernels.chunk_intra import chunk_intra
     from kda.kernels.build import compile_program
     from kda.reference import level5 as ref5
@@ -370,16 +406,15 @@ def test_chunk_intra_steep_chunk_variants(dtype, kind, delta, steep):
     B, T, H, DK, DV = 2, 200, 3, 128, 64
     C, NC = 64, -(-T // 64)
     q, k, v, g, beta, _ = inputs((B, T, H, DK, DV), dtype, "logsigmoid", True, zlib.crc32(f"pp{kind}{delta}".encode()))
-    if kind == "layer":
-        g = layer_gates((B, T, H, DK), torch.Generator(device="cuda").manual_seed(3))
-    else:
-        g = random_inputs.gate_values(kind, (B, T, H, DK), torch.Generator(device="cuda").manual_seed(4), "cuda")
+    g = steep_gates(kind, (B, T, H, DK), 3 if "layer" in kind else 4)
+    if kind == "safe_layer":
+        assert middle_band(g) > 0
     name = "bfloat16" if dtype == torch.bfloat16 else "float16"
     scale = DK ** -0.5
     nan = lambda *size, dt=dtype: torch.full(size, float("nan"), dtype=dt, device="cuda")
     runs = []
-    for pairwise in ("exp", steep):
-        kernel = compile_program(chunk_intra, (), DK=DK, DV=DV, dtype=name, delta=delta, pairwise=pairwise)
+    for variant in ({}, STEEP_COMPILES[steep]):
+        kernel = compile_program(chunk_intra, (), DK=DK, DV=DV, dtype=name, delta=delta, **variant)
         outs = [nan(B, T, H, DK), nan(B, T, H, DK), nan(B, H, NC, DK, dt=torch.float32), nan(B, T, H, C),
                 nan(B, T, H, DK), nan(B, T, H, DV)]
         flags = torch.zeros(2, dtype=torch.int32, device="cuda")
@@ -401,29 +436,34 @@ def test_chunk_intra_steep_chunk_variants(dtype, kind, delta, steep):
         assert rel_l2(got.double(), default.double()) <= 1e-3, f"{label} against exp: {rel_l2(got.double(), default.double()):.1e}"
 
 
-@pytest.mark.parametrize("steep", ["products", "halvings"])
+@pytest.mark.parametrize("steep", ["products", "halvings", "middles"])
 @pytest.mark.parametrize("op", ["chunk_kda", "gated_attention"])
-@pytest.mark.parametrize("kind", ["runs_of_-20", "layer"])
+@pytest.mark.parametrize("kind", ["runs_of_-20", "layer", "safe_layer"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_chunk_kda_steep_chunk_variants(dtype, kind, op, steep, compiled_kernels, poisoned, monkeypatch):
     """``chunk_kda`` and level 3's ``gated_attention`` with a gate per channel (GLA's form), with
-    ``PAIRWISE_BY_PRODUCTS`` or ``PAIRWISE_BY_HALVINGS`` on steep gates (runs of -20, a layer's initial gates),
-    against the float64 recurrence, initial and final states, a tail chunk; the kernel seen compiled so."""
+    ``PAIRWISE_BY_PRODUCTS``, ``PAIRWISE_BY_HALVINGS`` or ``DIAGONAL_ABOUT_MIDDLES`` on steep gates (runs of -20, a
+    layer's initial gates, the same with ``safe_gate``), against the float64 recurrence, initial and final states, a
+    tail chunk; the kernel seen compiled so."""
     from kda.kernels import chunk_intra
     from kda.reference import level3 as ref3
 
-    monkeypatch.setattr(chunk_intra, "PAIRWISE_BY_" + steep.upper(), True)
+    switch = "DIAGONAL_ABOUT_MIDDLES" if steep == "middles" else "PAIRWISE_BY_" + steep.upper()
+    monkeypatch.setattr(chunk_intra, switch, True)
     shape = (2, 200, 3, 128, 128)
     q, k, v, g, beta, h0 = inputs(shape, dtype, "runs_of_-20", True, zlib.crc32(f"ppop{dtype}{kind}".encode()))
-    if kind == "layer":
-        g = layer_gates(shape[:3] + (128,), torch.Generator(device="cuda").manual_seed(5))
+    if kind != "runs_of_-20":
+        g = steep_gates(kind, shape[:3] + (128,), 5)
     if op == "chunk_kda":
         o, ht = kda.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
         ref_o, ref_ht = ref0.recurrent(q.double() * 128 ** -0.5, k, v, g, beta, h0, True)
     else:
         o, ht = kda.gated_attention(q, k, v, g, initial_state=h0, output_final_state=True)
         ref_o, ref_ht = ref3.recurrent(q.double() * 128 ** -0.5, k, v, g, h0, True)
-    assert compiled_kernels["chunk_intra"].get("pairwise") == steep
+    if steep == "middles":
+        assert compiled_kernels["chunk_intra"].get("middles") is True
+    else:
+        assert compiled_kernels["chunk_intra"].get("pairwise") == steep
     assert torch.isfinite(o).all() and torch.isfinite(ht).all()
     assert rel_l2(o, ref_o) <= BOUND, f"o: {rel_l2(o, ref_o):.2e}"
     assert rel_l2(ht, ref_ht) <= BOUND, f"final state: {rel_l2(ht, ref_ht):.2e}"

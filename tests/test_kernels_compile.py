@@ -65,6 +65,13 @@ CASES = [
                                         qk_l2norm=True, spill_budget=400)),
     ("chunk_intra", "chunk_intra", dict(DK=128, DV=64, dtype="bfloat16", gate_act="softplus", beta_act="sigmoid",
                                         varlen=True, pairwise="halvings", qk_l2norm=True, spill_budget=400)),
+    # steep chunks' diagonal blocks about each sub-chunk's middle row where its halves allow (DIAGONAL_ABOUT_MIDDLES)
+    ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", middles=True, spill_budget=400)),
+    ("chunk_intra", "chunk_intra", dict(DK=128, dtype="bfloat16", gate_dtype="bfloat16", delta=False, middles=True)),
+    ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", middles=True, pairwise="halvings",
+                                        backward_outputs=True, qk_l2norm=True, spill_budget=400)),
+    ("chunk_intra", "chunk_intra", dict(DK=128, DV=64, dtype="bfloat16", gate_act="sigmoid", beta_act="sigmoid",
+                                        varlen=True, middles=True, qk_l2norm=True, spill_budget=400)),
     # the keys against the delta rule's bound as they are loaded (KEY_CHECK_IN_KERNEL): 204 bytes spilled
     ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", check_keys=True, spill_budget=400)),
     ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", scalar_gate=True, check_keys=True)),

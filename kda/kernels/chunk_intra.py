@@ -61,6 +61,20 @@ def falls_too_far(G_s, s, d, BC):
     return ref_gate(G_s, s, d, BC) - G_s[s * BC + BC - 1, d] > DIAGONAL_SPAN_MAX
 
 
+def middle_row(x, BC):
+    """The last row of the first half of the sub-chunk (``BC`` rows) that holds row ``x``: the reference of its
+    diagonal block about the middle (``middles``). ``x`` a Python int or a TIR expression."""
+    return (x // BC) * BC + BC // 2 - 1
+
+
+def halves_fall_too_far(G_s, s, d, BC):
+    """Whether the gate of channel ``d`` falls by more than ``DIAGONAL_SPAN_MAX`` over either half of sub-chunk
+    ``s`` (from ``G_ref`` to the middle row, or from there to its last row): then even its diagonal block about
+    the middle needs pairwise sums."""
+    m = middle_row(s * BC, BC)
+    return T.max(ref_gate(G_s, s, d, BC) - G_s[m, d], G_s[m, d] - G_s[s * BC + BC - 1, d]) > DIAGONAL_SPAN_MAX
+
+
 @T.macro
 def pairwise_diagonal(Left_s, K_s, G_s, Out_s, factor, beta_s, C, D, BC):
     """The 16 x 16 diagonal blocks of the decayed scores summed pair by pair in float32 (a chunk
@@ -137,7 +151,7 @@ def pairwise_diagonal_by_products(Left_s, K_s, A_s, Out_s, factor, beta_s, part_
 def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WIDE_SUBCHUNK, dtype="bfloat16",
                 gate_dtype="float32", threads=256, min_blocks=None, delta=True, varlen=False, value_groups=1,
                 scalar_gate=False, backward_outputs=False, qk_l2norm=False, pairwise="exp", gate_act=None,
-                beta_act=None, check_keys=False):
+                beta_act=None, check_keys=False, middles=False):
     """Everything a chunk needs before the sequential pass, from one load of ``q, k, g`` (and
     ``v, beta``), every chunk at once. Arguments at run time: ``Q, K [B, T, H, DK]``, ``V [B, T,
     H, DV]``, ``g [B, T, H, DK]``, ``beta [B, T, H]`` (float32), ``scale``, then the outputs
@@ -198,6 +212,13 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     ``PAIRWISE_BY_HALVINGS``; ``diagonal_by_halvings``: five GEMMs, one exponential per element for each of the
     four halvings of a sub-chunk, no shared memory of its own).
 
+    ``middles`` (bf16; ``DIAGONAL_ABOUT_MIDDLES``): a chunk too steep for the diagonal about each sub-chunk's
+    ``G_ref`` but whose gate falls by at most ``DIAGONAL_SPAN_MAX`` over each half of every sub-chunk takes its
+    diagonal blocks from one GEMM about each sub-chunk's middle row instead of the pairwise sums
+    (``diagonal_about_middles``): twice the fall per sub-chunk on the tensor cores, which covers every gate of
+    fla's ``safe_gate`` (at most 5 per token, 57.7 in log2 over half of 16 rows). The pairwise sums keep the
+    rest; fp16 keeps them all (its operands cannot hold the factors).
+
     ``gate_act`` / ``beta_act`` (``kda.gated_delta``'s ``ACTIVATIONS_IN_KERNEL``; fla's ``use_gate_in_kernel`` and
     ``use_beta_sigmoid_in_kernel``): ``g`` and ``beta`` come raw and are activated as they are loaded, the gate
     to ``-exp(A_log) softplus(g + dt_bias)`` (``"softplus"``) or ``lower_bound sigmoid(exp(A_log) (g + dt_bias))``
@@ -238,6 +259,10 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     activations = gate_act is not None or beta_act is not None
     assert not check_keys or (delta and not qk_l2norm), "check_keys: raw keys, with the delta rule"
     NF = 3 if check_keys else 2                 # the value flags: gate, beta (and keys)
+    middles = middles and same_layout
+    # too_steep[0]: a sub-chunk falls too far for the diagonal about G_ref; with middles, too_steep[1]: a half of
+    # one falls too far for the diagonal about its middle (the pairwise sums then)
+    PAIRWISE = 1 if middles else 0
 
     @T.macro
     def load_gate(g, g_s, G_s, flags, A_log, dt_bias, lower_bound, L, t0, bb, bh):
@@ -334,6 +359,9 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                     T.min(ref_gate(G_s, s, d, BX) - G_s[J * BX + BX - 1, d], DIAGONAL_SPAN_MAX))
             if falls_too_far(G_s, s, d, BX):
                 too_steep[0] = 1
+                if middles:
+                    if halves_fall_too_far(G_s, s, d, BX):
+                        too_steep[1] = 1
 
         scaled_rows(Qw, Kw, scale, buffers, t0, L, bb, bh, BX)
 
@@ -439,6 +467,29 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                 Aqk_s[r, j] = A_part[r, j] * scale
 
     @T.macro
+    def diagonal_about_middles(Rgt_s, K_s, G_s, Lft_s, A_part, Aqk_s, A_s, beta_s, scale):
+        """The diagonal blocks of a chunk too steep for ``scores``' reference but not for each sub-chunk's middle row
+        ``m`` (``middle_row``): the pair ``(i, j)`` as ``(x_i 2^(G_i - G_m)) . (k_j 2^(G_m - G_j))``, every factor
+        within ``2^(+-DIAGONAL_SPAN_MAX)`` (``halves_fall_too_far`` is false) and their product ``<= 1`` on and below
+        the diagonal; one GEMM of the stacked ``[q; k]``, its diagonal blocks written where they belong (the pairs
+        above the diagonal may overflow and are not read). ``Rgt_s`` holds q (reloaded) on entry and is the right
+        operand from there; ``K_s`` (k) and ``G_s`` (the cumulative gate) are read, not written."""
+        for i, d in T.Parallel(C, DK):
+            x = T.exp2(G_s[i, d] - G_s[middle_row(i, BC), d])
+            Lft_s[i, d] = Rgt_s[i, d] * x
+            if delta:
+                Lft_s[C + i, d] = K_s[i, d] * x
+        for j, d in T.Parallel(C, DK):
+            Rgt_s[j, d] = K_s[j, d] * T.exp2(G_s[middle_row(j, BC), d] - G_s[j, d])
+        T.gemm(Lft_s, Rgt_s, A_part, transpose_B=True, clear_accum=True)
+        for r, j in T.Parallel(R, C):
+            if (r % C) // BC == j // BC:
+                if r < C:
+                    Aqk_s[r, j] = T.if_then_else(j <= r, A_part[r, j] * scale, 0.0)
+                elif delta:
+                    A_s[r - C, j] = T.if_then_else(j < r - C, A_part[r, j] * row_b(beta_s, r - C), 0.0)
+
+    @T.macro
     def body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, c, t0, L, bb, bh, G_out, Tinv_out, KKE_out,
              A_log=None, dt_bias=None, lower_bound=None):
         """Chunk ``c`` (its index in ``decay``): ``L`` rows from token ``t0`` of sequence ``bb``, value
@@ -495,8 +546,10 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             # 2^(G_ref_I - G_end_J) for J < I, and 2^min(G_ref_I - G_end_I, span max) at J = I
             Cross_s = T.alloc_shared([NS * (NS + 1) // 2, DK], ACCUM)
             A_part = T.alloc_fragment([R, C], ACCUM)
-            too_steep = T.alloc_shared([1], "int32")
+            too_steep = T.alloc_shared([PAIRWISE + 1], "int32")
             too_steep[0] = 0
+            if middles:
+                too_steep[1] = 0
             if backward_outputs:                       # the pairwise diagonal's row factor, without b
                 ones_s = T.alloc_shared([C], ACCUM)
                 T.fill(ones_s, 1.0)
@@ -555,9 +608,12 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                                 Aqk_s[r, j] = T.if_then_else(j <= r, A_diag[r, j] * scale, 0.0)
                             elif delta:
                                 A_s[r - C, j] = T.if_then_else(j < r - C, A_diag[r, j] * row_b(beta_s, r - C), 0.0)
-            if too_steep[0] == 1 and pairwise == "halvings":
+            if middles:
+                if too_steep[0] == 1 and too_steep[1] == 0:
+                    diagonal_about_middles(Rgt_s, K_s, G_s, Lft_s, A_part, Aqk_s, A_s, beta_s, scale)
+            if too_steep[PAIRWISE] == 1 and pairwise == "halvings":
                 diagonal_by_halvings(Rgt_s, K_s, G_s, Lft_s, A_part, q_f, Aqk_s, A_s, beta_s, scale)
-            elif too_steep[0] == 1 and pairwise == "products":
+            elif too_steep[PAIRWISE] == 1 and pairwise == "products":
                 decays_s = T.alloc_shared([C, DK], ACCUM)
                 part_s = T.alloc_shared([C, PAIRWISE_SLICES, BC], ACCUM)
                 token_decays(G_s, decays_s, C, BC)
@@ -565,7 +621,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                 if delta:
                     pairwise_diagonal_by_products(K_s, K_s, decays_s, A_s, 1.0, ones_s if backward_outputs else beta_s,
                                                   part_s, C, DK, BC)
-            elif too_steep[0] == 1:
+            elif too_steep[PAIRWISE] == 1:
                 pairwise_diagonal(Rgt_s, K_s, G_s, Aqk_s, scale, None, C, DK, BC)
                 if delta:
                     pairwise_diagonal(K_s, K_s, G_s, A_s, 1.0, ones_s if backward_outputs else beta_s, C, DK, BC)
@@ -717,12 +773,20 @@ PAIRWISE_BY_PRODUCTS = False
 # Not yet run on a GPU.
 PAIRWISE_BY_HALVINGS = False
 
+# CUDA (bf16): chunks too steep for the diagonal about each 16-row sub-chunk's G_ref whose gate falls by at most 2^96
+# over each half of every sub-chunk take their diagonal blocks from one GEMM about each sub-chunk's middle row
+# (middles=True), not the pairwise sums: every gate of fla's safe_gate (lower_bound -5: 57.7 in log2 over 8 rows)
+# and a layer's milder heads stay on the tensor cores. The steeper rest keep the pairwise sums of the switches above;
+# mild chunks run the code of before. Not yet run on a GPU.
+DIAGONAL_ABOUT_MIDDLES = False
+
 
 def steep_chunks() -> dict:
-    """``chunk_intra``'s compile flag for the diagonal blocks of steep chunks, by the two switches above."""
+    """``chunk_intra``'s compile flags for the diagonal blocks of steep chunks, by the three switches above."""
+    flags = {"middles": True} if DIAGONAL_ABOUT_MIDDLES else {}
     if PAIRWISE_BY_HALVINGS:
-        return {"pairwise": "halvings"}
-    return {"pairwise": "products"} if PAIRWISE_BY_PRODUCTS else {}
+        return {**flags, "pairwise": "halvings"}
+    return {**flags, "pairwise": "products"} if PAIRWISE_BY_PRODUCTS else flags
 
 
 # --8<-- [start:prepare_chunks]

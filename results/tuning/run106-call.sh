@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run 106 (carry .gpu and .carry; COMMIT: the commit of this working tree): the GPU tests of the two walks by
 # halvings (chunk_intra's steep chunks, PAIRWISE_BY_HALVINGS; the backward's pair sums, PAIR_SUMS_BY_HALVINGS), of
-# the keys checked in chunk_intra (KEY_CHECK_IN_KERNEL) and of the layer's compile test as rewritten after run 105,
+# chunk_intra's diagonal about the sub-chunks' middles (DIAGONAL_ABOUT_MIDDLES, added 2026-12-05), of the keys
+# checked in chunk_intra (KEY_CHECK_IN_KERNEL) and of the layer's compile test as rewritten after run 105,
 # then the pair kernel alone by halvings
 # (run101-pairs.py, VARIANT_SET=run106), then run106-halvings.py (the forward's steep gates and the layer's call
 # beside fla's; KDA forward + backward by halvings), then run106-layer.py (the layer's prefill with kda's ops and with
@@ -13,7 +14,7 @@ set -u
 PARTS=${PARTS:-tests timings}
 source "$(dirname "$0")/device-env.sh"
 left() { echo $(( ${TOTAL:-540} - $(date +%s) + start )); }
-TESTS="halvings or all_landed_off or layer_prefill_and_decode or keys_past_the_bound"
+TESTS="halvings or all_landed_off or layer_prefill_and_decode or keys_past_the_bound or middles"
 if [[ " $PARTS " == *" tests "* ]]; then
 OMP_NUM_THREADS=1 timeout -k 5 "${TEST_S:-210}" python -m pytest -o addopts="" -n 12 -m gpu -v -p no:cacheprovider \
   tests/test_gpu_compile.py tests/test_gpu_backward.py tests/test_gpu_level5.py -k "$TESTS" 2>&1 \
