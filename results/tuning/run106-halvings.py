@@ -5,7 +5,8 @@ send chunk_intra's diagonal blocks down the same kind of pair-by-pair sums. Both
 (``kda.kernels.halvings``): GEMMs through the upper half's last row of blocks of 64, 32, .. rows.
 
 ``steep``: chunk_kda's forward with mild (logsigmoid) and a layer's initial gates, the steep chunks by ``exp``
-(the default), ``products`` and ``halvings``, outputs against the default's; then the layer's call (raw gate with
+(the default), ``products``, ``halvings`` and (added with run 107) the diagonal about the sub-chunks' middles alone
+and with halvings, also with safe_gate's gates, outputs against the default's; then the layer's call (raw gate with
 ``A_log`` and ``dt_bias``, beta's logits, the L2 norm in the op; with and without ``safe_gate, lower_bound=-5``) by
 ``exp`` and ``halvings``, beside fla's same call. ``backward``: KDA forward + backward with
 ``PAIR_SUMS_BY_HALVINGS`` off and on (down to blocks of 16, 4 and 1 rows), gradients against off's. Rows to
@@ -41,11 +42,17 @@ def steep():
     A = torch.empty(SHAPE[2], device="cuda").uniform_(1, 16, generator=gen)
     x = torch.randn(g.shape, generator=gen, device="cuda") + 0.1 * torch.randn(g.shape[2:], generator=gen,
                                                                                device="cuda")
-    variants = {"exp": (False, False), "products": (True, False), "halvings": (False, True)}
-    for gate_name, gate in (("logsigmoid", g), ("layer", -A[:, None] * torch.nn.functional.softplus(x))):
+    # (PAIRWISE_BY_PRODUCTS, PAIRWISE_BY_HALVINGS, DIAGONAL_ABOUT_MIDDLES); the middles added 2026-12-05 (run 107)
+    variants = {"exp": (False, False, False), "products": (True, False, False), "halvings": (False, True, False),
+                "middles": (False, False, True), "middles_halvings": (False, True, True)}
+    switches = lambda name: (setattr(chunk_intra, "PAIRWISE_BY_PRODUCTS", variants[name][0]),
+                             setattr(chunk_intra, "PAIRWISE_BY_HALVINGS", variants[name][1]),
+                             setattr(chunk_intra, "DIAGONAL_ABOUT_MIDDLES", variants[name][2]))
+    for gate_name, gate in (("logsigmoid", g), ("layer", -A[:, None] * torch.nn.functional.softplus(x)),
+                            ("safe_gate", -5.0 * torch.sigmoid(A[:, None] * x))):
         first = []
-        for name, (products, halved) in variants.items():
-            chunk_intra.PAIRWISE_BY_PRODUCTS, chunk_intra.PAIRWISE_BY_HALVINGS = products, halved
+        for name in variants:
+            switches(name)
             harness.timed(RUN, {"stage": "steep", "gates": gate_name, "steep_chunks": name},
                   lambda: kda.chunk_kda(q, k, v, gate, beta)[0], harness.against(first))
     raw, logits = x, torch.randn(beta.shape, generator=gen, device="cuda")
@@ -54,13 +61,13 @@ def steep():
         call = dict(A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
                     use_qk_l2norm_in_kernel=True, **safe)
         first = []
-        for name in ("exp", "halvings"):
-            chunk_intra.PAIRWISE_BY_PRODUCTS, chunk_intra.PAIRWISE_BY_HALVINGS = variants[name]
+        for name in ("exp", "halvings", "middles", "middles_halvings"):
+            switches(name)
             harness.timed(RUN, {"stage": "layer call", "safe_gate": bool(safe), "steep_chunks": name},
                   lambda: kda.chunk_kda(q * 3, k * 3, v, raw, logits, **call)[0], harness.against(first))
         harness.timed(RUN, {"stage": "layer call", "safe_gate": bool(safe), "op": "fla"},
               lambda: fla_kda(q * 3, k * 3, v, raw, logits, scale=SHAPE[3] ** -0.5, **call)[0], harness.against(first))
-    chunk_intra.PAIRWISE_BY_PRODUCTS = chunk_intra.PAIRWISE_BY_HALVINGS = False
+    switches("exp")
     torch.cuda.empty_cache()
 
 
