@@ -139,7 +139,8 @@ PAIR_SUMS_BY_PRODUCTS = False
 # different blocks of that many rows by halvings (halved_pair_sums: for blocks of 2h rows, h = 32, 16, .., the
 # pairs across a block's two halves factor through the upper half's last row, both factors <= 1, four GEMMs per
 # halving), only the pairs inside a block of PAIR_HALVINGS_TO rows one by one (3 of a row's 63 partners at most
-# for 4, against 15 for the sub-chunks of 16). Exact for any gate, as the sub-chunks are. Not yet run on a GPU.
+# for 4, against 15 for the sub-chunks of 16). Exact for any gate, as the sub-chunks are. Its GPU tests passed (run
+# 107: the chunk kernel against the stages, KDA's gradients); off until it is timed against the reference rows.
 PAIR_SUMS_BY_HALVINGS = False
 PAIR_HALVINGS_TO = 4
 

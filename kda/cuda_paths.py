@@ -315,6 +315,7 @@ PATHS: tuple[CudaPath, ...] = (
                     "blocks of PAIR_HALVINGS_TO rows one by one",
               "zh": "KDA 反向的成对求和（chunk_pair_gradients）按对半划分：64、32……行的块中跨越上下两半的对，"
                     "经上半块最后一行化为 GEMM，只有 PAIR_HALVINGS_TO 行的块内的对逐对求和"},
+        gpu_log="results/tuning/run107/gpu-tests-steep.txt",
     ),
     CudaPath(
         name="activations_in_kernel",
