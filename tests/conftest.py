@@ -1,3 +1,4 @@
+import os
 import socket
 
 import pytest
@@ -24,6 +25,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
         if "tilelang" in item.keywords and not HAS_TILELANG:
             item.add_marker(skip_tl)
+
+
+def pytest_runtest_logreport(report):
+    """With ``KDA_FAILURES_LOG`` set (the device calls), each failure's message is appended to that file as it happens,
+    so that a run cut by its time limit still says why its failures failed (pytest prints them only at the end)."""
+    path = os.environ.get("KDA_FAILURES_LOG")
+    if path and report.failed and "PYTEST_XDIST_WORKER" not in os.environ:      # once, in the controller
+        with open(path, "a") as log:
+            log.write(f"{report.nodeid} ({report.when})\n{report.longreprtext[-3000:]}\n\n")
 
 
 @pytest.fixture
