@@ -215,7 +215,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     ``middles`` (bf16; ``DIAGONAL_ABOUT_MIDDLES``): a chunk too steep for the diagonal about each sub-chunk's
     ``G_ref`` but whose gate falls by at most ``DIAGONAL_SPAN_MAX`` over each half of every sub-chunk takes its
     diagonal blocks from one GEMM about each sub-chunk's middle row instead of the pairwise sums
-    (``diagonal_about_middles``): twice the fall per sub-chunk on the tensor cores, which covers every gate of
+    (``diagonal_by_one_gemm``): twice the fall per sub-chunk on the tensor cores, which covers every gate of
     fla's ``safe_gate`` (at most 5 per token, 57.7 in log2 over half of 16 rows). The pairwise sums keep the
     rest; fp16 keeps them all (its operands cannot hold the factors).
 
@@ -471,27 +471,30 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                 Aqk_s[r, j] = A_part[r, j] * scale
 
     @T.macro
-    def diagonal_about_middles(Rgt_s, K_s, G_s, Lft_s, A_part, Aqk_s, A_s, beta_s, scale):
-        """The diagonal blocks of a chunk too steep for ``scores``' reference but not for each sub-chunk's middle row
-        ``m`` (``middle_row``): the pair ``(i, j)`` as ``(x_i 2^(G_i - G_m)) . (k_j 2^(G_m - G_j))``, every factor
-        within ``2^(+-DIAGONAL_SPAN_MAX)`` (``halves_fall_too_far`` is false) and their product ``<= 1`` on and below
-        the diagonal; one GEMM of the stacked ``[q; k]``, its diagonal blocks written where they belong (the pairs
-        above the diagonal may overflow and are not read). ``Rgt_s`` holds q (reloaded) on entry and is the right
-        operand from there; ``K_s`` (k) and ``G_s`` (the cumulative gate) are read, not written."""
+    def diagonal_by_one_gemm(Left, Right, A_diag, G_s, K_s, Rgt_s, Aqk_s, A_s, beta_s, scale, about_middles):
+        """The diagonal blocks from one GEMM of the stacked ``[q; k] 2^(G - G_x)`` against ``k 2^(G_x - G)``, the pairs
+        of each sub-chunk written where they belong (those across sub-chunks are not read). ``G_x`` is the gate at
+        each sub-chunk's middle row (``about_middles``, bf16: ``Left``/``Right`` are ``Lft_s``/``Rgt_s``; a chunk
+        too steep for ``G_ref`` but not for the middles, every factor within ``2^(+-DIAGONAL_SPAN_MAX)``) or ``G_ref``
+        (fp16: float32 operands rounded to tf32, ``G_ref - G`` capped at ``DIAGONAL_SPAN_MAX``). ``Rgt_s`` holds q on
+        entry (it may be ``Right``: q is read first); ``K_s`` (k) and ``G_s`` (the cumulative gate) are read."""
+        ref = (lambda row, d: G_s[middle_row(row, BC), d]) if about_middles else \
+            (lambda row, d: ref_gate(G_s, row // BC, d, BC))
+        rounded = (lambda value: value) if about_middles else tf32_nearest
         for i, d in T.Parallel(C, DK):
-            x = T.exp2(G_s[i, d] - G_s[middle_row(i, BC), d])
-            Lft_s[i, d] = Rgt_s[i, d] * x
+            x = T.exp2(G_s[i, d] - ref(i, d))
+            Left[i, d] = rounded(Rgt_s[i, d] * x)
             if delta:
-                Lft_s[C + i, d] = K_s[i, d] * x
+                Left[C + i, d] = rounded(K_s[i, d] * x)
         for j, d in T.Parallel(C, DK):
-            Rgt_s[j, d] = K_s[j, d] * T.exp2(G_s[middle_row(j, BC), d] - G_s[j, d])
-        T.gemm(Lft_s, Rgt_s, A_part, transpose_B=True, clear_accum=True)
+            Right[j, d] = rounded(K_s[j, d] * T.exp2(T.min(ref(j, d) - G_s[j, d], DIAGONAL_SPAN_MAX)))
+        T.gemm(Left, Right, A_diag, transpose_B=True, clear_accum=True)
         for r, j in T.Parallel(R, C):
             if (r % C) // BC == j // BC:
                 if r < C:
-                    Aqk_s[r, j] = T.if_then_else(j <= r, A_part[r, j] * scale, 0.0)
+                    Aqk_s[r, j] = T.if_then_else(j <= r, A_diag[r, j] * scale, 0.0)
                 elif delta:
-                    A_s[r - C, j] = T.if_then_else(j < r - C, A_part[r, j] * row_b(beta_s, r - C), 0.0)
+                    A_s[r - C, j] = T.if_then_else(j < r - C, A_diag[r, j] * row_b(beta_s, r - C), 0.0)
 
     @T.macro
     def body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, c, t0, L, bb, bh, G_out, Tinv_out, KKE_out,
@@ -597,24 +600,10 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                     A_diag = T.alloc_fragment([R, C], ACCUM)
                     Lft32_s = T.alloc_shared([R, DK], ACCUM)
                     Rgt32_s = T.alloc_shared([C, DK], ACCUM)
-                    for i, d in T.Parallel(C, DK):
-                        x = T.exp2(G_s[i, d] - ref_gate(G_s, i // BC, d, BC))
-                        Lft32_s[i, d] = tf32_nearest(Rgt_s[i, d] * x)
-                        if delta:
-                            Lft32_s[C + i, d] = tf32_nearest(K_s[i, d] * x)
-                    for j, d in T.Parallel(C, DK):
-                        Rgt32_s[j, d] = tf32_nearest(
-                            K_s[j, d] * T.exp2(T.min(ref_gate(G_s, j // BC, d, BC) - G_s[j, d], DIAGONAL_SPAN_MAX)))
-                    T.gemm(Lft32_s, Rgt32_s, A_diag, transpose_B=True, clear_accum=True)
-                    for r, j in T.Parallel(R, C):
-                        if (r % C) // BC == j // BC:
-                            if r < C:
-                                Aqk_s[r, j] = T.if_then_else(j <= r, A_diag[r, j] * scale, 0.0)
-                            elif delta:
-                                A_s[r - C, j] = T.if_then_else(j < r - C, A_diag[r, j] * row_b(beta_s, r - C), 0.0)
+                    diagonal_by_one_gemm(Lft32_s, Rgt32_s, A_diag, G_s, K_s, Rgt_s, Aqk_s, A_s, beta_s, scale, False)
             if middles:
                 if too_steep[0] == 1 and too_steep[1] == 0:
-                    diagonal_about_middles(Rgt_s, K_s, G_s, Lft_s, A_part, Aqk_s, A_s, beta_s, scale)
+                    diagonal_by_one_gemm(Lft_s, Rgt_s, A_part, G_s, K_s, Rgt_s, Aqk_s, A_s, beta_s, scale, True)
             if too_steep[PAIRWISE] == 1 and pairwise == "halvings":
                 diagonal_by_halvings(Rgt_s, K_s, G_s, Lft_s, A_part, q_f, Aqk_s, A_s, beta_s, scale)
             elif too_steep[PAIRWISE] == 1 and pairwise == "products":
