@@ -247,23 +247,22 @@ def test_diagonal_about_middles_holds_safe_gates(lower_bound):
     about ``G_ref`` would need the pairwise sums) but each half by at most that (``halves_fall_too_far``), and the
     factors about ``middle_row``, rounded to bf16 as the kernel's operands are and multiplied in float32, give the
     diagonal blocks' scores to bf16's rounding of ``Pairwise``'s, no factor leaving float32's range."""
-    from kda.kernels.chunk_intra import middle_row
-    from kda.kernels.stages import DIAGONAL_SPAN_MAX
+    from kda.kernels.chunk_intra import middle_row, subchunk_falls
+    from kda.kernels.stages import DIAGONAL_SPAN_MAX, LOG2_E
 
     C, BC = 64, 16
     gen = torch.Generator().manual_seed(5)
     x, y = (torch.randn(64, 32, generator=gen, **F64) for _ in range(2))
     g = lower_bound * (1 - 0.02 * torch.rand(64, 32, generator=gen, **F64))     # at the bound, within 2%
-    G2 = g.cumsum(0) * math.log2(math.e)                                        # log2 units, as the kernel
+    G2 = g.cumsum(0) * LOG2_E                                                   # log2 units, as the kernel
+    whole, halves = subchunk_falls(G2, BC)                                      # [C / BC, D]
+    assert (whole.amax(-1) > DIAGONAL_SPAN_MAX).all() and (halves <= DIAGONAL_SPAN_MAX).all()
     blocks = torch.arange(C)[:, None] // BC == torch.arange(C)[None, :] // BC
     want = torch.where(blocks, ref.Pairwise(g.cumsum(0)).scores(x, y, True), 0.0)
     got = torch.zeros(C, C, **F64)
     for s in range(C // BC):
         rows = slice(s * BC, s * BC + BC)
-        G_ref = G2[s * BC - 1] if s else torch.zeros(32, **F64)
         m = middle_row(s * BC, BC)
-        assert (G_ref - G2[s * BC + BC - 1]).max() > DIAGONAL_SPAN_MAX
-        assert torch.maximum(G_ref - G2[m], G2[m] - G2[s * BC + BC - 1]).max() <= DIAGONAL_SPAN_MAX
         left, right = torch.exp2(G2[rows] - G2[m]), torch.exp2(G2[m] - G2[rows])
         assert max(left.max(), right.max()) < 2.0 ** DIAGONAL_SPAN_MAX
         bf16 = lambda t: t.float().bfloat16().float()

@@ -369,21 +369,22 @@ def steep_gates(kind, shape, seed):
 
 
 def middle_band(g, C=64, BC=16):
-    """How many (chunk, sub-chunk, channel) of ``g [B, T, H, D]`` the diagonal about the middles serves: the gate falls
-    by more than ``DIAGONAL_SPAN_MAX`` over the sub-chunk, by at most that over each half of it (whole chunks)."""
-    from kda.kernels.stages import DIAGONAL_SPAN_MAX
+    """How many (chunk, sub-chunk, channel) of ``g [B, T, H, D]`` the diagonal about the middles serves
+    (``chunk_intra.subchunk_falls``): the gate falls by more than ``DIAGONAL_SPAN_MAX`` over the sub-chunk, by at most
+    that over each half of it."""
+    from kda.kernels.chunk_intra import subchunk_falls
+    from kda.kernels.stages import DIAGONAL_SPAN_MAX, LOG2_E
+    from kda.reference.level3 import chunk_gates
 
-    B, T, H, D = g.shape
-    G = (g[:, :T // C * C].double() * 1.4426950408889634).reshape(B, T // C, C, H, D).cumsum(2)
-    ref = torch.cat([torch.zeros_like(G[:, :, :1]), G[:, :, BC - 1:C - 1:BC]], 2)       # G before each sub-chunk
-    mid, end = G[:, :, BC // 2 - 1::BC], G[:, :, BC - 1::BC]
-    band = (ref - end > DIAGONAL_SPAN_MAX) & (torch.maximum(ref - mid, mid - end) <= DIAGONAL_SPAN_MAX)
-    return int(band.sum())
+    whole, halves = subchunk_falls(chunk_gates(g.double() * LOG2_E, C), BC)
+    return int(((whole > DIAGONAL_SPAN_MAX) & (halves <= DIAGONAL_SPAN_MAX)).sum())
 
 
 STEEP = ["uniform_to_-20", "runs_of_-20", "kda_style", "layer", "safe_layer"]
 STEEP_COMPILES = {"products": dict(pairwise="products"), "halvings": dict(pairwise="halvings"),
                   "middles": dict(middles=True), "middles_halvings": dict(middles=True, pairwise="halvings")}
+STEEP_SWITCHES = {"products": "PAIRWISE_BY_PRODUCTS", "halvings": "PAIRWISE_BY_HALVINGS",
+                  "middles": "DIAGONAL_ABOUT_MIDDLES"}            # kda.kernels.chunk_intra's, by STEEP_COMPILES' names
 
 
 @pytest.mark.parametrize("steep", list(STEEP_COMPILES))
@@ -441,7 +442,7 @@ def test_chunk_intra_steep_chunk_variants(dtype, kind, delta, steep):
         assert gap <= near, f"{label} against exp: {gap:.1e}"
 
 
-@pytest.mark.parametrize("steep", ["products", "halvings", "middles"])
+@pytest.mark.parametrize("steep", list(STEEP_SWITCHES))
 @pytest.mark.parametrize("op", ["chunk_kda", "gated_attention"])
 @pytest.mark.parametrize("kind", ["runs_of_-20", "layer", "safe_layer"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -453,8 +454,7 @@ def test_chunk_kda_steep_chunk_variants(dtype, kind, op, steep, compiled_kernels
     from kda.kernels import chunk_intra
     from kda.reference import level3 as ref3
 
-    switch = "DIAGONAL_ABOUT_MIDDLES" if steep == "middles" else "PAIRWISE_BY_" + steep.upper()
-    monkeypatch.setattr(chunk_intra, switch, True)
+    monkeypatch.setattr(chunk_intra, STEEP_SWITCHES[steep], True)
     shape = (2, 200, 3, 128, 128)
     q, k, v, g, beta, h0 = inputs(shape, dtype, "runs_of_-20", True, zlib.crc32(f"ppop{dtype}{kind}".encode()))
     if kind != "runs_of_-20":
@@ -465,10 +465,7 @@ def test_chunk_kda_steep_chunk_variants(dtype, kind, op, steep, compiled_kernels
     else:
         o, ht = kda.gated_attention(q, k, v, g, initial_state=h0, output_final_state=True)
         ref_o, ref_ht = ref3.recurrent(q.double() * 128 ** -0.5, k, v, g, h0, True)
-    if steep == "middles":
-        assert compiled_kernels["chunk_intra"].get("middles") is True
-    else:
-        assert compiled_kernels["chunk_intra"].get("pairwise") == steep
+    assert all(compiled_kernels["chunk_intra"].get(flag) == value for flag, value in STEEP_COMPILES[steep].items())
     assert torch.isfinite(o).all() and torch.isfinite(ht).all()
     assert rel_l2(o, ref_o) <= BOUND, f"o: {rel_l2(o, ref_o):.2e}"
     assert rel_l2(ht, ref_ht) <= BOUND, f"final state: {rel_l2(ht, ref_ht):.2e}"

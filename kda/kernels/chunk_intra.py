@@ -75,6 +75,15 @@ def halves_fall_too_far(G_s, s, d, BC):
     return T.max(ref_gate(G_s, s, d, BC) - G_s[m, d], G_s[m, d] - G_s[s * BC + BC - 1, d]) > DIAGONAL_SPAN_MAX
 
 
+def subchunk_falls(G, BC):
+    """On the host, what ``falls_too_far`` and ``halves_fall_too_far`` hold against ``DIAGONAL_SPAN_MAX``: for the
+    chunk-local cumulative gates ``G [..., C, D]`` (log2 units), per sub-chunk of ``BC`` rows the fall from ``G_ref``
+    to its last row and the larger fall of its two halves about ``middle_row``, each ``[..., C / BC, D]``."""
+    ref = torch.cat([torch.zeros_like(G[..., :1, :]), G[..., BC - 1:-1:BC, :]], dim=-2)
+    mid, end = G[..., middle_row(0, BC)::BC, :], G[..., BC - 1::BC, :]
+    return ref - end, torch.maximum(ref - mid, mid - end)
+
+
 @T.macro
 def pairwise_diagonal(Left_s, K_s, G_s, Out_s, factor, beta_s, C, D, BC):
     """The 16 x 16 diagonal blocks of the decayed scores summed pair by pair in float32 (a chunk
