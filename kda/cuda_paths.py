@@ -318,6 +318,16 @@ PATHS: tuple[CudaPath, ...] = (
         gpu_log="results/tuning/run107/gpu-tests-steep.txt",
     ),
     CudaPath(
+        name="warmup_starts",
+        module="kda.distributed",
+        switch="WARMUP_STARTS",
+        what={"en": "split_forward starting each run from the last chunks of the run before it alone (one pass over "
+                    "those windows from zero), where every gate falls by e^-24 or more over them and their keys are "
+                    "within the delta rule's bound, instead of the runs' maps and their fold",
+              "zh": "split_forward 让每一段只从前一段末尾的几个块出发（对这些窗口从零状态做一趟遍历）：只要每个门控在"
+                    "窗口内衰减到 e^-24 以下、且窗口内的键满足 delta 规则的界，就以此取代各段的映射及其折叠"},
+    ),
+    CudaPath(
         name="activations_in_kernel",
         module="kda.gated_delta",
         switch="ACTIVATIONS_IN_KERNEL",

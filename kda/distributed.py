@@ -19,6 +19,7 @@ state pass from a zero start gives ``B``, the same pass with the identity as sta
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -133,6 +134,46 @@ def context_parallel(q, k, v, g, beta, scale=None, initial_state=None, output_fi
 # --8<-- [end:context_parallel]
 
 
+# --8<-- [start:warmup_chunks]
+# A run's start from the trailing chunks of the run before it alone, where every head's gate (every channel's) falls
+# over them by -WARMUP_FALL or more: the state before them reaches the start scaled by at most e^WARMUP_FALL (3.8e-11,
+# under float32's rounding), since with keys within the delta rule's bound (beta ||k||^2 <= 2) no step of the
+# window grows it. One pass over those windows then replaces the runs' maps and the fold (FlashQLA's intra-card
+# split warms up the same way, to e^-10). Off on CUDA until its GPU tests pass (kda.cuda_paths).
+WARMUP_STARTS = False
+WARMUP_FALL = -24.0
+WARMUP_MIN_RUN_CHUNKS = 16
+
+
+def warmup_chunks(falls, bound: float = WARMUP_FALL) -> int:
+    """The window: the fewest trailing chunks of each run but the last over which every head's gate (every
+    channel's) falls by ``-bound`` or more, the most of them over the batch, runs and heads; ``falls [B, P - 1,
+    H, L, X]`` holds each chunk's fall (natural log, <= 0; ``X`` channels or 1). 0 where some run never falls that
+    far (its start is then the exact one). One read back to the host."""
+    tails = falls.flip(-2).cumsum(-2).amax(-1)          # [B, P - 1, H, L]: the last 1, 2, .. chunks, slowest channel
+    reached = tails <= bound                            # False .. False True .. True: the falls are <= 0
+    return int(torch.where(reached[..., -1].all(), (~reached).sum(-1).amax() + 1, 0))
+
+
+def window_keys_stable(k, beta, pieces: int, run_len: int, tokens: int) -> bool:
+    """Whether ``beta ||k||^2 <= 2`` on every token of the windows, the last ``tokens`` of each run but the last
+    (``k [B, T, H, K]`` as the kernels read it, ``beta [B, T, H]``): then no step there can grow the state, and the
+    bound of ``warmup_chunks`` holds. One read back to the host."""
+    tail = lambda x: x[:, :(pieces - 1) * run_len].reshape(x.shape[0], pieces - 1, run_len,
+                                                          *x.shape[2:])[:, :, -tokens:]
+    return float((tail(beta).float() * tail(k).float().square().sum(-1)).amax()) <= 2.0
+
+
+def gate_falls(g, pieces: int, run_len: int, chunk_size: int):
+    """``[B, pieces - 1, H, L, X]``: each chunk's gate fall in every run but the last (``g [B, T, H(, K)]``, log
+    gates; the runs ``run_len`` tokens of whole chunks)."""
+    g = g if g.dim() == 4 else g[..., None]
+    B, _, H, X = g.shape
+    runs = g[:, :(pieces - 1) * run_len].double().reshape(B, pieces - 1, run_len // chunk_size, chunk_size, H, X)
+    return runs.sum(3).transpose(2, 3)
+# --8<-- [end:warmup_chunks]
+
+
 # GDN's split by the scalar-gate path: its passes take 128 value columns per block, so the runs are
 # what fills the SMs. Off: run 89 timed it slower than level 5's split (best 2.11 ms, with 33 runs,
 # against 1.77 ms at (1, 131072, 4, 128); FlashQLA 0.44).
@@ -147,17 +188,20 @@ def _splits_by_scalar_gate(g) -> bool:
 
 # --8<-- [start:choose_pieces]
 def choose_pieces(B: int, H: int, DV: int, T: int, sm_count: int, block_dv: int = 32,
-                  chunk_size: int = CHUNK_SIZE, min_run_chunks: int = 256) -> int:
+                  chunk_size: int = CHUNK_SIZE, min_run_chunks: int = 256, warmup: bool = False) -> int:
     """How many runs to cut each sequence into. The state pass gets ``B * H * DV / block_dv``
     blocks, one per SM; P runs multiply that by P but make three passes (B, M, the recompute)
     instead of one, so a split pays only from about 4 runs on, and only while the blocks do not
     already fill the SMs. On the H200 at T = 8192 every split lost to the fixed cost of the maps
     and the fold, runs of 64, 32 and 16 chunks alike (``snippets/cp/split_latency.py``), and once
     the state pass was warp-specialised 8 runs of 64 chunks lost too (0.76x at B, T, H = 1, 32768,
-    4; run 39 in results/tuning): a floor of 256 chunks per run keeps such lengths unsplit."""
+    4; run 39 in results/tuning): a floor of 256 chunks per run keeps such lengths unsplit.
+    With ``warmup`` starts (``warmup_chunks``) the maps and the fold give way to one pass over a few
+    chunks per run, so two runs pay already and the floor is ``WARMUP_MIN_RUN_CHUNKS``."""
     blocks = B * H * ceildiv(DV, block_dv)
-    pieces = min(sm_count // blocks, ceildiv(T, chunk_size) // min_run_chunks)
-    return pieces if pieces >= 4 else 1
+    floor = WARMUP_MIN_RUN_CHUNKS if warmup else min_run_chunks
+    pieces = min(sm_count // blocks, ceildiv(T, chunk_size) // floor)
+    return pieces if pieces >= (2 if warmup else 4) else 1
 # --8<-- [end:choose_pieces]
 
 
@@ -179,28 +223,34 @@ def runs_form(form: ChunkForm, pieces: int) -> ChunkForm:
 
 # --8<-- [start:split_forward]
 def split_forward(q, k, v, g, beta, pieces: int | None = None, scale=None, initial_state=None,
-                  output_final_state=False, use_qk_l2norm_in_kernel=False, chunk_size: int = CHUNK_SIZE):
+                  output_final_state=False, use_qk_l2norm_in_kernel=False, chunk_size: int = CHUNK_SIZE,
+                  warmup: bool | None = None):
     """Intra-card split, the affine chain on one device: each sequence is cut into ``pieces`` runs
     of whole chunks; every run's map ``(M, B)`` is computed with no initial state (on a GPU all
     runs at once, as a batch of ``B * pieces`` sequences), the maps are folded in order into each
     run's true starting state, and every run is recomputed from it. Same arguments and results
     as ``chunk_kda`` (``g [B, T, H, K]``) or ``chunk_gated_delta_rule`` (``g [B, T, H]``), without
-    ``cu_seqlens``. ``pieces=None`` lets ``choose_pieces`` decide from the device's SM count (CUDA)."""
+    ``cu_seqlens``. ``pieces=None`` lets ``choose_pieces`` decide from the device's SM count (CUDA).
+    ``warmup`` (``None``: ``WARMUP_STARTS`` on CUDA, off on the CPU) starts each run but the first from
+    the window of ``warmup_chunks`` instead, where the gates fall far enough and the window's keys are
+    stable (else the exact starts)."""
     if pieces is not None and (isinstance(pieces, bool) or not isinstance(pieces, int) or pieces < 1):
         raise ValueError(f"pieces must be a positive int or None, got {pieces!r}")
     scale, h0, _ = validate.check_gated_delta_inputs(q, k, v, g, beta, scale, initial_state, None, g.dim() == 4)
     _check_ungrouped(q, v)
     if validate.runs_kernels(q) and chunk_size != CHUNK_SIZE:
         raise ValueError(f"chunk_size must be {CHUNK_SIZE} on CUDA (the kernels' chunk), got {chunk_size}")
+    if warmup is None:
+        warmup = WARMUP_STARTS and validate.runs_kernels(q)
     B, T, H, _ = q.shape
     chunks = ceildiv(T, chunk_size)
     if pieces is None:
         sms = sm_count(q.device) if validate.runs_kernels(q) else 1
         if _splits_by_scalar_gate(g):
             pieces = choose_pieces(B, H, v.shape[-1], T, sms, gated_delta.SCALAR_GATE_COLUMNS, chunk_size,
-                                   SCALAR_GATE_MIN_RUN_CHUNKS)
+                                   SCALAR_GATE_MIN_RUN_CHUNKS, warmup=warmup)
         else:
-            pieces = choose_pieces(B, H, v.shape[-1], T, sms, chunk_size=chunk_size)
+            pieces = choose_pieces(B, H, v.shape[-1], T, sms, chunk_size=chunk_size, warmup=warmup)
     run_chunks = ceildiv(chunks, pieces)
     pieces = ceildiv(chunks, run_chunks)                         # no empty run
     run_len = run_chunks * chunk_size
@@ -209,13 +259,22 @@ def split_forward(q, k, v, g, beta, pieces: int | None = None, scale=None, initi
                                  use_qk_l2norm_in_kernel)
     if validate.runs_kernels(q):
         return _split_forward_cuda(q, k, v, g, beta, pieces, run_len, scale, h0, output_final_state,
-                                   use_qk_l2norm_in_kernel)
+                                   use_qk_l2norm_in_kernel, warmup)
     runs = [slice(s, min(s + run_len, T)) for s in range(0, T, run_len)]
     k_map = ref4.l2_normalize(k.double()) if use_qk_l2norm_in_kernel else k
-    # the last run's map is not needed: the final state comes from its recompute
-    maps = [local_affine_map(k_map[:, r], v[:, r], g[:, r], beta[:, r], chunk_size) for r in runs[:-1]]
+    window = warmup_chunks(gate_falls(g, pieces, run_len, chunk_size)) if warmup else 0
+    windows = [slice(r.stop - window * chunk_size, r.stop) for r in runs[:-1]]
+    if window and window_keys_stable(k_map, beta, pieces, run_len, window * chunk_size):
+        # each run's start: the state its window leaves from zero, the plain forward's arithmetic
+        starts = [start_state(q, v, h0)] + [
+            _plain_forward(g)(q[:, w], k[:, w], v[:, w], g[:, w], beta[:, w], scale, None, True,
+                              use_qk_l2norm_in_kernel)[1] for w in windows]
+    else:
+        # the last run's map is not needed: the final state comes from its recompute
+        maps = [local_affine_map(k_map[:, r], v[:, r], g[:, r], beta[:, r], chunk_size) for r in runs[:-1]]
+        starts = fold(start_state(q, v, h0), maps)
     outputs = []
-    for r, S0 in zip(runs, fold(start_state(q, v, h0), maps)):
+    for r, S0 in zip(runs, starts):
         o, final = _plain_forward(g)(q[:, r], k[:, r], v[:, r], g[:, r], beta[:, r], scale, S0, True,
                                      use_qk_l2norm_in_kernel)
         outputs.append(o)
@@ -235,7 +294,8 @@ def _pad_time(x, pad: int):
     return F.pad(x, (0, 0) * (x.dim() - 2) + (0, pad))
 
 
-def _split_forward_cuda(q, k, v, g, beta, pieces, run_len, scale, h0, output_final_state, use_qk_l2norm_in_kernel):
+def _split_forward_cuda(q, k, v, g, beta, pieces, run_len, scale, h0, output_final_state, use_qk_l2norm_in_kernel,
+                        warmup=False):
     from kda.kernels.chunk_intra import prepare_chunks
     from kda.kernels.gated_state_pass import run_state_pass
 
@@ -246,41 +306,83 @@ def _split_forward_cuda(q, k, v, g, beta, pieces, run_len, scale, h0, output_fin
     if pad:
         q, k, v, g, beta = (_pad_time(x, pad) for x in (q, k, v, g, beta))
     if scalar_gate:
-        o, final = _split_scalar_gate(q, k, v, g, beta, pieces, scale, h0)
+        o, final = _split_scalar_gate(q, k, v, g, beta, pieces, scale, h0, warmup)
         o = o[:, :T]
         return (o.contiguous() if pad else o), (final if output_final_state else None)
     runs = runs_form(prepare_chunks(q, k, v, g, beta, scale), pieces)     # every chunk of every run at once
-    M, Bm = (x.reshape(B, pieces, *x.shape[1:]) for x in chunk_maps(runs))
-    starts = fold(_start_state32(h0, Bm[:, 0]), [(M[:, p], Bm[:, p]) for p in range(pieces - 1)])
-    o, ht = run_state_pass(runs, torch.stack(starts, dim=1).reshape(B * pieces, *Bm.shape[2:]))
+    window = _window(runs.decay.reshape(B, pieces, H, -1, runs.decay.shape[-1]).log(), k, beta, pieces, run_len) \
+        if warmup else 0
+    if window:
+        _, ends = run_state_pass(window_form(runs, B, pieces, window), None)
+        starts = _warm_starts(h0, ends, B, pieces)
+    else:
+        M, Bm = (x.reshape(B, pieces, *x.shape[1:]) for x in chunk_maps(runs))
+        starts = torch.stack(fold(_start_state32(h0, Bm[:, 0]), [(M[:, p], Bm[:, p]) for p in range(pieces - 1)]),
+                             dim=1).reshape(B * pieces, *Bm.shape[2:])
+    o, ht = run_state_pass(runs, starts)
     o = o.reshape(B, pieces * run_len, H, -1)[:, :T]
     final = ht.reshape(B, pieces, *ht.shape[1:])[:, -1].contiguous()
     return (o.contiguous() if pad else o), (final if output_final_state else None)
 
 
-def _split_scalar_gate(q, k, v, g, beta, pieces, scale, h0):
+def _window(falls, k, beta, pieces, run_len):
+    """CUDA: the warm-up window in chunks (0: exact starts) from ``falls [B, pieces, H, L, X]``, the log of each
+    chunk's decay of every run, and the keys as the kernels read them."""
+    window = warmup_chunks(falls[:, :-1])
+    return window if window and window_keys_stable(k, beta, pieces, run_len, window * CHUNK_SIZE) else 0
+
+
+def window_form(runs: ChunkForm, B: int, pieces: int, chunks: int) -> ChunkForm:
+    """The last ``chunks`` chunks of every run but the last of ``runs_form``'s batch, as a batch of ``B (pieces -
+    1)`` sequences (copies: ``chunks * C`` tokens of each)."""
+    tokens = chunks * CHUNK_SIZE
+    tail = lambda x: x.reshape(B, pieces, *x.shape[1:])[:, :-1, -tokens:].reshape(-1, tokens, *x.shape[2:]).contiguous()
+    decay = runs.decay.reshape(B, pieces, *runs.decay.shape[1:])[:, :-1, :, -chunks:]
+    return runs._replace(Qw=tail(runs.Qw), Kw=tail(runs.Kw), W=tail(runs.W), U=tail(runs.U), A_qk=tail(runs.A_qk),
+                         decay=decay.reshape(-1, *decay.shape[2:]).contiguous())
+
+
+def _warm_starts(h0, ends, B, pieces):
+    """``[B pieces, H, K, V]`` float32: each sequence's start (``h0``, zeros without one), then the ends of the
+    windows of its runs but the last."""
+    ends = ends.reshape(B, pieces - 1, *ends.shape[1:])
+    return torch.cat([_start_state32(h0, ends[:, 0])[:, None], ends], dim=1).reshape(B * pieces, *ends.shape[2:])
+
+
+def _split_scalar_gate(q, k, v, g, beta, pieces, scale, h0, warmup=False):
     """GDN's split by ``kda.kernels.scalar_gate``: the inverse once for every chunk, then each run's map
     by the pass over a batch of ``B * pieces`` runs (``M`` from the identity with ``V = 0``, ``B`` from
-    zero), the fold, and the pass again from each run's true start. ``q, k, v, g [B, T, H, 1], beta``
+    zero), the fold, and the pass again from each run's true start; with ``warmup``, where the gates allow,
+    the pass over each run's window instead of the maps and the fold. ``q, k, v, g [B, T, H, 1], beta``
     padded to whole runs; returns ``o`` and the final state."""
     from kda.kernels.scalar_gate import scalar_gate_inverse, scalar_gate_pass_launch
 
     B, T, H, K = q.shape
     DV, L, R = v.shape[-1], T // pieces, B * pieces
     G, Tb = scalar_gate_inverse(k, g, beta, H)
-    runs = lambda x: x.reshape(R, L, *x.shape[2:])                         # views: runs of whole chunks
-    G = G.reshape(B, H, pieces, L).transpose(1, 2).reshape(R, H, L).contiguous()   # each run's chunks together
-    q, k, v, Tb = runs(q), runs(k), runs(v), runs(Tb)
     block = lambda D: min(gated_delta.SCALAR_GATE_COLUMNS, D)            # the pieces were chosen to fill the SMs
-    homogeneous = torch.zeros(R, L, H, K, dtype=v.dtype, device=v.device)
-    eye = torch.eye(K, dtype=torch.float32, device=q.device).expand(R, H, K, K).contiguous()
-    maps = []
-    for values, start in ((homogeneous, eye), (v, None)):                  # M, then B
-        _, end = launch.launched(scalar_gate_pass_launch(q, k, values, Tb, G, scale, start, block(values.shape[-1])))
-        maps.append(end.reshape(B, pieces, H, K, -1))
-    M, Bm = maps
-    starts = fold(_start_state32(h0, Bm[:, 0]), [(M[:, p], Bm[:, p]) for p in range(pieces - 1)])
-    o, ht = launch.launched(scalar_gate_pass_launch(q, k, v, Tb, G, scale,
-                                                    torch.stack(starts, dim=1).reshape(R, H, K, DV), block(DV)))
+    pass_from = lambda q, k, v, Tb, G, start: launch.launched(
+        scalar_gate_pass_launch(q, k, v, Tb, G, scale, start, block(v.shape[-1])))
+    # G holds log2 of the gate's cumsum in each chunk: the chunk's fall is its last row's
+    falls = G.reshape(B, H, pieces, L)[..., CHUNK_SIZE - 1::CHUNK_SIZE].transpose(1, 2)[..., None] * math.log(2)
+    window = _window(falls, k, beta, pieces, L) if warmup else 0
+    if window:
+        tokens = window * CHUNK_SIZE
+        tail = lambda x: x.reshape(B, pieces, L, *x.shape[2:])[:, :-1, -tokens:].reshape(-1, tokens,
+                                                                                     *x.shape[2:]).contiguous()
+        G_tail = G.reshape(B, H, pieces, L)[:, :, :-1, -tokens:].transpose(1, 2).reshape(-1, H, tokens).contiguous()
+        _, ends = pass_from(tail(q), tail(k), tail(v), tail(Tb), G_tail, None)
+        starts = _warm_starts(h0, ends, B, pieces)
+    G = G.reshape(B, H, pieces, L).transpose(1, 2).reshape(R, H, L).contiguous()   # each run's chunks together
+    runs = lambda x: x.reshape(R, L, *x.shape[2:])                         # views: runs of whole chunks
+    q, k, v, Tb = runs(q), runs(k), runs(v), runs(Tb)
+    if not window:
+        homogeneous = torch.zeros(R, L, H, K, dtype=v.dtype, device=v.device)
+        eye = torch.eye(K, dtype=torch.float32, device=q.device).expand(R, H, K, K).contiguous()
+        M, Bm = (pass_from(q, k, values, Tb, G, start)[1].reshape(B, pieces, H, K, -1)
+                 for values, start in ((homogeneous, eye), (v, None)))   # M, then B
+        starts = torch.stack(fold(_start_state32(h0, Bm[:, 0]), [(M[:, p], Bm[:, p]) for p in range(pieces - 1)]),
+                             dim=1).reshape(R, H, K, DV)
+    o, ht = pass_from(q, k, v, Tb, G, starts)
     return o.reshape(B, T, H, DV), ht.reshape(B, pieces, H, K, DV)[:, -1].contiguous()
 # --8<-- [end:split_forward]

@@ -8,7 +8,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from kda.distributed import choose_pieces, context_parallel, local_affine_map, map_bytes, split_forward
+from kda.distributed import (WARMUP_FALL, choose_pieces, context_parallel, gate_falls, local_affine_map, map_bytes,
+                             split_forward, warmup_chunks, window_keys_stable)
 from kda.gated_delta import chunk_gated_delta_rule, chunk_kda
 from kda.metrics import rel_l2
 from kda.reference import level0 as ref0
@@ -74,6 +75,52 @@ def test_split_forward_equals_the_plain_forward(T, pieces, per_channel):
         split_forward(q, k, v, g, beta, 0)
 
 
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
+@pytest.mark.parametrize("T,pieces", [(300, 3), (1000, 5), (640, 2)])
+def test_split_forward_warmup_starts(T, pieces, per_channel):
+    """Warm-up starts: under gates that fall far within a chunk each run starts from the window of the run before
+    it alone, and the outputs equal the plain forward's below float32's rounding (what is left out is scaled by
+    e^-24 or less; the first chunk of a run, whose own state is small after steep gates, sees ~1e-9 of it); under
+    mild gates no window gets there and the exact starts run, to float64 rounding."""
+    q, k, v, _, beta, h0 = inputs(T, per_channel, seed=T)
+    forward = chunk_kda if per_channel else chunk_gated_delta_rule
+    steep = random_inputs.gated_delta(2, T, 2, 16, 8, gate="channel" if per_channel else "head", form="uniform",
+                                      strength=2.0, seed=T + 1)[3]
+    run_chunks = -(-(-(-T // 64)) // pieces)
+    pieces, run_len = -(-(-(-T // 64)) // run_chunks), run_chunks * 64      # as split_forward makes them
+    steep[:, run_len - 64:run_len] = -1e-3          # the first run's last chunk barely falls: a window of two
+    assert warmup_chunks(gate_falls(steep, pieces, run_len, 64)) == 2
+    mild = -torch.rand_like(steep) * 1e-3
+    assert warmup_chunks(gate_falls(mild, pieces, run_len, 64)) == 0
+    for g, bound in ((steep, 1e-7), (mild, 1e-12)):
+        o, s = forward(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+        o2, s2 = split_forward(q, k, v, g, beta, pieces, initial_state=h0, output_final_state=True, warmup=True)
+        assert rel_l2(o2, o) < bound and rel_l2(s2, s) < bound
+
+
+def test_window_keys_stable():
+    """Past the delta rule's bound a step may grow the state, and the window's bound no longer holds."""
+    q, k, v, g, beta, h0 = inputs(256, True)
+    assert window_keys_stable(k, beta, 2, 128, 64)
+    k = k.clone()
+    k[1, 127, 1] *= 1.5                              # in the first run's window; beta there is drawn in [0, 1]
+    beta = beta.clone()
+    beta[1, 127, 1] = 1.0
+    assert not window_keys_stable(k, beta, 2, 128, 64)
+    assert window_keys_stable(k, beta, 2, 128, 1) == (1.5 ** 2 <= 2)
+    assert window_keys_stable(k, beta, 2, 160, 32)   # the token is outside every window
+
+
+def test_warmup_chunks_takes_the_slowest_channel():
+    falls = torch.full((1, 2, 1, 4, 3), -30.0, dtype=torch.float64)      # every chunk falls far: one chunk
+    assert warmup_chunks(falls) == 1
+    falls[0, 1, 0, -1, 2] = -1.0                   # one channel of one run's last chunk falls slowly: two chunks
+    assert warmup_chunks(falls) == 2
+    falls[0, 0, 0, :, 0] = -1.0                    # one channel never gets there in run 0: exact starts
+    assert warmup_chunks(falls) == 0
+    assert warmup_chunks(torch.full((1, 1, 1, 2, 1), WARMUP_FALL / 2, dtype=torch.float64)) == 2
+
+
 def test_split_forward_rejects_bad_input():
     q, k, v, g, beta, h0 = inputs(130, True)
     for bad in (0, -1, 2.0, True):
@@ -99,6 +146,18 @@ def test_split_forward_rejects_bad_input():
 ])
 def test_choose_pieces(B, H, DV, T, expected):
     assert choose_pieces(B, H, DV, T, sm_count=132) == expected
+
+
+@pytest.mark.parametrize("B,H,DV,T,block_dv,expected", [
+    (1, 4, 128, 131072, 32, 8),      # 16 blocks: 8 runs fill the SMs
+    (1, 4, 128, 8192, 32, 8),        # 128 chunks: runs of 16
+    (1, 32, 128, 32768, 128, 4),     # the scalar-gate pass's 32 blocks of 128 columns: 4 runs
+    (1, 64, 128, 8192, 128, 2),      # 64 blocks: 2 runs pay once the starts are cheap
+    (1, 96, 128, 8192, 128, 1),      # 96 blocks: one run
+    (1, 4, 128, 1024, 32, 1),        # 16 chunks: no run shorter than 16
+])
+def test_choose_pieces_with_warmup_starts(B, H, DV, T, block_dv, expected):
+    assert choose_pieces(B, H, DV, T, 132, block_dv, warmup=True) == expected
 
 
 def test_grouped_value_heads_are_refused():

@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import kda
-from kda.distributed import choose_pieces, chunk_maps, context_parallel, local_affine_map, split_forward
+from kda.distributed import choose_pieces, chunk_maps, context_parallel, local_affine_map, split_forward, warmup_chunks
 from kda.kernels.chunk_intra import prepare_chunks
 from kda.metrics import rel_l2
 from kda.reference import level0 as ref0
@@ -61,6 +61,40 @@ def test_split_with_long_memory(per_channel, poisoned):
     o, ht = split_forward(q, k, v, g, beta, 4, initial_state=h0, output_final_state=True)
     ref_o, ref_ht = ref0.recurrent(q.double() * 128 ** -0.5, k, v, g, beta, h0, True)
     assert rel_l2(o, ref_o) <= BOUND and rel_l2(ht, ref_ht) <= BOUND, (rel_l2(o, ref_o), rel_l2(ht, ref_ht))
+
+
+@pytest.mark.parametrize("path", ["kda", "gdn", "gdn_scalar_gate"])
+@pytest.mark.parametrize("shape,pieces,gates,window", [
+    ((1, 1000, 2, 128, 64), 5, "logsigmoid", 1),   # runs of 4 chunks, padded to 1024: each chunk falls far
+    ((2, 520, 3, 64, 128), 3, "slow_last", 2),      # B = 2, runs of 3 chunks, each run's last chunk barely falls
+    ((1, 2048, 2, 128, 64), 4, "mild", 0),          # half the state survives a run: the exact starts
+    ((1, 8192, 4, 128, 128), None, "logsigmoid", 1),  # the automatic choice with warm-up starts: 8 runs
+], ids=["padded", "B=2 two-chunk window", "mild: exact", "auto"])
+def test_split_warmup_starts(shape, pieces, gates, window, path, monkeypatch, poisoned):
+    """``WARMUP_STARTS``: each run starts from the window of the run before it; against the float64 recurrence
+    and the unsplit op, the window each call took checked."""
+    from kda import distributed, gated_delta
+
+    monkeypatch.setattr(distributed, "WARMUP_STARTS", True)
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", path == "gdn_scalar_gate")
+    monkeypatch.setattr(distributed, "SCALAR_GATE_SPLIT", path == "gdn_scalar_gate")
+    taken = []
+    monkeypatch.setattr(distributed, "warmup_chunks", lambda falls: taken.append(warmup_chunks(falls)) or taken[-1])
+    per_channel = path == "kda"
+    q, k, v, g, beta, h0 = inputs(shape, per_channel, seed=shape[1] + 7)
+    if gates == "mild":
+        g = -0.003 * torch.rand_like(g)
+    elif gates == "slow_last":                       # runs of 3 chunks: chunks 2, 5, .. barely fall
+        for c in range(2, -(-shape[1] // 64), 3):
+            g[:, 64 * c:64 * (c + 1)] = -1e-3
+    o, ht = split_forward(q, k, v, g, beta, pieces, initial_state=h0, output_final_state=True)
+    assert taken == [window]
+    fn = kda.chunk_kda if per_channel else kda.chunk_gated_delta_rule
+    o1, ht1 = fn(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    ref_o, ref_ht = ref0.recurrent(q.double() * shape[3] ** -0.5, k, v, g, beta, h0, True)
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+    assert rel_l2(o, ref_o) <= BOUND and rel_l2(ht, ref_ht) <= BOUND, (rel_l2(o, ref_o), rel_l2(ht, ref_ht))
+    assert rel_l2(o, o1) <= BOUND and rel_l2(ht, ht1) <= BOUND
 
 
 def test_split_fp16_and_l2norm(poisoned):

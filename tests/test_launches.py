@@ -228,6 +228,27 @@ def test_split_by_the_scalar_gate_path(kernel_launches, monkeypatch, initial):
     assert o.shape == v.shape and ht.shape == (2, 2, 64, 64)
 
 
+@pytest.mark.parametrize("scalar_path", [False, True], ids=["level5", "scalar_gate"])
+def test_split_warmup_starts(kernel_launches, monkeypatch, scalar_path):
+    """Warm-up starts: one pass over the runs' windows from zero, whose ends start the runs, then the pass over
+    the runs: two passes instead of three, the windows a batch of B (P - 1) short sequences."""
+    from kda import distributed, gated_delta
+
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", scalar_path)
+    monkeypatch.setattr(distributed, "SCALAR_GATE_SPLIT", scalar_path)
+    monkeypatch.setattr(distributed, "warmup_chunks", lambda falls: 1)    # the launches hold no values
+    q, k, v, g, beta = level5_inputs(B=2, T=250, per_channel=not scalar_path)
+    k = (k.float() / k.float().norm(dim=-1, keepdim=True)).to(k.dtype)   # within the delta rule's bound
+    g = g[..., 0] if scalar_path else g
+    o, ht = distributed._split_forward_cuda(q, k, v, g, beta, 2, 128, 0.125, torch.randn(2, 2, 64, 64), True, False,
+                                            warmup=True)
+    first, state_pass = (("chunk_gated_inverse", "inverse_state_output_pass") if scalar_path
+                         else ("chunk_intra", "gated_state_output_pass"))
+    assert [name for name, _ in kernel_launches] == [first] + [state_pass] * 2
+    assert [params["initial_state"] for _, params in kernel_launches[1:]] == [False, True]
+    assert o.shape == v.shape and ht.shape == (2, 2, 64, 64)
+
+
 @pytest.mark.parametrize("per_channel", [True, False], ids=["per_channel", "scalar"])
 @pytest.mark.parametrize("with_state", [False, True], ids=["stateless", "states"])
 def test_level3(kernel_launches, per_channel, with_state):
