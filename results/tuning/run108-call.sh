@@ -7,6 +7,8 @@
 # forward and the layer's call by exp, products, halvings, middles, middles with halvings, beside fla's) and
 # backward (PAIR_SUMS_BY_HALVINGS, which passed its tests in run 107, against the reference rows), then run 94
 # (the scalar-gate inverse's grid order, never run), each within what is left of TOTAL. Logs and caches to $OUT.
+# Added in the session of f89825d: the GPU tests of the split's warm-up starts (tests/test_gpu_cp.py -k warmup, 12),
+# and run108-warmup.py first among the timings.
 # Two calls back to back keep the machine warm: PARTS=tests TOTAL=420, then PARTS=timings TOTAL=540.
 set -u
 PARTS=${PARTS:-tests timings}
@@ -14,14 +16,15 @@ source "$(dirname "$0")/device-env.sh"
 left() { echo $(( ${TOTAL:-540} - $(date +%s) + start )); }
 if [[ " $PARTS " == *" tests "* ]]; then
 TESTS="(steep_chunk_variants and not products and (dtype1 or level5-halvings)) or keys_past_the_bound"
-TESTS="$TESTS or all_landed_off"                                                      # 65 tests
+TESTS="$TESTS or all_landed_off or warmup"                                            # 77 tests
 KDA_FAILURES_LOG="$OUT"/gpu-failures.txt OMP_NUM_THREADS=1 timeout -k 5 $(( $(left) - 40 )) python -m pytest \
-  -o addopts="" -n 12 -m gpu -v -p no:cacheprovider tests/test_gpu_backward.py tests/test_gpu_level5.py -k "$TESTS" \
+  -o addopts="" -n 12 -m gpu -v -p no:cacheprovider tests/test_gpu_backward.py tests/test_gpu_level5.py tests/test_gpu_cp.py -k "$TESTS" \
   2>&1 | grep "PASSED\|FAILED\|ERROR\|passed\|failed\|Error\|^E  " | sed 's/^\[gw[0-9]*\] \[ *[0-9]*%\] //' \
   | cut -c1-400 > "$OUT"/gpu-tests-steep.txt
 grep -c PASSED "$OUT"/gpu-tests-steep.txt; grep "FAILED\|ERROR\|passed\|failed" "$OUT"/gpu-tests-steep.txt | tail -12
 fi
 if [[ " $PARTS " == *" timings "* ]]; then
+timeout -k 5 $(( $(left) / 3 )) python results/tuning/run108-warmup.py 2>&1 | grep "^{\|Error" | cut -c1-300 | tail -40
 timeout -k 5 $(( $(left) - 150 )) python results/tuning/run106-halvings.py steep backward 2>&1 | grep "^{\|Error" \
   | tail -24
 [ "$(left)" -gt 100 ] && timeout -k 5 $(( $(left) - 30 )) python results/tuning/run94-gdn-inverse.py compile time 2>&1 \
