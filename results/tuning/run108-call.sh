@@ -8,7 +8,7 @@
 # backward (PAIR_SUMS_BY_HALVINGS, which passed its tests in run 107, against the reference rows), then run 94
 # (the scalar-gate inverse's grid order, never run), each within what is left of TOTAL. Logs and caches to $OUT.
 # Added in the session of f89825d: the GPU tests of the split's warm-up starts (tests/test_gpu_cp.py -k warmup, 12),
-# and run108-warmup.py first among the timings.
+# and run108-warmup.py (PARTS=warmup): one call PARTS="tests warmup" TOTAL=560.
 # Two calls back to back keep the machine warm: PARTS=tests TOTAL=420, then PARTS=timings TOTAL=540.
 set -u
 PARTS=${PARTS:-tests timings}
@@ -23,8 +23,10 @@ KDA_FAILURES_LOG="$OUT"/gpu-failures.txt OMP_NUM_THREADS=1 timeout -k 5 $(( $(le
   | cut -c1-400 > "$OUT"/gpu-tests-steep.txt
 grep -c PASSED "$OUT"/gpu-tests-steep.txt; grep "FAILED\|ERROR\|passed\|failed" "$OUT"/gpu-tests-steep.txt | tail -12
 fi
+if [[ " $PARTS " == *" warmup "* ]]; then
+timeout -k 5 $(( $(left) - 25 )) python results/tuning/run108-warmup.py 2>&1 | grep "^{\|Error" | cut -c1-260 | tail -40
+fi
 if [[ " $PARTS " == *" timings "* ]]; then
-timeout -k 5 $(( $(left) / 3 )) python results/tuning/run108-warmup.py 2>&1 | grep "^{\|Error" | cut -c1-300 | tail -40
 timeout -k 5 $(( $(left) - 150 )) python results/tuning/run106-halvings.py steep backward 2>&1 | grep "^{\|Error" \
   | tail -24
 [ "$(left)" -gt 100 ] && timeout -k 5 $(( $(left) - 30 )) python results/tuning/run94-gdn-inverse.py compile time 2>&1 \
