@@ -244,13 +244,14 @@ def split_forward(q, k, v, g, beta, pieces: int | None = None, scale=None, initi
         warmup = WARMUP_STARTS and validate.runs_kernels(q)
     B, T, H, _ = q.shape
     chunks = ceildiv(T, chunk_size)
+    # runs chosen for warm-up starts that exact starts would not pay for: where no window serves, no split
+    unsplit_without_window = False
     if pieces is None:
         sms = sm_count(q.device) if validate.runs_kernels(q) else 1
-        if _splits_by_scalar_gate(g):
-            pieces = choose_pieces(B, H, v.shape[-1], T, sms, gated_delta.SCALAR_GATE_COLUMNS, chunk_size,
-                                   SCALAR_GATE_MIN_RUN_CHUNKS, warmup=warmup)
-        else:
-            pieces = choose_pieces(B, H, v.shape[-1], T, sms, chunk_size=chunk_size, warmup=warmup)
+        rule = (dict(block_dv=gated_delta.SCALAR_GATE_COLUMNS, min_run_chunks=SCALAR_GATE_MIN_RUN_CHUNKS)
+                if _splits_by_scalar_gate(g) else {})
+        pieces = choose_pieces(B, H, v.shape[-1], T, sms, chunk_size=chunk_size, warmup=warmup, **rule)
+        unsplit_without_window = warmup and choose_pieces(B, H, v.shape[-1], T, sms, chunk_size=chunk_size, **rule) == 1
     run_chunks = ceildiv(chunks, pieces)
     pieces = ceildiv(chunks, run_chunks)                         # no empty run
     run_len = run_chunks * chunk_size
@@ -259,12 +260,16 @@ def split_forward(q, k, v, g, beta, pieces: int | None = None, scale=None, initi
                                  use_qk_l2norm_in_kernel)
     if validate.runs_kernels(q):
         return _split_forward_cuda(q, k, v, g, beta, pieces, run_len, scale, h0, output_final_state,
-                                   use_qk_l2norm_in_kernel, warmup)
+                                   use_qk_l2norm_in_kernel, warmup, unsplit_without_window)
     runs = [slice(s, min(s + run_len, T)) for s in range(0, T, run_len)]
     k_map = ref4.l2_normalize(k.double()) if use_qk_l2norm_in_kernel else k
     window = warmup_chunks(gate_falls(g, pieces, run_len, chunk_size)) if warmup else 0
+    window = window if window and window_keys_stable(k_map, beta, pieces, run_len, window * chunk_size) else 0
+    if warmup and not window and unsplit_without_window:
+        return _plain_forward(g)(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                 use_qk_l2norm_in_kernel)
     windows = [slice(r.stop - window * chunk_size, r.stop) for r in runs[:-1]]
-    if window and window_keys_stable(k_map, beta, pieces, run_len, window * chunk_size):
+    if window:
         # each run's start: the state its window leaves from zero, the plain forward's arithmetic
         starts = [start_state(q, v, h0)] + [
             _plain_forward(g)(q[:, w], k[:, w], v[:, w], g[:, w], beta[:, w], scale, None, True,
@@ -295,7 +300,7 @@ def _pad_time(x, pad: int):
 
 
 def _split_forward_cuda(q, k, v, g, beta, pieces, run_len, scale, h0, output_final_state, use_qk_l2norm_in_kernel,
-                        warmup=False):
+                        warmup=False, unsplit_without_window=False):
     from kda.kernels.chunk_intra import prepare_chunks
     from kda.kernels.gated_state_pass import run_state_pass
 
@@ -306,12 +311,17 @@ def _split_forward_cuda(q, k, v, g, beta, pieces, run_len, scale, h0, output_fin
     if pad:
         q, k, v, g, beta = (_pad_time(x, pad) for x in (q, k, v, g, beta))
     if scalar_gate:
-        o, final = _split_scalar_gate(q, k, v, g, beta, pieces, scale, h0, warmup)
+        o, final = _split_scalar_gate(q, k, v, g, beta, pieces, scale, h0, warmup, unsplit_without_window)
         o = o[:, :T]
         return (o.contiguous() if pad else o), (final if output_final_state else None)
-    runs = runs_form(prepare_chunks(q, k, v, g, beta, scale), pieces)     # every chunk of every run at once
+    form = prepare_chunks(q, k, v, g, beta, scale)
+    runs = runs_form(form, pieces)                            # every chunk of every run at once
     window = _window(runs.decay.reshape(B, pieces, H, -1, runs.decay.shape[-1]).log(), k, beta, pieces, run_len) \
         if warmup else 0
+    if warmup and not window and unsplit_without_window:      # the one pass, unsplit
+        o, final = run_state_pass(form, h0.float() if h0 is not None else None)
+        o = o[:, :T]
+        return (o.contiguous() if pad else o), (final if output_final_state else None)
     if window:
         _, ends = run_state_pass(window_form(runs, B, pieces, window), None)
         starts = _warm_starts(h0, ends, B, pieces)
@@ -349,12 +359,13 @@ def _warm_starts(h0, ends, B, pieces):
     return torch.cat([_start_state32(h0, ends[:, 0])[:, None], ends], dim=1).reshape(B * pieces, *ends.shape[2:])
 
 
-def _split_scalar_gate(q, k, v, g, beta, pieces, scale, h0, warmup=False):
+def _split_scalar_gate(q, k, v, g, beta, pieces, scale, h0, warmup=False, unsplit_without_window=False):
     """GDN's split by ``kda.kernels.scalar_gate``: the inverse once for every chunk, then each run's map
     by the pass over a batch of ``B * pieces`` runs (``M`` from the identity with ``V = 0``, ``B`` from
     zero), the fold, and the pass again from each run's true start; with ``warmup``, where the gates allow,
-    the pass over each run's window instead of the maps and the fold. ``q, k, v, g [B, T, H, 1], beta``
-    padded to whole runs; returns ``o`` and the final state."""
+    the pass over each run's window instead of the maps and the fold (where none serves and
+    ``unsplit_without_window``, the pass over whole sequences). ``q, k, v, g [B, T, H, 1], beta`` padded to whole
+    runs; returns ``o`` and the final state."""
     from kda.kernels.scalar_gate import scalar_gate_inverse, scalar_gate_pass_launch
 
     B, T, H, K = q.shape
@@ -366,6 +377,8 @@ def _split_scalar_gate(q, k, v, g, beta, pieces, scale, h0, warmup=False):
     # G holds log2 of the gate's cumsum in each chunk: the chunk's fall is its last row's
     falls = G.reshape(B, H, pieces, L)[..., CHUNK_SIZE - 1::CHUNK_SIZE].transpose(1, 2)[..., None] * math.log(2)
     window = _window(falls, k, beta, pieces, L) if warmup else 0
+    if warmup and not window and unsplit_without_window:
+        return pass_from(q, k, v, Tb, G, h0.float() if h0 is not None else None)
     if window:
         tokens = window * CHUNK_SIZE
         tail = lambda x: x.reshape(B, pieces, L, *x.shape[2:])[:, :-1, -tokens:].reshape(-1, tokens,

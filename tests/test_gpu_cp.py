@@ -69,7 +69,8 @@ def test_split_with_long_memory(per_channel, poisoned):
     ((2, 520, 3, 64, 128), 3, "slow_last", 2),      # B = 2, runs of 3 chunks, each run's last chunk barely falls
     ((1, 2048, 2, 128, 64), 4, "mild", 0),          # half the state survives a run: the exact starts
     ((1, 8192, 4, 128, 128), None, "logsigmoid", 1),  # the automatic choice with warm-up starts: 8 runs
-], ids=["padded", "B=2 two-chunk window", "mild: exact", "auto"])
+    ((1, 8192, 4, 128, 128), None, "mild", 0),        # no window, and exact starts would not pay: unsplit
+], ids=["padded", "B=2 two-chunk window", "mild: exact", "auto", "auto, mild: unsplit"])
 def test_split_warmup_starts(shape, pieces, gates, window, path, monkeypatch, poisoned):
     """``WARMUP_STARTS``: each run starts from the window of the run before it; against the float64 recurrence
     and the unsplit op, the window each call took checked."""

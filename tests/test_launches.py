@@ -247,6 +247,12 @@ def test_split_warmup_starts(kernel_launches, monkeypatch, scalar_path):
     assert [name for name, _ in kernel_launches] == [first] + [state_pass] * 2
     assert [params["initial_state"] for _, params in kernel_launches[1:]] == [False, True]
     assert o.shape == v.shape and ht.shape == (2, 2, 64, 64)
+    kernel_launches.clear()                         # no window, runs that only warm-up starts pay for: unsplit
+    monkeypatch.setattr(distributed, "warmup_chunks", lambda falls: 0)
+    o, ht = distributed._split_forward_cuda(q, k, v, g, beta, 2, 128, 0.125, torch.randn(2, 2, 64, 64), True, False,
+                                            warmup=True, unsplit_without_window=True)
+    assert [name for name, _ in kernel_launches] == [first, state_pass]
+    assert kernel_launches[1][1]["initial_state"] and o.shape == v.shape and ht.shape == (2, 2, 64, 64)
 
 
 @pytest.mark.parametrize("per_channel", [True, False], ids=["per_channel", "scalar"])
