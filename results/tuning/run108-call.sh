@@ -16,7 +16,7 @@ source "$(dirname "$0")/device-env.sh"
 left() { echo $(( ${TOTAL:-540} - $(date +%s) + start )); }
 if [[ " $PARTS " == *" tests "* ]]; then
 TESTS="(steep_chunk_variants and not products and (dtype1 or level5-halvings)) or keys_past_the_bound"
-TESTS="$TESTS or all_landed_off or warmup"                                            # 77 tests
+TESTS="$TESTS or all_landed_off or warmup"                                            # 80 tests
 test_s=$(( $(left) - 40 )); [ "$test_s" -gt "${TEST_S:-9999}" ] && test_s=$TEST_S
 KDA_FAILURES_LOG="$OUT"/gpu-failures.txt OMP_NUM_THREADS=1 timeout -k 5 $test_s python -m pytest \
   -o addopts="" -n 12 -m gpu -v -p no:cacheprovider tests/test_gpu_backward.py tests/test_gpu_level5.py tests/test_gpu_cp.py -k "$TESTS" \
