@@ -270,11 +270,13 @@ PATHS: tuple[CudaPath, ...] = (
         name="pairwise_by_halvings",
         module="kda.kernels.chunk_intra",
         switch="PAIRWISE_BY_HALVINGS",
-        what={"en": "chunk_intra's steep chunks (a layer's gates; chunk_kda and level 3's gated_attention per channel) "
-                    "with their diagonal blocks by halvings: the pairs across the halves of blocks of 16, 8, 4 and 2 "
-                    "rows as GEMMs through the upper half's last row, instead of one exponential per pair and channel",
+        what={"en": "chunk_intra's steep chunks (a layer's gates; chunk_kda in bf16 and level 3's gated_attention per "
+                    "channel) with their diagonal blocks by halvings: the pairs across the halves of blocks of 16, 8, 4 "
+                    "and 2 rows as GEMMs through the upper half's last row, instead of one exponential per pair and "
+                    "channel",
               "zh": "chunk_intra 的陡块（模型层的门控）的对角块按对半划分：16、8、4、2 行的块中跨越上下两半的对，"
                     "经上半块最后一行化为 GEMM，而不是每一对、每个通道求一次指数"},
+        gpu_log="results/tuning/run108/gpu-tests-steep.txt",
     ),
     CudaPath(
         name="diagonal_about_middles",
@@ -285,6 +287,7 @@ PATHS: tuple[CudaPath, ...] = (
                     "sub-chunk's middle row, instead of the pairwise sums",
               "zh": "chunk_intra 中 bf16 的陡块：若门控在每个 16 行子块的每一半内下降不超过 2^96（safe_gate 的门控"
                     "都满足），其对角块由一次以各子块中间行为参照的 GEMM 算出，而不用逐对求和"},
+        gpu_log="results/tuning/run108/gpu-tests-steep.txt",
     ),
     CudaPath(
         name="pair_sums_by_products",
@@ -305,6 +308,7 @@ PATHS: tuple[CudaPath, ...] = (
                     "its K K^T)",
               "zh": "check_values 时，在第一个 kernel 的取值检查里检查原始键是否满足 delta 规则的界"
                     "（beta ||k||^2 <= 2）（chunk_intra 随加载检查；GDN 的 chunk_gated_inverse 由其 K K^T 检查）"},
+        gpu_log="results/tuning/run108/gpu-tests-steep.txt",
     ),
     CudaPath(
         name="pair_sums_by_halvings",
@@ -376,6 +380,7 @@ def require(path: CudaPath, call: str) -> None:
         if path.gpu_log is None:
             why, how = "has not yet passed its GPU tests and is off by default", "to run it unverified"
         else:
-            why, how = f"passed its GPU tests ({path.gpu_log}) but is off by default, being slower", "to use it"
+            why, how = (f"passed its GPU tests ({path.gpu_log}) but is off by default (slower where timed, or not "
+                        "timed yet)", "to use it")
         raise NotImplementedError(f"{call} needs the CUDA path '{path.name}', which {why}; set "
                                   f"{path.module}.{path.switch} = True {how}, or use CPU tensors (the float64 path)")

@@ -412,6 +412,10 @@ def test_chunk_intra_steep_chunk_variants(dtype, kind, delta, steep):
     if kind == "safe_layer":
         assert middle_band(g) > 0
     name = "bfloat16" if dtype == torch.bfloat16 else "float16"
+    if name == "float16" and delta and STEEP_COMPILES[steep].get("pairwise") == "halvings":
+        with pytest.raises(AssertionError, match="needs bf16"):   # more shared memory than an SM has (run 108)
+            compile_program(chunk_intra, (), DK=DK, DV=DV, dtype=name, delta=delta, **STEEP_COMPILES[steep])
+        return
     scale = DK ** -0.5
     nan = lambda *size, dt=dtype: torch.full(size, float("nan"), dtype=dt, device="cuda")
     runs = []
@@ -465,7 +469,10 @@ def test_chunk_kda_steep_chunk_variants(dtype, kind, op, steep, compiled_kernels
     else:
         o, ht = kda.gated_attention(q, k, v, g, initial_state=h0, output_final_state=True)
         ref_o, ref_ht = ref3.recurrent(q.double() * 128 ** -0.5, k, v, g, h0, True)
-    assert all(compiled_kernels["chunk_intra"].get(flag) == value for flag, value in STEEP_COMPILES[steep].items())
+    expected = STEEP_COMPILES[steep]
+    if steep == "halvings" and dtype == torch.float16 and op == "chunk_kda":     # bf16 only at level 5
+        expected = {"pairwise": None}
+    assert all(compiled_kernels["chunk_intra"].get(flag) == value for flag, value in expected.items())
     assert torch.isfinite(o).all() and torch.isfinite(ht).all()
     assert rel_l2(o, ref_o) <= BOUND, f"o: {rel_l2(o, ref_o):.2e}"
     assert rel_l2(ht, ref_ht) <= BOUND, f"final state: {rel_l2(ht, ref_ht):.2e}"
