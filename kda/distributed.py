@@ -316,23 +316,63 @@ def _split_forward_cuda(q, k, v, g, beta, pieces, run_len, scale, h0, output_fin
         return (o.contiguous() if pad else o), (final if output_final_state else None)
     form = prepare_chunks(q, k, v, g, beta, scale)
     runs = runs_form(form, pieces)                            # every chunk of every run at once
-    window = _window(runs.decay.reshape(B, pieces, H, -1, runs.decay.shape[-1]).log(), k, beta, pieces, run_len) \
-        if warmup else 0
-    if warmup and not window and unsplit_without_window:      # the one pass, unsplit
-        o, final = run_state_pass(form, h0.float() if h0 is not None else None)
-        o = o[:, :T]
-        return (o.contiguous() if pad else o), (final if output_final_state else None)
-    if window:
-        _, ends = run_state_pass(window_form(runs, B, pieces, window), None)
-        starts = _warm_starts(h0, ends, B, pieces)
-    else:
+
+    def from_starts(starts):
+        o, ht = run_state_pass(runs, starts)
+        return o.reshape(B, pieces * run_len, H, -1), ht.reshape(B, pieces, *ht.shape[1:])[:, -1].contiguous()
+
+    def warm(window):
+        return from_starts(_warm_starts(h0, run_state_pass(window_form(runs, B, pieces, window), None)[1], B, pieces))
+
+    def exact():
+        if warmup and unsplit_without_window:                 # the one pass, unsplit
+            return run_state_pass(form, h0.float() if h0 is not None else None)
         M, Bm = (x.reshape(B, pieces, *x.shape[1:]) for x in chunk_maps(runs))
-        starts = torch.stack(fold(_start_state32(h0, Bm[:, 0]), [(M[:, p], Bm[:, p]) for p in range(pieces - 1)]),
-                             dim=1).reshape(B * pieces, *Bm.shape[2:])
-    o, ht = run_state_pass(runs, starts)
-    o = o.reshape(B, pieces * run_len, H, -1)[:, :T]
-    final = ht.reshape(B, pieces, *ht.shape[1:])[:, -1].contiguous()
+        return from_starts(torch.stack(fold(_start_state32(h0, Bm[:, 0]), [(M[:, p], Bm[:, p]) for p in
+                                                                             range(pieces - 1)]), dim=1).reshape(
+            B * pieces, *Bm.shape[2:]))
+
+    if warmup:
+        falls = runs.decay.reshape(B, pieces, H, -1, runs.decay.shape[-1]).log()
+        o, final = _warm_or_exact(("level5", B, H, pieces, run_len), falls, k, beta, pieces, run_len, warm, exact)
+    else:
+        o, final = exact()
+    o = o[:, :T]
     return (o.contiguous() if pad else o), (final if output_final_state else None)
+
+
+# The window each split of these sizes last needed ((path, B, H, pieces, run length) -> chunks; 0: none served), so
+# that the next call launches its passes on it and checks it on the device behind them (one read back, as the op's
+# value flags), instead of reading the window back before it can launch them (run 108: 0.5 to 0.9 ms of idle GPU).
+# The largest window seen is kept: a model's layers differ in their gates.
+WARMUP_WINDOWS: dict = {}
+
+
+def _warm_or_exact(key, falls, k, beta, pieces, run_len, warm, exact):
+    """CUDA: ``warm(window)`` on the window remembered for ``key`` (one chunk at first), checked on the device
+    behind its launches (``window_serves``); where it does not serve, the window read back (``_window``) and
+    ``warm`` again on it, or ``exact()`` where none serves."""
+    guess = min(WARMUP_WINDOWS.get(key, 1), run_len // CHUNK_SIZE)
+    if guess:
+        served = window_serves(falls[:, :-1], k, beta, pieces, run_len, guess)
+        got = warm(guess)
+        if bool(served):                                      # the one read back, the passes queued before it
+            return got
+    window = _window(falls, k, beta, pieces, run_len)
+    WARMUP_WINDOWS[key] = max(window, guess) if window else 0
+    return warm(window) if window else exact()
+
+
+def window_serves(falls, k, beta, pieces: int, run_len: int, window: int):
+    """On the device, nothing read back: whether ``window`` trailing chunks of every run but the last bring every
+    gate down by ``-WARMUP_FALL`` (``falls [B, P - 1, H, L, X]``, ``warmup_chunks``'s) and hold only stable keys
+    (``window_keys_stable``'s test). A 0-d bool tensor."""
+    tails = falls.flip(-2).cumsum(-2).amax(-1)                # [B, P - 1, H, L]: the last 1, 2, .. chunks
+    tokens = window * CHUNK_SIZE
+    tail = lambda x: x[:, :(pieces - 1) * run_len].reshape(x.shape[0], pieces - 1, run_len,
+                                                          *x.shape[2:])[:, :, -tokens:]
+    stable = (tail(beta).float() * tail(k).float().square().sum(-1)).amax() <= 2.0
+    return (tails[..., window - 1] <= WARMUP_FALL).all() & stable
 
 
 def _window(falls, k, beta, pieces, run_len):
@@ -376,26 +416,33 @@ def _split_scalar_gate(q, k, v, g, beta, pieces, scale, h0, warmup=False, unspli
         scalar_gate_pass_launch(q, k, v, Tb, G, scale, start, block(v.shape[-1])))
     # G holds log2 of the gate's cumsum in each chunk: the chunk's fall is its last row's
     falls = G.reshape(B, H, pieces, L)[..., CHUNK_SIZE - 1::CHUNK_SIZE].transpose(1, 2)[..., None] * math.log(2)
-    window = _window(falls, k, beta, pieces, L) if warmup else 0
-    if warmup and not window and unsplit_without_window:
-        return pass_from(q, k, v, Tb, G, h0.float() if h0 is not None else None)
-    if window:
+    G_runs = G.reshape(B, H, pieces, L).transpose(1, 2).reshape(R, H, L).contiguous()   # each run's chunks together
+    runs = lambda x: x.reshape(R, L, *x.shape[2:])                         # views: runs of whole chunks
+
+    def from_starts(starts):
+        o, ht = pass_from(runs(q), runs(k), runs(v), runs(Tb), G_runs, starts)
+        return o.reshape(B, T, H, DV), ht.reshape(B, pieces, H, K, DV)[:, -1].contiguous()
+
+    def warm(window):
         tokens = window * CHUNK_SIZE
         tail = lambda x: x.reshape(B, pieces, L, *x.shape[2:])[:, :-1, -tokens:].reshape(-1, tokens,
                                                                                      *x.shape[2:]).contiguous()
         G_tail = G.reshape(B, H, pieces, L)[:, :, :-1, -tokens:].transpose(1, 2).reshape(-1, H, tokens).contiguous()
-        _, ends = pass_from(tail(q), tail(k), tail(v), tail(Tb), G_tail, None)
-        starts = _warm_starts(h0, ends, B, pieces)
-    G = G.reshape(B, H, pieces, L).transpose(1, 2).reshape(R, H, L).contiguous()   # each run's chunks together
-    runs = lambda x: x.reshape(R, L, *x.shape[2:])                         # views: runs of whole chunks
-    q, k, v, Tb = runs(q), runs(k), runs(v), runs(Tb)
-    if not window:
+        return from_starts(_warm_starts(h0, pass_from(tail(q), tail(k), tail(v), tail(Tb), G_tail, None)[1], B,
+                                        pieces))
+
+    def exact():
+        if warmup and unsplit_without_window:                 # the pass over whole sequences
+            return pass_from(q, k, v, Tb, G, h0.float() if h0 is not None else None)
         homogeneous = torch.zeros(R, L, H, K, dtype=v.dtype, device=v.device)
         eye = torch.eye(K, dtype=torch.float32, device=q.device).expand(R, H, K, K).contiguous()
-        M, Bm = (pass_from(q, k, values, Tb, G, start)[1].reshape(B, pieces, H, K, -1)
-                 for values, start in ((homogeneous, eye), (v, None)))   # M, then B
-        starts = torch.stack(fold(_start_state32(h0, Bm[:, 0]), [(M[:, p], Bm[:, p]) for p in range(pieces - 1)]),
-                             dim=1).reshape(R, H, K, DV)
-    o, ht = pass_from(q, k, v, Tb, G, starts)
-    return o.reshape(B, T, H, DV), ht.reshape(B, pieces, H, K, DV)[:, -1].contiguous()
+        M, Bm = (pass_from(runs(q), runs(k), values, runs(Tb), G_runs, start)[1].reshape(B, pieces, H, K, -1)
+                 for values, start in ((homogeneous, eye), (runs(v), None)))   # M, then B
+        return from_starts(torch.stack(fold(_start_state32(h0, Bm[:, 0]), [(M[:, p], Bm[:, p]) for p in
+                                                                             range(pieces - 1)]), dim=1).reshape(
+            R, H, K, DV))
+
+    if warmup:
+        return _warm_or_exact(("scalar_gate", B, H, pieces, L), falls, k, beta, pieces, L, warm, exact)
+    return exact()
 # --8<-- [end:split_forward]

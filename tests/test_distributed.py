@@ -9,7 +9,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from kda.distributed import (WARMUP_FALL, choose_pieces, context_parallel, gate_falls, local_affine_map, map_bytes,
-                             split_forward, warmup_chunks, window_keys_stable)
+                             split_forward, warmup_chunks, window_keys_stable,
+                             window_serves)
 from kda.gated_delta import chunk_gated_delta_rule, chunk_kda
 from kda.metrics import rel_l2
 from kda.reference import level0 as ref0
@@ -96,6 +97,22 @@ def test_split_forward_warmup_starts(T, pieces, per_channel):
         o, s = forward(q, k, v, g, beta, initial_state=h0, output_final_state=True)
         o2, s2 = split_forward(q, k, v, g, beta, pieces, initial_state=h0, output_final_state=True, warmup=True)
         assert rel_l2(o2, o) < bound and rel_l2(s2, s) < bound
+
+
+def test_window_serves_agrees_with_the_window_read_back():
+    """The device's check of a remembered window (no read back) says what ``warmup_chunks`` and
+    ``window_keys_stable`` say of it."""
+    q, k, v, g, beta, h0 = inputs(640, True)
+    steep = random_inputs.gated_delta(2, 640, 2, 16, 8, form="uniform", strength=2.0, seed=3)[3]
+    steep[:, 256 - 64:256] = -1e-3                   # runs of 4 chunks: the first run needs two
+    for gates in (steep, -torch.rand_like(steep) * 1e-3):
+        falls = gate_falls(gates, 2, 256, 64)
+        need = warmup_chunks(falls)
+        for window in (1, 2, 3, 4):
+            assert bool(window_serves(falls, k, beta, 2, 256, window)) == (0 < need <= window)
+    k = k.clone()
+    k[0, 250, 1] *= 2                                # in the window's tokens: unstable keys
+    assert not bool(window_serves(gate_falls(steep, 2, 256, 64), k, beta.clamp(min=0.6), 2, 256, 2))
 
 
 def test_window_keys_stable():

@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import kda
-from kda.distributed import choose_pieces, chunk_maps, context_parallel, local_affine_map, split_forward, warmup_chunks
+from kda.distributed import choose_pieces, chunk_maps, context_parallel, local_affine_map, split_forward
 from kda.kernels.chunk_intra import prepare_chunks
 from kda.metrics import rel_l2
 from kda.reference import level0 as ref0
@@ -73,14 +73,19 @@ def test_split_with_long_memory(per_channel, poisoned):
 ], ids=["padded", "B=2 two-chunk window", "mild: exact", "auto", "auto, mild: unsplit"])
 def test_split_warmup_starts(shape, pieces, gates, window, path, monkeypatch, poisoned):
     """``WARMUP_STARTS``: each run starts from the window of the run before it; against the float64 recurrence
-    and the unsplit op, the window each call took checked."""
+    and the unsplit op, the windows each call took checked: one chunk launched at first and checked on the device,
+    the window read back where that does not serve, then remembered (a second call served at once)."""
     from kda import distributed, gated_delta
 
     monkeypatch.setattr(distributed, "WARMUP_STARTS", True)
+    monkeypatch.setattr(distributed, "WARMUP_WINDOWS", {})
     monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", path == "gdn_scalar_gate")
     monkeypatch.setattr(distributed, "SCALAR_GATE_SPLIT", path == "gdn_scalar_gate")
-    taken = []
-    monkeypatch.setattr(distributed, "warmup_chunks", lambda falls: taken.append(warmup_chunks(falls)) or taken[-1])
+    served, read_back = [], []
+    window_serves, read_window = distributed.window_serves, distributed._window
+    monkeypatch.setattr(distributed, "window_serves", lambda *args: served.append(bool(window_serves(*args)))
+                        or torch.tensor(served[-1]))
+    monkeypatch.setattr(distributed, "_window", lambda *args: read_back.append(read_window(*args)) or read_back[-1])
     per_channel = path == "kda"
     q, k, v, g, beta, h0 = inputs(shape, per_channel, seed=shape[1] + 7)
     if gates == "mild":
@@ -91,7 +96,9 @@ def test_split_warmup_starts(shape, pieces, gates, window, path, monkeypatch, po
         for c in range(2, -(-shape[1] // 64), 3):
             g[:, 64 * c:64 * (c + 1)] = -1e-3
     o, ht = split_forward(q, k, v, g, beta, pieces, initial_state=h0, output_final_state=True)
-    assert taken == [window]
+    assert (served, read_back) == (([True], []) if window == 1 else ([False], [window]))
+    o2, _ = split_forward(q, k, v, g, beta, pieces, initial_state=h0, output_final_state=True)   # remembered
+    assert (served[1:], read_back[1:]) == (([True], []) if window else ([], [0])) and torch.equal(o2, o)
     fn = kda.chunk_kda if per_channel else kda.chunk_gated_delta_rule
     o1, ht1 = fn(q, k, v, g, beta, initial_state=h0, output_final_state=True)
     ref_o, ref_ht = ref0.recurrent(q.double() * shape[3] ** -0.5, k, v, g, beta, h0, True)

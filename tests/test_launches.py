@@ -230,27 +230,41 @@ def test_split_by_the_scalar_gate_path(kernel_launches, monkeypatch, initial):
 
 @pytest.mark.parametrize("scalar_path", [False, True], ids=["level5", "scalar_gate"])
 def test_split_warmup_starts(kernel_launches, monkeypatch, scalar_path):
-    """Warm-up starts: one pass over the runs' windows from zero, whose ends start the runs, then the pass over
-    the runs: two passes instead of three, the windows a batch of B (P - 1) short sequences."""
+    """Warm-up starts: the window remembered for the split's sizes (one chunk at first) launched at once, a pass
+    over the runs' windows from zero whose ends start the runs, then the pass over the runs; the window checked
+    on the device behind them. Where it does not serve, the window read back and the two passes again (and
+    remembered); where none serves, exact starts, or the unsplit pass where only warm-up starts pay."""
     from kda import distributed, gated_delta
 
     monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", scalar_path)
     monkeypatch.setattr(distributed, "SCALAR_GATE_SPLIT", scalar_path)
-    monkeypatch.setattr(distributed, "warmup_chunks", lambda falls: 1)    # the launches hold no values
+    monkeypatch.setattr(distributed, "WARMUP_WINDOWS", {})
     q, k, v, g, beta = level5_inputs(B=2, T=250, per_channel=not scalar_path)
     k = (k.float() / k.float().norm(dim=-1, keepdim=True)).to(k.dtype)   # within the delta rule's bound
     g = g[..., 0] if scalar_path else g
-    o, ht = distributed._split_forward_cuda(q, k, v, g, beta, 2, 128, 0.125, torch.randn(2, 2, 64, 64), True, False,
-                                            warmup=True)
     first, state_pass = (("chunk_gated_inverse", "inverse_state_output_pass") if scalar_path
                          else ("chunk_intra", "gated_state_output_pass"))
+    split = lambda **kw: distributed._split_forward_cuda(q, k, v, g, beta, 2, 128, 0.125, torch.randn(2, 2, 64, 64),
+                                                         True, False, warmup=True, **kw)
+    # the launches hold no values: what the device check and the read-back window say is set here
+    monkeypatch.setattr(distributed, "window_serves", lambda *args: torch.tensor(True))
+    o, ht = split()
     assert [name for name, _ in kernel_launches] == [first] + [state_pass] * 2
     assert [params["initial_state"] for _, params in kernel_launches[1:]] == [False, True]
     assert o.shape == v.shape and ht.shape == (2, 2, 64, 64)
-    kernel_launches.clear()                         # no window, runs that only warm-up starts pay for: unsplit
+    kernel_launches.clear()                         # the first window does not serve; two chunks do (two of a run)
+    monkeypatch.setattr(distributed, "window_serves", lambda *args: torch.tensor(False))
+    monkeypatch.setattr(distributed, "warmup_chunks", lambda falls: 2)
+    split()
+    assert [name for name, _ in kernel_launches] == [first] + [state_pass] * 4
+    assert list(distributed.WARMUP_WINDOWS.values()) == [2]
+    kernel_launches.clear()                         # none serves, and only warm-up starts would pay: unsplit
     monkeypatch.setattr(distributed, "warmup_chunks", lambda falls: 0)
-    o, ht = distributed._split_forward_cuda(q, k, v, g, beta, 2, 128, 0.125, torch.randn(2, 2, 64, 64), True, False,
-                                            warmup=True, unsplit_without_window=True)
+    split(unsplit_without_window=True)
+    assert [name for name, _ in kernel_launches] == [first] + [state_pass] * 3
+    assert list(distributed.WARMUP_WINDOWS.values()) == [0]
+    kernel_launches.clear()                         # remembered: no window launched, the unsplit pass at once
+    o, ht = split(unsplit_without_window=True)
     assert [name for name, _ in kernel_launches] == [first, state_pass]
     assert kernel_launches[1][1]["initial_state"] and o.shape == v.shape and ht.shape == (2, 2, 64, 64)
 
