@@ -46,6 +46,8 @@ def main():
     # KDA at 32 heads: two runs let the state pass take 64 value columns per block (run 39: faster where they fill)
     shapes = [((1, 32768, 32), ("gdn", "kda")), ((1, 131072, 4), ("gdn", "kda")), ((1, 8192, 4), ("kda", "gdn")),
               ((1, 16384, 32), ("gdn",)), ((1, 32768, 4), ("kda", "gdn"))]
+    if os.environ.get("SHAPES"):                      # e.g. SHAPES=0,1: a short call's part of the list
+        shapes = [shapes[int(i)] for i in os.environ["SHAPES"].split(",")]
     for (B, T, H), ops in shapes:
         q, k, v, beta, g_kda, g_gdn = inputs(B, T, H)
         for op in ops:
