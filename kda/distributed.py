@@ -159,9 +159,14 @@ def window_keys_stable(k, beta, pieces: int, run_len: int, tokens: int) -> bool:
     """Whether ``beta ||k||^2 <= 2`` on every token of the windows, the last ``tokens`` of each run but the last
     (``k [B, T, H, K]`` as the kernels read it, ``beta [B, T, H]``): then no step there can grow the state, and the
     bound of ``warmup_chunks`` holds. One read back to the host."""
+    return float(window_key_load(k, beta, pieces, run_len, tokens)) <= 2.0
+
+
+def window_key_load(k, beta, pieces: int, run_len: int, tokens: int):
+    """The largest ``beta ||k||^2`` over the windows' tokens, a 0-d tensor (nothing read back)."""
     tail = lambda x: x[:, :(pieces - 1) * run_len].reshape(x.shape[0], pieces - 1, run_len,
                                                           *x.shape[2:])[:, :, -tokens:]
-    return float((tail(beta).float() * tail(k).float().square().sum(-1)).amax()) <= 2.0
+    return (tail(beta).float() * tail(k).float().square().sum(-1)).amax()
 
 
 def gate_falls(g, pieces: int, run_len: int, chunk_size: int):
@@ -368,10 +373,7 @@ def window_serves(falls, k, beta, pieces: int, run_len: int, window: int):
     gate down by ``-WARMUP_FALL`` (``falls [B, P - 1, H, L, X]``, ``warmup_chunks``'s) and hold only stable keys
     (``window_keys_stable``'s test). A 0-d bool tensor."""
     tails = falls.flip(-2).cumsum(-2).amax(-1)                # [B, P - 1, H, L]: the last 1, 2, .. chunks
-    tokens = window * CHUNK_SIZE
-    tail = lambda x: x[:, :(pieces - 1) * run_len].reshape(x.shape[0], pieces - 1, run_len,
-                                                          *x.shape[2:])[:, :, -tokens:]
-    stable = (tail(beta).float() * tail(k).float().square().sum(-1)).amax() <= 2.0
+    stable = window_key_load(k, beta, pieces, run_len, window * CHUNK_SIZE) <= 2.0
     return (tails[..., window - 1] <= WARMUP_FALL).all() & stable
 
 
