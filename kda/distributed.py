@@ -193,7 +193,7 @@ def _splits_by_scalar_gate(g) -> bool:
 
 # --8<-- [start:choose_pieces]
 def choose_pieces(B: int, H: int, DV: int, T: int, sm_count: int, block_dv: int = 32,
-                  chunk_size: int = CHUNK_SIZE, min_run_chunks: int = 256, warmup: bool = False) -> int:
+                  chunk_size: int = CHUNK_SIZE, min_run_chunks: int | None = None, warmup: bool = False) -> int:
     """How many runs to cut each sequence into. The state pass gets ``B * H * DV / block_dv``
     blocks, one per SM; P runs multiply that by P but make three passes (B, M, the recompute)
     instead of one, so a split pays only from about 4 runs on, and only while the blocks do not
@@ -202,9 +202,9 @@ def choose_pieces(B: int, H: int, DV: int, T: int, sm_count: int, block_dv: int 
     the state pass was warp-specialised 8 runs of 64 chunks lost too (0.76x at B, T, H = 1, 32768,
     4; run 39 in results/tuning): a floor of 256 chunks per run keeps such lengths unsplit.
     With ``warmup`` starts (``warmup_chunks``) the maps and the fold give way to one pass over a few
-    chunks per run, so two runs pay already and the floor is ``WARMUP_MIN_RUN_CHUNKS``."""
+    chunks per run, so two runs pay already and the floor is ``WARMUP_MIN_RUN_CHUNKS`` (unless given)."""
     blocks = B * H * ceildiv(DV, block_dv)
-    floor = WARMUP_MIN_RUN_CHUNKS if warmup else min_run_chunks
+    floor = min_run_chunks or (WARMUP_MIN_RUN_CHUNKS if warmup else 256)
     pieces = min(sm_count // blocks, ceildiv(T, chunk_size) // floor)
     return pieces if pieces >= (2 if warmup else 4) else 1
 # --8<-- [end:choose_pieces]
@@ -291,6 +291,41 @@ def split_forward(q, k, v, g, beta, pieces: int | None = None, scale=None, initi
     return torch.cat(outputs, dim=1), (final if output_final_state else None)
 
 
+# The op's route (kda.gated_delta.SPLIT_IN_OP) splits only runs of this many chunks or more: run 108 had the split
+# lose at 128 chunks in all (0.21 ms unsplit at (1, 8192, 4, 128)), its fixed cost since cut but not yet timed.
+OP_SPLIT_MIN_RUN_CHUNKS = 128
+
+
+def op_split(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_kernel, check_values):
+    """``chunk_kda`` / ``chunk_gated_delta_rule`` on CUDA (dense, inputs checked but for their values) through the
+    split with warm-up starts where ``choose_pieces`` splits runs of ``OP_SPLIT_MIN_RUN_CHUNKS`` or more; ``None``
+    elsewhere (the op's own path). GDN takes the scalar-gate pass where the op's would be level 5's for want of
+    blocks. ``check_values``: the gate's and ``beta``'s ranges (and raw keys against the delta rule's bound) read
+    back first, as on the CPU path."""
+    if not WARMUP_STARTS or v.shape[2] != q.shape[2]:
+        return None
+    from kda.kernels import build                             # its sm_count, as the launchers ask it
+
+    B, T, H, _ = q.shape
+    DV, sms = v.shape[-1], build.sm_count(q.device)
+    scalar = g.dim() == 3 and gated_delta.SCALAR_GATE_PATH and gated_delta.scalar_gate_columns(B, H, DV, sms) is None
+    rule = dict(block_dv=gated_delta.SCALAR_GATE_COLUMNS) if scalar else {}
+    pieces = choose_pieces(B, H, DV, T, sms, min_run_chunks=OP_SPLIT_MIN_RUN_CHUNKS, warmup=True, **rule)
+    if pieces == 1:
+        return None
+    if check_values:
+        gate_range, beta_range = validate.value_ranges(g, beta)          # one read back for both
+        validate.check_gate_range(g, *gate_range)
+        validate.check_beta_range(*beta_range)
+        if not use_qk_l2norm_in_kernel:
+            validate.check_key_norms(k, beta)
+    run_chunks = ceildiv(ceildiv(T, CHUNK_SIZE), pieces)
+    pieces = ceildiv(ceildiv(T, CHUNK_SIZE), run_chunks)
+    exact_pays = choose_pieces(B, H, DV, T, sms, **rule) > 1
+    return _split_forward_cuda(q, k, v, g, beta, pieces, run_chunks * CHUNK_SIZE, scale, h0, output_final_state,
+                               use_qk_l2norm_in_kernel, True, not exact_pays, scalar_gate=scalar)
+
+
 def _check_ungrouped(q, v):
     """The split and context parallelism take as many value heads as query heads (not yet grouped)."""
     if v.shape[2] != q.shape[2]:
@@ -305,12 +340,13 @@ def _pad_time(x, pad: int):
 
 
 def _split_forward_cuda(q, k, v, g, beta, pieces, run_len, scale, h0, output_final_state, use_qk_l2norm_in_kernel,
-                        warmup=False, unsplit_without_window=False):
+                        warmup=False, unsplit_without_window=False, scalar_gate=None):
     from kda.kernels.chunk_intra import prepare_chunks
     from kda.kernels.gated_state_pass import run_state_pass
 
     B, T, H, K = q.shape
-    scalar_gate = _splits_by_scalar_gate(g)                   # before g becomes [B, T, H, 1]
+    if scalar_gate is None:                                   # by the switches; before g becomes [B, T, H, 1]
+        scalar_gate = _splits_by_scalar_gate(g)
     q, k, g = kernel_inputs(q, k, g, use_qk_l2norm_in_kernel)
     pad = pieces * run_len - T                                # only ever inside the last run
     if pad:

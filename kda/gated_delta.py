@@ -123,6 +123,13 @@ def forward_eager(q, k, v, g, beta, scale, initial_state, output_final_state, us
     scale, h0, bounds = validate.check_gated_delta_inputs(
         q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel, check_values=check_values and not cuda,
         cu_seqlens_cpu=cu_seqlens_cpu, keys_normalized=use_qk_l2norm_in_kernel)
+    if cuda and SPLIT_IN_OP and bounds is None and activation is None and not capturing:
+        from kda import distributed
+
+        split = distributed.op_split(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_kernel,
+                                     check_values)
+        if split is not None:
+            return split
     if cuda:                                             # packed sequences: one launch per stage too
         keys = check_values and KEY_CHECK_IN_KERNEL and not use_qk_l2norm_in_kernel   # flags[2]: the keys
         flags = torch.zeros(3 if keys else 2, dtype=torch.int32, device=q.device)
@@ -159,6 +166,14 @@ def forward_eager(q, k, v, g, beta, scale, initial_state, output_final_state, us
             finals.append(f_n[0])
         o, final = torch.cat(pieces, dim=1), torch.stack([f.float() for f in finals])
     return o.to(v.dtype), (final.float() if output_final_state else None)
+
+
+# CUDA (dense, not differentiated, not in a CUDA graph, activations not in the kernels): the op through the intra-card
+# split with warm-up starts (kda.distributed.op_split, WARMUP_STARTS on too) where its rule splits: GDN by the
+# scalar-gate pass where the op's own blocks would leave SMs idle (32 heads at batch 1), KDA and GDN at long context
+# with few heads. Run 108 (H100, before the window was checked on the device): GDN at (1, 32768, 32, 128) 1.63 ms split
+# against 1.80 for the op. Off until timed with the check on the device.
+SPLIT_IN_OP = False
 
 
 # --8<-- [start:run_kernels]

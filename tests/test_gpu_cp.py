@@ -109,6 +109,33 @@ def test_split_warmup_starts(shape, pieces, gates, window, path, monkeypatch, po
     assert rel_l2(o, o1) <= 2 * BOUND and rel_l2(ht, ht1) <= 2 * BOUND
 
 
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
+def test_op_takes_the_split(per_channel, monkeypatch, poisoned):
+    """``SPLIT_IN_OP`` with ``WARMUP_STARTS``: the op itself splits where ``op_split``'s rule does (two runs of 128
+    chunks at four heads for KDA; GDN at eight heads by the scalar-gate pass), against the float64 recurrence and
+    the op unsplit; a bad ``beta`` still raises."""
+    from kda import distributed, gated_delta
+
+    monkeypatch.setattr(distributed, "WARMUP_STARTS", True)
+    monkeypatch.setattr(distributed, "WARMUP_WINDOWS", {})
+    shape = (1, 16384, 4 if per_channel else 8, 128, 128)
+    q, k, v, g, beta, h0 = inputs(shape, per_channel, seed=29)
+    fn = kda.chunk_kda if per_channel else kda.chunk_gated_delta_rule
+    o1, ht1 = fn(q, k, v, g, beta, initial_state=h0, output_final_state=True)     # the switch off: unsplit
+    calls = []
+    split_cuda = distributed._split_forward_cuda
+    monkeypatch.setattr(distributed, "_split_forward_cuda", lambda *a, **kw: calls.append(kw) or split_cuda(*a, **kw))
+    monkeypatch.setattr(gated_delta, "SPLIT_IN_OP", True)
+    o, ht = fn(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    assert len(calls) == 1 and calls[0]["scalar_gate"] == (not per_channel)
+    ref_o, ref_ht = ref0.recurrent(q.double() * 128 ** -0.5, k, v, g, beta, h0, True)
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+    assert rel_l2(o, ref_o) <= BOUND and rel_l2(ht, ref_ht) <= BOUND, (rel_l2(o, ref_o), rel_l2(ht, ref_ht))
+    assert rel_l2(o, o1) <= 2 * BOUND and rel_l2(ht, ht1) <= 2 * BOUND
+    with pytest.raises(ValueError, match="beta"):
+        fn(q, k, v, g, beta + 1, initial_state=h0)
+
+
 def test_split_fp16_and_l2norm(poisoned):
     q, k, v, g, beta, h0 = inputs((1, 777, 2, 128, 128), True, seed=3, dtype=torch.float16)
     q3, k2 = q * 3, k * 2

@@ -269,6 +269,34 @@ def test_split_warmup_starts(kernel_launches, monkeypatch, scalar_path):
     assert kernel_launches[1][1]["initial_state"] and o.shape == v.shape and ht.shape == (2, 2, 64, 64)
 
 
+@pytest.mark.parametrize("op", ["kda", "gdn"])
+def test_op_split_route(kernel_launches, monkeypatch, op):
+    """``SPLIT_IN_OP``'s route (``op_split``): nothing where its rule does not split; where it does, the split with
+    warm-up starts, GDN by the scalar-gate pass (its own path would be level 5's for want of blocks), the values
+    checked first where asked."""
+    from kda import distributed
+
+    monkeypatch.setattr(distributed, "WARMUP_STARTS", True)
+    monkeypatch.setattr(distributed, "WARMUP_WINDOWS", {})
+    monkeypatch.setattr(distributed, "window_serves", lambda *args: torch.tensor(True))
+    q, k, v, g, beta = level5_inputs(B=1, T=128 * 64 * 2, per_channel=op == "kda")   # two runs of 128 chunks
+    k = (k.float() / k.float().norm(dim=-1, keepdim=True)).to(k.dtype)
+    g = g if op == "kda" else g[..., 0]
+    args = (0.125, None, True, False)
+    assert distributed.op_split(q[:, :8192], k[:, :8192], v[:, :8192], g[:, :8192], beta[:, :8192], *args,
+                                True) is None            # 128 chunks: one run
+    assert not kernel_launches
+    o, ht = distributed.op_split(q, k, v, g, beta, *args, True)
+    names = ["chunk_intra", "gated_state_output_pass"] if op == "kda" else ["chunk_gated_inverse",
+                                                                            "inverse_state_output_pass"]
+    assert [name for name, _ in kernel_launches] == names[:1] + names[1:] * 2
+    assert o.shape == v.shape and ht.shape == (1, 2, 64, 64)
+    with pytest.raises(ValueError, match="beta"):
+        distributed.op_split(q, k, v, g, beta + 1, *args, True)
+    monkeypatch.setattr(distributed, "WARMUP_STARTS", False)
+    assert distributed.op_split(q, k, v, g, beta, *args, True) is None
+
+
 @pytest.mark.parametrize("per_channel", [True, False], ids=["per_channel", "scalar"])
 @pytest.mark.parametrize("with_state", [False, True], ids=["stateless", "states"])
 def test_level3(kernel_launches, per_channel, with_state):

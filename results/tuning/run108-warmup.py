@@ -71,6 +71,10 @@ def main():
                 harness.timed(RUN, row(impl=name, window=taken),
                               lambda: distributed.split_forward(q, k, v, g, beta, pieces)[0], harness.against(first))
                 distributed.warmup_chunks = chosen
+            set_switches(True, False)                        # the op itself, routed (added for run 109)
+            gated_delta.SPLIT_IN_OP = True
+            harness.timed(RUN, row(impl="op, SPLIT_IN_OP"), lambda: plain(q, k, v, g, beta)[0], harness.against(first))
+            gated_delta.SPLIT_IN_OP = False
             set_switches(False, False)
             if op == "gdn" and os.environ.get("FLASHQLA", "0") == "1":      # its compile: a minute of a short call
                 for auto_cp in (True, False):
