@@ -150,9 +150,14 @@ def warmup_chunks(falls, bound: float = WARMUP_FALL) -> int:
     channel's) falls by ``-bound`` or more, the most of them over the batch, runs and heads; ``falls [B, P - 1,
     H, L, X]`` holds each chunk's fall (natural log, <= 0; ``X`` channels or 1). 0 where some run never falls that
     far (its start is then the exact one). One read back to the host."""
-    tails = falls.flip(-2).cumsum(-2).amax(-1)          # [B, P - 1, H, L]: the last 1, 2, .. chunks, slowest channel
-    reached = tails <= bound                            # False .. False True .. True: the falls are <= 0
+    reached = window_falls(falls) <= bound              # False .. False True .. True: the falls are <= 0
     return int(torch.where(reached[..., -1].all(), (~reached).sum(-1).amax() + 1, 0))
+
+
+def window_falls(falls):
+    """``[B, P - 1, H, L]``: how far the gate falls over the last 1, 2, .. L chunks of each run, its slowest channel's
+    (``falls``: ``warmup_chunks``'s)."""
+    return falls.flip(-2).cumsum(-2).amax(-1)
 
 
 def window_keys_stable(k, beta, pieces: int, run_len: int, tokens: int) -> bool:
@@ -210,6 +215,13 @@ def choose_pieces(B: int, H: int, DV: int, T: int, sm_count: int, block_dv: int 
 # --8<-- [end:choose_pieces]
 
 
+def whole_runs(chunks: int, pieces: int, chunk_size: int = CHUNK_SIZE) -> tuple[int, int]:
+    """``(pieces, run length in tokens)``: ``chunks`` cut into runs of whole chunks, as even as can be, none empty
+    (fewer than ``pieces`` where they would be)."""
+    run_chunks = ceildiv(chunks, pieces)
+    return ceildiv(chunks, run_chunks), run_chunks * chunk_size
+
+
 # --8<-- [start:runs_form]
 def runs_form(form: ChunkForm, pieces: int) -> ChunkForm:
     """A prepared batch ``[B, P * L, H, *]`` seen as ``B * P`` sequences of ``L`` tokens (whole
@@ -257,9 +269,7 @@ def split_forward(q, k, v, g, beta, pieces: int | None = None, scale=None, initi
                 if _splits_by_scalar_gate(g) else {})
         pieces = choose_pieces(B, H, v.shape[-1], T, sms, chunk_size=chunk_size, warmup=warmup, **rule)
         unsplit_without_window = warmup and choose_pieces(B, H, v.shape[-1], T, sms, chunk_size=chunk_size, **rule) == 1
-    run_chunks = ceildiv(chunks, pieces)
-    pieces = ceildiv(chunks, run_chunks)                         # no empty run
-    run_len = run_chunks * chunk_size
+    pieces, run_len = whole_runs(chunks, pieces, chunk_size)
     if pieces == 1:                                           # nothing to fold
         return _plain_forward(g)(q, k, v, g, beta, scale, initial_state, output_final_state,
                                  use_qk_l2norm_in_kernel)
@@ -313,16 +323,12 @@ def op_split(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_k
     pieces = choose_pieces(B, H, DV, T, sms, min_run_chunks=OP_SPLIT_MIN_RUN_CHUNKS, warmup=True, **rule)
     if pieces == 1:
         return None
-    if check_values:
-        gate_range, beta_range = validate.value_ranges(g, beta)          # one read back for both
-        validate.check_gate_range(g, *gate_range)
-        validate.check_beta_range(*beta_range)
-        if not use_qk_l2norm_in_kernel:
-            validate.check_key_norms(k, beta)
-    run_chunks = ceildiv(ceildiv(T, CHUNK_SIZE), pieces)
-    pieces = ceildiv(ceildiv(T, CHUNK_SIZE), run_chunks)
+    if check_values:                                          # the op's checks of the values, as on the CPU path
+        validate.check_gated_delta_inputs(q, k, v, g, beta, scale, h0, None, g.dim() == 4,
+                                          keys_normalized=use_qk_l2norm_in_kernel)
+    pieces, run_len = whole_runs(ceildiv(T, CHUNK_SIZE), pieces)
     exact_pays = choose_pieces(B, H, DV, T, sms, **rule) > 1
-    return _split_forward_cuda(q, k, v, g, beta, pieces, run_chunks * CHUNK_SIZE, scale, h0, output_final_state,
+    return _split_forward_cuda(q, k, v, g, beta, pieces, run_len, scale, h0, output_final_state,
                                use_qk_l2norm_in_kernel, True, not exact_pays, scalar_gate=scalar)
 
 
@@ -374,7 +380,7 @@ def _split_forward_cuda(q, k, v, g, beta, pieces, run_len, scale, h0, output_fin
             B * pieces, *Bm.shape[2:]))
 
     if warmup:
-        falls = runs.decay.reshape(B, pieces, H, -1, runs.decay.shape[-1]).log()
+        falls = runs.decay.reshape(B, pieces, H, -1, runs.decay.shape[-1])[:, :-1].log()
         o, final = _warm_or_exact(("level5", B, H, pieces, run_len), falls, k, beta, pieces, run_len, warm, exact)
     else:
         o, final = exact()
@@ -395,7 +401,7 @@ def _warm_or_exact(key, falls, k, beta, pieces, run_len, warm, exact):
     ``warm`` again on it, or ``exact()`` where none serves."""
     guess = min(WARMUP_WINDOWS.get(key, 1), run_len // CHUNK_SIZE)
     if guess:
-        served = window_serves(falls[:, :-1], k, beta, pieces, run_len, guess)
+        served = window_serves(falls, k, beta, pieces, run_len, guess)
         got = warm(guess)
         if bool(served):                                      # the one read back, the passes queued before it
             return got
@@ -408,15 +414,14 @@ def window_serves(falls, k, beta, pieces: int, run_len: int, window: int):
     """On the device, nothing read back: whether ``window`` trailing chunks of every run but the last bring every
     gate down by ``-WARMUP_FALL`` (``falls [B, P - 1, H, L, X]``, ``warmup_chunks``'s) and hold only stable keys
     (``window_keys_stable``'s test). A 0-d bool tensor."""
-    tails = falls.flip(-2).cumsum(-2).amax(-1)                # [B, P - 1, H, L]: the last 1, 2, .. chunks
     stable = window_key_load(k, beta, pieces, run_len, window * CHUNK_SIZE) <= 2.0
-    return (tails[..., window - 1] <= WARMUP_FALL).all() & stable
+    return (window_falls(falls)[..., window - 1] <= WARMUP_FALL).all() & stable
 
 
 def _window(falls, k, beta, pieces, run_len):
-    """CUDA: the warm-up window in chunks (0: exact starts) from ``falls [B, pieces, H, L, X]``, the log of each
-    chunk's decay of every run, and the keys as the kernels read them."""
-    window = warmup_chunks(falls[:, :-1])
+    """CUDA: the warm-up window in chunks (0: exact starts) from ``falls [B, pieces - 1, H, L, X]``, the log of each
+    chunk's decay in every run but the last, and the keys as the kernels read them."""
+    window = warmup_chunks(falls)
     return window if window and window_keys_stable(k, beta, pieces, run_len, window * CHUNK_SIZE) else 0
 
 
@@ -453,7 +458,7 @@ def _split_scalar_gate(q, k, v, g, beta, pieces, scale, h0, warmup=False, unspli
     pass_from = lambda q, k, v, Tb, G, start: launch.launched(
         scalar_gate_pass_launch(q, k, v, Tb, G, scale, start, block(v.shape[-1])))
     # G holds log2 of the gate's cumsum in each chunk: the chunk's fall is its last row's
-    falls = G.reshape(B, H, pieces, L)[..., CHUNK_SIZE - 1::CHUNK_SIZE].transpose(1, 2)[..., None] * math.log(2)
+    falls = G.reshape(B, H, pieces, L)[:, :, :-1, CHUNK_SIZE - 1::CHUNK_SIZE].transpose(1, 2)[..., None] * math.log(2)
     G_runs = G.reshape(B, H, pieces, L).transpose(1, 2).reshape(R, H, L).contiguous()   # each run's chunks together
     runs = lambda x: x.reshape(R, L, *x.shape[2:])                         # views: runs of whole chunks
 
