@@ -69,9 +69,16 @@ def reference_inverse(k, g, beta, C=64):
     return G, Tb
 
 
+# chunk_gated_inverse's arrangements that compute otherwise (run 110 times them): the lower-left half by tf32 GEMMs,
+# the gate's cumsum by a shuffle scan
+ARRANGEMENTS = {"default": {}, "halves": dict(merge="halves"), "scan": dict(cumsum="scan"),
+                "halves_scan_heads_first": dict(merge="halves", cumsum="scan", heads_first=True)}
+
+
+@pytest.mark.parametrize("arrangement", ARRANGEMENTS)
 @pytest.mark.parametrize("kind", ["logsigmoid", "runs_of_-20"])
 @pytest.mark.parametrize("shape", [(2, 200, 3, 64, 128), (1, 129, 2, 128, 64)])
-def test_inverse_against_reference_stage(shape, kind):
+def test_inverse_against_reference_stage(shape, kind, arrangement):
     """``chunk_gated_inverse`` alone: ``G`` (log2, flat past the end) and ``Tb`` against float64,
     outputs poisoned, the ragged last chunk included."""
     from kda.kernels import scalar_gate
@@ -84,7 +91,8 @@ def test_inverse_against_reference_stage(shape, kind):
     Tb = torch.full((B, T, H, C), float("nan"), dtype=torch.bfloat16, device="cuda")
     flags = torch.zeros(2, dtype=torch.int32, device="cuda")
     no_table = torch.empty(1, 1, dtype=torch.int32, device="cuda")          # dense: the chunk table's stand-in
-    compile_program(scalar_gate.chunk_gated_inverse, (), DK=DK, dtype="bfloat16")(k, g, beta, G, Tb, flags, no_table)
+    inverse = compile_program(scalar_gate.chunk_gated_inverse, (), DK=DK, dtype="bfloat16", **ARRANGEMENTS[arrangement])
+    inverse(k, g, beta, G, Tb, flags, no_table)
     assert flags.tolist() == [0, 0] and torch.isfinite(G).all() and torch.isfinite(Tb).all()
     G_ref, Tb_ref = reference_inverse(k, g, beta)
     for c in range(NC):
@@ -193,6 +201,26 @@ def test_packed_sequences(initial, final, scalar_path):
     o, ht = kda.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=final, cu_seqlens=cu)
     assert scalar_path == [128] and (ht is not None) == final
     check_sequences(o, ht, q.repeat_interleave(2, dim=2), k.repeat_interleave(2, dim=2), v, g, beta, h0, lengths)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+def test_inverse_arrangement_in_the_op(packed, scalar_path, monkeypatch):
+    """The op with ``chunk_gated_inverse``'s tf32 halves and shuffle-scan cumsum (``SCALAR_GATE_INVERSE_CONFIG``),
+    dense and packed (an empty sequence, one token, ragged tails), against the recurrence; a NaN gate in a
+    sequence's tail still raises."""
+    from kda.kernels import scalar_gate
+
+    monkeypatch.setattr(scalar_gate, "SCALAR_GATE_INVERSE_CONFIG", ARRANGEMENTS["halves_scan_heads_first"])
+    lengths = [130, 0, 64, 1, 77, 300] if packed else None
+    T = sum(lengths) if packed else 700
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda") if packed else None
+    q, k, v, g, beta, _ = inputs((1, T, 4, 128, 128), torch.bfloat16, "runs_of_-20", False, seed=43)
+    o, ht = kda.chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu)
+    check_sequences(o, ht, q, k, v, g, beta, None, lengths)
+    g[0, T - 3, 2] = float("nan")
+    with pytest.raises(ValueError, match="g must be finite and <= 0"):
+        kda.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu)
+    assert scalar_path == [128, 128]
 
 
 def test_many_short_packed_sequences(scalar_path):

@@ -29,15 +29,71 @@ from kda import launch, packed
 from kda.chunking import CHUNK_SIZE, ceildiv
 from kda.kernels.build import WARP_SPECIALISED
 from kda.kernels.chunk_intra import KEY_BOUND
-from kda.kernels.stages import (ACCUM, decay_factor, invert_diagonal_blocks_by_columns, load_beta_checked,
-                                load_state, log2_cumsum_by_columns, merge_by_substitution, real, state_shape,
-                                store_state)
+from kda.kernels.stages import (ACCUM, FLOAT32_MAX, LOG2_E, decay_factor, invert_diagonal_blocks_by_columns,
+                                load_beta_checked, load_state, log2_cumsum_by_columns, merge_by_substitution, real,
+                                state_shape, store_state, tf32_nearest)
+
+
+# --8<-- [start:merge_by_halves]
+@T.macro
+def merge_by_halves(A_s, Tinv_s, C, block):
+    """The blocks below the diagonal of ``(I + A_s)^-1`` from its four diagonal blocks (``C = 4 block``):
+    the two ``32 x 32`` halves by block substitution on the CUDA cores (``T_21 = -T_22 A_21 T_11`` of
+    ``16 x 16`` blocks), then the lower-left half by two tf32 GEMMs, ``-T_22 (A_21 T_11)`` of ``32 x 32``
+    blocks (operands rounded to the nearest tf32 number). ``merge_by_substitution`` walks the distances
+    1, 2, 3 with a shared-memory load per multiply-add; the GEMMs take the largest third off the CUDA
+    cores (FlashQLA's ``kkt_solve`` merges its halves the same way). Blocks above the diagonal were never
+    written, so they are selected away, not multiplied by 0 (uninitialised shared memory may hold NaN)."""
+    h = C // 2
+    X_s = T.alloc_shared([2, block, block], ACCUM)
+    for q, r, c in T.Parallel(2, block, block):        # the halves: blocks (1, 0) and (3, 2)
+        acc = T.alloc_var(ACCUM)
+        acc = 0.0
+        for m in T.serial(block):
+            acc += A_s[(2 * q + 1) * block + r, 2 * q * block + m] * Tinv_s[2 * q * block + m, 2 * q * block + c]
+        X_s[q, r, c] = acc
+    for q, r, c in T.Parallel(2, block, block):
+        acc = T.alloc_var(ACCUM)
+        acc = 0.0
+        for m in T.serial(block):
+            acc += Tinv_s[(2 * q + 1) * block + r, (2 * q + 1) * block + m] * X_s[q, m, c]
+        Tinv_s[(2 * q + 1) * block + r, 2 * q * block + c] = -acc
+    A21_s = T.alloc_shared([h, h], ACCUM)
+    T11_s = T.alloc_shared([h, h], ACCUM)
+    T22_s = T.alloc_shared([h, h], ACCUM)
+    Y = T.alloc_fragment([h, h], ACCUM)
+    for i, j in T.Parallel(h, h):
+        A21_s[i, j] = tf32_nearest(A_s[h + i, j])
+        T11_s[i, j] = tf32_nearest(T.if_then_else(i // block >= j // block, Tinv_s[i, j], 0.0))
+        T22_s[i, j] = tf32_nearest(T.if_then_else(i // block >= j // block, Tinv_s[h + i, h + j], 0.0))
+    T.gemm(A21_s, T11_s, Y, clear_accum=True)
+    for i, j in T.Parallel(h, h):                       # A_21 T_11, over A_21 (read by now)
+        A21_s[i, j] = tf32_nearest(Y[i, j])
+    T.gemm(T22_s, A21_s, Y, clear_accum=True)
+    for i, j in T.Parallel(h, h):
+        Tinv_s[h + i, j] = -Y[i, j]
+# --8<-- [end:merge_by_halves]
+
+
+@T.macro
+def log2_cumsum_by_scan(g, g_s, G_s, flags, bb, bh, t0, L, C):
+    """``G_s = cumsum(g) / ln 2`` over the chunk's ``C`` rows of ``g [B, T, H]`` from ``t0`` (0 past the real
+    length ``L``) by a warp's shuffle scan (``T.cumsum``) instead of one thread's running sum: 6 steps on
+    the chain, not 64. The sums group otherwise, so ``G`` differs from ``log2_cumsum_by_columns``' in the
+    last bits. A gate that is not finite and ``<= 0`` sets ``flags[0]``, as there."""
+    for i in T.Parallel(C):
+        x = T.Cast(ACCUM, g[bb, t0 + T.min(i, L - 1), bh])
+        g_s[i, 0] = T.if_then_else(i < L, x * LOG2_E, 0.0)
+        if i < L:
+            if real(x <= 0.0) * real(x >= -FLOAT32_MAX) == 0.0:        # NaN fails both
+                flags[0] = 1
+    T.cumsum(src=g_s, dst=G_s, dim=0)
 
 
 # --8<-- [start:chunk_gated_inverse]
 def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtype="float32", value_groups=1,
                         varlen=False, threads=128, chunks_per_block=4, num_stages=1, min_blocks=3,
-                        merge="substitution", heads_first=False, check_keys=False):
+                        merge="substitution", heads_first=False, check_keys=False, cumsum="serial"):
     """Arguments at run time: ``K [B, T, HQ, DK]``, ``g [B, T, H]`` (``gate_dtype``, natural log),
     ``beta [B, T, H]`` (float32), then the outputs ``G [B, H, NC C]`` (float32: chunk ``c``'s cumsum in
     log2 units at ``c C ..``, flat past the end), ``Tb [B, T, H, C]`` (dtype; zero above the diagonal and
@@ -61,7 +117,8 @@ def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtyp
     C = chunk_size
     NC = T.dynamic("NC") if varlen else T.ceildiv(S, C)
     BB = 1 if varlen else B
-    assert merge in ("substitution", "products") and (merge == "substitution" or C == 4 * block)
+    assert merge in ("substitution", "products", "halves") and (merge == "substitution" or C == 4 * block)
+    assert cumsum in ("serial", "scan")
     if merge == "products":
         from kda.kernels.wy_solve import merge_by_products
 
@@ -100,9 +157,12 @@ def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtyp
                 L = chunks[c, 1] if varlen else T.min(C, S - t0)
                 T.copy(K[bb, t0:t0 + C, hq, :], K_s)          # rows past L: the next sequence's, or zeros
                 load_beta_checked(beta, beta_s, flags, t0, L, C, bb, bh)
-                for i in T.Parallel(C):
-                    g_s[i, 0] = T.Cast(ACCUM, g[bb, t0 + T.min(i, L - 1), bh])
-                log2_cumsum_by_columns(g_s, G_s, L, C, 1, flags)
+                if cumsum == "scan":
+                    log2_cumsum_by_scan(g, g_s, G_s, flags, bb, bh, t0, L, C)
+                else:
+                    for i in T.Parallel(C):
+                        g_s[i, 0] = T.Cast(ACCUM, g[bb, t0 + T.min(i, L - 1), bh])
+                    log2_cumsum_by_columns(g_s, G_s, L, C, 1, flags)
                 for i in T.Parallel(C):
                     b_s[i] = beta_s[i]
                     G[bb, bh, c * C + i] = G_s[i, 0]
@@ -117,6 +177,8 @@ def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtyp
                 invert_diagonal_blocks_by_columns(A_s, Tinv_s, x_col, C, block)
                 if merge == "products":             # four tf32 GEMMs (level 4's merge_by_products)
                     merge_by_products(A_s, Tinv_s, C, block)
+                elif merge == "halves":
+                    merge_by_halves(A_s, Tinv_s, C, block)
                 else:
                     merge_by_substitution(A_s, Tinv_s, C, block)
                 for i, j in T.Parallel(C, C):       # the blocks above the diagonal were never written
