@@ -279,6 +279,15 @@ PATHS: tuple[CudaPath, ...] = (
         gpu_log="results/tuning/run108/gpu-tests-steep.txt",
     ),
     CudaPath(
+        name="solve_by_halves",
+        module="kda.kernels.chunk_intra",
+        switch="SOLVE_BY_HALVES",
+        what={"en": "chunk_intra's solve (chunk_kda, and GDN by level 5's path) with the lower-left 32 x 32 half of "
+                    "the inverse by two tf32 GEMMs instead of block substitution on the CUDA cores",
+              "zh": "chunk_intra 的求逆（chunk_kda，以及走第 5 级路径的 GDN）中，逆矩阵左下 32 x 32 的一半改由两次 "
+                    "tf32 GEMM 求得，而不在 CUDA core 上逐块回代"},
+    ),
+    CudaPath(
         name="diagonal_about_middles",
         module="kda.kernels.chunk_intra",
         switch="DIAGONAL_ABOUT_MIDDLES",

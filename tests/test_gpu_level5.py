@@ -482,6 +482,33 @@ def test_chunk_kda_steep_chunk_variants(dtype, kind, op, steep, compiled_kernels
 @pytest.mark.parametrize("kind", ["logsigmoid", "runs_of_-20"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
+def test_solve_by_halves(per_channel, dtype, kind, packed, compiled_kernels, poisoned, monkeypatch):
+    """``SOLVE_BY_HALVES``: ``chunk_intra``'s inverse with its lower-left half by tf32 GEMMs, for KDA and GDN by
+    level 5's path (3 heads), dense (initial and final states, a tail chunk) and packed (an empty sequence, one
+    token, ragged tails), against the float64 recurrence; the kernel seen compiled with ``merge="halves"``."""
+    from kda import gated_delta
+    from kda.kernels import chunk_intra
+
+    monkeypatch.setattr(chunk_intra, "SOLVE_BY_HALVES", True)
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", False)
+    op = kda.chunk_kda if per_channel else kda.chunk_gated_delta_rule
+    lengths = [130, 0, 64, 1, 77, 300] if packed else None
+    shape = (1 if packed else 2, sum(lengths) if packed else 200, 3, 128, 128)
+    q, k, v, g, beta, h0 = inputs(shape, dtype, kind, per_channel, zlib.crc32(f"halves{dtype}{kind}{packed}".encode()))
+    if packed:
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda")
+        h0 = torch.randn(len(lengths), 3, 128, 128, device="cuda")
+        o, ht = op(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu)
+    else:
+        o, ht = op(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    assert compiled_kernels["chunk_intra"].get("merge") == "halves"
+    check_sequences(o, ht, q, k, v, g, beta, h0, lengths)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+@pytest.mark.parametrize("kind", ["logsigmoid", "runs_of_-20"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
 def test_l2norm_fused_in_chunk_intra(per_channel, dtype, kind, packed, compiled_kernels, poisoned, monkeypatch):
     """``L2NORM_IN_KERNEL``: ``use_qk_l2norm_in_kernel`` on raw ``q`` and ``k`` (not unit, a tail chunk; packed:
     an empty sequence and one token among them), ``chunk_intra`` normalizing the rows as it loads them, again

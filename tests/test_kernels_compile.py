@@ -100,7 +100,9 @@ CASES = [
                                                          final_state=True)),
     ("scalar_gate", "chunk_gated_inverse", dict(DK=128, dtype="bfloat16")),
     ("scalar_gate", "chunk_gated_inverse", dict(DK=64, dtype="float16", gate_dtype="bfloat16", value_groups=2)),
-    # the lower-left half by tf32 GEMMs, the cumsum by a shuffle scan (run 110)
+    # the lower-left half by tf32 GEMMs (SOLVE_BY_HALVES), the cumsum by a shuffle scan (run 110)
+    ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", merge="halves", spill_budget=400)),
+    ("chunk_intra", "chunk_intra", dict(DK=64, DV=128, dtype="float16", merge="halves", scalar_gate=True, varlen=True)),
     ("scalar_gate", "chunk_gated_inverse", dict(DK=128, dtype="bfloat16", merge="halves", cumsum="scan", varlen=True,
                                                 heads_first=True)),
     ("scalar_gate", "inverse_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16")),

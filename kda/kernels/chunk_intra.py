@@ -31,6 +31,7 @@ import torch
 from kda import launch
 from kda.chunking import CHUNK_SIZE, ceildiv
 from kda.kernels.halvings import halvings, upper_half_end
+from kda.kernels.merge_by_halves import merge_by_halves
 from kda.kernels.norms import NORM_SLICE, normalize_rows, row_square_sums
 from kda.kernels.stages import (ACCUM, DIAGONAL_SPAN_MAX, decay_factor, invert_diagonal_blocks_by_columns,
                                 load_beta_checked, log2_cumsum_by_columns, merge_by_substitution, real, tf32_nearest,
@@ -160,7 +161,7 @@ def pairwise_diagonal_by_products(Left_s, K_s, A_s, Out_s, factor, beta_s, part_
 def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WIDE_SUBCHUNK, dtype="bfloat16",
                 gate_dtype="float32", threads=256, min_blocks=None, delta=True, varlen=False, value_groups=1,
                 scalar_gate=False, backward_outputs=False, qk_l2norm=False, pairwise="exp", gate_act=None,
-                beta_act=None, check_keys=False, middles=False):
+                beta_act=None, check_keys=False, middles=False, merge="substitution"):
     """Everything a chunk needs before the sequential pass, from one load of ``q, k, g`` (and
     ``v, beta``), every chunk at once. Arguments at run time: ``Q, K [B, T, H, DK]``, ``V [B, T,
     H, DV]``, ``g [B, T, H, DK]``, ``beta [B, T, H]`` (float32), ``scale``, then the outputs
@@ -240,6 +241,10 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     ``flags[2] = 1`` where a row's ``b ||k||^2`` exceeds the delta rule's bound 2 by more than rounding
     (``KEY_BOUND``): the sums of squares of the key tile as it is loaded (``row_square_sums``, in registers),
     compared once ``b`` is loaded. No pass over the inputs of its own.
+
+    ``merge`` (with the delta rule): how the solve completes the inverse below its diagonal blocks,
+    ``"substitution"`` (``kda.kernels.stages.merge_by_substitution``, float32 on the CUDA cores) or ``"halves"``
+    (``kda.kernels.merge_by_halves``: the lower-left half by two tf32 GEMMs; ``SOLVE_BY_HALVES``).
     """
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     C, BC = chunk_size, subchunk
@@ -259,6 +264,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     assert delta or not scalar_gate, "a scalar gate without the delta rule is level 3's own kernel"
     assert not backward_outputs or (delta and not varlen), "the backward's outputs: dense, with the delta rule"
     assert pairwise in ("exp", "products", "halvings"), "pairwise: 'exp', 'products' or 'halvings'"
+    assert merge in ("substitution", "halves") and (merge == "substitution" or C == 4 * SOLVE_BLOCK)
     GD = 1 if scalar_gate else DK              # gates per row
     # A_kk's row factor b: with backward_outputs it goes on after A_kk is written out (KKE)
     row_b = (lambda beta_s, i: 1.0) if backward_outputs else (lambda beta_s, i: beta_s[i])
@@ -648,7 +654,10 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                         KKE_out[bb, t0 + i, bh, j] = A_s[i, j]
                     A_s[i, j] = A_s[i, j] * beta_s[i]
             invert_diagonal_blocks_by_columns(A_s, Tinv_s, x_col, C, SOLVE_BLOCK)
-            merge_by_substitution(A_s, Tinv_s, C, SOLVE_BLOCK)
+            if merge == "halves":
+                merge_by_halves(A_s, Tinv_s, C, SOLVE_BLOCK)
+            else:
+                merge_by_substitution(A_s, Tinv_s, C, SOLVE_BLOCK)
             if backward_outputs:                         # the blocks above the diagonal were not written
                 for i, j in T.Parallel(C, C):
                     if i < L:
@@ -792,6 +801,13 @@ PAIRWISE_BY_HALVINGS = False
 DIAGONAL_ABOUT_MIDDLES = False
 
 
+# CUDA: chunk_intra's solve with the lower-left 32 x 32 half of the inverse by two tf32 GEMMs (merge="halves",
+# kda.kernels.merge_by_halves) instead of block substitution on the CUDA cores, whose two shared-memory loads per
+# multiply-add cost about 4,100 warp loads per chunk. Compiled here (no more shared memory: tilelang reuses freed
+# buffers; 176 bytes spilled against 200). Not yet run on a GPU: off.
+SOLVE_BY_HALVES = False
+
+
 def steep_chunks(dtype: str = "bfloat16", delta: bool = True) -> dict:
     """``chunk_intra``'s compile flags for the diagonal blocks of steep chunks, by the three switches above; the
     halvings at level 5 in bf16 only (fp16's do not fit an SM's shared memory: the pairwise sums or products
@@ -843,6 +859,8 @@ def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None, backward_out
         extra = {name: True for name, on in (("backward_outputs", backward_outputs), ("qk_l2norm", qk_l2norm)) if on}
         extra.update(steep_chunks(dtype, delta) if g.shape[-1] > 1 else {})
         extra.update(launch.keys_checked(flags))
+        if delta and SOLVE_BY_HALVES:
+            extra["merge"] = "halves"
         acts = []                                        # A_log, dt_bias, lower_bound after the chunk table
         if activation is not None:
             extra.update(gate_act=activation.gate, beta_act=activation.beta)

@@ -14,7 +14,10 @@ finite. Each variant also with the heads first in the grid (run 94's, never run)
 is timed on the same keys and ``beta`` (its inverse is ungated and leaves ``b`` out: the same work but
 the gate). Then the op with the best inverse against FlashQLA's whole forward.
 
-    FLA_FLASH_QLA=0 python results/tuning/run110-gdn-inverse.py compile time
+The same merge in KDA's ``chunk_intra`` (``kda.kernels.chunk_intra.SOLVE_BY_HALVES``): ``chunk_kda`` with it off
+and on (stage ``kda``).
+
+    FLA_FLASH_QLA=0 python results/tuning/run110-gdn-inverse.py compile time kda
 """
 import os
 import sys
@@ -112,7 +115,40 @@ def time_variants():
         torch.cuda.empty_cache()
 
 
+def time_kda():
+    """KDA's ``chunk_intra`` with the same merge (``SOLVE_BY_HALVES``): the op (bf16, logsigmoid gates per channel)
+    with the switch off and on, and the outputs' relative L2 between them."""
+    import torch
+
+    from kda import chunk_kda
+    from kda.bench import median_ms
+    from kda.kernels import chunk_intra
+    from kda.metrics import rel_l2
+    from kda.reference import level4 as ref4
+
+    for B, T, H, D in SHAPES:
+        gen = torch.Generator(device="cuda").manual_seed(11)
+        q = torch.randn(B, T, H, D, generator=gen, device="cuda").bfloat16()
+        k = ref4.l2_normalize(torch.randn(B, T, H, D, generator=gen, device="cuda")).bfloat16()
+        v = torch.randn(B, T, H, D, generator=gen, device="cuda").bfloat16()
+        beta = torch.rand(B, T, H, generator=gen, device="cuda")
+        g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, D, generator=gen, device="cuda"))
+        ref = None
+        for on in (False, True):
+            chunk_intra.SOLVE_BY_HALVES = on
+            fn = lambda: chunk_kda(q, k, v, g, beta)[0]
+            o = fn()
+            ref = o if ref is None else ref
+            log(RUN, {"what": "kda", "B": B, "T": T, "H": H, "D": D, "solve_by_halves": on,
+                      "ms": round(median_ms(fn), 4), "finite": bool(torch.isfinite(o).all()),
+                      "rel_vs_off": float(f"{rel_l2(o, ref):.2e}")})
+        chunk_intra.SOLVE_BY_HALVES = False
+        del q, k, v, g, beta
+        torch.cuda.empty_cache()
+
+
 if __name__ == "__main__":
-    stages = {"compile": lambda: compile_in_processes(RUN, len(VARIANTS), compile_one), "time": time_variants}
+    stages = {"compile": lambda: compile_in_processes(RUN, len(VARIANTS), compile_one), "time": time_variants,
+              "kda": time_kda}
     for stage in sys.argv[1:]:
         stages[stage]()
