@@ -279,6 +279,17 @@ PATHS: tuple[CudaPath, ...] = (
         gpu_log="results/tuning/run108/gpu-tests-steep.txt",
     ),
     CudaPath(
+        name="token_slots_decode",
+        module="kda.kernels.decode",
+        switch="TOKEN_SLOTS",
+        what={"en": "speculative decoding on CUDA (fused_recurrent_kda and fused_recurrent_gated_delta_rule with "
+                    "ssm_state_indices [N, T_max] and num_accepted_tokens): the decode kernel stores the state after "
+                    "every token to its pool slot and starts from the last accepted token's",
+              "zh": "CUDA 上的投机解码（fused_recurrent_kda 与 fused_recurrent_gated_delta_rule 带 ssm_state_indices "
+                    "[N, T_max] 和 num_accepted_tokens）：解码 kernel 把每个 token 之后的状态存入各自的状态池槽位，"
+                    "并从上一步最后一个被接受的 token 的槽位开始"},
+    ),
+    CudaPath(
         name="solve_by_halves",
         module="kda.kernels.chunk_intra",
         switch="SOLVE_BY_HALVES",

@@ -96,6 +96,102 @@ def test_bad_pool_indices_raise(kwargs, message):
         kda.fused_recurrent_kda(q, k, v, g, beta, initial_state=torch.zeros(3, H, DK, DV), **kwargs)
 
 
+def speculative_step(per_channel, lengths, accepted, TI=4, P=24, seed=3):
+    """A verify step of packed sequences (``lengths`` tokens each) with token slots ``[N, TI]`` (each sequence
+    its own ``TI`` slots; -1 past its length, as vLLM pads) and ``accepted``: the call's outputs and pool, the
+    pool before, the slot table and the inputs."""
+    N = len(lengths)
+    q, k, v, g, beta, _ = inputs(B=1, T=sum(lengths), seed=seed, per_channel=per_channel)
+    pool = torch.randn(P, H, DK, DV)
+    before = pool.clone()
+    slots = torch.arange(N * TI).reshape(N, TI)
+    for n, L in enumerate(lengths):                      # unused slots past a sequence's length
+        slots[n, max(L, accepted[n]):] = -1
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    call = kda.fused_recurrent_kda if per_channel else \
+        (lambda q, k, v, g, beta, **kw: kda.fused_recurrent_gated_delta_rule(q, k, v, g=g, beta=beta, **kw))
+    o, final = call(q, k, v, g, beta, initial_state=pool, output_final_state=True, cu_seqlens=cu,
+                    ssm_state_indices=slots, num_accepted_tokens=torch.tensor(accepted))
+    return o, final, pool, before, slots, cu, (q, k, v, g, beta)
+
+
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
+def test_speculative_decoding_keeps_every_tokens_state(per_channel):
+    """Token slots ``[N, T_max]`` and ``num_accepted_tokens`` (fla's meaning): sequence ``n`` starts from slot
+    ``[n, accepted - 1]`` of the pool as it was, the state after its token ``t`` lands in slot ``[n, t]``, each
+    output and state equal to the float64 recurrence token by token; slots no token writes keep their values,
+    the pool is the final state returned. Lengths 0 to 4, accepted 1 to 4."""
+    lengths, accepted = [3, 0, 1, 4, 2], [2, 1, 4, 1, 3]
+    o, final, pool, before, slots, cu, (q, k, v, g, beta) = speculative_step(per_channel, lengths, accepted)
+    assert final is pool
+    written = set()
+    for n, L in enumerate(lengths):
+        s = cu[n].item()
+        state = before[slots[n, accepted[n] - 1]][None]
+        for t in range(L):
+            rows = slice(s + t, s + t + 1)
+            ref_o, state = ref0.recurrent(q[:, rows] * DK ** -0.5, k[:, rows], v[:, rows], g[:, rows], beta[:, rows],
+                                          state, True)
+            assert rel_l2(o[:, rows], ref_o) < 1e-6, (n, t)
+            assert rel_l2(pool[slots[n, t]][None], state) < 1e-6, (n, t)
+            written.add(slots[n, t].item())
+    untouched = [p for p in range(pool.shape[0]) if p not in written]
+    assert torch.equal(pool[untouched], before[untouched])
+
+
+def test_speculative_decoding_resumes_where_the_sampler_stopped():
+    """Two verify steps: the second resumes from the last accepted token of the first (its slot), and
+    equals the recurrence over the accepted tokens followed by the second step's."""
+    q, k, v, g, beta, _ = inputs(B=1, T=7, seed=9)
+    pool = torch.zeros(8, H, DK, DV)
+    slots = torch.tensor([[0, 1, 2, 3]])
+    first = lambda x: x[:, :4]
+    kda.fused_recurrent_kda(*map(first, (q, k, v, g, beta)), initial_state=pool, ssm_state_indices=slots)
+    # the sampler kept 2 of the 4 tokens; the next step runs 3 tokens from their state, into slots 4..6
+    kept = torch.cat([torch.arange(2), torch.arange(4, 7)])
+    nxt = lambda x: x[:, 4:7]
+    o, _ = kda.fused_recurrent_kda(*map(nxt, (q, k, v, g, beta)), initial_state=pool,
+                                   ssm_state_indices=torch.tensor([[4, 5, 6, 1]]),
+                                   num_accepted_tokens=torch.tensor([4]))
+    # slot [0, 3] of the second table is slot 1: the state after the first step's second token
+    ref_o, ref_state = ref0.recurrent(*(x[:, kept] for x in (q * DK ** -0.5, k, v, g, beta)), None, True)
+    assert rel_l2(o, ref_o[:, 2:]) < 1e-6 and rel_l2(pool[6][None], ref_state) < 1e-6
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(accepted=[2, 1, 5, 1, 3]), r"num_accepted_tokens must lie in \[1, 4\]"),
+    (dict(accepted=[0, 1, 1, 1, 1]), r"num_accepted_tokens must lie in \[1, 4\]"),
+    (dict(table=lambda s: s.index_put_((torch.tensor(2), torch.tensor(3)), torch.tensor(0))),
+     "sequence 2 starts from slot 0, which sequence 0 writes in the same step"),
+    (dict(table=lambda s: s.index_put_((torch.tensor(3), torch.tensor(0)), torch.tensor(0))), "two tokens would write"),
+    (dict(table=lambda s: s.index_put_((torch.tensor(3), torch.tensor(1)), torch.tensor(99))),
+     r"every slot a sequence reads or writes must lie in \[0, 24\)"),
+    (dict(table=lambda s: s[:, :3]), r"a sequence of 4 tokens needs T_max >= 4"),
+    (dict(table=lambda s: s[:4]), r"must have a row per sequence \(N = 5\)"),
+    (dict(accepted=torch.ones(4, dtype=torch.int64)), r"num_accepted_tokens must be an integer tensor \[N\] = \[5\]"),
+])
+def test_bad_token_slots_raise(change, message):
+    """Token slots that would race or reach past the pool, and accepted counts out of range: clear errors."""
+    lengths = [3, 0, 1, 4, 2]
+    q, k, v, g, beta, _ = inputs(B=1, T=sum(lengths), seed=4)
+    slots = torch.arange(20).reshape(5, 4)
+    if "table" in change:
+        slots = change["table"](slots.clone())
+    accepted = change.get("accepted", [2, 1, 4, 1, 3])
+    accepted = accepted if isinstance(accepted, torch.Tensor) else torch.tensor(accepted)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    with pytest.raises(ValueError, match=message):
+        kda.fused_recurrent_kda(q, k, v, g, beta, initial_state=torch.zeros(24, H, DK, DV), cu_seqlens=cu,
+                                ssm_state_indices=slots, num_accepted_tokens=accepted)
+
+
+def test_accepted_tokens_need_token_slots():
+    q, k, v, g, beta, _ = inputs()
+    with pytest.raises(ValueError, match=r"num_accepted_tokens needs ssm_state_indices \[N, T_max\]"):
+        kda.fused_recurrent_kda(q, k, v, g, beta, initial_state=torch.zeros(3, H, DK, DV),
+                                ssm_state_indices=torch.tensor([0, 1]), num_accepted_tokens=torch.tensor([1, 1]))
+
+
 def test_clear_errors():
     q, k, v, g, beta, h0 = inputs()
     with pytest.raises(ValueError, match="state pool is written in place: it must be float32"):

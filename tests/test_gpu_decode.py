@@ -68,6 +68,45 @@ def test_packed_sequences_into_a_pool(per_channel, poisoned):
     assert torch.equal(pool[[2, 4]], before[[2, 4]])                     # slots no sequence owns
 
 
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "dense"])
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
+def test_speculative_decoding_token_slots(per_channel, packed, poisoned, monkeypatch):
+    """``TOKEN_SLOTS``: a verify step with ``ssm_state_indices [N, T_max]`` and ``num_accepted_tokens`` (packed:
+    lengths 1, 0, 3, 4; dense: 2 sequences of 3 tokens; grouped value heads): each output and the state after
+    each token (in its slot) against the float64 recurrence from the accepted token's slot; the slots no token
+    writes untouched. With the switch off the call raises."""
+    from kda.kernels import decode
+
+    lengths = [1, 0, 3, 4] if packed else [3, 3]
+    N, TI = len(lengths), 4
+    q, k, v, g, beta, _ = inputs(1 if packed else N, sum(lengths) if packed else 3, 2, 4, 128, 128, torch.bfloat16,
+                                 per_channel, seed=13)
+    pool = torch.randn(N * TI + 2, 4, 128, 128, device="cuda")
+    before = pool.clone()
+    slots = torch.arange(N * TI, device="cuda").flip(0).reshape(N, TI)
+    accepted = torch.tensor([2, 4, 1, 3][:N], device="cuda")
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda") if packed else None
+    run = lambda: call(per_channel, q, k, v, g, beta, initial_state=pool, output_final_state=True, cu_seqlens=cu,
+                       ssm_state_indices=slots, num_accepted_tokens=accepted)
+    with pytest.raises(NotImplementedError, match="TOKEN_SLOTS"):
+        run()
+    monkeypatch.setattr(decode, "TOKEN_SLOTS", True)
+    o, final = run()
+    assert final is pool and torch.isfinite(o).all()
+    written = set()
+    for n, L in enumerate(lengths):
+        b, s = (0, sum(lengths[:n])) if packed else (n, 0)
+        state = before[slots[n, accepted[n] - 1]][None]
+        for t in range(L):
+            rows = (slice(b, b + 1), slice(s + t, s + t + 1))
+            ref_o, state = reference(q[rows], k[rows], v[rows], g[rows], beta[rows], state)
+            assert rel_l2(o[rows], ref_o) <= BOUND, (n, t)
+            assert rel_l2(pool[slots[n, t]][None], state) <= BOUND, (n, t)
+            written.add(slots[n, t].item())
+    untouched = [p for p in range(pool.shape[0]) if p not in written]
+    assert torch.equal(pool[untouched], before[untouched])
+
+
 BAD_VALUES = {
     "gate above 0": (dict(), lambda g, beta: g.view(-1)[5].fill_(0.5), "g must be finite and <= 0"),
     "gate NaN": (dict(), lambda g, beta: g.view(-1)[-1].fill_(float("nan")), "g must be finite"),

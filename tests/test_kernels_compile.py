@@ -215,6 +215,11 @@ CASES = [
     ("decode", "fused_recurrent", dict(DK=128, DV=64, dtype="bfloat16", value_groups=2, with_initial=False,
                                        store_final=False)),
     ("decode", "fused_recurrent", dict(DK=128, DV=128, dtype="bfloat16", gate_act="softplus", beta_act="sigmoid")),
+    # speculative decoding: the state after every token to its pool slot, the start at the accepted token's
+    ("decode", "fused_recurrent", dict(DK=128, DV=128, dtype="bfloat16", varlen=True, pooled=True, token_slots=True,
+                                       accepted=True, guarded=True)),
+    ("decode", "fused_recurrent", dict(DK=128, DV=128, dtype="float16", scalar_gate=True, pooled=True,
+                                       token_slots=True)),
     ("decode", "fused_recurrent", dict(DK=128, DV=128, dtype="bfloat16", scalar_gate=True, gate_act="sigmoid",
                                        beta_act="2sigmoid", pooled=True)),
     ("decode", "fused_recurrent", dict(DK=128, DV=128, dtype="bfloat16", guarded=True)),

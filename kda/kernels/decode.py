@@ -32,7 +32,7 @@ from kda.kernels.stages import ACCUM, FLOAT32_MAX, LOG2_E, real
 # --8<-- [start:fused_recurrent]
 def fused_recurrent(DK, DV, block_dv=32, dtype="bfloat16", gate_dtype="float32", scalar_gate=False,
                     value_groups=1, varlen=False, with_initial=True, store_final=True, pooled=False,
-                    gate_act=None, beta_act=None, guarded=False, threads=128):
+                    gate_act=None, beta_act=None, guarded=False, token_slots=False, accepted=False, threads=128):
     """Arguments at run time: ``Q, K [B, T, HQ, DK]``, ``V [B, T, HV, DV]``, ``g [B, T, HV, DK or 1]``
     (natural log, ``<= 0``), ``beta [B, T, HV]`` (float32), ``scale``, ``A_log [HV]``, ``dt_bias
     [HV, DK or 1]`` (float32), ``lower_bound``, ``O [B, T, HV, DV]``; then
@@ -41,7 +41,12 @@ def fused_recurrent(DK, DV, block_dv=32, dtype="bfloat16", gate_dtype="float32",
     ``store_final`` is off), ``cu_seqlens [N + 1]`` (int32) with ``varlen``, ``indices [N]`` (int32)
     with ``pooled``; each of the last two a ``[1]`` stand-in in the forms without it; ``flags [3]``
     (int32, ``value_checks``' verdict) with ``guarded``: a block then writes nothing, neither ``O``
-    nor a state, if any flag is set, so that a step with a bad value leaves a pool as it was."""
+    nor a state, if any flag is set, so that a step with a bad value leaves a pool as it was.
+    ``token_slots`` (with ``pooled``; speculative decoding): ``indices [N, TI]``, the state after token ``t`` of
+    sequence ``n`` stored to slot ``indices[n, t]`` (a stripe per token, nothing at the end), the start read from
+    ``indices[n, 0]``, or with ``accepted`` from ``indices[n, accepted[n] - 1]``: ``accepted [N]`` (int32) after
+    ``indices`` (a ``[1]`` stand-in otherwise). A block reads its start before it writes a slot; the caller
+    checks that no other sequence writes it."""
     assert gate_act in (None, "softplus", "sigmoid") and beta_act in (None, "sigmoid", "2sigmoid")
     B, S, HQ, HV = T.dynamic("B"), T.dynamic("T"), T.dynamic("HQ"), T.dynamic("HV")
     N = T.dynamic("N")
@@ -51,6 +56,9 @@ def fused_recurrent(DK, DV, block_dv=32, dtype="bfloat16", gate_dtype="float32",
     NV = T.ceildiv(DV, BV)
     assert DV % BV == 0, "the value stripes must tile DV"
     assert not pooled or (with_initial and store_final), "a pool is read and written in place"
+    assert pooled or not token_slots, "token slots are slots of a pool"
+    assert token_slots or not accepted, "the accepted tokens index the token slots"
+    TI = T.dynamic("TI")
 
     def gate(x, A_log, dt_bias, lower_bound, hv, i):
         """The log decay from the gate as given: as is, or fla's activations of a raw gate,
@@ -69,7 +77,8 @@ def fused_recurrent(DK, DV, block_dv=32, dtype="bfloat16", gate_dtype="float32",
         return (2.0 if beta_act == "2sigmoid" else 1.0) / (1.0 + T.exp(-b))
 
     @T.macro
-    def body(Q, K, V, g, beta, scale, A_log, dt_bias, lower_bound, O, h0, ht, bv, hv, bb, t_first, t_end, slot):
+    def body(Q, K, V, g, beta, scale, A_log, dt_bias, lower_bound, O, h0, ht, bv, hv, bb, t_first, t_end, slot,
+             token_slot):
         hq = hv // value_groups if value_groups > 1 else hv
         dv0 = bv * BV
         S_f = T.alloc_fragment([DK, BV], ACCUM)         # the state's stripe, in registers
@@ -104,7 +113,9 @@ def fused_recurrent(DK, DV, block_dv=32, dtype="bfloat16", gate_dtype="float32",
             T.reduce_sum(prod, col, dim=0)                   # S^T q
             for j in T.Parallel(BV):
                 O[bb, tok, hv, dv0 + j] = T.Cast(dtype, col[j] * scale)
-        if store_final:
+            if token_slots:                                  # the state after every token, to its own slot
+                T.copy(S_f, ht[token_slot(t), hv, :, dv0:dv0 + BV])
+        if store_final and not token_slots:
             T.copy(S_f, ht[slot, hv, :, dv0:dv0 + BV])
 
     # the four launch forms (dense or packed, states per sequence or in a pool) share one signature:
@@ -127,18 +138,24 @@ def fused_recurrent(DK, DV, block_dv=32, dtype="bfloat16", gate_dtype="float32",
         h0: T.Tensor([R0, HV, DK, DV], ACCUM),
         ht: T.Tensor([R1, HV, DK, DV], ACCUM),
         cu_seqlens: T.Tensor([N + 1] if varlen else [1], "int32"),
-        indices: T.Tensor([NS] if pooled else [1], "int32"),
+        indices: T.Tensor(([NS, TI] if token_slots else [NS]) if pooled else [1], "int32"),
+        accepted_tokens: T.Tensor([NS] if accepted else [1], "int32"),
         flags: T.Tensor([3] if guarded else [1], "int32"),
     ):
         with T.Kernel(NV, HV, NS, threads=threads) as (bv, hv, n):
-            slot = indices[n] if pooled else n
+            if token_slots:
+                slot = indices[n, accepted_tokens[n] - 1] if accepted else indices[n, 0]
+            else:
+                slot = indices[n] if pooled else n
+            token_slot = lambda t: indices[n, t]
             clean = (flags[0] + flags[1] + flags[2] == 0) if guarded else True
             if clean:
                 if varlen:
                     body(Q, K, V, g, beta, scale, A_log, dt_bias, lower_bound, O, h0, ht, bv, hv, 0, cu_seqlens[n],
-                         cu_seqlens[n + 1], slot)
+                         cu_seqlens[n + 1], slot, token_slot)
                 else:
-                    body(Q, K, V, g, beta, scale, A_log, dt_bias, lower_bound, O, h0, ht, bv, hv, n, 0, S, slot)
+                    body(Q, K, V, g, beta, scale, A_log, dt_bias, lower_bound, O, h0, ht, bv, hv, n, 0, S, slot,
+                         token_slot)
 
     return main
 # --8<-- [end:fused_recurrent]
@@ -219,28 +236,37 @@ def _zeros(shape: tuple, device: torch.device, dtype=torch.float32) -> torch.Ten
 
 
 # --8<-- [start:run_fused_recurrent]
+# CUDA: speculative decoding's token slots (ssm_state_indices [N, T_max], num_accepted_tokens): the state after every
+# token stored to its slot, the start read from the accepted token's (fused_recurrent's token_slots). Compiled here;
+# not yet run on a GPU: off.
+TOKEN_SLOTS = False
+
+
 def run_fused_recurrent(q, k, v, g, beta, scale, h0, cu_seqlens, indices, output_final_state, act=NO_ACTIVATION,
-                        check=None):
+                        check=None, accepted=None):
     """One launch of ``fused_recurrent`` for every sequence (``g [B, T, HV, K or 1]``, contiguous: as
     ``kda.gated_delta.kernel_inputs`` makes it). With ``check(flags)``: ``value_checks``
     first, the kernel guarded by its flags (nothing written if one is set), and the flags read once
     the kernel is queued (``validate.launch_then_check``): the host waits for the checks only.
     Without: the same kernel reads flags that are always clear (cached zeros), and nothing here
     reads the device or copies from the host, so that a CUDA graph can capture it after a first
-    call, checked or not, has compiled the kernel."""
+    call, checked or not, has compiled the kernel. ``indices [N, T_max]`` (and ``accepted [N]``): speculative
+    decoding's token slots, which the caller has checked (the GPU checks ``g`` and ``beta`` only)."""
     from kda.kernels.build import compile_program
 
     B, T, HV, DV = v.shape
     DK = q.shape[-1]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     pooled = indices is not None
+    token_slots = pooled and indices.dim() == 2
     with torch.cuda.device(q.device):
         kernel = compile_program(fused_recurrent, (), DK=DK, DV=DV, block_dv=BLOCK_DV,
                                  dtype=launch.dtype_name(q.dtype), gate_dtype=str(g.dtype).removeprefix("torch."),
                                  scalar_gate=g.shape[-1] == 1, value_groups=HV // q.shape[2],
                                  varlen=cu_seqlens is not None, with_initial=h0 is not None,
                                  store_final=pooled or output_final_state, pooled=pooled,
-                                 gate_act=act.gate, beta_act=act.beta, guarded=True)
+                                 gate_act=act.gate, beta_act=act.beta, guarded=True,
+                                 **(dict(token_slots=True, accepted=accepted is not None) if token_slots else {}))
         GD = g.shape[-1]
         A_log = act.A_log if act.A_log is not None else _zeros((HV,), q.device)
         dt_bias = act.dt_bias if act.dt_bias is not None else _zeros((HV, GD), q.device)
@@ -253,19 +279,21 @@ def run_fused_recurrent(q, k, v, g, beta, scale, h0, cu_seqlens, indices, output
         o = launch.new_output(v.shape, v.dtype, q.device)
         no_table = launch.stand_in(1, torch.int32, q.device)  # for a table the launch form has not
         bounds = cu_seqlens.to(device=q.device, dtype=torch.int32) if cu_seqlens is not None else no_table
-        slots = indices.to(torch.int32) if pooled else no_table
+        slots = indices.to(torch.int32).contiguous() if pooled else no_table
+        starts = accepted.to(torch.int32) if accepted is not None else no_table
         beta = beta.to(torch.float32).contiguous()
         flags = _zeros((3,), q.device, torch.int32)       # clear: an unchecked step
         if check is not None:
             flags = torch.zeros(3, dtype=torch.int32, device=q.device)
             # the slots as given: an int64 slot of 2^32 or more would pass as int32 (it wraps)
-            given = indices if pooled else no_table
+            slot_checks = pooled and not token_slots                   # token slots: the caller checked them
+            given = indices if slot_checks else no_table
             checks = compile_program(value_checks, (), gate_dtype=str(g.dtype).removeprefix("torch."),
                                      gate_finite_only=act.gate is not None, beta_finite_only=act.beta is not None,
-                                     pooled=pooled, index_dtype=str(given.dtype).removeprefix("torch."))
+                                     pooled=slot_checks, index_dtype=str(given.dtype).removeprefix("torch."))
             checks(g.view(-1), beta.view(-1), given, h0.shape[0] if pooled else 0, flags)
         args = (q.contiguous(), k.contiguous(), v.contiguous(), g, beta, scale, A_log, dt_bias, act.lower_bound, o,
-                h0_arg, ht, bounds, slots, flags)
+                h0_arg, ht, bounds, slots, starts, flags)
         validate.launch_then_check(flags, lambda: kernel(*args), check)
     return o, ht
 # --8<-- [end:run_fused_recurrent]
