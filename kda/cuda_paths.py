@@ -279,6 +279,15 @@ PATHS: tuple[CudaPath, ...] = (
         gpu_log="results/tuning/run108/gpu-tests-steep.txt",
     ),
     CudaPath(
+        name="deferred_decode_checks",
+        module="kda.decode",
+        switch="DEFERRED_CHECKS",
+        what={"en": "a checked decode step that does not wait for its GPU value checks: their flags are read at the "
+                    "next decode call (or by kda.decode.raise_pending_checks), which raises the flagged step's error",
+              "zh": "检查取值但不等待 GPU 检查结果的解码步：标志在下一次解码调用时（或由 "
+                    "kda.decode.raise_pending_checks）读取，若有坏值则在那里报出那一步的错误"},
+    ),
+    CudaPath(
         name="token_slots_decode",
         module="kda.kernels.decode",
         switch="TOKEN_SLOTS",

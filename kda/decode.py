@@ -23,7 +23,9 @@ fla's activations are done by the kernel as it reads each token: ``use_gate_in_k
 
 The value checks of ``g``, ``beta`` and the pool slots run on the GPU (``value_checks``) before the
 kernel, which writes nothing if they flagged a value; the host reads their three flags once the
-kernel is queued (a wait for the checks only) and then names the bad value. They are skipped while
+kernel is queued (a wait for the checks only) and then names the bad value. With ``DEFERRED_CHECKS``
+the host does not wait at all: the flags are read at the start of the next decode call (by then long
+copied), or by ``raise_pending_checks()``, and a flagged step's error is raised there. They are skipped while
 a CUDA graph is being captured and under ``torch.compile`` (nowhere else): without them the launch
 path reads and copies nothing, so a decode step can be captured once and replayed.
 """
@@ -37,6 +39,31 @@ from kda.activation import check_activation
 from kda.gated_delta import kernel_inputs
 from kda.reference import level0 as ref0
 from kda.reference import level4 as ref4
+
+
+# CUDA: a checked decode step does not wait for its checks; their flags are read at the next decode call (or by
+# raise_pending_checks), which raises the flagged step's error before it does anything. The flagged step wrote
+# nothing (the guarded kernel), so a pool is as it was. Not yet run on a GPU: off.
+DEFERRED_CHECKS = False
+_pending_checks: list = []      # read(): waits for a step's copied flags, raises if one is set
+
+
+def raise_pending_checks() -> None:
+    """Read the value checks of the decode steps that ran with ``DEFERRED_CHECKS`` and have not been read
+    yet, and raise the first one's error if it flagged a value (a step whose outputs the caller has already
+    taken: that step wrote nothing, neither outputs nor states). Every decode call does this first; call it
+    after the last step of a run."""
+    pending = _pending_checks[:]
+    _pending_checks.clear()
+    errors = []
+    for read in pending:
+        try:
+            read()
+        except ValueError as e:
+            errors.append(e)
+    if errors:
+        raise ValueError(f"an earlier decode step (checked on the GPU, read now) had a bad value: {errors[0]}") \
+            from errors[0]
 
 
 def check_state_pool(pool, indices, N: int, H: int, DK: int, DV: int, device, check_values: bool):
@@ -135,6 +162,8 @@ def recurrent_eager(q, k, v, g, beta, scale, initial_state, output_final_state, 
     # a CUDA graph: no reads (dynamo cannot trace the capture query, and compiling skips the reads anyway)
     capturing = cuda and not compiling and torch.cuda.is_current_stream_capturing()
     check_values = check_values and not compiling and not capturing
+    if cuda and not compiling and not capturing and _pending_checks:
+        raise_pending_checks()                            # an earlier step's deferred checks, before anything
     scale, h0, bounds = validate.check_gated_delta_inputs(
         q, k, v, g, beta, scale, None if pooled else initial_state, cu_seqlens, per_channel, check_values=False,
         cu_seqlens_cpu=cu_seqlens_cpu, read_bounds=not compiling and not capturing)
@@ -185,8 +214,10 @@ def recurrent_eager(q, k, v, g, beta, scale, initial_state, output_final_state, 
             cuda_paths.require(cuda_paths.by_name("token_slots_decode"),
                                "speculative decoding (ssm_state_indices [N, T_max]) on CUDA")
         q, k, g = kernel_inputs(q, k, g, use_qk_l2norm_in_kernel)
+        defer = _pending_checks.append if DEFERRED_CHECKS and recheck is not None else None
         o, final = run_fused_recurrent(q, k, v, g, beta, scale, initial_state if pooled else h0, cu_seqlens,
-                                       ssm_state_indices, output_final_state, act, recheck, num_accepted_tokens)
+                                       ssm_state_indices, output_final_state, act, recheck, num_accepted_tokens,
+                                       defer)
     else:
         g, beta = act.apply(g, beta)
         if check_values and not use_qk_l2norm_in_kernel:  # the keys against the delta rule's bound, beta activated

@@ -141,6 +141,40 @@ def test_a_bad_value_raises_and_leaves_the_pool_as_it_was(case, per_channel):
     assert torch.equal(pool, before), "a flagged step wrote the pool"
 
 
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
+def test_deferred_checks_raise_at_the_next_call(per_channel, monkeypatch):
+    """``DEFERRED_CHECKS``: a step with a bad gate returns without waiting and writes nothing (the pool as it
+    was); the next decode call raises its error before it runs, as does ``raise_pending_checks``; good steps
+    equal the waiting form's, bit for bit."""
+    from kda import decode
+
+    monkeypatch.setattr(decode, "DEFERRED_CHECKS", True)
+    q, k, v, g, beta, _ = inputs(4, 1, 2, 4, 128, 128, torch.bfloat16, per_channel, seed=17)
+    pool = torch.randn(6, 4, 128, 128, device="cuda")
+    slots = torch.tensor([5, 0, 3, 1], device="cuda")
+    step = lambda g, pool: call(per_channel, q, k, v, g, beta, initial_state=pool, ssm_state_indices=slots)[0]
+    waiting_pool = pool.clone()
+    monkeypatch.setattr(decode, "DEFERRED_CHECKS", False)
+    o_waiting = step(g, waiting_pool)
+    monkeypatch.setattr(decode, "DEFERRED_CHECKS", True)
+    o = step(g, pool)
+    decode.raise_pending_checks()
+    assert torch.equal(o, o_waiting) and torch.equal(pool, waiting_pool)
+    bad = g.clone()
+    bad.view(-1)[3] = 0.5
+    before = pool.clone()
+    step(bad, pool)                                      # returns: nothing read back
+    torch.cuda.synchronize()
+    assert torch.equal(pool, before), "a flagged step wrote the pool"
+    with pytest.raises(ValueError, match="an earlier decode step .* g must be finite and <= 0"):
+        step(g, pool)
+    assert torch.equal(pool, before), "the call that raised ran its step"
+    step(bad, pool)
+    with pytest.raises(ValueError, match="an earlier decode step"):
+        decode.raise_pending_checks()
+    decode.raise_pending_checks()                        # read once: nothing pending
+
+
 def test_the_guarded_kernel_writes_nothing_when_flagged():
     """``fused_recurrent(guarded=True)`` with a flag set by hand: the output stays poisoned and the
     final states unwritten; with the flags clear it computes as the unguarded kernel, bit for bit."""
@@ -156,7 +190,7 @@ def test_the_guarded_kernel_writes_nothing_when_flagged():
                            (True, torch.tensor([0, 1, 0], dtype=torch.int32, device="cuda"))]:
         o, ht = torch.full_like(v, float("nan")), torch.full_like(h0, float("nan"))
         build(guarded)(q, k, v, g, beta, 128 ** -0.5, zeros(2), zeros(2, 128), 0.0, o, h0, ht, no_table, no_table,
-                       flags)
+                       no_table, flags)
         outputs.append((o, ht))
     (o, ht), (o_guarded, ht_guarded), (o_flagged, ht_flagged) = outputs
     assert torch.equal(o, o_guarded) and torch.equal(ht, ht_guarded)
