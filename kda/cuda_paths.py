@@ -279,6 +279,16 @@ PATHS: tuple[CudaPath, ...] = (
         gpu_log="results/tuning/run108/gpu-tests-steep.txt",
     ),
     CudaPath(
+        name="device_chunk_tables",
+        module="kda.gated_delta",
+        switch="DEVICE_CHUNK_TABLES",
+        what={"en": "a packed chunk_kda or chunk_gated_delta_rule captured in a CUDA graph, its chunk table built on "
+                    "the device (kda.packed.device_chunk_table), so that the graph replays with other boundaries of "
+                    "the same T and N",
+              "zh": "在 CUDA graph 中捕获打包的 chunk_kda 或 chunk_gated_delta_rule：chunk 表在设备上构建"
+                    "（kda.packed.device_chunk_table），图可以用 T 与 N 相同的其他边界重放"},
+    ),
+    CudaPath(
         name="deferred_decode_checks",
         module="kda.decode",
         switch="DEFERRED_CHECKS",

@@ -116,13 +116,15 @@ def forward_eager(q, k, v, g, beta, scale, initial_state, output_final_state, us
     ``kda.activation.Activation`` that ``chunk_intra`` applies to the raw ``g`` and ``beta`` given."""
     cuda = validate.runs_kernels(q)
     capturing = cuda and torch.cuda.is_current_stream_capturing()    # a CUDA graph: nothing read back
-    if capturing and cu_seqlens is not None:
-        raise ValueError("packed sequences (cu_seqlens) cannot be captured in a CUDA graph yet: their chunk table "
-                         "is built on the host; capture a batch of equal lengths, or decode steps")
+    if capturing and cu_seqlens is not None and not DEVICE_CHUNK_TABLES:
+        raise ValueError("packed sequences (cu_seqlens) cannot be captured in a CUDA graph by default yet: their "
+                         "chunk table is built on the host (kda.gated_delta.DEVICE_CHUNK_TABLES builds it on the "
+                         "device, not yet run on a GPU); capture a batch of equal lengths, or decode steps")
     check_values = check_values and not capturing
     scale, h0, bounds = validate.check_gated_delta_inputs(
         q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel, check_values=check_values and not cuda,
-        cu_seqlens_cpu=cu_seqlens_cpu, keys_normalized=use_qk_l2norm_in_kernel)
+        cu_seqlens_cpu=cu_seqlens_cpu, keys_normalized=use_qk_l2norm_in_kernel,
+        read_bounds=not capturing)
     if cuda and SPLIT_IN_OP and bounds is None and activation is None and not capturing:
         from kda import distributed
 
@@ -138,6 +140,8 @@ def forward_eager(q, k, v, g, beta, scale, initial_state, output_final_state, us
         fused = use_qk_l2norm_in_kernel and L2NORM_IN_KERNEL     # the norm in the kernels where they can
         q, k, g = kernel_inputs(q, k, g, use_qk_l2norm_in_kernel and not fused)
         table = packed.chunk_table(bounds, q.device) if bounds is not None else None
+        if cu_seqlens is not None and bounds is None:    # captured: the table made on the device, nothing read back
+            table = packed.device_chunk_table(cu_seqlens, q.shape[1])
         check = (lambda flags: validate.raise_flagged_inputs(flags, g_given, beta, k_given)) if check_values else None
         if check_values and activation is not None:      # the full check's errors on the activated values
             check = lambda flags: validate.raise_flagged_inputs(
@@ -174,6 +178,11 @@ def forward_eager(q, k, v, g, beta, scale, initial_state, output_final_state, us
 # with few heads. Run 108 (H100, before the window was checked on the device): GDN at (1, 32768, 32, 128) 1.63 ms split
 # against 1.80 for the op. Off until timed with the check on the device.
 SPLIT_IN_OP = False
+
+# CUDA: a packed call captured in a CUDA graph (cu_seqlens; a host copy is not read there) builds its chunk table on the
+# device (kda.packed.device_chunk_table: sized by bounds the shapes give, nothing read back), so that the graph
+# replays with other boundaries of the same T and N. Not yet run on a GPU: off (such a capture raises).
+DEVICE_CHUNK_TABLES = False
 
 
 # --8<-- [start:run_kernels]

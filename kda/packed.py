@@ -61,6 +61,31 @@ def _chunk_table(bounds: tuple, device: torch.device, chunk_size: int) -> ChunkT
                       to_device(seq_groups(offsets)))
 
 
+def device_chunk_table(cu_seqlens: torch.Tensor, T: int, chunk_size=CHUNK_SIZE, window: int | None = None) -> ChunkTable:
+    """The chunk table of ``chunk_table``, built on the device from ``cu_seqlens`` with nothing read back, so that a
+    CUDA graph can capture it and replay it with other boundaries of the same ``T`` and ``N``. Its sizes are bounds
+    that the shapes give: ``(T + N (C - 1)) // C`` rows of ``chunks`` (no ``N`` sequences of ``T`` tokens have more
+    chunks) and ``NC // window + 1`` groups of sequences, one per window of first chunks, empty where no sequence
+    starts in it (a block of the state pass then has nothing to do). The rows past the real chunks repeat the last
+    real chunk: its block in a chunk kernel writes the bytes the real one writes, so no kernel needs to know
+    where the table ends. ``T >= 1``."""
+    C, W = chunk_size, window or GROUP_CHUNKS
+    cu = cu_seqlens.to(torch.int64)
+    N = cu.shape[0] - 1
+    rows_max = max(1, (T + N * (C - 1)) // C)
+    counts = (cu[1:] - cu[:-1] + C - 1) // C
+    offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+    rows = torch.minimum(torch.arange(rows_max, device=cu.device), offsets[-1] - 1)    # past the end: the last
+    seq = torch.searchsorted(offsets[1:], rows, right=True).clamp(max=N - 1)          # offsets[n] <= row < offsets[n+1]
+    first = cu[seq] + (rows - offsets[seq]) * C
+    length = torch.minimum(cu[seq + 1] - first, torch.full_like(first, C))
+    windows = offsets[:-1] // W
+    groups = torch.searchsorted(windows, torch.arange(rows_max // W + 1, device=cu.device))
+    int32 = lambda x: x.to(torch.int32)
+    return ChunkTable(int32(torch.stack([first, length], dim=1)), int32(cu), int32(offsets),
+                      int32(torch.cat([groups, groups.new_full((1,), N)])))
+
+
 def sequence_tables(table, B: int, device):
     """What a sequential pass takes for the packed sequences of ``table`` (``None``: a dense batch of
     ``B`` sequences): ``(states, lanes, tables)`` with ``states`` the sequences, ``lanes`` the blocks per

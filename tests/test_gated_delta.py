@@ -119,6 +119,32 @@ def test_chunk_table():
         assert all(start == t.cu_seqlens[n] + 64 * i for i, (start, _) in enumerate(rows))
 
 
+def test_device_chunk_table_is_the_host_table_within_bounds():
+    """``device_chunk_table`` (no read-back; a CUDA graph can capture it) on random boundaries, empty sequences and
+    one-token ones among them: its first rows are the host table's, the rest repeat the last real chunk (the
+    row bound the shapes give is never short), its offsets are the host's and its groups cut the sequences where
+    the host's do, with empty groups between them."""
+    import random
+
+    from kda import packed
+
+    rng = random.Random(5)
+    for trial in range(200):
+        N, W = rng.randint(1, 40), rng.choice([1, 3, 32])
+        lengths = [rng.choice([0, 1, 63, 64, 65, rng.randint(0, 300)]) for _ in range(N)]
+        lengths[0] = lengths[0] or 1
+        bounds = [0, *torch.tensor(lengths).cumsum(0).tolist()]
+        host = chunk_table(bounds, "cpu")
+        dev = packed.device_chunk_table(torch.tensor(bounds), bounds[-1], 64, W)
+        NC = host.chunks.shape[0]
+        assert dev.chunks.dtype == torch.int32 and dev.chunks.shape[0] >= NC, trial
+        assert torch.equal(dev.chunks[:NC], host.chunks) and (dev.chunks[NC:] == host.chunks[-1]).all(), trial
+        assert torch.equal(dev.chunk_offsets, host.chunk_offsets) and torch.equal(dev.cu_seqlens, host.cu_seqlens)
+        cut = lambda groups: [(a, b) for a, b in zip(groups, groups[1:]) if b > a]
+        assert cut(dev.seq_groups.tolist()) == cut(packed.seq_groups(host.chunk_offsets, W).tolist()), trial
+        assert dev.seq_groups[0] == 0 and dev.seq_groups[-1] == N
+
+
 @pytest.mark.parametrize("window,expected", [(1, [0, 1, 2, 4, 5]), (3, [0, 2, 4, 5]), (32, [0, 5])])
 def test_seq_groups(window, expected):
     """Sequences whose first chunk lies in one window share a group: first chunks 0, 2, 3, 3

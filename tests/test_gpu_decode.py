@@ -301,9 +301,36 @@ def test_a_dense_prefill_replays_in_a_cuda_graph():
     packed = torch.cuda.CUDAGraph()
     cu = torch.tensor([0, 100, 130], device="cuda")
     cu_cpu, first = cu.cpu(), [x[:1].contiguous() for x in (q, k, v, g, beta)]   # nothing copied while capturing
-    with pytest.raises(ValueError, match="cannot be captured in a CUDA graph yet"):
+    with pytest.raises(ValueError, match="cannot be captured in a CUDA graph by default yet"):
         with torch.cuda.graph(packed):
             kda.chunk_kda(*first, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu)
+
+
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
+def test_a_packed_prefill_replays_in_a_cuda_graph(per_channel, monkeypatch):
+    """``DEVICE_CHUNK_TABLES``: a packed prefill (``cu_seqlens`` on the device only) captured once, its chunk table
+    made on the device, then replayed with other boundaries of the same ``T`` and ``N`` (an empty sequence, one
+    token, lengths not multiples of 64) and new inputs: equal to eager calls, which build the table on the host."""
+    from kda import gated_delta
+
+    monkeypatch.setattr(gated_delta, "DEVICE_CHUNK_TABLES", True)
+    op = kda.chunk_kda if per_channel else kda.chunk_gated_delta_rule
+    T = 300
+    q, k, v, g, beta, _ = inputs(1, T, 2, 2, 128, 128, torch.bfloat16, per_channel, seed=71)
+    h0 = torch.randn(4, 2, 128, 128, device="cuda")
+    cu = torch.tensor([0, 130, 130, 131, T], device="cuda")
+    prefill = lambda: op(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu)
+    graph, (out, state) = captured(prefill)
+    for seed, bounds in enumerate(([0, 64, 65, 65, T], [0, 1, 200, 290, T], [0, 130, 130, 131, T])):
+        cu.copy_(torch.tensor(bounds, device="cuda"))
+        for static, fresh in zip((q, k, v, g, beta), inputs(1, T, 2, 2, 128, 128, torch.bfloat16, per_channel,
+                                                              seed=80 + seed)):
+            static.copy_(fresh)
+        o_ref, s_ref = op(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.isfinite(out).all() and torch.isfinite(state).all()
+        assert rel_l2(out, o_ref.double()) <= 1e-6 and rel_l2(state, s_ref.double()) <= 1e-6, bounds
 
 
 def test_inputs_that_ask_for_gradients_raise_on_cuda():

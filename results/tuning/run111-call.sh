@@ -2,7 +2,8 @@
 # Run 111, one device call (carry .gpu and .carry; COMMIT: the commit of this working tree), within TOTAL seconds:
 # 1. the GPU tests of what landed unverified: the warm-up split and the op's route (run 109's), the inverse's halves
 #    and scan and chunk_intra's SOLVE_BY_HALVES (run 110's), speculative decoding's token slots (TOKEN_SLOTS), the
-#    deferred decode checks (DEFERRED_CHECKS), in one pytest within TEST_S seconds;
+#    deferred decode checks (DEFERRED_CHECKS), the packed prefill in a CUDA graph (DEVICE_CHUNK_TABLES), in one pytest
+#    within TEST_S seconds;
 # 2. run110-gdn-inverse.py (the inverse's arrangements against FlashQLA's kkt_solve, the op, chunk_kda with
 #    SOLVE_BY_HALVES) within TUNE_S seconds;
 # 3. run111-decode.py (the decode step checked and waiting, checked and deferred, unchecked, fla) within DECODE_S;
@@ -15,7 +16,7 @@ KDA_FAILURES_LOG="$OUT"/gpu-failures.txt OMP_NUM_THREADS=1 timeout -k 5 ${TEST_S
   -o addopts="" -n 8 -m gpu -v -p no:cacheprovider tests/test_gpu_cp.py tests/test_gpu_scalar_gate.py \
   tests/test_gpu_level5.py tests/test_gpu_decode.py \
   -k "warmup or op_takes_the_split or inverse_against_reference_stage or inverse_arrangement or solve_by_halves \
-or token_slots or deferred_checks or guarded_kernel" 2>&1 | grep "PASSED\|FAILED\|ERROR\|passed\|failed\|Error\|^E  " \
+or token_slots or deferred_checks or guarded_kernel or replays_in_a_cuda_graph" 2>&1 | grep "PASSED\|FAILED\|ERROR\|passed\|failed\|Error\|^E  " \
   | sed 's/^\[gw[0-9]*\] \[ *[0-9]*%\] //' | cut -c1-300 > "$OUT"/gpu-tests.txt
 grep -c PASSED "$OUT"/gpu-tests.txt; grep "FAILED\|ERROR\|passed\|failed" "$OUT"/gpu-tests.txt | tail -12
 timeout -k 5 ${TUNE_S:-170} python results/tuning/run110-gdn-inverse.py compile time kda 2>&1 | grep "^{\|Error" \
