@@ -40,6 +40,20 @@ VARIANTS = {
 SHAPES = [(1, 8192, 96, 128), (1, 32768, 32, 128), (4, 4096, 64, 128)]
 
 
+def bench_inputs(B, T, H, D, gate_channels, seed):
+    """bf16 ``q, k, v`` (unit keys), float32 ``logsigmoid`` gates ``[B, T, H, *gate_channels]`` and ``beta`` in
+    ``[0, 1]``, on the GPU."""
+    import torch
+
+    from kda.reference import level4 as ref4
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    draw = lambda *shape: torch.randn(*shape, generator=gen, device="cuda")
+    q, k, v = draw(B, T, H, D).bfloat16(), ref4.l2_normalize(draw(B, T, H, D)).bfloat16(), draw(B, T, H, D).bfloat16()
+    beta = torch.rand(B, T, H, generator=gen, device="cuda")
+    return q, k, v, torch.nn.functional.logsigmoid(draw(B, T, H, *gate_channels)), beta
+
+
 def compile_one(i):
     from kda.kernels import scalar_gate
     from kda.kernels.build import compile_program, ptxas_report
@@ -57,7 +71,6 @@ def time_variants():
     from kda.kernels import scalar_gate
     from kda.kernels.build import compile_program
     from kda.metrics import rel_l2
-    from kda.reference import level4 as ref4
 
     try:
         import flash_qla
@@ -66,12 +79,7 @@ def time_variants():
         flash_qla = kkt_solve = None
         log(RUN, {"what": "flash_qla", "error": str(e)})
     for B, T, H, D in SHAPES:
-        gen = torch.Generator(device="cuda").manual_seed(7)
-        q = torch.randn(B, T, H, D, generator=gen, device="cuda").bfloat16()
-        k = ref4.l2_normalize(torch.randn(B, T, H, D, generator=gen, device="cuda")).bfloat16()
-        v = torch.randn(B, T, H, D, generator=gen, device="cuda").bfloat16()
-        beta = torch.rand(B, T, H, generator=gen, device="cuda")
-        g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, generator=gen, device="cuda"))
+        q, k, v, g, beta = bench_inputs(B, T, H, D, (), seed=7)
         shape = {"B": B, "T": T, "H": H, "D": D}
         C, NC = 64, -(-T // 64)
         no_table = torch.empty(1, 1, dtype=torch.int32, device="cuda")
@@ -124,15 +132,9 @@ def time_kda():
     from kda.bench import median_ms
     from kda.kernels import chunk_intra
     from kda.metrics import rel_l2
-    from kda.reference import level4 as ref4
 
     for B, T, H, D in SHAPES:
-        gen = torch.Generator(device="cuda").manual_seed(11)
-        q = torch.randn(B, T, H, D, generator=gen, device="cuda").bfloat16()
-        k = ref4.l2_normalize(torch.randn(B, T, H, D, generator=gen, device="cuda")).bfloat16()
-        v = torch.randn(B, T, H, D, generator=gen, device="cuda").bfloat16()
-        beta = torch.rand(B, T, H, generator=gen, device="cuda")
-        g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, D, generator=gen, device="cuda"))
+        q, k, v, g, beta = bench_inputs(B, T, H, D, (D,), seed=11)
         ref = None
         for on in (False, True):
             chunk_intra.SOLVE_BY_HALVES = on
