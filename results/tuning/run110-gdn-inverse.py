@@ -124,11 +124,12 @@ def time_variants():
 
 
 def time_kda():
-    """KDA's ``chunk_intra`` with the same merge (``SOLVE_BY_HALVES``): the op (bf16, logsigmoid gates per channel)
-    with the switch off and on, and the outputs' relative L2 between them."""
+    """KDA's ``chunk_intra`` with the same merge (``SOLVE_BY_HALVES``), and with the keys checked in the kernel
+    (``kda.gated_delta.KEY_CHECK_IN_KERNEL``, run 108's tests passed, untimed): the op (bf16, logsigmoid gates per
+    channel, values checked) each way, and the outputs' relative L2 against the default's."""
     import torch
 
-    from kda import chunk_kda
+    from kda import chunk_kda, gated_delta
     from kda.bench import median_ms
     from kda.kernels import chunk_intra
     from kda.metrics import rel_l2
@@ -136,15 +137,15 @@ def time_kda():
     for B, T, H, D in SHAPES:
         q, k, v, g, beta = bench_inputs(B, T, H, D, (D,), seed=11)
         ref = None
-        for on in (False, True):
-            chunk_intra.SOLVE_BY_HALVES = on
+        for halves, keys in ((False, False), (True, False), (False, True)):
+            chunk_intra.SOLVE_BY_HALVES, gated_delta.KEY_CHECK_IN_KERNEL = halves, keys
             fn = lambda: chunk_kda(q, k, v, g, beta)[0]
             o = fn()
             ref = o if ref is None else ref
-            log(RUN, {"what": "kda", "B": B, "T": T, "H": H, "D": D, "solve_by_halves": on,
+            log(RUN, {"what": "kda", "B": B, "T": T, "H": H, "D": D, "solve_by_halves": halves, "key_check": keys,
                       "ms": round(median_ms(fn), 4), "finite": bool(torch.isfinite(o).all()),
-                      "rel_vs_off": float(f"{rel_l2(o, ref):.2e}")})
-        chunk_intra.SOLVE_BY_HALVES = False
+                      "rel_vs_default": float(f"{rel_l2(o, ref):.2e}")})
+        chunk_intra.SOLVE_BY_HALVES, gated_delta.KEY_CHECK_IN_KERNEL = False, False
         del q, k, v, g, beta
         torch.cuda.empty_cache()
 
