@@ -17,7 +17,10 @@ the gate). Then the op with the best inverse against FlashQLA's whole forward.
 The same merge in KDA's ``chunk_intra`` (``kda.kernels.chunk_intra.SOLVE_BY_HALVES``): ``chunk_kda`` with it off
 and on (stage ``kda``).
 
-    FLA_FLASH_QLA=0 python results/tuning/run110-gdn-inverse.py compile time kda
+Stage ``packed``: packed GDN by level 5's path and by the scalar-gate path (``SCALAR_GATE_PACKED``), one sequence of
+the same tokens, and FlashQLA.
+
+    FLA_FLASH_QLA=0 python results/tuning/run110-gdn-inverse.py compile time kda packed
 """
 import os
 import sys
@@ -150,8 +153,42 @@ def time_kda():
         torch.cuda.empty_cache()
 
 
+def time_packed():
+    """Packed GDN with and without the scalar-gate path (``SCALAR_GATE_PACKED``, off: never timed), and FlashQLA, on
+    the packed cases of issue 15: 32768 tokens in 96 random lengths and 1024 sequences of 1 to 64 tokens, H = 32,
+    D = 128, bf16; the boundaries' host copy given, as fla's callers can."""
+    import torch
+
+    from kda import chunk_gated_delta_rule, gated_delta
+    from kda.bench import median_ms
+
+    try:
+        import flash_qla
+    except ImportError:
+        flash_qla = None
+    gen = torch.Generator().manual_seed(3)
+    cuts = torch.multinomial(torch.ones(32767), 95, generator=gen).sort().values + 1     # 96 lengths summing to 32768
+    cases = {"96 random": torch.diff(torch.cat([torch.tensor([0]), cuts, torch.tensor([32768])])),
+             "1024 short": torch.randint(1, 65, (1024,), generator=gen)}
+    for name, lengths in cases.items():
+        cu_cpu = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+        T, cu = int(cu_cpu[-1]), cu_cpu.cuda()
+        q, k, v, g, beta = bench_inputs(1, T, 32, 128, (), seed=5)
+        for path in (False, True):
+            gated_delta.SCALAR_GATE_PACKED = path
+            fn = lambda: chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu)[0]
+            log(RUN, {"what": "packed", "case": name, "T": T, "N": len(cu_cpu) - 1,
+                      "path": "scalar gate" if path else "level 5", "ms": round(median_ms(fn), 4)})
+        gated_delta.SCALAR_GATE_PACKED = False
+        dense = lambda: chunk_gated_delta_rule(q, k, v, g, beta)[0]
+        log(RUN, {"what": "packed", "case": name, "T": T, "path": "one sequence", "ms": round(median_ms(dense), 4)})
+        if flash_qla is not None:
+            fn = lambda: flash_qla.chunk_gated_delta_rule(q, k, v, g, beta, scale=128 ** -0.5, cu_seqlens=cu)[0]
+            log(RUN, {"what": "packed", "case": name, "T": T, "path": "FlashQLA 0.1.3", "ms": round(median_ms(fn), 4)})
+
+
 if __name__ == "__main__":
     stages = {"compile": lambda: compile_in_processes(RUN, len(VARIANTS), compile_one), "time": time_variants,
-              "kda": time_kda}
+              "kda": time_kda, "packed": time_packed}
     for stage in sys.argv[1:]:
         stages[stage]()

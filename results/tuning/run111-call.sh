@@ -19,7 +19,7 @@ KDA_FAILURES_LOG="$OUT"/gpu-failures.txt OMP_NUM_THREADS=1 timeout -k 5 ${TEST_S
 or token_slots or deferred_checks or guarded_kernel or replays_in_a_cuda_graph" 2>&1 | grep "PASSED\|FAILED\|ERROR\|passed\|failed\|Error\|^E  " \
   | sed 's/^\[gw[0-9]*\] \[ *[0-9]*%\] //' | cut -c1-300 > "$OUT"/gpu-tests.txt
 grep -c PASSED "$OUT"/gpu-tests.txt; grep "FAILED\|ERROR\|passed\|failed" "$OUT"/gpu-tests.txt | tail -12
-timeout -k 5 ${TUNE_S:-170} python results/tuning/run110-gdn-inverse.py compile time kda 2>&1 | grep "^{\|Error" \
+timeout -k 5 ${TUNE_S:-170} python results/tuning/run110-gdn-inverse.py compile time kda packed 2>&1 | grep "^{\|Error" \
   | cut -c1-400
 timeout -k 5 ${DECODE_S:-60} python results/tuning/run111-decode.py 2>&1 | grep "^{\|Error" | cut -c1-400
 SHAPES=${SHAPES:-1} timeout -k 5 $(( $(left) - ${RECORD_S:-0} - 20 )) python results/tuning/run108-warmup.py 2>&1 \
