@@ -158,6 +158,23 @@ def test_speculative_decoding_resumes_where_the_sampler_stopped():
     assert rel_l2(o, ref_o[:, 2:]) < 1e-6 and rel_l2(pool[6][None], ref_state) < 1e-6
 
 
+def test_speculative_decoding_dense_batch():
+    """Token slots without ``cu_seqlens``: ``B`` sequences of ``T`` tokens each, one row of slots per sequence,
+    no ``num_accepted_tokens`` (each starts from its row's first slot, which its first token then overwrites)."""
+    q, k, v, g, beta, _ = inputs(B=2, T=3, seed=6)
+    pool = torch.randn(8, H, DK, DV)
+    before = pool.clone()
+    slots = torch.tensor([[7, 2, 5], [0, 3, 6]])
+    o, _ = kda.fused_recurrent_kda(q, k, v, g, beta, initial_state=pool, ssm_state_indices=slots)
+    for n in range(2):
+        state = before[slots[n, 0]][None]
+        for t in range(3):
+            ref_o, state = ref0.recurrent(q[n:n + 1, t:t + 1] * DK ** -0.5, k[n:n + 1, t:t + 1], v[n:n + 1, t:t + 1],
+                                          g[n:n + 1, t:t + 1], beta[n:n + 1, t:t + 1], state, True)
+            assert rel_l2(o[n:n + 1, t:t + 1], ref_o) < 1e-6 and rel_l2(pool[slots[n, t]][None], state) < 1e-6
+    assert torch.equal(pool[[1, 4]], before[[1, 4]])
+
+
 @pytest.mark.parametrize("change,message", [
     (dict(accepted=[2, 1, 5, 1, 3]), r"num_accepted_tokens must lie in \[1, 4\]"),
     (dict(accepted=[0, 1, 1, 1, 1]), r"num_accepted_tokens must lie in \[1, 4\]"),
