@@ -88,16 +88,20 @@ def check_state_pool(pool, indices, N: int, H: int, DK: int, DV: int, device, ch
             raise ValueError(f"ssm_state_indices must be distinct slots in [0, {pool.shape[0]}), got {slots}")
 
 
-def check_token_slots(pool, indices, accepted, lengths, H: int, DK: int, DV: int, device, check_values: bool):
+def check_token_slots(pool, indices, accepted, lengths, N: int, H: int, DK: int, DV: int, device,
+                      check_values: bool):
     """Speculative decoding's slots: ``indices [N, T_max]`` integers on ``device`` (the state after token
     ``t`` of sequence ``n`` to slot ``indices[n, t]``), ``accepted [N]`` integers on ``device`` or ``None``,
     ``pool`` as ``check_state_pool`` wants it; ``lengths``: the sequences' token counts (host ints, or
-    ``None`` where they stay on the device, under ``torch.compile``). With ``check_values`` (read back): every
+    ``None`` where they stay on the device, in a CUDA graph). With ``check_values`` (read back): every
     length at most ``T_max``, ``accepted`` in ``[1, T_max]``, each slot a sequence reads or writes in ``[0,
     P)``, the written slots distinct, and no sequence starting from a slot that another one writes (the
     blocks of different sequences run at once). Slots past a sequence's length are neither read nor
     written, so they may hold anything (vLLM pads with -1)."""
-    N, TI = indices.shape
+    if indices.shape[0] != N:
+        raise ValueError(f"ssm_state_indices [N, T_max] must have a row per sequence (N = {N}), got "
+                         f"{tuple(indices.shape)}")
+    TI = indices.shape[1]
     check_state_pool(pool, indices[:, 0], N, H, DK, DV, device, check_values=False)   # the pool; integer slots
     if accepted is not None and (not isinstance(accepted, torch.Tensor) or accepted.shape != (N,)
                                  or accepted.is_floating_point() or accepted.device != device):
@@ -105,9 +109,6 @@ def check_token_slots(pool, indices, accepted, lengths, H: int, DK: int, DV: int
                          f"the previous step each sequence kept, at least 1), got {accepted!r}")
     if not check_values or lengths is None:
         return
-    if len(lengths) != N:
-        raise ValueError(f"ssm_state_indices [N, T_max] must have a row per sequence: {N} rows, {len(lengths)} "
-                         f"sequences")
     if max(lengths, default=0) > TI:
         raise ValueError(f"ssm_state_indices [N, T_max] = {tuple(indices.shape)} has a slot per token: a sequence "
                          f"of {max(lengths)} tokens needs T_max >= {max(lengths)}")
@@ -174,22 +175,19 @@ def recurrent_eager(q, k, v, g, beta, scale, initial_state, output_final_state, 
     if num_accepted_tokens is not None and not token_slots:
         raise ValueError("num_accepted_tokens needs ssm_state_indices [N, T_max]: a pool slot for the state after "
                          "each token, from which the next step resumes")
-    if pooled:
-        if initial_state is None:
-            raise ValueError("ssm_state_indices needs initial_state: the state pool the indices point into")
-        if token_slots:
-            if ssm_state_indices.shape[0] != N:
-                raise ValueError(f"ssm_state_indices [N, T_max] must have a row per sequence (N = {N}), got "
-                                 f"{tuple(ssm_state_indices.shape)}")
-            lengths = None if bounds is None and (compiling or capturing) and cu_seqlens is not None else \
-                ([q.shape[1]] * N if bounds is None else [e - s for s, e in zip(bounds, bounds[1:])])
-            check_token_slots(initial_state, ssm_state_indices, num_accepted_tokens, lengths, HV, DK, DV, q.device,
-                              check_values)
-        else:
-            check_state_pool(initial_state, ssm_state_indices, N, HV, DK, DV, q.device, check_values=False)
     if token_slots and compiling:
         raise NotImplementedError("speculative decoding (ssm_state_indices [N, T_max]) does not run under "
                                   "torch.compile yet: call it eagerly")
+    if pooled:
+        if initial_state is None:
+            raise ValueError("ssm_state_indices needs initial_state: the state pool the indices point into")
+        if token_slots:                                   # the sequences' lengths where the host has them
+            lengths = [q.shape[1]] * N if cu_seqlens is None else \
+                None if bounds is None else [e - s for s, e in zip(bounds, bounds[1:])]
+            check_token_slots(initial_state, ssm_state_indices, num_accepted_tokens, lengths, N, HV, DK, DV,
+                              q.device, check_values)
+        else:
+            check_state_pool(initial_state, ssm_state_indices, N, HV, DK, DV, q.device, check_values=False)
     if check_values and not cuda:
         check_values_on_host(g, beta, options, initial_state, ssm_state_indices, N)
     # on CUDA the GPU checks the values (no wait before the kernel); the host names what it flagged

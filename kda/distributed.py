@@ -278,8 +278,8 @@ def split_forward(q, k, v, g, beta, pieces: int | None = None, scale=None, initi
                                    use_qk_l2norm_in_kernel, warmup, unsplit_without_window)
     runs = [slice(s, min(s + run_len, T)) for s in range(0, T, run_len)]
     k_map = ref4.l2_normalize(k.double()) if use_qk_l2norm_in_kernel else k
-    window = warmup_chunks(gate_falls(g, pieces, run_len, chunk_size)) if warmup else 0
-    window = window if window and window_keys_stable(k_map, beta, pieces, run_len, window * chunk_size) else 0
+    window = _window(gate_falls(g, pieces, run_len, chunk_size), k_map, beta, pieces, run_len, chunk_size) \
+        if warmup else 0
     if warmup and not window and unsplit_without_window:
         return _plain_forward(g)(q, k, v, g, beta, scale, initial_state, output_final_state,
                                  use_qk_l2norm_in_kernel)
@@ -374,10 +374,7 @@ def _split_forward_cuda(q, k, v, g, beta, pieces, run_len, scale, h0, output_fin
     def exact():
         if warmup and unsplit_without_window:                 # the one pass, unsplit
             return run_state_pass(form, h0.float() if h0 is not None else None)
-        M, Bm = (x.reshape(B, pieces, *x.shape[1:]) for x in chunk_maps(runs))
-        return from_starts(torch.stack(fold(_start_state32(h0, Bm[:, 0]), [(M[:, p], Bm[:, p]) for p in
-                                                                             range(pieces - 1)]), dim=1).reshape(
-            B * pieces, *Bm.shape[2:]))
+        return from_starts(_folded_starts(h0, *(x.reshape(B, pieces, *x.shape[1:]) for x in chunk_maps(runs))))
 
     if warmup:
         falls = runs.decay.reshape(B, pieces, H, -1, runs.decay.shape[-1])[:, :-1].log()
@@ -419,11 +416,19 @@ def window_serves(falls, k, beta, pieces: int, run_len: int, window: int):
     return (window_falls(falls)[..., window - 1] <= WARMUP_FALL).all() & stable
 
 
-def _window(falls, k, beta, pieces, run_len):
-    """CUDA: the warm-up window in chunks (0: exact starts) from ``falls [B, pieces - 1, H, L, X]``, the log of each
+def _folded_starts(h0, M, Bm):
+    """CUDA: every run's exact start, ``[B * P, H, K, V]``, from the runs' maps ``M [B, P, H, K, K]`` and
+    ``Bm [B, P, H, K, V]`` folded from the first state (the last run's map is not needed)."""
+    B, P = Bm.shape[:2]
+    starts = fold(_start_state32(h0, Bm[:, 0]), [(M[:, p], Bm[:, p]) for p in range(P - 1)])
+    return torch.stack(starts, dim=1).reshape(B * P, *Bm.shape[2:])
+
+
+def _window(falls, k, beta, pieces, run_len, chunk_size=CHUNK_SIZE):
+    """The warm-up window in chunks (0: exact starts) from ``falls [B, pieces - 1, H, L, X]``, the log of each
     chunk's decay in every run but the last, and the keys as the kernels read them."""
     window = warmup_chunks(falls)
-    return window if window and window_keys_stable(k, beta, pieces, run_len, window * CHUNK_SIZE) else 0
+    return window if window and window_keys_stable(k, beta, pieces, run_len, window * chunk_size) else 0
 
 
 def window_form(runs: ChunkForm, B: int, pieces: int, chunks: int) -> ChunkForm:
@@ -480,11 +485,9 @@ def _split_scalar_gate(q, k, v, g, beta, pieces, scale, h0, warmup=False, unspli
             return pass_from(q, k, v, Tb, G, h0.float() if h0 is not None else None)
         homogeneous = torch.zeros(R, L, H, K, dtype=v.dtype, device=v.device)
         eye = torch.eye(K, dtype=torch.float32, device=q.device).expand(R, H, K, K).contiguous()
-        M, Bm = (pass_from(runs(q), runs(k), values, runs(Tb), G_runs, start)[1].reshape(B, pieces, H, K, -1)
-                 for values, start in ((homogeneous, eye), (runs(v), None)))   # M, then B
-        return from_starts(torch.stack(fold(_start_state32(h0, Bm[:, 0]), [(M[:, p], Bm[:, p]) for p in
-                                                                             range(pieces - 1)]), dim=1).reshape(
-            R, H, K, DV))
+        return from_starts(_folded_starts(h0, *(                            # M, then B
+            pass_from(runs(q), runs(k), values, runs(Tb), G_runs, start)[1].reshape(B, pieces, H, K, -1)
+            for values, start in ((homogeneous, eye), (runs(v), None)))))
 
     if warmup:
         return _warm_or_exact(("scalar_gate", B, H, pieces, L), falls, k, beta, pieces, L, warm, exact)

@@ -139,8 +139,10 @@ def forward_eager(q, k, v, g, beta, scale, initial_state, output_final_state, us
         g_given = g
         fused = use_qk_l2norm_in_kernel and L2NORM_IN_KERNEL     # the norm in the kernels where they can
         q, k, g = kernel_inputs(q, k, g, use_qk_l2norm_in_kernel and not fused)
-        table = packed.chunk_table(bounds, q.device) if bounds is not None else None
-        if cu_seqlens is not None and bounds is None:    # captured: the table made on the device, nothing read back
+        table = None
+        if bounds is not None:
+            table = packed.chunk_table(bounds, q.device)
+        elif cu_seqlens is not None:                     # captured: the table made on the device, nothing read back
             table = packed.device_chunk_table(cu_seqlens, q.shape[1])
         check = (lambda flags: validate.raise_flagged_inputs(flags, g_given, beta, k_given)) if check_values else None
         if check_values and activation is not None:      # the full check's errors on the activated values

@@ -51,14 +51,26 @@ def chunk_table(bounds, device, chunk_size=CHUNK_SIZE) -> ChunkTable:
 @functools.lru_cache(maxsize=8)
 def _chunk_table(bounds: tuple, device: torch.device, chunk_size: int) -> ChunkTable:
     cu = torch.tensor(bounds, dtype=torch.int64)
-    counts = ceildiv(cu[1:] - cu[:-1], chunk_size)
-    offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
-    seq = torch.repeat_interleave(torch.arange(len(counts)), counts)
-    first = cu[seq] + (torch.arange(int(offsets[-1])) - offsets[seq]) * chunk_size
-    length = torch.minimum(cu[seq + 1] - first, torch.tensor(chunk_size))
+    offsets = chunk_offsets(cu, chunk_size)
     to_device = lambda x: x.to(torch.int32).to(device, non_blocking=True)
-    return ChunkTable(to_device(torch.stack([first, length], dim=1)), to_device(cu), to_device(offsets),
-                      to_device(seq_groups(offsets)))
+    return ChunkTable(to_device(table_rows(cu, offsets, torch.arange(int(offsets[-1])), chunk_size)), to_device(cu),
+                      to_device(offsets), to_device(seq_groups(offsets)))
+
+
+def chunk_offsets(cu: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """``[N + 1]``: the index of each sequence's first chunk in the table, then the chunks in all (``cu`` int64,
+    the boundaries)."""
+    counts = ceildiv(cu[1:] - cu[:-1], chunk_size)
+    return torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+
+
+def table_rows(cu: torch.Tensor, offsets: torch.Tensor, rows: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """``[R, 2]``: the first token and the length of the table's rows ``rows`` (each below ``offsets[-1]``), found
+    by search, so that nothing is read back."""
+    # the sequence of each row: offsets[n] <= row < offsets[n + 1]
+    seq = torch.searchsorted(offsets[1:], rows, right=True).clamp(max=cu.shape[0] - 2)
+    first = cu[seq] + (rows - offsets[seq]) * chunk_size
+    return torch.stack([first, torch.minimum(cu[seq + 1] - first, torch.full_like(first, chunk_size))], dim=1)
 
 
 def device_chunk_table(cu_seqlens: torch.Tensor, T: int, chunk_size=CHUNK_SIZE, window: int | None = None) -> ChunkTable:
@@ -73,16 +85,11 @@ def device_chunk_table(cu_seqlens: torch.Tensor, T: int, chunk_size=CHUNK_SIZE, 
     cu = cu_seqlens.to(torch.int64)
     N = cu.shape[0] - 1
     rows_max = max(1, (T + N * (C - 1)) // C)
-    counts = (cu[1:] - cu[:-1] + C - 1) // C
-    offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+    offsets = chunk_offsets(cu, C)
     rows = torch.minimum(torch.arange(rows_max, device=cu.device), offsets[-1] - 1)    # past the end: the last
-    seq = torch.searchsorted(offsets[1:], rows, right=True).clamp(max=N - 1)          # offsets[n] <= row < offsets[n+1]
-    first = cu[seq] + (rows - offsets[seq]) * C
-    length = torch.minimum(cu[seq + 1] - first, torch.full_like(first, C))
-    windows = offsets[:-1] // W
-    groups = torch.searchsorted(windows, torch.arange(rows_max // W + 1, device=cu.device))
+    groups = torch.searchsorted(offsets[:-1] // W, torch.arange(rows_max // W + 1, device=cu.device))
     int32 = lambda x: x.to(torch.int32)
-    return ChunkTable(int32(torch.stack([first, length], dim=1)), int32(cu), int32(offsets),
+    return ChunkTable(int32(table_rows(cu, offsets, rows, C)), int32(cu), int32(offsets),
                       int32(torch.cat([groups, groups.new_full((1,), N)])))
 
 

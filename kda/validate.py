@@ -214,13 +214,15 @@ def raise_flagged_gates(g) -> None:
     raise ValueError("g must be finite and <= 0: the kernel found a value out of range")
 
 
-def launch_then_check(flags, launch, check=None) -> None:
+def launch_then_check(flags, launch, check=None, defer=None) -> None:
     """Queue the last kernel, then check the first one's value flags: the flags are copied to
     pinned host memory behind the first kernel, ``launch()`` queues the state pass, and only then
     does the host wait, for the copy alone. The GPU never idles between the two kernels, and the
     caller goes on while the pass runs (run 66 in results/tuning: a read-back before the launch
     left the GPU idle 70 to 100 us per call). ``check(host_flags)`` raises on a flagged value; the
-    pass then has written only outputs made for this call, which the error discards."""
+    pass then has written only outputs made for this call, which the error discards. ``defer(read)``:
+    the host does not wait at all; ``read()`` (the wait for the copy, then ``check``) is handed to
+    ``defer`` to call later (``kda.decode.DEFERRED_CHECKS``)."""
     if check is None or not flags.is_cuda:           # no check, or flags already on the host
         launch()
         if check is not None:
@@ -231,8 +233,11 @@ def launch_then_check(flags, launch, check=None) -> None:
     copied = torch.cuda.Event()
     copied.record(torch.cuda.current_stream(flags.device))    # the stream the copy went on
     launch()
-    copied.synchronize()
-    check(host)
+    read = lambda: copied.synchronize() or check(host)
+    if defer is not None:
+        defer(read)
+    else:
+        read()
 
 
 def raise_flagged_values(flags, g, beta=None) -> None:

@@ -251,9 +251,9 @@ def run_fused_recurrent(q, k, v, g, beta, scale, h0, cu_seqlens, indices, output
     Without: the same kernel reads flags that are always clear (cached zeros), and nothing here
     reads the device or copies from the host, so that a CUDA graph can capture it after a first
     call, checked or not, has compiled the kernel. ``indices [N, T_max]`` (and ``accepted [N]``): speculative
-    decoding's token slots, which the caller has checked (the GPU checks ``g`` and ``beta`` only). ``defer(read)``
-    (with ``check``; ``kda.decode.DEFERRED_CHECKS``): the host does not wait; the flags are copied behind the checks
-    and ``read()``, which waits for that copy and then runs ``check``, is handed to ``defer`` for later."""
+    decoding's token slots, which the caller has checked (the GPU checks ``g`` and ``beta`` only). ``defer``
+    (with ``check``; ``kda.decode.DEFERRED_CHECKS``): ``validate.launch_then_check``'s, so that the host does not
+    wait."""
     from kda.kernels.build import compile_program
 
     B, T, HV, DV = v.shape
@@ -296,14 +296,6 @@ def run_fused_recurrent(q, k, v, g, beta, scale, h0, cu_seqlens, indices, output
             checks(g.view(-1), beta.view(-1), given, h0.shape[0] if pooled else 0, flags)
         args = (q.contiguous(), k.contiguous(), v.contiguous(), g, beta, scale, A_log, dt_bias, act.lower_bound, o,
                 h0_arg, ht, bounds, slots, starts, flags)
-        if check is not None and defer is not None:     # the copy queued behind the checks, read later
-            host = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)
-            host.copy_(flags, non_blocking=True)
-            copied = torch.cuda.Event()
-            copied.record(torch.cuda.current_stream(q.device))
-            kernel(*args)
-            defer(lambda: copied.synchronize() or check(host))
-        else:
-            validate.launch_then_check(flags, lambda: kernel(*args), check)
+        validate.launch_then_check(flags, lambda: kernel(*args), check, defer)
     return o, ht
 # --8<-- [end:run_fused_recurrent]
