@@ -35,19 +35,34 @@ from kda.kernels.stages import (ACCUM, FLOAT32_MAX, LOG2_E, decay_factor, invert
                                 state_shape, store_state)
 
 
+def doubling_steps(loaded, scratch, out, C):
+    """The ``log2(C)`` steps of a doubling scan from ``loaded`` to ``out``, between ``scratch`` and ``out``
+    after the first: (source, destination, distance). ``loaded`` is only read (the producer refills it)."""
+    steps = C.bit_length() - 1
+    assert C == 1 << steps and steps % 2 == 0, "an even number of steps ends in out"
+    chain = [loaded] + [scratch if s % 2 == 0 else out for s in range(steps)]
+    return [(chain[s], chain[s + 1], 1 << s) for s in range(steps)]
+
+
 @T.macro
-def log2_cumsum_by_scan(g, g_s, G_s, flags, bb, bh, t0, L, C):
+def log2_cumsum_by_scan(g, g_s, H_s, G_s, flags, bb, bh, t0, L, C):
     """``G_s = cumsum(g) / ln 2`` over the chunk's ``C`` rows of ``g [B, T, H]`` from ``t0`` (0 past the real
-    length ``L``) by a warp's shuffle scan (``T.cumsum``) instead of one thread's running sum: 6 steps on
-    the chain, not 64. The sums group otherwise, so ``G`` differs from ``log2_cumsum_by_columns``' in the
-    last bits. A gate that is not finite and ``<= 0`` sets ``flags[0]``, as there."""
+    length ``L``) by a doubling scan (``log2(C)`` steps, each row adding the row ``d`` above it; ``g_s`` the
+    loaded rows, ``H_s`` scratch) instead of one thread's running sum: 6 steps on the chain, not 64. The
+    sums group otherwise, so ``G`` differs from ``log2_cumsum_by_columns``' in the last bits. A gate that is
+    not finite and ``<= 0`` sets ``flags[0]``, as there. ``g_s`` is filled by the producer warps of the
+    warp-specialised loop, which refill it as soon as ``K K^T`` is issued: the scan only reads it. Not
+    ``T.cumsum``: in a warp-specialised kernel its warp scan (tilelang 0.1.15, ``tl::CumSum2D``) numbers
+    warps from thread 0, so the consumers, threads 128 to 255, all skip it and ``G`` stays 0 (run 111)."""
     for i in T.Parallel(C):
         x = T.Cast(ACCUM, g[bb, t0 + T.min(i, L - 1), bh])
         g_s[i, 0] = T.if_then_else(i < L, x * LOG2_E, 0.0)
         if i < L:
             if real(x <= 0.0) * real(x >= -FLOAT32_MAX) == 0.0:        # NaN fails both
                 flags[0] = 1
-    T.cumsum(src=g_s, dst=G_s, dim=0)
+    for src, dst, d in doubling_steps(g_s, H_s, G_s, C):
+        for i in T.Parallel(C):
+            dst[i, 0] = src[i, 0] + T.if_then_else(i >= d, src[T.max(i - d, 0), 0], 0.0)
 
 
 # --8<-- [start:chunk_gated_inverse]
@@ -101,6 +116,7 @@ def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtyp
             # the loop hands its loaded buffers back to the producer once the last GEMM that reads one
             # of them (K K^T) is issued (tilelang 0.1.15), so what is read after it gets copies of its own
             G_s = T.alloc_shared([C, 1], ACCUM)
+            H_s = T.alloc_shared([C, 1], ACCUM) if cumsum == "scan" else None     # the scan's scratch
             b_s = T.alloc_shared([C], ACCUM)
             A_s = T.alloc_shared([C, C], ACCUM)
             Tinv_s = T.alloc_shared([C, C], ACCUM)
@@ -118,7 +134,7 @@ def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtyp
                 T.copy(K[bb, t0:t0 + C, hq, :], K_s)          # rows past L: the next sequence's, or zeros
                 load_beta_checked(beta, beta_s, flags, t0, L, C, bb, bh)
                 if cumsum == "scan":
-                    log2_cumsum_by_scan(g, g_s, G_s, flags, bb, bh, t0, L, C)
+                    log2_cumsum_by_scan(g, g_s, H_s, G_s, flags, bb, bh, t0, L, C)
                 else:
                     for i in T.Parallel(C):
                         g_s[i, 0] = T.Cast(ACCUM, g[bb, t0 + T.min(i, L - 1), bh])
@@ -362,9 +378,11 @@ inverse_state_output_pass.pass_configs = WARP_SPECIALISED
 
 # ---- the launchers ----
 
-# chunk_gated_inverse's arrangement beyond its defaults (chunks per block, stages, blocks per SM):
-# run 90 timed ten (results/tuning/run90-gdn-inverse.py); the defaults are its best.
-SCALAR_GATE_INVERSE_CONFIG: dict = {}
+# chunk_gated_inverse's arrangement beyond its defaults (chunks per block, stages, blocks per SM): run 90 timed ten
+# (results/tuning/run90-gdn-inverse.py); the defaults are its best. Run 111 (H100): the merge by halves (tf32 GEMMs for
+# the lower-left 32 x 32 block) passed its GPU tests and takes 0.272 ms against 0.340 at (1, 8192, 96, 128), the op
+# 0.801 against 0.876 (FlashQLA 0.592).
+SCALAR_GATE_INVERSE_CONFIG: dict = dict(merge="halves")
 
 
 def scalar_gate_inverse(k, g, beta, H, flags=None, table=None):
