@@ -287,6 +287,7 @@ PATHS: tuple[CudaPath, ...] = (
                     "the same T and N",
               "zh": "在 CUDA graph 中捕获打包的 chunk_kda 或 chunk_gated_delta_rule：chunk 表在设备上构建"
                     "（kda.packed.device_chunk_table），图可以用 T 与 N 相同的其他边界重放"},
+        gpu_log="results/tuning/run111/gpu-tests.txt",
     ),
     CudaPath(
         name="deferred_decode_checks",
@@ -296,6 +297,7 @@ PATHS: tuple[CudaPath, ...] = (
                     "next decode call (or by kda.decode.raise_pending_checks), which raises the flagged step's error",
               "zh": "检查取值但不等待 GPU 检查结果的解码步：标志在下一次解码调用时（或由 "
                     "kda.decode.raise_pending_checks）读取，若有坏值则在那里报出那一步的错误"},
+        gpu_log="results/tuning/run111/gpu-tests.txt",
     ),
     CudaPath(
         name="token_slots_decode",
@@ -307,6 +309,7 @@ PATHS: tuple[CudaPath, ...] = (
               "zh": "CUDA 上的投机解码（fused_recurrent_kda 与 fused_recurrent_gated_delta_rule 带 ssm_state_indices "
                     "[N, T_max] 和 num_accepted_tokens）：解码 kernel 把每个 token 之后的状态存入各自的状态池槽位，"
                     "并从上一步最后一个被接受的 token 的槽位开始"},
+        gpu_log="results/tuning/run111/gpu-tests.txt",
     ),
     CudaPath(
         name="solve_by_halves",
@@ -316,6 +319,7 @@ PATHS: tuple[CudaPath, ...] = (
                     "the inverse by two tf32 GEMMs instead of block substitution on the CUDA cores",
               "zh": "chunk_intra 的求逆（chunk_kda，以及走第 5 级路径的 GDN）中，逆矩阵左下 32 x 32 的一半改由两次 "
                     "tf32 GEMM 求得，而不在 CUDA core 上逐块回代"},
+        gpu_log="results/tuning/run111/gpu-tests.txt",
     ),
     CudaPath(
         name="diagonal_about_middles",
@@ -369,6 +373,7 @@ PATHS: tuple[CudaPath, ...] = (
                     "within the delta rule's bound, instead of the runs' maps and their fold",
               "zh": "split_forward 让每一段只从前一段末尾的几个块出发（对这些窗口从零状态做一趟遍历）：只要每个门控在"
                     "窗口内衰减到 e^-24 以下、且窗口内的键满足 delta 规则的界，就以此取代各段的映射及其折叠"},
+        gpu_log="results/tuning/run111/gpu-tests.txt",
     ),
     CudaPath(
         name="split_in_op",
@@ -380,6 +385,7 @@ PATHS: tuple[CudaPath, ...] = (
               "zh": "chunk_kda 与 chunk_gated_delta_rule（非打包、不求导）在切分规则认为值得时经由带预热起点的 "
                     "split_forward 计算（kda.distributed.op_split）：GDN 在自身 block 会让 SM 空闲时走标量门控遍历，"
                     "以及头数少的长序列"},
+        gpu_log="results/tuning/run111/gpu-tests.txt",
     ),
     CudaPath(
         name="activations_in_kernel",

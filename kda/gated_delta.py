@@ -47,8 +47,9 @@ ACTIVATIONS_IN_KERNEL = True
 # raw keys (not use_qk_l2norm_in_kernel), so that keys that would diverge are an error on CUDA too, as on the CPU,
 # with no pass of their own; GDN's scalar-gate path in its chunk_gated_inverse, from the diagonal of the K K^T it
 # makes anyway. Its GPU tests passed in run 108 (H100: KDA, GDN by both paths, dense and packed, grouped value
-# heads); off until its cost to the plain call is timed.
-KEY_CHECK_IN_KERNEL = False
+# heads). Run 111 (H100) timed its cost to chunk_kda's plain call: 1.738 ms against 1.704 at (1, 8192, 96, 128), 2.310
+# against 2.262 at (1, 32768, 32, 128), 2.155 against 2.136 at (4, 4096, 64, 128), 1 to 2 %: on.
+KEY_CHECK_IN_KERNEL = True
 
 
 # CUDA, use_qk_l2norm_in_kernel where the kernels do not normalize as they load (GDN's scalar-gate path; every path
@@ -178,13 +179,15 @@ def forward_eager(q, k, v, g, beta, scale, initial_state, output_final_state, us
 # split with warm-up starts (kda.distributed.op_split, WARMUP_STARTS on too) where its rule splits: GDN by the
 # scalar-gate pass where the op's own blocks would leave SMs idle (32 heads at batch 1), KDA and GDN at long context
 # with few heads. Run 108 (H100, before the window was checked on the device): GDN at (1, 32768, 32, 128) 1.63 ms split
-# against 1.80 for the op. Off until timed with the check on the device.
-SPLIT_IN_OP = False
+# against 1.80 for the op. Run 111 (H100, its GPU tests passed): at (1, 131072, 4, 128) the op 2.27 ms routed against
+# 2.60 (GDN) and 2.55 against 2.87 (KDA), the values' checks read back included: on.
+SPLIT_IN_OP = True
 
 # CUDA: a packed call captured in a CUDA graph (cu_seqlens; a host copy is not read there) builds its chunk table on the
 # device (kda.packed.device_chunk_table: sized by bounds the shapes give, nothing read back), so that the graph
-# replays with other boundaries of the same T and N. Not yet run on a GPU: off (such a capture raises).
-DEVICE_CHUNK_TABLES = False
+# replays with other boundaries of the same T and N. Its GPU test passed in run 111 (H100: KDA and GDN, replayed
+# with new boundaries against eager calls): on.
+DEVICE_CHUNK_TABLES = True
 
 
 # --8<-- [start:run_kernels]

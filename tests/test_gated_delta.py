@@ -265,6 +265,7 @@ def test_where_the_activations_are_applied(fused, form, monkeypatch):
 
     seen = {}
     monkeypatch.setattr(gated_delta, "ACTIVATIONS_IN_KERNEL", fused)
+    monkeypatch.setattr(gated_delta, "SPLIT_IN_OP", False)            # the op's own route, not the split's
     monkeypatch.setattr(validate, "runs_kernels", lambda q: True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
 

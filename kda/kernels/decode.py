@@ -237,9 +237,9 @@ def _zeros(shape: tuple, device: torch.device, dtype=torch.float32) -> torch.Ten
 
 # --8<-- [start:run_fused_recurrent]
 # CUDA: speculative decoding's token slots (ssm_state_indices [N, T_max], num_accepted_tokens): the state after every
-# token stored to its slot, the start read from the accepted token's (fused_recurrent's token_slots). Compiled here;
-# not yet run on a GPU: off.
-TOKEN_SLOTS = False
+# token stored to its slot, the start read from the accepted token's (fused_recurrent's token_slots). Its GPU tests
+# passed in run 111 (H100: KDA and GDN, dense and packed, against the float64 token recurrence): on.
+TOKEN_SLOTS = True
 
 
 def run_fused_recurrent(q, k, v, g, beta, scale, h0, cu_seqlens, indices, output_final_state, act=NO_ACTIVATION,
