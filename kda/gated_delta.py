@@ -180,8 +180,11 @@ def forward_eager(q, k, v, g, beta, scale, initial_state, output_final_state, us
 # scalar-gate pass where the op's own blocks would leave SMs idle (32 heads at batch 1), KDA and GDN at long context
 # with few heads. Run 108 (H100, before the window was checked on the device): GDN at (1, 32768, 32, 128) 1.63 ms split
 # against 1.80 for the op. Run 111 (H100, its GPU tests passed): at (1, 131072, 4, 128) the op 2.27 ms routed against
-# 2.60 (GDN) and 2.55 against 2.87 (KDA), the values' checks read back included: on.
-SPLIT_IN_OP = True
+# 2.60 (GDN) and 2.55 against 2.87 (KDA), though the split alone took 1.23 (GDN) and 1.62 (KDA): the op's value checks
+# read back (the keys' norms through a float64 copy) cost about 1 ms there. Off until the route's other shapes are timed
+# with the cheaper key check (choose_pieces also splits (1, 32768, 32) GDN and (1, 32768, 4) KDA and GDN, where run 108
+# had the split slower).
+SPLIT_IN_OP = False
 
 # CUDA: a packed call captured in a CUDA graph (cu_seqlens; a host copy is not read there) builds its chunk table on the
 # device (kda.packed.device_chunk_table: sized by bounds the shapes give, nothing read back), so that the graph

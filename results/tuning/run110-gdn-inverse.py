@@ -41,6 +41,8 @@ VARIANTS = {
     "halves_scan_cpb8": dict(merge="halves", cumsum="scan", chunks_per_block=8),
 }
 SHAPES = [(1, 8192, 96, 128), (1, 32768, 32, 128), (4, 4096, 64, 128)]
+if os.environ.get("RUN110_VARIANTS"):                # e.g. default,halves_scan: a short call's part (run 112)
+    VARIANTS = {name: VARIANTS[name] for name in os.environ["RUN110_VARIANTS"].split(",")}
 
 
 def bench_inputs(B, T, H, D, gate_channels, seed):
@@ -81,6 +83,7 @@ def time_variants():
     except ImportError as e:
         flash_qla = kkt_solve = None
         log(RUN, {"what": "flash_qla", "error": str(e)})
+    module_default = scalar_gate.SCALAR_GATE_INVERSE_CONFIG
     for B, T, H, D in SHAPES:
         q, k, v, g, beta = bench_inputs(B, T, H, D, (), seed=7)
         shape = {"B": B, "T": T, "H": H, "D": D}
@@ -118,7 +121,7 @@ def time_variants():
             ref = o if ref is None else ref
             log(RUN, {"what": "op", **shape, "inverse": name, "ms": round(median_ms(fn), 4),
                       "rel_vs_default": float(f"{rel_l2(o, ref):.2e}")})
-        scalar_gate.SCALAR_GATE_INVERSE_CONFIG = {}
+        scalar_gate.SCALAR_GATE_INVERSE_CONFIG = module_default
         if flash_qla is not None:
             fn = lambda: flash_qla.chunk_gated_delta_rule(q, k, v, g, beta, scale=D ** -0.5)[0]
             log(RUN, {"what": "op", **shape, "inverse": "FlashQLA 0.1.3", "ms": round(median_ms(fn), 4)})
