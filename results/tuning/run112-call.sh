@@ -2,6 +2,7 @@
 # Run 112, one device call (carry .gpu and .carry; COMMIT: the commit of this working tree), within TOTAL seconds:
 # 1. the GPU tests of the inverse's scan cumsum, rewritten after run 111 (doubling steps in shared memory), alone and
 #    in the op dense and packed, within TEST_S seconds;
+# then run112-decode-host.py (the checked decode step's host time, by function, within 40 s);
 # then on an H200 the stale records (rerecord_rest) with what is left; on another card, within what is left:
 # 2. run110-gdn-inverse.py `compile time packed` on the variants default, halves (the new default), halves_scan and
 #    halves_scan_heads_first (against FlashQLA's kkt_solve and forward), then packed GDN by both paths against one
@@ -16,6 +17,7 @@ KDA_FAILURES_LOG="$OUT"/gpu-failures.txt OMP_NUM_THREADS=1 timeout -k 5 ${TEST_S
   -k "inverse_against_reference_stage or inverse_arrangement" 2>&1 | grep "PASSED\|FAILED\|ERROR\|passed\|failed\|Error\|^E  " \
   | sed 's/^\[gw[0-9]*\] \[ *[0-9]*%\] //' | cut -c1-300 > "$OUT"/gpu-tests.txt
 grep -c PASSED "$OUT"/gpu-tests.txt; grep "FAILED\|ERROR\|passed\|failed" "$OUT"/gpu-tests.txt | tail -12
+timeout -k 5 40 python results/tuning/run112-decode-host.py 2>&1 | grep "decode host\"\|Error" | cut -c1-300
 if nvidia-smi -L | grep -q H200; then rerecord_rest; echo "done after $(( $(date +%s) - start )) s"; exit; fi
 RUN110_VARIANTS=default,halves,halves_scan,halves_scan_heads_first timeout -k 5 $(( $(left) * 45 / 100 )) \
   python results/tuning/run110-gdn-inverse.py compile time packed 2>&1 | grep "^{\|Error" | cut -c1-300
