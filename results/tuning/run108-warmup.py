@@ -45,7 +45,10 @@ def main():
 
     # KDA at 32 heads: two runs let the state pass take 64 value columns per block (run 39: faster where they fill)
     shapes = [((1, 32768, 32), ("gdn", "kda")), ((1, 131072, 4), ("gdn", "kda")), ((1, 8192, 4), ("kda", "gdn")),
-              ((1, 16384, 32), ("gdn",)), ((1, 32768, 4), ("kda", "gdn"))]
+              ((1, 16384, 32), ("gdn",)), ((1, 32768, 4), ("kda", "gdn")),
+              ((1, 8192, 96), ("gdn",))]       # added for run 112: 96 blocks of the scalar-gate pass on 132 SMs
+    pieces_of = lambda default: [int(p) for p in os.environ["PIECES"].split(",")] if os.environ.get("PIECES") \
+        else default                                 # e.g. PIECES=3,4,6 (run 112)
     if os.environ.get("SHAPES"):                      # e.g. SHAPES=0,1: a short call's part of the list
         shapes = [shapes[int(i)] for i in os.environ["SHAPES"].split(",")]
     for (B, T, H), ops in shapes:
@@ -60,9 +63,9 @@ def main():
             variants = [("exact, auto", False, False, None), ("warmup, auto", True, False, None)]
             if op == "gdn":
                 variants += [("scalar-gate warmup, auto", True, True, None)]
-                variants += [(f"scalar-gate warmup, {p}", True, True, p) for p in (2, 4, 8)]
+                variants += [(f"scalar-gate warmup, {p}", True, True, p) for p in pieces_of((2, 4, 8))]
             else:
-                variants += [(f"warmup, {p}", True, False, p) for p in (2, 4, 16)]
+                variants += [(f"warmup, {p}", True, False, p) for p in pieces_of((2, 4, 16))]
             for name, warmup, scalar_split, pieces in variants:
                 set_switches(warmup, scalar_split)
                 taken = []

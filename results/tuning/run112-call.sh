@@ -7,8 +7,10 @@
 # 2. run110-gdn-inverse.py `compile time packed` on the variants default, halves (the new default), halves_scan and
 #    halves_scan_heads_first (against FlashQLA's kkt_solve and forward), then packed GDN by both paths against one
 #    sequence and FlashQLA (run 111 ran out of time before it);
-# 3. run108-warmup.py at SHAPES (default 0,2,4: (1, 32768, 32), (1, 8192, 4), (1, 32768, 4)), whose last row per op
-#    is the op routed through the split (SPLIT_IN_OP) with the keys' check now reduced as k is read.
+# 3. run108-warmup.py at SHAPES (default 5,0,4: (1, 8192, 96) GDN, whose 96 blocks of the scalar-gate pass fill one
+#    wave of 132 SMs to 73 %, so that 4 runs (3 waves of a quarter of the work) may pay; (1, 32768, 32); (1, 32768, 4))
+#    split into PIECES (default 2,3,4,6) runs, and the op routed through the split (SPLIT_IN_OP) with the keys' check
+#    now reduced as k is read.
 set -u
 source "$(dirname "$0")/device-env.sh"
 left() { echo $(( ${TOTAL:-570} - $(date +%s) + start )); }
@@ -21,7 +23,7 @@ timeout -k 5 40 python results/tuning/run112-decode-host.py 2>&1 | grep "decode 
 if nvidia-smi -L | grep -q H200; then rerecord_rest; echo "done after $(( $(date +%s) - start )) s"; exit; fi
 RUN110_VARIANTS=default,halves,halves_scan,halves_scan_heads_first timeout -k 5 $(( $(left) * 45 / 100 )) \
   python results/tuning/run110-gdn-inverse.py compile time packed 2>&1 | grep "^{\|Error" | cut -c1-300
-SHAPES=${SHAPES:-0,2,4} timeout -k 5 $(( $(left) - 40 )) python results/tuning/run108-warmup.py 2>&1 \
+SHAPES=${SHAPES:-5,0,4} PIECES=${PIECES:-2,3,4,6} timeout -k 5 $(( $(left) - 40 )) python results/tuning/run108-warmup.py 2>&1 \
   | grep "^{\|Error" | cut -c1-300
 timeout 30 python -c "import os; from pathlib import Path; from kda.site.rerecord import pack_caches; pack_caches(Path(os.environ['OUT']))"
 echo "done after $(( $(date +%s) - start )) s"
