@@ -154,20 +154,26 @@ def test_gdn_scalar_gate_path_packed(kernel_launches, monkeypatch, initial, fina
 
 def test_gdn_scalar_gate_path_only_where_it_pays(kernel_launches, monkeypatch):
     """Switched on, the scalar-gate path still leaves to level 5 a batch of too few blocks for the
-    SMs, a per-channel gate and (by default) packed sequences."""
+    SMs, a per-channel gate and, with ``SCALAR_GATE_PACKED`` off, packed sequences; with it on (the
+    default since run 112) packed sequences take the scalar-gate path."""
     from kda import gated_delta
 
     monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", True)
     assert gated_delta.scalar_gate_columns(1, 96, 128, 132) == 128
     assert gated_delta.scalar_gate_columns(1, 32, 128, 132) is None
     assert gated_delta.scalar_gate_columns(4, 32, 64, 132) == 64
-    for per_channel, table, blocks in ((False, None, 0.5), (True, None, 0.0),
-                                       (False, packed.chunk_table([0, 70, 200], "cpu"), 0.0)):
+    level5, scalar = ["chunk_intra", "gated_state_output_pass"], ["chunk_gated_inverse", "inverse_state_output_pass"]
+    two_sequences = packed.chunk_table([0, 70, 200], "cpu")
+    for per_channel, table, blocks, packed_path, want in ((False, None, 0.5, True, level5),
+                                                          (True, None, 0.0, True, level5),
+                                                          (False, two_sequences, 0.0, False, level5),
+                                                          (False, two_sequences, 0.0, True, scalar)):
         monkeypatch.setattr(gated_delta, "SCALAR_GATE_MIN_BLOCKS", blocks)   # 0: only the gate or packing decides
+        monkeypatch.setattr(gated_delta, "SCALAR_GATE_PACKED", packed_path)
         kernel_launches.clear()
         q, k, v, g, beta = level5_inputs(B=1 if table is not None else 2, per_channel=per_channel)
         gated_delta._run_kernels(q, k, v, g, beta, 0.125, None, torch.zeros(2, dtype=torch.int32), table)
-        assert [name for name, _ in kernel_launches] == ["chunk_intra", "gated_state_output_pass"]
+        assert [name for name, _ in kernel_launches] == want
 
 
 def test_level5_grouped_value_heads(kernel_launches):
