@@ -311,8 +311,10 @@ def op_split(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_k
     """``chunk_kda`` / ``chunk_gated_delta_rule`` on CUDA (dense, inputs checked but for their values) through the
     split with warm-up starts where ``choose_pieces`` splits runs of ``OP_SPLIT_MIN_RUN_CHUNKS`` or more; ``None``
     elsewhere (the op's own path). GDN takes the scalar-gate pass where the op's would be level 5's for want of
-    blocks. ``check_values``: the gate's and ``beta``'s ranges (and raw keys against the delta rule's bound) read
-    back first, as on the CPU path."""
+    blocks. ``check_values``: the gate's and ``beta``'s ranges (and raw keys against the delta rule's bound, with
+    ``KEY_CHECK_IN_KERNEL``) checked by the split's first kernel as it reads them, as the op's own path checks them,
+    and read back once the passes are queued (run 112: the checks read back first, by torch, took 0.35 ms of the op's
+    1.80 at (1, 32768, 32, 128), more than the split saves)."""
     if not WARMUP_STARTS or v.shape[2] != q.shape[2]:
         return None
     from kda.kernels import build                             # its sm_count, as the launchers ask it
@@ -324,13 +326,20 @@ def op_split(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_k
     pieces = choose_pieces(B, H, DV, T, sms, min_run_chunks=OP_SPLIT_MIN_RUN_CHUNKS, warmup=True, **rule)
     if pieces == 1:
         return None
-    if check_values:                                          # the op's checks of the values, as on the CPU path
-        validate.check_gated_delta_inputs(q, k, v, g, beta, scale, h0, None, g.dim() == 4,
-                                          keys_normalized=use_qk_l2norm_in_kernel)
+    keys = check_values and gated_delta.KEY_CHECK_IN_KERNEL and not use_qk_l2norm_in_kernel
+    flags = value_flags(3 if keys else 2, q.device) if check_values else None
     pieces, run_len = whole_runs(ceildiv(T, CHUNK_SIZE), pieces)
     exact_pays = choose_pieces(B, H, DV, T, sms, **rule) > 1
-    return _split_forward_cuda(q, k, v, g, beta, pieces, run_len, scale, h0, output_final_state,
-                               use_qk_l2norm_in_kernel, True, not exact_pays, scalar_gate=scalar)
+    out = _split_forward_cuda(q, k, v, g, beta, pieces, run_len, scale, h0, output_final_state,
+                              use_qk_l2norm_in_kernel, True, not exact_pays, scalar_gate=scalar, flags=flags)
+    if flags is not None:                                     # raises on a flagged value; the outputs are dropped
+        validate.raise_flagged_inputs(flags, g, beta, k)
+    return out
+
+
+def value_flags(count: int, device):
+    """The first kernel's value flags, zeroed: the gate, ``beta`` (and the keys, with three)."""
+    return torch.zeros(count, dtype=torch.int32, device=device)
 
 
 def _check_ungrouped(q, v):
@@ -347,7 +356,7 @@ def _pad_time(x, pad: int):
 
 
 def _split_forward_cuda(q, k, v, g, beta, pieces, run_len, scale, h0, output_final_state, use_qk_l2norm_in_kernel,
-                        warmup=False, unsplit_without_window=False, scalar_gate=None):
+                        warmup=False, unsplit_without_window=False, scalar_gate=None, flags=None):
     from kda.kernels.chunk_intra import prepare_chunks
     from kda.kernels.gated_state_pass import run_state_pass
 
@@ -359,10 +368,10 @@ def _split_forward_cuda(q, k, v, g, beta, pieces, run_len, scale, h0, output_fin
     if pad:
         q, k, v, g, beta = (_pad_time(x, pad) for x in (q, k, v, g, beta))
     if scalar_gate:
-        o, final = _split_scalar_gate(q, k, v, g, beta, pieces, scale, h0, warmup, unsplit_without_window)
+        o, final = _split_scalar_gate(q, k, v, g, beta, pieces, scale, h0, warmup, unsplit_without_window, flags)
         o = o[:, :T]
         return (o.contiguous() if pad else o), (final if output_final_state else None)
-    form = prepare_chunks(q, k, v, g, beta, scale)
+    form = prepare_chunks(q, k, v, g, beta, scale, flags=flags)      # flags: the values checked as they are read
     runs = runs_form(form, pieces)                            # every chunk of every run at once
 
     def from_starts(starts):
@@ -449,18 +458,18 @@ def _warm_starts(h0, ends, B, pieces):
     return torch.cat([_start_state32(h0, ends[:, 0])[:, None], ends], dim=1).reshape(B * pieces, *ends.shape[2:])
 
 
-def _split_scalar_gate(q, k, v, g, beta, pieces, scale, h0, warmup=False, unsplit_without_window=False):
+def _split_scalar_gate(q, k, v, g, beta, pieces, scale, h0, warmup=False, unsplit_without_window=False, flags=None):
     """GDN's split by ``kda.kernels.scalar_gate``: the inverse once for every chunk, then each run's map
     by the pass over a batch of ``B * pieces`` runs (``M`` from the identity with ``V = 0``, ``B`` from
     zero), the fold, and the pass again from each run's true start; with ``warmup``, where the gates allow,
     the pass over each run's window instead of the maps and the fold (where none serves and
     ``unsplit_without_window``, the pass over whole sequences). ``q, k, v, g [B, T, H, 1], beta`` padded to whole
-    runs; returns ``o`` and the final state."""
+    runs; returns ``o`` and the final state. ``flags``: the inverse checks the values as it reads them."""
     from kda.kernels.scalar_gate import scalar_gate_inverse, scalar_gate_pass_launch
 
     B, T, H, K = q.shape
     DV, L, R = v.shape[-1], T // pieces, B * pieces
-    G, Tb = scalar_gate_inverse(k, g, beta, H)
+    G, Tb = scalar_gate_inverse(k, g, beta, H, flags)
     block = lambda D: min(gated_delta.SCALAR_GATE_COLUMNS, D)            # the pieces were chosen to fill the SMs
     pass_from = lambda q, k, v, Tb, G, start: launch.launched(
         scalar_gate_pass_launch(q, k, v, Tb, G, scale, start, block(v.shape[-1])))

@@ -113,7 +113,8 @@ def test_split_warmup_starts(shape, pieces, gates, window, path, monkeypatch, po
 def test_op_takes_the_split(per_channel, monkeypatch, poisoned):
     """``SPLIT_IN_OP`` with ``WARMUP_STARTS``: the op itself splits where ``op_split``'s rule does (two runs of 128
     chunks at four heads for KDA; GDN at eight heads by the scalar-gate pass), against the float64 recurrence and
-    the op unsplit; a bad ``beta`` still raises."""
+    the op unsplit; a bad ``beta``, a NaN gate and keys past the delta rule's bound raise, flagged by the split's
+    first kernel."""
     from kda import distributed, gated_delta
 
     monkeypatch.setattr(distributed, "WARMUP_STARTS", True)
@@ -134,6 +135,13 @@ def test_op_takes_the_split(per_channel, monkeypatch, poisoned):
     assert rel_l2(o, o1) <= 2 * BOUND and rel_l2(ht, ht1) <= 2 * BOUND
     with pytest.raises(ValueError, match="beta"):
         fn(q, k, v, g, beta + 1, initial_state=h0)
+    bad_g = g.clone()
+    bad_g[0, 9000, 1] = float("nan")                         # in the second run: the split's first kernel flags it
+    with pytest.raises(ValueError, match="g must be finite and <= 0"):
+        fn(q, k, v, bad_g, beta, initial_state=h0)
+    with pytest.raises(ValueError, match="k: beta"):         # keys past the delta rule's bound (KEY_CHECK_IN_KERNEL)
+        fn(q, k * 4, v, g, beta, initial_state=h0)
+    assert len(calls) == 4 and all(kw["flags"] is not None for kw in calls)
 
 
 def test_split_fp16_and_l2norm(poisoned):

@@ -279,7 +279,8 @@ def test_split_warmup_starts(kernel_launches, monkeypatch, scalar_path):
 def test_op_split_route(kernel_launches, monkeypatch, op):
     """``SPLIT_IN_OP``'s route (``op_split``): nothing where its rule does not split; where it does, the split with
     warm-up starts, GDN by the scalar-gate pass (its own path would be level 5's for want of blocks), the values
-    checked first where asked."""
+    checked by the first kernel (its flags, three with the keys) and read back after the passes: a flag raises the
+    host check's error, naming the value."""
     from kda import distributed
 
     monkeypatch.setattr(distributed, "WARMUP_STARTS", True)
@@ -296,9 +297,18 @@ def test_op_split_route(kernel_launches, monkeypatch, op):
     names = ["chunk_intra", "gated_state_output_pass"] if op == "kda" else ["chunk_gated_inverse",
                                                                             "inverse_state_output_pass"]
     assert [name for name, _ in kernel_launches] == names[:1] + names[1:] * 2
+    assert kernel_launches[0][1].get("check_keys")                   # the keys raw: checked with the gate and beta
     assert o.shape == v.shape and ht.shape == (1, 2, 64, 64)
-    with pytest.raises(ValueError, match="beta"):
+    made, zeroed = [], distributed.value_flags
+    monkeypatch.setattr(distributed, "value_flags", lambda n, device: made.append(torch.tensor([0, 1, 0][:n],
+                                                                                          dtype=torch.int32)) or made[-1])
+    with pytest.raises(ValueError, match="beta"):                   # the stand-in kernel cannot flag: a flag as it would
         distributed.op_split(q, k, v, g, beta + 1, *args, True)
+    assert len(made) == 1
+    monkeypatch.setattr(distributed, "value_flags", zeroed)
+    kernel_launches.clear()
+    distributed.op_split(q, k, v, g, beta, 0.125, None, True, True, True)        # keys normalized: no key check
+    assert not kernel_launches[0][1].get("check_keys")
     monkeypatch.setattr(distributed, "WARMUP_STARTS", False)
     assert distributed.op_split(q, k, v, g, beta, *args, True) is None
 
