@@ -326,8 +326,7 @@ def op_split(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_k
     pieces = choose_pieces(B, H, DV, T, sms, min_run_chunks=OP_SPLIT_MIN_RUN_CHUNKS, warmup=True, **rule)
     if pieces == 1:
         return None
-    keys = check_values and gated_delta.KEY_CHECK_IN_KERNEL and not use_qk_l2norm_in_kernel
-    flags = value_flags(3 if keys else 2, q.device) if check_values else None
+    flags = gated_delta.first_kernel_flags(True, use_qk_l2norm_in_kernel, q.device) if check_values else None
     pieces, run_len = whole_runs(ceildiv(T, CHUNK_SIZE), pieces)
     exact_pays = choose_pieces(B, H, DV, T, sms, **rule) > 1
     out = _split_forward_cuda(q, k, v, g, beta, pieces, run_len, scale, h0, output_final_state,
@@ -335,11 +334,6 @@ def op_split(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_k
     if flags is not None:                                     # raises on a flagged value; the outputs are dropped
         validate.raise_flagged_inputs(flags, g, beta, k)
     return out
-
-
-def value_flags(count: int, device):
-    """The first kernel's value flags, zeroed: the gate, ``beta`` (and the keys, with three)."""
-    return torch.zeros(count, dtype=torch.int32, device=device)
 
 
 def _check_ungrouped(q, v):

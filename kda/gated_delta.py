@@ -118,9 +118,9 @@ def forward_eager(q, k, v, g, beta, scale, initial_state, output_final_state, us
     cuda = validate.runs_kernels(q)
     capturing = cuda and torch.cuda.is_current_stream_capturing()    # a CUDA graph: nothing read back
     if capturing and cu_seqlens is not None and not DEVICE_CHUNK_TABLES:
-        raise ValueError("packed sequences (cu_seqlens) cannot be captured in a CUDA graph by default yet: their "
-                         "chunk table is built on the host (kda.gated_delta.DEVICE_CHUNK_TABLES builds it on the "
-                         "device, not yet run on a GPU); capture a batch of equal lengths, or decode steps")
+        raise ValueError("packed sequences (cu_seqlens) cannot be captured in a CUDA graph with "
+                         "kda.gated_delta.DEVICE_CHUNK_TABLES off: their chunk table is then built on the host; turn "
+                         "it on, or capture a batch of equal lengths, or decode steps")
     check_values = check_values and not capturing
     scale, h0, bounds = validate.check_gated_delta_inputs(
         q, k, v, g, beta, scale, initial_state, cu_seqlens, per_channel, check_values=check_values and not cuda,
@@ -134,8 +134,7 @@ def forward_eager(q, k, v, g, beta, scale, initial_state, output_final_state, us
         if split is not None:
             return split
     if cuda:                                             # packed sequences: one launch per stage too
-        keys = check_values and KEY_CHECK_IN_KERNEL and not use_qk_l2norm_in_kernel   # flags[2]: the keys
-        flags = torch.zeros(3 if keys else 2, dtype=torch.int32, device=q.device)
+        flags = first_kernel_flags(check_values, use_qk_l2norm_in_kernel, q.device)
         k_given = k
         g_given = g
         fused = use_qk_l2norm_in_kernel and L2NORM_IN_KERNEL     # the norm in the kernels where they can
@@ -193,6 +192,13 @@ SPLIT_IN_OP = False
 # replays with other boundaries of the same T and N. Its GPU test passed in run 111 (H100: KDA and GDN, replayed
 # with new boundaries against eager calls): on.
 DEVICE_CHUNK_TABLES = True
+
+
+def first_kernel_flags(check_values: bool, use_qk_l2norm_in_kernel: bool, device) -> torch.Tensor:
+    """The first kernel's value flags, zeroed: the gate, ``beta``, and the raw keys (a third flag) where
+    ``check_values`` and ``KEY_CHECK_IN_KERNEL`` ask for them and the call does not normalize the keys."""
+    keys = check_values and KEY_CHECK_IN_KERNEL and not use_qk_l2norm_in_kernel
+    return torch.zeros(3 if keys else 2, dtype=torch.int32, device=device)
 
 
 # --8<-- [start:run_kernels]

@@ -284,9 +284,12 @@ def test_chunk_kda_activations_on_the_gpu(poisoned):
     assert rel_l2(o, want[0]) <= BOUND and rel_l2(ht, want[1]) <= BOUND
 
 
-def test_a_dense_prefill_replays_in_a_cuda_graph():
+def test_a_dense_prefill_replays_in_a_cuda_graph(monkeypatch):
     """chunk_kda on a batch of equal lengths, captured once and replayed with new inputs: equal to
-    eager calls. Packed sequences refuse capture with an error (their chunk table is built on the host)."""
+    eager calls. With ``DEVICE_CHUNK_TABLES`` off, packed sequences refuse capture with an error that names it
+    (their chunk table is then built on the host)."""
+    from kda import gated_delta
+
     q, k, v, g, beta, h0 = inputs(2, 130, 2, 2, 128, 128, torch.bfloat16, True, seed=51)
     prefill = lambda: kda.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
     graph, (out, state) = captured(prefill)
@@ -301,7 +304,8 @@ def test_a_dense_prefill_replays_in_a_cuda_graph():
     packed = torch.cuda.CUDAGraph()
     cu = torch.tensor([0, 100, 130], device="cuda")
     cu_cpu, first = cu.cpu(), [x[:1].contiguous() for x in (q, k, v, g, beta)]   # nothing copied while capturing
-    with pytest.raises(ValueError, match="cannot be captured in a CUDA graph by default yet"):
+    monkeypatch.setattr(gated_delta, "DEVICE_CHUNK_TABLES", False)
+    with pytest.raises(ValueError, match="CUDA graph with kda.gated_delta.DEVICE_CHUNK_TABLES off"):
         with torch.cuda.graph(packed):
             kda.chunk_kda(*first, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu)
 

@@ -281,7 +281,7 @@ def test_op_split_route(kernel_launches, monkeypatch, op):
     warm-up starts, GDN by the scalar-gate pass (its own path would be level 5's for want of blocks), the values
     checked by the first kernel (its flags, three with the keys) and read back after the passes: a flag raises the
     host check's error, naming the value."""
-    from kda import distributed
+    from kda import distributed, gated_delta
 
     monkeypatch.setattr(distributed, "WARMUP_STARTS", True)
     monkeypatch.setattr(distributed, "WARMUP_WINDOWS", {})
@@ -299,13 +299,13 @@ def test_op_split_route(kernel_launches, monkeypatch, op):
     assert [name for name, _ in kernel_launches] == names[:1] + names[1:] * 2
     assert kernel_launches[0][1].get("check_keys")                   # the keys raw: checked with the gate and beta
     assert o.shape == v.shape and ht.shape == (1, 2, 64, 64)
-    made, zeroed = [], distributed.value_flags
-    monkeypatch.setattr(distributed, "value_flags", lambda n, device: made.append(torch.tensor([0, 1, 0][:n],
-                                                                                          dtype=torch.int32)) or made[-1])
-    with pytest.raises(ValueError, match="beta"):                   # the stand-in kernel cannot flag: a flag as it would
+    made, zeroed = [], gated_delta.first_kernel_flags
+    flagged = lambda *a: made.append(zeroed(*a)) or made[-1].index_fill_(0, torch.tensor([1]), 1)   # beta's flag
+    monkeypatch.setattr(gated_delta, "first_kernel_flags", flagged)
+    with pytest.raises(ValueError, match="beta"):                   # the stand-in kernel cannot flag: set as it would
         distributed.op_split(q, k, v, g, beta + 1, *args, True)
-    assert len(made) == 1
-    monkeypatch.setattr(distributed, "value_flags", zeroed)
+    assert len(made) == 1 and made[0].numel() == 3
+    monkeypatch.setattr(gated_delta, "first_kernel_flags", zeroed)
     kernel_launches.clear()
     distributed.op_split(q, k, v, g, beta, 0.125, None, True, True, True)        # keys normalized: no key check
     assert not kernel_launches[0][1].get("check_keys")

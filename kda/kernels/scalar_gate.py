@@ -53,8 +53,9 @@ def log2_cumsum_by_scan(g, g_s, H_s, G_s, flags, bb, bh, t0, L, C):
     not finite and ``<= 0`` sets ``flags[0]``, as there. ``g_s`` is filled by the producer warps of the
     warp-specialised loop, which refill it as soon as ``K K^T`` is issued: the scan only reads it. Not
     ``T.cumsum``: in a warp-specialised kernel its warp scan (tilelang 0.1.15, ``tl::CumSum2D``) numbers
-    warps from thread 0, so the consumers, threads 128 to 255, all skip it and ``G`` stays 0 (run 111). The rows past ``L``
-    are set to row ``L - 1`` at the end: summed in another grouping, they differed from it in the last bit (run 112)."""
+    warps from thread 0, so the consumers, threads 128 to 255, all skip it and ``G`` stays 0 (run 111). The rows
+    past ``L`` are set to row ``L - 1`` at the end: summed in another grouping, they differed from it in the last bit
+    (run 112)."""
     for i in T.Parallel(C):
         x = T.Cast(ACCUM, g[bb, t0 + T.min(i, L - 1), bh])
         g_s[i, 0] = T.if_then_else(i < L, x * LOG2_E, 0.0)
