@@ -100,7 +100,7 @@ def _recomputed_gradients(forward, inputs, do, dfinal) -> list[Tensor]:
     none): ``forward(*inputs)`` recomputed (the CPU's float64 path, differentiable) and
     differentiated by autograd."""
     if any(isinstance(x, Tensor) and x.is_cuda for x in inputs):
-        raise RuntimeError("the CUDA kernels have no backward yet (issue 18): train on CPU tensors")
+        raise RuntimeError("the recomputing backward is the CPU's: CUDA tensors take kda.cuda_autograd's kernel")
     leaves = [x.detach().requires_grad_() if isinstance(x, Tensor) and x.is_floating_point() else x for x in inputs]
     # an op's body runs below autograd (the autograd dispatch keys excluded); put them back for the recompute
     keys = torch._C.DispatchKeySet(torch._C.DispatchKey.AutogradFunctionality) | \

@@ -26,10 +26,11 @@ def runs_kernels(where) -> bool:
 
 
 def no_backward_on_cuda(name: str, t) -> None:
-    """The CUDA kernels have no backward yet (issue 18): an input that asks for gradients there
-    gets an error instead of an output that silently has none. The CPU path is differentiable."""
+    """For CUDA calls with no backward (the decode step, the single stages): an input that asks for gradients
+    there gets an error instead of an output that silently has none. The chunked ops check their inputs under
+    ``checks_allow_gradients`` and have a backward; the CPU path is differentiable."""
     if isinstance(t, torch.Tensor) and t.is_cuda and t.requires_grad and torch.is_grad_enabled():
-        raise ValueError(f"{name} requires grad, but the CUDA kernels have no backward yet (issue 18): call under "
+        raise ValueError(f"{name} requires grad, but the CUDA kernels of this call have no backward: call under "
                          f"torch.no_grad() or torch.inference_mode(), or run on CPU tensors (float64, differentiable)")
 
 

@@ -88,6 +88,7 @@ def test_speculative_decoding_token_slots(per_channel, packed, poisoned, monkeyp
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda") if packed else None
     run = lambda: call(per_channel, q, k, v, g, beta, initial_state=pool, output_final_state=True, cu_seqlens=cu,
                        ssm_state_indices=slots, num_accepted_tokens=accepted)
+    monkeypatch.setattr(decode, "TOKEN_SLOTS", False)
     with pytest.raises(NotImplementedError, match="TOKEN_SLOTS"):
         run()
     monkeypatch.setattr(decode, "TOKEN_SLOTS", True)
@@ -337,17 +338,22 @@ def test_a_packed_prefill_replays_in_a_cuda_graph(per_channel, monkeypatch):
         assert rel_l2(out, o_ref.double()) <= 1e-6 and rel_l2(state, s_ref.double()) <= 1e-6, bounds
 
 
-def test_inputs_that_ask_for_gradients_raise_on_cuda():
-    """No backward kernels yet (issue 18): an error that names the argument, not an output that
-    silently has no gradient; under torch.no_grad the call runs."""
+def test_inputs_that_ask_for_gradients_raise_on_cuda(monkeypatch):
+    """The decode step has no backward, and the chunked ops' backward has a switch: an input that asks for
+    gradients gets an error that names it (and the switch), not an output that silently has no gradient;
+    under torch.no_grad the calls run."""
+    from kda import cuda_autograd
+
     q, k, v, g, beta, h0 = inputs(1, 5, 2, 2, 128, 128, torch.bfloat16, True, seed=41)
     q.requires_grad_()
-    with pytest.raises(ValueError, match="q requires grad, but the CUDA kernels have no backward yet"):
+    monkeypatch.setattr(cuda_autograd, "DEVICE_BACKWARD", False)
+    with pytest.raises(ValueError, match="q requires grad, but the CUDA backward is switched off.*DEVICE_BACKWARD"):
         kda.chunk_kda(q, k, v, g, beta)
-    with pytest.raises(ValueError, match="q requires grad"):
+    with pytest.raises(ValueError, match="q requires grad, but the CUDA kernels of this call have no backward"):
         kda.fused_recurrent_kda(q, k, v, g, beta)
     with torch.no_grad():
         kda.chunk_kda(q, k, v, g, beta)
+        kda.fused_recurrent_kda(q, k, v, g, beta)
 
 
 @pytest.mark.parametrize("per_channel", [True, False])

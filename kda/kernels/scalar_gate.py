@@ -386,8 +386,9 @@ inverse_state_output_pass.pass_configs = WARP_SPECIALISED
 # chunk_gated_inverse's arrangement beyond its defaults (chunks per block, stages, blocks per SM): run 90 timed ten
 # (results/tuning/run90-gdn-inverse.py); the defaults are its best. Run 111 (H100): the merge by halves (tf32 GEMMs for
 # the lower-left 32 x 32 block) passed its GPU tests and takes 0.272 ms against 0.340 at (1, 8192, 96, 128), the op
-# 0.801 against 0.876 (FlashQLA 0.592).
-SCALAR_GATE_INVERSE_CONFIG: dict = dict(merge="halves")
+# 0.801 against 0.876 (FlashQLA 0.592). The cumsum by doubling scan passed its stage tests in run 113 (H100) after its
+# rows past a ragged chunk's end were made flat; with it the inverse took 0.249 ms and the op 0.767 in run 112.
+SCALAR_GATE_INVERSE_CONFIG: dict = dict(merge="halves", cumsum="scan")
 
 
 def scalar_gate_inverse(k, g, beta, H, flags=None, table=None):
