@@ -19,6 +19,7 @@ state pass from a zero start gives ``B``, the same pass with the identity as sta
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING
 
@@ -30,6 +31,7 @@ from kda import gated_delta, launch, validate
 from kda.chunking import CHUNK_SIZE, ceildiv
 from kda.gated_delta import chunk_gated_delta_rule, chunk_kda, kernel_inputs
 from kda.kernels.build import sm_count
+from kda.packed import ChunkTable
 from kda.reference import level0 as ref0
 from kda.reference import level4 as ref4
 from kda.reference.common import start_state
@@ -303,37 +305,48 @@ def split_forward(q, k, v, g, beta, pieces: int | None = None, scale=None, initi
 
 
 # The op's route (kda.gated_delta.SPLIT_IN_OP) splits only runs of this many chunks or more: run 108 had the split
-# lose at 128 chunks in all (0.21 ms unsplit at (1, 8192, 4, 128)), its fixed cost since cut but not yet timed.
+# lose at 128 chunks in all (0.21 ms unsplit at (1, 8192, 4, 128)).
 OP_SPLIT_MIN_RUN_CHUNKS = 128
+# ... and only where the unsplit op is long: a sequence of OP_SPLIT_MIN_CHUNKS chunks or more (its state pass's chain),
+# or, for GDN by the scalar-gate pass, OP_SPLIT_MIN_HEAD_TOKENS tokens times heads or more (level 5's path, which the
+# op takes for want of blocks, is then slow by its work). Run 114 (H100, ms, the routed op against the op):
+# (1, 131072, 4) GDN 2.21 / 2.59, KDA 1.55 / 2.88; (1, 32768, 32) GDN 1.53 / 1.76; but (1, 32768, 4) GDN 1.51 / 0.67.
+OP_SPLIT_MIN_CHUNKS = 1024
+OP_SPLIT_MIN_HEAD_TOKENS = 1 << 20
 
 
 def op_split(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_kernel, check_values):
     """``chunk_kda`` / ``chunk_gated_delta_rule`` on CUDA (dense, inputs checked but for their values) through the
-    split with warm-up starts where ``choose_pieces`` splits runs of ``OP_SPLIT_MIN_RUN_CHUNKS`` or more; ``None``
-    elsewhere (the op's own path). GDN takes the scalar-gate pass where the op's would be level 5's for want of
-    blocks. ``check_values``: the gate's and ``beta``'s ranges (and raw keys against the delta rule's bound, with
-    ``KEY_CHECK_IN_KERNEL``) checked by the split's first kernel as it reads them, as the op's own path checks them,
-    and read back once the passes are queued (run 112: the checks read back first, by torch, took 0.35 ms of the op's
-    1.80 at (1, 32768, 32, 128), more than the split saves)."""
+    split with warm-up starts where ``choose_pieces`` splits runs of ``OP_SPLIT_MIN_RUN_CHUNKS`` or more of a long
+    call (``OP_SPLIT_MIN_CHUNKS``, ``OP_SPLIT_MIN_HEAD_TOKENS``); ``None`` elsewhere (the op's own path). GDN takes
+    the scalar-gate pass where the op's would be level 5's for want of blocks. ``check_values``: the gate's and
+    ``beta``'s ranges (and raw keys against the delta rule's bound, with ``KEY_CHECK_IN_KERNEL``) checked by the
+    split's first kernel as it reads them, as the op's own path checks them, and read back with the window's check
+    once the passes are queued, waiting for neither pass (run 112: the checks read back first, by torch, took 0.35
+    ms of the op's 1.80 at (1, 32768, 32, 128), more than the split saved)."""
     if not WARMUP_STARTS or v.shape[2] != q.shape[2]:
         return None
     from kda.kernels import build                             # its sm_count, as the launchers ask it
 
     B, T, H, _ = q.shape
     DV, sms = v.shape[-1], build.sm_count(q.device)
+    chunks = ceildiv(T, CHUNK_SIZE)
     scalar = g.dim() == 3 and gated_delta.SCALAR_GATE_PATH and gated_delta.scalar_gate_columns(B, H, DV, sms) is None
+    if chunks < OP_SPLIT_MIN_CHUNKS and not (scalar and B * H * T >= OP_SPLIT_MIN_HEAD_TOKENS):
+        return None
     rule = dict(block_dv=gated_delta.SCALAR_GATE_COLUMNS) if scalar else {}
     pieces = choose_pieces(B, H, DV, T, sms, min_run_chunks=OP_SPLIT_MIN_RUN_CHUNKS, warmup=True, **rule)
     if pieces == 1:
         return None
     flags = gated_delta.first_kernel_flags(True, use_qk_l2norm_in_kernel, q.device) if check_values else None
-    pieces, run_len = whole_runs(ceildiv(T, CHUNK_SIZE), pieces)
+    check = (lambda host: validate.raise_flagged_inputs(host, g, beta, k)) if check_values else None
+    # keys checked everywhere: by the first kernel (a third flag), or normalized (beta <= 1 is checked)
+    keys_checked = check_values and (flags.numel() == 3 or use_qk_l2norm_in_kernel)
+    pieces, run_len = whole_runs(chunks, pieces)
     exact_pays = choose_pieces(B, H, DV, T, sms, **rule) > 1
-    out = _split_forward_cuda(q, k, v, g, beta, pieces, run_len, scale, h0, output_final_state,
-                              use_qk_l2norm_in_kernel, True, not exact_pays, scalar_gate=scalar, flags=flags)
-    if flags is not None:                                     # raises on a flagged value; the outputs are dropped
-        validate.raise_flagged_inputs(flags, g, beta, k)
-    return out
+    return _split_forward_cuda(q, k, v, g, beta, pieces, run_len, scale, h0, output_final_state,
+                               use_qk_l2norm_in_kernel, True, not exact_pays, scalar_gate=scalar, flags=flags,
+                               check=check, keys_checked=keys_checked)
 
 
 def _check_ungrouped(q, v):
@@ -350,7 +363,11 @@ def _pad_time(x, pad: int):
 
 
 def _split_forward_cuda(q, k, v, g, beta, pieces, run_len, scale, h0, output_final_state, use_qk_l2norm_in_kernel,
-                        warmup=False, unsplit_without_window=False, scalar_gate=None, flags=None):
+                        warmup=False, unsplit_without_window=False, scalar_gate=None, flags=None, check=None,
+                        keys_checked=False):
+    """``split_forward`` on CUDA in ``pieces`` runs of ``run_len`` tokens. ``flags``: the first kernel checks the
+    values as it reads them, and ``check(flags on the host)`` raises on a flagged one (``_warm_or_exact``);
+    ``keys_checked``: every key is known to be within the delta rule's bound."""
     from kda.kernels.chunk_intra import prepare_chunks
     from kda.kernels.gated_state_pass import run_state_pass
 
@@ -362,7 +379,8 @@ def _split_forward_cuda(q, k, v, g, beta, pieces, run_len, scale, h0, output_fin
     if pad:
         q, k, v, g, beta = (_pad_time(x, pad) for x in (q, k, v, g, beta))
     if scalar_gate:
-        o, final = _split_scalar_gate(q, k, v, g, beta, pieces, scale, h0, warmup, unsplit_without_window, flags)
+        o, final = _split_scalar_gate(q, k, v, g, beta, pieces, scale, h0, warmup, unsplit_without_window, flags,
+                                      check, keys_checked, output_final_state)
         o = o[:, :T]
         return (o.contiguous() if pad else o), (final if output_final_state else None)
     form = prepare_chunks(q, k, v, g, beta, scale, flags=flags)      # flags: the values checked as they are read
@@ -382,9 +400,12 @@ def _split_forward_cuda(q, k, v, g, beta, pieces, run_len, scale, h0, output_fin
 
     if warmup:
         falls = runs.decay.reshape(B, pieces, H, -1, runs.decay.shape[-1])[:, :-1].log()
-        o, final = _warm_or_exact(("level5", B, H, pieces, run_len), falls, k, beta, pieces, run_len, warm, exact)
+        o, final = _warm_or_exact(("level5", B, H, pieces, run_len), falls, k, beta, pieces, run_len, warm, exact,
+                                  flags, check, keys_checked)
     else:
         o, final = exact()
+        if check is not None:
+            check(flags)
     o = o[:, :T]
     return (o.contiguous() if pad else o), (final if output_final_state else None)
 
@@ -397,27 +418,37 @@ def _split_forward_cuda(q, k, v, g, beta, pieces, run_len, scale, h0, output_fin
 WARMUP_WINDOWS: dict = {}
 
 
-def _warm_or_exact(key, falls, k, beta, pieces, run_len, warm, exact):
+def _warm_or_exact(key, falls, k, beta, pieces, run_len, warm, exact, flags=None, check=None, keys_checked=False):
     """CUDA: ``warm(window)`` on the window remembered for ``key`` (one chunk at first), checked on the device
-    behind its launches (``window_serves``); where it does not serve, the window read back (``_window``) and
-    ``warm`` again on it, or ``exact()`` where none serves."""
+    (``window_serves``); where it does not serve, the window read back (``_window``) and ``warm`` again on it, or
+    ``exact()`` where none serves. ``flags``: the first kernel's value flags, read back with the window's check in
+    one copy that waits for them alone, not for the passes (``validate.launch_then_check``), so that the call
+    returns while the passes run; ``check(host flags)`` then raises on a flagged value. ``keys_checked``: every
+    key was checked against the delta rule's bound already (the window's own check of them is left out)."""
     guess = min(WARMUP_WINDOWS.get(key, 1), run_len // CHUNK_SIZE)
     if guess:
-        served = window_serves(falls, k, beta, pieces, run_len, guess)
-        got = warm(guess)
-        if bool(served):                                      # the one read back, the passes queued before it
-            return got
+        served = window_serves(falls, k, beta, pieces, run_len, guess, not keys_checked).reshape(1).to(torch.int32)
+        signal = served if flags is None else torch.cat((flags, served))
+        got, read = [], []
+        validate.launch_then_check(signal, lambda: got.append(warm(guess)), read.append)
+        if check is not None:
+            check(read[0][:-1])
+        if read[0][-1]:
+            return got[0]
+    elif check is not None:
+        check(flags)
     window = _window(falls, k, beta, pieces, run_len)
     WARMUP_WINDOWS[key] = max(window, guess) if window else 0
     return warm(window) if window else exact()
 
 
-def window_serves(falls, k, beta, pieces: int, run_len: int, window: int):
+def window_serves(falls, k, beta, pieces: int, run_len: int, window: int, keys: bool = True):
     """On the device, nothing read back: whether ``window`` trailing chunks of every run but the last bring every
-    gate down by ``-WARMUP_FALL`` (``falls [B, P - 1, H, L, X]``, ``warmup_chunks``'s) and hold only stable keys
-    (``window_keys_stable``'s test). A 0-d bool tensor."""
-    stable = window_key_load(k, beta, pieces, run_len, window * CHUNK_SIZE) <= 2.0
-    return (window_falls(falls)[..., window - 1] <= WARMUP_FALL).all() & stable
+    gate down by ``-WARMUP_FALL`` (``falls [B, P - 1, H, L, X]``, ``warmup_chunks``'s) and, with ``keys``, hold only
+    stable keys (``window_keys_stable``'s test; a caller whose keys were checked everywhere leaves it out). A 0-d
+    bool tensor."""
+    served = falls[..., -window:, :].sum(-2).amax() <= WARMUP_FALL
+    return served & (window_key_load(k, beta, pieces, run_len, window * CHUNK_SIZE) <= 2.0) if keys else served
 
 
 def _folded_starts(h0, M, Bm):
@@ -452,29 +483,35 @@ def _warm_starts(h0, ends, B, pieces):
     return torch.cat([_start_state32(h0, ends[:, 0])[:, None], ends], dim=1).reshape(B * pieces, *ends.shape[2:])
 
 
-def _split_scalar_gate(q, k, v, g, beta, pieces, scale, h0, warmup=False, unsplit_without_window=False, flags=None):
+def _split_scalar_gate(q, k, v, g, beta, pieces, scale, h0, warmup=False, unsplit_without_window=False, flags=None,
+                       check=None, keys_checked=False, output_final_state=True):
     """GDN's split by ``kda.kernels.scalar_gate``: the inverse once for every chunk, then each run's map
     by the pass over a batch of ``B * pieces`` runs (``M`` from the identity with ``V = 0``, ``B`` from
     zero), the fold, and the pass again from each run's true start; with ``warmup``, where the gates allow,
     the pass over each run's window instead of the maps and the fold (where none serves and
     ``unsplit_without_window``, the pass over whole sequences). ``q, k, v, g [B, T, H, 1], beta`` padded to whole
-    runs; returns ``o`` and the final state. ``flags``: the inverse checks the values as it reads them."""
+    runs; returns ``o`` and the final state (``None`` without ``output_final_state``, after warm-up starts).
+    ``flags``: the inverse checks the values as it reads them; ``check`` and ``keys_checked`` as
+    ``_warm_or_exact`` takes them."""
     from kda.kernels.scalar_gate import scalar_gate_inverse, scalar_gate_pass_launch
 
     B, T, H, K = q.shape
     DV, L, R = v.shape[-1], T // pieces, B * pieces
     G, Tb = scalar_gate_inverse(k, g, beta, H, flags)
     block = lambda D: min(gated_delta.SCALAR_GATE_COLUMNS, D)            # the pieces were chosen to fill the SMs
-    pass_from = lambda q, k, v, Tb, G, start: launch.launched(
-        scalar_gate_pass_launch(q, k, v, Tb, G, scale, start, block(v.shape[-1])))
+    pass_from = lambda q, k, v, Tb, G, start, **kw: launch.launched(
+        scalar_gate_pass_launch(q, k, v, Tb, G, scale, start, block(v.shape[-1]), **kw))
     # G holds log2 of the gate's cumsum in each chunk: the chunk's fall is its last row's
     falls = G.reshape(B, H, pieces, L)[:, :, :-1, CHUNK_SIZE - 1::CHUNK_SIZE].transpose(1, 2)[..., None] * math.log(2)
-    G_runs = G.reshape(B, H, pieces, L).transpose(1, 2).reshape(R, H, L).contiguous()   # each run's chunks together
     runs = lambda x: x.reshape(R, L, *x.shape[2:])                         # views: runs of whole chunks
 
-    def from_starts(starts):
-        o, ht = pass_from(runs(q), runs(k), runs(v), runs(Tb), G_runs, starts)
-        return o.reshape(B, T, H, DV), ht.reshape(B, pieces, H, K, DV)[:, -1].contiguous()
+    def from_starts(starts, final=True):
+        # the runs as packed sequences of one row (views; G's chunks in the table's order, a copy only where B > 1)
+        G_packed = G if B == 1 else G.transpose(0, 1).reshape(1, H, -1)
+        row = lambda x: x.reshape(1, B * T, *x.shape[2:])
+        o, ht = pass_from(row(q), row(k), row(v), row(Tb), G_packed, starts, table=runs_table(R, L, q.device),
+                          output_final_state=final)
+        return o.reshape(B, T, H, DV), (ht.reshape(B, pieces, H, K, DV)[:, -1].contiguous() if final else None)
 
     def warm(window):
         tokens = window * CHUNK_SIZE
@@ -482,11 +519,12 @@ def _split_scalar_gate(q, k, v, g, beta, pieces, scale, h0, warmup=False, unspli
                                                                                      *x.shape[2:]).contiguous()
         G_tail = G.reshape(B, H, pieces, L)[:, :, :-1, -tokens:].transpose(1, 2).reshape(-1, H, tokens).contiguous()
         return from_starts(_warm_starts(h0, pass_from(tail(q), tail(k), tail(v), tail(Tb), G_tail, None)[1], B,
-                                        pieces))
+                                        pieces), output_final_state)
 
     def exact():
         if warmup and unsplit_without_window:                 # the pass over whole sequences
             return pass_from(q, k, v, Tb, G, h0.float() if h0 is not None else None)
+        G_runs = G.reshape(B, H, pieces, L).transpose(1, 2).reshape(R, H, L).contiguous()   # each run's chunks
         homogeneous = torch.zeros(R, L, H, K, dtype=v.dtype, device=v.device)
         eye = torch.eye(K, dtype=torch.float32, device=q.device).expand(R, H, K, K).contiguous()
         return from_starts(_folded_starts(h0, *(                            # M, then B
@@ -494,6 +532,21 @@ def _split_scalar_gate(q, k, v, g, beta, pieces, scale, h0, warmup=False, unspli
             for values, start in ((homogeneous, eye), (runs(v), None)))))
 
     if warmup:
-        return _warm_or_exact(("scalar_gate", B, H, pieces, L), falls, k, beta, pieces, L, warm, exact)
-    return exact()
+        return _warm_or_exact(("scalar_gate", B, H, pieces, L), falls, k, beta, pieces, L, warm, exact, flags, check,
+                              keys_checked)
+    got = exact()
+    if check is not None:
+        check(flags)
+    return got
+
+
+@functools.lru_cache(maxsize=16)
+def runs_table(runs: int, run_len: int, device) -> ChunkTable:
+    """The chunk table of ``runs`` packed sequences of ``run_len`` tokens (whole chunks), one per group: a block of
+    the pass carries one run. Built once per sizes; its chunk rows are not needed (the pass reads only the
+    boundaries, the inverse has run already) and stand in."""
+    bounds = torch.arange(runs + 1, dtype=torch.int32) * run_len
+    to_device = lambda x: x.to(device, non_blocking=True)
+    return ChunkTable(launch.stand_in(2, torch.int32, device), to_device(bounds),
+                      to_device(bounds // CHUNK_SIZE), to_device(torch.arange(runs + 1, dtype=torch.int32)))
 # --8<-- [end:split_forward]

@@ -122,6 +122,7 @@ def test_op_takes_the_split(per_channel, monkeypatch, poisoned):
 
     monkeypatch.setattr(distributed, "WARMUP_STARTS", True)
     monkeypatch.setattr(distributed, "WARMUP_WINDOWS", {})
+    monkeypatch.setattr(distributed, "OP_SPLIT_MIN_CHUNKS", 256)          # a shorter call than the rule splits
     shape = (1, 16384, 4 if per_channel else 8, 128, 128)
     q, k, v, g, beta, h0 = inputs(shape, per_channel, seed=29)
     fn = kda.chunk_kda if per_channel else kda.chunk_gated_delta_rule

@@ -292,11 +292,15 @@ def test_op_split_route(kernel_launches, monkeypatch, op):
     args = (0.125, None, True, False)
     assert distributed.op_split(q[:, :8192], k[:, :8192], v[:, :8192], g[:, :8192], beta[:, :8192], *args,
                                 True) is None            # 128 chunks: one run
+    assert distributed.op_split(q, k, v, g, beta, *args, True) is None    # 256 chunks of 2 heads: too short a call
     assert not kernel_launches
+    monkeypatch.setattr(distributed, "OP_SPLIT_MIN_CHUNKS", 256)
     o, ht = distributed.op_split(q, k, v, g, beta, *args, True)
     names = ["chunk_intra", "gated_state_output_pass"] if op == "kda" else ["chunk_gated_inverse",
                                                                             "inverse_state_output_pass"]
     assert [name for name, _ in kernel_launches] == names[:1] + names[1:] * 2
+    if op == "gdn":                                   # the windows' pass dense, the runs' pass over the packed runs
+        assert [params["varlen"] for _, params in kernel_launches[1:]] == [False, True]
     assert kernel_launches[0][1].get("check_keys")                   # the keys raw: checked with the gate and beta
     assert o.shape == v.shape and ht.shape == (1, 2, 64, 64)
     made, zeroed = [], gated_delta.first_kernel_flags

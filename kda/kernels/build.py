@@ -21,9 +21,18 @@ def device_target() -> dict:
     """The target of the current CUDA device (``sm_90a`` on Hopper), else ``SM90A``."""
     import torch
 
-    if not torch.cuda.is_available():
+    if not _cuda_available():
         return dict(SM90A)
     return dict(_target_of(torch.cuda.current_device()))
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_available() -> bool:
+    # asked once: torch.cuda.is_available() asks NVML or the driver each time, and every launch looks its kernel up
+    # through device_target (run 115: about a tenth of the split's host time went to such queries)
+    import torch
+
+    return torch.cuda.is_available()
 
 
 @functools.lru_cache(maxsize=None)

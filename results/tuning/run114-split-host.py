@@ -17,7 +17,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import harness  # noqa: E402
 
-RUN = "run114"
+RUN = os.environ.get("RUN", "run114")
 OUT = os.environ.get("OUT", "/tmp")
 
 
