@@ -379,12 +379,13 @@ PATHS: tuple[CudaPath, ...] = (
         name="split_in_op",
         module="kda.gated_delta",
         switch="SPLIT_IN_OP",
-        what={"en": "chunk_kda and chunk_gated_delta_rule (dense, not differentiated) through split_forward with "
+        what={"en": "chunk_kda and chunk_gated_delta_rule (dense) through split_forward with "
                     "warm-up starts where its rule splits (kda.distributed.op_split): GDN by the scalar-gate pass "
                     "where the op's own blocks would leave SMs idle, long sequences with few heads",
-              "zh": "chunk_kda 与 chunk_gated_delta_rule（非打包、不求导）在切分规则认为值得时经由带预热起点的 "
+              "zh": "chunk_kda 与 chunk_gated_delta_rule（非打包）在切分规则认为值得时经由带预热起点的 "
                     "split_forward 计算（kda.distributed.op_split）：GDN 在自身 block 会让 SM 空闲时走标量门控遍历，"
                     "以及头数少的长序列"},
+        gpu_log="results/tuning/run116/gpu-tests.txt",
     ),
     CudaPath(
         name="activations_in_kernel",

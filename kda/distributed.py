@@ -45,6 +45,19 @@ def _plain_forward(g):
     return chunk_kda if g.dim() == 4 else chunk_gated_delta_rule
 
 
+def _unsplit(op):
+    """``op`` with the op's own route through the split (``SPLIT_IN_OP``) off for the call: ``pieces=1`` is one
+    pass."""
+    def call(*args):
+        routed = gated_delta.SPLIT_IN_OP
+        gated_delta.SPLIT_IN_OP = False
+        try:
+            return op(*args)
+        finally:
+            gated_delta.SPLIT_IN_OP = routed
+    return call
+
+
 def _start_state32(h0, like):
     """CUDA paths: the float32 state before the first token (zeros shaped like ``like`` without one)."""
     return h0.float() if h0 is not None else torch.zeros_like(like)
@@ -273,9 +286,9 @@ def split_forward(q, k, v, g, beta, pieces: int | None = None, scale=None, initi
         pieces = choose_pieces(B, H, v.shape[-1], T, sms, chunk_size=chunk_size, warmup=warmup, **rule)
         unsplit_without_window = warmup and choose_pieces(B, H, v.shape[-1], T, sms, chunk_size=chunk_size, **rule) == 1
     pieces, run_len = whole_runs(chunks, pieces, chunk_size)
-    if pieces == 1:                                           # nothing to fold
-        return _plain_forward(g)(q, k, v, g, beta, scale, initial_state, output_final_state,
-                                 use_qk_l2norm_in_kernel)
+    if pieces == 1:                                           # nothing to fold: one pass, never the op's own split
+        return _unsplit(_plain_forward(g))(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                           use_qk_l2norm_in_kernel)
     if validate.runs_kernels(q):
         return _split_forward_cuda(q, k, v, g, beta, pieces, run_len, scale, h0, output_final_state,
                                    use_qk_l2norm_in_kernel, warmup, unsplit_without_window)
@@ -304,9 +317,10 @@ def split_forward(q, k, v, g, beta, pieces: int | None = None, scale=None, initi
     return torch.cat(outputs, dim=1), (final if output_final_state else None)
 
 
-# The op's route (kda.gated_delta.SPLIT_IN_OP) splits only runs of this many chunks or more: run 108 had the split
-# lose at 128 chunks in all (0.21 ms unsplit at (1, 8192, 4, 128)).
-OP_SPLIT_MIN_RUN_CHUNKS = 128
+# The op's route (kda.gated_delta.SPLIT_IN_OP) splits only runs of this many chunks or more. Run 117 (H100, ms): GDN at
+# (1, 131072, 4) 0.857 / 0.681 / 0.999 with runs of 128 / 64 / 32 chunks or more (33 runs of 63 chunks pad the
+# sequence), at (1, 65536, 4) 0.779 / 0.619 / 0.639; KDA's split, 8 runs at both floors, within noise.
+OP_SPLIT_MIN_RUN_CHUNKS = 64
 # ... and only where the unsplit op is long: a sequence of OP_SPLIT_MIN_CHUNKS chunks or more (its state pass's chain),
 # or, for GDN by the scalar-gate pass, OP_SPLIT_MIN_HEAD_TOKENS tokens times heads or more (level 5's path, which the
 # op takes for want of blocks, is then slow by its work). Run 114 (H100, ms, the routed op against the op):

@@ -2,8 +2,9 @@
 """The intra-card split on the H200 at B = 1, T = 131072, H = 4, D = 128, bf16, unit keys, b uniform
 in [0, 1], float32 gates logsigmoid(x): kda with and without the split, against fla's chunk_kda
 (KDA) and, for GDN, fla's Triton path (FLA_FLASH_QLA=0) and FlashQLA with and without its own
-automatic split; all in one process on the same inputs. Then where the split pays (over T and
-B * H, KDA) and the split's stages."""
+automatic split, and the ops as a model calls them (chunk_kda, chunk_gated_delta_rule: they take
+the split themselves where op_split's rule splits, SPLIT_IN_OP); all in one process on the same
+inputs. Then where the split pays (over T and B * H, KDA) and the split's stages."""
 import os
 
 import torch
@@ -49,11 +50,13 @@ B, T, H = 1, 131072, 4
 q, k, v, beta, g_kda, g_gdn = make_inputs(B, T, H)
 auto = choose_pieces(B, H, D, T, SMS)
 runs = {
-    "KDA": {"kda, no split": lambda: chunk_kda(q, k, v, g_kda, beta)[0],
+    "KDA": {"kda, no split": lambda: split_forward(q, k, v, g_kda, beta, 1)[0],
             f"kda, split into {auto} (auto)": lambda: split_forward(q, k, v, g_kda, beta)[0],
+            "kda chunk_kda (SPLIT_IN_OP)": lambda: chunk_kda(q, k, v, g_kda, beta)[0],
             "fla chunk_kda": lambda: fla_kda(q, k, v, g_kda, beta, scale=SCALE)[0]},
-    "GDN": {"kda, no split": lambda: chunk_gated_delta_rule(q, k, v, g_gdn, beta)[0],
+    "GDN": {"kda, no split": lambda: split_forward(q, k, v, g_gdn, beta, 1)[0],
             f"kda, split into {auto} (auto)": lambda: split_forward(q, k, v, g_gdn, beta)[0],
+            "kda chunk_gated_delta_rule (SPLIT_IN_OP)": lambda: chunk_gated_delta_rule(q, k, v, g_gdn, beta)[0],
             "fla chunk_gated_delta_rule (Triton)": lambda: fla_gdn(q, k, v, g_gdn, beta, scale=SCALE)[0],
             "FlashQLA 0.1.3, auto_cp=True": lambda: flash_qla.chunk_gated_delta_rule(
                 q, k, v, g_gdn, beta, scale=SCALE, auto_cp=True)[0],
@@ -73,7 +76,10 @@ for op, fns in runs.items():
     for name, fn in fns.items():
         table.rows.append([op, text(zh={"kda, no split": "kda，不切分",
                                         f"kda, split into {auto} (auto)": f"kda，切成 {auto} "
-                                                                          "段（自动）"}.get(name, name),
+                                                                          "段（自动）",
+                                        "kda chunk_kda (SPLIT_IN_OP)": "kda chunk_kda（算子自行切分）",
+                                        "kda chunk_gated_delta_rule (SPLIT_IN_OP)":
+                                            "kda chunk_gated_delta_rule（算子自行切分）"}.get(name, name),
                                     en=name),
                            t[name], t[name] / split_ms, floor / t[name],
                            0.0 if name == "kda, no split" else rel_l2(fn(), plain)])
