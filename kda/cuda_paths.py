@@ -385,7 +385,7 @@ PATHS: tuple[CudaPath, ...] = (
               "zh": "chunk_kda 与 chunk_gated_delta_rule（非打包）在切分规则认为值得时经由带预热起点的 "
                     "split_forward 计算（kda.distributed.op_split）：GDN 在自身 block 会让 SM 空闲时走标量门控遍历，"
                     "以及头数少的长序列"},
-        gpu_log="results/tuning/run116/gpu-tests.txt",
+        gpu_log="results/tuning/run118/gpu-tests.txt",
     ),
     CudaPath(
         name="activations_in_kernel",

@@ -185,10 +185,10 @@ def forward_eager(q, k, v, g, beta, scale, initial_state, output_final_state, us
 # had the split slower). Run 112: at (1, 32768, 32) GDN the split took 1.44 ms against 1.75 unsplit, the routed op
 # 1.80 (its checks read back first, 0.35 ms); at (1, 32768, 4) every split lost. Runs 114 to 117 (H100): the split's
 # extra time was the host's (it waited for both passes before returning); with the value flags and the window's check
-# read back behind the first kernel alone, its GPU tests passed (run 116) and the op routed took 0.681 ms against
-# 2.589 at (1, 131072, 4) GDN, 1.22 against 2.86 there for KDA, 1.064 against 1.748 at (1, 32768, 32) GDN, 1.059
-# against 2.170 at (1, 65536, 16) GDN (run 117; FlashQLA's automatic split 0.456, 0.745 and 0.736): on, for the
-# long calls op_split's rule names.
+# read back behind the first kernel alone, its GPU tests passed (runs 116 and 118) and the op routed took 0.798 ms
+# against 2.590 at (1, 131072, 4) GDN, 0.958 against 1.750 at (1, 32768, 32) GDN (run 118), 1.22 against 2.86 at
+# (1, 131072, 4) KDA (run 117; FlashQLA's automatic split 0.456 and 0.745 there): on, for the long calls
+# op_split's rule names.
 SPLIT_IN_OP = True
 
 # CUDA: a packed call captured in a CUDA graph (cu_seqlens; a host copy is not read there) builds its chunk table on the
