@@ -140,9 +140,10 @@ PAIR_SUMS_BY_PRODUCTS = False
 # pairs across a block's two halves factor through the upper half's last row, both factors <= 1, four GEMMs per
 # halving), only the pairs inside a block of PAIR_HALVINGS_TO rows one by one (3 of a row's 63 partners at most
 # for 4, against 15 for the sub-chunks of 16). Exact for any gate, as the sub-chunks are. Its GPU tests passed (run
-# 107: the chunk kernel against the stages, KDA's gradients); off until it is timed against the reference rows.
-PAIR_SUMS_BY_HALVINGS = False
-PAIR_HALVINGS_TO = 4
+# 107: the chunk kernel against the stages, KDA's gradients, blocks of 16, 4 and 1 rows). Run 119 (H100, KDA forward +
+# backward at (1, 8192, 96, 128), bf16): 14.16 ms off, 14.29 / 12.80 / 12.46 with blocks of 16 / 4 / 1 rows: on, to 1.
+PAIR_SUMS_BY_HALVINGS = True
+PAIR_HALVINGS_TO = 1
 
 # CUDA, levels 1-3 with a gate per head or none (linear_attention, decay_attention, gated_attention with g
 # [B, T, H]): what the state passes read made by level_pieces in the inputs' dtype and token-major, as the

@@ -244,6 +244,8 @@ def test_gradients_with_the_switches_landed_off(on, per_channel, kind, dtype, de
 
     for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL", "CHUNK_KERNELS_BY_CHANNEL", *on):
         monkeypatch.setattr(backward, switch, True)
+    if "PAIR_SUMS_BY_PRODUCTS" in on and "PAIR_SUMS_BY_HALVINGS" not in on:   # the halvings (on by default since run
+        monkeypatch.setattr(backward, "PAIR_SUMS_BY_HALVINGS", False)          # 119) would take the products' place
     compiled, compile_program = {}, build.compile_program
 
     def spied(fn, *args, **kw):

@@ -673,6 +673,7 @@ def test_backward_pair_sums_by_products(kernel_launches, monkeypatch):
 
     for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNELS_BY_CHANNEL", "PAIR_SUMS_BY_PRODUCTS"):
         monkeypatch.setattr(backward, switch, True)
+    monkeypatch.setattr(backward, "PAIR_SUMS_BY_HALVINGS", False)      # on by default; it takes the products' place
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     q, k, v, g, beta = level5_inputs(B=2, T=200, per_channel=True)
     backward.chunked_gradients(q, k, v, g, beta, torch.randn(2, 200, 2, 64).bfloat16(), None, 0.125, None,
