@@ -333,6 +333,15 @@ PATHS: tuple[CudaPath, ...] = (
         gpu_log="results/tuning/run108/gpu-tests-steep.txt",
     ),
     CudaPath(
+        name="steep_for_activated_gates",
+        module="kda.kernels.chunk_intra",
+        switch="STEEP_FOR_ACTIVATED_GATES",
+        what={"en": "chunk_intra compiled for steep chunks (halvings; with the middles for safe_gate's sigmoid form) "
+                    "where it activates a layer's raw gate itself (ACTIVATIONS_IN_KERNEL), bf16",
+              "zh": "chunk_intra 自行激活层的原始门控时（ACTIVATIONS_IN_KERNEL），按陡峭块编译（对半划分；safe_gate 的 "
+                    "sigmoid 形式再加上以中间行为基准的对角块），bf16"},
+    ),
+    CudaPath(
         name="pair_sums_by_products",
         module="kda.backward",
         switch="PAIR_SUMS_BY_PRODUCTS",

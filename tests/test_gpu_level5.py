@@ -258,20 +258,24 @@ def test_gdn_route_with_the_norm(norm_kernel, compiled_kernels, poisoned, monkey
     assert rel_l2(o, ref_o) <= BOUND and rel_l2(ht, ref_ht) <= BOUND
 
 
+@pytest.mark.parametrize("steep", ["products", "steep for activated"])
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
 @pytest.mark.parametrize("form", ["softplus", "sigmoid"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_activations_in_chunk_intra(dtype, form, packed, compiled_kernels, poisoned, monkeypatch):
+def test_activations_in_chunk_intra(dtype, form, packed, steep, compiled_kernels, poisoned, monkeypatch):
     """``ACTIVATIONS_IN_KERNEL``: ``chunk_kda`` as a layer calls it (a raw gate with ``A_log`` and ``dt_bias``, the
     softplus form or the bounded sigmoid one with ``safe_gate``, beta's logits, raw keys with the L2 norm in the op;
     packed: an empty sequence and one token among them), ``chunk_intra`` activating both and normalizing ``q`` and
     ``k`` as it loads them (with ``L2NORM_IN_KERNEL`` and ``PAIRWISE_BY_PRODUCTS``: issue 41's three switches), against
-    the float64 recurrence on the inputs activated and normalized in float64; the kernel seen compiled so."""
+    the float64 recurrence on the inputs activated and normalized in float64; the kernel seen compiled so. ``steep
+    for activated``: ``STEEP_FOR_ACTIVATED_GATES`` (bf16: the halvings, with the middles for the sigmoid form; fp16
+    keeps the products)."""
     from kda import gated_delta
     from kda.kernels import chunk_intra
 
     monkeypatch.setattr(gated_delta, "ACTIVATIONS_IN_KERNEL", True)
     monkeypatch.setattr(chunk_intra, "PAIRWISE_BY_PRODUCTS", True)          # a layer's gates: most chunks steep
+    monkeypatch.setattr(chunk_intra, "STEEP_FOR_ACTIVATED_GATES", steep == "steep for activated")
     monkeypatch.setattr(gated_delta, "L2NORM_IN_KERNEL", True)
     B, T, H, D = (1 if packed else 2), 200, 3, 128
     q, k, v, _, _, h0 = inputs((B, T, H, D, D), dtype, "logsigmoid", True, zlib.crc32(f"act{dtype}{form}".encode()))
@@ -291,7 +295,9 @@ def test_activations_in_chunk_intra(dtype, form, packed, compiled_kernels, poiso
                           output_final_state=True, cu_seqlens=cu, **bound)
     intra = compiled_kernels["chunk_intra"]
     assert intra.get("gate_act") == form and intra.get("beta_act") == "sigmoid" and intra.get("qk_l2norm") is True
-    assert intra.get("pairwise") == "products"
+    activated = steep == "steep for activated" and dtype == torch.bfloat16
+    assert intra.get("pairwise") == ("halvings" if activated else "products")
+    assert bool(intra.get("middles")) == (activated and form == "sigmoid")
     qn, kn = ref4.l2_normalize(q.double()), ref4.l2_normalize(k.double())
     x, A = raw.double() + dt_bias.double().view(H, D), A_log.double().exp()[:, None]
     g = -A * torch.nn.functional.softplus(x) if form == "softplus" else -5.0 * torch.sigmoid(A * x)

@@ -72,6 +72,12 @@ CASES = [
                                         backward_outputs=True, qk_l2norm=True, spill_budget=400)),
     ("chunk_intra", "chunk_intra", dict(DK=128, DV=64, dtype="bfloat16", gate_act="sigmoid", beta_act="sigmoid",
                                         varlen=True, middles=True, qk_l2norm=True, spill_budget=400)),
+    # a layer's call with STEEP_FOR_ACTIVATED_GATES (safe_gate's form: the middles and the halvings), the defaults too
+    ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", gate_act="sigmoid", beta_act="sigmoid",
+                                        middles=True, pairwise="halvings", qk_l2norm=True, merge="halves",
+                                        spill_budget=400)),
+    ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", gate_act="softplus", beta_act="sigmoid",
+                                        pairwise="halvings", qk_l2norm=True, merge="halves", spill_budget=400)),
     # the keys against the delta rule's bound as they are loaded (KEY_CHECK_IN_KERNEL): 204 bytes spilled
     ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", check_keys=True, spill_budget=400)),
     ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", scalar_gate=True, check_keys=True)),

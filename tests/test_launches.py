@@ -698,15 +698,20 @@ def test_backward_pair_sums_by_halvings(kernel_launches, products, monkeypatch):
     assert params.get("halve_to") == backward.PAIR_HALVINGS_TO and "products" not in params
 
 
+@pytest.mark.parametrize("steep", [False, True], ids=["default", "steep_for_activated"])
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
 @pytest.mark.parametrize("form", ["softplus", "sigmoid"])
-def test_level5_activations_in_kernel(kernel_launches, form, packed):
+def test_level5_activations_in_kernel(kernel_launches, form, packed, steep, monkeypatch):
     """``chunk_intra`` compiled with ``gate_act`` and ``beta_act`` (``ACTIVATIONS_IN_KERNEL``): the raw gate and
     beta bound as before, and the activations' ``A_log``, ``dt_bias`` and ``lower_bound`` after the chunk table,
-    dense and packed."""
+    dense and packed; with ``STEEP_FOR_ACTIVATED_GATES`` compiled for steep chunks (the halvings, and the middles for
+    the sigmoid form), the other switches off."""
     from kda.activation import Activation
+    from kda.kernels import chunk_intra
     from kda.kernels.chunk_intra import prepare_chunks
     from kda.packed import chunk_table
+
+    monkeypatch.setattr(chunk_intra, "STEEP_FOR_ACTIVATED_GATES", steep)
 
     q, k, v, g, beta = level5_inputs(B=1 if packed else 2, per_channel=True)
     table = chunk_table([0, 70, 71, 200], "cpu") if packed else None
@@ -715,6 +720,11 @@ def test_level5_activations_in_kernel(kernel_launches, form, packed):
     name, params = kernel_launches[0]
     assert name == "chunk_intra" and params["gate_act"] == form and params["beta_act"] == "sigmoid"
     assert params["varlen"] is packed
+    assert params.get("pairwise") == ("halvings" if steep else None)
+    assert bool(params.get("middles")) == (steep and form == "sigmoid")
+    kernel_launches.clear()                              # a plain call: the switch leaves it as it was
+    prepare_chunks(q, k, v, -g.abs(), beta, 0.125, torch.zeros(2, dtype=torch.int32), table)
+    assert "pairwise" not in kernel_launches[0][1] and "middles" not in kernel_launches[0][1]
 
 
 def test_the_norm_kernel(kernel_launches, monkeypatch):

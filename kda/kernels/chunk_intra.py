@@ -800,6 +800,15 @@ PAIRWISE_BY_HALVINGS = False
 # Not yet timed: off.
 DIAGONAL_ABOUT_MIDDLES = False
 
+# CUDA (bf16): a call whose gates chunk_intra activates itself (ACTIVATIONS_IN_KERNEL: a layer's raw gate with A_log
+# and dt_bias) compiled for steep chunks whatever the two switches above say: halvings for the softplus form, halvings
+# and the middles for safe_gate's bounded sigmoid form. Every steep variant costs a fifth under mild gates (run 119,
+# H100, KDA at (1, 8192, 96, 128): 2.0 ms against 1.67), which a plain call's gates may be; a layer's are steep: 3.46 ms
+# by halvings against 9.36 (softplus gates), 2.53 by both against 6.71 (safe_gate's), and the layer's whole call 6.95
+# against 10.01. The activated kernels with these flags compile here (tests/test_kernels_compile.py); their GPU test
+# (test_activations_in_chunk_intra's "steep for activated" cases) has not run: off.
+STEEP_FOR_ACTIVATED_GATES = False
+
 
 # CUDA: chunk_intra's solve with the lower-left 32 x 32 half of the inverse by two tf32 GEMMs (merge="halves",
 # kda.kernels.merge_by_halves) instead of block substitution on the CUDA cores, whose two shared-memory loads per
@@ -810,12 +819,15 @@ DIAGONAL_ABOUT_MIDDLES = False
 SOLVE_BY_HALVES = True
 
 
-def steep_chunks(dtype: str = "bfloat16", delta: bool = True) -> dict:
-    """``chunk_intra``'s compile flags for the diagonal blocks of steep chunks, by the three switches above; the
-    halvings at level 5 in bf16 only (fp16's do not fit an SM's shared memory: the pairwise sums or products
-    there)."""
+def steep_chunks(dtype: str = "bfloat16", delta: bool = True, gate_act: str | None = None) -> dict:
+    """``chunk_intra``'s compile flags for the diagonal blocks of steep chunks, by the switches above (``gate_act``:
+    the form of the gate the kernel activates itself, ``STEEP_FOR_ACTIVATED_GATES``); the halvings at level 5 in
+    bf16 only (fp16's do not fit an SM's shared memory: the pairwise sums or products there)."""
+    halvings_fit = dtype == "bfloat16" or not delta
+    if gate_act is not None and STEEP_FOR_ACTIVATED_GATES and halvings_fit:
+        return {"pairwise": "halvings", **({"middles": True} if gate_act == "sigmoid" else {})}
     flags = {"middles": True} if DIAGONAL_ABOUT_MIDDLES else {}
-    if PAIRWISE_BY_HALVINGS and (dtype == "bfloat16" or not delta):
+    if PAIRWISE_BY_HALVINGS and halvings_fit:
         return {**flags, "pairwise": "halvings"}
     return {**flags, "pairwise": "products"} if PAIRWISE_BY_PRODUCTS else flags
 
@@ -859,7 +871,8 @@ def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None, backward_out
         rule = dict(delta=False)
     with torch.cuda.device(q.device):
         extra = {name: True for name, on in (("backward_outputs", backward_outputs), ("qk_l2norm", qk_l2norm)) if on}
-        extra.update(steep_chunks(dtype, delta) if g.shape[-1] > 1 else {})
+        gate_act = activation.gate if activation is not None else None
+        extra.update(steep_chunks(dtype, delta, gate_act) if g.shape[-1] > 1 else {})
         extra.update(launch.keys_checked(flags))
         if delta and SOLVE_BY_HALVES:
             extra["merge"] = "halves"
