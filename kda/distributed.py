@@ -121,7 +121,7 @@ def context_parallel(q, k, v, g, beta, scale=None, initial_state=None, output_fi
     while the others wait in the all-gather, as with any ``torch.distributed`` call."""
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     scale, h0, _ = validate.check_gated_delta_inputs(q, k, v, g, beta, scale, initial_state, None, g.dim() == 4)
-    _check_ungrouped(q, v)
+    q, k = value_heads(q, k, v)
     if validate.runs_kernels(q):
         from kda.kernels.chunk_intra import prepare_chunks
         from kda.kernels.gated_state_pass import run_state_pass
@@ -268,7 +268,7 @@ def split_forward(q, k, v, g, beta, pieces: int | None = None, scale=None, initi
     if pieces is not None and (isinstance(pieces, bool) or not isinstance(pieces, int) or pieces < 1):
         raise ValueError(f"pieces must be a positive int or None, got {pieces!r}")
     scale, h0, _ = validate.check_gated_delta_inputs(q, k, v, g, beta, scale, initial_state, None, g.dim() == 4)
-    _check_ungrouped(q, v)
+    q, k = value_heads(q, k, v)
     if validate.runs_kernels(q) and chunk_size != CHUNK_SIZE:
         raise ValueError(f"chunk_size must be {CHUNK_SIZE} on CUDA (the kernels' chunk), got {chunk_size}")
     if warmup is None:
@@ -336,12 +336,12 @@ def op_split(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_k
     split's first kernel as it reads them, as the op's own path checks them, and read back with the window's check
     once the passes are queued, waiting for neither pass (run 112: the checks read back first, by torch, took 0.35
     ms of the op's 1.80 at (1, 32768, 32, 128), more than the split saved)."""
-    if not WARMUP_STARTS or v.shape[2] != q.shape[2]:
+    if not WARMUP_STARTS:
         return None
     from kda.kernels import build                             # its sm_count, as the launchers ask it
 
-    B, T, H, _ = q.shape
-    DV, sms = v.shape[-1], build.sm_count(q.device)
+    B, T, _, _ = q.shape
+    H, DV, sms = v.shape[2], v.shape[-1], build.sm_count(q.device)     # H: the value heads, the blocks' count
     chunks = ceildiv(T, CHUNK_SIZE)
     scalar = g.dim() == 3 and gated_delta.SCALAR_GATE_PATH and gated_delta.scalar_gate_columns(B, H, DV, sms) is None
     if chunks < OP_SPLIT_MIN_CHUNKS and not (scalar and B * H * T >= OP_SPLIT_MIN_HEAD_TOKENS):
@@ -356,16 +356,19 @@ def op_split(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_k
     keys_checked = check_values and (flags.numel() == 3 or use_qk_l2norm_in_kernel)
     pieces, run_len = whole_runs(chunks, pieces)
     exact_pays = choose_pieces(B, H, DV, T, sms, **rule) > 1
-    return _split_forward_cuda(q, k, v, g, beta, pieces, run_len, scale, h0, output_final_state,
+    q_heads, k_heads = value_heads(q, k, v)                   # the check above reads the keys as given
+    return _split_forward_cuda(q_heads, k_heads, v, g, beta, pieces, run_len, scale, h0, output_final_state,
                                use_qk_l2norm_in_kernel, True, not exact_pays, scalar_gate=scalar, flags=flags,
                                check=check, keys_checked=keys_checked)
 
 
-def _check_ungrouped(q, v):
-    """The split and context parallelism take as many value heads as query heads (not yet grouped)."""
-    if v.shape[2] != q.shape[2]:
-        raise ValueError(f"split_forward and context_parallel need v with the H = {q.shape[2]} heads of q (grouped "
-                         f"value heads are not supported there yet), got {v.shape[2]}")
+def value_heads(q, k, v):
+    """``q`` and ``k`` with a head per value head (grouped value heads: value head ``i`` reads query and key head
+    ``i // (HV / H)``): the split and context parallelism run the ungrouped kernels on them. A copy of ``q`` and
+    ``k`` where grouped (about 16 MB each at (1, 32768, 32, 128) in bf16, a few microseconds of HBM), themselves
+    where not."""
+    group = v.shape[2] // q.shape[2]
+    return (q, k) if group == 1 else (q.repeat_interleave(group, dim=2), k.repeat_interleave(group, dim=2))
 
 
 def _pad_time(x, pad: int):

@@ -17,17 +17,17 @@ from kda.reference import level0 as ref0
 
 import random_inputs
 
-def inputs(T, per_channel, seed=0):
+def inputs(T, per_channel, seed=0, HQ=None):
     # mild gates: a third of the state survives 100 tokens, so a slice's M matters (under gates of
-    # order -1 it underflows and a fold that ignored M would pass unnoticed)
-    drawn = random_inputs.gated_delta(2, T, 2, 16, 8, gate="channel" if per_channel else "head", form="uniform",
-                                      strength=0.02, seed=seed)
+    # order -1 it underflows and a fold that ignored M would pass unnoticed); HQ = 1: grouped value heads
+    drawn = random_inputs.gated_delta(2, T, 2, 16, 8, HQ=HQ, gate="channel" if per_channel else "head",
+                                      form="uniform", strength=0.02, seed=seed)
     return drawn[:6]
 
 
-def _rank_main(rank, world, port, bounds, per_channel, out_dir):
+def _rank_main(rank, world, port, bounds, per_channel, out_dir, HQ=None):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    q, k, v, g, beta, h0 = inputs(bounds[-1], per_channel)
+    q, k, v, g, beta, h0 = inputs(bounds[-1], per_channel, HQ=HQ)
     s, e = bounds[rank], bounds[rank + 1]
     o, final = context_parallel(q[:, s:e], k[:, s:e], v[:, s:e], g[:, s:e], beta[:, s:e], scale=0.5,
                                 initial_state=h0, output_final_state=True)
@@ -35,12 +35,13 @@ def _rank_main(rank, world, port, bounds, per_channel, out_dir):
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
+@pytest.mark.parametrize("per_channel,HQ", [(True, None), (False, None), (True, 1)],
+                         ids=["kda", "gdn", "kda grouped"])
 @pytest.mark.parametrize("bounds", [[0, 100, 230], [0, 7, 100, 164, 230]], ids=["2 ranks", "4 ranks"])
-def test_context_parallel_equals_single_process(bounds, per_channel, tmp_path, free_port):
+def test_context_parallel_equals_single_process(bounds, per_channel, HQ, tmp_path, free_port):
     world = len(bounds) - 1
-    mp.spawn(_rank_main, args=(world, free_port, bounds, per_channel, str(tmp_path)), nprocs=world, join=True)
-    q, k, v, g, beta, h0 = inputs(bounds[-1], per_channel)
+    mp.spawn(_rank_main, args=(world, free_port, bounds, per_channel, str(tmp_path), HQ), nprocs=world, join=True)
+    q, k, v, g, beta, h0 = inputs(bounds[-1], per_channel, HQ=HQ)
     forward = chunk_kda if per_channel else chunk_gated_delta_rule
     o_ref, final_ref = forward(q, k, v, g, beta, 0.5, h0, True)
     parts = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
@@ -177,8 +178,19 @@ def test_choose_pieces_with_warmup_starts(B, H, DV, T, block_dv, expected):
     assert choose_pieces(B, H, DV, T, 132, block_dv, warmup=True) == expected
 
 
-def test_grouped_value_heads_are_refused():
-    q = k = torch.randn(1, 64, 2, 16)
-    v, g, beta = torch.randn(1, 64, 4, 16), -torch.rand(1, 64, 4, 16), torch.rand(1, 64, 4)
-    with pytest.raises(ValueError, match="need v with the H = 2 heads of q"):
-        split_forward(q, k, v, g, beta, 2)
+@pytest.mark.parametrize("warmup", [False, True], ids=["exact", "warmup"])
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
+def test_split_forward_with_grouped_value_heads(per_channel, warmup):
+    """Grouped value heads (2 query and key heads, 6 value heads: value head i reads head i // 3): the split equals
+    the plain forward, exact and warm-up starts, with the keys normalized in the op too."""
+    drawn = random_inputs.gated_delta(2, 300, 6, 16, 8, HQ=2, gate="channel" if per_channel else "head",
+                                      form="uniform", strength=2.0 if warmup else 0.02, seed=5)
+    q, k, v, g, beta, h0 = drawn[:6]
+    forward = chunk_kda if per_channel else chunk_gated_delta_rule
+    for scale_qk, norm in ((1, False), (3, True)):
+        o, s = forward(q * scale_qk, k * scale_qk, v, g, beta, initial_state=h0, output_final_state=True,
+                       use_qk_l2norm_in_kernel=norm)
+        o2, s2 = split_forward(q * scale_qk, k * scale_qk, v, g, beta, 3, initial_state=h0, output_final_state=True,
+                               use_qk_l2norm_in_kernel=norm, warmup=warmup)
+        assert o2.shape == v.shape and s2.shape == h0.shape
+        assert rel_l2(o2, o) < (1e-7 if warmup else 1e-12) and rel_l2(s2, s) < (1e-7 if warmup else 1e-12)

@@ -24,9 +24,9 @@ pytestmark = pytest.mark.gpu
 BOUND = 5e-3
 
 
-def inputs(shape, per_channel, seed, dtype=torch.bfloat16, device="cuda"):
+def inputs(shape, per_channel, seed, dtype=torch.bfloat16, device="cuda", HQ=None):
     B, T, H, DK, DV = shape
-    return random_inputs.gated_delta(B, T, H, DK, DV, gate="channel" if per_channel else "head",
+    return random_inputs.gated_delta(B, T, H, DK, DV, HQ=HQ, gate="channel" if per_channel else "head",
                                      dtype=torch.float32, cast=dtype, device=device, seed=seed)[:6]
 
 
@@ -146,6 +146,32 @@ def test_op_takes_the_split(per_channel, monkeypatch, poisoned):
     with pytest.raises(ValueError, match="k: beta"):         # keys past the delta rule's bound (KEY_CHECK_IN_KERNEL)
         fn(q, k * 4, v, g, beta, initial_state=h0)
     assert len(calls) == 4 and all(kw["flags"] is not None for kw in calls)
+
+
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
+def test_op_splits_grouped_value_heads(per_channel, monkeypatch, poisoned):
+    """Grouped value heads (4 query and key heads, 8 value heads) through the op's split (``SPLIT_IN_OP``; the split
+    repeats ``q`` and ``k`` to the value heads and runs the ungrouped kernels), against the float64 recurrence on the
+    heads repeated and against the op unsplit."""
+    from kda import distributed, gated_delta
+
+    monkeypatch.setattr(distributed, "WARMUP_WINDOWS", {})
+    monkeypatch.setattr(distributed, "OP_SPLIT_MIN_CHUNKS", 256)          # a shorter call than the rule splits
+    q, k, v, g, beta, h0 = inputs((1, 16384, 8, 128, 128), per_channel, seed=37, HQ=4)
+    fn = kda.chunk_kda if per_channel else kda.chunk_gated_delta_rule
+    monkeypatch.setattr(gated_delta, "SPLIT_IN_OP", False)
+    o1, ht1 = fn(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    calls = []
+    split_cuda = distributed._split_forward_cuda
+    monkeypatch.setattr(distributed, "_split_forward_cuda", lambda *a, **kw: calls.append(kw) or split_cuda(*a, **kw))
+    monkeypatch.setattr(gated_delta, "SPLIT_IN_OP", True)
+    o, ht = fn(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    assert len(calls) == 1 and o.shape == v.shape and ht.shape == h0.shape
+    qr, kr = (x.repeat_interleave(2, dim=2) for x in (q, k))
+    ref_o, ref_ht = ref0.recurrent(qr.double() * 128 ** -0.5, kr, v, g, beta, h0, True)
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+    assert rel_l2(o, ref_o) <= BOUND and rel_l2(ht, ref_ht) <= BOUND, (rel_l2(o, ref_o), rel_l2(ht, ref_ht))
+    assert rel_l2(o, o1) <= 2 * BOUND and rel_l2(ht, ht1) <= 2 * BOUND
 
 
 def test_split_fp16_and_l2norm(poisoned):

@@ -313,6 +313,11 @@ def test_op_split_route(kernel_launches, monkeypatch, op):
     kernel_launches.clear()
     distributed.op_split(q, k, v, g, beta, 0.125, None, True, True, True)        # keys normalized: no key check
     assert not kernel_launches[0][1].get("check_keys")
+    kernel_launches.clear()                           # grouped value heads: one key head for two value heads,
+    o, ht = distributed.op_split(q[:, :, :1], k[:, :, :1], v, g, beta, *args, True)   # the kernels' ungrouped
+    assert o.shape == v.shape and ht.shape == (1, 2, 64, 64)
+    assert [name for name, _ in kernel_launches] == names[:1] + names[1:] * 2
+    assert all(params.get("value_groups", 1) == 1 for _, params in kernel_launches)
     monkeypatch.setattr(distributed, "WARMUP_STARTS", False)
     assert distributed.op_split(q, k, v, g, beta, *args, True) is None
 
