@@ -385,6 +385,15 @@ PATHS: tuple[CudaPath, ...] = (
         gpu_log="results/tuning/run111/gpu-tests.txt",
     ),
     CudaPath(
+        name="split_grouped_values",
+        module="kda.distributed",
+        switch="SPLIT_GROUPED_VALUES",
+        what={"en": "grouped value heads through split_forward, context_parallel and the op's split (q and k repeated "
+                    "to the value heads, then the ungrouped kernels)",
+              "zh": "分组的 value 头经由 split_forward、context_parallel 与算子自行切分计算（先把 q、k 重复到 value 头的"
+                    "个数，再用不分组的 kernel）"},
+    ),
+    CudaPath(
         name="split_in_op",
         module="kda.gated_delta",
         switch="SPLIT_IN_OP",

@@ -157,6 +157,7 @@ def test_op_splits_grouped_value_heads(per_channel, monkeypatch, poisoned):
 
     monkeypatch.setattr(distributed, "WARMUP_WINDOWS", {})
     monkeypatch.setattr(distributed, "OP_SPLIT_MIN_CHUNKS", 256)          # a shorter call than the rule splits
+    monkeypatch.setattr(distributed, "SPLIT_GROUPED_VALUES", True)
     q, k, v, g, beta, h0 = inputs((1, 16384, 8, 128, 128), per_channel, seed=37, HQ=4)
     fn = kda.chunk_kda if per_channel else kda.chunk_gated_delta_rule
     monkeypatch.setattr(gated_delta, "SPLIT_IN_OP", False)
