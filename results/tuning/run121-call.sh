@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Run 121, one device call (carry .gpu and .carry; COMMIT: the commit of this working tree), within TOTAL seconds:
+# 1. the GPU tests of what landed unverified in the session of runs 113-120, within TEST_S seconds: the split of
+#    grouped value heads (SPLIT_GROUPED_VALUES), a layer's call compiled for steep chunks (STEEP_FOR_ACTIVATED_GATES),
+#    the backward's switch test as edited (the products alone, the halvings now on by default), and the backward's
+#    gradient tests under the new default (PAIR_SUMS_BY_HALVINGS, blocks of one row);
+# 2. on an H200 the stale records (rerecord_rest) with what is left; on another card run121-gva-layer.py (the two
+#    switches timed), then the caches packed.
+set -u
+source "$(dirname "$0")/device-env.sh"
+SELECT="grouped_value_heads or activations_in_chunk_intra or (switches_landed_off and (products or halvings or \
+all_landed)) or gradients_against_token_recurrence or gradients_with_every_kernel"
+KDA_FAILURES_LOG="$OUT"/gpu-failures.txt OMP_NUM_THREADS=1 timeout -k 5 ${TEST_S:-240} python -m pytest \
+  -o addopts="" -n 8 -m gpu -v -p no:cacheprovider tests/test_gpu_cp.py tests/test_gpu_level5.py \
+  tests/test_gpu_backward.py -k "$SELECT" \
+  2>&1 | grep "PASSED\|FAILED\|ERROR\|passed\|failed\|Error\|^E  " \
+  | sed 's/^\[gw[0-9]*\] \[ *[0-9]*%\] //' | cut -c1-300 > "$OUT"/gpu-tests.txt
+grep -c PASSED "$OUT"/gpu-tests.txt; grep "FAILED\|ERROR\|passed\|failed" "$OUT"/gpu-tests.txt | tail -12
+if nvidia-smi -L | grep -q H200; then rerecord_rest; echo "done after $(( $(date +%s) - start )) s"; exit; fi
+timeout -k 5 $(( ${TOTAL:-570} - $(date +%s) + start - 45 )) python results/tuning/run121-gva-layer.py 2>&1 \
+  | grep "^{\|Error" | cut -c1-300
+timeout 40 python -c "import os; from pathlib import Path; from kda.site.rerecord import pack_caches; pack_caches(Path(os.environ['OUT']))"
+echo "done after $(( $(date +%s) - start )) s"
