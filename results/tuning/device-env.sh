@@ -7,6 +7,16 @@ bash .gpu/install.sh /tmp/site > /tmp/install.txt 2>&1 || { cat /tmp/install.txt
 export PYTHONPATH=/tmp/site:$PWD
 [ -d .carry ] && python -c "from kda.site.rerecord import unpack_caches; print('caches back:', unpack_caches('.carry'))"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv
+# GPU tests within $1 seconds: pytest -n 8 over the rest of the arguments (files, then -k and the like), every test's
+# verdict and the failures' lines to $OUT/gpu-tests.txt, the failures' messages to $OUT/gpu-failures.txt; the count
+# and the failures printed.
+gpu_tests() {
+  local seconds=$1; shift
+  KDA_FAILURES_LOG="$OUT"/gpu-failures.txt OMP_NUM_THREADS=1 timeout -k 5 "$seconds" python -m pytest -o addopts="" \
+    -n 8 -m gpu -v -p no:cacheprovider "$@" 2>&1 | grep "PASSED\|FAILED\|ERROR\|passed\|failed\|Error\|^E  " \
+    | sed 's/^\[gw[0-9]*\] \[ *[0-9]*%\] //' | cut -c1-300 > "$OUT"/gpu-tests.txt
+  grep -c PASSED "$OUT"/gpu-tests.txt; grep "FAILED\|ERROR\|passed\|failed" "$OUT"/gpu-tests.txt | tail -12
+}
 # Record the stale snippets whose path contains $1 within $2 seconds, one at a time; the records so far to
 # $OUT/records.tar.
 record() {

@@ -10,12 +10,7 @@ set -u
 source "$(dirname "$0")/device-env.sh"
 SELECT="grouped_value_heads or activations_in_chunk_intra or (switches_landed_off and (products or halvings or \
 all_landed)) or gradients_against_token_recurrence or gradients_with_every_kernel"
-KDA_FAILURES_LOG="$OUT"/gpu-failures.txt OMP_NUM_THREADS=1 timeout -k 5 ${TEST_S:-240} python -m pytest \
-  -o addopts="" -n 8 -m gpu -v -p no:cacheprovider tests/test_gpu_cp.py tests/test_gpu_level5.py \
-  tests/test_gpu_backward.py -k "$SELECT" \
-  2>&1 | grep "PASSED\|FAILED\|ERROR\|passed\|failed\|Error\|^E  " \
-  | sed 's/^\[gw[0-9]*\] \[ *[0-9]*%\] //' | cut -c1-300 > "$OUT"/gpu-tests.txt
-grep -c PASSED "$OUT"/gpu-tests.txt; grep "FAILED\|ERROR\|passed\|failed" "$OUT"/gpu-tests.txt | tail -12
+gpu_tests ${TEST_S:-240} tests/test_gpu_cp.py tests/test_gpu_level5.py tests/test_gpu_backward.py -k "$SELECT"
 if nvidia-smi -L | grep -q H200; then rerecord_rest; echo "done after $(( $(date +%s) - start )) s"; exit; fi
 timeout -k 5 $(( ${TOTAL:-570} - $(date +%s) + start - 45 )) python results/tuning/run121-gva-layer.py 2>&1 \
   | grep "^{\|Error" | cut -c1-300
