@@ -34,7 +34,7 @@ import torch
 
 from kda.chunking import ceildiv
 from kda.reference import backward as stages
-from kda.reference.common import from_chunks, to_chunks
+from kda.reference.common import from_chunks, repeat_to_value_heads, to_chunks
 from kda.reference.level4 import l2_normalize
 
 # CUDA: the two state passes by the TileLang kernels of kda/kernels/backward_states.py (one launch each,
@@ -659,8 +659,7 @@ def op_gradients(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, cu_seqle
     else:
         qn, kn = (own(l2_normalize(f32(x))) for x in (q, k)) if use_qk_l2norm else (own(q), own(k))
     group = H // HQ                                          # value head i reads key head i // group
-    if group > 1:
-        qn, kn = qn.repeat_interleave(group, dim=2), kn.repeat_interleave(group, dim=2)
+    qn, kn = repeat_to_value_heads(qn, kn, H)
     args = [qn, kn, own(v), gate, f32(beta), own(do)]
     segments = None
     if cu_seqlens is not None:                               # end to end, each sequence from a chunk boundary

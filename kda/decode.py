@@ -39,6 +39,7 @@ from kda.activation import check_activation
 from kda.gated_delta import kernel_inputs
 from kda.reference import level0 as ref0
 from kda.reference import level4 as ref4
+from kda.reference.common import repeat_to_value_heads
 
 
 # CUDA: a checked decode step does not wait for its checks; their flags are read at the next decode call (or by
@@ -241,9 +242,7 @@ def _run_reference(q, k, v, g, beta, scale, h0, bounds, indices, output_final_st
     after every token to its slot, the recurrence going on from the float64 state)."""
     if l2norm:
         q, k = ref4.l2_normalize(q.double()), ref4.l2_normalize(k.double())
-    group = v.shape[2] // q.shape[2]                      # grouped value heads: q, k repeated
-    q = q.double().repeat_interleave(group, dim=2) * scale
-    k = k.double().repeat_interleave(group, dim=2)
+    q, k = repeat_to_value_heads(q.double() * scale, k.double(), v.shape[2])
     spans = [(n, 0, q.shape[1]) for n in range(q.shape[0])] if bounds is None else \
         [(0, s, e) for s, e in zip(bounds, bounds[1:])]
     slots = indices.tolist() if indices is not None else None

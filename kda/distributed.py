@@ -32,7 +32,7 @@ from kda.gated_delta import chunk_gated_delta_rule, chunk_kda, kernel_inputs
 from kda.kernels.build import sm_count
 from kda.reference import level0 as ref0
 from kda.reference import level4 as ref4
-from kda.reference.common import start_state
+from kda.reference.common import repeat_to_value_heads, start_state
 
 if TYPE_CHECKING:
     from kda.kernels.chunk_intra import ChunkForm
@@ -363,8 +363,8 @@ def op_split(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_k
 
 
 # CUDA: grouped value heads through the split and context parallelism (value_heads: q and k repeated, then the
-# ungrouped kernels, whose GPU tests passed). The CPU tests hold it to the plain forward to 1e-12; its GPU test
-# (test_op_splits_grouped_value_heads) has not run: off, and the op leaves grouped calls unsplit meanwhile.
+# ungrouped kernels, whose GPU tests passed). The CPU tests hold it to the plain forward to 1e-12; its GPU tests
+# (the grouped cases of test_op_takes_the_split) have not run: off, and the op leaves grouped calls unsplit meanwhile.
 SPLIT_GROUPED_VALUES = False
 
 
@@ -373,14 +373,11 @@ def value_heads(q, k, v):
     ``i // (HV / H)``): the split and context parallelism run the ungrouped kernels on them. A copy of ``q`` and
     ``k`` where grouped (about 16 MB each at (1, 32768, 32, 128) in bf16, a few microseconds of HBM), themselves
     where not. On CUDA grouped heads need ``SPLIT_GROUPED_VALUES``."""
-    group = v.shape[2] // q.shape[2]
-    if group == 1:
-        return q, k
-    if validate.runs_kernels(q):
+    if v.shape[2] != q.shape[2] and validate.runs_kernels(q):
         from kda import cuda_paths
 
         cuda_paths.require(cuda_paths.by_name("split_grouped_values"), "the split of grouped value heads")
-    return q.repeat_interleave(group, dim=2), k.repeat_interleave(group, dim=2)
+    return repeat_to_value_heads(q, k, v.shape[2])
 
 
 def _pad_time(x, pad: int):
@@ -425,14 +422,9 @@ def _split_forward_cuda(q, k, v, g, beta, pieces, run_len, scale, h0, output_fin
             return run_state_pass(form, h0.float() if h0 is not None else None)
         return from_starts(_folded_starts(h0, *(x.reshape(B, pieces, *x.shape[1:]) for x in chunk_maps(runs))))
 
-    if warmup:
-        falls = runs.decay.reshape(B, pieces, H, -1, runs.decay.shape[-1])[:, :-1].log()
-        o, final = _warm_or_exact(("level5", B, H, pieces, run_len), falls, k, beta, pieces, run_len, warm, exact,
-                                  flags, check, keys_checked)
-    else:
-        o, final = exact()
-        if check is not None:
-            check(flags)
+    falls = runs.decay.reshape(B, pieces, H, -1, runs.decay.shape[-1])[:, :-1].log() if warmup else None
+    o, final = _warm_or_exact(("level5", B, H, pieces, run_len), warmup, falls, k, beta, pieces, run_len, warm, exact,
+                              flags, check, keys_checked)
     o = o[:, :T]
     return (o.contiguous() if pad else o), (final if output_final_state else None)
 
@@ -445,14 +437,16 @@ def _split_forward_cuda(q, k, v, g, beta, pieces, run_len, scale, h0, output_fin
 WARMUP_WINDOWS: dict = {}
 
 
-def _warm_or_exact(key, falls, k, beta, pieces, run_len, warm, exact, flags=None, check=None, keys_checked=False):
-    """CUDA: ``warm(window)`` on the window remembered for ``key`` (one chunk at first), checked on the device
-    (``window_serves``); where it does not serve, the window read back (``_window``) and ``warm`` again on it, or
-    ``exact()`` where none serves. ``flags``: the first kernel's value flags, read back with the window's check in
-    one copy that waits for them alone, not for the passes (``validate.launch_then_check``), so that the call
-    returns while the passes run; ``check(host flags)`` then raises on a flagged value. ``keys_checked``: every
-    key was checked against the delta rule's bound already (the window's own check of them is left out)."""
-    guess = min(WARMUP_WINDOWS.get(key, 1), run_len // CHUNK_SIZE)
+def _warm_or_exact(key, warmup, falls, k, beta, pieces, run_len, warm, exact, flags=None, check=None,
+                   keys_checked=False):
+    """CUDA: with ``warmup``, ``warm(window)`` on the window remembered for ``key`` (one chunk at first), checked on
+    the device (``window_serves``); where it does not serve, the window read back (``_window``) and ``warm`` again
+    on it, or ``exact()`` where none serves; without, ``exact()``. ``flags``: the first kernel's value flags, read
+    back with the window's check in one copy that waits for them alone, not for the passes
+    (``validate.launch_then_check``), so that the call returns while the passes run; ``check(host flags)`` then
+    raises on a flagged value. ``keys_checked``: every key was checked against the delta rule's bound already (the
+    window's own check of them is left out)."""
+    guess = min(WARMUP_WINDOWS.get(key, 1), run_len // CHUNK_SIZE) if warmup else 0
     if guess:
         served = window_serves(falls, k, beta, pieces, run_len, guess, not keys_checked).reshape(1).to(torch.int32)
         signal = served if flags is None else torch.cat((flags, served))
@@ -464,6 +458,8 @@ def _warm_or_exact(key, falls, k, beta, pieces, run_len, warm, exact, flags=None
             return got[0]
     elif check is not None:
         check(flags)
+    if not warmup:
+        return exact()
     window = _window(falls, k, beta, pieces, run_len)
     WARMUP_WINDOWS[key] = max(window, guess) if window else 0
     return warm(window) if window else exact()
@@ -529,7 +525,8 @@ def _split_scalar_gate(q, k, v, g, beta, pieces, scale, h0, warmup=False, unspli
     pass_from = lambda q, k, v, Tb, G, start, **kw: launch.launched(
         scalar_gate_pass_launch(q, k, v, Tb, G, scale, start, block(v.shape[-1]), **kw))
     # G holds log2 of the gate's cumsum in each chunk: the chunk's fall is its last row's
-    falls = G.reshape(B, H, pieces, L)[:, :, :-1, CHUNK_SIZE - 1::CHUNK_SIZE].transpose(1, 2)[..., None] * math.log(2)
+    falls = G.reshape(B, H, pieces, L)[:, :, :-1, CHUNK_SIZE - 1::CHUNK_SIZE].transpose(1, 2)[..., None] * math.log(2) \
+        if warmup else None
     G_runs = G.reshape(B, H, pieces, L).transpose(1, 2).reshape(R, H, L).contiguous()   # each run's chunks together
     runs = lambda x: x.reshape(R, L, *x.shape[2:])                         # views: runs of whole chunks
 
@@ -556,11 +553,6 @@ def _split_scalar_gate(q, k, v, g, beta, pieces, scale, h0, warmup=False, unspli
             pass_from(runs(q), runs(k), values, runs(Tb), G_runs, start)[1].reshape(B, pieces, H, K, -1)
             for values, start in ((homogeneous, eye), (runs(v), None)))))
 
-    if warmup:
-        return _warm_or_exact(("scalar_gate", B, H, pieces, L), falls, k, beta, pieces, L, warm, exact, flags, check,
-                              keys_checked)
-    got = exact()
-    if check is not None:
-        check(flags)
-    return got
+    return _warm_or_exact(("scalar_gate", B, H, pieces, L), warmup, falls, k, beta, pieces, L, warm, exact, flags,
+                          check, keys_checked)
 # --8<-- [end:split_forward]

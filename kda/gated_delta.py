@@ -24,6 +24,7 @@ from kda.activation import activated, checked_activation
 from kda.chunking import CHUNK_SIZE
 from kda.reference import level0 as ref0
 from kda.reference import level4 as ref4
+from kda.reference.common import repeat_to_value_heads
 
 
 # CUDA, use_qk_l2norm_in_kernel on level 5's path: chunk_intra divides each row of q and k by its L2 norm as it
@@ -154,8 +155,7 @@ def forward_eager(q, k, v, g, beta, scale, initial_state, output_final_state, us
     if use_qk_l2norm_in_kernel:
         q, k = ref4.l2_normalize(q.double()), ref4.l2_normalize(k.double())
     q = q.double() * scale
-    group = v.shape[2] // q.shape[2]                     # grouped value heads: q, k repeated
-    q, k = q.repeat_interleave(group, dim=2), k.repeat_interleave(group, dim=2)
+    q, k = repeat_to_value_heads(q, k, v.shape[2])
     run = lambda q, k, v, g, beta, h0: ref0.chunked(q, k, v, g, beta, CHUNK_SIZE, h0, True)
     if bounds is None:
         o, final = run(q, k, v, g, beta, h0)
@@ -310,7 +310,7 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
             value then gives a wrong result, not an error). On the CPU, without
             ``use_qk_l2norm_in_kernel``, also raise if ``beta ||k||^2 > 2`` somewhere (the delta rule's
             update leaves ``[-1, 1]`` and the state diverges; ``validate.check_key_norms``); on CUDA the
-            first kernel checks the keys only with ``KEY_CHECK_IN_KERNEL`` (off until its GPU tests pass).
+            first kernel checks the keys too, with ``KEY_CHECK_IN_KERNEL`` (on).
         cu_seqlens_cpu: a host copy of ``cu_seqlens`` (as in fla); given, the boundaries are not
             read back from the GPU. It must equal ``cu_seqlens``; that is not checked.
 

@@ -16,6 +16,7 @@ from kda.kernels.chunk_intra import prepare_chunks
 from kda.metrics import rel_l2
 from kda.reference import level0 as ref0
 from kda.reference import level4 as ref4
+from kda.reference.common import repeat_to_value_heads
 
 import random_inputs
 
@@ -112,20 +113,25 @@ def test_split_warmup_starts(shape, pieces, gates, window, path, monkeypatch, po
     assert rel_l2(o, o1) <= 2 * BOUND and rel_l2(ht, ht1) <= 2 * BOUND
 
 
+@pytest.mark.parametrize("grouped", [False, True], ids=["", "grouped"])
 @pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
-def test_op_takes_the_split(per_channel, monkeypatch, poisoned):
+def test_op_takes_the_split(per_channel, grouped, monkeypatch, poisoned):
     """``SPLIT_IN_OP`` with ``WARMUP_STARTS``: the op itself splits where ``op_split``'s rule does (two runs of 128
     chunks at four heads for KDA; GDN at eight heads by the scalar-gate pass), against the float64 recurrence and
     the op unsplit; a bad ``beta``, a NaN gate and keys past the delta rule's bound raise, flagged by the split's
-    first kernel."""
+    first kernel. ``grouped``: half as many query and key heads as value heads (``SPLIT_GROUPED_VALUES``: the split
+    repeats ``q`` and ``k`` to the value heads and runs the ungrouped kernels)."""
     from kda import distributed, gated_delta
 
     monkeypatch.setattr(distributed, "WARMUP_STARTS", True)
     monkeypatch.setattr(distributed, "WARMUP_WINDOWS", {})
     monkeypatch.setattr(distributed, "OP_SPLIT_MIN_CHUNKS", 256)          # a shorter call than the rule splits
-    shape = (1, 16384, 4 if per_channel else 8, 128, 128)
-    q, k, v, g, beta, h0 = inputs(shape, per_channel, seed=29)
+    monkeypatch.setattr(distributed, "SPLIT_GROUPED_VALUES", grouped)
+    H = 4 if per_channel else 8
+    q, k, v, g, beta, h0 = inputs((1, 16384, H, 128, 128), per_channel, seed=37 if grouped else 29,
+                                  HQ=H // 2 if grouped else None)
     fn = kda.chunk_kda if per_channel else kda.chunk_gated_delta_rule
+    monkeypatch.setattr(gated_delta, "SPLIT_IN_OP", False)
     o1, ht1 = fn(q, k, v, g, beta, initial_state=h0, output_final_state=True)     # the switch off: unsplit
     calls = []
     split_cuda = distributed._split_forward_cuda
@@ -133,7 +139,9 @@ def test_op_takes_the_split(per_channel, monkeypatch, poisoned):
     monkeypatch.setattr(gated_delta, "SPLIT_IN_OP", True)
     o, ht = fn(q, k, v, g, beta, initial_state=h0, output_final_state=True)
     assert len(calls) == 1 and calls[0]["scalar_gate"] == (not per_channel)
-    ref_o, ref_ht = ref0.recurrent(q.double() * 128 ** -0.5, k, v, g, beta, h0, True)
+    assert o.shape == v.shape and ht.shape == h0.shape
+    qr, kr = repeat_to_value_heads(q, k, H)
+    ref_o, ref_ht = ref0.recurrent(qr.double() * 128 ** -0.5, kr, v, g, beta, h0, True)
     assert torch.isfinite(o).all() and torch.isfinite(ht).all()
     assert rel_l2(o, ref_o) <= BOUND and rel_l2(ht, ref_ht) <= BOUND, (rel_l2(o, ref_o), rel_l2(ht, ref_ht))
     assert rel_l2(o, o1) <= 2 * BOUND and rel_l2(ht, ht1) <= 2 * BOUND
@@ -146,33 +154,6 @@ def test_op_takes_the_split(per_channel, monkeypatch, poisoned):
     with pytest.raises(ValueError, match="k: beta"):         # keys past the delta rule's bound (KEY_CHECK_IN_KERNEL)
         fn(q, k * 4, v, g, beta, initial_state=h0)
     assert len(calls) == 4 and all(kw["flags"] is not None for kw in calls)
-
-
-@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn"])
-def test_op_splits_grouped_value_heads(per_channel, monkeypatch, poisoned):
-    """Grouped value heads (4 query and key heads, 8 value heads) through the op's split (``SPLIT_IN_OP``; the split
-    repeats ``q`` and ``k`` to the value heads and runs the ungrouped kernels), against the float64 recurrence on the
-    heads repeated and against the op unsplit."""
-    from kda import distributed, gated_delta
-
-    monkeypatch.setattr(distributed, "WARMUP_WINDOWS", {})
-    monkeypatch.setattr(distributed, "OP_SPLIT_MIN_CHUNKS", 256)          # a shorter call than the rule splits
-    monkeypatch.setattr(distributed, "SPLIT_GROUPED_VALUES", True)
-    q, k, v, g, beta, h0 = inputs((1, 16384, 8, 128, 128), per_channel, seed=37, HQ=4)
-    fn = kda.chunk_kda if per_channel else kda.chunk_gated_delta_rule
-    monkeypatch.setattr(gated_delta, "SPLIT_IN_OP", False)
-    o1, ht1 = fn(q, k, v, g, beta, initial_state=h0, output_final_state=True)
-    calls = []
-    split_cuda = distributed._split_forward_cuda
-    monkeypatch.setattr(distributed, "_split_forward_cuda", lambda *a, **kw: calls.append(kw) or split_cuda(*a, **kw))
-    monkeypatch.setattr(gated_delta, "SPLIT_IN_OP", True)
-    o, ht = fn(q, k, v, g, beta, initial_state=h0, output_final_state=True)
-    assert len(calls) == 1 and o.shape == v.shape and ht.shape == h0.shape
-    qr, kr = (x.repeat_interleave(2, dim=2) for x in (q, k))
-    ref_o, ref_ht = ref0.recurrent(qr.double() * 128 ** -0.5, kr, v, g, beta, h0, True)
-    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
-    assert rel_l2(o, ref_o) <= BOUND and rel_l2(ht, ref_ht) <= BOUND, (rel_l2(o, ref_o), rel_l2(ht, ref_ht))
-    assert rel_l2(o, o1) <= 2 * BOUND and rel_l2(ht, ht1) <= 2 * BOUND
 
 
 def test_split_fp16_and_l2norm(poisoned):

@@ -22,6 +22,13 @@ def zero_state(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return torch.zeros(B, H, DK, v.shape[-1], dtype=torch.float64, device=q.device)
 
 
+def repeat_to_value_heads(q: torch.Tensor, k: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Grouped value heads (value head ``i`` reads query and key head ``i // (heads / H)``): ``q`` and ``k`` with
+    a head per value head, themselves where they have as many already."""
+    group = heads // q.shape[2]
+    return (q, k) if group == 1 else (q.repeat_interleave(group, dim=2), k.repeat_interleave(group, dim=2))
+
+
 def start_state(q: torch.Tensor, v: torch.Tensor, initial_state: torch.Tensor | None) -> torch.Tensor:
     if initial_state is None:
         return zero_state(q, v)

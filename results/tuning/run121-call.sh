@@ -8,7 +8,7 @@
 #    switches timed), then the caches packed.
 set -u
 source "$(dirname "$0")/device-env.sh"
-SELECT="grouped_value_heads or activations_in_chunk_intra or (switches_landed_off and (products or halvings or \
+SELECT="op_takes_the_split or activations_in_chunk_intra or (switches_landed_off and (products or halvings or \
 all_landed)) or gradients_against_token_recurrence or gradients_with_every_kernel"
 gpu_tests ${TEST_S:-240} tests/test_gpu_cp.py tests/test_gpu_level5.py tests/test_gpu_backward.py -k "$SELECT"
 if nvidia-smi -L | grep -q H200; then rerecord_rest; echo "done after $(( $(date +%s) - start )) s"; exit; fi
