@@ -340,6 +340,7 @@ PATHS: tuple[CudaPath, ...] = (
                     "where it activates a layer's raw gate itself (ACTIVATIONS_IN_KERNEL), bf16",
               "zh": "chunk_intra 自行激活层的原始门控时（ACTIVATIONS_IN_KERNEL），按陡峭块编译（对半划分；safe_gate 的 "
                     "sigmoid 形式再加上以中间行为基准的对角块），bf16"},
+        gpu_log="results/tuning/run121/gpu-tests.txt",
     ),
     CudaPath(
         name="pair_sums_by_products",
@@ -392,6 +393,7 @@ PATHS: tuple[CudaPath, ...] = (
                     "to the value heads, then the ungrouped kernels)",
               "zh": "分组的 value 头经由 split_forward、context_parallel 与算子自行切分计算（先把 q、k 重复到 value 头的"
                     "个数，再用不分组的 kernel）"},
+        gpu_log="results/tuning/run121/gpu-tests.txt",
     ),
     CudaPath(
         name="split_in_op",

@@ -313,6 +313,7 @@ def test_op_split_route(kernel_launches, monkeypatch, op):
     kernel_launches.clear()
     distributed.op_split(q, k, v, g, beta, 0.125, None, True, True, True)        # keys normalized: no key check
     assert not kernel_launches[0][1].get("check_keys")
+    monkeypatch.setattr(distributed, "SPLIT_GROUPED_VALUES", False)
     assert distributed.op_split(q[:, :, :1], k[:, :, :1], v, g, beta, *args, True) is None   # grouped: off
     monkeypatch.setattr(distributed, "SPLIT_GROUPED_VALUES", True)
     kernel_launches.clear()                           # grouped value heads: one key head for two value heads,
