@@ -98,3 +98,67 @@ def profile(run, path, steps=3, title=""):
         f.writelines(f"{us:10.1f}  {kernel[:110]}\n" for _, kernel, us in last)
     print(table[:4000], flush=True)
     return sum(e.self_device_time_total for e in events) / steps / 1e3
+
+
+def stage_times(run, row, fn, calls=5):
+    """``row`` logged with the GPU milliseconds of each kernel ``kda.kernels.build`` compiled (CUDA events around
+    its launches, by factory name; a factory launched twice adds up), the whole call's, and the rest (torch's
+    operations and the gaps between launches) as ``other``: medians over ``calls`` calls after one. The kernels
+    must be compiled after ``time_stages()`` is called (its wrapper goes around what compile_program returns)."""
+    import statistics
+
+    import torch
+
+    fn()
+    per_call = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        _STAGES["log"] = []
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        got = {"total": start.elapsed_time(end)}
+        for name, e0, e1 in _STAGES["log"]:
+            got[name] = got.get(name, 0.0) + e0.elapsed_time(e1)
+        got["other"] = got["total"] - sum(v for k, v in got.items() if k != "total")
+        per_call.append(got)
+        _STAGES["log"] = None
+    names = list(per_call[-1])
+    row["stages_ms"] = {n: round(statistics.median(c.get(n, 0.0) for c in per_call), 3) for n in names}
+    log(run, row)
+
+
+_STAGES = {"log": None}
+
+
+def time_stages():
+    """Wrap ``kda.kernels.build.compile_program`` so that ``stage_times`` sees every kernel launched."""
+    import torch
+
+    from kda.kernels import build
+
+    compile_program = build.compile_program
+
+    class Timed:
+        def __init__(self, kernel, name):
+            self.kernel, self.name = kernel, name
+
+        def __getattr__(self, attr):
+            return getattr(self.kernel, attr)
+
+        def __call__(self, *args, **kwargs):
+            if _STAGES["log"] is None:
+                return self.kernel(*args, **kwargs)
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            got = self.kernel(*args, **kwargs)
+            e1.record()
+            _STAGES["log"].append((self.name, e0, e1))
+            return got
+
+    def timed_compile(program_fn, out_idx, target=None, pass_configs=None, **params):
+        return Timed(compile_program(program_fn, out_idx, target, pass_configs, **params), program_fn.__name__)
+
+    build.compile_program = timed_compile
