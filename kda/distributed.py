@@ -182,10 +182,13 @@ def window_keys_stable(k, beta, pieces: int, run_len: int, tokens: int) -> bool:
 
 
 def window_key_load(k, beta, pieces: int, run_len: int, tokens: int):
-    """The largest ``beta ||k||^2`` over the windows' tokens, a 0-d tensor (nothing read back)."""
+    """The largest ``beta ||k||^2`` over the windows' tokens, a 0-d tensor (nothing read back); ``k`` may have
+    fewer heads than ``beta`` (grouped value heads: value head ``i`` reads key head ``i // (HV / H)``)."""
     tail = lambda x: x[:, :(pieces - 1) * run_len].reshape(x.shape[0], pieces - 1, run_len,
                                                           *x.shape[2:])[:, :, -tokens:]
-    return (tail(beta).float() * tail(k).float().square().sum(-1)).amax()
+    norms = tail(k).float().square().sum(-1)                  # [B, P - 1, tokens, H]
+    betas = tail(beta).float()
+    return (betas.reshape(*norms.shape, -1) * norms[..., None]).amax()
 
 
 def gate_falls(g, pieces: int, run_len: int, chunk_size: int):
@@ -273,7 +276,7 @@ def split_forward(q, k, v, g, beta, pieces: int | None = None, scale=None, initi
         raise ValueError(f"chunk_size must be {CHUNK_SIZE} on CUDA (the kernels' chunk), got {chunk_size}")
     if warmup is None:
         warmup = WARMUP_STARTS and validate.runs_kernels(q)
-    B, T, H, _ = q.shape
+    B, T, H = v.shape[:3]                                     # H: the value heads
     chunks = ceildiv(T, chunk_size)
     # runs chosen for warm-up starts that exact starts would not pay for: where no window serves, no split
     unsplit_without_window = False
@@ -356,28 +359,32 @@ def op_split(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_k
     keys_checked = check_values and (flags.numel() == 3 or use_qk_l2norm_in_kernel)
     pieces, run_len = whole_runs(chunks, pieces)
     exact_pays = choose_pieces(B, H, DV, T, sms, **rule) > 1
-    q_heads, k_heads = value_heads(q, k, v)                   # the check above reads the keys as given
-    return _split_forward_cuda(q_heads, k_heads, v, g, beta, pieces, run_len, scale, h0, output_final_state,
+    q, k = value_heads(q, k, v)
+    return _split_forward_cuda(q, k, v, g, beta, pieces, run_len, scale, h0, output_final_state,
                                use_qk_l2norm_in_kernel, True, not exact_pays, scalar_gate=scalar, flags=flags,
                                check=check, keys_checked=keys_checked)
 
 
-# CUDA: grouped value heads through the split and context parallelism (value_heads: q and k repeated, then the
-# ungrouped kernels, whose GPU tests passed). The CPU tests hold it to the plain forward to 1e-12; run 121 (H100): its
-# GPU tests (the grouped cases of test_op_takes_the_split) passed, and GDN at (1, 32768, 16 q/k heads, 32 value heads)
-# took 1.50 ms split against 1.74 unsplit, at (1, 131072, 2/4) 1.41 against 2.59: on.
+# CUDA: grouped value heads through the split and context parallelism. Run 121 (H100): with q and k repeated to the
+# value heads, its GPU tests (the grouped cases of test_op_takes_the_split) passed, and GDN at (1, 32768, 16 q/k heads,
+# 32 value heads) took 1.50 ms split against 1.74 unsplit, at (1, 131072, 2/4) 1.41 against 2.59: on. Run 122 found
+# the repeat (repeat_interleave) taking 0.28 ms for each of q and k there, so the kernels now read the grouped heads
+# themselves (value_groups, as the unsplit op's do); that form's GPU test is the same one.
 SPLIT_GROUPED_VALUES = True
 
 
 def value_heads(q, k, v):
-    """``q`` and ``k`` with a head per value head (grouped value heads: value head ``i`` reads query and key head
-    ``i // (HV / H)``): the split and context parallelism run the ungrouped kernels on them. A copy of ``q`` and
-    ``k`` where grouped (about 16 MB each at (1, 32768, 32, 128) in bf16, a few microseconds of HBM), themselves
-    where not. On CUDA grouped heads need ``SPLIT_GROUPED_VALUES``."""
-    if v.shape[2] != q.shape[2] and validate.runs_kernels(q):
+    """``q`` and ``k`` as the split and context parallelism take them (grouped value heads: value head ``i``
+    reads query and key head ``i // (HV / H)``): on CUDA as they are (the kernels read the grouped heads, compiled
+    with ``value_groups``; grouped heads need ``SPLIT_GROUPED_VALUES``), on the CPU repeated to a head per value
+    head for the float64 paths."""
+    if v.shape[2] == q.shape[2]:
+        return q, k
+    if validate.runs_kernels(q):
         from kda import cuda_paths
 
         cuda_paths.require(cuda_paths.by_name("split_grouped_values"), "the split of grouped value heads")
+        return q, k
     return repeat_to_value_heads(q, k, v.shape[2])
 
 
@@ -396,7 +403,7 @@ def _split_forward_cuda(q, k, v, g, beta, pieces, run_len, scale, h0, output_fin
     from kda.kernels.chunk_intra import prepare_chunks
     from kda.kernels.gated_state_pass import run_state_pass
 
-    B, T, H, K = q.shape
+    B, T, H = v.shape[:3]                                     # H: the value heads (q and k may have fewer)
     if scalar_gate is None:                                   # by the switches; before g becomes [B, T, H, 1]
         scalar_gate = _splits_by_scalar_gate(g)
     q, k, g = kernel_inputs(q, k, g, use_qk_l2norm_in_kernel)
@@ -519,8 +526,8 @@ def _split_scalar_gate(q, k, v, g, beta, pieces, scale, h0, warmup=False, unspli
     ``_warm_or_exact`` takes them."""
     from kda.kernels.scalar_gate import scalar_gate_inverse, scalar_gate_pass_launch
 
-    B, T, H, K = q.shape
-    DV, L, R = v.shape[-1], T // pieces, B * pieces
+    B, T, H = v.shape[:3]                                     # H: the value heads (q and k may have fewer)
+    K, DV, L, R = k.shape[-1], v.shape[-1], T // pieces, B * pieces
     G, Tb = scalar_gate_inverse(k, g, beta, H, flags)
     block = lambda D: min(gated_delta.SCALAR_GATE_COLUMNS, D)            # the pieces were chosen to fill the SMs
     pass_from = lambda q, k, v, Tb, G, start, **kw: launch.launched(

@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from kda.distributed import (WARMUP_FALL, choose_pieces, context_parallel, gate_falls, local_affine_map, map_bytes,
-                             split_forward, warmup_chunks, window_keys_stable,
+                             split_forward, warmup_chunks, window_key_load, window_keys_stable,
                              window_serves)
 from kda.gated_delta import chunk_gated_delta_rule, chunk_kda
 from kda.metrics import rel_l2
@@ -127,6 +127,18 @@ def test_window_keys_stable():
     assert not window_keys_stable(k, beta, 2, 128, 64)
     assert window_keys_stable(k, beta, 2, 128, 1) == (1.5 ** 2 <= 2)
     assert window_keys_stable(k, beta, 2, 160, 32)   # the token is outside every window
+
+
+def test_window_key_load_with_grouped_value_heads():
+    """Grouped keys as the CUDA split hands them (value head i reads key head i // 3): the same load as the keys
+    repeated to the value heads, and an unstable key seen by the value heads that read it."""
+    gen = torch.Generator().manual_seed(4)
+    k, beta = torch.randn(2, 256, 2, 16, generator=gen) / 4, torch.rand(2, 256, 6, generator=gen)
+    repeated = k.repeat_interleave(3, dim=2)
+    assert torch.equal(window_key_load(k, beta, 2, 128, 64), window_key_load(repeated, beta, 2, 128, 64))
+    k[1, 100, 1] *= 20                               # key head 1: value heads 3 to 5
+    beta[1, 100] = torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 0.01])
+    assert float(window_key_load(k, beta, 2, 128, 64)) == pytest.approx(0.01 * float(k[1, 100, 1].square().sum()))
 
 
 def test_warmup_chunks_takes_the_slowest_channel():

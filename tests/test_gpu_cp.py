@@ -119,8 +119,9 @@ def test_op_takes_the_split(per_channel, grouped, monkeypatch, poisoned):
     """``SPLIT_IN_OP`` with ``WARMUP_STARTS``: the op itself splits where ``op_split``'s rule does (two runs of 128
     chunks at four heads for KDA; GDN at eight heads by the scalar-gate pass), against the float64 recurrence and
     the op unsplit; a bad ``beta``, a NaN gate and keys past the delta rule's bound raise, flagged by the split's
-    first kernel. ``grouped``: half as many query and key heads as value heads (``SPLIT_GROUPED_VALUES``: the split
-    repeats ``q`` and ``k`` to the value heads and runs the ungrouped kernels)."""
+    first kernel. ``grouped``: half as many query and key heads as value heads (``SPLIT_GROUPED_VALUES``: the split's
+    kernels read the grouped heads, compiled with ``value_groups``). Unchecked, the window's own key check runs
+    (grouped keys against the value heads' ``beta``)."""
     from kda import distributed, gated_delta
 
     monkeypatch.setattr(distributed, "WARMUP_STARTS", True)
@@ -145,6 +146,8 @@ def test_op_takes_the_split(per_channel, grouped, monkeypatch, poisoned):
     assert torch.isfinite(o).all() and torch.isfinite(ht).all()
     assert rel_l2(o, ref_o) <= BOUND and rel_l2(ht, ref_ht) <= BOUND, (rel_l2(o, ref_o), rel_l2(ht, ref_ht))
     assert rel_l2(o, o1) <= 2 * BOUND and rel_l2(ht, ht1) <= 2 * BOUND
+    o2, ht2 = fn(q, k, v, g, beta, initial_state=h0, output_final_state=True, check_values=False)
+    assert rel_l2(o2, ref_o) <= BOUND and rel_l2(ht2, ref_ht) <= BOUND, (rel_l2(o2, ref_o), rel_l2(ht2, ref_ht))
     with pytest.raises(ValueError, match="beta"):
         fn(q, k, v, g, beta + 1, initial_state=h0)
     bad_g = g.clone()
@@ -153,7 +156,7 @@ def test_op_takes_the_split(per_channel, grouped, monkeypatch, poisoned):
         fn(q, k, v, bad_g, beta, initial_state=h0)
     with pytest.raises(ValueError, match="k: beta"):         # keys past the delta rule's bound (KEY_CHECK_IN_KERNEL)
         fn(q, k * 4, v, g, beta, initial_state=h0)
-    assert len(calls) == 4 and all(kw["flags"] is not None for kw in calls)
+    assert len(calls) == 5 and calls[1]["flags"] is None and all(kw["flags"] is not None for kw in calls[2:])
 
 
 def test_split_fp16_and_l2norm(poisoned):

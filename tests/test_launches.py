@@ -281,7 +281,7 @@ def test_op_split_route(kernel_launches, monkeypatch, op):
     warm-up starts, GDN by the scalar-gate pass (its own path would be level 5's for want of blocks), the values
     checked by the first kernel (its flags, three with the keys) and read back after the passes: a flag raises the
     host check's error, naming the value."""
-    from kda import distributed, gated_delta
+    from kda import distributed, gated_delta, validate
 
     monkeypatch.setattr(distributed, "WARMUP_STARTS", True)
     monkeypatch.setattr(distributed, "WARMUP_WINDOWS", {})
@@ -316,11 +316,13 @@ def test_op_split_route(kernel_launches, monkeypatch, op):
     monkeypatch.setattr(distributed, "SPLIT_GROUPED_VALUES", False)
     assert distributed.op_split(q[:, :, :1], k[:, :, :1], v, g, beta, *args, True) is None   # grouped: off
     monkeypatch.setattr(distributed, "SPLIT_GROUPED_VALUES", True)
+    monkeypatch.setattr(validate, "runs_kernels", lambda where: True)       # CUDA's route: no repeat of q and k
     kernel_launches.clear()                           # grouped value heads: one key head for two value heads,
-    o, ht = distributed.op_split(q[:, :, :1], k[:, :, :1], v, g, beta, *args, True)   # the kernels' ungrouped
+    o, ht = distributed.op_split(q[:, :, :1], k[:, :, :1], v, g, beta, *args, True)   # read by the kernels
     assert o.shape == v.shape and ht.shape == (1, 2, 64, 64)
     assert [name for name, _ in kernel_launches] == names[:1] + names[1:] * 2
-    assert all(params.get("value_groups", 1) == 1 for _, params in kernel_launches)
+    grouped = [params.get("value_groups", 1) for _, params in kernel_launches]
+    assert grouped == ([2, 2, 2] if op == "gdn" else [2, 1, 1])   # KDA's pass reads chunk_intra's per-value forms
     monkeypatch.setattr(distributed, "WARMUP_STARTS", False)
     assert distributed.op_split(q, k, v, g, beta, *args, True) is None
 
