@@ -450,14 +450,17 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             A_s[i, j] = T.if_then_else(j < i, A[C + i, j] * row_b(beta_s, i) * decay_factor(G_s[i, 0] - G_s[j, 0]), 0.0)
 
     @T.macro
-    def diagonal_by_halvings(Rgt_s, K_s, G_s, Lft_s, A_part, q_f, Aqk_s, A_s, beta_s, scale):
+    def diagonal_by_halvings(Rgt_s, K_s, G_s, Half_s, A_half, q_f, Aqk_s, A_s, beta_s, scale):
         """A steep chunk's diagonal blocks (``subchunk`` rows) into ``Aqk_s`` and ``A_s`` by halvings, exact for any
         gate: for blocks of ``2h`` rows (``h = subchunk / 2, .., 1``), a pair with ``i`` in a block's lower half and
         ``j`` in its upper half is ``(x_i 2^(G_i - G_b)) . (k_j 2^(G_b - G_j))`` with ``b`` the upper half's last
-        row, both factors ``<= 1`` (``kda.kernels.halvings``): one GEMM of the stacked left operand ``[q;
-        k]`` per halving, its pairs written where they belong; then ``A_qk``'s diagonal, ``q_i . k_i``, from a GEMM
-        of the rows as they are. ``Rgt_s`` holds q (reloaded) on entry and is the right operand from there, q going
-        to ``q_f``; ``K_s`` (k) and ``G_s`` (the cumulative gate) are read, not written."""
+        row, both factors ``<= 1`` (``kda.kernels.halvings``): per halving one GEMM of ``q 2^(G - G_b)`` and, with
+        the delta rule, one of ``k 2^(G - G_b)``, each into ``A_half`` (``C x C``) and its pairs written where they
+        belong; then ``A_qk``'s diagonal, ``q_i . k_i``, from a GEMM of the rows as they are. The left operand is
+        ``Half_s`` (``C`` rows), not the stacked ``Lft_s`` (``2C``): 16 KB less live beside ``A_s`` and ``Aqk_s``,
+        so that a block takes 108 KB and two fit an SM, as for mild chunks. ``Rgt_s`` holds q (reloaded) on
+        entry and is the right operand from there, q going to ``q_f``; ``K_s`` (k) and ``G_s`` (the cumulative gate)
+        are read, not written."""
         T.copy(Rgt_s, q_f)
         for h in halvings(BC, 1):                                   # a Python tuple: each halving its own code
             b = lambda x: upper_half_end(x, h)
@@ -465,29 +468,30 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                 lower = i > b(i)
                 e = G_s[i, d] - G_s[b(i), d]                        # <= 0 below b, >= 0 up to it
                 f = T.exp2(T.if_then_else(lower, e, -e))
-                Lft_s[i, d] = T.if_then_else(lower, T.Cast(ACCUM, q_f[i, d]) * f, 0.0)
-                if delta:
-                    Lft_s[C + i, d] = T.if_then_else(lower, T.Cast(ACCUM, K_s[i, d]) * f, 0.0)
+                Half_s[i, d] = T.if_then_else(lower, T.Cast(ACCUM, q_f[i, d]) * f, 0.0)
                 Rgt_s[i, d] = T.if_then_else(lower, 0.0, T.Cast(ACCUM, K_s[i, d]) * f)
-            T.gemm(Lft_s, Rgt_s, A_part, transpose_B=True, clear_accum=True)
-            # each pair written as a select of the new value and the old one, one loop per destination: with a
-            # conditional store in one loop over R rows with a branch per destination, tilelang vectorized the casts
-            # through local pairs and stored both pairs under neither branch, A_kk's rows taking garbage (run 107:
-            # level 5 failed, level 3 passed)
+            T.gemm(Half_s, Rgt_s, A_half, transpose_B=True, clear_accum=True)
+            # each pair written as a select of the new value and the old one (run 107: a conditional store per
+            # destination in one loop had tilelang store both under neither branch)
             for i, j in T.Parallel(C, C):
                 pair = i // (2 * h) == j // (2 * h) and i > b(i) and j <= b(j)
-                Aqk_s[i, j] = T.if_then_else(pair, A_part[i, j] * scale, Aqk_s[i, j])
+                Aqk_s[i, j] = T.if_then_else(pair, A_half[i, j] * scale, Aqk_s[i, j])
             if delta:
+                for i, d in T.Parallel(C, DK):
+                    lower = i > b(i)
+                    f = T.exp2(T.min(G_s[i, d] - G_s[b(i), d], 0.0))
+                    Half_s[i, d] = T.if_then_else(lower, T.Cast(ACCUM, K_s[i, d]) * f, 0.0)
+                T.gemm(Half_s, Rgt_s, A_half, transpose_B=True, clear_accum=True)
                 for i, j in T.Parallel(C, C):
                     pair = i // (2 * h) == j // (2 * h) and i > b(i) and j <= b(j)
-                    A_s[i, j] = T.if_then_else(pair, A_part[C + i, j] * row_b(beta_s, i), A_s[i, j])
+                    A_s[i, j] = T.if_then_else(pair, A_half[i, j] * row_b(beta_s, i), A_s[i, j])
         for i, d in T.Parallel(C, DK):
-            Lft_s[i, d] = q_f[i, d]
+            Half_s[i, d] = q_f[i, d]
             Rgt_s[i, d] = K_s[i, d]
-        T.gemm(Lft_s, Rgt_s, A_part, transpose_B=True, clear_accum=True)
-        for r, j in T.Parallel(R, C):
-            if r == j:
-                Aqk_s[r, j] = A_part[r, j] * scale
+        T.gemm(Half_s, Rgt_s, A_half, transpose_B=True, clear_accum=True)
+        for i, j in T.Parallel(C, C):
+            if i == j:
+                Aqk_s[i, j] = A_half[i, j] * scale
 
     @T.macro
     def diagonal_by_one_gemm(Left, Right, A_diag, G_s, K_s, Rgt_s, Aqk_s, A_s, beta_s, scale, about_middles):
@@ -624,7 +628,9 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                 if too_steep[0] == 1 and too_steep[1] == 0:
                     diagonal_by_one_gemm(Lft_s, Rgt_s, A_part, G_s, K_s, Rgt_s, Aqk_s, A_s, beta_s, scale, True)
             if too_steep[PAIRWISE] == 1 and pairwise == "halvings":
-                diagonal_by_halvings(Rgt_s, K_s, G_s, Lft_s, A_part, q_f, Aqk_s, A_s, beta_s, scale)
+                Half_s = T.alloc_shared([C, DK], dtype)
+                A_half = T.alloc_fragment([C, C], ACCUM)
+                diagonal_by_halvings(Rgt_s, K_s, G_s, Half_s, A_half, q_f, Aqk_s, A_s, beta_s, scale)
             elif too_steep[PAIRWISE] == 1 and pairwise == "products":
                 decays_s = T.alloc_shared([C, DK], ACCUM)
                 part_s = T.alloc_shared([C, PAIRWISE_SLICES, BC], ACCUM)
