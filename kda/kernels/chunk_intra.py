@@ -219,8 +219,8 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     exponential and four shared loads per pair and channel), ``"products"`` (``kda.gated_delta``'s
     ``PAIRWISE_BY_PRODUCTS``; ``pairwise_diagonal_by_products``: one exponential per token and channel, the pairs'
     decays as running products, sixteen accumulators per thread) or ``"halvings"`` (``kda.gated_delta``'s
-    ``PAIRWISE_BY_HALVINGS``; ``diagonal_by_halvings``: five GEMMs, one exponential per element for each of the
-    four halvings of a sub-chunk, no shared memory of its own).
+    ``PAIRWISE_BY_HALVINGS``; ``diagonal_by_halvings``: per halving of a sub-chunk one GEMM for the queries and, with
+    the delta rule, one for the keys, one exponential per element, a C-row operand of its own).
 
     ``middles`` (bf16; ``DIAGONAL_ABOUT_MIDDLES``): a chunk too steep for the diagonal about each sub-chunk's
     ``G_ref`` but whose gate falls by at most ``DIAGONAL_SPAN_MAX`` over each half of every sub-chunk takes its
@@ -788,9 +788,10 @@ PAIRWISE_BY_PRODUCTS = False
 
 # CUDA: chunk_intra's steep chunks with their 16 x 16 diagonal blocks by halvings (pairwise="halvings"): for blocks of
 # 8, 4, 2 and 1 rows' halves, the pairs across a block's two halves factor through the upper half's last row, both
-# factors <= 1, one GEMM of the stacked [q; k] per halving and one for A_qk's diagonal, one exponential per element
-# and halving, no shared memory of its own (108.5 KB as the default, two blocks per SM; PAIRWISE_BY_PRODUCTS needs
-# 124 KB). Exact for any gate, as the pairwise sums. Takes the place of PAIRWISE_BY_PRODUCTS where both are on.
+# factors <= 1, a GEMM for q and one for k per halving and one for A_qk's diagonal, one exponential per element and
+# halving. Exact for any gate, as the pairwise sums. The stacked [q; k] operand (2C rows) it took at first held
+# 121 KB of shared memory live with A_qk and A_kk, one block per SM (run 123 saw the layer's call pay for it); with a
+# C-row operand it takes 108 KB, as mild chunks, two blocks per SM (run 124: its GPU tests passed; not yet timed). Takes the place of PAIRWISE_BY_PRODUCTS where both are on.
 # Run 107's GPU tests: level 3 (delta=False) passed, level 5 failed (fp16 every steep gate, bf16 uniform to -20):
 # the write of each halving's pairs, read in the generated CUDA, stored A_kk's rows from uninitialized registers
 # (see diagonal_by_halvings); rewritten after run 107. Run 108 (H100): every bf16 test passed; fp16 at level 5 with
