@@ -343,6 +343,16 @@ PATHS: tuple[CudaPath, ...] = (
         gpu_log="results/tuning/run121/gpu-tests.txt",
     ),
     CudaPath(
+        name="middles_by_rows",
+        module="kda.kernels.chunk_intra",
+        switch="MIDDLES_BY_ROWS",
+        what={"en": "chunk_intra's diagonal blocks about each sub-chunk's middle row (DIAGONAL_ABOUT_MIDDLES, safe_gate's "
+                    "activated form) as two GEMMs of 64 rows instead of one of the stacked 128, bf16: 108 KB of "
+                    "shared memory, two blocks per SM",
+              "zh": "chunk_intra 以各子块中间行为基准的对角块（DIAGONAL_ABOUT_MIDDLES，以及 safe_gate 的激活形式）改为两次"
+                    " 64 行的 GEMM，而不是一次 128 行堆叠的 GEMM，bf16：共享内存 108 KB，每个 SM 两个 block"},
+    ),
+    CudaPath(
         name="pair_sums_by_products",
         module="kda.backward",
         switch="PAIR_SUMS_BY_PRODUCTS",

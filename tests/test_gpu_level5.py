@@ -258,7 +258,7 @@ def test_gdn_route_with_the_norm(norm_kernel, compiled_kernels, poisoned, monkey
     assert rel_l2(o, ref_o) <= BOUND and rel_l2(ht, ref_ht) <= BOUND
 
 
-@pytest.mark.parametrize("steep", ["products", "steep for activated"])
+@pytest.mark.parametrize("steep", ["products", "steep for activated", "middles by rows"])
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
 @pytest.mark.parametrize("form", ["softplus", "sigmoid"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -269,13 +269,14 @@ def test_activations_in_chunk_intra(dtype, form, packed, steep, compiled_kernels
     ``k`` as it loads them (with ``L2NORM_IN_KERNEL`` and ``PAIRWISE_BY_PRODUCTS``: issue 41's three switches), against
     the float64 recurrence on the inputs activated and normalized in float64; the kernel seen compiled so. ``steep
     for activated``: ``STEEP_FOR_ACTIVATED_GATES`` (bf16: the halvings, with the middles for the sigmoid form; fp16
-    keeps the products)."""
+    keeps the products); ``middles by rows``: and ``MIDDLES_BY_ROWS`` (the sigmoid form's middles by C-row GEMMs)."""
     from kda import gated_delta
     from kda.kernels import chunk_intra
 
     monkeypatch.setattr(gated_delta, "ACTIVATIONS_IN_KERNEL", True)
     monkeypatch.setattr(chunk_intra, "PAIRWISE_BY_PRODUCTS", True)          # a layer's gates: most chunks steep
-    monkeypatch.setattr(chunk_intra, "STEEP_FOR_ACTIVATED_GATES", steep == "steep for activated")
+    monkeypatch.setattr(chunk_intra, "STEEP_FOR_ACTIVATED_GATES", steep != "products")
+    monkeypatch.setattr(chunk_intra, "MIDDLES_BY_ROWS", steep == "middles by rows")
     monkeypatch.setattr(gated_delta, "L2NORM_IN_KERNEL", True)
     B, T, H, D = (1 if packed else 2), 200, 3, 128
     q, k, v, _, _, h0 = inputs((B, T, H, D, D), dtype, "logsigmoid", True, zlib.crc32(f"act{dtype}{form}".encode()))
@@ -295,9 +296,10 @@ def test_activations_in_chunk_intra(dtype, form, packed, steep, compiled_kernels
                           output_final_state=True, cu_seqlens=cu, **bound)
     intra = compiled_kernels["chunk_intra"]
     assert intra.get("gate_act") == form and intra.get("beta_act") == "sigmoid" and intra.get("qk_l2norm") is True
-    activated = steep == "steep for activated" and dtype == torch.bfloat16
+    activated = steep != "products" and dtype == torch.bfloat16
     assert intra.get("pairwise") == ("halvings" if activated else "products")
     assert bool(intra.get("middles")) == (activated and form == "sigmoid")
+    assert bool(intra.get("middles_by_rows")) == (activated and form == "sigmoid" and steep == "middles by rows")
     qn, kn = ref4.l2_normalize(q.double()), ref4.l2_normalize(k.double())
     x, A = raw.double() + dt_bias.double().view(H, D), A_log.double().exp()[:, None]
     g = -A * torch.nn.functional.softplus(x) if form == "softplus" else -5.0 * torch.sigmoid(A * x)
@@ -388,7 +390,8 @@ def middle_band(g, C=64, BC=16):
 
 STEEP = ["uniform_to_-20", "runs_of_-20", "kda_style", "layer", "safe_layer"]
 STEEP_COMPILES = {"products": dict(pairwise="products"), "halvings": dict(pairwise="halvings"),
-                  "middles": dict(middles=True), "middles_halvings": dict(middles=True, pairwise="halvings")}
+                  "middles": dict(middles=True), "middles_halvings": dict(middles=True, pairwise="halvings"),
+                  "middles_by_rows": dict(middles=True, middles_by_rows=True, pairwise="halvings")}
 STEEP_SWITCHES = {"products": "PAIRWISE_BY_PRODUCTS", "halvings": "PAIRWISE_BY_HALVINGS",
                   "middles": "DIAGONAL_ABOUT_MIDDLES"}            # kda.kernels.chunk_intra's, by STEEP_COMPILES' names
 
@@ -401,7 +404,8 @@ def test_chunk_intra_steep_chunk_variants(dtype, kind, delta, steep):
     """``chunk_intra`` compiled with ``pairwise="products"`` (``PAIRWISE_BY_PRODUCTS``: a steep chunk's diagonal
     blocks by running products of the token decays), ``"halvings"`` (``PAIRWISE_BY_HALVINGS``: by GEMMs through
     the upper half's last row of blocks of 16, 8, 4 and 2 rows) or ``middles`` (``DIAGONAL_ABOUT_MIDDLES``, bf16:
-    one GEMM about each sub-chunk's middle row where its halves allow; alone and with halvings) on steep gates,
+    one GEMM about each sub-chunk's middle row where its halves allow; alone and with halvings; ``middles_by_rows``,
+    ``MIDDLES_BY_ROWS``: that GEMM as two of C rows, with halvings) on steep gates,
     every output against its float64 stage (``kda.reference.level5.intra``) with the bound of the default compile,
     and against the default compile's outputs (the same sums in another order: to 1e-3 for the products, to the
     bound for the GEMMs of rounded operands); outputs poisoned with NaN, a tail chunk. The safe_gate gates put

@@ -78,6 +78,12 @@ CASES = [
                                         spill_budget=400)),
     ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", gate_act="softplus", beta_act="sigmoid",
                                         pairwise="halvings", qk_l2norm=True, merge="halves", spill_budget=400)),
+    # the middles' diagonal as two GEMMs of C rows (MIDDLES_BY_ROWS): 228 bytes spilled with safe_gate's whole form
+    ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", gate_act="sigmoid", beta_act="sigmoid",
+                                        middles=True, middles_by_rows=True, pairwise="halvings", qk_l2norm=True,
+                                        merge="halves", spill_budget=400)),
+    ("chunk_intra", "chunk_intra", dict(DK=128, dtype="bfloat16", gate_dtype="bfloat16", delta=False, middles=True,
+                                        middles_by_rows=True)),
     # the keys against the delta rule's bound as they are loaded (KEY_CHECK_IN_KERNEL): 204 bytes spilled
     ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", check_keys=True, spill_budget=400)),
     ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", scalar_gate=True, check_keys=True)),
@@ -327,6 +333,29 @@ WARP_SPECIALISED = [
     ("scalar_gate", "inverse_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", initial_state=True,
                                                       final_state=True)),
 ]
+
+
+# chunk_intra in bf16, 128 channels: a mild chunk's kernel and every steep variant that should fit as it does
+TWO_BLOCKS_PER_SM = {
+    "mild": dict(merge="halves", check_keys=True),
+    "halvings": dict(pairwise="halvings", merge="halves", check_keys=True),
+    "layer's softplus form": dict(pairwise="halvings", merge="halves", gate_act="softplus", beta_act="sigmoid",
+                                  qk_l2norm=True),
+    "middles by rows": dict(middles=True, middles_by_rows=True, merge="halves", check_keys=True),
+    "safe_gate's form by rows": dict(middles=True, middles_by_rows=True, pairwise="halvings", merge="halves",
+                                     gate_act="sigmoid", beta_act="sigmoid", qk_l2norm=True),
+}
+
+
+@pytest.mark.parametrize("variant", list(TWO_BLOCKS_PER_SM))
+def test_chunk_intra_fits_two_blocks_per_sm(variant):
+    """An H100's or H200's SM grants 228 KB of shared memory, 1 KB of it reserved per block: two blocks of ``chunk_intra``
+    need at most 113 KB each (run 123: the halvings' stacked operand took 121 KB, one block per SM, and a layer's
+    steep call paid for it). The bytes are tilelang's plan, read from the generated CUDA."""
+    from kda.kernels.chunk_intra import chunk_intra
+
+    regions = shared_regions(chunk_intra, DK=128, DV=128, dtype="bfloat16", **TWO_BLOCKS_PER_SM[variant])
+    assert max(end for _, end in regions.values()) <= (228 * 1024) // 2 - 1024, regions
 
 
 @pytest.mark.parametrize("module,name,params", WARP_SPECIALISED,

@@ -161,7 +161,7 @@ def pairwise_diagonal_by_products(Left_s, K_s, A_s, Out_s, factor, beta_s, part_
 def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WIDE_SUBCHUNK, dtype="bfloat16",
                 gate_dtype="float32", threads=256, min_blocks=None, delta=True, varlen=False, value_groups=1,
                 scalar_gate=False, backward_outputs=False, qk_l2norm=False, pairwise="exp", gate_act=None,
-                beta_act=None, check_keys=False, middles=False, merge="substitution"):
+                beta_act=None, check_keys=False, middles=False, middles_by_rows=False, merge="substitution"):
     """Everything a chunk needs before the sequential pass, from one load of ``q, k, g`` (and
     ``v, beta``), every chunk at once. Arguments at run time: ``Q, K [B, T, H, DK]``, ``V [B, T,
     H, DV]``, ``g [B, T, H, DK]``, ``beta [B, T, H]`` (float32), ``scale``, then the outputs
@@ -227,7 +227,9 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     diagonal blocks from one GEMM about each sub-chunk's middle row instead of the pairwise sums
     (``diagonal_by_one_gemm``): twice the fall per sub-chunk on the tensor cores, which covers every gate of
     fla's ``safe_gate`` (at most 5 per token, 57.7 in log2 over half of 16 rows). The pairwise sums keep the
-    rest; fp16 keeps them all (its operands cannot hold the factors).
+    rest; fp16 keeps them all (its operands cannot hold the factors). ``middles_by_rows`` (``MIDDLES_BY_ROWS``): that
+    GEMM as two of ``C`` rows (the queries', then the keys') through the halvings' ``C``-row operand instead of the
+    stacked ``2C`` rows, so that no steep variant holds more shared memory than a mild chunk (two blocks per SM).
 
     ``gate_act`` / ``beta_act`` (``kda.gated_delta``'s ``ACTIVATIONS_IN_KERNEL``; fla's ``use_gate_in_kernel`` and
     ``use_beta_sigmoid_in_kernel``): ``g`` and ``beta`` come raw and are activated as they are loaded, the gate
@@ -275,6 +277,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     assert not check_keys or (delta and not qk_l2norm), "check_keys: raw keys, with the delta rule"
     NF = 3 if check_keys else 2                 # the value flags: gate, beta (and keys)
     middles = middles and same_layout
+    middles_by_rows = middles and middles_by_rows
     # fp16 at level 5, 128 key channels: the halvings' buffers beside the tf32 diagonal's ask 241664 bytes of shared
     # memory, more than an SM grants a block (232448): run 108 could not launch it
     assert not (pairwise == "halvings" and delta and not same_layout and DK > 64), \
@@ -494,30 +497,57 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                 Aqk_s[i, j] = A_half[i, j] * scale
 
     @T.macro
-    def diagonal_by_one_gemm(Left, Right, A_diag, G_s, K_s, Rgt_s, Aqk_s, A_s, beta_s, scale, about_middles):
+    def diagonal_about_middles_by_rows(Half_s, Right, A_half, G_s, K_s, Rgt_s, Aqk_s, A_s, beta_s, scale, ref):
+        """``diagonal_by_one_gemm`` about the middles with a ``C``-row left operand: ``q 2^(G - G_m)`` against ``k
+        2^(G_m - G)`` into ``A_half``, ``A_qk``'s blocks written; then, with the delta rule, ``k 2^(G - G_m)`` against
+        the same right operand, ``A_kk``'s blocks. ``Rgt_s`` holds q on entry and may be ``Right``."""
+        for i, d in T.Parallel(C, DK):
+            Half_s[i, d] = Rgt_s[i, d] * T.exp2(G_s[i, d] - ref(i, d))
+        for j, d in T.Parallel(C, DK):
+            Right[j, d] = K_s[j, d] * T.exp2(T.min(ref(j, d) - G_s[j, d], DIAGONAL_SPAN_MAX))
+        T.gemm(Half_s, Right, A_half, transpose_B=True, clear_accum=True)
+        for i, j in T.Parallel(C, C):
+            if i // BC == j // BC:
+                Aqk_s[i, j] = T.if_then_else(j <= i, A_half[i, j] * scale, 0.0)
+        if delta:
+            for i, d in T.Parallel(C, DK):
+                Half_s[i, d] = K_s[i, d] * T.exp2(G_s[i, d] - ref(i, d))
+            T.gemm(Half_s, Right, A_half, transpose_B=True, clear_accum=True)
+            for i, j in T.Parallel(C, C):
+                if i // BC == j // BC:
+                    A_s[i, j] = T.if_then_else(j < i, A_half[i, j] * row_b(beta_s, i), 0.0)
+
+    @T.macro
+    def diagonal_by_one_gemm(Left, Right, A_diag, G_s, K_s, Rgt_s, Aqk_s, A_s, beta_s, scale, about_middles,
+                             Half_s=None, A_half=None):
         """The diagonal blocks from one GEMM of the stacked ``[q; k] 2^(G - G_x)`` against ``k 2^(G_x - G)``, the pairs
         of each sub-chunk written where they belong (those across sub-chunks are not read). ``G_x`` is the gate at
         each sub-chunk's middle row (``about_middles``, bf16: ``Left``/``Right`` are ``Lft_s``/``Rgt_s``; a chunk
         too steep for ``G_ref`` but not for the middles, every factor within ``2^(+-DIAGONAL_SPAN_MAX)``) or ``G_ref``
         (fp16: float32 operands rounded to tf32, ``G_ref - G`` capped at ``DIAGONAL_SPAN_MAX``). ``Rgt_s`` holds q on
-        entry (it may be ``Right``: q is read first); ``K_s`` (k) and ``G_s`` (the cumulative gate) are read."""
+        entry (it may be ``Right``: q is read first); ``K_s`` (k) and ``G_s`` (the cumulative gate) are read. With
+        ``Half_s`` (``C`` rows) and ``A_half`` (``C x C``; about the middles only): two GEMMs of ``C`` rows, the
+        queries' then the keys', instead of the stacked one (``middles_by_rows``)."""
         ref = (lambda row, d: G_s[middle_row(row, BC), d]) if about_middles else \
             (lambda row, d: ref_gate(G_s, row // BC, d, BC))
         rounded = (lambda value: value) if about_middles else tf32_nearest
-        for i, d in T.Parallel(C, DK):
-            x = T.exp2(G_s[i, d] - ref(i, d))
-            Left[i, d] = rounded(Rgt_s[i, d] * x)
-            if delta:
-                Left[C + i, d] = rounded(K_s[i, d] * x)
-        for j, d in T.Parallel(C, DK):
-            Right[j, d] = rounded(K_s[j, d] * T.exp2(T.min(ref(j, d) - G_s[j, d], DIAGONAL_SPAN_MAX)))
-        T.gemm(Left, Right, A_diag, transpose_B=True, clear_accum=True)
-        for r, j in T.Parallel(R, C):
-            if (r % C) // BC == j // BC:
-                if r < C:
-                    Aqk_s[r, j] = T.if_then_else(j <= r, A_diag[r, j] * scale, 0.0)
-                elif delta:
-                    A_s[r - C, j] = T.if_then_else(j < r - C, A_diag[r, j] * row_b(beta_s, r - C), 0.0)
+        if Half_s is not None:
+            diagonal_about_middles_by_rows(Half_s, Right, A_half, G_s, K_s, Rgt_s, Aqk_s, A_s, beta_s, scale, ref)
+        else:
+            for i, d in T.Parallel(C, DK):
+                x = T.exp2(G_s[i, d] - ref(i, d))
+                Left[i, d] = rounded(Rgt_s[i, d] * x)
+                if delta:
+                    Left[C + i, d] = rounded(K_s[i, d] * x)
+            for j, d in T.Parallel(C, DK):
+                Right[j, d] = rounded(K_s[j, d] * T.exp2(T.min(ref(j, d) - G_s[j, d], DIAGONAL_SPAN_MAX)))
+            T.gemm(Left, Right, A_diag, transpose_B=True, clear_accum=True)
+            for r, j in T.Parallel(R, C):
+                if (r % C) // BC == j // BC:
+                    if r < C:
+                        Aqk_s[r, j] = T.if_then_else(j <= r, A_diag[r, j] * scale, 0.0)
+                    elif delta:
+                        A_s[r - C, j] = T.if_then_else(j < r - C, A_diag[r, j] * row_b(beta_s, r - C), 0.0)
 
     @T.macro
     def body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, c, t0, L, bb, bh, G_out, Tinv_out, KKE_out,
@@ -626,7 +656,13 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                     diagonal_by_one_gemm(Lft32_s, Rgt32_s, A_diag, G_s, K_s, Rgt_s, Aqk_s, A_s, beta_s, scale, False)
             if middles:
                 if too_steep[0] == 1 and too_steep[1] == 0:
-                    diagonal_by_one_gemm(Lft_s, Rgt_s, A_part, G_s, K_s, Rgt_s, Aqk_s, A_s, beta_s, scale, True)
+                    if middles_by_rows:                      # a C-row operand and C x C accumulator of its own
+                        Mid_s = T.alloc_shared([C, DK], dtype)
+                        A_mid = T.alloc_fragment([C, C], ACCUM)
+                        diagonal_by_one_gemm(Lft_s, Rgt_s, A_part, G_s, K_s, Rgt_s, Aqk_s, A_s, beta_s, scale, True,
+                                             Mid_s, A_mid)
+                    else:
+                        diagonal_by_one_gemm(Lft_s, Rgt_s, A_part, G_s, K_s, Rgt_s, Aqk_s, A_s, beta_s, scale, True)
             if too_steep[PAIRWISE] == 1 and pairwise == "halvings":
                 Half_s = T.alloc_shared([C, DK], dtype)
                 A_half = T.alloc_fragment([C, C], ACCUM)
@@ -826,14 +862,23 @@ STEEP_FOR_ACTIVATED_GATES = True
 SOLVE_BY_HALVES = True
 
 
+# CUDA (bf16): the middles' diagonal (DIAGONAL_ABOUT_MIDDLES, and safe_gate's form under STEEP_FOR_ACTIVATED_GATES) as
+# two GEMMs of C rows through the halvings' operand (middles_by_rows): the stacked operand held 121 KB of shared memory,
+# one block per SM, where the rest take 108 KB and two (run 123's reading). Compiles here; its GPU tests (the middles
+# cases of test_chunk_intra_steep_chunk_variants and the sigmoid form's of test_activations_in_chunk_intra) have not
+# run: off.
+MIDDLES_BY_ROWS = False
+
+
 def steep_chunks(dtype: str = "bfloat16", delta: bool = True, gate_act: str | None = None) -> dict:
     """``chunk_intra``'s compile flags for the diagonal blocks of steep chunks, by the switches above (``gate_act``:
     the form of the gate the kernel activates itself, ``STEEP_FOR_ACTIVATED_GATES``); the halvings at level 5 in
     bf16 only (fp16's do not fit an SM's shared memory: the pairwise sums or products there)."""
     halvings_fit = dtype == "bfloat16" or not delta
+    middles = {"middles": True, **({"middles_by_rows": True} if MIDDLES_BY_ROWS and dtype == "bfloat16" else {})}
     if gate_act is not None and STEEP_FOR_ACTIVATED_GATES and halvings_fit:
-        return {"pairwise": "halvings", **({"middles": True} if gate_act == "sigmoid" else {})}
-    flags = {"middles": True} if DIAGONAL_ABOUT_MIDDLES else {}
+        return {"pairwise": "halvings", **(middles if gate_act == "sigmoid" else {})}
+    flags = middles if DIAGONAL_ABOUT_MIDDLES else {}
     if PAIRWISE_BY_HALVINGS and halvings_fit:
         return {**flags, "pairwise": "halvings"}
     return {**flags, "pairwise": "products"} if PAIRWISE_BY_PRODUCTS else flags

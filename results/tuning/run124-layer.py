@@ -2,7 +2,8 @@
 for steep chunks, two blocks per SM, where the stacked 2C-row operand took 121 KB and one), timed. KDA at (1, 8192,
 96, 128), bf16, a layer's gates; each row timed (``ms``) and kernel by kernel (``harness.stage_times``), fla's same
 call beside it: the plain call (mild gates), a layer's gates activated by torch with ``PAIRWISE_BY_HALVINGS``, the
-layer's call (softplus form; safe_gate's sigmoid form, whose middles still take the stacked operand). Rows to
+layer's call (softplus form; safe_gate's sigmoid form, whose middles take the stacked operand, and with
+``MIDDLES_BY_ROWS``, added after run 124, two C-row GEMMs). Rows to
 ``$OUT/run124.jsonl``.
 
     FLA_FLASH_QLA=0 python results/tuning/run124-layer.py
@@ -44,16 +45,20 @@ def main():
         ("layer call, softplus", (q * 3, k * 3, v, raw, logits), layer, False),
         ("layer call, safe_gate", (q * 3, k * 3, v, raw, logits), dict(layer, safe_gate=True, lower_bound=-5.0),
          False),
+        ("layer call, safe_gate, MIDDLES_BY_ROWS", (q * 3, k * 3, v, raw, logits),
+         dict(layer, safe_gate=True, lower_bound=-5.0), False),
     ]
     for name, args, kw, halvings in rows:
         first = []
         chunk_intra.PAIRWISE_BY_HALVINGS = halvings
+        chunk_intra.MIDDLES_BY_ROWS = "MIDDLES_BY_ROWS" in name
         try:
             ours = lambda: kda.chunk_kda(*args, **kw)[0]
             harness.timed(RUN, {"call": name, "impl": "kda"}, ours, harness.against(first))
             harness.stage_times(RUN, {"call": name, "impl": "kda stages"}, ours)
         finally:
             chunk_intra.PAIRWISE_BY_HALVINGS = False
+            chunk_intra.MIDDLES_BY_ROWS = False
         harness.timed(RUN, {"call": name, "impl": "fla"}, lambda: fla_kda(*args, scale=D ** -0.5, **kw)[0],
                       harness.against(first))
 
