@@ -63,6 +63,36 @@ def compile_in_processes(run, n, compile_one):
             log(run, row)
 
 
+def layer_inputs(B, T, H, D, seed=41):
+    """KDA's inputs as a layer calls ``chunk_kda`` (bf16 ``q, k, v``; the raw gate, beta's logits, ``A_log`` as a layer
+    initialises it, ``dt_bias``), on the GPU: ``(q, k, v, raw, logits, A_log, dt_bias)``."""
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = (torch.randn(B, T, H, D, generator=gen, device="cuda").bfloat16() for _ in range(3))
+    raw = torch.randn(B, T, H, D, generator=gen, device="cuda")
+    logits = torch.randn(B, T, H, generator=gen, device="cuda")
+    A_log = torch.log(torch.empty(H, device="cuda").uniform_(1, 16, generator=gen))
+    dt_bias = 0.1 * torch.randn(H * D, generator=gen, device="cuda")
+    return q, k, v, raw, logits, A_log, dt_bias
+
+
+def grouped_gdn_inputs(B, T, HQ, HV, D=128):
+    """GDN's inputs with grouped value heads (``HQ`` query and key heads, ``HV`` value heads), bf16, unit keys,
+    logsigmoid gates: ``(q, k, v, g, beta)``."""
+    import torch
+
+    from kda.reference import level4 as ref
+
+    gen = torch.Generator(device="cuda").manual_seed(T + HV)
+    q, k = (torch.randn(B, T, HQ, D, generator=gen, device="cuda").bfloat16() for _ in range(2))
+    k = ref.l2_normalize(k.float()).bfloat16()
+    v = torch.randn(B, T, HV, D, generator=gen, device="cuda").bfloat16()
+    g = torch.nn.functional.logsigmoid(torch.randn(B, T, HV, generator=gen, device="cuda"))
+    beta = torch.rand(B, T, HV, generator=gen, device="cuda").bfloat16()
+    return q, k, v, g, beta
+
+
 def scalar_gates(B, T, H, kind, seed):
     """One gate per head, ``logsigmoid(x)``, ``x ~ N(0, 1)``; ``"runs of -20"`` sets two runs of
     steps (200 and 20 tokens) to -20 (runs 60 and 61)."""

@@ -24,15 +24,9 @@ def gva():
 
     import kda
     from kda import distributed, gated_delta
-    from kda.reference import level4 as ref
 
     for B, T, HQ, HV in ((1, 32768, 16, 32), (1, 131072, 2, 4)):
-        gen = torch.Generator(device="cuda").manual_seed(T + HV)
-        q, k = (torch.randn(B, T, HQ, 128, generator=gen, device="cuda").bfloat16() for _ in range(2))
-        k = ref.l2_normalize(k.float()).bfloat16()
-        v = torch.randn(B, T, HV, 128, generator=gen, device="cuda").bfloat16()
-        g = torch.nn.functional.logsigmoid(torch.randn(B, T, HV, generator=gen, device="cuda"))
-        beta = torch.rand(B, T, HV, generator=gen, device="cuda").bfloat16()
+        q, k, v, g, beta = harness.grouped_gdn_inputs(B, T, HQ, HV)
         first = []
         row = lambda **kw: {"stage": "gva", "B": B, "T": T, "HQ": HQ, "HV": HV, **kw}
         for name, split in (("op unsplit", False), ("op, SPLIT_GROUPED_VALUES", True)):
@@ -55,12 +49,7 @@ def layer():
     from kda.kernels import chunk_intra
 
     B, T, H, D = 1, 8192, 96, 128
-    gen = torch.Generator(device="cuda").manual_seed(41)
-    q, k, v = (torch.randn(B, T, H, D, generator=gen, device="cuda").bfloat16() for _ in range(3))
-    raw = torch.randn(B, T, H, D, generator=gen, device="cuda")
-    logits = torch.randn(B, T, H, generator=gen, device="cuda")
-    A_log = torch.log(torch.empty(H, device="cuda").uniform_(1, 16, generator=gen))
-    dt_bias = 0.1 * torch.randn(H * D, generator=gen, device="cuda")
+    q, k, v, raw, logits, A_log, dt_bias = harness.layer_inputs(B, T, H, D)
     for safe in ({}, dict(safe_gate=True, lower_bound=-5.0)):
         call = dict(A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
                     use_qk_l2norm_in_kernel=True, **safe)

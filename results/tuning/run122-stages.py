@@ -27,12 +27,7 @@ def layer():
     from kda.reference import level4 as ref
 
     B, T, H, D = 1, 8192, 96, 128
-    gen = torch.Generator(device="cuda").manual_seed(41)
-    q, k, v = (torch.randn(B, T, H, D, generator=gen, device="cuda").bfloat16() for _ in range(3))
-    raw = torch.randn(B, T, H, D, generator=gen, device="cuda")
-    logits = torch.randn(B, T, H, generator=gen, device="cuda")
-    A_log = torch.log(torch.empty(H, device="cuda").uniform_(1, 16, generator=gen))
-    dt_bias = 0.1 * torch.randn(H * D, generator=gen, device="cuda")
+    q, k, v, raw, logits, A_log, dt_bias = harness.layer_inputs(B, T, H, D)
     qn, kn = (ref.l2_normalize(x.float()).bfloat16() for x in (q, k))
     mild = torch.nn.functional.logsigmoid(raw)
     beta01 = torch.sigmoid(logits)
@@ -61,16 +56,10 @@ def layer():
 
 def gva():
     import kda
-    from kda.reference import level4 as ref
 
     for HQ, HV in ((32, 32), (16, 32)):
         B, T = 1, 32768
-        gen = torch.Generator(device="cuda").manual_seed(T + HV)
-        q, k = (torch.randn(B, T, HQ, 128, generator=gen, device="cuda").bfloat16() for _ in range(2))
-        k = ref.l2_normalize(k.float()).bfloat16()
-        v = torch.randn(B, T, HV, 128, generator=gen, device="cuda").bfloat16()
-        g = torch.nn.functional.logsigmoid(torch.randn(B, T, HV, generator=gen, device="cuda"))
-        beta = torch.rand(B, T, HV, generator=gen, device="cuda").bfloat16()
+        q, k, v, g, beta = harness.grouped_gdn_inputs(B, T, HQ, HV)
         row = lambda **more: {"stage": "gva", "B": B, "T": T, "HQ": HQ, "HV": HV, **more}
         ours = lambda: kda.chunk_gated_delta_rule(q, k, v, g, beta)[0]
         harness.timed(RUN, row(impl="op"), ours)

@@ -28,12 +28,7 @@ def main():
     from kda.reference import level4 as ref
 
     B, T, H, D = 1, 8192, 96, 128
-    gen = torch.Generator(device="cuda").manual_seed(41)
-    q, k, v = (torch.randn(B, T, H, D, generator=gen, device="cuda").bfloat16() for _ in range(3))
-    raw = torch.randn(B, T, H, D, generator=gen, device="cuda")
-    logits = torch.randn(B, T, H, generator=gen, device="cuda")
-    A_log = torch.log(torch.empty(H, device="cuda").uniform_(1, 16, generator=gen))
-    dt_bias = 0.1 * torch.randn(H * D, generator=gen, device="cuda")
+    q, k, v, raw, logits, A_log, dt_bias = harness.layer_inputs(B, T, H, D)
     qn, kn = (ref.l2_normalize(x.float()).bfloat16() for x in (q, k))
     beta01 = torch.sigmoid(logits)
     layer_g = -A_log.exp()[:, None] * torch.nn.functional.softplus(raw + dt_bias.reshape(H, D))
