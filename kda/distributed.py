@@ -359,7 +359,6 @@ def op_split(q, k, v, g, beta, scale, h0, output_final_state, use_qk_l2norm_in_k
     keys_checked = check_values and (flags.numel() == 3 or use_qk_l2norm_in_kernel)
     pieces, run_len = whole_runs(chunks, pieces)
     exact_pays = choose_pieces(B, H, DV, T, sms, **rule) > 1
-    q, k = value_heads(q, k, v)
     return _split_forward_cuda(q, k, v, g, beta, pieces, run_len, scale, h0, output_final_state,
                                use_qk_l2norm_in_kernel, True, not exact_pays, scalar_gate=scalar, flags=flags,
                                check=check, keys_checked=keys_checked)

@@ -497,10 +497,12 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                 Aqk_s[i, j] = A_half[i, j] * scale
 
     @T.macro
-    def diagonal_about_middles_by_rows(Half_s, Right, A_half, G_s, K_s, Rgt_s, Aqk_s, A_s, beta_s, scale, ref):
-        """``diagonal_by_one_gemm`` about the middles with a ``C``-row left operand: ``q 2^(G - G_m)`` against ``k
-        2^(G_m - G)`` into ``A_half``, ``A_qk``'s blocks written; then, with the delta rule, ``k 2^(G - G_m)`` against
-        the same right operand, ``A_kk``'s blocks. ``Rgt_s`` holds q on entry and may be ``Right``."""
+    def diagonal_about_middles_by_rows(Half_s, Right, A_half, G_s, K_s, Rgt_s, Aqk_s, A_s, beta_s, scale):
+        """``diagonal_by_one_gemm`` about the middles (``middles_by_rows``) with a ``C``-row left operand: ``q 2^(G -
+        G_m)`` against ``k 2^(G_m - G)`` into ``A_half`` (``C x C``), ``A_qk``'s blocks written; then, with the delta
+        rule, ``k 2^(G - G_m)`` against the same right operand, ``A_kk``'s blocks. ``Rgt_s`` holds q on entry and may
+        be ``Right``."""
+        ref = lambda row, d: G_s[middle_row(row, BC), d]
         for i, d in T.Parallel(C, DK):
             Half_s[i, d] = Rgt_s[i, d] * T.exp2(G_s[i, d] - ref(i, d))
         for j, d in T.Parallel(C, DK):
@@ -518,36 +520,30 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                     A_s[i, j] = T.if_then_else(j < i, A_half[i, j] * row_b(beta_s, i), 0.0)
 
     @T.macro
-    def diagonal_by_one_gemm(Left, Right, A_diag, G_s, K_s, Rgt_s, Aqk_s, A_s, beta_s, scale, about_middles,
-                             Half_s=None, A_half=None):
+    def diagonal_by_one_gemm(Left, Right, A_diag, G_s, K_s, Rgt_s, Aqk_s, A_s, beta_s, scale, about_middles):
         """The diagonal blocks from one GEMM of the stacked ``[q; k] 2^(G - G_x)`` against ``k 2^(G_x - G)``, the pairs
         of each sub-chunk written where they belong (those across sub-chunks are not read). ``G_x`` is the gate at
         each sub-chunk's middle row (``about_middles``, bf16: ``Left``/``Right`` are ``Lft_s``/``Rgt_s``; a chunk
         too steep for ``G_ref`` but not for the middles, every factor within ``2^(+-DIAGONAL_SPAN_MAX)``) or ``G_ref``
         (fp16: float32 operands rounded to tf32, ``G_ref - G`` capped at ``DIAGONAL_SPAN_MAX``). ``Rgt_s`` holds q on
-        entry (it may be ``Right``: q is read first); ``K_s`` (k) and ``G_s`` (the cumulative gate) are read. With
-        ``Half_s`` (``C`` rows) and ``A_half`` (``C x C``; about the middles only): two GEMMs of ``C`` rows, the
-        queries' then the keys', instead of the stacked one (``middles_by_rows``)."""
+        entry (it may be ``Right``: q is read first); ``K_s`` (k) and ``G_s`` (the cumulative gate) are read."""
         ref = (lambda row, d: G_s[middle_row(row, BC), d]) if about_middles else \
             (lambda row, d: ref_gate(G_s, row // BC, d, BC))
         rounded = (lambda value: value) if about_middles else tf32_nearest
-        if Half_s is not None:
-            diagonal_about_middles_by_rows(Half_s, Right, A_half, G_s, K_s, Rgt_s, Aqk_s, A_s, beta_s, scale, ref)
-        else:
-            for i, d in T.Parallel(C, DK):
-                x = T.exp2(G_s[i, d] - ref(i, d))
-                Left[i, d] = rounded(Rgt_s[i, d] * x)
-                if delta:
-                    Left[C + i, d] = rounded(K_s[i, d] * x)
-            for j, d in T.Parallel(C, DK):
-                Right[j, d] = rounded(K_s[j, d] * T.exp2(T.min(ref(j, d) - G_s[j, d], DIAGONAL_SPAN_MAX)))
-            T.gemm(Left, Right, A_diag, transpose_B=True, clear_accum=True)
-            for r, j in T.Parallel(R, C):
-                if (r % C) // BC == j // BC:
-                    if r < C:
-                        Aqk_s[r, j] = T.if_then_else(j <= r, A_diag[r, j] * scale, 0.0)
-                    elif delta:
-                        A_s[r - C, j] = T.if_then_else(j < r - C, A_diag[r, j] * row_b(beta_s, r - C), 0.0)
+        for i, d in T.Parallel(C, DK):
+            x = T.exp2(G_s[i, d] - ref(i, d))
+            Left[i, d] = rounded(Rgt_s[i, d] * x)
+            if delta:
+                Left[C + i, d] = rounded(K_s[i, d] * x)
+        for j, d in T.Parallel(C, DK):
+            Right[j, d] = rounded(K_s[j, d] * T.exp2(T.min(ref(j, d) - G_s[j, d], DIAGONAL_SPAN_MAX)))
+        T.gemm(Left, Right, A_diag, transpose_B=True, clear_accum=True)
+        for r, j in T.Parallel(R, C):
+            if (r % C) // BC == j // BC:
+                if r < C:
+                    Aqk_s[r, j] = T.if_then_else(j <= r, A_diag[r, j] * scale, 0.0)
+                elif delta:
+                    A_s[r - C, j] = T.if_then_else(j < r - C, A_diag[r, j] * row_b(beta_s, r - C), 0.0)
 
     @T.macro
     def body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, c, t0, L, bb, bh, G_out, Tinv_out, KKE_out,
@@ -659,8 +655,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                     if middles_by_rows:                      # a C-row operand and C x C accumulator of its own
                         Mid_s = T.alloc_shared([C, DK], dtype)
                         A_mid = T.alloc_fragment([C, C], ACCUM)
-                        diagonal_by_one_gemm(Lft_s, Rgt_s, A_part, G_s, K_s, Rgt_s, Aqk_s, A_s, beta_s, scale, True,
-                                             Mid_s, A_mid)
+                        diagonal_about_middles_by_rows(Mid_s, Rgt_s, A_mid, G_s, K_s, Rgt_s, Aqk_s, A_s, beta_s, scale)
                     else:
                         diagonal_by_one_gemm(Lft_s, Rgt_s, A_part, G_s, K_s, Rgt_s, Aqk_s, A_s, beta_s, scale, True)
             if too_steep[PAIRWISE] == 1 and pairwise == "halvings":

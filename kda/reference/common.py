@@ -26,7 +26,12 @@ def repeat_to_value_heads(q: torch.Tensor, k: torch.Tensor, heads: int) -> tuple
     """Grouped value heads (value head ``i`` reads query and key head ``i // (heads / H)``): ``q`` and ``k`` with
     a head per value head, themselves where they have as many already."""
     group = heads // q.shape[2]
-    return (q, k) if group == 1 else (q.repeat_interleave(group, dim=2), k.repeat_interleave(group, dim=2))
+    if group == 1:
+        return q, k
+    # a new axis after the heads, expanded and flattened: one plain copy each, the same tensor as repeat_interleave's
+    # (which took 0.28 ms for a 16 MB bf16 copy on an H100 in run 122; this form is not timed yet)
+    spread = lambda x: x.unsqueeze(3).expand(*x.shape[:3], group, x.shape[3]).reshape(*x.shape[:2], heads, x.shape[3])
+    return spread(q), spread(k)
 
 
 def start_state(q: torch.Tensor, v: torch.Tensor, initial_state: torch.Tensor | None) -> torch.Tensor:
