@@ -351,6 +351,26 @@ PATHS: tuple[CudaPath, ...] = (
                     "shared memory, two blocks per SM",
               "zh": "chunk_intra 以各子块中间行为基准的对角块（DIAGONAL_ABOUT_MIDDLES，以及 safe_gate 的激活形式）改为两次"
                     " 64 行的 GEMM，而不是一次 128 行堆叠的 GEMM，bf16：共享内存 108 KB，每个 SM 两个 block"},
+        gpu_log="results/tuning/run125/gpu-tests.txt",
+    ),
+    CudaPath(
+        name="reload_from_kept",
+        module="kda.kernels.chunk_intra",
+        switch="RELOAD_FROM_KEPT",
+        what={"en": "chunk_intra's steep chunks, bf16: the cumulative gate parked in a float32 buffer and the rows' "
+                    "inverse norms kept in shared memory for the diagonal's second load, instead of loading, "
+                    "activating and summing the gate and normalizing q and k again",
+              "zh": "chunk_intra 的陡块（bf16）：累积门控暂存在一个 float32 缓冲区里，各行范数的倒数留在共享内存中，"
+                    "供对角块第二次载入时直接取用，不再重新载入、激活并累加门控，也不再重新归一化 q 与 k"},
+    ),
+    CudaPath(
+        name="fast_activations",
+        module="kda.kernels.chunk_intra",
+        switch="FAST_ACTIVATIONS",
+        what={"en": "chunk_intra's activations in the kernel (softplus, the sigmoids) by the ex2 and lg2 instructions "
+                    "instead of the library's log1pf and expf",
+              "zh": "chunk_intra 在 kernel 内的激活（softplus 与 sigmoid）改用 ex2 与 lg2 指令，"
+                    "而不是库函数 log1pf 与 expf"},
     ),
     CudaPath(
         name="pair_sums_by_products",

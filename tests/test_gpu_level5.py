@@ -67,11 +67,12 @@ def test_chunk_intra_against_reference_stage(shape, dtype, kind, delta):
         nan(B, T, H, C), nan(B, T, H, DK), nan(B, T, H, DV)
     flags = torch.zeros(2, dtype=torch.int32, device="cuda")
     no_chunks = torch.empty(1, 1, dtype=torch.int32, device="cuda")          # dense: the table is a stand-in
+    no_kept = torch.empty(1, 1, 1, 1, device="cuda")                           # and the parked gates
     if delta:
-        kernel(q, k, v, g_kernel, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, no_chunks)
+        kernel(q, k, v, g_kernel, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, no_chunks, no_kept)
     else:                                             # without the delta rule: V, beta, W, U stand-ins
         rows, beta_rows = torch.empty(1, 1, 1, 1, dtype=dtype, device="cuda"), torch.empty(1, 1, 1, device="cuda")
-        kernel(q, k, rows, g_kernel, beta_rows, scale, Qw, Kw, decay, A_qk, rows, rows, flags, no_chunks)
+        kernel(q, k, rows, g_kernel, beta_rows, scale, Qw, Kw, decay, A_qk, rows, rows, flags, no_chunks, no_kept)
     assert flags.tolist() == [0, 0]
     r_Qw, r_Kw, r_decay, r_A, r_W, r_U = ref5.intra(q, k, v, g, beta, scale, C)
     outputs = [("Qw", Qw, r_Qw), ("Kw", Kw, r_Kw), ("A_qk", A_qk, r_A)] + ([("W", W, r_W), ("U", U, r_U)] if delta else [])
@@ -258,7 +259,7 @@ def test_gdn_route_with_the_norm(norm_kernel, compiled_kernels, poisoned, monkey
     assert rel_l2(o, ref_o) <= BOUND and rel_l2(ht, ref_ht) <= BOUND
 
 
-@pytest.mark.parametrize("steep", ["products", "steep for activated", "middles by rows"])
+@pytest.mark.parametrize("steep", ["products", "steep for activated", "middles by rows", "kept", "kept, fast"])
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
 @pytest.mark.parametrize("form", ["softplus", "sigmoid"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -269,20 +270,27 @@ def test_activations_in_chunk_intra(dtype, form, packed, steep, compiled_kernels
     ``k`` as it loads them (with ``L2NORM_IN_KERNEL`` and ``PAIRWISE_BY_PRODUCTS``: issue 41's three switches), against
     the float64 recurrence on the inputs activated and normalized in float64; the kernel seen compiled so. ``steep
     for activated``: ``STEEP_FOR_ACTIVATED_GATES`` (bf16: the halvings, with the middles for the sigmoid form; fp16
-    keeps the products); ``middles by rows``: and ``MIDDLES_BY_ROWS`` (the sigmoid form's middles by C-row GEMMs)."""
+    keeps the products); ``middles by rows``: and ``MIDDLES_BY_ROWS`` (the sigmoid form's middles by C-row GEMMs);
+    ``kept``: those two and ``RELOAD_FROM_KEPT`` (bf16: the steep reload from the parked gate and the kept inverse
+    norms); ``kept, fast``: and ``FAST_ACTIVATIONS`` (softplus and the sigmoids by ex2 and lg2), the raw gate in the
+    inputs' dtype as a model's projection gives it."""
     from kda import gated_delta
     from kda.kernels import chunk_intra
 
     monkeypatch.setattr(gated_delta, "ACTIVATIONS_IN_KERNEL", True)
     monkeypatch.setattr(chunk_intra, "PAIRWISE_BY_PRODUCTS", True)          # a layer's gates: most chunks steep
     monkeypatch.setattr(chunk_intra, "STEEP_FOR_ACTIVATED_GATES", steep != "products")
-    monkeypatch.setattr(chunk_intra, "MIDDLES_BY_ROWS", steep == "middles by rows")
+    monkeypatch.setattr(chunk_intra, "MIDDLES_BY_ROWS", steep in ("middles by rows", "kept", "kept, fast"))
+    monkeypatch.setattr(chunk_intra, "RELOAD_FROM_KEPT", steep.startswith("kept"))
+    monkeypatch.setattr(chunk_intra, "FAST_ACTIVATIONS", steep == "kept, fast")
     monkeypatch.setattr(gated_delta, "L2NORM_IN_KERNEL", True)
     B, T, H, D = (1 if packed else 2), 200, 3, 128
     q, k, v, _, _, h0 = inputs((B, T, H, D, D), dtype, "logsigmoid", True, zlib.crc32(f"act{dtype}{form}".encode()))
     q, k = (q * 3).to(dtype), (k * 5).to(dtype)                              # rows far from unit norm
     gen = torch.Generator(device="cuda").manual_seed(21)
     raw = torch.randn(B, T, H, D, generator=gen, device="cuda")
+    if steep == "kept, fast":                     # a model's projection gives the raw gate in its dtype
+        raw = raw.to(dtype)
     logits = torch.randn(B, T, H, generator=gen, device="cuda")
     A_log = torch.log(torch.empty(H, device="cuda").uniform_(1, 16, generator=gen))
     dt_bias = 0.1 * torch.randn(H * D, generator=gen, device="cuda")
@@ -299,7 +307,9 @@ def test_activations_in_chunk_intra(dtype, form, packed, steep, compiled_kernels
     activated = steep != "products" and dtype == torch.bfloat16
     assert intra.get("pairwise") == ("halvings" if activated else "products")
     assert bool(intra.get("middles")) == (activated and form == "sigmoid")
-    assert bool(intra.get("middles_by_rows")) == (activated and form == "sigmoid" and steep == "middles by rows")
+    assert bool(intra.get("middles_by_rows")) == (activated and form == "sigmoid" and steep != "steep for activated")
+    assert bool(intra.get("keep_loaded")) == (activated and steep.startswith("kept"))
+    assert bool(intra.get("fast_activations")) == (steep == "kept, fast")
     qn, kn = ref4.l2_normalize(q.double()), ref4.l2_normalize(k.double())
     x, A = raw.double() + dt_bias.double().view(H, D), A_log.double().exp()[:, None]
     g = -A * torch.nn.functional.softplus(x) if form == "softplus" else -5.0 * torch.sigmoid(A * x)
@@ -391,9 +401,13 @@ def middle_band(g, C=64, BC=16):
 STEEP = ["uniform_to_-20", "runs_of_-20", "kda_style", "layer", "safe_layer"]
 STEEP_COMPILES = {"products": dict(pairwise="products"), "halvings": dict(pairwise="halvings"),
                   "middles": dict(middles=True), "middles_halvings": dict(middles=True, pairwise="halvings"),
-                  "middles_by_rows": dict(middles=True, middles_by_rows=True, pairwise="halvings")}
-STEEP_SWITCHES = {"products": "PAIRWISE_BY_PRODUCTS", "halvings": "PAIRWISE_BY_HALVINGS",
-                  "middles": "DIAGONAL_ABOUT_MIDDLES"}            # kda.kernels.chunk_intra's, by STEEP_COMPILES' names
+                  "middles_by_rows": dict(middles=True, middles_by_rows=True, pairwise="halvings"),
+                  "halvings_kept": dict(pairwise="halvings", keep_loaded=True),
+                  "middles_by_rows_kept": dict(middles=True, middles_by_rows=True, pairwise="halvings",
+                                               keep_loaded=True)}
+STEEP_SWITCHES = {"products": ("PAIRWISE_BY_PRODUCTS",), "halvings": ("PAIRWISE_BY_HALVINGS",),
+                  "middles": ("DIAGONAL_ABOUT_MIDDLES",),        # kda.kernels.chunk_intra's, by STEEP_COMPILES' names
+                  "halvings_kept": ("PAIRWISE_BY_HALVINGS", "RELOAD_FROM_KEPT")}
 
 
 @pytest.mark.parametrize("steep", list(STEEP_COMPILES))
@@ -405,7 +419,8 @@ def test_chunk_intra_steep_chunk_variants(dtype, kind, delta, steep):
     blocks by running products of the token decays), ``"halvings"`` (``PAIRWISE_BY_HALVINGS``: by GEMMs through
     the upper half's last row of blocks of 16, 8, 4 and 2 rows) or ``middles`` (``DIAGONAL_ABOUT_MIDDLES``, bf16:
     one GEMM about each sub-chunk's middle row where its halves allow; alone and with halvings; ``middles_by_rows``,
-    ``MIDDLES_BY_ROWS``: that GEMM as two of C rows, with halvings) on steep gates,
+    ``MIDDLES_BY_ROWS``: that GEMM as two of C rows, with halvings; ``_kept``, ``RELOAD_FROM_KEPT``: the steep reload
+    taking the gate back from where the scores parked it) on steep gates,
     every output against its float64 stage (``kda.reference.level5.intra``) with the bound of the default compile,
     and against the default compile's outputs (the same sums in another order: to 1e-3 for the products, to the
     bound for the GEMMs of rounded operands); outputs poisoned with NaN, a tail chunk. The safe_gate gates put
@@ -435,11 +450,15 @@ def test_chunk_intra_steep_chunk_variants(dtype, kind, delta, steep):
                 nan(B, T, H, DK), nan(B, T, H, DV)]
         flags = torch.zeros(2, dtype=torch.int32, device="cuda")
         no_chunks = torch.empty(1, 1, dtype=torch.int32, device="cuda")
+        # the parked gates (keep_loaded, bf16: poisoned too, where a steep chunk reads back what it did not write)
+        kept = nan(B, H, NC * C, DK, dt=torch.float32) if variant.get("keep_loaded") and name == "bfloat16" else \
+            torch.empty(1, 1, 1, 1, device="cuda")
         if delta:
-            kernel(q, k, v, g, beta, scale, *outs, flags, no_chunks)
+            kernel(q, k, v, g, beta, scale, *outs, flags, no_chunks, kept)
         else:                                             # without the delta rule: V, beta, W, U stand-ins
             rows, beta_rows = torch.empty(1, 1, 1, 1, dtype=dtype, device="cuda"), torch.empty(1, 1, 1, device="cuda")
-            kernel(q, k, rows, g, beta_rows, scale, outs[0], outs[1], outs[2], outs[3], rows, rows, flags, no_chunks)
+            kernel(q, k, rows, g, beta_rows, scale, outs[0], outs[1], outs[2], outs[3], rows, rows, flags, no_chunks,
+                   kept)
         assert flags.tolist() == [0, 0]
         runs.append(outs if delta else outs[:4])
     r_Qw, r_Kw, r_decay, r_A, r_W, r_U = ref5.intra(q, k, v, g, beta, scale, C)
@@ -462,13 +481,15 @@ def test_chunk_intra_steep_chunk_variants(dtype, kind, delta, steep):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_chunk_kda_steep_chunk_variants(dtype, kind, op, steep, compiled_kernels, poisoned, monkeypatch):
     """``chunk_kda`` and level 3's ``gated_attention`` with a gate per channel (GLA's form), with
-    ``PAIRWISE_BY_PRODUCTS``, ``PAIRWISE_BY_HALVINGS`` or ``DIAGONAL_ABOUT_MIDDLES`` on steep gates (runs of -20, a
-    layer's initial gates, the same with ``safe_gate``), against the float64 recurrence, initial and final states, a
-    tail chunk; the kernel seen compiled so."""
+    ``PAIRWISE_BY_PRODUCTS``, ``PAIRWISE_BY_HALVINGS`` (alone and with ``RELOAD_FROM_KEPT``, bf16's reload from the
+    parked gate) or ``DIAGONAL_ABOUT_MIDDLES`` on steep gates (runs of -20, a layer's initial gates, the same with
+    ``safe_gate``), against the float64 recurrence, initial and final states, a tail chunk; the kernel seen compiled
+    so."""
     from kda.kernels import chunk_intra
     from kda.reference import level3 as ref3
 
-    monkeypatch.setattr(chunk_intra, STEEP_SWITCHES[steep], True)
+    for switch in STEEP_SWITCHES[steep]:
+        monkeypatch.setattr(chunk_intra, switch, True)
     shape = (2, 200, 3, 128, 128)
     q, k, v, g, beta, h0 = inputs(shape, dtype, "runs_of_-20", True, zlib.crc32(f"ppop{dtype}{kind}".encode()))
     if kind != "runs_of_-20":
@@ -479,8 +500,10 @@ def test_chunk_kda_steep_chunk_variants(dtype, kind, op, steep, compiled_kernels
     else:
         o, ht = kda.gated_attention(q, k, v, g, initial_state=h0, output_final_state=True)
         ref_o, ref_ht = ref3.recurrent(q.double() * 128 ** -0.5, k, v, g, h0, True)
-    expected = STEEP_COMPILES[steep]
-    if steep == "halvings" and dtype == torch.float16 and op == "chunk_kda":     # bf16 only at level 5
+    expected = dict(STEEP_COMPILES[steep])
+    if dtype == torch.float16:                                    # the parked gate: bf16's (fp16 keeps its gate)
+        expected.pop("keep_loaded", None)
+    if steep.startswith("halvings") and dtype == torch.float16 and op == "chunk_kda":     # bf16 only at level 5
         expected = {"pairwise": None}
     assert all(compiled_kernels["chunk_intra"].get(flag) == value for flag, value in expected.items())
     assert torch.isfinite(o).all() and torch.isfinite(ht).all()

@@ -84,6 +84,16 @@ CASES = [
                                         merge="halves", spill_budget=400)),
     ("chunk_intra", "chunk_intra", dict(DK=128, dtype="bfloat16", gate_dtype="bfloat16", delta=False, middles=True,
                                         middles_by_rows=True)),
+    # the steep reload from the parked gate and the kept inverse norms (RELOAD_FROM_KEPT), with the activations by
+    # ex2 and lg2 (FAST_ACTIVATIONS): 44 bytes spilled with a layer's whole call (184 without the two)
+    ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", gate_act="softplus", beta_act="sigmoid",
+                                        gate_dtype="bfloat16", pairwise="halvings", qk_l2norm=True, merge="halves",
+                                        keep_loaded=True, fast_activations=True, spill_budget=120)),
+    ("chunk_intra", "chunk_intra", dict(DK=128, DV=64, dtype="bfloat16", varlen=True, middles=True, middles_by_rows=True,
+                                        pairwise="halvings", keep_loaded=True, spill_budget=400)),
+    ("chunk_intra", "chunk_intra", dict(DK=128, dtype="bfloat16", delta=False, pairwise="halvings", keep_loaded=True)),
+    ("chunk_intra", "chunk_intra", dict(DK=64, DV=128, dtype="float16", gate_act="sigmoid", beta_act="sigmoid",
+                                        keep_loaded=True, fast_activations=True)),
     # the keys against the delta rule's bound as they are loaded (KEY_CHECK_IN_KERNEL): 204 bytes spilled
     ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", check_keys=True, spill_budget=400)),
     ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", scalar_gate=True, check_keys=True)),
@@ -342,6 +352,9 @@ TWO_BLOCKS_PER_SM = {
     "layer's softplus form": dict(pairwise="halvings", merge="halves", gate_act="softplus", beta_act="sigmoid",
                                   qk_l2norm=True),
     "middles by rows": dict(middles=True, middles_by_rows=True, merge="halves", check_keys=True),
+    "a layer's call, bf16 gate, kept": dict(pairwise="halvings", merge="halves", gate_act="softplus",
+                                            beta_act="sigmoid", gate_dtype="bfloat16", qk_l2norm=True,
+                                            keep_loaded=True, fast_activations=True),
     "safe_gate's form by rows": dict(middles=True, middles_by_rows=True, pairwise="halvings", merge="halves",
                                      gate_act="sigmoid", beta_act="sigmoid", qk_l2norm=True),
 }

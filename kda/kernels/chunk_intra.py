@@ -23,6 +23,7 @@ Mirrors ``kda.reference.level5``.
 """
 
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
+import math
 from typing import NamedTuple
 
 import tilelang.language as T
@@ -32,8 +33,8 @@ from kda import launch
 from kda.chunking import CHUNK_SIZE, ceildiv
 from kda.kernels.halvings import halvings, upper_half_end
 from kda.kernels.merge_by_halves import merge_by_halves
-from kda.kernels.norms import NORM_SLICE, normalize_rows, row_square_sums
-from kda.kernels.stages import (ACCUM, DIAGONAL_SPAN_MAX, decay_factor, invert_diagonal_blocks_by_columns,
+from kda.kernels.norms import NORM_SLICE, normalize_rows, row_square_sums, scale_rows
+from kda.kernels.stages import (ACCUM, DIAGONAL_SPAN_MAX, LOG2_E, decay_factor, invert_diagonal_blocks_by_columns,
                                 load_beta_checked, log2_cumsum_by_columns, merge_by_substitution, real, tf32_nearest,
                                 wy_tail)
 from kda.validate import KEY_NORM_SLACK
@@ -48,6 +49,7 @@ SUBCHUNK = 16
 WIDE_SUBCHUNK = 32      # half the chunk; None: SUBCHUNK in every chunk
 # The delta rule's bound on b ||k||^2, with the host check's slack for rounding (check_keys)
 KEY_BOUND = 2.0 * KEY_NORM_SLACK
+LN_2 = math.log(2.0)
 
 
 # --8<-- [start:intra_helpers]
@@ -161,7 +163,8 @@ def pairwise_diagonal_by_products(Left_s, K_s, A_s, Out_s, factor, beta_s, part_
 def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WIDE_SUBCHUNK, dtype="bfloat16",
                 gate_dtype="float32", threads=256, min_blocks=None, delta=True, varlen=False, value_groups=1,
                 scalar_gate=False, backward_outputs=False, qk_l2norm=False, pairwise="exp", gate_act=None,
-                beta_act=None, check_keys=False, middles=False, middles_by_rows=False, merge="substitution"):
+                beta_act=None, check_keys=False, middles=False, middles_by_rows=False, merge="substitution",
+                keep_loaded=False, fast_activations=False):
     """Everything a chunk needs before the sequential pass, from one load of ``q, k, g`` (and
     ``v, beta``), every chunk at once. Arguments at run time: ``Q, K [B, T, H, DK]``, ``V [B, T,
     H, DV]``, ``g [B, T, H, DK]``, ``beta [B, T, H]`` (float32), ``scale``, then the outputs
@@ -235,7 +238,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     ``use_beta_sigmoid_in_kernel``): ``g`` and ``beta`` come raw and are activated as they are loaded, the gate
     to ``-exp(A_log) softplus(g + dt_bias)`` (``"softplus"``) or ``lower_bound sigmoid(exp(A_log) (g + dt_bias))``
     (``"sigmoid"``) in float32 before its cumsum, ``beta`` to ``sigmoid(beta)`` (``"sigmoid"``); three more
-    arguments after ``chunks``: ``A_log [H]``, ``dt_bias [H, GD]`` (float32) and ``lower_bound``. The value
+    arguments after ``G_kept``: ``A_log [H]``, ``dt_bias [H, GD]`` (float32) and ``lower_bound``. The value
     checks then see the activated gate (``flags[0]``: not finite) and a raw ``beta`` that is not finite
     (``flags[1]``).
 
@@ -243,6 +246,18 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     ``flags[2] = 1`` where a row's ``b ||k||^2`` exceeds the delta rule's bound 2 by more than rounding
     (``KEY_BOUND``): the sums of squares of the key tile as it is loaded (``row_square_sums``, in registers),
     compared once ``b`` is loaded. No pass over the inputs of its own.
+
+    ``keep_loaded`` (bf16, a gate per channel, not with ``backward_outputs``; ``RELOAD_FROM_KEPT``): a steep chunk,
+    whose diagonal needs the cumulative gate and the raw ``q``, ``k`` again after the scores wrote over them, takes
+    the gate back from where it parked it (``G_kept [B, H, NC C, GD]``, float32, the argument after ``chunks``, a
+    ``[1, 1, 1, 1]`` stand-in without the flag; written for steep chunks only) and, with ``qk_l2norm``, the rows'
+    inverse norms from shared memory, instead of loading, activating and summing the gate and summing the squares
+    again.
+
+    ``fast_activations`` (with ``gate_act`` or ``beta_act``; ``FAST_ACTIVATIONS``): softplus as ``ln 2 log2(1 +
+    2^(x log2 e))`` and the sigmoids as ``1 / (1 + 2^(-x log2 e))``, two and one approximate exponentials and
+    logarithms (``ex2``/``lg2``), where ``log1pf(expf(x))`` and ``expf`` are library routines of tens of
+    instructions; a softplus below ``2^-24`` becomes 0 (its share of a cumulative gate is under float32's rounding).
 
     ``merge`` (with the delta rule): how the solve completes the inverse below its diagonal blocks,
     ``"substitution"`` (``kda.kernels.stages.merge_by_substitution``, float32 on the CUDA cores) or ``"halves"``
@@ -282,6 +297,13 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     # memory, more than an SM grants a block (232448): run 108 could not launch it
     assert not (pairwise == "halvings" and delta and not same_layout and DK > 64), \
         "pairwise='halvings' with the delta rule and DK > 64 needs bf16 (fp16's needs more shared memory than an SM has)"
+    # bf16 writes Ke over the gate (the steep reload needs it back); GDN's scalar gate does not reload; the backward's
+    # call reloads as before
+    keep = keep_loaded and same_layout and not scalar_gate and not backward_outputs
+    assert not fast_activations or activations, "fast_activations: with gate_act or beta_act"
+    softplus = (lambda x: LN_2 * T.log2(1.0 + T.exp2(x * LOG2_E))) if fast_activations else \
+        (lambda x: T.log1p(T.exp(x)))
+    sigmoid = (lambda x: 1.0 / (1.0 + T.exp2(-x * LOG2_E))) if fast_activations else T.sigmoid
     # too_steep[0]: a sub-chunk falls too far for the diagonal about G_ref; with middles, too_steep[1]: a half of
     # one falls too far for the diagonal about its middle (the pairwise sums then)
     PAIRWISE = 1 if middles else 0
@@ -298,9 +320,9 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             for i, d in T.Parallel(C, GD):
                 x = T.Cast(ACCUM, g_s[i, d]) + dt_bias[bh, d]
                 if gate_act == "softplus":
-                    G_s[i, d] = -A * T.if_then_else(x > 20.0, x, T.log1p(T.exp(x)))
+                    G_s[i, d] = -A * T.if_then_else(x > 20.0, x, softplus(x))
                 else:
-                    G_s[i, d] = lower_bound * T.sigmoid(A * x)
+                    G_s[i, d] = lower_bound * sigmoid(A * x)
             log2_cumsum_by_columns(G_s, G_s, L, C, GD, flags)
 
     @T.macro
@@ -313,7 +335,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
         else:
             for i in T.Parallel(C):
                 x = beta[bb, t0 + T.min(i, L - 1), bh]
-                beta_s[i] = T.if_then_else(i < L, T.sigmoid(x), 0.0)
+                beta_s[i] = T.if_then_else(i < L, sigmoid(x), 0.0)
                 if i < L:
                     if real(x >= -3.0e38) * real(x <= 3.0e38) == 0.0:       # NaN fails both
                         flags[1] = 1
@@ -366,9 +388,10 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
         store_rows(Rgt_s, Kw, bb, t0, L, bh)
 
     @T.macro
-    def scores(Qw, Kw, scale, buffers, t0, L, bb, bh, BX):
+    def scores(Qw, Kw, scale, buffers, t0, L, bb, bh, BX, kept=None, c=None):
         """Factor tables, Qw and Kw, and both score matrices into ``A`` by sub-chunks of ``BX`` rows
-        (``buffers``: the shared and fragment buffers of ``body``, named as there)."""
+        (``buffers``: the shared and fragment buffers of ``body``, named as there). ``kept`` (``keep_loaded``):
+        where a steep chunk ``c`` parks its cumulative gate before ``Ke`` is written over it."""
         Lft_s, K_s, G_s, Ke_s, Rgt_s, Gend_s, Pref_s, Pend_s, Cross_s, A, A_part, too_steep, G_f, q_f, k_f = buffers
         NX = C // BX
         for s, d in T.Parallel(NX, DK):
@@ -384,6 +407,10 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                 if middles:
                     if halves_fall_too_far(G_s, s, d, BX):
                         too_steep[1] = 1
+        if kept is not None:
+            if too_steep[0] == 1:                        # plain stores and loads: the same proxy as the reload's
+                for i, d in T.Parallel(C, DK):
+                    kept[bb, bh, c * C + i, d] = G_s[i, d]
 
         scaled_rows(Qw, Kw, scale, buffers, t0, L, bb, bh, BX)
 
@@ -547,11 +574,12 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
 
     @T.macro
     def body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, c, t0, L, bb, bh, G_out, Tinv_out, KKE_out,
-             A_log=None, dt_bias=None, lower_bound=None):
+             A_log=None, dt_bias=None, lower_bound=None, G_kept=None):
         """Chunk ``c`` (its index in ``decay``): ``L`` rows from token ``t0`` of sequence ``bb``, value
         head ``bh``, which reads query and key head ``bh // value_groups`` (grouped value heads).
         ``G_out, Tinv_out, KKE_out``: the backward's outputs, ``None`` without ``backward_outputs``; ``A_log,
-        dt_bias, lower_bound``: the activations' arguments, ``None`` without them."""
+        dt_bias, lower_bound``: the activations' arguments, ``None`` without them; ``G_kept``: where ``keep_loaded``
+        parks a steep chunk's gate."""
         hq = bh // value_groups if value_groups > 1 else bh
         if min_blocks > 1:
             T.annotate_min_blocks_per_sm(min_blocks)
@@ -577,8 +605,10 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             norm_f = T.alloc_fragment([C, NORM_SLICE], ACCUM)          # kda.kernels.norms' scratch
             sum_f = T.alloc_fragment([C], ACCUM)
             inv_s = T.alloc_shared([C], ACCUM)
+            # keep: each tile's inverse norms of its own, for the steep reload
+            inv_k_s = T.alloc_shared([C], ACCUM) if keep else inv_s
             normalize_rows(Lft_s if scalar_gate else Rgt_s, norm_f, sum_f, inv_s, C, DK)   # q: Lft_s's first C rows
-            normalize_rows(K_s, norm_f, sum_f, inv_s, C, DK)
+            normalize_rows(K_s, norm_f, sum_f, inv_k_s, C, DK)
         load_gate(g, g_s, G_s, flags, A_log, dt_bias, lower_bound, L, t0, bb, bh)
         if backward_outputs:                            # before bf16's scores write Ke over G_s
             T.copy(G_s, G_out[bb, bh, t0:t0 + C, :])
@@ -613,8 +643,9 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             q_f = T.alloc_fragment([C, DK], dtype)
             k_f = T.alloc_fragment([C, DK], dtype)
             buffers = (Lft_s, K_s, G_s, Ke_s, Rgt_s, Gend_s, Pref_s, Pend_s, Cross_s, A, A_part, too_steep, G_f, q_f, k_f)
+            kept = G_kept if keep else None
             if wide is None:
-                scores(Qw, Kw, scale, buffers, t0, L, bb, bh, BC)
+                scores(Qw, Kw, scale, buffers, t0, L, bb, bh, BC, kept, c)
             else:
                 # one GEMM about the middle while each half falls by at most DIAGONAL_SPAN_MAX, else BC
                 wide_ok = T.alloc_shared([1], "int32")
@@ -625,7 +656,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                 if wide_ok[0] == 1:
                     scores_about_middle(Qw, Kw, scale, buffers, t0, L, bb, bh)
                 else:
-                    scores(Qw, Kw, scale, buffers, t0, L, bb, bh, BC)
+                    scores(Qw, Kw, scale, buffers, t0, L, bb, bh, BC, kept, c)
 
             # A_qk scaled and causal, A_kk strictly lower and times b (float32, shared)
             for i, j in T.Parallel(C, C):
@@ -639,10 +670,16 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             if too_steep[0] == 1 or not same_layout:
                 T.copy(Q[bb, t0:t0 + C, hq, :], Rgt_s)
                 T.copy(K[bb, t0:t0 + C, hq, :], K_s)
-                if qk_l2norm:
+                if qk_l2norm and keep:                       # the factors of the first load
+                    scale_rows(Rgt_s, inv_s, C, DK)
+                    scale_rows(K_s, inv_k_s, C, DK)
+                elif qk_l2norm:
                     normalize_rows(Rgt_s, norm_f, sum_f, inv_s, C, DK)
                     normalize_rows(K_s, norm_f, sum_f, inv_s, C, DK)
-                if same_layout:                              # G_s holds Ke: the cumsum again
+                if keep:                                     # G_s holds Ke: the gate where scores parked it
+                    for i, d in T.Parallel(C, DK):
+                        G_s[i, d] = kept[bb, bh, c * C + i, d]
+                elif same_layout:                            # G_s holds Ke: the cumsum again
                     load_gate(g, g_s, G_s, flags, A_log, dt_bias, lower_bound, L, t0, bb, bh)
             if not same_layout:
                 if too_steep[0] == 0:                        # fp16: tf32 operands, merged in shared
@@ -704,6 +741,8 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             store_rows(K_s, W, bb, t0, L, bh)
             store_rows(V_s, U, bb, t0, L, bh)
 
+    used = lambda shape, flag: shape if flag else [1] * len(shape)     # a [1, ...] stand-in where a flag is off
+
     if backward_outputs:
         @T.prim_func
         def with_backward_outputs(
@@ -750,6 +789,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             U: T.Tensor([BA, S, H, DV], dtype),
             flags: T.Tensor([NF], "int32"),
             chunks: T.Tensor([NC, 2] if varlen else [1, 1], "int32"),
+            G_kept: T.Tensor(used([BA, H, NC * C, GD], keep), ACCUM),
             A_log: T.Tensor([H], ACCUM),
             dt_bias: T.Tensor([H, GD], ACCUM),
             lower_bound: T.float32,
@@ -757,10 +797,10 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             with T.Kernel(NC, H, BA, threads=threads) as (c, bh, bb):
                 if varlen:
                     body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, c, chunks[c, 0], chunks[c, 1], bb,
-                         bh, None, None, None, A_log, dt_bias, lower_bound)
+                         bh, None, None, None, A_log, dt_bias, lower_bound, G_kept)
                 else:
                     body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, c, c * C, T.min(C, S - c * C), bb,
-                         bh, None, None, None, A_log, dt_bias, lower_bound)
+                         bh, None, None, None, A_log, dt_bias, lower_bound, G_kept)
 
         return with_activations
 
@@ -769,7 +809,6 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     # variant does not use is a [1, ...] stand-in, never read or written (the delta rule's V, beta, W, U;
     # the chunk table of varlen).
     BB = 1 if varlen else B
-    used = lambda shape, flag: shape if flag else [1] * len(shape)
 
     @T.prim_func
     def main(
@@ -787,14 +826,15 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
         U: T.Tensor(used([BB, S, H, DV], delta), dtype),
         flags: T.Tensor([NF], "int32"),
         chunks: T.Tensor(used([NC, 2], varlen), "int32"),
+        G_kept: T.Tensor(used([BB, H, NC * C, GD], keep), ACCUM),
     ):
         with T.Kernel(NC, H, BB, threads=threads) as (c, bh, bb):
             if varlen:
                 body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, c, chunks[c, 0], chunks[c, 1], bb, bh,
-                     None, None, None)
+                     None, None, None, G_kept=G_kept)
             else:
                 body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, c, c * C, T.min(C, S - c * C), bb, bh,
-                     None, None, None)
+                     None, None, None, G_kept=G_kept)
 
     return main
 
@@ -860,9 +900,21 @@ SOLVE_BY_HALVES = True
 # CUDA (bf16): the middles' diagonal (DIAGONAL_ABOUT_MIDDLES, and safe_gate's form under STEEP_FOR_ACTIVATED_GATES) as
 # two GEMMs of C rows through the halvings' operand (middles_by_rows): the stacked operand held 121 KB of shared memory,
 # one block per SM, where the rest take 108 KB and two (run 123's reading). Compiles here; its GPU tests (the middles
-# cases of test_chunk_intra_steep_chunk_variants and the sigmoid form's of test_activations_in_chunk_intra) have not
-# run: off.
+# cases of test_chunk_intra_steep_chunk_variants and the sigmoid form's of test_activations_in_chunk_intra) passed in
+# run 125 (H100); not yet timed: off.
 MIDDLES_BY_ROWS = False
+
+# CUDA (bf16, a gate per channel): a steep chunk's diagonal takes the cumulative gate back from where its scores parked
+# it (keep_loaded: G_kept, float32 [B, H, NC C, DK], written for steep chunks only) and, with the keys' norm in the
+# kernel, each row's inverse norm from shared memory, instead of loading, activating and summing the gate and
+# normalizing q and k a second time. Run 125 (H100, (1, 8192, 96, 128), a layer's gates): chunk_intra 4.32 ms for the
+# layer's call against 2.27 with the same gates activated and the keys normalized beforehand, where both reload. The
+# cost: G_kept's memory, as a float32 copy of g. Compiles here; its GPU tests have not run: off.
+RELOAD_FROM_KEPT = False
+
+# CUDA: chunk_intra's activations (ACTIVATIONS_IN_KERNEL) by ex2 and lg2 (fast_activations) instead of the library's
+# log1pf and expf. Compiles here; its GPU tests have not run: off.
+FAST_ACTIVATIONS = False
 
 
 def steep_chunks(dtype: str = "bfloat16", delta: bool = True, gate_act: str | None = None) -> dict:
@@ -923,9 +975,14 @@ def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None, backward_out
         extra.update(launch.keys_checked(flags))
         if delta and SOLVE_BY_HALVES:
             extra["merge"] = "halves"
+        keep = RELOAD_FROM_KEPT and dtype == "bfloat16" and g.shape[-1] > 1
+        if keep:
+            extra["keep_loaded"] = True
         acts = []                                        # A_log, dt_bias, lower_bound after the chunk table
         if activation is not None:
             extra.update(gate_act=activation.gate, beta_act=activation.beta)
+            if FAST_ACTIVATIONS:
+                extra["fast_activations"] = True
             GD = g.shape[-1]
             A_log = activation.A_log if activation.A_log is not None else torch.zeros(H, device=q.device)
             dt_bias = activation.dt_bias if activation.dt_bias is not None else torch.zeros(H, GD, device=q.device)
@@ -945,6 +1002,9 @@ def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None, backward_out
             Tinv = new((B, T, H, C))
             intra(q, k, v, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, chunks, G, Tinv, KKE)
             return ChunkForm(Qw, Kw, W, U, A_qk, decay), G, Tinv, KKE
-        intra(q, k, v, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, chunks, *acts)
+        # where steep chunks park their cumulative gate (keep_loaded), else a stand-in
+        kept = new((1 if table is not None else B, H, NC * C, g.shape[-1]), torch.float32) if keep else \
+            launch.stand_in(4, torch.float32, q.device)
+        intra(q, k, v, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, chunks, kept, *acts)
     return ChunkForm(Qw, Kw, W, U, A_qk, decay)
 # --8<-- [end:prepare_chunks]

@@ -40,6 +40,13 @@ def normalize_rows(X_s, norm_f, sum_f, inv_s, C, D):
     row_square_sums(X_s, norm_f, sum_f, C, D)
     for i in T.Parallel(C):
         inv_s[i] = T.rsqrt(sum_f[i] + EPS)
+    scale_rows(X_s, inv_s, C, D)
+
+
+@T.macro
+def scale_rows(X_s, inv_s, C, D):
+    """Each of the first ``C`` rows of ``X_s [*, D]`` times its factor ``inv_s[i]``, in place: ``normalize_rows``'
+    last pass, and alone for a tile loaded again whose factors were kept (the same rounding, the same values)."""
     for i, d in T.Parallel(C, D):
         X_s[i, d] = T.Cast(ACCUM, X_s[i, d]) * inv_s[i]
 

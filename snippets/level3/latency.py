@@ -77,6 +77,7 @@ A = torch.empty(B, T, H, C, dtype=q.dtype, device="cuda")
 flags = torch.zeros(2, dtype=torch.int32, device="cuda")
 v_rows, beta_rows = torch.empty(1, 1, 1, 1, dtype=q.dtype, device="cuda"), torch.empty(1, 1, 1, device="cuda")
 no_chunks = torch.empty(1, 1, dtype=torch.int32, device="cuda")   # chunk_intra's stand-ins without the delta rule
+no_kept = torch.empty(1, 1, 1, 1, device="cuda")   # and for its parked gates (keep_loaded off)
 no_state = torch.empty(1, 1, 1, 1, device="cuda")   # the passes' h0 and ht, compiled without states
 no_w = torch.empty(1, 1, 1, 1, device="cuda", dtype=torch.bfloat16)   # the scalar pass's W: no delta rule
 g_steep = g_channel * 30          # logsigmoid * 30: some sub-chunk of most chunks falls by > 96 (log2)
@@ -91,11 +92,13 @@ for form, name, what, fn in [
     ("per channel", "chunk_intra(delta=False)",
      text(zh="前缀和与取值范围检查，Qw、Kw、decay、A（bf16 对角块）",
           en="cumsum and range check, Qw, Kw, decay, A (bf16 diagonal blocks)"),
-     lambda: intra(q, k, v_rows, g_channel, beta_rows, SCALE, Qw, Kw, decay, A, v_rows, v_rows, flags, no_chunks)),
+     lambda: intra(q, k, v_rows, g_channel, beta_rows, SCALE, Qw, Kw, decay, A, v_rows, v_rows, flags, no_chunks,
+                   no_kept)),
     ("per channel", "chunk_intra(delta=False), steep gates",
      text(zh="同上，门控为 logsigmoid * 30（对角块走逐对路径）",
           en="the same with logsigmoid * 30 (pairwise diagonal)"),
-     lambda: intra(q, k, v_rows, g_steep, beta_rows, SCALE, Qw, Kw, decay, A, v_rows, v_rows, flags, no_chunks)),
+     lambda: intra(q, k, v_rows, g_steep, beta_rows, SCALE, Qw, Kw, decay, A, v_rows, v_rows, flags, no_chunks,
+                   no_kept)),
     ("per channel", "seq_in_loop_per_channel",
      text(zh="对各块的遍历：Qw S + A V，状态更新", en="the pass over the chunks: Qw S + A V, state update"),
      lambda: channel_pass(Qw, Kw, A, decay, v, no_state, o, no_state)),

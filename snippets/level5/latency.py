@@ -70,6 +70,7 @@ h0, ht = torch.zeros(B, H, D, D, device="cuda"), torch.empty(B, H, D, D, device=
 beta32 = beta.float()
 flags = torch.zeros(2, dtype=torch.int32, device="cuda")
 no_chunks = torch.empty(1, 1, dtype=torch.int32, device="cuda")   # dense: the chunk tables are stand-ins
+no_kept = torch.empty(1, 1, 1, 1, device="cuda")   # chunk_intra's parked gates: a stand-in (keep_loaded off)
 no_table = torch.empty(1, dtype=torch.int32, device="cuda")
 total = rows[0]["ms"]["kda"]                        # chunk_kda at the headline shape, timed above
 stages = Table([text(zh="阶段", en="stage"), text(zh="做什么", en="what it does"), "ms",
@@ -79,7 +80,7 @@ for name, what, fn in [
                          "g 与 beta 的检查",
                          en="cumsum, factor tables, Qw, Kw, decay, A_qk and A_kk from one set of GEMMs, the solve, "
                          "W and U, checks of g and beta"),
-     lambda: intra(q, k, v, g, beta32, D ** -0.5, Qw, Kw, decay, A_qk, W, U, flags, no_chunks)),
+     lambda: intra(q, k, v, g, beta32, D ** -0.5, Qw, Kw, decay, A_qk, W, U, flags, no_chunks, no_kept)),
     ("gated_state_output_pass", text(zh="顺序：U - W S、输出、带门控的状态更新",
                                      en="sequential: U - W S, the output, the gated state update"),
      lambda: state_pass(Qw, Kw, W, U, A_qk, decay, h0, o, ht, no_table, no_table, no_table)),
