@@ -357,6 +357,7 @@ PATHS: tuple[CudaPath, ...] = (
         name="reload_from_kept",
         module="kda.kernels.chunk_intra",
         switch="RELOAD_FROM_KEPT",
+        gpu_log="results/tuning/run126/gpu-tests.txt",
         what={"en": "chunk_intra's steep chunks, bf16: the cumulative gate parked in a float32 buffer and the rows' "
                     "inverse norms kept in shared memory for the diagonal's second load, instead of loading, "
                     "activating and summing the gate and normalizing q and k again",
@@ -367,10 +368,11 @@ PATHS: tuple[CudaPath, ...] = (
         name="fast_activations",
         module="kda.kernels.chunk_intra",
         switch="FAST_ACTIVATIONS",
+        gpu_log="results/tuning/run126/gpu-tests.txt",
         what={"en": "chunk_intra's activations in the kernel (softplus, the sigmoids) by the ex2 and lg2 instructions "
-                    "instead of the library's log1pf and expf",
+                    "instead of the library's log1pf and expf, bf16",
               "zh": "chunk_intra 在 kernel 内的激活（softplus 与 sigmoid）改用 ex2 与 lg2 指令，"
-                    "而不是库函数 log1pf 与 expf"},
+                    "而不是库函数 log1pf 与 expf，bf16"},
     ),
     CudaPath(
         name="pair_sums_by_products",

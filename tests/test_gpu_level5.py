@@ -280,6 +280,7 @@ def test_activations_in_chunk_intra(dtype, form, packed, steep, compiled_kernels
     monkeypatch.setattr(gated_delta, "ACTIVATIONS_IN_KERNEL", True)
     monkeypatch.setattr(chunk_intra, "PAIRWISE_BY_PRODUCTS", True)          # a layer's gates: most chunks steep
     monkeypatch.setattr(chunk_intra, "STEEP_FOR_ACTIVATED_GATES", steep != "products")
+    monkeypatch.setattr(chunk_intra, "FAST_ACTIVATIONS_DTYPES", ("bfloat16",))
     monkeypatch.setattr(chunk_intra, "MIDDLES_BY_ROWS", steep in ("middles by rows", "kept", "kept, fast"))
     monkeypatch.setattr(chunk_intra, "RELOAD_FROM_KEPT", steep.startswith("kept"))
     monkeypatch.setattr(chunk_intra, "FAST_ACTIVATIONS", steep == "kept, fast")
@@ -309,7 +310,7 @@ def test_activations_in_chunk_intra(dtype, form, packed, steep, compiled_kernels
     assert bool(intra.get("middles")) == (activated and form == "sigmoid")
     assert bool(intra.get("middles_by_rows")) == (activated and form == "sigmoid" and steep != "steep for activated")
     assert bool(intra.get("keep_loaded")) == (activated and steep.startswith("kept"))
-    assert bool(intra.get("fast_activations")) == (steep == "kept, fast")
+    assert bool(intra.get("fast_activations")) == (steep == "kept, fast" and dtype == torch.bfloat16)
     qn, kn = ref4.l2_normalize(q.double()), ref4.l2_normalize(k.double())
     x, A = raw.double() + dt_bias.double().view(H, D), A_log.double().exp()[:, None]
     g = -A * torch.nn.functional.softplus(x) if form == "softplus" else -5.0 * torch.sigmoid(A * x)

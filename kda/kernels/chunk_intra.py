@@ -901,20 +901,29 @@ SOLVE_BY_HALVES = True
 # two GEMMs of C rows through the halvings' operand (middles_by_rows): the stacked operand held 121 KB of shared memory,
 # one block per SM, where the rest take 108 KB and two (run 123's reading). Compiles here; its GPU tests (the middles
 # cases of test_chunk_intra_steep_chunk_variants and the sigmoid form's of test_activations_in_chunk_intra) passed in
-# run 125 (H100); not yet timed: off.
-MIDDLES_BY_ROWS = False
+# run 125 (H100). Run 126 (H100, (1, 8192, 96, 128), safe_gate's layer call with a bf16 raw gate): 3.148 ms against
+# 3.126 alone (the bf16 gate's own buffer still held a block per SM), 2.033 with RELOAD_FROM_KEPT and FAST_ACTIVATIONS
+# (110592 bytes, two blocks per SM; the stacked operand with them takes 121 KB): on.
+MIDDLES_BY_ROWS = True
 
 # CUDA (bf16, a gate per channel): a steep chunk's diagonal takes the cumulative gate back from where its scores parked
 # it (keep_loaded: G_kept, float32 [B, H, NC C, DK], written for steep chunks only) and, with the keys' norm in the
 # kernel, each row's inverse norm from shared memory, instead of loading, activating and summing the gate and
 # normalizing q and k a second time. Run 125 (H100, (1, 8192, 96, 128), a layer's gates): chunk_intra 4.32 ms for the
 # layer's call against 2.27 with the same gates activated and the keys normalized beforehand, where both reload. The
-# cost: G_kept's memory, as a float32 copy of g. Compiles here; its GPU tests have not run: off.
-RELOAD_FROM_KEPT = False
+# cost: G_kept's memory, as a float32 copy of g. Run 126 (H100): its GPU tests passed (the steep variants at level 3 and
+# 5, the op's by halvings, the layer's activated call dense and packed, both forms); KDA at (1, 8192, 96, 128): the
+# layer's call (softplus, raw gate float32) 4.019 ms against 4.806, the plain call 1.542 against 1.673 (fewer
+# registers spilled: 64 bytes against 184), the same outputs bit for bit where no chunk is steep: on.
+RELOAD_FROM_KEPT = True
 
 # CUDA: chunk_intra's activations (ACTIVATIONS_IN_KERNEL) by ex2 and lg2 (fast_activations) instead of the library's
-# log1pf and expf. Compiles here; its GPU tests have not run: off.
-FAST_ACTIVATIONS = False
+# log1pf and expf, for the dtypes in FAST_ACTIVATIONS_DTYPES. Run 126 (H100): the layer's call with the raw gate in
+# bf16 passed its tests (both forms, dense and packed) and took 3.897 ms against 5.754 (with RELOAD_FROM_KEPT; 3.841
+# against 4.019 from the float32 raw gate): on for bf16. fp16 with the raw gate in fp16 failed the same tests (o off by
+# 4e-2 to 8e-2, one head not finite); run 127 tells the fast formulas from the fp16 gate: fp16 stays without them.
+FAST_ACTIVATIONS = True
+FAST_ACTIVATIONS_DTYPES = ("bfloat16",)
 
 
 def steep_chunks(dtype: str = "bfloat16", delta: bool = True, gate_act: str | None = None) -> dict:
@@ -981,7 +990,7 @@ def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None, backward_out
         acts = []                                        # A_log, dt_bias, lower_bound after the chunk table
         if activation is not None:
             extra.update(gate_act=activation.gate, beta_act=activation.beta)
-            if FAST_ACTIVATIONS:
+            if FAST_ACTIVATIONS and dtype in FAST_ACTIVATIONS_DTYPES:
                 extra["fast_activations"] = True
             GD = g.shape[-1]
             A_log = activation.A_log if activation.A_log is not None else torch.zeros(H, device=q.device)
