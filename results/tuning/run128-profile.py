@@ -1,0 +1,55 @@
+"""Run 128 (prepared 2026-12-06): one chunk_kda call for a profiler or a sanitizer to watch. ``--call`` picks the call
+(``plain``: mild gates, unit keys; ``layer``: a layer's softplus call, the raw gate in bf16; ``safe``: the same with
+safe_gate), ``--shape B,T,H,D`` its size, ``--dtype`` bf16 or fp16. The call runs once to compile (``--warm`` only
+that), then once more: chunk_intra is the first kernel of each call and the state pass the second (both named
+main_kernel, or with_activations_kernel for chunk_intra of an activated call), so ``ncu --launch-skip 2 --launch-count 1``
+picks the second call's chunk_intra.
+
+    python results/tuning/run128-profile.py --call layer --shape 1,8192,96,128
+    ncu --clock-control none -k "regex:main_kernel|with_activations_kernel" --launch-skip 2 --launch-count 1 --set full \
+        python results/tuning/run128-profile.py --call layer
+    compute-sanitizer --tool synccheck python results/tuning/run128-profile.py --call layer --shape 1,200,2,128
+"""
+import argparse
+import os
+import sys
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import harness  # noqa: E402
+
+
+def main():
+    import kda
+    from kda.reference import level4 as ref
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--call", choices=("plain", "layer", "safe"), default="layer")
+    parser.add_argument("--shape", default="1,8192,96,128")
+    parser.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    parser.add_argument("--warm", action="store_true")
+    args = parser.parse_args()
+    B, T, H, D = map(int, args.shape.split(","))
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
+    q, k, v, raw, logits, A_log, dt_bias = (x.to(dtype) if x.dtype == torch.bfloat16 else x
+                                            for x in harness.layer_inputs(B, T, H, D))
+    if args.call == "plain":
+        qn, kn = (ref.l2_normalize(x.float()).to(dtype) for x in (q, k))
+        call = lambda: kda.chunk_kda(qn, kn, v, torch.nn.functional.logsigmoid(raw), torch.sigmoid(logits))
+    else:
+        bound = dict(safe_gate=True, lower_bound=-5.0) if args.call == "safe" else {}
+        call = lambda: kda.chunk_kda(q * 3, k * 3, v, raw.to(dtype), logits, A_log=A_log, dt_bias=dt_bias,
+                                     use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+                                     use_qk_l2norm_in_kernel=True, **bound)
+    o = call()[0]
+    torch.cuda.synchronize()
+    if not args.warm:
+        o = call()[0]
+        torch.cuda.synchronize()
+    print(f"{args.call} {args.shape} {args.dtype}: o finite {bool(torch.isfinite(o).all())}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
