@@ -4,11 +4,14 @@
 # not reach, TEST_S seconds; compute-sanitizer's synccheck and racecheck on chunk_kda's default kernels at a small size
 # (bf16 and fp16: the plain call, the layer's, safe_gate's; run 127's divergent barrier is what synccheck reports),
 # SAN_S seconds; ncu on chunk_intra of the layer's softplus call and of the plain call at (1, 8192, 96, 128) (the
-# layer's chunk_intra takes 3.39 ms against 1.07: where its warps stall), NCU_S seconds; the caches packed.
+# layer's chunk_intra takes 3.39 ms against 1.07: where its warps stall), NCU_S seconds; the caches packed (120 s: runs
+# 126 and 127 returned none within 40).
 set -u
 source "$(dirname "$0")/device-env.sh"
 gpu_tests ${TEST_S:-150} tests/test_gpu_level5.py -k "(activations_in_chunk_intra and dtype0 and fast) or \
-(chunk_kda_steep_chunk_variants and dtype1 and chunk_kda and (halvings or middles))"
+(activations_in_chunk_intra and dtype1 and sigmoid and packed and activated) or \
+(chunk_kda_steep_chunk_variants and dtype1 and safe_layer and chunk_kda and middles) or \
+(l2norm_fused_in_chunk_intra and kda and dtype1 and packed) or (solve_by_halves and kda and dtype1 and logsigmoid and packed)"
 P=results/tuning/run128-profile.py
 for d in bf16 fp16; do for c in plain layer safe; do python $P --call $c --dtype $d --shape 1,200,2,128 --warm; done; done
 san_end=$(( $(date +%s) + ${SAN_S:-150} ))
@@ -25,5 +28,5 @@ for c in layer plain; do
   ncu --import "$OUT"/ncu-$c.ncu-rep --page details 2>/dev/null | grep -i "stall\|warp cycles\|occupancy\|duration\|registers\|shared memory\|issued\|eligible\|throughput" \
     | head -60 | tee -a "$OUT"/ncu-$c.txt
 done
-timeout 40 python -c "import os; from pathlib import Path; from kda.site.rerecord import pack_caches; pack_caches(Path(os.environ['OUT']))"
+timeout 120 python -c "import os; from pathlib import Path; from kda.site.rerecord import pack_caches; pack_caches(Path(os.environ['OUT']))"
 echo "done after $(( $(date +%s) - start )) s"
