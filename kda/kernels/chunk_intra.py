@@ -862,7 +862,9 @@ PAIRWISE_BY_PRODUCTS = False
 # factors <= 1, a GEMM for q and one for k per halving and one for A_qk's diagonal, one exponential per element and
 # halving. Exact for any gate, as the pairwise sums. The stacked [q; k] operand (2C rows) it took at first held
 # 121 KB of shared memory live with A_qk and A_kk, one block per SM (run 123 saw the layer's call pay for it); with a
-# C-row operand it takes 108 KB, as mild chunks, two blocks per SM (run 124: its GPU tests passed; not yet timed). Takes the place of PAIRWISE_BY_PRODUCTS where both are on.
+# C-row operand it takes 108 KB, as mild chunks, two blocks per SM (run 124: its GPU tests passed; run 125, H100, KDA
+# at (1, 8192, 96, 128) on a layer's gates activated beforehand: 2.715 ms against 3.444 with the stacked operand).
+# Takes the place of PAIRWISE_BY_PRODUCTS where both are on.
 # Run 107's GPU tests: level 3 (delta=False) passed, level 5 failed (fp16 every steep gate, bf16 uniform to -20):
 # the write of each halving's pairs, read in the generated CUDA, stored A_kk's rows from uninitialized registers
 # (see diagonal_by_halvings); rewritten after run 107. Run 108 (H100): every bf16 test passed; fp16 at level 5 with
@@ -929,14 +931,16 @@ FAST_ACTIVATIONS_DTYPES = ("bfloat16",)
 
 
 def steep_chunks(dtype: str = "bfloat16", delta: bool = True, gate_act: str | None = None) -> dict:
-    """``chunk_intra``'s compile flags for the diagonal blocks of steep chunks, by the switches above (``gate_act``:
-    the form of the gate the kernel activates itself, ``STEEP_FOR_ACTIVATED_GATES``); the halvings at level 5 in
-    bf16 only (fp16's do not fit an SM's shared memory: the pairwise sums or products there)."""
+    """``chunk_intra``'s compile flags for steep chunks (a gate per channel), by the switches above (``gate_act``:
+    the form of the gate the kernel activates itself, ``STEEP_FOR_ACTIVATED_GATES``): their diagonal blocks, the
+    halvings at level 5 in bf16 only (fp16's do not fit an SM's shared memory: the pairwise sums or products there),
+    and with ``RELOAD_FROM_KEPT`` (bf16) their second load from the parked gate."""
     halvings_fit = dtype == "bfloat16" or not delta
     middles = {"middles": True, **({"middles_by_rows": True} if MIDDLES_BY_ROWS and dtype == "bfloat16" else {})}
+    flags = {"keep_loaded": True} if RELOAD_FROM_KEPT and dtype == "bfloat16" else {}
     if gate_act is not None and STEEP_FOR_ACTIVATED_GATES and halvings_fit:
-        return {"pairwise": "halvings", **(middles if gate_act == "sigmoid" else {})}
-    flags = middles if DIAGONAL_ABOUT_MIDDLES else {}
+        return {**flags, "pairwise": "halvings", **(middles if gate_act == "sigmoid" else {})}
+    flags.update(middles if DIAGONAL_ABOUT_MIDDLES else {})
     if PAIRWISE_BY_HALVINGS and halvings_fit:
         return {**flags, "pairwise": "halvings"}
     return {**flags, "pairwise": "products"} if PAIRWISE_BY_PRODUCTS else flags
@@ -992,9 +996,6 @@ def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None, backward_out
         extra.update(launch.keys_checked(flags))
         if delta and SOLVE_BY_HALVES:
             extra["merge"] = "halves"
-        keep = RELOAD_FROM_KEPT and dtype == "bfloat16" and g.shape[-1] > 1
-        if keep:
-            extra["keep_loaded"] = True
         acts = []                                        # A_log, dt_bias, lower_bound after the chunk table
         if activation is not None:
             extra.update(gate_act=activation.gate, beta_act=activation.beta)
@@ -1020,7 +1021,8 @@ def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None, backward_out
             intra(q, k, v, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, chunks, G, Tinv, KKE)
             return ChunkForm(Qw, Kw, W, U, A_qk, decay), G, Tinv, KKE
         # where steep chunks park their cumulative gate (keep_loaded), else a stand-in
-        kept = new((1 if table is not None else B, H, NC * C, g.shape[-1]), torch.float32) if keep else \
+        kept_shape = (1 if table is not None else B, H, NC * C, g.shape[-1])
+        kept = new(kept_shape, torch.float32) if extra.get("keep_loaded") else \
             launch.stand_in(4, torch.float32, q.device)
         intra(q, k, v, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, chunks, kept, *acts)
     return ChunkForm(Qw, Kw, W, U, A_qk, decay)
