@@ -365,6 +365,15 @@ PATHS: tuple[CudaPath, ...] = (
                     "供对角块第二次载入时直接取用，不再重新载入、激活并累加门控，也不再重新归一化 q 与 k"},
     ),
     CudaPath(
+        name="capped_steps",
+        module="kda.kernels.chunk_intra",
+        switch="CAPPED_STEPS",
+        what={"en": "chunk_intra's steep chunks, bf16: the diagonal blocks by one GEMM per score matrix about each "
+                    "sub-chunk's middle row, every token's fall capped at 12 in log2, instead of the halvings",
+              "zh": "chunk_intra 的陡块（bf16）：对角块改为围绕每个子块中间行、每个得分矩阵一次 GEMM，"
+                    "每个 token 的下降在 log2 下截到 12，取代逐次减半"},
+    ),
+    CudaPath(
         name="fast_activations",
         module="kda.kernels.chunk_intra",
         switch="FAST_ACTIVATIONS",

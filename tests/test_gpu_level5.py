@@ -259,7 +259,7 @@ def test_gdn_route_with_the_norm(norm_kernel, compiled_kernels, poisoned, monkey
     assert rel_l2(o, ref_o) <= BOUND and rel_l2(ht, ref_ht) <= BOUND
 
 
-@pytest.mark.parametrize("steep", ["products", "steep for activated", "middles by rows", "kept", "kept, fast"])
+@pytest.mark.parametrize("steep", ["products", "steep for activated", "middles by rows", "kept", "kept, fast", "capped"])
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
 @pytest.mark.parametrize("form", ["softplus", "sigmoid"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -273,7 +273,8 @@ def test_activations_in_chunk_intra(dtype, form, packed, steep, compiled_kernels
     keeps the products); ``middles by rows``: and ``MIDDLES_BY_ROWS`` (the sigmoid form's middles by C-row GEMMs);
     ``kept``: those two and ``RELOAD_FROM_KEPT`` (bf16: the steep reload from the parked gate and the kept inverse
     norms); ``kept, fast``: and ``FAST_ACTIVATIONS`` (softplus and the sigmoids by ex2 and lg2), the raw gate in the
-    inputs' dtype as a model's projection gives it."""
+    inputs' dtype as a model's projection gives it; ``capped``: those and ``CAPPED_STEPS`` (bf16: every steep chunk's
+    diagonal by the capped steps, for both forms)."""
     from kda import gated_delta
     from kda.kernels import chunk_intra
 
@@ -282,15 +283,17 @@ def test_activations_in_chunk_intra(dtype, form, packed, steep, compiled_kernels
     monkeypatch.setattr(chunk_intra, "STEEP_FOR_ACTIVATED_GATES", steep != "products")
     monkeypatch.setattr(chunk_intra, "FAST_ACTIVATIONS_DTYPES", ("bfloat16",))
     monkeypatch.setattr(chunk_intra, "MIDDLES_BY_ROWS", steep in ("middles by rows", "kept", "kept, fast"))
-    monkeypatch.setattr(chunk_intra, "RELOAD_FROM_KEPT", steep.startswith("kept"))
-    monkeypatch.setattr(chunk_intra, "FAST_ACTIVATIONS", steep == "kept, fast")
+    monkeypatch.setattr(chunk_intra, "RELOAD_FROM_KEPT", steep.startswith("kept") or steep == "capped")
+    fast = steep in ("kept, fast", "capped")
+    monkeypatch.setattr(chunk_intra, "FAST_ACTIVATIONS", fast)
+    monkeypatch.setattr(chunk_intra, "CAPPED_STEPS", steep == "capped")
     monkeypatch.setattr(gated_delta, "L2NORM_IN_KERNEL", True)
     B, T, H, D = (1 if packed else 2), 200, 3, 128
     q, k, v, _, _, h0 = inputs((B, T, H, D, D), dtype, "logsigmoid", True, zlib.crc32(f"act{dtype}{form}".encode()))
     q, k = (q * 3).to(dtype), (k * 5).to(dtype)                              # rows far from unit norm
     gen = torch.Generator(device="cuda").manual_seed(21)
     raw = torch.randn(B, T, H, D, generator=gen, device="cuda")
-    if steep == "kept, fast":                     # a model's projection gives the raw gate in its dtype
+    if fast:                                      # a model's projection gives the raw gate in its dtype
         raw = raw.to(dtype)
     logits = torch.randn(B, T, H, generator=gen, device="cuda")
     A_log = torch.log(torch.empty(H, device="cuda").uniform_(1, 16, generator=gen))
@@ -305,12 +308,13 @@ def test_activations_in_chunk_intra(dtype, form, packed, steep, compiled_kernels
                           output_final_state=True, cu_seqlens=cu, **bound)
     intra = compiled_kernels["chunk_intra"]
     assert intra.get("gate_act") == form and intra.get("beta_act") == "sigmoid" and intra.get("qk_l2norm") is True
-    activated = steep != "products" and dtype == torch.bfloat16
-    assert intra.get("pairwise") == ("halvings" if activated else "products")
+    capped = steep == "capped" and dtype == torch.bfloat16
+    activated = steep not in ("products", "capped") and dtype == torch.bfloat16
+    assert intra.get("pairwise") == ("capped" if capped else "halvings" if activated else "products")
     assert bool(intra.get("middles")) == (activated and form == "sigmoid")
     assert bool(intra.get("middles_by_rows")) == (activated and form == "sigmoid" and steep != "steep for activated")
-    assert bool(intra.get("keep_loaded")) == (activated and steep.startswith("kept"))
-    assert bool(intra.get("fast_activations")) == (steep == "kept, fast" and dtype == torch.bfloat16)
+    assert bool(intra.get("keep_loaded")) == ((activated and steep.startswith("kept")) or capped)
+    assert bool(intra.get("fast_activations")) == (fast and dtype == torch.bfloat16)
     qn, kn = ref4.l2_normalize(q.double()), ref4.l2_normalize(k.double())
     x, A = raw.double() + dt_bias.double().view(H, D), A_log.double().exp()[:, None]
     g = -A * torch.nn.functional.softplus(x) if form == "softplus" else -5.0 * torch.sigmoid(A * x)
@@ -405,10 +409,12 @@ STEEP_COMPILES = {"products": dict(pairwise="products"), "halvings": dict(pairwi
                   "middles_by_rows": dict(middles=True, middles_by_rows=True, pairwise="halvings"),
                   "halvings_kept": dict(pairwise="halvings", keep_loaded=True),
                   "middles_by_rows_kept": dict(middles=True, middles_by_rows=True, pairwise="halvings",
-                                               keep_loaded=True)}
+                                               keep_loaded=True),
+                  "capped": dict(pairwise="capped", keep_loaded=True)}
 STEEP_SWITCHES = {"products": ("PAIRWISE_BY_PRODUCTS",), "halvings": ("PAIRWISE_BY_HALVINGS",),
                   "middles": ("DIAGONAL_ABOUT_MIDDLES",),        # kda.kernels.chunk_intra's, by STEEP_COMPILES' names
-                  "halvings_kept": ("PAIRWISE_BY_HALVINGS", "RELOAD_FROM_KEPT")}
+                  "halvings_kept": ("PAIRWISE_BY_HALVINGS", "RELOAD_FROM_KEPT"),
+                  "capped": ("CAPPED_STEPS", "RELOAD_FROM_KEPT")}
 
 
 @pytest.mark.parametrize("steep", list(STEEP_COMPILES))
@@ -421,7 +427,8 @@ def test_chunk_intra_steep_chunk_variants(dtype, kind, delta, steep):
     the upper half's last row of blocks of 16, 8, 4 and 2 rows) or ``middles`` (``DIAGONAL_ABOUT_MIDDLES``, bf16:
     one GEMM about each sub-chunk's middle row where its halves allow; alone and with halvings; ``middles_by_rows``,
     ``MIDDLES_BY_ROWS``: that GEMM as two of C rows, with halvings; ``_kept``, ``RELOAD_FROM_KEPT``: the steep reload
-    taking the gate back from where the scores parked it) on steep gates,
+    taking the gate back from where the scores parked it) or ``capped`` (``CAPPED_STEPS``, bf16: one GEMM per score
+    matrix about the middles, every token's fall capped; fp16's refusal) on steep gates,
     every output against its float64 stage (``kda.reference.level5.intra``) with the bound of the default compile,
     and against the default compile's outputs (the same sums in another order: to 1e-3 for the products, to the
     bound for the GEMMs of rounded operands); outputs poisoned with NaN, a tail chunk. The safe_gate gates put
@@ -438,8 +445,10 @@ def test_chunk_intra_steep_chunk_variants(dtype, kind, delta, steep):
     if kind == "safe_layer":
         assert middle_band(g) > 0
     name = "bfloat16" if dtype == torch.bfloat16 else "float16"
-    if name == "float16" and delta and STEEP_COMPILES[steep].get("pairwise") == "halvings":
-        with pytest.raises(AssertionError, match="needs bf16"):   # more shared memory than an SM has (run 108)
+    pairwise = STEEP_COMPILES[steep].get("pairwise")
+    if name == "float16" and ((delta and pairwise == "halvings") or pairwise == "capped"):
+        # the halvings: more shared memory than an SM has (run 108); the capped steps: factors fp16 cannot hold
+        with pytest.raises(AssertionError, match="needs bf16"):
             compile_program(chunk_intra, (), DK=DK, DV=DV, dtype=name, delta=delta, **STEEP_COMPILES[steep])
         return
     scale = DK ** -0.5
@@ -483,7 +492,7 @@ def test_chunk_intra_steep_chunk_variants(dtype, kind, delta, steep):
 def test_chunk_kda_steep_chunk_variants(dtype, kind, op, steep, compiled_kernels, poisoned, monkeypatch):
     """``chunk_kda`` and level 3's ``gated_attention`` with a gate per channel (GLA's form), with
     ``PAIRWISE_BY_PRODUCTS``, ``PAIRWISE_BY_HALVINGS`` (alone and with ``RELOAD_FROM_KEPT``, bf16's reload from the
-    parked gate) or ``DIAGONAL_ABOUT_MIDDLES`` on steep gates (runs of -20, a layer's initial gates, the same with
+    parked gate), ``DIAGONAL_ABOUT_MIDDLES`` or ``CAPPED_STEPS`` on steep gates (runs of -20, a layer's initial gates, the same with
     ``safe_gate``), against the float64 recurrence, initial and final states, a tail chunk; the kernel seen compiled
     so."""
     from kda.kernels import chunk_intra
@@ -504,7 +513,8 @@ def test_chunk_kda_steep_chunk_variants(dtype, kind, op, steep, compiled_kernels
     expected = dict(STEEP_COMPILES[steep])
     if dtype == torch.float16:                                    # the parked gate: bf16's (fp16 keeps its gate)
         expected.pop("keep_loaded", None)
-    if steep.startswith("halvings") and dtype == torch.float16 and op == "chunk_kda":     # bf16 only at level 5
+    if dtype == torch.float16 and (steep == "capped" or (steep.startswith("halvings") and op == "chunk_kda")):
+        # bf16 only: the capped steps at both levels, the halvings at level 5
         expected = {"pairwise": None}
     assert all(compiled_kernels["chunk_intra"].get(flag) == value for flag, value in expected.items())
     assert torch.isfinite(o).all() and torch.isfinite(ht).all()

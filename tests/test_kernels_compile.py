@@ -100,6 +100,14 @@ CASES = [
     ("chunk_intra", "chunk_intra", dict(DK=64, DV=128, dtype="float16", check_keys=True, varlen=True)),
     ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", gate_act="softplus", beta_act="sigmoid",
                                         check_keys=True, pairwise="halvings", spill_budget=400)),
+    # steep chunks by the capped steps (CAPPED_STEPS), plain and as a layer calls it, level 3 too
+    ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", pairwise="capped", merge="halves",
+                                        check_keys=True, keep_loaded=True, spill_budget=400)),
+    ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", gate_act="softplus", beta_act="sigmoid",
+                                        gate_dtype="bfloat16", qk_l2norm=True, pairwise="capped", keep_loaded=True,
+                                        fast_activations=True, merge="halves", varlen=True, spill_budget=400)),
+    ("chunk_intra", "chunk_intra", dict(DK=128, dtype="bfloat16", delta=False, pairwise="capped", keep_loaded=True,
+                                        spill_budget=400)),
     # the gate and beta activated as they are loaded (ACTIVATIONS_IN_KERNEL): 216 bytes spilled with both
     ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", gate_act="softplus", beta_act="sigmoid",
                                         spill_budget=400)),
@@ -387,6 +395,10 @@ TWO_BLOCKS_PER_SM = {
                                             keep_loaded=True, fast_activations=True),
     "safe_gate's form by rows": dict(middles=True, middles_by_rows=True, pairwise="halvings", merge="halves",
                                      gate_act="sigmoid", beta_act="sigmoid", qk_l2norm=True),
+    "capped steps, plain call": dict(pairwise="capped", merge="halves", check_keys=True, keep_loaded=True),
+    "capped steps, a layer's call": dict(pairwise="capped", merge="halves", gate_act="softplus", beta_act="sigmoid",
+                                         gate_dtype="bfloat16", qk_l2norm=True, keep_loaded=True,
+                                         fast_activations=True),
 }
 
 

@@ -1,5 +1,7 @@
 """Every float64 reference agrees with the token recurrence; the structural mistakes do not."""
 
+import math
+
 import pytest
 import torch
 
@@ -284,3 +286,29 @@ def test_level5_kernel_mimic_matches_the_token_recurrence(T, gate, per_channel):
     o, s = ref0.recurrent(q * 0.3, k, v, g, beta, h0, True)
     o5, s5 = ref5.kernel_mimic(q, k, v, g, beta, 0.3, 64, h0, True)
     assert rel_l2(o5, o) < 1e-13 and rel_l2(s5, s) < 1e-13
+
+
+def test_capped_diagonal_is_exact_until_a_step_is_capped_and_within_its_bound_after():
+    """``kda.reference.level3.capped_diagonal`` (the steep chunks' diagonal blocks of ``pairwise="capped"``): where no
+    token falls by more than the cap it gives the pairwise sums; where some do, every score moves by at most
+    ``2^-cap ||x_i|| ||k_j||``, and the pairs that cross no capped step do not move."""
+    from kda.kernels.chunk_intra import step_cap
+    from kda.reference.level3 import capped_diagonal, pairwise_scores
+
+    gen = torch.Generator().manual_seed(3)
+    C, D, cap = 64, 32, step_cap(16)
+    X, K = torch.randn(2, C, D, generator=gen, dtype=torch.float64), torch.randn(2, C, D, generator=gen,
+                                                                                  dtype=torch.float64)
+    blocks = torch.block_diag(*[torch.ones(16, 16, dtype=torch.bool)] * (C // 16))
+    for fall, capped_any in ((cap - 0.5, False), (4 * cap, True)):
+        steps = -fall * torch.rand(2, C, D, generator=gen, dtype=torch.float64)
+        G = torch.cumsum(steps, dim=-2)
+        exact = torch.where(blocks, pairwise_scores(X, K, G * math.log(2)), 0.0)
+        got = capped_diagonal(X, K, G, cap)
+        bound = 2.0 ** -cap * X.norm(dim=-1)[..., :, None] * K.norm(dim=-1)[..., None, :]
+        assert ((got - exact).abs() <= bound + 1e-12 * exact.abs()).all()
+        crossed = torch.cumsum((steps < -cap).double(), dim=-2)          # capped steps up to each row
+        clean = blocks & torch.tril(torch.ones(C, C, dtype=torch.bool)) & \
+            (crossed[..., :, None, :] == crossed[..., None, :, :]).all(-1)
+        assert torch.allclose(got[clean], exact[clean], rtol=1e-10, atol=1e-12)
+        assert (not torch.allclose(got, exact, rtol=1e-8, atol=1e-12)) == capped_any

@@ -151,3 +151,16 @@ def test_level4_solve_conditioning():
     assert rows["L2-normalized"][2] < 10 and rows["L2-normalized"][3] <= 1 + 1e-9
     assert rows["L2-normalized"][4] < 1e-6
     assert rows["raw N(0, 1)"][2] > 1e6
+
+
+def test_level5_capped_steps_error():
+    """Capping each token's fall at chunk_intra's step_cap moves KDA's output by far less than bf16's rounding of
+    the inputs does, and not at all for gates that never fall that far in one token (logsigmoid, safe_gate's)."""
+    from kda.kernels.chunk_intra import SUBCHUNK, step_cap
+    from kda.tables import level5 as t5
+
+    rows = {r[0]: r for r in t5.capped_steps_error(step_cap(SUBCHUNK), T=128).rows}
+    for form, (_, share, exact, capped, alone) in rows.items():
+        assert 1e-3 < exact < 5e-3 and capped <= exact * 1.05 + 1e-5 and alone < exact / 5, form
+        assert (share == 0) == (alone < 1e-12), form
+    assert rows["logsigmoid"][1] == 0 and rows["safe_gate"][1] == 0 and rows["layer"][1] > 0.1

@@ -78,6 +78,33 @@ def halves_fall_too_far(G_s, s, d, BC):
     return T.max(ref_gate(G_s, s, d, BC) - G_s[m, d], G_s[m, d] - G_s[s * BC + BC - 1, d]) > DIAGONAL_SPAN_MAX
 
 
+def capped_exponent(G_s, i, d, BC):
+    """``G'_i - G'_m`` for row ``i`` and channel ``d``, ``m = middle_row(i, BC)``, where ``G'`` is the cumulative gate
+    with every token's step capped at ``-step_cap(BC)`` (log2): the sum of the capped steps between ``i`` and
+    ``m``, walked outward from ``m`` (``BC / 2`` steps, a fixed trip count with masks, one new load of ``G_s`` per
+    step). At most ``BC / 2 - 1`` steps above ``m`` and ``BC / 2`` below, so ``|G'_i - G'_m| <=
+    DIAGONAL_SPAN_MAX`` whatever the gate."""
+    m = middle_row(i, BC)
+    up = i <= m
+    cap = step_cap(BC)
+    prev = G_s[m, d]
+    e = 0.0
+    for r in range(BC // 2):
+        row = T.if_then_else(up, m - r - 1, m + 1 + r)     # the next row outward
+        cur = G_s[T.max(row, 0), d]
+        step = T.max(T.if_then_else(up, prev - cur, cur - prev), -cap)     # G_t - G_(t-1), capped
+        e = e + T.if_then_else(T.if_then_else(up, i <= row, row <= i), T.if_then_else(up, -step, step), 0.0)
+        prev = cur
+    return e
+
+
+def step_cap(BC):
+    """The cap on a token's fall (log2) in ``capped_exponent``: ``DIAGONAL_SPAN_MAX`` over the ``BC / 2`` steps of a
+    half sub-chunk (12 for 16 rows). A pair across a capped step has a true decay below ``2^-12`` and a capped one
+    at most that, so each score moves by at most ``2^-12 ||x_i|| ||k_j||`` (Cauchy-Schwarz over the channels)."""
+    return DIAGONAL_SPAN_MAX / (BC // 2)
+
+
 def subchunk_falls(G, BC):
     """On the host, what ``falls_too_far`` and ``halves_fall_too_far`` hold against ``DIAGONAL_SPAN_MAX``: for the
     chunk-local cumulative gates ``G [..., C, D]`` (log2 units), per sub-chunk of ``BC`` rows the fall from ``G_ref``
@@ -223,7 +250,9 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     ``PAIRWISE_BY_PRODUCTS``; ``pairwise_diagonal_by_products``: one exponential per token and channel, the pairs'
     decays as running products, sixteen accumulators per thread) or ``"halvings"`` (``kda.gated_delta``'s
     ``PAIRWISE_BY_HALVINGS``; ``diagonal_by_halvings``: per halving of a sub-chunk one GEMM for the queries and, with
-    the delta rule, one for the keys, one exponential per element, a C-row operand of its own).
+    the delta rule, one for the keys, one exponential per element, a C-row operand of its own) or ``"capped"``
+    (bf16; ``CAPPED_STEPS``: one GEMM per score matrix about each sub-chunk's middle row as ``middles_by_rows``, every
+    token's fall capped at ``step_cap`` so that no factor exceeds ``2^DIAGONAL_SPAN_MAX``; ``capped_exponent``).
 
     ``middles`` (bf16; ``DIAGONAL_ABOUT_MIDDLES``): a chunk too steep for the diagonal about each sub-chunk's
     ``G_ref`` but whose gate falls by at most ``DIAGONAL_SPAN_MAX`` over each half of every sub-chunk takes its
@@ -280,7 +309,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     assert wide is None or wide == C // 2, "wide_subchunk is half the chunk (or None)"
     assert delta or not scalar_gate, "a scalar gate without the delta rule is level 3's own kernel"
     assert not backward_outputs or (delta and not varlen), "the backward's outputs: dense, with the delta rule"
-    assert pairwise in ("exp", "products", "halvings"), "pairwise: 'exp', 'products' or 'halvings'"
+    assert pairwise in ("exp", "products", "halvings", "capped"), "pairwise: 'exp', 'products', 'halvings' or 'capped'"
     assert merge in ("substitution", "halves") and (merge == "substitution" or C == 4 * SOLVE_BLOCK)
     GD = 1 if scalar_gate else DK              # gates per row
     # A_kk's row factor b: with backward_outputs it goes on after A_kk is written out (KKE)
@@ -291,6 +320,9 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     activations = gate_act is not None or beta_act is not None
     assert not check_keys or (delta and not qk_l2norm), "check_keys: raw keys, with the delta rule"
     NF = 3 if check_keys else 2                 # the value flags: gate, beta (and keys)
+    # fp16's operands cannot hold a factor of 2^96 (its tf32 operands would need another buffer the SM has not)
+    assert pairwise != "capped" or (same_layout and not middles and not backward_outputs), \
+        "pairwise='capped' needs bf16, without middles or backward_outputs"
     middles = middles and same_layout
     middles_by_rows = middles and middles_by_rows
     # fp16 at level 5, 128 key channels: the halvings' buffers beside the tf32 diagonal's ask 241664 bytes of shared
@@ -307,6 +339,14 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     # too_steep[0]: a sub-chunk falls too far for the diagonal about G_ref; with middles, too_steep[1]: a half of
     # one falls too far for the diagonal about its middle (the pairwise sums then)
     PAIRWISE = 1 if middles else 0
+
+    # a row's gate referred to its sub-chunk's middle row, for diagonal_about_middles_by_rows (plain functions: a
+    # lambda inside a macro has its arguments taken for the macro's loop variables)
+    def about_middle(G_s, i, d):
+        return G_s[i, d] - G_s[middle_row(i, BC), d]
+
+    def capped_about_middle(G_s, i, d):
+        return capped_exponent(G_s, i, d, BC)
 
     @T.macro
     def load_gate(g, g_s, G_s, flags, A_log, dt_bias, lower_bound, L, t0, bb, bh):
@@ -524,23 +564,23 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                 Aqk_s[i, j] = A_half[i, j] * scale
 
     @T.macro
-    def diagonal_about_middles_by_rows(Half_s, Right, A_half, G_s, K_s, Rgt_s, Aqk_s, A_s, beta_s, scale):
-        """``diagonal_by_one_gemm`` about the middles (``middles_by_rows``) with a ``C``-row left operand: ``q 2^(G -
-        G_m)`` against ``k 2^(G_m - G)`` into ``A_half`` (``C x C``), ``A_qk``'s blocks written; then, with the delta
-        rule, ``k 2^(G - G_m)`` against the same right operand, ``A_kk``'s blocks. ``Rgt_s`` holds q on entry and may
-        be ``Right``."""
-        ref = lambda row, d: G_s[middle_row(row, BC), d]
+    def diagonal_about_middles_by_rows(Half_s, Right, A_half, G_s, K_s, Rgt_s, Aqk_s, A_s, beta_s, scale, exponent):
+        """``diagonal_by_one_gemm`` about the middles (``middles_by_rows``) with a ``C``-row left operand: ``q 2^e``
+        against ``k 2^-e`` into ``A_half`` (``C x C``), ``A_qk``'s blocks written; then, with the delta rule, ``k 2^e``
+        against the same right operand, ``A_kk``'s blocks. ``exponent(G_s, i, d)``: ``e``, row ``i``'s gate referred to
+        its sub-chunk's middle row, ``G_i - G_m`` (``about_middle``) or with the steps capped (``capped_about_middle``).
+        ``Rgt_s`` holds q on entry and may be ``Right``."""
         for i, d in T.Parallel(C, DK):
-            Half_s[i, d] = Rgt_s[i, d] * T.exp2(G_s[i, d] - ref(i, d))
+            Half_s[i, d] = Rgt_s[i, d] * T.exp2(exponent(G_s, i, d))
         for j, d in T.Parallel(C, DK):
-            Right[j, d] = K_s[j, d] * T.exp2(T.min(ref(j, d) - G_s[j, d], DIAGONAL_SPAN_MAX))
+            Right[j, d] = K_s[j, d] * T.exp2(T.min(-exponent(G_s, j, d), DIAGONAL_SPAN_MAX))
         T.gemm(Half_s, Right, A_half, transpose_B=True, clear_accum=True)
         for i, j in T.Parallel(C, C):
             if i // BC == j // BC:
                 Aqk_s[i, j] = T.if_then_else(j <= i, A_half[i, j] * scale, 0.0)
         if delta:
             for i, d in T.Parallel(C, DK):
-                Half_s[i, d] = K_s[i, d] * T.exp2(G_s[i, d] - ref(i, d))
+                Half_s[i, d] = K_s[i, d] * T.exp2(exponent(G_s, i, d))
             T.gemm(Half_s, Right, A_half, transpose_B=True, clear_accum=True)
             for i, j in T.Parallel(C, C):
                 if i // BC == j // BC:
@@ -692,10 +732,17 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                     if middles_by_rows:                      # a C-row operand and C x C accumulator of its own
                         Mid_s = T.alloc_shared([C, DK], dtype)
                         A_mid = T.alloc_fragment([C, C], ACCUM)
-                        diagonal_about_middles_by_rows(Mid_s, Rgt_s, A_mid, G_s, K_s, Rgt_s, Aqk_s, A_s, beta_s, scale)
+                        diagonal_about_middles_by_rows(Mid_s, Rgt_s, A_mid, G_s, K_s, Rgt_s, Aqk_s, A_s, beta_s, scale,
+                                                       about_middle)
                     else:
                         diagonal_by_one_gemm(Lft_s, Rgt_s, A_part, G_s, K_s, Rgt_s, Aqk_s, A_s, beta_s, scale, True)
-            if too_steep[PAIRWISE] == 1 and pairwise == "halvings":
+            if pairwise == "capped":
+                if too_steep[0] == 1:                        # one GEMM per score matrix, the steps capped
+                    Mid_s = T.alloc_shared([C, DK], dtype)
+                    A_mid = T.alloc_fragment([C, C], ACCUM)
+                    diagonal_about_middles_by_rows(Mid_s, Rgt_s, A_mid, G_s, K_s, Rgt_s, Aqk_s, A_s, beta_s, scale,
+                                                   capped_about_middle)
+            elif too_steep[PAIRWISE] == 1 and pairwise == "halvings":
                 Half_s = T.alloc_shared([C, DK], dtype)
                 A_half = T.alloc_fragment([C, C], ACCUM)
                 diagonal_by_halvings(Rgt_s, K_s, G_s, Half_s, A_half, q_f, Aqk_s, A_s, beta_s, scale)
@@ -930,14 +977,28 @@ FAST_ACTIVATIONS = True
 FAST_ACTIVATIONS_DTYPES = ("bfloat16",)
 
 
+# CUDA (bf16, a gate per channel): every steep chunk's diagonal blocks from one GEMM per score matrix about each
+# 16-row sub-chunk's middle row, as the middles do, with every token's fall capped at 12 in log2 (pairwise="capped",
+# capped_exponent): then no factor exceeds 2^96 whatever the gate, and a pair across a capped step, whose true decay
+# is below 2^-12, moves by at most 2^-12 ||x_i|| ||k_j||. In place of the halvings' 9 GEMMs and 8 passes (and the
+# middles' test of each half): 2 GEMMs and 3 passes, in the buffers of the middles by rows (115712 bytes for a
+# layer's call, two blocks per SM, as with the halvings). On the CPU (snippets/level5/capped_steps.py, float64 with
+# the kernel's rounding of the operands), KDA's output error with bf16 inputs is that of the exact scores for every
+# steep gate. Not yet run on a GPU: off.
+CAPPED_STEPS = False
+
+
 def steep_chunks(dtype: str = "bfloat16", delta: bool = True, gate_act: str | None = None) -> dict:
     """``chunk_intra``'s compile flags for steep chunks (a gate per channel), by the switches above (``gate_act``:
     the form of the gate the kernel activates itself, ``STEEP_FOR_ACTIVATED_GATES``): their diagonal blocks, the
     halvings at level 5 in bf16 only (fp16's do not fit an SM's shared memory: the pairwise sums or products there),
-    and with ``RELOAD_FROM_KEPT`` (bf16) their second load from the parked gate."""
+    or with ``CAPPED_STEPS`` (bf16) the capped steps for every gate, and with ``RELOAD_FROM_KEPT`` (bf16) their second
+    load from the parked gate."""
     halvings_fit = dtype == "bfloat16" or not delta
     middles = {"middles": True, **({"middles_by_rows": True} if MIDDLES_BY_ROWS and dtype == "bfloat16" else {})}
     flags = {"keep_loaded": True} if RELOAD_FROM_KEPT and dtype == "bfloat16" else {}
+    if CAPPED_STEPS and dtype == "bfloat16":                # any gate, activated or not, at levels 3 and 5
+        return {**flags, "pairwise": "capped"}
     if gate_act is not None and STEEP_FOR_ACTIVATED_GATES and halvings_fit:
         return {**flags, "pairwise": "halvings", **(middles if gate_act == "sigmoid" else {})}
     flags.update(middles if DIAGONAL_ABOUT_MIDDLES else {})

@@ -143,6 +143,26 @@ def intra_by_subchunks(Qc, Kc, G, subchunk=16):
 # --8<-- [end:subchunks]
 
 
+# --8<-- [start:capped_diagonal]
+def capped_diagonal(X, K, G, cap, subchunk=16):
+    """The diagonal sub-chunk blocks ``sum_d x_id k_jd 2^(G'_i - G'_j)`` (``j <= i``) as ``chunk_intra`` forms them
+    for steep chunks with ``pairwise="capped"``: ``G`` the cumulative gate in log2 units ``[..., C, D]``, ``G'`` the
+    same with every token's step ``G_t - G_(t-1)`` capped at ``-cap``, one product of ``X 2^e`` and ``(K 2^-e)^T``
+    per sub-chunk with ``e = G' - G'_m`` referred to its middle row ``m``. Zero off the diagonal blocks and above
+    the diagonal."""
+    C = G.shape[-2]
+    step = torch.diff(G, dim=-2, prepend=torch.zeros_like(G[..., :1, :])).clamp(min=-cap)
+    scores = torch.zeros(*G.shape[:-2], C, C, dtype=torch.float64, device=G.device)
+    for i0 in range(0, C, subchunk):
+        I = slice(i0, i0 + subchunk)
+        capped = torch.cumsum(step[..., I, :], dim=-2)                 # the first row's step cancels in e
+        e = capped - capped[..., subchunk // 2 - 1:subchunk // 2, :]
+        left, right = X[..., I, :] * torch.exp2(e), K[..., I, :] * torch.exp2(-e)
+        scores[..., I, I] = torch.tril(left @ right.transpose(-1, -2))
+    return scores
+# --8<-- [end:capped_diagonal]
+
+
 # --8<-- [start:kernel_mimic]
 LOG2_E = 1.4426950408889634
 

@@ -1,0 +1,65 @@
+"""Level-5 tables: what capping each token's fall costs the steep chunks' diagonal blocks."""
+
+from __future__ import annotations
+
+import torch
+
+from kda.reference import level0 as ref0
+from kda.reference import level4 as ref4
+from kda.reference import level5 as ref5
+from kda.reference.common import to_chunks
+from kda.reference.level3 import LOG2_E
+from kda.site.runtime import text
+from kda.tables import Table, sci
+
+
+def steep_gates(form: str, shape: tuple, gen: torch.Generator) -> torch.Tensor:
+    """Natural-log gates ``[B, T, H, D]`` of ``form``: a KDA layer's at initialisation (``"layer"``: ``-exp(A_log)
+    softplus(x + dt_bias)``, ``A_log = log U(1, 16)``), fla's ``safe_gate`` form (``"safe_gate"``: ``-5 sigmoid(exp(A_log)
+    (x + dt_bias))``, x ~ N(1, 1)), ``"uniform_to_-20"``, ``"runs_of_-20"`` (logsigmoid with tokens 40 to 109 at -20)
+    or ``"logsigmoid"``."""
+    B, T, H, D = shape
+    x = torch.randn(shape, generator=gen, dtype=torch.float64)
+    A = torch.empty(H, dtype=torch.float64).uniform_(1, 16, generator=gen)[:, None]
+    bias = 0.1 * torch.randn(H, D, generator=gen, dtype=torch.float64)
+    if form == "layer":
+        return -A * torch.nn.functional.softplus(x + bias)
+    if form == "safe_gate":
+        return -5 * torch.sigmoid(A * (x + 1 + bias))
+    if form == "uniform_to_-20":
+        return -20 * torch.rand(shape, generator=gen, dtype=torch.float64)
+    g = torch.nn.functional.logsigmoid(x)
+    if form == "runs_of_-20":
+        g[:, 40:110] = -20.0
+    return g
+
+
+# --8<-- [start:capped_steps_error]
+def capped_steps_error(cap: float, T: int = 256, H: int = 2, D: int = 128, seed: int = 0) -> Table:
+    """KDA's output, relative L2 error against the float64 recurrence on the unrounded inputs: with q, k and v
+    rounded to bf16 (what every bf16 kernel reads) and the exact scores of ``kernel_mimic``, and the same with
+    both score matrices' 16-row diagonal blocks formed with every token's fall capped at ``cap`` (log2;
+    ``chunk_intra``'s ``pairwise="capped"``, here in every chunk); then the cap alone (capped against exact, both on
+    the rounded inputs) and the share of (token, channel) steps it changes."""
+    gen = torch.Generator().manual_seed(seed)
+    table = Table([text(zh="门控", en="gate"), text(zh="被截断的步", en="steps capped"),
+                   text(zh="bf16 输入，精确得分", en="bf16 inputs, exact scores"),
+                   text(zh="bf16 输入，截断", en="bf16 inputs, capped"),
+                   text(zh="截断本身", en="the cap alone")],
+                  formats=[None, "{:.1%}", sci, sci, sci])
+    scale = D ** -0.5
+    for form in ("logsigmoid", "runs_of_-20", "uniform_to_-20", "layer", "safe_gate"):
+        q = torch.randn(1, T, H, D, generator=gen, dtype=torch.float64)
+        k = ref4.l2_normalize(torch.randn(1, T, H, D, generator=gen, dtype=torch.float64))
+        v = torch.randn(1, T, H, D, generator=gen, dtype=torch.float64)
+        beta = torch.rand(1, T, H, generator=gen, dtype=torch.float64)
+        g = steep_gates(form, (1, T, H, D), gen)
+        ref = ref0.recurrent(q * scale, k, v, g, beta)[0]
+        q, k, v = (x.to(torch.bfloat16).double() for x in (q, k, v))
+        exact = ref5.kernel_mimic(q, k, v, g, beta, scale)[0]
+        capped = ref5.kernel_mimic(q, k, v, g, beta, scale, capped=cap)[0]
+        error = lambda o, r: ((o - r).norm() / r.norm()).item()
+        share = (to_chunks(g * LOG2_E, 64) < -cap).double().mean().item()
+        table.rows.append([form, share, error(exact, ref), error(capped, ref), error(capped, exact)])
+    return table
+# --8<-- [end:capped_steps_error]
