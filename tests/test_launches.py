@@ -624,6 +624,7 @@ def test_level5_steep_chunk_switches(kernel_launches, monkeypatch, per_channel, 
 
     for switch in switches:
         monkeypatch.setattr(chunk_intra, switch, True)
+    monkeypatch.setattr(chunk_intra, "CAPPED_STEPS", False)          # it takes the place of them all (below)
     monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", False)
     q, k, v, g, beta = level5_inputs(B=2, per_channel=per_channel)
     o, _ = _run_kernels(q, k, v, g, beta, 0.125, None, torch.zeros(2, dtype=torch.int32), None, False)
@@ -722,6 +723,7 @@ def test_level5_activations_in_kernel(kernel_launches, form, packed, steep, monk
     from kda.packed import chunk_table
 
     monkeypatch.setattr(chunk_intra, "STEEP_FOR_ACTIVATED_GATES", steep)
+    monkeypatch.setattr(chunk_intra, "CAPPED_STEPS", False)
 
     q, k, v, g, beta = level5_inputs(B=1 if packed else 2, per_channel=True)
     table = chunk_table([0, 70, 71, 200], "cpu") if packed else None
@@ -735,6 +737,41 @@ def test_level5_activations_in_kernel(kernel_launches, form, packed, steep, monk
     kernel_launches.clear()                              # a plain call: the switch leaves it as it was
     prepare_chunks(q, k, v, -g.abs(), beta, 0.125, torch.zeros(2, dtype=torch.int32), table)
     assert "pairwise" not in kernel_launches[0][1] and "middles" not in kernel_launches[0][1]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_capped_steps_switch(kernel_launches, monkeypatch, dtype):
+    """``CAPPED_STEPS``: every bf16 call with a gate per channel compiles ``chunk_intra`` with ``pairwise="capped"``
+    (plain and activated, levels 3 and 5, dense and packed), in place of the halvings and the middles; the
+    backward's forward (``backward_outputs``), fp16 and a gate per head keep what they had."""
+    from kda.activation import Activation
+    from kda.kernels import chunk_intra
+    from kda.kernels.chunk_intra import prepare_chunks
+    from kda.packed import chunk_table
+
+    monkeypatch.setattr(chunk_intra, "CAPPED_STEPS", True)
+    q, k, v, g, beta = level5_inputs(B=1, per_channel=True, dtype=dtype)
+    bf16 = dtype == torch.bfloat16
+    flags = lambda: torch.zeros(2, dtype=torch.int32)
+    act = Activation("sigmoid", "sigmoid", torch.randn(2), torch.randn(2, 64), -5.0)
+    calls = [dict(), dict(table=chunk_table([0, 70, 71, 200], "cpu")), dict(activation=act)]
+    for extra in calls:
+        kernel_launches.clear()
+        prepare_chunks(q, k, v, -g.abs(), beta, 0.125, flags(), **extra)
+        params = kernel_launches[0][1]
+        assert params.get("pairwise") == ("capped" if bf16 else None), extra
+        assert "middles" not in params or not bf16
+    kernel_launches.clear()
+    prepare_chunks(q, k, None, -g.abs(), None, 0.125, flags(), delta=False)           # level 3
+    assert kernel_launches[0][1].get("pairwise") == ("capped" if bf16 else None)
+    kernel_launches.clear()
+    q, k, v, g, beta = level5_inputs(B=2, per_channel=True, dtype=dtype)
+    prepare_chunks(q, k, v, -g.abs(), beta, 0.125, flags(), backward_outputs=True)
+    assert kernel_launches[0][1].get("pairwise") != "capped"
+    kernel_launches.clear()
+    q, k, v, g, beta = level5_inputs(B=2, per_channel=False, dtype=dtype)
+    prepare_chunks(q, k, v, -g.abs(), beta, 0.125, flags())                             # a gate per head
+    assert "pairwise" not in kernel_launches[0][1]
 
 
 def test_the_norm_kernel(kernel_launches, monkeypatch):

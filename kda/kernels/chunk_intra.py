@@ -988,16 +988,18 @@ FAST_ACTIVATIONS_DTYPES = ("bfloat16",)
 CAPPED_STEPS = False
 
 
-def steep_chunks(dtype: str = "bfloat16", delta: bool = True, gate_act: str | None = None) -> dict:
+def steep_chunks(dtype: str = "bfloat16", delta: bool = True, gate_act: str | None = None,
+                 backward_outputs: bool = False) -> dict:
     """``chunk_intra``'s compile flags for steep chunks (a gate per channel), by the switches above (``gate_act``:
     the form of the gate the kernel activates itself, ``STEEP_FOR_ACTIVATED_GATES``): their diagonal blocks, the
     halvings at level 5 in bf16 only (fp16's do not fit an SM's shared memory: the pairwise sums or products there),
-    or with ``CAPPED_STEPS`` (bf16) the capped steps for every gate, and with ``RELOAD_FROM_KEPT`` (bf16) their second
-    load from the parked gate."""
+    or with ``CAPPED_STEPS`` (bf16) the capped steps for every gate (not for the backward's forward, whose
+    ``backward_outputs`` hand the backward the exact pairs), and with ``RELOAD_FROM_KEPT`` (bf16) their second load
+    from the parked gate."""
     halvings_fit = dtype == "bfloat16" or not delta
     middles = {"middles": True, **({"middles_by_rows": True} if MIDDLES_BY_ROWS and dtype == "bfloat16" else {})}
     flags = {"keep_loaded": True} if RELOAD_FROM_KEPT and dtype == "bfloat16" else {}
-    if CAPPED_STEPS and dtype == "bfloat16":                # any gate, activated or not, at levels 3 and 5
+    if CAPPED_STEPS and dtype == "bfloat16" and not backward_outputs:      # any gate, activated or not, levels 3, 5
         return {**flags, "pairwise": "capped"}
     if gate_act is not None and STEEP_FOR_ACTIVATED_GATES and halvings_fit:
         return {**flags, "pairwise": "halvings", **(middles if gate_act == "sigmoid" else {})}
@@ -1053,7 +1055,7 @@ def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None, backward_out
     with torch.cuda.device(q.device):
         extra = {name: True for name, on in (("backward_outputs", backward_outputs), ("qk_l2norm", qk_l2norm)) if on}
         gate_act = activation.gate if activation is not None else None
-        extra.update(steep_chunks(dtype, delta, gate_act) if g.shape[-1] > 1 else {})
+        extra.update(steep_chunks(dtype, delta, gate_act, backward_outputs) if g.shape[-1] > 1 else {})
         extra.update(launch.keys_checked(flags))
         if delta and SOLVE_BY_HALVES:
             extra["merge"] = "halves"
