@@ -78,28 +78,29 @@ def halves_fall_too_far(G_s, s, d, BC):
     return T.max(ref_gate(G_s, s, d, BC) - G_s[m, d], G_s[m, d] - G_s[s * BC + BC - 1, d]) > DIAGONAL_SPAN_MAX
 
 
-def capped_exponent(G_s, i, d, BC):
-    """``G'_i - G'_m`` for row ``i`` and channel ``d``, ``m = middle_row(i, BC)``, where ``G'`` is the cumulative gate
-    with every token's step capped at ``-step_cap(BC)`` (log2): the sum of the capped steps between ``i`` and
-    ``m``, walked outward from ``m`` (``BC / 2`` steps, a fixed trip count with masks, one new load of ``G_s`` per
-    step). At most ``BC / 2 - 1`` steps above ``m`` and ``BC / 2`` below, so ``|G'_i - G'_m| <=
-    DIAGONAL_SPAN_MAX`` whatever the gate."""
-    m = middle_row(i, BC)
-    up = i <= m
+@T.macro
+def capped_cumsum_in_place(G_s, C, D, BC):
+    """``G_s`` (the cumulative gate, log2) becomes ``G'``: within each ``BC``-row sub-chunk the running sum of its
+    steps ``G_t - G_(t-1)`` from its first row, each capped at ``-step_cap(BC)``. One thread per channel, one pass
+    down the chunk (the true previous value in a register), so that ``G'_i - G'_m`` (``m = middle_row(i, BC)``) is
+    the sum of the capped steps between ``i`` and ``m``: at most ``BC / 2`` of them on either side, within
+    ``DIAGONAL_SPAN_MAX`` whatever the gate. Starting each sub-chunk from 0 keeps ``G'`` small (its rounding too)."""
     cap = step_cap(BC)
-    prev = G_s[m, d]
-    e = 0.0
-    for r in range(BC // 2):
-        row = T.if_then_else(up, m - r - 1, m + 1 + r)     # the next row outward
-        cur = G_s[T.max(row, 0), d]
-        step = T.max(T.if_then_else(up, prev - cur, cur - prev), -cap)     # G_t - G_(t-1), capped
-        e = e + T.if_then_else(T.if_then_else(up, i <= row, row <= i), T.if_then_else(up, -step, step), 0.0)
-        prev = cur
-    return e
+    for d in T.Parallel(D):
+        prev = T.alloc_var(ACCUM)
+        acc = T.alloc_var(ACCUM)
+        prev = G_s[0, d]
+        acc = 0.0
+        G_s[0, d] = 0.0
+        for i in T.serial(C - 1):
+            cur = G_s[i + 1, d]
+            acc = T.if_then_else((i + 1) % BC == 0, 0.0, acc + T.max(cur - prev, -cap))
+            prev = cur
+            G_s[i + 1, d] = acc
 
 
 def step_cap(BC):
-    """The cap on a token's fall (log2) in ``capped_exponent``: ``DIAGONAL_SPAN_MAX`` over the ``BC / 2`` steps of a
+    """The cap on a token's fall (log2) in ``capped_cumsum_in_place``: ``DIAGONAL_SPAN_MAX`` over the ``BC / 2`` steps of a
     half sub-chunk (12 for 16 rows). A pair across a capped step has a true decay below ``2^-12`` and a capped one
     at most that, so each score moves by at most ``2^-12 ||x_i|| ||k_j||`` (Cauchy-Schwarz over the channels)."""
     return DIAGONAL_SPAN_MAX / (BC // 2)
@@ -252,7 +253,8 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     ``PAIRWISE_BY_HALVINGS``; ``diagonal_by_halvings``: per halving of a sub-chunk one GEMM for the queries and, with
     the delta rule, one for the keys, one exponential per element, a C-row operand of its own) or ``"capped"``
     (bf16; ``CAPPED_STEPS``: one GEMM per score matrix about each sub-chunk's middle row as ``middles_by_rows``, every
-    token's fall capped at ``step_cap`` so that no factor exceeds ``2^DIAGONAL_SPAN_MAX``; ``capped_exponent``).
+    token's fall capped at ``step_cap`` so that no factor exceeds ``2^DIAGONAL_SPAN_MAX``: ``capped_cumsum_in_place``
+    turns the gate into its capped form first, and ``W`` reads the gate again where the reload had it).
 
     ``middles`` (bf16; ``DIAGONAL_ABOUT_MIDDLES``): a chunk too steep for the diagonal about each sub-chunk's
     ``G_ref`` but whose gate falls by at most ``DIAGONAL_SPAN_MAX`` over each half of every sub-chunk takes its
@@ -344,9 +346,6 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     # lambda inside a macro has its arguments taken for the macro's loop variables)
     def about_middle(G_s, i, d):
         return G_s[i, d] - G_s[middle_row(i, BC), d]
-
-    def capped_about_middle(G_s, i, d):
-        return capped_exponent(G_s, i, d, BC)
 
     @T.macro
     def load_gate(g, g_s, G_s, flags, A_log, dt_bias, lower_bound, L, t0, bb, bh):
@@ -568,7 +567,8 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
         """``diagonal_by_one_gemm`` about the middles (``middles_by_rows``) with a ``C``-row left operand: ``q 2^e``
         against ``k 2^-e`` into ``A_half`` (``C x C``), ``A_qk``'s blocks written; then, with the delta rule, ``k 2^e``
         against the same right operand, ``A_kk``'s blocks. ``exponent(G_s, i, d)``: ``e``, row ``i``'s gate referred to
-        its sub-chunk's middle row, ``G_i - G_m`` (``about_middle``) or with the steps capped (``capped_about_middle``).
+        its sub-chunk's middle row, ``G_i - G_m`` (``about_middle``; with the steps capped where ``G_s`` holds
+        ``capped_cumsum_in_place``'s form).
         ``Rgt_s`` holds q on entry and may be ``Right``."""
         for i, d in T.Parallel(C, DK):
             Half_s[i, d] = Rgt_s[i, d] * T.exp2(exponent(G_s, i, d))
@@ -740,8 +740,15 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                 if too_steep[0] == 1:                        # one GEMM per score matrix, the steps capped
                     Mid_s = T.alloc_shared([C, DK], dtype)
                     A_mid = T.alloc_fragment([C, C], ACCUM)
+                    capped_cumsum_in_place(G_s, C, DK, BC)
                     diagonal_about_middles_by_rows(Mid_s, Rgt_s, A_mid, G_s, K_s, Rgt_s, Aqk_s, A_s, beta_s, scale,
-                                                   capped_about_middle)
+                                                   about_middle)
+                    if delta:                                # W needs G again: from where the reload had it
+                        if keep:
+                            for i, d in T.Parallel(C, DK):
+                                G_s[i, d] = kept[bb, bh, c * C + i, d]
+                        else:
+                            load_gate(g, g_s, G_s, flags, A_log, dt_bias, lower_bound, L, t0, bb, bh)
             elif too_steep[PAIRWISE] == 1 and pairwise == "halvings":
                 Half_s = T.alloc_shared([C, DK], dtype)
                 A_half = T.alloc_fragment([C, C], ACCUM)
@@ -978,16 +985,17 @@ FAST_ACTIVATIONS_DTYPES = ("bfloat16",)
 
 
 # CUDA (bf16, a gate per channel): every steep chunk's diagonal blocks from one GEMM per score matrix about each
-# 16-row sub-chunk's middle row, as the middles do, with every token's fall capped at 12 in log2 (pairwise="capped",
-# capped_exponent): then no factor exceeds 2^96 whatever the gate, and a pair across a capped step, whose true decay
-# is below 2^-12, moves by at most 2^-12 ||x_i|| ||k_j||. In place of the halvings' 9 GEMMs and 8 passes (and the
-# middles' test of each half): 2 GEMMs and 3 passes, in the buffers of the middles by rows (115712 bytes for a
-# layer's call, two blocks per SM, as with the halvings). On the CPU (snippets/level5/capped_steps.py, float64), the
-# cap moves KDA's output by 1e-4 at most, twenty times less than bf16's rounding of the inputs. Run 130 (H100): its
-# GPU tests passed (bf16: the stage at level 5 with every steep gate, the layer's activated call in both forms, dense
-# and packed; fp16's refusal and fallback at both levels; level 3's bf16 stage and the op's bf16 cases not reached);
-# the plain call (mild gates, no chunk steep) 1.592 ms against 1.539 with the same outputs bit for bit. Steep gates
-# not yet timed: off.
+# 16-row sub-chunk's middle row, as the middles do, with every token's fall capped at 12 in log2 (pairwise="capped"):
+# then no factor exceeds 2^96 whatever the gate, and a pair across a capped step, whose true decay is below 2^-12,
+# moves by at most 2^-12 ||x_i|| ||k_j||. In place of the halvings' 9 GEMMs and 8 passes: one pass down the chunk
+# that turns G_s into the capped steps (capped_cumsum_in_place; W reads the gate again after), 2 GEMMs, 3 passes, in the
+# buffers of the middles by rows (115712 bytes for a layer's call, two blocks per SM, as with the halvings). On the
+# CPU (snippets/level5/capped_steps.py, float64), the cap moves KDA's output by 1e-4 at most, twenty times less than
+# bf16's rounding of the inputs. Run 130 (H100) passed the GPU tests of its first form, which summed each element's
+# capped steps outward from the middle (8 loads and branches per element, three times): run 131 timed that form
+# slower than the defaults on the layer's calls (softplus 4.76 ms against 3.90 by the halvings, safe_gate 2.85
+# against 2.03 by the middles, (1, 8192, 96, 128)): the per-element walk cost 0.8 ms. The pass down the chunk
+# replaces it; not yet run on a GPU: off.
 CAPPED_STEPS = False
 
 
