@@ -368,7 +368,9 @@ PATHS: tuple[CudaPath, ...] = (
         name="capped_steps",
         module="kda.kernels.chunk_intra",
         switch="CAPPED_STEPS",
-        gpu_log="results/tuning/run130/gpu-tests.txt",
+        # run 130 passed the first form's tests (a walk per element, timed slower in run 131); the pass down the chunk
+        # that replaced it has not run on a GPU yet
+        gpu_log=None,
         what={"en": "chunk_intra's steep chunks, bf16: the diagonal blocks by one GEMM per score matrix about each "
                     "sub-chunk's middle row, every token's fall capped at 12 in log2, instead of the halvings",
               "zh": "chunk_intra 的陡块（bf16）：对角块改为围绕每个子块中间行、每个得分矩阵一次 GEMM，"
