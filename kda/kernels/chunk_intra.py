@@ -100,9 +100,10 @@ def capped_cumsum_in_place(G_s, C, D, BC):
 
 
 def step_cap(BC):
-    """The cap on a token's fall (log2) in ``capped_cumsum_in_place``: ``DIAGONAL_SPAN_MAX`` over the ``BC / 2`` steps of a
-    half sub-chunk (12 for 16 rows). A pair across a capped step has a true decay below ``2^-12`` and a capped one
-    at most that, so each score moves by at most ``2^-12 ||x_i|| ||k_j||`` (Cauchy-Schwarz over the channels)."""
+    """The cap on a token's fall (log2) in ``capped_cumsum_in_place``: ``DIAGONAL_SPAN_MAX`` over the ``BC / 2``
+    steps of a half sub-chunk (12 for 16 rows). A pair across a capped step has a true decay below ``2^-12`` and a
+    capped one at most that, so each score moves by at most ``2^-12 ||x_i|| ||k_j||`` (Cauchy-Schwarz over the
+    channels)."""
     return DIAGONAL_SPAN_MAX / (BC // 2)
 
 
