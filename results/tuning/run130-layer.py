@@ -6,6 +6,9 @@ safe_gate's). Each kda row also kernel by kernel (``harness.stage_times``); ``ag
 first row's of its call. Rows to ``$OUT/run130.jsonl``.
 
     FLA_FLASH_QLA=0 python results/tuning/run130-layer.py --warm
+
+Environment: ``SHAPES_N`` (the first few shapes), ``CALLS`` (the calls whose name holds it, ``layer``: the layer's
+two), ``STAGES=0`` (no stage tables).
 """
 import os
 import sys
@@ -48,7 +51,8 @@ def warm():
     import multiprocessing
 
     with futures.ProcessPoolExecutor(6, mp_context=multiprocessing.get_context("spawn")) as pool:
-        jobs = [pool.submit(warm_one, i, c) for i in range(3) for c in (False, True)]
+        first = 1 if os.environ.get("CALLS") == "layer" else 0              # the plain call not warmed when not timed
+        jobs = [pool.submit(warm_one, i, c) for i in range(first, 3) for c in (False, True)]
         for done in futures.as_completed(jobs):
             try:
                 print("warm:", done.result(), flush=True)
@@ -64,13 +68,16 @@ def main():
 
     for shape in SHAPES[:int(os.environ.get("SHAPES_N", len(SHAPES)))]:     # SHAPES_N: the first few only
         for call, args, kw in calls(*shape):
+            if os.environ.get("CALLS") and os.environ["CALLS"] not in call:      # CALLS: those whose name holds it
+                continue
             first, row = [], {"shape": list(shape), "call": call}
             for capped in (False, True):
                 chunk_intra.CAPPED_STEPS = capped
                 ours = lambda: kda.chunk_kda(*args, **kw)[0]
                 impl = "kda capped" if capped else "kda"
                 harness.timed(RUN, {**row, "impl": impl}, ours, harness.against(first))
-                harness.stage_times(RUN, {**row, "impl": impl + " stages"}, ours)
+                if os.environ.get("STAGES", "1") == "1":                       # STAGES=0: the whole call only
+                    harness.stage_times(RUN, {**row, "impl": impl + " stages"}, ours)
             harness.timed(RUN, {**row, "impl": "fla"}, lambda: fla_kda(*args, scale=shape[-1] ** -0.5, **kw)[0],
                           harness.against(first))
             first.clear()
