@@ -8,7 +8,7 @@ first row's of its call. Rows to ``$OUT/run130.jsonl``.
     FLA_FLASH_QLA=0 python results/tuning/run130-layer.py --warm
 
 Environment: ``SHAPES_N`` (the first few shapes), ``CALLS`` (the calls whose name holds it, ``layer``: the layer's
-two), ``STAGES=0`` (no stage tables).
+two), ``STAGES=0`` (no stage tables), ``FLA=0`` (no fla rows).
 """
 import os
 import sys
@@ -78,8 +78,9 @@ def main():
                 harness.timed(RUN, {**row, "impl": impl}, ours, harness.against(first))
                 if os.environ.get("STAGES", "1") == "1":                       # STAGES=0: the whole call only
                     harness.stage_times(RUN, {**row, "impl": impl + " stages"}, ours)
-            harness.timed(RUN, {**row, "impl": "fla"}, lambda: fla_kda(*args, scale=shape[-1] ** -0.5, **kw)[0],
-                          harness.against(first))
+            if os.environ.get("FLA", "1") == "1":                              # FLA=0: kda's rows only
+                harness.timed(RUN, {**row, "impl": "fla"}, lambda: fla_kda(*args, scale=shape[-1] ** -0.5, **kw)[0],
+                              harness.against(first))
             first.clear()
             torch.cuda.empty_cache()
 

@@ -3,7 +3,7 @@
 # CAPPED_STEPS' bf16 GPU tests with the capped steps by one pass down the chunk (capped_cumsum_in_place) in place of
 # run 130's walk per element, TEST_S seconds (TESTS: a -k expression, by default every bf16 capped case); then
 # run130-layer.py (CAPPED_STEPS against the defaults on the model's calls, fla beside; SHAPES_N, CALLS and STAGES
-# limit it) with what is left but 30 s; the caches packed.
+# FLA limit it) with what is left but 30 s; the caches packed.
 set -u
 source "$(dirname "$0")/device-env.sh"
 gpu_tests ${TEST_S:-200} tests/test_gpu_level5.py -k "${TESTS:-capped and not dtype0}"
