@@ -51,8 +51,9 @@ def warm():
     import multiprocessing
 
     with futures.ProcessPoolExecutor(6, mp_context=multiprocessing.get_context("spawn")) as pool:
-        first = 1 if os.environ.get("CALLS") == "layer" else 0              # the plain call not warmed when not timed
-        jobs = [pool.submit(warm_one, i, c) for i in range(first, 3) for c in (False, True)]
+        names = [call for call, _, _ in calls(1, 64, 1, 128)]
+        timed = [i for i, name in enumerate(names) if os.environ.get("CALLS", "") in name]     # only those timed
+        jobs = [pool.submit(warm_one, i, c) for i in timed for c in (False, True)]
         for done in futures.as_completed(jobs):
             try:
                 print("warm:", done.result(), flush=True)
