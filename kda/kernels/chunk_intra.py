@@ -366,6 +366,16 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             log2_cumsum_by_columns(G_s, G_s, L, C, GD, flags)
 
     @T.macro
+    def gate_again(g, g_s, G_s, flags, A_log, dt_bias, lower_bound, L, t0, bb, bh, kept, c):
+        """The chunk's cumulative gate back into ``G_s`` once something was written over it (the scores' ``Ke``, the
+        capped steps): from where the scores parked it with ``keep_loaded``, else loaded, activated and summed again."""
+        if keep:
+            for i, d in T.Parallel(C, DK):
+                G_s[i, d] = kept[bb, bh, c * C + i, d]
+        else:
+            load_gate(g, g_s, G_s, flags, A_log, dt_bias, lower_bound, L, t0, bb, bh)
+
+    @T.macro
     def load_beta(beta, beta_s, flags, t0, L, bb, bh, key_sums_s=None):
         """The chunk's ``b``: ``load_beta_checked``, or with ``beta_act`` the sigmoid of the raw value (0 on the
         rows past ``L``; ``flags[1]`` set where a raw value is not finite); with ``check_keys``, ``flags[2] = 1``
@@ -717,11 +727,8 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                 elif qk_l2norm:
                     normalize_rows(Rgt_s, norm_f, sum_f, inv_s, C, DK)
                     normalize_rows(K_s, norm_f, sum_f, inv_s, C, DK)
-                if keep:                                     # G_s holds Ke: the gate where scores parked it
-                    for i, d in T.Parallel(C, DK):
-                        G_s[i, d] = kept[bb, bh, c * C + i, d]
-                elif same_layout:                            # G_s holds Ke: the cumsum again
-                    load_gate(g, g_s, G_s, flags, A_log, dt_bias, lower_bound, L, t0, bb, bh)
+                if same_layout:                              # G_s holds Ke
+                    gate_again(g, g_s, G_s, flags, A_log, dt_bias, lower_bound, L, t0, bb, bh, kept, c)
             if not same_layout:
                 if too_steep[0] == 0:                        # fp16: tf32 operands, merged in shared
                     A_diag = T.alloc_fragment([R, C], ACCUM)
@@ -744,12 +751,8 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                     capped_cumsum_in_place(G_s, C, DK, BC)
                     diagonal_about_middles_by_rows(Mid_s, Rgt_s, A_mid, G_s, K_s, Rgt_s, Aqk_s, A_s, beta_s, scale,
                                                    about_middle)
-                    if delta:                                # W needs G again: from where the reload had it
-                        if keep:
-                            for i, d in T.Parallel(C, DK):
-                                G_s[i, d] = kept[bb, bh, c * C + i, d]
-                        else:
-                            load_gate(g, g_s, G_s, flags, A_log, dt_bias, lower_bound, L, t0, bb, bh)
+                    if delta:                                # W needs the true gate
+                        gate_again(g, g_s, G_s, flags, A_log, dt_bias, lower_bound, L, t0, bb, bh, kept, c)
             elif too_steep[PAIRWISE] == 1 and pairwise == "halvings":
                 Half_s = T.alloc_shared([C, DK], dtype)
                 A_half = T.alloc_fragment([C, C], ACCUM)
