@@ -35,6 +35,11 @@ SHAPES, calls = _run127()
 RUN = "run130"
 
 
+def timed_call(name):
+    """Whether the call ``name`` is timed: ``CALLS`` unset, or part of its name."""
+    return os.environ.get("CALLS", "") in name
+
+
 def warm_one(i, capped):
     import kda
     from kda.kernels import chunk_intra
@@ -52,8 +57,7 @@ def warm():
 
     with futures.ProcessPoolExecutor(6, mp_context=multiprocessing.get_context("spawn")) as pool:
         names = [call for call, _, _ in calls(1, 64, 1, 128)]
-        timed = [i for i, name in enumerate(names) if os.environ.get("CALLS", "") in name]     # only those timed
-        jobs = [pool.submit(warm_one, i, c) for i in timed for c in (False, True)]
+        jobs = [pool.submit(warm_one, i, c) for i, name in enumerate(names) if timed_call(name) for c in (False, True)]
         for done in futures.as_completed(jobs):
             try:
                 print("warm:", done.result(), flush=True)
@@ -69,7 +73,7 @@ def main():
 
     for shape in SHAPES[:int(os.environ.get("SHAPES_N", len(SHAPES)))]:     # SHAPES_N: the first few only
         for call, args, kw in calls(*shape):
-            if os.environ.get("CALLS") and os.environ["CALLS"] not in call:      # CALLS: those whose name holds it
+            if not timed_call(call):
                 continue
             first, row = [], {"shape": list(shape), "call": call}
             for capped in (False, True):
