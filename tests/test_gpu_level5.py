@@ -287,6 +287,7 @@ def test_activations_in_chunk_intra(dtype, form, packed, steep, compiled_kernels
     fast = steep in ("kept, fast", "capped")
     monkeypatch.setattr(chunk_intra, "FAST_ACTIVATIONS", fast)
     monkeypatch.setattr(chunk_intra, "CAPPED_STEPS", steep == "capped")
+    monkeypatch.setattr(chunk_intra, "CAPPED_STEPS_FOR", EVERY_GATE_FORM)       # sigmoid's too
     monkeypatch.setattr(gated_delta, "L2NORM_IN_KERNEL", True)
     B, T, H, D = (1 if packed else 2), 200, 3, 128
     q, k, v, _, _, h0 = inputs((B, T, H, D, D), dtype, "logsigmoid", True, zlib.crc32(f"act{dtype}{form}".encode()))
@@ -411,6 +412,8 @@ STEEP_COMPILES = {"products": dict(pairwise="products"), "halvings": dict(pairwi
                   "middles_by_rows_kept": dict(middles=True, middles_by_rows=True, pairwise="halvings",
                                                keep_loaded=True),
                   "capped": dict(pairwise="capped", keep_loaded=True)}
+# CAPPED_STEPS_FOR's every form of the gate: given activated (None), softplus's, safe_gate's sigmoid
+EVERY_GATE_FORM = (None, "softplus", "sigmoid")
 STEEP_SWITCHES = {"products": ("PAIRWISE_BY_PRODUCTS",), "halvings": ("PAIRWISE_BY_HALVINGS",),
                   "middles": ("DIAGONAL_ABOUT_MIDDLES",),        # kda.kernels.chunk_intra's, by STEEP_COMPILES' names
                   "halvings_kept": ("PAIRWISE_BY_HALVINGS", "RELOAD_FROM_KEPT"),
@@ -498,8 +501,10 @@ def test_chunk_kda_steep_chunk_variants(dtype, kind, op, steep, compiled_kernels
     from kda.kernels import chunk_intra
     from kda.reference import level3 as ref3
 
+    monkeypatch.setattr(chunk_intra, "CAPPED_STEPS", False)                    # on by default (for softplus's)
     for switch in STEEP_SWITCHES[steep]:
         monkeypatch.setattr(chunk_intra, switch, True)
+    monkeypatch.setattr(chunk_intra, "CAPPED_STEPS_FOR", EVERY_GATE_FORM)       # here the gates come activated
     shape = (2, 200, 3, 128, 128)
     q, k, v, g, beta, h0 = inputs(shape, dtype, "runs_of_-20", True, zlib.crc32(f"ppop{dtype}{kind}".encode()))
     if kind != "runs_of_-20":

@@ -1000,9 +1000,14 @@ FAST_ACTIVATIONS_DTYPES = ("bfloat16",)
 # slower than the defaults on the layer's calls (softplus 4.76 ms against 3.90 by the halvings, safe_gate 2.85
 # against 2.03 by the middles, (1, 8192, 96, 128)): the per-element walk cost 0.8 ms. The pass down the chunk
 # replaces it. Run 132 (H100) timed it on the layer's softplus call at (1, 8192, 96, 128): 2.319 ms against 3.837 by
-# the halvings (fla 3.455 in run 131), its output 2.95e-3 from the defaults' as the first form's was. Its GPU tests
-# have not run yet: off.
-CAPPED_STEPS = False
+# the halvings (fla 3.455 in run 131), its output 2.95e-3 from the defaults' as the first form's was. Run 133 (H100)
+# passed its 20 bf16 GPU tests (levels 3 and 5, the ops, the layer's calls dense and packed) and timed it on three
+# shapes: the layer's softplus call 2.314 ms against 3.803 at (1, 8192, 96, 128), 3.153 against 5.753 at
+# (1, 32768, 32, 128), 2.963 against 4.743 at (4, 4096, 64, 128); slower by 2 to 3% on the plain call (1.568 against
+# 1.523 ms, few chunks steep) and on safe_gate's (2.070 against 2.030, the middles' two GEMMs already): on, for the
+# gate forms in CAPPED_STEPS_FOR only (None: a gate given activated; "softplus": KDA's layer; "sigmoid": safe_gate's).
+CAPPED_STEPS = True
+CAPPED_STEPS_FOR = ("softplus",)
 
 
 def steep_chunks(dtype: str = "bfloat16", delta: bool = True, gate_act: str | None = None,
@@ -1010,13 +1015,13 @@ def steep_chunks(dtype: str = "bfloat16", delta: bool = True, gate_act: str | No
     """``chunk_intra``'s compile flags for steep chunks (a gate per channel), by the switches above (``gate_act``:
     the form of the gate the kernel activates itself, ``STEEP_FOR_ACTIVATED_GATES``): their diagonal blocks, the
     halvings at level 5 in bf16 only (fp16's do not fit an SM's shared memory: the pairwise sums or products there),
-    or with ``CAPPED_STEPS`` (bf16) the capped steps for every gate (not for the backward's forward, whose
-    ``backward_outputs`` hand the backward the exact pairs), and with ``RELOAD_FROM_KEPT`` (bf16) their second load
-    from the parked gate."""
+    or with ``CAPPED_STEPS`` (bf16) the capped steps for the gate forms in ``CAPPED_STEPS_FOR`` (not for the
+    backward's forward, whose ``backward_outputs`` hand the backward the exact pairs), and with ``RELOAD_FROM_KEPT``
+    (bf16) their second load from the parked gate."""
     halvings_fit = dtype == "bfloat16" or not delta
     middles = {"middles": True, **({"middles_by_rows": True} if MIDDLES_BY_ROWS and dtype == "bfloat16" else {})}
     flags = {"keep_loaded": True} if RELOAD_FROM_KEPT and dtype == "bfloat16" else {}
-    if CAPPED_STEPS and dtype == "bfloat16" and not backward_outputs:      # any gate, activated or not, levels 3, 5
+    if CAPPED_STEPS and gate_act in CAPPED_STEPS_FOR and dtype == "bfloat16" and not backward_outputs:  # levels 3, 5
         return {**flags, "pairwise": "capped"}
     if gate_act is not None and STEEP_FOR_ACTIVATED_GATES and halvings_fit:
         return {**flags, "pairwise": "halvings", **(middles if gate_act == "sigmoid" else {})}
