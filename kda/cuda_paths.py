@@ -369,13 +369,13 @@ PATHS: tuple[CudaPath, ...] = (
         module="kda.kernels.chunk_intra",
         switch="CAPPED_STEPS",
         # run 130 passed the first form's tests (a walk per element, timed slower in run 131), run 133 those of the
-        # pass down the chunk that replaced it
+        # pass down the chunk that replaced it, run 134 the layer's tests with it on by default
         gpu_log="results/tuning/run133/gpu-tests.txt",
         what={"en": "chunk_intra's steep chunks, bf16: the diagonal blocks by one GEMM per score matrix about each "
                     "sub-chunk's middle row, every token's fall capped at 12 in log2, instead of the halvings "
-                    "(the layer's softplus gate)",
+                    "(gates given activated and the layer's softplus gate, not safe_gate's)",
               "zh": "chunk_intra 的陡块（bf16）：对角块改为围绕每个子块中间行、每个得分矩阵一次 GEMM，"
-                    "每个 token 的下降在 log2 下截到 12，取代逐次减半（层的 softplus 门控）"},
+                    "每个 token 的下降在 log2 下截到 12，取代逐次减半（用于调用方已激活的门控与层的 softplus 门控，不用于 safe_gate）"},
     ),
     CudaPath(
         name="fast_activations",

@@ -741,11 +741,11 @@ def test_level5_activations_in_kernel(kernel_launches, form, packed, steep, monk
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_capped_steps_switch(kernel_launches, monkeypatch, dtype):
-    """``CAPPED_STEPS``: by default a bf16 layer's call (the gate activated by softplus in the kernel) compiles
-    ``chunk_intra`` with ``pairwise="capped"``, a gate given activated and safe_gate's sigmoid do not; with every
-    gate form in ``CAPPED_STEPS_FOR``, every bf16 call with a gate per channel does (plain and activated, levels 3 and
-    5, dense and packed), in place of the halvings and the middles; the backward's forward (``backward_outputs``),
-    fp16 and a gate per head keep what they had."""
+    """``CAPPED_STEPS``: by default a bf16 call with a gate given activated or activated by softplus in the kernel
+    (a layer's) compiles ``chunk_intra`` with ``pairwise="capped"``, safe_gate's sigmoid does not; with every gate
+    form in ``CAPPED_STEPS_FOR``, every bf16 call with a gate per channel does (plain and activated, levels 3 and 5,
+    dense and packed), in place of the halvings and the middles; the backward's forward (``backward_outputs``), fp16
+    and a gate per head keep what they had."""
     from kda.activation import Activation
     from kda.kernels import chunk_intra
     from kda.kernels.chunk_intra import prepare_chunks
@@ -754,7 +754,7 @@ def test_capped_steps_switch(kernel_launches, monkeypatch, dtype):
     q, k, v, g, beta = level5_inputs(B=1, per_channel=True, dtype=dtype)
     bf16 = dtype == torch.bfloat16
     flags = lambda: torch.zeros(2, dtype=torch.int32)
-    for form, capped in (("softplus", bf16), ("sigmoid", False), (None, False)):           # the defaults
+    for form, capped in (("softplus", bf16), ("sigmoid", False), (None, bf16)):            # the defaults
         kernel_launches.clear()
         act = Activation(form, "sigmoid", torch.randn(2), torch.randn(2, 64), -5.0 if form == "sigmoid" else 0.0)
         prepare_chunks(q, k, v, g if form else -g.abs(), beta, 0.125, flags(), activation=act if form else None)
