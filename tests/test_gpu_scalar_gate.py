@@ -70,9 +70,11 @@ def reference_inverse(k, g, beta, C=64):
 
 
 # chunk_gated_inverse's arrangements that compute otherwise (run 110 times them): the lower-left half by tf32 GEMMs,
-# the gate's cumsum by a shuffle scan
+# the gate's cumsum by a shuffle scan; compact: the same sums, the merge's scratch and Tb's tile in A_s, four blocks
+# per SM
 ARRANGEMENTS = {"default": {}, "halves": dict(merge="halves"), "scan": dict(cumsum="scan"),
-                "halves_scan_heads_first": dict(merge="halves", cumsum="scan", heads_first=True)}
+                "halves_scan_heads_first": dict(merge="halves", cumsum="scan", heads_first=True),
+                "compact": dict(merge="halves", cumsum="scan", compact=True, min_blocks=4)}
 
 
 @pytest.mark.parametrize("arrangement", ARRANGEMENTS)
@@ -203,14 +205,15 @@ def test_packed_sequences(initial, final, scalar_path):
     check_sequences(o, ht, q.repeat_interleave(2, dim=2), k.repeat_interleave(2, dim=2), v, g, beta, h0, lengths)
 
 
+@pytest.mark.parametrize("arrangement", ["halves_scan_heads_first", "compact"])
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
-def test_inverse_arrangement_in_the_op(packed, scalar_path, monkeypatch):
+def test_inverse_arrangement_in_the_op(packed, arrangement, scalar_path, monkeypatch):
     """The op with ``chunk_gated_inverse``'s tf32 halves and shuffle-scan cumsum (``SCALAR_GATE_INVERSE_CONFIG``),
-    dense and packed (an empty sequence, one token, ragged tails), against the recurrence; a NaN gate in a
-    sequence's tail still raises."""
+    with the heads first or compact, dense and packed (an empty sequence, one token, ragged tails), against the
+    recurrence; a NaN gate in a sequence's tail still raises."""
     from kda.kernels import scalar_gate
 
-    monkeypatch.setattr(scalar_gate, "SCALAR_GATE_INVERSE_CONFIG", ARRANGEMENTS["halves_scan_heads_first"])
+    monkeypatch.setattr(scalar_gate, "SCALAR_GATE_INVERSE_CONFIG", ARRANGEMENTS[arrangement])
     lengths = [130, 0, 64, 1, 77, 300] if packed else None
     T = sum(lengths) if packed else 700
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda") if packed else None

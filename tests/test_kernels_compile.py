@@ -259,6 +259,11 @@ CASES = [
     ("decode", "value_checks", dict(gate_dtype="bfloat16", pooled=True)),
     ("decode", "value_checks", dict(gate_finite_only=True, beta_finite_only=True, pooled=True)),
     ("decode", "value_checks", dict(pooled=True, index_dtype="int64")),
+    # the merge's scratch and Tb's tile in A_s's spent bytes (compact): four blocks per SM
+    ("scalar_gate", "chunk_gated_inverse", dict(DK=128, dtype="bfloat16", merge="halves", cumsum="scan", compact=True,
+                                                min_blocks=4)),
+    ("scalar_gate", "chunk_gated_inverse", dict(DK=64, dtype="float16", merge="halves", cumsum="scan", compact=True,
+                                                varlen=True, value_groups=2, check_keys=True)),
 ]
 
 
@@ -336,9 +341,10 @@ def test_register_budget_bisection_matches_a_scan_from_the_top():
     assert found["smallest_without_spills"] == smallest == 120
 
 
-def shared_regions(fn, pass_configs=None, **params):
+def shared_regions(fn, pass_configs=None, unlisted=None, **params):
     """``{buffer: (first byte, end)}`` of a kernel's dynamic shared memory: the offsets from its
-    generated CUDA, the sizes from the buffers its program allocates."""
+    generated CUDA, the sizes from the buffers its program allocates (``unlisted``: the size of the buffers
+    tilelang adds itself, such as a scan's, which the program does not list; without it they fail)."""
     import re
 
     import numpy as np
@@ -359,6 +365,8 @@ def shared_regions(fn, pass_configs=None, **params):
                 sizes[b.name] = int(np.prod([int(x) for x in b.shape])) * tvm.DataType(str(b.dtype)).bits // 8
 
     tirx.stmt_functor.post_order_visit(fn(**params).body, visit)
+    if unlisted is not None:
+        sizes.update({name: unlisted for name in offsets if name not in sizes})
     assert offsets and set(offsets) <= set(sizes), (offsets, sizes)     # a buffer a variant never uses is dropped
     return {name: (offsets[name], offsets[name] + sizes[name]) for name in offsets}
 
@@ -433,3 +441,15 @@ def test_shared_memory_reuse_aliases_buffers_across_warpgroups():
     regions = shared_regions(seq_in_loop_scalar, {"tl.disable_shared_memory_reuse": False}, DK=128, DV=128,
                              dtype="bfloat16", slots=2, out_groups=1)
     assert ("O_s", "Vw_s") in overlapping(regions) or ("Vw_s", "O_s") in overlapping(regions)
+
+
+def test_compact_inverse_fits_four_blocks_per_sm():
+    """``chunk_gated_inverse(compact=True)``: the merge's scratch and ``Tb``'s tile over ``A_s`` take the block from
+    72.7 KB of shared memory to under 56 KB, so that four blocks fit an SM's 228 KB (1 KB reserved per block); the
+    default keeps its own buffers. The scan's scratch, which tilelang adds, takes 256 bytes."""
+    from kda.kernels.scalar_gate import chunk_gated_inverse
+
+    end = lambda **params: max(e for _, e in shared_regions(chunk_gated_inverse, unlisted=256, DK=128,
+                                                            dtype="bfloat16", merge="halves", cumsum="scan",
+                                                            **params).values())
+    assert end(compact=True, min_blocks=4) <= 56 * 1024 < end()

@@ -73,7 +73,7 @@ def log2_cumsum_by_scan(g, g_s, H_s, G_s, flags, bb, bh, t0, L, C):
 # --8<-- [start:chunk_gated_inverse]
 def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtype="float32", value_groups=1,
                         varlen=False, threads=128, chunks_per_block=4, num_stages=1, min_blocks=3,
-                        merge="substitution", heads_first=False, check_keys=False, cumsum="serial"):
+                        merge="substitution", heads_first=False, check_keys=False, cumsum="serial", compact=False):
     """Arguments at run time: ``K [B, T, HQ, DK]``, ``g [B, T, H]`` (``gate_dtype``, natural log),
     ``beta [B, T, H]`` (float32), then the outputs ``G [B, H, NC C]`` (float32: chunk ``c``'s cumsum in
     log2 units at ``c C ..``, flat past the end), ``Tb [B, T, H, C]`` (dtype; zero above the diagonal and
@@ -91,13 +91,16 @@ def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtyp
     ``heads_first``: the heads along the grid's first axis, so that blocks launched together read the same
     tokens of neighbouring heads (FlashQLA's ``kkt_solve`` order; not yet timed here). ``check_keys`` (raw keys;
     ``kda.gated_delta``'s ``KEY_CHECK_IN_KERNEL``): ``flags [3]``, ``flags[2] = 1`` where a row's ``b ||k||^2``
-    (``||k||^2`` the diagonal of its ``K K^T``, already made) exceeds ``kda.kernels.chunk_intra.KEY_BOUND``."""
+    (``||k||^2`` the diagonal of its ``K K^T``, already made) exceeds ``kda.kernels.chunk_intra.KEY_BOUND``.
+    ``compact`` (``merge="halves"``): the merge's scratch in ``A_s``'s spent quadrants and ``Tb``'s tile over ``A_s``
+    once the merge is done, 22 KB of shared memory less (72.7 KB to 50.9 KB: four blocks per SM instead of three)."""
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     HQ = T.dynamic("HQ")
     C = chunk_size
     NC = T.dynamic("NC") if varlen else T.ceildiv(S, C)
     BB = 1 if varlen else B
     assert merge in ("substitution", "products", "halves") and (merge == "substitution" or C == 4 * block)
+    assert not compact or merge == "halves", "compact: the merge by halves only"
     assert cumsum in ("serial", "scan")
     if merge == "products":
         from kda.kernels.wy_solve import merge_by_products
@@ -125,7 +128,8 @@ def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtyp
             b_s = T.alloc_shared([C], ACCUM)
             A_s = T.alloc_shared([C, C], ACCUM)
             Tinv_s = T.alloc_shared([C, C], ACCUM)
-            Tb_s = T.alloc_shared([C, C], dtype)
+            # compact: Tb's tile over A_s (float32 C x C, spent once the merge is done), its rows' first halves
+            Tb_s = T.view(A_s, [C, 2 * C], dtype) if compact else T.alloc_shared([C, C], dtype)
             KK = T.alloc_fragment([C, C], ACCUM)
             x_col = T.alloc_local([block], ACCUM)
             hq = bh // value_groups if value_groups > 1 else bh
@@ -159,7 +163,7 @@ def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtyp
                 if merge == "products":             # four tf32 GEMMs (level 4's merge_by_products)
                     merge_by_products(A_s, Tinv_s, C, block)
                 elif merge == "halves":
-                    merge_by_halves(A_s, Tinv_s, C, block)
+                    merge_by_halves(A_s, Tinv_s, C, block, in_place=compact)
                 else:
                     merge_by_substitution(A_s, Tinv_s, C, block)
                 for i, j in T.Parallel(C, C):       # the blocks above the diagonal were never written
@@ -169,7 +173,7 @@ def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtyp
                         if i < L:
                             Tb[bb, t0 + i, bh, j] = Tb_s[i, j]
                 else:
-                    T.copy(Tb_s, Tb[bb, t0:t0 + C, bh, :])
+                    T.copy(Tb_s[:, 0:C], Tb[bb, t0:t0 + C, bh, :])
 
     return main
 # --8<-- [end:chunk_gated_inverse]
