@@ -132,6 +132,22 @@ def test_gdn_scalar_gate_path(kernel_launches, monkeypatch, HV, D, initial, fina
     assert o.shape == v.shape and (ht is None) == (not final)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gdn_inverse_is_compact_in_bf16(kernel_launches, monkeypatch, dtype):
+    """``chunk_gated_inverse`` compiles compact, four blocks per SM, for bf16 (run 135's GPU tests and timing); fp16
+    keeps its own buffers and three blocks (``COMPACT_DTYPES``: its compact compile has not run on a GPU)."""
+    from kda import gated_delta
+
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", True)
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_MIN_BLOCKS", 0.0)
+    q, k, v, g, beta = level5_inputs(B=2, H=2, D=128, per_channel=False, dtype=dtype)
+    gated_delta._run_kernels(q, k, v, g, beta, 0.125, None, torch.zeros(2, dtype=torch.int32))
+    name, inverse = kernel_launches[0]
+    bf16 = dtype == torch.bfloat16
+    assert name == "chunk_gated_inverse" and inverse["merge"] == "halves" and inverse["cumsum"] == "scan"
+    assert inverse.get("compact", False) == bf16 and inverse.get("min_blocks") == (4 if bf16 else None)
+
+
 @pytest.mark.parametrize("final", [False, True], ids=["no_final", "final"])
 @pytest.mark.parametrize("initial", [False, True], ids=["zero_start", "initial"])
 def test_gdn_scalar_gate_path_packed(kernel_launches, monkeypatch, initial, final):

@@ -391,8 +391,14 @@ inverse_state_output_pass.pass_configs = WARP_SPECIALISED
 # (results/tuning/run90-gdn-inverse.py); the defaults are its best. Run 111 (H100): the merge by halves (tf32 GEMMs for
 # the lower-left 32 x 32 block) passed its GPU tests and takes 0.272 ms against 0.340 at (1, 8192, 96, 128), the op
 # 0.801 against 0.876 (FlashQLA 0.592). The cumsum by doubling scan passed its stage tests in run 113 (H100) after its
-# rows past a ragged chunk's end were made flat; with it the inverse took 0.249 ms and the op 0.767 in run 112.
-SCALAR_GATE_INVERSE_CONFIG: dict = dict(merge="halves", cumsum="scan")
+# rows past a ragged chunk's end were made flat; with it the inverse took 0.249 ms and the op 0.767 in run 112. Run 135
+# (H100): compact (the merge's scratch and Tb's tile in A_s, 49.5 KB of shared memory, four blocks per SM) passed its
+# GPU tests (the stage against float64, the op dense and packed) with G and Tb bit for bit the default's, and took the
+# inverse from 0.332 to 0.275 ms at (1, 32768, 32, 128) (FlashQLA's kkt_solve 0.230; the op 0.952 to 0.886, FlashQLA
+# 0.744) and from 0.250 to 0.212 at (1, 8192, 96, 128) (kkt_solve 0.176; the op 0.776 to 0.729, FlashQLA 0.591).
+# fp16's compact compile has not run on a GPU: fp16 keeps three blocks per SM (COMPACT_DTYPES).
+SCALAR_GATE_INVERSE_CONFIG: dict = dict(merge="halves", cumsum="scan", compact=True, min_blocks=4)
+COMPACT_DTYPES = ("bfloat16",)
 
 
 def scalar_gate_inverse(k, g, beta, H, flags=None, table=None):
@@ -404,11 +410,14 @@ def scalar_gate_inverse(k, g, beta, H, flags=None, table=None):
     B, T, HQ, DK = k.shape
     C = CHUNK_SIZE
     NC = ceildiv(T, C) if table is None else table.chunks.shape[0]
+    dtype = launch.dtype_name(k.dtype)
+    config = dict(SCALAR_GATE_INVERSE_CONFIG)
+    if dtype not in COMPACT_DTYPES and config.pop("compact", False):
+        config.pop("min_blocks", None)
     with torch.cuda.device(k.device):
-        inverse = compile_program(chunk_gated_inverse, (), DK=DK, chunk_size=C,
-                                  dtype=launch.dtype_name(k.dtype), gate_dtype=str(g.dtype).removeprefix("torch."),
-                                  value_groups=H // HQ, varlen=table is not None, **SCALAR_GATE_INVERSE_CONFIG,
-                                  **launch.keys_checked(flags))
+        inverse = compile_program(chunk_gated_inverse, (), DK=DK, chunk_size=C, dtype=dtype,
+                                  gate_dtype=str(g.dtype).removeprefix("torch."), value_groups=H // HQ,
+                                  varlen=table is not None, **config, **launch.keys_checked(flags))
         G = launch.new_output((B, H, NC * C), torch.float32, k.device)
         Tb = launch.new_output((B, T, H, C), k.dtype, k.device)
         if flags is None:
