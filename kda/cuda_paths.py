@@ -473,6 +473,16 @@ PATHS: tuple[CudaPath, ...] = (
                     "kernel（kda/kernels/norms.py），取代 torch 经 float32 的多次拷贝"},
         gpu_log="results/tuning/run103/gpu-tests-switches.txt",
     ),
+    CudaPath(
+        name="layer_kernels",
+        module="kda.layer",
+        switch="LAYER_KERNELS",
+        gpu_log=None,
+        what={"en": "kda.layer.KimiDeltaAttention's short convolutions and gated output norm by kernels of their own "
+                    "(kda/kernels/causal_conv.py, gated_rms_norm_rows), not differentiated",
+              "zh": "kda.layer.KimiDeltaAttention 的短卷积与带门控的输出范数改由各自的 kernel 完成"
+                    "（kda/kernels/causal_conv.py、gated_rms_norm_rows），不求导"},
+    ),
 )
 
 

@@ -808,3 +808,45 @@ def test_the_norm_kernel(kernel_launches, monkeypatch):
     y = gated_delta.l2_normalized(x)
     assert kernel_launches == [("l2_normalize_rows", dict(D=64, dtype="bfloat16"))]
     assert y.shape == x.shape and y.dtype == x.dtype
+
+
+@pytest.mark.parametrize("with_tail", [False, True], ids=["no_tail", "tail"])
+def test_layer_kernels_launch(kernel_launches, with_tail):
+    """``kda.kernels.causal_conv.causal_conv`` and ``kda.kernels.norms.gated_rms_normalized`` bind their arguments
+    to their programs: ``x [B, T, C]`` with a ``[C, W]`` weight (and the previous tail), the norm over the rows of
+    ``[B, T, H, D]`` with the gate's projection of the same shape; the channels per block divide ``C``."""
+    from kda.kernels.causal_conv import causal_conv, conv_block
+    from kda.kernels.norms import gated_rms_normalized
+
+    x = torch.randn(2, 37, 192).bfloat16()
+    tail = torch.randn(2, 192, 3).bfloat16() if with_tail else None
+    y = causal_conv(x, torch.randn(192, 1, 4), tail)
+    assert y.shape == x.shape and y.dtype == x.dtype
+    assert kernel_launches == [("causal_conv_silu", dict(C=192, W=4, dtype="bfloat16", block_c=64,
+                                                         with_tail=with_tail))]
+    o, gate = torch.randn(2, 37, 3, 64).half(), torch.randn(2, 37, 3, 64).half()
+    out = gated_rms_normalized(o, gate, torch.ones(64), 1e-6)
+    assert out.shape == o.shape and out.dtype == o.dtype
+    assert kernel_launches[1] == ("gated_rms_norm_rows", dict(D=64, dtype="float16"))
+    assert [conv_block(c) for c in (4096, 192, 96, 8)] == [128, 64, 32, 8]
+    with pytest.raises(ValueError, match="multiple of 8"):
+        conv_block(100)
+
+
+def test_layer_kernels_apply(monkeypatch):
+    """``kda.layer.layer_kernels_apply``: with ``LAYER_KERNELS`` on, CUDA half-precision inputs with nothing to
+    differentiate take the kernels; the CPU, float32, a tensor that requires grad under autograd, or a trace by
+    ``torch.compile`` keep torch's form (the kernels have no backward, and the compiler fuses torch's form itself)."""
+    from kda import layer
+
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    x, w = torch.randn(2, 3).bfloat16(), torch.nn.Parameter(torch.randn(3))
+    assert not layer.layer_kernels_apply(x, w)                  # the switch is off by default
+    monkeypatch.setattr(layer, "LAYER_KERNELS", True)
+    assert not layer.layer_kernels_apply(x, w)                  # w requires grad, autograd on
+    with torch.no_grad():
+        assert layer.layer_kernels_apply(x, w)
+        assert not layer.layer_kernels_apply(x.float(), w)
+    assert layer.layer_kernels_apply(x, w.detach())
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert not layer.layer_kernels_apply(x, w.detach())
