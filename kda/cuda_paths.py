@@ -477,7 +477,7 @@ PATHS: tuple[CudaPath, ...] = (
         name="layer_kernels",
         module="kda.layer",
         switch="LAYER_KERNELS",
-        gpu_log=None,
+        gpu_log="results/tuning/run136/gpu-tests.txt",
         what={"en": "kda.layer.KimiDeltaAttention's short convolutions and gated output norm by kernels of their own "
                     "(kda/kernels/causal_conv.py, gated_rms_norm_rows), not differentiated",
               "zh": "kda.layer.KimiDeltaAttention 的短卷积与带门控的输出范数改由各自的 kernel 完成"

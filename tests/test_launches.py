@@ -834,15 +834,14 @@ def test_layer_kernels_launch(kernel_launches, with_tail):
 
 
 def test_layer_kernels_apply(monkeypatch):
-    """``kda.layer.layer_kernels_apply``: with ``LAYER_KERNELS`` on, CUDA half-precision inputs with nothing to
+    """``kda.layer.layer_kernels_apply``: with ``LAYER_KERNELS`` (on), CUDA half-precision inputs with nothing to
     differentiate take the kernels; the CPU, float32, a tensor that requires grad under autograd, or a trace by
     ``torch.compile`` keep torch's form (the kernels have no backward, and the compiler fuses torch's form itself)."""
     from kda import layer
 
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     x, w = torch.randn(2, 3).bfloat16(), torch.nn.Parameter(torch.randn(3))
-    assert not layer.layer_kernels_apply(x, w)                  # the switch is off by default
-    monkeypatch.setattr(layer, "LAYER_KERNELS", True)
+    assert layer.LAYER_KERNELS                                   # on by default (run 136)
     assert not layer.layer_kernels_apply(x, w)                  # w requires grad, autograd on
     with torch.no_grad():
         assert layer.layer_kernels_apply(x, w)
