@@ -106,6 +106,41 @@ def test_inverse_against_reference_stage(shape, kind, arrangement):
         assert (Tb[:, rows, :, L:] == 0).all(), c                                # columns past the end
 
 
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "packed"])
+@pytest.mark.parametrize("kind", ["logsigmoid", "runs_of_-20"])
+def test_compact_inverse_in_fp16(kind, varlen):
+    """fp16's ``chunk_gated_inverse(compact=True)`` (off for fp16 until this passes: ``COMPACT_DTYPES``): ``G`` and
+    ``Tb`` bit for bit those of fp16's default arrangement without it, dense and over a packed chunk table, and
+    within the bound of float64's."""
+    from kda.kernels import scalar_gate
+    from kda.kernels.build import compile_program
+    from kda.packed import chunk_table
+
+    B, T, H, DK = (1 if varlen else 2), 200, 3, 128
+    C = 64
+    _, k, _, g, beta, _ = inputs((B, T, H, DK, 64), torch.float16, kind, False, seed=zlib.crc32(kind.encode()))
+    table = chunk_table([0, 70, 71, 200], "cuda") if varlen else None
+    NC = table.chunks.shape[0] if varlen else -(-T // C)
+    chunks = table.chunks if varlen else torch.empty(1, 1, dtype=torch.int32, device="cuda")
+    runs = []
+    for compact in (False, True):
+        params = dict(scalar_gate.SCALAR_GATE_INVERSE_CONFIG, compact=compact)
+        if not compact:
+            params.pop("min_blocks", None)
+        inverse = compile_program(scalar_gate.chunk_gated_inverse, (), DK=DK, dtype="float16", varlen=varlen,
+                                  **params)
+        G = torch.full((B, H, NC * C), float("nan"), device="cuda")
+        Tb = torch.full((B, T, H, C), float("nan"), dtype=torch.float16, device="cuda")
+        flags = torch.zeros(2, dtype=torch.int32, device="cuda")
+        inverse(k, g, beta, G, Tb, flags, chunks)
+        assert flags.tolist() == [0, 0] and torch.isfinite(G).all() and torch.isfinite(Tb).all()
+        runs.append((G, Tb))
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+    if not varlen:
+        _, Tb_ref = reference_inverse(k, g, beta)
+        assert rel_l2(runs[1][1], Tb_ref) <= 5e-3
+
+
 @pytest.mark.parametrize("columns", [128, 64])
 @pytest.mark.parametrize("kind", ["logsigmoid", "runs_of_-20"])
 @pytest.mark.parametrize("shape", [(2, 200, 3, 64, 128), (1, 129, 2, 128, 128)])
