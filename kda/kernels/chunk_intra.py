@@ -343,7 +343,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     # one falls too far for the diagonal about its middle (the pairwise sums then)
     PAIRWISE = 1 if middles else 0
 
-    # a row's gate referred to its sub-chunk's middle row, for diagonal_about_middles_by_rows (plain functions: a
+    # a row's gate referred to its sub-chunk's middle row, for diagonal_about_middles_by_rows (a plain function: a
     # lambda inside a macro has its arguments taken for the macro's loop variables)
     def about_middle(G_s, i, d):
         return G_s[i, d] - G_s[middle_row(i, BC), d]
@@ -574,24 +574,24 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                 Aqk_s[i, j] = A_half[i, j] * scale
 
     @T.macro
-    def diagonal_about_middles_by_rows(Half_s, Right, A_half, G_s, K_s, Rgt_s, Aqk_s, A_s, beta_s, scale, exponent):
+    def diagonal_about_middles_by_rows(Half_s, Right, A_half, G_s, K_s, Rgt_s, Aqk_s, A_s, beta_s, scale):
         """``diagonal_by_one_gemm`` about the middles (``middles_by_rows``) with a ``C``-row left operand: ``q 2^e``
         against ``k 2^-e`` into ``A_half`` (``C x C``), ``A_qk``'s blocks written; then, with the delta rule, ``k 2^e``
-        against the same right operand, ``A_kk``'s blocks. ``exponent(G_s, i, d)``: ``e``, row ``i``'s gate referred to
-        its sub-chunk's middle row, ``G_i - G_m`` (``about_middle``; with the steps capped where ``G_s`` holds
-        ``capped_cumsum_in_place``'s form).
+        against the same right operand, ``A_kk``'s blocks. ``e``: row ``i``'s gate referred to its sub-chunk's middle
+        row, ``G_i - G_m`` (``about_middle``; with the steps capped where ``G_s`` holds ``capped_cumsum_in_place``'s
+        form).
         ``Rgt_s`` holds q on entry and may be ``Right``."""
         for i, d in T.Parallel(C, DK):
-            Half_s[i, d] = Rgt_s[i, d] * T.exp2(exponent(G_s, i, d))
+            Half_s[i, d] = Rgt_s[i, d] * T.exp2(about_middle(G_s, i, d))
         for j, d in T.Parallel(C, DK):
-            Right[j, d] = K_s[j, d] * T.exp2(T.min(-exponent(G_s, j, d), DIAGONAL_SPAN_MAX))
+            Right[j, d] = K_s[j, d] * T.exp2(T.min(-about_middle(G_s, j, d), DIAGONAL_SPAN_MAX))
         T.gemm(Half_s, Right, A_half, transpose_B=True, clear_accum=True)
         for i, j in T.Parallel(C, C):
             if i // BC == j // BC:
                 Aqk_s[i, j] = T.if_then_else(j <= i, A_half[i, j] * scale, 0.0)
         if delta:
             for i, d in T.Parallel(C, DK):
-                Half_s[i, d] = K_s[i, d] * T.exp2(exponent(G_s, i, d))
+                Half_s[i, d] = K_s[i, d] * T.exp2(about_middle(G_s, i, d))
             T.gemm(Half_s, Right, A_half, transpose_B=True, clear_accum=True)
             for i, j in T.Parallel(C, C):
                 if i // BC == j // BC:
@@ -740,8 +740,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                     if middles_by_rows:                      # a C-row operand and C x C accumulator of its own
                         Mid_s = T.alloc_shared([C, DK], dtype)
                         A_mid = T.alloc_fragment([C, C], ACCUM)
-                        diagonal_about_middles_by_rows(Mid_s, Rgt_s, A_mid, G_s, K_s, Rgt_s, Aqk_s, A_s, beta_s, scale,
-                                                       about_middle)
+                        diagonal_about_middles_by_rows(Mid_s, Rgt_s, A_mid, G_s, K_s, Rgt_s, Aqk_s, A_s, beta_s, scale)
                     else:
                         diagonal_by_one_gemm(Lft_s, Rgt_s, A_part, G_s, K_s, Rgt_s, Aqk_s, A_s, beta_s, scale, True)
             if pairwise == "capped":
@@ -749,8 +748,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                     Mid_s = T.alloc_shared([C, DK], dtype)
                     A_mid = T.alloc_fragment([C, C], ACCUM)
                     capped_cumsum_in_place(G_s, C, DK, BC)
-                    diagonal_about_middles_by_rows(Mid_s, Rgt_s, A_mid, G_s, K_s, Rgt_s, Aqk_s, A_s, beta_s, scale,
-                                                   about_middle)
+                    diagonal_about_middles_by_rows(Mid_s, Rgt_s, A_mid, G_s, K_s, Rgt_s, Aqk_s, A_s, beta_s, scale)
                     if delta:                                # W needs the true gate
                         gate_again(g, g_s, G_s, flags, A_log, dt_bias, lower_bound, L, t0, bb, bh, kept, c)
             elif too_steep[PAIRWISE] == 1 and pairwise == "halvings":
