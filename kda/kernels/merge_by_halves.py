@@ -21,45 +21,39 @@ def merge_by_halves(A_s, Tinv_s, C, block, in_place=False):
     ``in_place``: the scratch in ``A_s``'s quadrants, which are spent by then (``X`` above the diagonal, ``T_11``
     and ``T_22`` over the diagonal halves, ``A_21`` rounded where it is): 14 KB of shared memory less."""
     h = C // 2
-    if in_place:                                        # X[q, r, c] at A_s[q block + r, h + c]: never written
-        X_s = A_s
-        at_x = lambda q, r, c: (q * block + r, h + c)
+    # the scratch as (buffer, first row, first column): buffers of its own, or A_s's spent quadrants, X beside the
+    # first half above the diagonal (never written)
+    if in_place:
+        X, A21, T11, T22 = (A_s, 0, h), (A_s, h, 0), (A_s, 0, 0), (A_s, h, h)
     else:
-        X_s = T.alloc_shared([2, block, block], ACCUM)
-        at_x = lambda q, r, c: (q, r, c)
+        X_s = T.alloc_shared([2 * block, block], ACCUM)
+        A21_s = T.alloc_shared([h, h], ACCUM)
+        T11_s = T.alloc_shared([h, h], ACCUM)
+        T22_s = T.alloc_shared([h, h], ACCUM)
+        X, A21, T11, T22 = (X_s, 0, 0), (A21_s, 0, 0), (T11_s, 0, 0), (T22_s, 0, 0)
+    tile = lambda at: at[0][at[1]:at[1] + h, at[2]:at[2] + h]          # a GEMM operand
     for q, r, c in T.Parallel(2, block, block):        # the halves: blocks (1, 0) and (3, 2)
         acc = T.alloc_var(ACCUM)
         acc = 0.0
         for m in T.serial(block):
             acc += A_s[(2 * q + 1) * block + r, 2 * q * block + m] * Tinv_s[2 * q * block + m, 2 * q * block + c]
-        X_s[at_x(q, r, c)] = acc
+        X[0][X[1] + q * block + r, X[2] + c] = acc
     for q, r, c in T.Parallel(2, block, block):
         acc = T.alloc_var(ACCUM)
         acc = 0.0
         for m in T.serial(block):
-            acc += Tinv_s[(2 * q + 1) * block + r, (2 * q + 1) * block + m] * X_s[at_x(q, m, c)]
+            acc += Tinv_s[(2 * q + 1) * block + r, (2 * q + 1) * block + m] * X[0][X[1] + q * block + m, X[2] + c]
         Tinv_s[(2 * q + 1) * block + r, 2 * q * block + c] = -acc
-    if in_place:
-        at_21, at_11, at_22 = (lambda i, j: (h + i, j)), (lambda i, j: (i, j)), (lambda i, j: (h + i, h + j))
-        A21_s = T11_s = T22_s = A_s
-    else:
-        A21_s, T11_s, T22_s = (T.alloc_shared([h, h], ACCUM) for _ in range(3))
-        at_21 = at_11 = at_22 = lambda i, j: (i, j)
     Y = T.alloc_fragment([h, h], ACCUM)
     for i, j in T.Parallel(h, h):
-        A21_s[at_21(i, j)] = tf32_nearest(A_s[h + i, j])
-        T11_s[at_11(i, j)] = tf32_nearest(T.if_then_else(i // block >= j // block, Tinv_s[i, j], 0.0))
-        T22_s[at_22(i, j)] = tf32_nearest(T.if_then_else(i // block >= j // block, Tinv_s[h + i, h + j], 0.0))
-    if in_place:
-        T.gemm(A_s[h:C, 0:h], A_s[0:h, 0:h], Y, clear_accum=True)
-    else:
-        T.gemm(A21_s, T11_s, Y, clear_accum=True)
+        A21[0][A21[1] + i, A21[2] + j] = tf32_nearest(A_s[h + i, j])
+        T11[0][T11[1] + i, T11[2] + j] = tf32_nearest(T.if_then_else(i // block >= j // block, Tinv_s[i, j], 0.0))
+        T22[0][T22[1] + i, T22[2] + j] = tf32_nearest(
+            T.if_then_else(i // block >= j // block, Tinv_s[h + i, h + j], 0.0))
+    T.gemm(tile(A21), tile(T11), Y, clear_accum=True)
     for i, j in T.Parallel(h, h):                       # A_21 T_11, over A_21 (read by now)
-        A21_s[at_21(i, j)] = tf32_nearest(Y[i, j])
-    if in_place:
-        T.gemm(A_s[h:C, h:C], A_s[h:C, 0:h], Y, clear_accum=True)
-    else:
-        T.gemm(T22_s, A21_s, Y, clear_accum=True)
+        A21[0][A21[1] + i, A21[2] + j] = tf32_nearest(Y[i, j])
+    T.gemm(tile(T22), tile(A21), Y, clear_accum=True)
     for i, j in T.Parallel(h, h):
         Tinv_s[h + i, j] = -Y[i, j]
 # --8<-- [end:merge_by_halves]
