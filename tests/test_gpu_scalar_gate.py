@@ -124,9 +124,7 @@ def test_compact_inverse_in_fp16(kind, varlen):
     chunks = table.chunks if varlen else torch.empty(1, 1, dtype=torch.int32, device="cuda")
     runs = []
     for compact in (False, True):
-        params = dict(scalar_gate.SCALAR_GATE_INVERSE_CONFIG, compact=compact)
-        if not compact:
-            params.pop("min_blocks", None)
+        params = {**scalar_gate.SCALAR_GATE_INVERSE_CONFIG, **(scalar_gate.COMPACT_INVERSE if compact else {})}
         inverse = compile_program(scalar_gate.chunk_gated_inverse, (), DK=DK, dtype="float16", varlen=varlen,
                                   **params)
         G = torch.full((B, H, NC * C), float("nan"), device="cuda")
@@ -249,6 +247,7 @@ def test_inverse_arrangement_in_the_op(packed, arrangement, scalar_path, monkeyp
     from kda.kernels import scalar_gate
 
     monkeypatch.setattr(scalar_gate, "SCALAR_GATE_INVERSE_CONFIG", ARRANGEMENTS[arrangement])
+    monkeypatch.setattr(scalar_gate, "COMPACT_DTYPES", ())            # the arrangement as given, compact or not
     lengths = [130, 0, 64, 1, 77, 300] if packed else None
     T = sum(lengths) if packed else 700
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda") if packed else None

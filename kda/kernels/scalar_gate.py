@@ -396,8 +396,10 @@ inverse_state_output_pass.pass_configs = WARP_SPECIALISED
 # GPU tests (the stage against float64, the op dense and packed) with G and Tb bit for bit the default's, and took the
 # inverse from 0.332 to 0.275 ms at (1, 32768, 32, 128) (FlashQLA's kkt_solve 0.230; the op 0.952 to 0.886, FlashQLA
 # 0.744) and from 0.250 to 0.212 at (1, 8192, 96, 128) (kkt_solve 0.176; the op 0.776 to 0.729, FlashQLA 0.591).
-# fp16's compact compile has not run on a GPU: fp16 keeps three blocks per SM (COMPACT_DTYPES).
-SCALAR_GATE_INVERSE_CONFIG: dict = dict(merge="halves", cumsum="scan", compact=True, min_blocks=4)
+# On for the dtypes in COMPACT_DTYPES (COMPACT_INVERSE over the config above): fp16's compact compile has not run on a
+# GPU, so fp16 keeps three blocks per SM.
+SCALAR_GATE_INVERSE_CONFIG: dict = dict(merge="halves", cumsum="scan")
+COMPACT_INVERSE: dict = dict(compact=True, min_blocks=4)
 COMPACT_DTYPES = ("bfloat16",)
 
 
@@ -411,9 +413,7 @@ def scalar_gate_inverse(k, g, beta, H, flags=None, table=None):
     C = CHUNK_SIZE
     NC = ceildiv(T, C) if table is None else table.chunks.shape[0]
     dtype = launch.dtype_name(k.dtype)
-    config = dict(SCALAR_GATE_INVERSE_CONFIG)
-    if dtype not in COMPACT_DTYPES and config.pop("compact", False):
-        config.pop("min_blocks", None)
+    config = {**SCALAR_GATE_INVERSE_CONFIG, **(COMPACT_INVERSE if dtype in COMPACT_DTYPES else {})}
     with torch.cuda.device(k.device):
         inverse = compile_program(chunk_gated_inverse, (), DK=DK, chunk_size=C, dtype=dtype,
                                   gate_dtype=str(g.dtype).removeprefix("torch."), value_groups=H // HQ,

@@ -62,6 +62,7 @@ def main():
     from kda.metrics import rel_l2
 
     default = dict(scalar_gate.SCALAR_GATE_INVERSE_CONFIG)
+    scalar_gate.COMPACT_DTYPES = ()        # since run 135 the op adds COMPACT_INVERSE for bf16: each variant as given
     for B, T, H, D in SHAPES:
         q, k, v, g, beta = inputs(B, T, H, D)
         shape = {"B": B, "T": T, "H": H, "D": D}
