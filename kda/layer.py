@@ -61,20 +61,16 @@ class ShortConvolution(nn.Module):
 
     def forward(self, x, tail=None):
         """``x [B, T, C]`` -> ``(y [B, T, C], new tail [B, C, width - 1])``."""
+        if tail is None:
+            tail = x.new_zeros(x.shape[0], x.shape[2], self.width - 1)
         if layer_kernels_apply(x, self.weight):
             from kda.kernels.causal_conv import causal_conv
 
-            y = causal_conv(x, self.weight.view(x.shape[2], self.width), tail)
-            last = x[:, max(x.shape[1] - (self.width - 1), 0):].transpose(1, 2)
-            if last.shape[2] < self.width - 1:                   # fewer tokens than the tail holds
-                before = tail if tail is not None else x.new_zeros(x.shape[0], x.shape[2], self.width - 1)
-                last = torch.cat([before, last], dim=2)[:, :, last.shape[2]:]
-            return y, last.contiguous()
-        x = x.transpose(1, 2)
-        if tail is None:
-            tail = x.new_zeros(x.shape[0], x.shape[1], self.width - 1)
-        padded = torch.cat([tail, x], dim=2)
-        y = F.conv1d(padded, self.weight, groups=x.shape[1])
+            # the kernel reads x where it lies; the new tail from the last few tokens alone
+            last = torch.cat([tail, x[:, -(self.width - 1):].transpose(1, 2)], dim=2)
+            return causal_conv(x, self.weight, tail), last[:, :, last.shape[2] - (self.width - 1):]
+        padded = torch.cat([tail, x.transpose(1, 2)], dim=2)
+        y = F.conv1d(padded, self.weight, groups=x.shape[2])
         return F.silu(y).transpose(1, 2), padded[:, :, padded.shape[2] - (self.width - 1):]
 
 

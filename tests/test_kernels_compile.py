@@ -266,8 +266,7 @@ CASES = [
                                                 varlen=True, value_groups=2, check_keys=True)),
     # a layer's short convolution and gated output norm (kda.layer.LAYER_KERNELS)
     ("causal_conv", "causal_conv_silu", dict(C=4096)),
-    ("causal_conv", "causal_conv_silu", dict(C=4096, with_tail=True)),
-    ("causal_conv", "causal_conv_silu", dict(C=96, W=3, dtype="float16", block_c=32, with_tail=True)),
+    ("causal_conv", "causal_conv_silu", dict(C=96, W=3, dtype="float16", block_c=32)),
     ("norms", "gated_rms_norm_rows", dict(D=128)),
     ("norms", "gated_rms_norm_rows", dict(D=64, dtype="float16")),
 ]

@@ -813,8 +813,9 @@ def test_the_norm_kernel(kernel_launches, monkeypatch):
 @pytest.mark.parametrize("with_tail", [False, True], ids=["no_tail", "tail"])
 def test_layer_kernels_launch(kernel_launches, with_tail):
     """``kda.kernels.causal_conv.causal_conv`` and ``kda.kernels.norms.gated_rms_normalized`` bind their arguments
-    to their programs: ``x [B, T, C]`` with a ``[C, W]`` weight (and the previous tail), the norm over the rows of
-    ``[B, T, H, D]`` with the gate's projection of the same shape; the channels per block divide ``C``."""
+    to their programs: ``x [B, T, C]`` with a ``[C, 1, W]`` weight and the previous tail (zeros without one), the
+    norm over the rows of ``[B, T, H, D]`` with the gate's projection of the same shape; the channels per block
+    divide ``C``."""
     from kda.kernels.causal_conv import causal_conv, conv_block
     from kda.kernels.norms import gated_rms_normalized
 
@@ -822,8 +823,7 @@ def test_layer_kernels_launch(kernel_launches, with_tail):
     tail = torch.randn(2, 192, 3).bfloat16() if with_tail else None
     y = causal_conv(x, torch.randn(192, 1, 4), tail)
     assert y.shape == x.shape and y.dtype == x.dtype
-    assert kernel_launches == [("causal_conv_silu", dict(C=192, W=4, dtype="bfloat16", block_c=64,
-                                                         with_tail=with_tail))]
+    assert kernel_launches == [("causal_conv_silu", dict(C=192, W=4, dtype="bfloat16", block_c=64))]
     o, gate = torch.randn(2, 37, 3, 64).half(), torch.randn(2, 37, 3, 64).half()
     out = gated_rms_normalized(o, gate, torch.ones(64), 1e-6)
     assert out.shape == o.shape and out.dtype == o.dtype
