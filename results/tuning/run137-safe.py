@@ -32,15 +32,17 @@ def safe_call(module, shape, gates):
     return [c for c in module.calls(*shape, gates) if c[0] == "layer call, safe_gate"][0]
 
 
-def warm_one(form):
+def warm_one(i):
+    """The call's kernels with the ``i``-th of ``FORMS`` compiled (``harness.compile_in_processes``)."""
     import kda
     from kda.kernels import chunk_intra
 
+    form = list(FORMS)[i]
     chunk_intra.CAPPED_STEPS_FOR = FORMS[form]
     _, args, kw = safe_call(run135(), (1, 512, 96, 128), "layer")
     kda.chunk_kda(*args, **kw)
     torch.cuda.synchronize()
-    return form
+    return {"what": "warm", "form": form}
 
 
 def main():
@@ -66,13 +68,5 @@ def main():
 
 if __name__ == "__main__":
     if "--warm" in sys.argv:
-        import concurrent.futures as futures
-        import multiprocessing
-
-        with futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
-            for done in futures.as_completed([pool.submit(warm_one, f) for f in FORMS]):
-                try:
-                    print("warm:", done.result(), flush=True)
-                except Exception as e:
-                    print("warm failed:", repr(e)[:300], flush=True)
+        harness.compile_in_processes(RUN, len(FORMS), warm_one)
     main()
