@@ -19,12 +19,14 @@ def merge_by_halves(A_s, Tinv_s, C, block, in_place=False):
     cores (FlashQLA's ``kkt_solve`` merges its halves the same way). Blocks above the diagonal were never
     written, so they are selected away, not multiplied by 0 (uninitialised shared memory may hold NaN).
     ``in_place``: the scratch in ``A_s``'s quadrants, which are spent by then (``X`` above the diagonal, ``T_11``
-    and ``T_22`` over the diagonal halves, ``A_21`` rounded where it is): 14 KB of shared memory less."""
+    and ``T_22`` over the diagonal halves, ``A_21`` rounded into ``X``'s quadrant once the halves are merged): 14 KB
+    of shared memory less. Not rounded where it is: a loop that reads and writes the same shared addresses gets a
+    block barrier in every step from tilelang (0.1.15), eight a chunk here."""
     h = C // 2
-    # the scratch as (buffer, first row, first column): buffers of its own, or A_s's spent quadrants, X beside the
-    # first half above the diagonal (never written)
+    # the scratch as (buffer, first row, first column): buffers of its own, or A_s's spent quadrants: X, then A_21,
+    # above the diagonal (never written)
     if in_place:
-        X, A21, T11, T22 = (A_s, 0, h), (A_s, h, 0), (A_s, 0, 0), (A_s, h, h)
+        X, A21, T11, T22 = (A_s, 0, h), (A_s, 0, h), (A_s, 0, 0), (A_s, h, h)
     else:
         X_s = T.alloc_shared([2 * block, block], ACCUM)
         A21_s = T.alloc_shared([h, h], ACCUM)

@@ -194,8 +194,8 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
 
     * warpgroup 0, the chain: ``S`` to shared memory (bf16) for the others, ``S <- 2^G_last S``, then
       ``+ K^T V'`` once warpgroup 1 has ``V'``;
-    * warpgroup 1: ``X = V - 2^G (K S)`` (over ``V``'s slot), ``V_new = Tb X``, ``V' = 2^(G_last - G)
-      V_new`` for the chain and ``V_new`` for the output;
+    * warpgroup 1: ``X = V - 2^G (K S)`` (staged in ``V'``'s tile for its GEMM), ``V_new = Tb X``, ``V' =
+      2^(G_last - G) V_new`` for the chain and ``V_new`` for the output;
     * warpgroup 2, the output: ``P = causal(scale Q K^T 2^(G_i - G_j))`` before the state is needed,
       then ``scale 2^G (Q S) + P V_new``;
     * one producer warp: ``q, k, v, Tb`` of the next chunk by TMA into the second of two slots, and
@@ -225,14 +225,14 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
         hq = bh // value_groups if value_groups > 1 else bh
         q_s = T.alloc_shared([2, C, DK], dtype)          # two slots: the block's chunk j in slot j % 2
         k_s = T.alloc_shared([2, C, DK], dtype)
-        v_s = T.alloc_shared([2, C, BV], dtype)          # V, then X = V - 2^G K S
+        v_s = T.alloc_shared([2, C, BV], dtype)
         tb_s = T.alloc_shared([2, C, C], dtype)
         G_s = T.alloc_shared([2, C], ACCUM)
         E_s = T.alloc_shared([2, C], ACCUM)              # 2^G
         R_s = T.alloc_shared([2, C], ACCUM)              # 2^(G_last - G), 0 past the sequence
         S_s = T.alloc_shared([DK, BV], dtype)
         vd_s = T.alloc_shared([C, BV], dtype)            # V_new, for the output
-        vn_s = T.alloc_shared([C, BV], dtype)            # V' = 2^(G_last - G) V_new, for the chain
+        vn_s = T.alloc_shared([C, BV], dtype)            # X, then V' = 2^(G_last - G) V_new for the chain
         p_s = T.alloc_shared([C, C], dtype)
         o_s = T.alloc_shared([C, BV], dtype)
         S_f = T.alloc_fragment([DK, BV], ACCUM)
@@ -281,12 +281,16 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
                     T.barrier_wait(s_ready, j % 2)
                     T.gemm(k_s[slot, :, :], S_s, KS, clear_accum=True)
                     T.barrier_arrive(s_free)
+                    # X in registers, then to shared memory whole: written over V's slot in place, the loop had a
+                    # barrier of the warpgroup in every step from tilelang (0.1.15), 64 a chunk on the chain with V'
                     for i, jj in T.Parallel(C, BV):
-                        v_s[slot, i, jj] = v_s[slot, i, jj] - E_s[slot, i] * KS[i, jj]
+                        KS[i, jj] = v_s[slot, i, jj] - E_s[slot, i] * KS[i, jj]
+                    T.copy(KS, vn_s)
                     T.fence_proxy_async()
-                    T.gemm(tb_s[slot, :, :], v_s[slot, :, :], VD, clear_accum=True)
+                    T.gemm(tb_s[slot, :, :], vn_s, VD, clear_accum=True)
                     for i, jj in T.Parallel(C, BV):
-                        vn_s[i, jj] = VD[i, jj] * R_s[slot, i]
+                        KS[i, jj] = VD[i, jj] * R_s[slot, i]
+                    T.copy(KS, vn_s)
                     T.fence_proxy_async()
                     T.barrier_arrive(vn_ready)
                     T.barrier_wait(vd_free, (j + 1) % 2)
