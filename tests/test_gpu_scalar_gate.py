@@ -109,7 +109,7 @@ def test_inverse_against_reference_stage(shape, kind, arrangement):
 @pytest.mark.parametrize("varlen", [False, True], ids=["dense", "packed"])
 @pytest.mark.parametrize("kind", ["logsigmoid", "runs_of_-20"])
 def test_compact_inverse_in_fp16(kind, varlen):
-    """fp16's ``chunk_gated_inverse(compact=True)`` (off for fp16 until this passes: ``COMPACT_DTYPES``): ``G`` and
+    """fp16's ``chunk_gated_inverse(compact=True)`` (on for fp16 since this passed in run 139: ``COMPACT_DTYPES``): ``G`` and
     ``Tb`` bit for bit those of fp16's default arrangement without it, dense and over a packed chunk table, and
     within the bound of float64's."""
     from kda.kernels import scalar_gate

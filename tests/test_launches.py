@@ -133,19 +133,24 @@ def test_gdn_scalar_gate_path(kernel_launches, monkeypatch, HV, D, initial, fina
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gdn_inverse_is_compact_in_bf16(kernel_launches, monkeypatch, dtype):
-    """``chunk_gated_inverse`` compiles compact, four blocks per SM, for bf16 (run 135's GPU tests and timing); fp16
-    keeps its own buffers and three blocks (``COMPACT_DTYPES``: its compact compile has not run on a GPU)."""
+def test_gdn_inverse_is_compact(kernel_launches, monkeypatch, dtype):
+    """``chunk_gated_inverse`` compiles compact, four blocks per SM, for bf16 (run 135's GPU tests and timing) and fp16
+    (run 139: bit for bit fp16's default arrangement); without ``COMPACT_DTYPES`` it keeps its own buffers."""
     from kda import gated_delta
+    from kda.kernels import scalar_gate
 
     monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", True)
     monkeypatch.setattr(gated_delta, "SCALAR_GATE_MIN_BLOCKS", 0.0)
     q, k, v, g, beta = level5_inputs(B=2, H=2, D=128, per_channel=False, dtype=dtype)
     gated_delta._run_kernels(q, k, v, g, beta, 0.125, None, torch.zeros(2, dtype=torch.int32))
     name, inverse = kernel_launches[0]
-    bf16 = dtype == torch.bfloat16
     assert name == "chunk_gated_inverse" and inverse["merge"] == "halves" and inverse["cumsum"] == "scan"
-    assert inverse.get("compact", False) == bf16 and inverse.get("min_blocks") == (4 if bf16 else None)
+    assert inverse.get("compact") is True and inverse.get("min_blocks") == 4
+    kernel_launches.clear()
+    monkeypatch.setattr(scalar_gate, "COMPACT_DTYPES", ())
+    gated_delta._run_kernels(q, k, v, g, beta, 0.125, None, torch.zeros(2, dtype=torch.int32))
+    name, inverse = kernel_launches[0]
+    assert "compact" not in inverse and "min_blocks" not in inverse
 
 
 @pytest.mark.parametrize("final", [False, True], ids=["no_final", "final"])

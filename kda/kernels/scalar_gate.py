@@ -400,11 +400,11 @@ inverse_state_output_pass.pass_configs = WARP_SPECIALISED
 # GPU tests (the stage against float64, the op dense and packed) with G and Tb bit for bit the default's, and took the
 # inverse from 0.332 to 0.275 ms at (1, 32768, 32, 128) (FlashQLA's kkt_solve 0.230; the op 0.952 to 0.886, FlashQLA
 # 0.744) and from 0.250 to 0.212 at (1, 8192, 96, 128) (kkt_solve 0.176; the op 0.776 to 0.729, FlashQLA 0.591).
-# On for the dtypes in COMPACT_DTYPES (COMPACT_INVERSE over the config above): fp16's compact compile has not run on a
-# GPU, so fp16 keeps three blocks per SM.
+# On for the dtypes in COMPACT_DTYPES (COMPACT_INVERSE over the config above): fp16's compact G and Tb came out bit for
+# bit fp16's default arrangement's, dense and packed, in run 139 (H100), so fp16 takes it too.
 SCALAR_GATE_INVERSE_CONFIG: dict = dict(merge="halves", cumsum="scan")
 COMPACT_INVERSE: dict = dict(compact=True, min_blocks=4)
-COMPACT_DTYPES = ("bfloat16",)
+COMPACT_DTYPES = ("bfloat16", "float16")
 
 
 def scalar_gate_inverse(k, g, beta, H, flags=None, table=None):
