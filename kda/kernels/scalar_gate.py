@@ -281,22 +281,25 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
                     T.barrier_wait(s_ready, j % 2)
                     T.gemm(k_s[slot, :, :], S_s, KS, clear_accum=True)
                     T.barrier_arrive(s_free)
-                    # X in registers, then to shared memory whole: written over V's slot in place, the loop had a
-                    # barrier of the warpgroup in every step from tilelang (0.1.15), 64 a chunk on the chain with V'
+                    # X and V' in registers, each stored whole (stmatrix): an elementwise loop that stores into shared
+                    # memory, X over V's slot or V' element by element, had a barrier of the warpgroup in every step
+                    # from tilelang (0.1.15), 64 a chunk on the chain. V_new goes out first, so that V' can be made
+                    # over it: KS and VD both held would exceed the warpgroup's 128 registers (run 140: spills, 40%
+                    # slower); the output warpgroup frees vd_s long before (its P V_new of the chunk before).
                     for i, jj in T.Parallel(C, BV):
                         KS[i, jj] = v_s[slot, i, jj] - E_s[slot, i] * KS[i, jj]
                     T.copy(KS, vn_s)
                     T.fence_proxy_async()
                     T.gemm(tb_s[slot, :, :], vn_s, VD, clear_accum=True)
-                    for i, jj in T.Parallel(C, BV):
-                        KS[i, jj] = VD[i, jj] * R_s[slot, i]
-                    T.copy(KS, vn_s)
-                    T.fence_proxy_async()
-                    T.barrier_arrive(vn_ready)
                     T.barrier_wait(vd_free, (j + 1) % 2)
                     T.copy(VD, vd_s)
                     T.fence_proxy_async()
                     T.barrier_arrive(vd_ready)
+                    for i, jj in T.Parallel(C, BV):
+                        VD[i, jj] = VD[i, jj] * R_s[slot, i]
+                    T.copy(VD, vn_s)
+                    T.fence_proxy_async()
+                    T.barrier_arrive(vn_ready)
                     T.barrier_arrive(data_free[slot])
         elif tx < 384:                                           # the output
             T.set_max_nreg(registers[2], 1)
