@@ -288,3 +288,28 @@ def test_split_forward(kind, pieces, scalar_path):
     assert rel_l2(o, ref_o) <= BOUND and rel_l2(ht, ref_ht) <= BOUND
     o1, ht1 = kda.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True)
     assert rel_l2(o, o1.double()) <= BOUND and rel_l2(ht, ht1.double()) <= BOUND
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+def test_whole_stores_same_bits(packed, scalar_path, monkeypatch):
+    """``inverse_state_output_pass(whole_stores=True)`` (``scalar_gate.WHOLE_STORES``: ``X`` and ``V'`` stored whole,
+    no barrier in any step) makes the same sums in the same order as the default's in-place loops: the op's outputs and
+    final states equal the default's bit for bit, dense and packed (an empty sequence, one token, ragged tails), with
+    initial states, grouped value heads and runs of -20; and they agree with the recurrence."""
+    from kda.kernels import scalar_gate
+
+    lengths = [130, 0, 64, 1, 77, 300] if packed else [700]
+    T = sum(lengths)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda") if packed else None
+    q, k, v, g, beta, _ = inputs((1, T, 4, 128, 128), torch.bfloat16, "runs_of_-20", False, seed=47)
+    q, k = q[:, :, ::2].contiguous(), k[:, :, ::2].contiguous()
+    h0 = torch.randn(len(lengths), 4, 128, 128, device="cuda")
+    runs = []
+    for whole in (False, True):
+        monkeypatch.setattr(scalar_gate, "WHOLE_STORES", whole)
+        runs.append(kda.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                               cu_seqlens=cu))
+    assert len(scalar_path) >= 2                       # both calls took the pass
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+    check_sequences(runs[1][0], runs[1][1], q.repeat_interleave(2, dim=2), k.repeat_interleave(2, dim=2), v, g, beta,
+                    h0, lengths)

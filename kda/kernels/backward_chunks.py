@@ -127,17 +127,15 @@ def chunk_gradients(DK, DV, chunk_size=64, dtype="bfloat16", scalar_gate=True, d
             T.copy(V[bb, t0:t0 + C, bh, :], v_s)
             T.copy(dO[bb, t0:t0 + C, bh, :], do_s)
             # the rows past a tail chunk's end as zeros, whatever the loads left there: a row of q or dO
-            # there would reach the real rows through the column sums of the scores' pair terms. Written, not
-            # selected in place: a loop that reads and writes the same shared addresses gets a block barrier in
-            # every step from tilelang (0.1.15)
+            # there would reach the real rows through the column sums of the scores' pair terms. Selected in place,
+            # which gives each step of these loops a block barrier (tilelang 0.1.15; 16 a chunk): written only where
+            # needed instead, the kernel passed its GPU tests (run 140) but, at 255 registers, spilled 4 bytes
             for i, d in T.Parallel(C, DK):
-                if i >= L:
-                    q_s[i, d] = 0.0
-                    k_s[i, d] = 0.0
+                q_s[i, d] = T.if_then_else(i < L, q_s[i, d], 0.0)
+                k_s[i, d] = T.if_then_else(i < L, k_s[i, d], 0.0)
             for i, d in T.Parallel(C, DV):
-                if i >= L:
-                    v_s[i, d] = 0.0
-                    do_s[i, d] = 0.0
+                v_s[i, d] = T.if_then_else(i < L, v_s[i, d], 0.0)
+                do_s[i, d] = T.if_then_else(i < L, do_s[i, d], 0.0)
             T.copy(g[bb, t0:t0 + C, bh, :], G_s)
             log2_cumsum_by_columns(G_s, G_s, L, C, 1, flags)
             decay = lambda i, j: decay_factor(G_s[i, 0] - G_s[j, 0])      # 2^(G_i - G_j), clamped at 1
@@ -561,7 +559,7 @@ def halved_pair_sums(dP_s, dA_s, q_s, k_s, G_s, F_s, Y1_s, Y2_s, R_f, tmp_f, dK_
 @T.macro
 def load_rows(src, dst_s, bb, t0, bh, L, C, D):
     """``dst_s`` = rows ``t0 ..`` of ``src [B, T, H, D]``, the rows past ``L`` zero whatever the load left (written,
-    not selected in place: see ``chunk_gradients``)."""
+    not selected in place, which would give each step of the loop a block barrier: tilelang 0.1.15)."""
     T.copy(src[bb, t0:t0 + C, bh, :], dst_s)
     for i, d in T.Parallel(C, D):
         if i >= L:

@@ -181,7 +181,8 @@ def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtyp
 
 # --8<-- [start:inverse_state_output_pass]
 def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat16", value_groups=1, varlen=False,
-                              initial_state=False, final_state=False, registers=(160, 128, 128, 40)):
+                              initial_state=False, final_state=False, registers=(160, 128, 128, 40),
+                              whole_stores=False):
     """Arguments at run time: ``Q, K [B, T, HQ, DK]``, ``V [B, T, H, DV]``, ``Tb [B, T, H, C]`` and
     ``G [B, H, NC C]`` of ``chunk_gated_inverse``, ``scale``, ``h0``, then ``O [B, T, H, DV]`` (dtype)
     and ``ht`` (the state flags as in ``kda.kernels.chapters.linear_attention.seq_in_loop``), and last the
@@ -194,8 +195,8 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
 
     * warpgroup 0, the chain: ``S`` to shared memory (bf16) for the others, ``S <- 2^G_last S``, then
       ``+ K^T V'`` once warpgroup 1 has ``V'``;
-    * warpgroup 1: ``X = V - 2^G (K S)`` (staged in ``V'``'s tile for its GEMM), ``V_new = Tb X``, ``V' =
-      2^(G_last - G) V_new`` for the chain and ``V_new`` for the output;
+    * warpgroup 1: ``X = V - 2^G (K S)`` (over ``V``'s slot), ``V_new = Tb X``, ``V' = 2^(G_last - G)
+      V_new`` for the chain and ``V_new`` for the output;
     * warpgroup 2, the output: ``P = causal(scale Q K^T 2^(G_i - G_j))`` before the state is needed,
       then ``scale 2^G (Q S) + P V_new``;
     * one producer warp: ``q, k, v, Tb`` of the next chunk by TMA into the second of two slots, and
@@ -206,7 +207,12 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
     sequence's end are the next sequence's: ``Tb``'s columns there are zero, their ``2^(G_last - G)``
     is set to 0 so that they leave the state alone, and their outputs are not stored.
     ``registers``: ``setmaxnreg`` of the four warpgroups (the chain holds ``S``: ``DK x block_dv``
-    float32 over 128 threads)."""
+    float32 over 128 threads). ``whole_stores``: warpgroup 1 makes ``X`` and ``V'`` in registers and stores each
+    tile whole (``stmatrix``), ``X`` into ``V'``'s tile and ``V_new`` out before ``V'`` is made over it. Its two
+    elementwise loops otherwise store into shared memory (``X`` over ``V``'s slot, ``V'`` element by element), and
+    tilelang 0.1.15 gives each step of them a barrier of the warpgroup: 64 a chunk, on the chain. Not yet timed on a
+    GPU in this form (run 140 timed a first form, whose two tiles held at once spilled and took the pass from 0.509 to
+    0.714 ms at (1, 8192, 96, 128)), so off by default."""
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     HQ = T.dynamic("HQ")
     C, BV = chunk_size, block_dv
@@ -225,14 +231,14 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
         hq = bh // value_groups if value_groups > 1 else bh
         q_s = T.alloc_shared([2, C, DK], dtype)          # two slots: the block's chunk j in slot j % 2
         k_s = T.alloc_shared([2, C, DK], dtype)
-        v_s = T.alloc_shared([2, C, BV], dtype)
+        v_s = T.alloc_shared([2, C, BV], dtype)          # V (then X, unless whole_stores)
         tb_s = T.alloc_shared([2, C, C], dtype)
         G_s = T.alloc_shared([2, C], ACCUM)
         E_s = T.alloc_shared([2, C], ACCUM)              # 2^G
         R_s = T.alloc_shared([2, C], ACCUM)              # 2^(G_last - G), 0 past the sequence
         S_s = T.alloc_shared([DK, BV], dtype)
         vd_s = T.alloc_shared([C, BV], dtype)            # V_new, for the output
-        vn_s = T.alloc_shared([C, BV], dtype)            # X, then V' = 2^(G_last - G) V_new for the chain
+        vn_s = T.alloc_shared([C, BV], dtype)            # (X with whole_stores, then) V' for the chain
         p_s = T.alloc_shared([C, C], dtype)
         o_s = T.alloc_shared([C, BV], dtype)
         S_f = T.alloc_fragment([DK, BV], ACCUM)
@@ -281,25 +287,36 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
                     T.barrier_wait(s_ready, j % 2)
                     T.gemm(k_s[slot, :, :], S_s, KS, clear_accum=True)
                     T.barrier_arrive(s_free)
-                    # X and V' in registers, each stored whole (stmatrix): an elementwise loop that stores into shared
-                    # memory, X over V's slot or V' element by element, had a barrier of the warpgroup in every step
-                    # from tilelang (0.1.15), 64 a chunk on the chain. V_new goes out first, so that V' can be made
-                    # over it: KS and VD both held would exceed the warpgroup's 128 registers (run 140: spills, 40%
-                    # slower); the output warpgroup frees vd_s long before (its P V_new of the chunk before).
-                    for i, jj in T.Parallel(C, BV):
-                        KS[i, jj] = v_s[slot, i, jj] - E_s[slot, i] * KS[i, jj]
-                    T.copy(KS, vn_s)
-                    T.fence_proxy_async()
-                    T.gemm(tb_s[slot, :, :], vn_s, VD, clear_accum=True)
-                    T.barrier_wait(vd_free, (j + 1) % 2)
-                    T.copy(VD, vd_s)
-                    T.fence_proxy_async()
-                    T.barrier_arrive(vd_ready)
-                    for i, jj in T.Parallel(C, BV):
-                        VD[i, jj] = VD[i, jj] * R_s[slot, i]
-                    T.copy(VD, vn_s)
-                    T.fence_proxy_async()
-                    T.barrier_arrive(vn_ready)
+                    if whole_stores:
+                        # V_new goes out first, so that V' is made over it: KS and VD both held would exceed the
+                        # warpgroup's 128 registers (run 140: spills); the output warpgroup freed vd_s long before
+                        for i, jj in T.Parallel(C, BV):
+                            KS[i, jj] = v_s[slot, i, jj] - E_s[slot, i] * KS[i, jj]
+                        T.copy(KS, vn_s)
+                        T.fence_proxy_async()
+                        T.gemm(tb_s[slot, :, :], vn_s, VD, clear_accum=True)
+                        T.barrier_wait(vd_free, (j + 1) % 2)
+                        T.copy(VD, vd_s)
+                        T.fence_proxy_async()
+                        T.barrier_arrive(vd_ready)
+                        for i, jj in T.Parallel(C, BV):
+                            VD[i, jj] = VD[i, jj] * R_s[slot, i]
+                        T.copy(VD, vn_s)
+                        T.fence_proxy_async()
+                        T.barrier_arrive(vn_ready)
+                    else:
+                        for i, jj in T.Parallel(C, BV):
+                            v_s[slot, i, jj] = v_s[slot, i, jj] - E_s[slot, i] * KS[i, jj]
+                        T.fence_proxy_async()
+                        T.gemm(tb_s[slot, :, :], v_s[slot, :, :], VD, clear_accum=True)
+                        for i, jj in T.Parallel(C, BV):
+                            vn_s[i, jj] = VD[i, jj] * R_s[slot, i]
+                        T.fence_proxy_async()
+                        T.barrier_arrive(vn_ready)
+                        T.barrier_wait(vd_free, (j + 1) % 2)
+                        T.copy(VD, vd_s)
+                        T.fence_proxy_async()
+                        T.barrier_arrive(vd_ready)
                     T.barrier_arrive(data_free[slot])
         elif tx < 384:                                           # the output
             T.set_max_nreg(registers[2], 1)
@@ -435,6 +452,11 @@ def scalar_gate_inverse(k, g, beta, H, flags=None, table=None):
     return G, Tb
 
 
+# inverse_state_output_pass with whole_stores (no barrier in any step of warpgroup 1's loops): off until a GPU has tested
+# and timed it (run 141 is prepared for that).
+WHOLE_STORES = False
+
+
 def scalar_gate_pass_launch(q, k, v, Tb, G, scale, h0, block_dv, table=None, output_final_state=True):
     """``inverse_state_output_pass`` up to its launch, as ``(launch, o, final state or None)``
     (``state_pass_launch``'s form); one state per sequence (``[N, H, DK, DV]`` with ``table``)."""
@@ -448,6 +470,6 @@ def scalar_gate_pass_launch(q, k, v, Tb, G, scale, h0, block_dv, table=None, out
         state_pass = compile_program(inverse_state_output_pass, (), DK=DK, DV=DV, chunk_size=CHUNK_SIZE,
                                      block_dv=block_dv, dtype=launch.dtype_name(q.dtype), value_groups=H // HQ,
                                      varlen=table is not None, initial_state=h0 is not None,
-                                     final_state=output_final_state)
+                                     final_state=output_final_state, **({"whole_stores": True} if WHOLE_STORES else {}))
     return launch.pass_held(state_pass, (q.contiguous(), k.contiguous(), v.contiguous(), Tb, G, scale), h0,
                             output_final_state, (N, H, DK, DV), (B, T, H, DV), v.dtype, device, tables)

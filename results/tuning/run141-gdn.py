@@ -1,9 +1,13 @@
-"""Run 141 (prepared 2026-12-06): run 140 again with the pass's fix. Run 140 found the barrier-free pass 40% slower
-(0.714 ms against 0.509 at (1, 8192, 96, 128)): V' made in the registers that held X kept both tiles alive, 128
-registers of the warpgroup's 128, and ptxas spilled 488 bytes. Now V_new goes out first and V' is made over it
-(no spill, no barrier in any step, on the CPU). The same comparison as run 140's (``run140-gdn.py``: the old kernels
-rebuilt from today's source with the edits undone, outputs bit for bit, kernel by kernel), at (1, 8192, 96, 128) and
-96 packed sequences of random lengths, beside FlashQLA. Rows to ``$OUT/run141.jsonl``.
+"""Run 141 (prepared 2026-12-06): GDN's pass with ``whole_stores`` against the default, and both beside FlashQLA.
+
+Run 140 found a first barrier-free form of the pass 40% slower (0.714 ms against 0.509 at (1, 8192, 96, 128)): ``V'``
+made in the registers that held ``X`` kept two 64 x 128 float32 tiles alive in warpgroup 1, whose budget is 128
+registers, and ptxas spilled 488 bytes. ``inverse_state_output_pass(whole_stores=True)`` stores ``V_new`` first and
+makes ``V'`` over it: no spill and no barrier in any step of its loops (on the CPU), and the same sums in the same
+order, so the outputs must equal the default's bit for bit. This times the op with ``scalar_gate.WHOLE_STORES`` off
+and on, kernel by kernel (``stage_times``), beside FlashQLA (default and ``auto_cp=False``) and fla's Triton GDN,
+dense at the two shapes of issue 15 and packed (96 random lengths; 1024 sequences of 1 to 64 tokens), with the
+cases and inputs of ``run140-gdn.py``. Rows to ``$OUT/run141.jsonl``.
 
     FLA_FLASH_QLA=0 python results/tuning/run141-gdn.py --warm
 """
@@ -11,43 +15,75 @@ import importlib.util
 import os
 import sys
 
+import torch
+
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from harness import compile_in_processes, log, stage_times, time_stages  # noqa: E402
+
 spec = importlib.util.spec_from_file_location("run140_gdn", os.path.join(HERE, "run140-gdn.py"))
 run140 = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(run140)
 
-OLD_WG1 = """                    for i, jj in T.Parallel(C, BV):
-                        v_s[slot, i, jj] = v_s[slot, i, jj] - E_s[slot, i] * KS[i, jj]
-                    T.fence_proxy_async()
-                    T.gemm(tb_s[slot, :, :], v_s[slot, :, :], VD, clear_accum=True)
-                    for i, jj in T.Parallel(C, BV):
-                        vn_s[i, jj] = VD[i, jj] * R_s[slot, i]
-                    T.fence_proxy_async()
-                    T.barrier_arrive(vn_ready)
-                    T.barrier_wait(vd_free, (j + 1) % 2)
-                    T.copy(VD, vd_s)
-                    T.fence_proxy_async()
-                    T.barrier_arrive(vd_ready)
-"""
+RUN = "run141"
+VARIANTS = {"in place (default)": False, "whole stores": True}
 
 
-def new_wg1():
-    """Today's lines of warpgroup 1 from its comment to ``vn_ready``'s arrival."""
-    text = open(os.path.join(run140.ROOT, "kda/kernels/scalar_gate.py")).read()
-    first = text.index("                    # X and V' in registers")
-    last = text.index("T.barrier_arrive(vn_ready)\n", first) + len("T.barrier_arrive(vn_ready)\n")
-    return text[first:last]
+def use(whole):
+    from kda.kernels import scalar_gate
+
+    scalar_gate.WHOLE_STORES = whole
 
 
-run140.RUN = "run141"
-run140.SHAPES = [(1, 8192, 96, 128)]
-run140.PACKED = ["96 random lengths"]
-run140.UNDO["kda/kernels/scalar_gate.py"] = [
-    (new_wg1(), OLD_WG1),
-    ("from kda.kernels.merge_by_halves import merge_by_halves", "from run140_merge_in_place import merge_by_halves"),
-]
+def warm_one(i):
+    """Each variant's kernels compiled by one call of the op per case (a process of its own)."""
+    from kda import gated_delta
+
+    name, whole = list(VARIANTS.items())[i]
+    use(whole)
+    for _, (q, k, v, g, beta), cu in run140.cases():
+        gated_delta.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, output_final_state=True)
+    torch.cuda.synchronize()
+    return {"what": "warm", "variant": name}
+
+
+def main():
+    import flash_qla
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_gdn
+
+    from kda import gated_delta
+    from kda.bench import median_ms
+
+    assert os.environ.get("FLA_FLASH_QLA") == "0"
+    time_stages()
+    for name, (q, k, v, g, beta), cu in run140.cases():
+        D = q.shape[-1]
+        outs = {}
+        for variant, whole in VARIANTS.items():
+            use(whole)
+            fn = lambda: gated_delta.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, output_final_state=True)
+            outs[variant] = fn()
+            log(RUN, {"case": name, "impl": f"kda {variant}", "ms": round(median_ms(fn), 4)})
+            stage_times(RUN, {"case": name, "impl": f"kda {variant}", "what": "stages"}, fn)
+        use(False)
+        a, b = outs.values()
+        log(RUN, {"case": name, "same_bits": [torch.equal(x, y) for x, y in zip(a, b)],
+                  "finite": [bool(torch.isfinite(x).all()) for x in b]})
+        peers = {"FlashQLA 0.1.3": lambda: flash_qla.chunk_gated_delta_rule(q, k, v, g, beta, scale=D ** -0.5,
+                                                                             cu_seqlens=cu)[0],
+                 "fla Triton": lambda: fla_gdn(q, k, v, g, beta, scale=D ** -0.5, cu_seqlens=cu)[0]}
+        if cu is None:
+            peers["FlashQLA auto_cp=False"] = lambda: flash_qla.chunk_gated_delta_rule(q, k, v, g, beta, scale=D ** -0.5,
+                                                                                        auto_cp=False)[0]
+        for impl, fn in peers.items():
+            try:
+                log(RUN, {"case": name, "impl": impl, "ms": round(median_ms(fn), 4)})
+            except Exception as e:  # noqa: BLE001
+                log(RUN, {"case": name, "impl": impl, "error": f"{type(e).__name__}: {str(e)[:200]}"})
+        torch.cuda.empty_cache()
+
 
 if __name__ == "__main__":
     if "--warm" in sys.argv:
-        run140.compile_in_processes(run140.RUN, 2, run140.warm_one)
-    run140.main()
+        compile_in_processes(RUN, 2, warm_one)
+    main()
