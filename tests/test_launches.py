@@ -132,6 +132,24 @@ def test_gdn_scalar_gate_path(kernel_launches, monkeypatch, HV, D, initial, fina
     assert o.shape == v.shape and (ht is None) == (not final)
 
 
+@pytest.mark.parametrize("whole", [False, True], ids=["in_place", "whole_stores"])
+def test_gdn_pass_whole_stores_switch(kernel_launches, monkeypatch, whole):
+    """``scalar_gate.WHOLE_STORES`` (off by default until a GPU has timed it) compiles the pass with ``whole_stores``;
+    off, the pass compiles with the parameters it always had."""
+    from kda import gated_delta
+    from kda.kernels import scalar_gate
+
+    assert scalar_gate.WHOLE_STORES is False
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", True)
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_MIN_BLOCKS", 0.0)
+    monkeypatch.setattr(scalar_gate, "WHOLE_STORES", whole)
+    q, k, v, g, beta = level5_inputs(B=2, H=2, D=128, per_channel=False)
+    gated_delta._run_kernels(q, k, v, g, beta, 0.125, None, torch.zeros(2, dtype=torch.int32))
+    name, state_pass = kernel_launches[1]
+    assert name == "inverse_state_output_pass" and state_pass.get("whole_stores", False) == whole
+    assert whole or "whole_stores" not in state_pass
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gdn_inverse_is_compact(kernel_launches, monkeypatch, dtype):
     """``chunk_gated_inverse`` compiles compact, four blocks per SM, for bf16 (run 135's GPU tests and timing) and fp16
