@@ -112,7 +112,9 @@ def warm_one(i):
     return {"what": "warm", "variant": variant}
 
 
-def main():
+def compare(run, variants, use):
+    """Every case timed through each of ``variants`` (``use(name)`` routes the op through one; the first is put back
+    at the end), kernel by kernel, the outputs against the first variant's bit for bit, then the peers."""
     import flash_qla
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_gdn
 
@@ -120,21 +122,20 @@ def main():
     from kda.bench import median_ms
 
     assert os.environ.get("FLA_FLASH_QLA") == "0"
-    use.old = in_place_module()
     time_stages()
     for name, (q, k, v, g, beta), cu in cases():
         D = q.shape[-1]
         outs = {}
-        for variant in ("barrier-free", "in place"):
+        for variant in variants:
             use(variant)
             fn = lambda: gated_delta.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, output_final_state=True)
             outs[variant] = fn()
-            log(RUN, {"case": name, "impl": f"kda {variant}", "ms": round(median_ms(fn), 4)})
-            stage_times(RUN, {"case": name, "impl": f"kda {variant}", "what": "stages"}, fn)
-        use("barrier-free")
-        a, b = outs["barrier-free"], outs["in place"]
-        log(RUN, {"case": name, "same_bits": [torch.equal(x, y) for x, y in zip(a, b)],
-                  "finite": [bool(torch.isfinite(x).all()) for x in a]})
+            log(run, {"case": name, "impl": f"kda {variant}", "ms": round(median_ms(fn), 4)})
+            stage_times(run, {"case": name, "impl": f"kda {variant}", "what": "stages"}, fn)
+        use(variants[0])
+        first = outs[variants[0]]
+        log(run, {"case": name, "same_bits": {n: [torch.equal(x, y) for x, y in zip(o, first)] for n, o in outs.items()},
+                  "finite": {n: all(bool(torch.isfinite(x).all()) for x in o) for n, o in outs.items()}})
         peers = {"FlashQLA 0.1.3": lambda: flash_qla.chunk_gated_delta_rule(q, k, v, g, beta, scale=D ** -0.5,
                                                                              cu_seqlens=cu)[0],
                  "fla Triton": lambda: fla_gdn(q, k, v, g, beta, scale=D ** -0.5, cu_seqlens=cu)[0]}
@@ -143,10 +144,15 @@ def main():
                                                                                         auto_cp=False)[0]
         for impl, fn in peers.items():
             try:
-                log(RUN, {"case": name, "impl": impl, "ms": round(median_ms(fn), 4)})
+                log(run, {"case": name, "impl": impl, "ms": round(median_ms(fn), 4)})
             except Exception as e:  # noqa: BLE001
-                log(RUN, {"case": name, "impl": impl, "error": f"{type(e).__name__}: {str(e)[:200]}"})
+                log(run, {"case": name, "impl": impl, "error": f"{type(e).__name__}: {str(e)[:200]}"})
         torch.cuda.empty_cache()
+
+
+def main():
+    use.old = in_place_module()
+    compare(RUN, ["barrier-free", "in place"], use)
 
 
 if __name__ == "__main__":

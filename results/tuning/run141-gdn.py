@@ -19,7 +19,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from harness import compile_in_processes, log, stage_times, time_stages  # noqa: E402
+from harness import compile_in_processes  # noqa: E402
 
 spec = importlib.util.spec_from_file_location("run140_gdn", os.path.join(HERE, "run140-gdn.py"))
 run140 = importlib.util.module_from_spec(spec)
@@ -48,39 +48,7 @@ def warm_one(i):
 
 
 def main():
-    import flash_qla
-    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_gdn
-
-    from kda import gated_delta
-    from kda.bench import median_ms
-
-    assert os.environ.get("FLA_FLASH_QLA") == "0"
-    time_stages()
-    for name, (q, k, v, g, beta), cu in run140.cases():
-        D = q.shape[-1]
-        outs = {}
-        for variant, whole in VARIANTS.items():
-            use(whole)
-            fn = lambda: gated_delta.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, output_final_state=True)
-            outs[variant] = fn()
-            log(RUN, {"case": name, "impl": f"kda {variant}", "ms": round(median_ms(fn), 4)})
-            stage_times(RUN, {"case": name, "impl": f"kda {variant}", "what": "stages"}, fn)
-        use(False)
-        a, b = outs.values()
-        log(RUN, {"case": name, "same_bits": [torch.equal(x, y) for x, y in zip(a, b)],
-                  "finite": [bool(torch.isfinite(x).all()) for x in b]})
-        peers = {"FlashQLA 0.1.3": lambda: flash_qla.chunk_gated_delta_rule(q, k, v, g, beta, scale=D ** -0.5,
-                                                                             cu_seqlens=cu)[0],
-                 "fla Triton": lambda: fla_gdn(q, k, v, g, beta, scale=D ** -0.5, cu_seqlens=cu)[0]}
-        if cu is None:
-            peers["FlashQLA auto_cp=False"] = lambda: flash_qla.chunk_gated_delta_rule(q, k, v, g, beta, scale=D ** -0.5,
-                                                                                        auto_cp=False)[0]
-        for impl, fn in peers.items():
-            try:
-                log(RUN, {"case": name, "impl": impl, "ms": round(median_ms(fn), 4)})
-            except Exception as e:  # noqa: BLE001
-                log(RUN, {"case": name, "impl": impl, "error": f"{type(e).__name__}: {str(e)[:200]}"})
-        torch.cuda.empty_cache()
+    run140.compare(RUN, list(VARIANTS), lambda name: use(VARIANTS[name]))
 
 
 if __name__ == "__main__":
