@@ -125,6 +125,8 @@ CASES = [
     ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", scalar_gate=True, backward_outputs=True)),
     ("gated_state_pass", "gated_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", block_dv=64, varlen=True,
                                                          initial_state=True, final_state=True)),
+    ("gated_state_pass", "gated_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", block_dv=64, varlen=True,
+                                                         initial_state=True, final_state=True, whole_stores=True)),
     ("gated_state_pass", "gated_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16")),
     ("gated_state_pass", "gated_state_output_pass", dict(DK=128, DV=64, dtype="float16", varlen=True,
                                                          final_state=True)),
@@ -303,9 +305,9 @@ ELEMENTWISE_BARRIERS_KEPT = [
      "none, is timed on a GPU"),
     ("chunk_gradients", {}, "the rows past a tail chunk's end selected in place (16 a chunk): written only where "
                             "needed, the kernel passed its GPU tests (run 140) but spilled 4 bytes at 255 registers"),
-    ("gated_state_output_pass", {"varlen": True}, "packed sequences: V' stored element by element, the rows past a "
-                                                  "sequence's end zeroed (16 a chunk); found by this check, not yet "
-                                                  "removed"),
+    ("gated_state_output_pass", {"varlen": True, "whole_stores": False},
+     "packed sequences: V_new stored element by element under the mask of a sequence's end (16 a chunk, on the chain): "
+     "the default until whole_stores, which has none, is tested on a GPU"),
     ("chunk_gated_inverse", {"merge": "products"}, "the merge by products (not the default) writes its operands in "
                                                    "place"),
     ("forward_states_pass", {"dtype": "float32"}, "float32 inputs (not a default): V' = U - W S element by element"),

@@ -111,6 +111,24 @@ def test_level5(kernel_launches, per_channel, packed, initial, final):
     assert kernel_launches[1][1]["initial_state"] == initial and kernel_launches[1][1]["final_state"] == final
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+@pytest.mark.parametrize("whole", [False, True], ids=["masked_stores", "whole_stores"])
+def test_level5_pass_whole_stores_switch(kernel_launches, monkeypatch, whole, packed):
+    """``gated_state_pass.WHOLE_STORES`` (off by default until a GPU has tested it) compiles the packed state pass
+    with ``whole_stores``; the dense pass, which has no masked stores, never takes it."""
+    from kda.gated_delta import _run_kernels
+    from kda.kernels import gated_state_pass
+    from kda.packed import chunk_table
+
+    assert gated_state_pass.WHOLE_STORES is False
+    monkeypatch.setattr(gated_state_pass, "WHOLE_STORES", whole)
+    q, k, v, g, beta = level5_inputs(B=1 if packed else 2)
+    table = chunk_table([0, 70, 71, 200], "cpu") if packed else None
+    _run_kernels(q, k, v, g, beta, 0.125, None, torch.zeros(2, dtype=torch.int32), table)
+    name, state_pass = kernel_launches[1]
+    assert name == "gated_state_output_pass" and state_pass.get("whole_stores", False) == (whole and packed)
+
+
 @pytest.mark.parametrize("final", [False, True], ids=["no_final", "final"])
 @pytest.mark.parametrize("initial", [False, True], ids=["zero_start", "initial"])
 @pytest.mark.parametrize("HV,D", [(2, 64), (6, 128)], ids=["heads", "grouped_128"])

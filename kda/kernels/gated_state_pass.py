@@ -18,7 +18,7 @@ from kda.kernels.stages import ACCUM, load_state, state_shape, store_state
 
 # --8<-- [start:gated_state_output_pass]
 def gated_state_output_pass(DK, DV, chunk_size=64, block_dv=32, dtype="bfloat16", varlen=False, initial_state=False,
-                            final_state=False):
+                            final_state=False, whole_stores=False):
     """Arguments at run time: ``Qw, Kw, W [B, T, H, DK]``, ``U [B, T, H, DV]``, ``A_qk [B, T, H, C]``
     (dtype, scale included), ``decay [B, H, NC, DK]`` and ``h0 [B, H, DK, DV]`` (float32), then the
     outputs ``O [B, T, H, DV]`` (dtype) and ``ht`` (float32), and last the tables of packed
@@ -37,7 +37,11 @@ def gated_state_output_pass(DK, DV, chunk_size=64, block_dv=32, dtype="bfloat16"
     A block carries one sequence (dense) or a group of packed sequences one after another
     (``seq_groups``: those whose first chunk lies in one window of ``GROUP_CHUNKS`` chunks), the
     state starting again at each: a thousand short sequences take a few hundred blocks, not one
-    block per sequence, each paying its start and its pipeline's fill."""
+    block per sequence, each paying its start and its pipeline's fill.
+
+    ``whole_stores`` (packed sequences): ``V_new``, its rows past a sequence's end zeroed, made in ``W S``'s registers
+    and stored whole. Stored element by element under that mask, the loop has a barrier of the warpgroup in every step
+    from tilelang 0.1.15 (16 a chunk, on the chain; the dense loop has none). Off until a GPU has tested it."""
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     C, BV = chunk_size, block_dv
     NC = T.dynamic("NC") if varlen else T.ceildiv(S, C)
@@ -89,11 +93,17 @@ def gated_state_output_pass(DK, DV, chunk_size=64, block_dv=32, dtype="bfloat16"
                     T.barrier_arrive(s_ready)
                     T.gemm(W_s[slot, :, :], S_s, WS, clear_accum=True)
                     T.barrier_wait(vn_free, (j + 1) % 2)
-                    for i, jj in T.Parallel(C, BV):
-                        if varlen:                  # rows past the sequence are the next one's
-                            Vn_s[i, jj] = T.if_then_else(t_first + c * C + i < t_end, U_s[slot, i, jj] - WS[i, jj], 0.0)
-                        else:
-                            Vn_s[i, jj] = U_s[slot, i, jj] - WS[i, jj]
+                    if varlen and whole_stores:     # rows past the sequence are the next one's
+                        for i, jj in T.Parallel(C, BV):
+                            WS[i, jj] = T.if_then_else(t_first + c * C + i < t_end, U_s[slot, i, jj] - WS[i, jj], 0.0)
+                        T.copy(WS, Vn_s)
+                    else:
+                        for i, jj in T.Parallel(C, BV):
+                            if varlen:
+                                Vn_s[i, jj] = T.if_then_else(t_first + c * C + i < t_end, U_s[slot, i, jj] - WS[i, jj],
+                                                             0.0)
+                            else:
+                                Vn_s[i, jj] = U_s[slot, i, jj] - WS[i, jj]
                     T.fence_proxy_async()
                     T.barrier_arrive(vn_ready)
                     for i, jj in T.Parallel(DK, BV):
@@ -194,6 +204,11 @@ def run_state_pass(form: ChunkForm, h0, table=None, output_final_state=True):
     return launch.launched(state_pass_launch(form, h0, table, output_final_state))
 
 
+# gated_state_output_pass with whole_stores for packed sequences (no barrier in any step of its V_new loop): off until a
+# GPU has tested and timed it (run 141's tests test it).
+WHOLE_STORES = False
+
+
 def state_pass_launch(form: ChunkForm, h0, table=None, output_final_state=True):
     """``run_state_pass`` up to its launch: the compiled pass with its arguments and outputs ready,
     as ``(launch, o, final state or None)``; nothing runs until ``launch()``."""
@@ -207,7 +222,8 @@ def state_pass_launch(form: ChunkForm, h0, table=None, output_final_state=True):
         state_pass = compile_program(gated_state_output_pass, (), DK=DK, DV=DV, chunk_size=CHUNK_SIZE,
                                      block_dv=state_pass_columns(lanes, H, DV, sm_count(device)),
                                      dtype=launch.dtype_name(form.Qw.dtype), varlen=table is not None,
-                                     initial_state=h0 is not None, final_state=output_final_state)
+                                     initial_state=h0 is not None, final_state=output_final_state,
+                                     **({"whole_stores": True} if WHOLE_STORES and table is not None else {}))
     return launch.pass_held(state_pass, tuple(form), h0, output_final_state, (N, H, DK, DV), (B, T, H, DV),
                             form.U.dtype, device, tables)
 # --8<-- [end:state_pass_launch]
