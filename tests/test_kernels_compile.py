@@ -325,7 +325,6 @@ def kept_barriers(fn, params) -> bool:
                for name, where, _ in ELEMENTWISE_BARRIERS_KEPT)
 
 
-# --8<-- [start:barriers_in_elementwise_loops]
 def barriers_in_elementwise_loops(source: str) -> list:
     """The unrolled loops of a generated kernel with no loop, GEMM or reduction inside that hold a block or warpgroup
     barrier: one barrier in every step. tilelang 0.1.15's barrier planner puts them into a ``T.Parallel`` loop that
@@ -344,7 +343,6 @@ def barriers_in_elementwise_loops(source: str) -> list:
                 r"for \(|wgmma|gemm|AllReduce|mma", body):
             found.append(loop.group(0).split("for")[1].strip())
     return found
-# --8<-- [end:barriers_in_elementwise_loops]
 
 
 def test_barriers_in_elementwise_loops_are_found():
