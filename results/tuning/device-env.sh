@@ -34,12 +34,12 @@ record_each() {
   done
 }
 # The stale GPU records (those whose path contains ONLY, where set) by rerecord within what is left of TOTAL
-# seconds (the caches packed either way).
+# seconds, phase 1 stopped at WARM seconds (60); its whole log to $OUT/rerecord.txt (the caches packed either way).
 rerecord_rest() {
   local budget=$(( ${TOTAL:-575} - $(date +%s) + start - 15 ))
   if [ "$budget" -ge 100 ]; then
-    timeout -k 5 $(( budget + 10 )) python -m kda.site rerecord --out "$OUT" --budget "$budget" --warm 60 \
-      --commit "$COMMIT" ${ONLY:+--only "$ONLY"} 2>&1 | grep -v "^20" | tail -12
+    timeout -k 5 $(( budget + 10 )) python -m kda.site rerecord --out "$OUT" --budget "$budget" --warm ${WARM:-60} \
+      --commit "$COMMIT" ${ONLY:+--only "$ONLY"} 2>&1 | grep -v "^20" | tee "$OUT"/rerecord.txt | tail -12
   else
     timeout 40 python -c "import os; from pathlib import Path; from kda.site.rerecord import pack_caches; pack_caches(Path(os.environ['OUT']))"
   fi
