@@ -557,22 +557,20 @@ def halved_pair_sums(dP_s, dA_s, q_s, k_s, G_s, F_s, Y1_s, Y2_s, R_f, tmp_f, dK_
 
 
 @T.macro
-def load_rows(src, dst_s, bb, t0, bh, L, C, D):
-    """``dst_s`` = rows ``t0 ..`` of ``src [B, T, H, D]``, the rows past ``L`` zero whatever the load left (written,
-    not selected in place, which would give each step of the loop a block barrier: tilelang 0.1.15)."""
-    T.copy(src[bb, t0:t0 + C, bh, :], dst_s)
-    for i, d in T.Parallel(C, D):
+def load_channels(src, dst_s, bb, t0, bh, L, C, d0, BD):
+    """``dst_s`` = rows ``t0 ..`` of the channels ``d0 .. d0 + BD`` of ``src [B, T, H, D]``, the rows past ``L`` zero
+    whatever the load left (written, not selected in place, which would give each step of the loop a block barrier:
+    tilelang 0.1.15)."""
+    T.copy(src[bb, t0:t0 + C, bh, d0:d0 + BD], dst_s)
+    for i, d in T.Parallel(C, BD):
         if i >= L:
             dst_s[i, d] = 0.0
 
 
 @T.macro
-def load_channels(src, dst_s, bb, t0, bh, L, C, d0, BD):
-    """``load_rows`` of the channels ``d0 .. d0 + BD`` of ``src [B, T, H, D]``."""
-    T.copy(src[bb, t0:t0 + C, bh, d0:d0 + BD], dst_s)
-    for i, d in T.Parallel(C, BD):
-        if i >= L:
-            dst_s[i, d] = 0.0
+def load_rows(src, dst_s, bb, t0, bh, L, C, D):
+    """``load_channels`` of all ``D`` channels."""
+    load_channels(src, dst_s, bb, t0, bh, L, C, 0, D)
 
 
 # --8<-- [start:chunk_pair_gradients]
