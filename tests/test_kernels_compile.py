@@ -123,13 +123,13 @@ CASES = [
     ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", backward_outputs=True, spill_budget=400)),
     ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="float16", backward_outputs=True)),
     ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", scalar_gate=True, backward_outputs=True)),
-    ("gated_state_pass", "gated_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", block_dv=64, varlen=True,
-                                                         initial_state=True, final_state=True)),
+    # packed sequences with whole_stores (gated_state_pass.WHOLE_STORES); their masked stores, off, keep a barrier in
+    # every step of the V_new loop
     ("gated_state_pass", "gated_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", block_dv=64, varlen=True,
                                                          initial_state=True, final_state=True, whole_stores=True)),
     ("gated_state_pass", "gated_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16")),
     ("gated_state_pass", "gated_state_output_pass", dict(DK=128, DV=64, dtype="float16", varlen=True,
-                                                         final_state=True)),
+                                                         final_state=True, whole_stores=True)),
     ("scalar_gate", "chunk_gated_inverse", dict(DK=128, dtype="bfloat16")),
     ("scalar_gate", "chunk_gated_inverse", dict(DK=64, dtype="float16", gate_dtype="bfloat16", value_groups=2)),
     # the lower-left half by tf32 GEMMs (SOLVE_BY_HALVES), the cumsum by a shuffle scan (run 110)
@@ -301,13 +301,10 @@ ELEMENTWISE_BARRIERS_KEPT = [
     ("chunk_intra", {}, "a steep chunk's keys weighted by 2^G in place (8 steps, steep chunks only): a tile of its "
                         "own would cost the shared memory or registers that fit two blocks per SM"),
     ("inverse_state_output_pass", {"whole_stores": False},
-     "X over V's slot and V' element by element (64 a chunk on the chain): the default until whole_stores, which has "
-     "none, is timed on a GPU"),
+     "X over V's slot and V' element by element (64 a chunk on the chain): whole_stores, which has none, gave the "
+     "same bits and no speed (runs 141 and 143)"),
     ("chunk_gradients", {}, "the rows past a tail chunk's end selected in place (16 a chunk): written only where "
                             "needed, the kernel passed its GPU tests (run 140) but spilled 4 bytes at 255 registers"),
-    ("gated_state_output_pass", {"varlen": True, "whole_stores": False},
-     "packed sequences: V_new stored element by element under the mask of a sequence's end (16 a chunk, on the chain): "
-     "the default until whole_stores, which has none, is tested on a GPU"),
     ("chunk_gated_inverse", {"merge": "products"}, "the merge by products (not the default) writes its operands in "
                                                    "place"),
     ("forward_states_pass", {"dtype": "float32"}, "float32 inputs (not a default): V' = U - W S element by element"),

@@ -114,13 +114,13 @@ def test_level5(kernel_launches, per_channel, packed, initial, final):
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
 @pytest.mark.parametrize("whole", [False, True], ids=["masked_stores", "whole_stores"])
 def test_level5_pass_whole_stores_switch(kernel_launches, monkeypatch, whole, packed):
-    """``gated_state_pass.WHOLE_STORES`` (off by default until a GPU has tested it) compiles the packed state pass
-    with ``whole_stores``; the dense pass, which has no masked stores, never takes it."""
+    """``gated_state_pass.WHOLE_STORES`` (on by default since runs 141 and 143) compiles the packed state pass with
+    ``whole_stores``; the dense pass, which has no masked stores, never takes it."""
     from kda.gated_delta import _run_kernels
     from kda.kernels import gated_state_pass
     from kda.packed import chunk_table
 
-    assert gated_state_pass.WHOLE_STORES is False
+    assert gated_state_pass.WHOLE_STORES is True
     monkeypatch.setattr(gated_state_pass, "WHOLE_STORES", whole)
     q, k, v, g, beta = level5_inputs(B=1 if packed else 2)
     table = chunk_table([0, 70, 71, 200], "cpu") if packed else None
@@ -152,7 +152,7 @@ def test_gdn_scalar_gate_path(kernel_launches, monkeypatch, HV, D, initial, fina
 
 @pytest.mark.parametrize("whole", [False, True], ids=["in_place", "whole_stores"])
 def test_gdn_pass_whole_stores_switch(kernel_launches, monkeypatch, whole):
-    """``scalar_gate.WHOLE_STORES`` (off by default until a GPU has timed it) compiles the pass with ``whole_stores``;
+    """``scalar_gate.WHOLE_STORES`` (off by default: no faster in run 143) compiles the pass with ``whole_stores``;
     off, the pass compiles with the parameters it always had."""
     from kda import gated_delta
     from kda.kernels import scalar_gate
