@@ -483,6 +483,17 @@ PATHS: tuple[CudaPath, ...] = (
               "zh": "kda.layer.KimiDeltaAttention 的短卷积与带门控的输出范数改由各自的 kernel 完成"
                     "（kda/kernels/causal_conv.py、gated_rms_norm_rows），不求导"},
     ),
+    CudaPath(
+        name="gdn_single_chunk_output",
+        module="kda.kernels.scalar_gate",
+        switch="SINGLE_CHUNK_OUTPUT",
+        what={"en": "chunk_gated_delta_rule on packed sequences of at most 64 tokens each (cu_seqlens_cpu given or "
+                    "read back): single_chunk_output, one small block per sequence, head and 64 value columns with "
+                    "no chain, instead of the scalar-gate pass that carries groups of sequences one by one",
+              "zh": "chunk_gated_delta_rule 处理每条都不超过 64 个 token 的打包序列时（给出 cu_seqlens_cpu 或读回边界）："
+                    "由 single_chunk_output 为每个（序列、头、64 个值列）分配一个小 block，没有串行链，取代逐条"
+                    "处理序列组的标量门控 pass"},
+    ),
 )
 
 

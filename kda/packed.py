@@ -22,6 +22,7 @@ class ChunkTable(NamedTuple):
     cu_seqlens: torch.Tensor     # the sequences' boundaries                                     [N + 1]
     chunk_offsets: torch.Tensor  # index of each sequence's first chunk in ``chunks``            [N + 1]
     seq_groups: torch.Tensor     # first sequence of each group the state pass carries in one block [NG + 1]
+    most_chunks: int | None = None   # the most chunks of any sequence, where the host knows it (chunk_table)
 
 
 # The state pass carries, in one block, the packed sequences whose first chunk lies in one window of
@@ -54,7 +55,8 @@ def _chunk_table(bounds: tuple, device: torch.device, chunk_size: int) -> ChunkT
     offsets = chunk_offsets(cu, chunk_size)
     to_device = lambda x: x.to(torch.int32).to(device, non_blocking=True)
     return ChunkTable(to_device(table_rows(cu, offsets, torch.arange(int(offsets[-1])), chunk_size)), to_device(cu),
-                      to_device(offsets), to_device(seq_groups(offsets)))
+                      to_device(offsets), to_device(seq_groups(offsets)),
+                      int((offsets[1:] - offsets[:-1]).max()) if len(bounds) > 1 else 0)
 
 
 def chunk_offsets(cu: torch.Tensor, chunk_size: int) -> torch.Tensor:
@@ -80,7 +82,7 @@ def device_chunk_table(cu_seqlens: torch.Tensor, T: int, chunk_size=CHUNK_SIZE, 
     chunks) and ``NC // window + 1`` groups of sequences, one per window of first chunks, empty where no sequence
     starts in it (a block of the state pass then has nothing to do). The rows past the real chunks repeat the last
     real chunk: its block in a chunk kernel writes the bytes the real one writes, so no kernel needs to know
-    where the table ends. ``T >= 1``."""
+    where the table ends. ``T >= 1``. ``most_chunks`` stays ``None``: nothing is read back to learn it."""
     C, W = chunk_size, window or GROUP_CHUNKS
     cu = cu_seqlens.to(torch.int64)
     N = cu.shape[0] - 1

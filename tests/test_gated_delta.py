@@ -113,6 +113,8 @@ def test_chunk_table():
     assert t.cu_seqlens.tolist() == [0, 70, 71, 71, 271, 400]
     assert t.chunk_offsets.tolist() == [0, 2, 3, 3, 7, 10]
     assert t.seq_groups.dtype == torch.int32 and t.seq_groups.tolist() == [0, 5]    # all in one window of 32
+    assert t.most_chunks == 4
+    assert chunk_table([0, 64, 64, 65], "cpu").most_chunks == 1 and chunk_table([0], "cpu").most_chunks == 0
     for n in range(5):                 # the chunks of sequence n tile exactly its tokens
         rows = t.chunks[t.chunk_offsets[n]:t.chunk_offsets[n + 1]].tolist()
         assert sum(length for _, length in rows) == t.cu_seqlens[n + 1] - t.cu_seqlens[n]
@@ -143,6 +145,7 @@ def test_device_chunk_table_is_the_host_table_within_bounds():
         cut = lambda groups: [(a, b) for a, b in zip(groups, groups[1:]) if b > a]
         assert cut(dev.seq_groups.tolist()) == cut(packed.seq_groups(host.chunk_offsets, W).tolist()), trial
         assert dev.seq_groups[0] == 0 and dev.seq_groups[-1] == N
+        assert dev.most_chunks is None                 # not read back
 
 
 @pytest.mark.parametrize("window,expected", [(1, [0, 1, 2, 4, 5]), (3, [0, 2, 4, 5]), (32, [0, 5])])

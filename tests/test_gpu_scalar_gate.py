@@ -290,6 +290,37 @@ def test_split_forward(kind, pieces, scalar_path):
     assert rel_l2(o, o1.double()) <= BOUND and rel_l2(ht, ht1.double()) <= BOUND
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("final", [False, True], ids=["no_final", "final"])
+@pytest.mark.parametrize("initial", [False, True], ids=["zero_start", "initial"])
+def test_single_chunk_output(initial, final, dtype, scalar_path, monkeypatch):
+    """``single_chunk_output`` (``scalar_gate.SINGLE_CHUNK_OUTPUT``) on packed sequences of 0 to 64 tokens (empty ones,
+    one token, a whole chunk, the last one ending at T), grouped value heads, runs of -20, with and without states:
+    against the recurrence per sequence, and close to the pass it replaces (the same products and roundings, in
+    other blocks)."""
+    from kda.kernels import scalar_gate
+
+    gen = torch.Generator().manual_seed(53)
+    lengths = [0, 1, 64, 0, 63, 2] + torch.randint(0, 65, (90,), generator=gen).tolist() + [64]
+    T = sum(lengths)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda")
+    q, k, v, g, beta, _ = inputs((1, T, 4, 128, 128), dtype, "runs_of_-20", False, seed=59)
+    q, k = q[:, :, ::2].contiguous(), k[:, :, ::2].contiguous()
+    h0 = torch.randn(len(lengths), 4, 128, 128, device="cuda") if initial else None
+    runs, taken = [], []
+    takes = scalar_gate.takes_single_chunk_output
+    monkeypatch.setattr(scalar_gate, "takes_single_chunk_output", lambda *a: taken.append(takes(*a)) or taken[-1])
+    for single in (True, False):
+        monkeypatch.setattr(scalar_gate, "SINGLE_CHUNK_OUTPUT", single)
+        runs.append(kda.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=final,
+                                               cu_seqlens=cu, cu_seqlens_cpu=cu.cpu()))
+    assert taken == [True, False] and (runs[0][1] is not None) == final
+    check_sequences(runs[0][0], runs[0][1], q.repeat_interleave(2, dim=2), k.repeat_interleave(2, dim=2), v, g, beta,
+                    h0, lengths)
+    assert rel_l2(runs[0][0], runs[1][0].double()) <= 5e-3
+    assert not final or rel_l2(runs[0][1], runs[1][1].double()) <= 5e-3
+
+
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
 def test_whole_stores_same_bits(packed, scalar_path, monkeypatch):
     """``inverse_state_output_pass(whole_stores=True)`` (``scalar_gate.WHOLE_STORES``: ``X`` and ``V'`` stored whole,

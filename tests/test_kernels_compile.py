@@ -131,6 +131,11 @@ CASES = [
     ("gated_state_pass", "gated_state_output_pass", dict(DK=128, DV=64, dtype="float16", varlen=True,
                                                          final_state=True, whole_stores=True)),
     ("scalar_gate", "chunk_gated_inverse", dict(DK=128, dtype="bfloat16")),
+    # packed sequences of at most one chunk each (scalar_gate.SINGLE_CHUNK_OUTPUT)
+    ("scalar_gate", "single_chunk_output", dict(DK=128, DV=128)),
+    ("scalar_gate", "single_chunk_output", dict(DK=128, DV=128, initial_state=True, final_state=True)),
+    ("scalar_gate", "single_chunk_output", dict(DK=64, DV=128, dtype="float16", initial_state=True, value_groups=2)),
+    ("scalar_gate", "single_chunk_output", dict(DK=128, DV=64, final_state=True)),
     ("scalar_gate", "chunk_gated_inverse", dict(DK=64, dtype="float16", gate_dtype="bfloat16", value_groups=2)),
     # the lower-left half by tf32 GEMMs (SOLVE_BY_HALVES), the cumsum by a shuffle scan (run 110)
     ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", merge="halves", spill_budget=400)),

@@ -409,6 +409,110 @@ inverse_state_output_pass.pass_configs = WARP_SPECIALISED
 # --8<-- [end:inverse_state_output_pass]
 
 
+
+# --8<-- [start:single_chunk_output]
+def single_chunk_output(DK, DV, chunk_size=64, block_dv=64, dtype="bfloat16", value_groups=1, initial_state=False,
+                        final_state=False, threads=128):
+    """``inverse_state_output_pass`` for packed sequences of at most one chunk each, with its arguments (its
+    ``seq_groups`` not read): one block per (value block, head, sequence) and no chain. The pass carries the
+    sequences of a group one after another through four warpgroups and their barriers, so a short sequence costs
+    it a whole chunk's latency on one block per SM (1024 sequences of 1 to 64 tokens: 1.63 ms of its time against
+    0.58 for the same tokens as one sequence, run 143). Here every sequence is a small block of its own, several
+    per SM: ``V_new = Tb (V - 2^G (K S0))``, the output ``scale (2^G (Q S0) + causal(Q K^T 2^(G_i - G_j))
+    V_new)`` and ``S = 2^G_last S0 + K^T (2^(G_last - G) V_new)``, the pass's products in its dtypes (``S0``,
+    ``X`` and ``V_new`` rounded to ``dtype`` as GEMM operands). Without ``initial_state`` the ``S0`` terms are
+    left out. An empty sequence's final state is its initial one."""
+    S, H, HQ = T.dynamic("T"), T.dynamic("H"), T.dynamic("HQ")
+    N, NG, G_len = T.dynamic("N"), T.dynamic("NG"), T.dynamic("G_len")
+    C, BV = chunk_size, block_dv
+
+    @T.prim_func
+    def main(
+        Q: T.Tensor([1, S, HQ, DK], dtype),
+        K: T.Tensor([1, S, HQ, DK], dtype),
+        V: T.Tensor([1, S, H, DV], dtype),
+        Tb: T.Tensor([1, S, H, C], dtype),
+        G: T.Tensor([1, H, G_len], ACCUM),
+        scale: T.float32,
+        h0: T.Tensor(state_shape(initial_state, N, H, DK, DV), ACCUM),
+        O: T.Tensor([1, S, H, DV], dtype),
+        ht: T.Tensor(state_shape(final_state, N, H, DK, DV), ACCUM),
+        cu_seqlens: T.Tensor([N + 1], "int32"),
+        chunk_offsets: T.Tensor([N + 1], "int32"),
+        seq_groups: T.Tensor([NG + 1], "int32"),
+    ):
+        with T.Kernel(T.ceildiv(DV, BV), H, N, threads=threads) as (bv, bh, n):
+            dv0 = bv * BV
+            hq = bh // value_groups if value_groups > 1 else bh
+            t0 = cu_seqlens[n]
+            L = cu_seqlens[n + 1] - t0
+            g0 = chunk_offsets[n] * C                    # the chunk's cumsum in G
+            q_s = T.alloc_shared([C, DK], dtype)
+            k_s = T.alloc_shared([C, DK], dtype)
+            v_s = T.alloc_shared([C, BV], dtype)
+            tb_s = T.alloc_shared([C, C], dtype)
+            p_s = T.alloc_shared([C, C], dtype)
+            x_s = T.alloc_shared([C, BV], dtype)          # X, then 2^(G_last - G) V_new for the state
+            vd_s = T.alloc_shared([C, BV], dtype)         # V_new, then the output tile
+            G_s = T.alloc_shared([C], ACCUM)
+            E_s = T.alloc_shared([C], ACCUM)              # 2^G
+            R_s = T.alloc_shared([C], ACCUM)              # 2^(G_last - G), 0 past the sequence
+            P_f = T.alloc_fragment([C, C], ACCUM)
+            KS = T.alloc_fragment([C, BV], ACCUM)
+            VD = T.alloc_fragment([C, BV], ACCUM)
+            O_f = T.alloc_fragment([C, BV], ACCUM)
+            if final_state:                                  # the state in registers only where one is written
+                S_f = T.alloc_fragment([DK, BV], ACCUM)
+                load_state(h0, S_f, n, bh, dv0, initial_state)
+            if initial_state:                                # S0 as the GEMMs' operand, rounded as the pass does
+                S_s = T.alloc_shared([DK, BV], dtype)
+                T.copy(h0[n, bh, :, dv0:dv0 + BV], S_s)
+            if L > 0:
+                # rows past the sequence are the next one's (or zeros past T): Tb's columns there are 0, the causal
+                # mask keeps them out of the stored rows and R_s out of the state
+                T.copy(Q[0, t0:t0 + C, hq, :], q_s)
+                T.copy(K[0, t0:t0 + C, hq, :], k_s)
+                T.copy(V[0, t0:t0 + C, bh, dv0:dv0 + BV], v_s)
+                T.copy(Tb[0, t0:t0 + C, bh, :], tb_s)
+                g_last = G[0, bh, g0 + C - 1]                # flat past the end: the last row's
+                for i in T.Parallel(C):
+                    G_s[i] = G[0, bh, g0 + i]
+                    E_s[i] = T.exp2(G[0, bh, g0 + i])
+                    R_s[i] = T.exp2(g_last - G[0, bh, g0 + i]) * real(i < L)
+                T.gemm(q_s, k_s, P_f, transpose_B=True, clear_accum=True)
+                for i, j in T.Parallel(C, C):
+                    p_s[i, j] = P_f[i, j] * decay_factor(G_s[i] - G_s[j]) * T.if_then_else(j <= i, scale, 0.0)
+                if initial_state:
+                    T.gemm(k_s, S_s, KS, clear_accum=True)
+                    for i, j in T.Parallel(C, BV):
+                        x_s[i, j] = v_s[i, j] - E_s[i] * KS[i, j]
+                    T.gemm(tb_s, x_s, VD, clear_accum=True)
+                    T.copy(VD, vd_s)
+                    T.gemm(q_s, S_s, O_f, clear_accum=True)
+                    for i, j in T.Parallel(C, BV):
+                        O_f[i, j] = O_f[i, j] * (scale * E_s[i])
+                    T.gemm(p_s, vd_s, O_f)
+                else:
+                    T.gemm(tb_s, v_s, VD, clear_accum=True)
+                    T.copy(VD, vd_s)
+                    T.gemm(p_s, vd_s, O_f, clear_accum=True)
+                if final_state:
+                    for i, j in T.Parallel(C, BV):
+                        VD[i, j] = VD[i, j] * R_s[i]
+                    T.copy(VD, x_s)
+                    for i, j in T.Parallel(DK, BV):
+                        S_f[i, j] = S_f[i, j] * T.exp2(g_last)
+                    T.gemm(k_s, x_s, S_f, transpose_A=True)
+                T.copy(O_f, vd_s)
+                for i, j in T.Parallel(C, BV):
+                    if i < L:
+                        O[0, t0 + i, bh, dv0 + j] = vd_s[i, j]
+            if final_state:
+                store_state(S_f, ht, n, bh, dv0, final_state)
+
+    return main
+# --8<-- [end:single_chunk_output]
+
 # ---- the launchers ----
 
 # chunk_gated_inverse's arrangement beyond its defaults (chunks per block, stages, blocks per SM): run 90 timed ten
@@ -460,19 +564,38 @@ def scalar_gate_inverse(k, g, beta, H, flags=None, table=None):
 WHOLE_STORES = False
 
 
+# Packed sequences that all fit one chunk (known on the host: a table from chunk_table) by single_chunk_output, one
+# small block per (value block of SINGLE_CHUNK_COLUMNS, head, sequence), instead of the pass: off until a GPU has
+# tested and timed it.
+SINGLE_CHUNK_OUTPUT = False
+SINGLE_CHUNK_COLUMNS = 64
+
+
+def takes_single_chunk_output(table, DV: int) -> bool:
+    """Whether the packed sequences of ``table`` go through ``single_chunk_output`` (``SINGLE_CHUNK_OUTPUT``): the
+    host knows that none has more than one chunk, and the value columns split into its blocks."""
+    return SINGLE_CHUNK_OUTPUT and table is not None and table.most_chunks is not None and table.most_chunks <= 1 \
+        and DV % SINGLE_CHUNK_COLUMNS == 0
+
+
 def scalar_gate_pass_launch(q, k, v, Tb, G, scale, h0, block_dv, table=None, output_final_state=True):
     """``inverse_state_output_pass`` up to its launch, as ``(launch, o, final state or None)``
-    (``state_pass_launch``'s form); one state per sequence (``[N, H, DK, DV]`` with ``table``)."""
+    (``state_pass_launch``'s form); one state per sequence (``[N, H, DK, DV]`` with ``table``). Packed sequences of
+    at most one chunk each by ``single_chunk_output`` where ``takes_single_chunk_output`` says so, with the same
+    arguments."""
     from kda.kernels.build import compile_program
 
     B, T, HQ, DK = q.shape
     H, DV = v.shape[2], v.shape[-1]
     device = q.device
     N, _, tables = packed.sequence_tables(table, B, device)
+    flags = dict(DK=DK, DV=DV, chunk_size=CHUNK_SIZE, dtype=launch.dtype_name(q.dtype), value_groups=H // HQ,
+                 initial_state=h0 is not None, final_state=output_final_state)
     with torch.cuda.device(device):
-        state_pass = compile_program(inverse_state_output_pass, (), DK=DK, DV=DV, chunk_size=CHUNK_SIZE,
-                                     block_dv=block_dv, dtype=launch.dtype_name(q.dtype), value_groups=H // HQ,
-                                     varlen=table is not None, initial_state=h0 is not None,
-                                     final_state=output_final_state, **({"whole_stores": True} if WHOLE_STORES else {}))
+        if takes_single_chunk_output(table, DV):
+            state_pass = compile_program(single_chunk_output, (), block_dv=SINGLE_CHUNK_COLUMNS, **flags)
+        else:
+            state_pass = compile_program(inverse_state_output_pass, (), block_dv=block_dv, varlen=table is not None,
+                                         **flags, **({"whole_stores": True} if WHOLE_STORES else {}))
     return launch.pass_held(state_pass, (q.contiguous(), k.contiguous(), v.contiguous(), Tb, G, scale), h0,
                             output_final_state, (N, H, DK, DV), (B, T, H, DV), v.dtype, device, tables)
