@@ -494,6 +494,18 @@ PATHS: tuple[CudaPath, ...] = (
                     "由 single_chunk_output 为每个（序列、头、64 个值列）分配一个小 block，没有串行链，取代逐条"
                     "处理序列组的标量门控 pass"},
     ),
+    CudaPath(
+        name="kda_single_chunk_output",
+        module="kda.kernels.gated_state_pass",
+        switch="SINGLE_CHUNK_OUTPUT",
+        what={"en": "chunk_kda (and GDN by level 5's path) on packed sequences of at most 64 tokens each "
+                    "(cu_seqlens_cpu given or read back): single_chunk_gated_output, one small block per sequence, "
+                    "head and 64 value columns with no chain, instead of the state pass that carries groups of "
+                    "sequences one by one",
+              "zh": "chunk_kda（以及走第 5 级路径的 GDN）处理每条都不超过 64 个 token 的打包序列时（给出 cu_seqlens_cpu "
+                    "或读回边界）：由 single_chunk_gated_output 为每个（序列、头、64 个值列）分配一个小 block，"
+                    "没有串行链，取代逐条处理序列组的状态 pass"},
+    ),
 )
 
 

@@ -95,6 +95,12 @@ def device_chunk_table(cu_seqlens: torch.Tensor, T: int, chunk_size=CHUNK_SIZE, 
                       int32(torch.cat([groups, groups.new_full((1,), N)])))
 
 
+def fits_one_chunk(table) -> bool:
+    """Whether the host knows that no packed sequence of ``table`` has more than one chunk (``None``, a dense batch,
+    and a table built on the device do not say)."""
+    return table is not None and table.most_chunks is not None and table.most_chunks <= 1
+
+
 def sequence_tables(table, B: int, device):
     """What a sequential pass takes for the packed sequences of ``table`` (``None``: a dense batch of
     ``B`` sequences): ``(states, lanes, tables)`` with ``states`` the sequences, ``lanes`` the blocks per

@@ -657,3 +657,30 @@ def test_kda_pass_whole_stores_same_bits(poisoned, monkeypatch):
         runs.append(kda.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu))
     assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
     check_sequences(runs[1][0], runs[1][1], q, k, v, g, beta, h0, lengths)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("final", [False, True], ids=["no_final", "final"])
+@pytest.mark.parametrize("initial", [False, True], ids=["zero_start", "initial"])
+def test_kda_single_chunk_output(initial, final, dtype, poisoned, monkeypatch):
+    """``single_chunk_gated_output`` (``gated_state_pass.SINGLE_CHUNK_OUTPUT``) on packed sequences of 0 to 64 tokens
+    (empty ones, one token, a whole chunk, the last one ending at T), runs of -20, with and without states:
+    ``chunk_kda`` against the recurrence per sequence, and close to the state pass it replaces."""
+    from kda.kernels import gated_state_pass
+
+    gen = torch.Generator().manual_seed(61)
+    lengths = [0, 1, 64, 0, 63, 2] + torch.randint(0, 65, (90,), generator=gen).tolist() + [64]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda")
+    q, k, v, g, beta, _ = inputs((1, sum(lengths), 4, 128, 128), dtype, "runs_of_-20", True, seed=67)
+    h0 = torch.randn(len(lengths), 4, 128, 128, device="cuda") if initial else None
+    runs, taken = [], []
+    takes = gated_state_pass.takes_single_chunk_output
+    monkeypatch.setattr(gated_state_pass, "takes_single_chunk_output", lambda *a: taken.append(takes(*a)) or taken[-1])
+    for single in (True, False):
+        monkeypatch.setattr(gated_state_pass, "SINGLE_CHUNK_OUTPUT", single)
+        runs.append(kda.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=final, cu_seqlens=cu,
+                                  cu_seqlens_cpu=cu.cpu()))
+    assert taken == [True, False] and (runs[0][1] is not None) == final
+    check_sequences(runs[0][0], runs[0][1], q, k, v, g, beta, h0, lengths)
+    assert rel_l2(runs[0][0], runs[1][0].double()) <= 5e-3
+    assert not final or rel_l2(runs[0][1], runs[1][1].double()) <= 5e-3

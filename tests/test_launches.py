@@ -176,6 +176,31 @@ def test_gdn_single_chunk_output_switch(kernel_launches, monkeypatch, bounds, si
     assert o.shape == v.shape and (ht is None) == (not final)
 
 
+@pytest.mark.parametrize("final", [False, True], ids=["no_final", "final"])
+@pytest.mark.parametrize("initial", [False, True], ids=["zero_start", "initial"])
+@pytest.mark.parametrize("bounds,single", [([0, 64, 64, 65, 100], True), ([0, 64, 129], False), (None, False)],
+                         ids=["short", "a_long_one", "device_table"])
+def test_kda_single_chunk_output_switch(kernel_launches, monkeypatch, bounds, single, initial, final):
+    """``gated_state_pass.SINGLE_CHUNK_OUTPUT`` (off by default until a GPU has tested it) sends packed sequences that
+    all fit one chunk, as a host-built table knows, to ``single_chunk_gated_output`` with the pass's arguments; a
+    longer sequence, or a table built on the device, keeps the pass."""
+    from kda import gated_delta, packed
+    from kda.kernels import gated_state_pass
+
+    assert gated_state_pass.SINGLE_CHUNK_OUTPUT is False
+    monkeypatch.setattr(gated_state_pass, "SINGLE_CHUNK_OUTPUT", True)
+    cu = [0, 64, 64, 65, 100] if bounds is None else bounds
+    q, k, v, g, beta = level5_inputs(T=cu[-1], D=128)
+    table = packed.chunk_table(cu, "cpu") if bounds is not None else packed.device_chunk_table(torch.tensor(cu), cu[-1])
+    h0 = torch.randn(len(cu) - 1, 2, 128, 128) if initial else None
+    o, ht = gated_delta._run_kernels(q, k, v, g, beta, 0.125, h0, torch.zeros(2, dtype=torch.int32), table,
+                                     output_final_state=final)
+    name, params = kernel_launches[1]
+    assert name == ("single_chunk_gated_output" if single else "gated_state_output_pass")
+    assert params["initial_state"] == initial and params["final_state"] == final
+    assert o.shape == v.shape and (ht is None) == (not final)
+
+
 @pytest.mark.parametrize("whole", [False, True], ids=["in_place", "whole_stores"])
 def test_gdn_pass_whole_stores_switch(kernel_launches, monkeypatch, whole):
     """``scalar_gate.WHOLE_STORES`` (off by default: no faster in run 143) compiles the pass with ``whole_stores``;

@@ -186,6 +186,93 @@ gated_state_output_pass.pass_configs = WARP_SPECIALISED
 # --8<-- [end:gated_state_output_pass]
 
 
+
+# --8<-- [start:single_chunk_gated_output]
+def single_chunk_gated_output(DK, DV, chunk_size=64, block_dv=64, dtype="bfloat16", initial_state=False,
+                              final_state=False, threads=128):
+    """``gated_state_output_pass`` for packed sequences of at most one chunk each, with its arguments (``varlen``; its
+    ``seq_groups`` not read): one block per (value block, head, sequence) and no chain. The pass carries a group of
+    sequences one after another through its warpgroups, one block per SM, so each short sequence costs it a chunk's
+    latency; here each is a small block of its own, several per SM: ``V_new = U - W S0`` (its rows past the sequence
+    zero), ``O = Qw S0 + A_qk V_new`` and ``S = diag(decay) S0 + Kw^T V_new``, in the pass's dtypes (``S0`` and
+    ``V_new`` rounded to ``dtype`` as operands). Without ``initial_state`` ``O = A_qk U`` (the causal ``A_qk`` keeps
+    the rows past the end out of the stored rows) and ``W``, ``Qw`` are not read. An empty sequence's final state is
+    its initial one."""
+    S, H = T.dynamic("T"), T.dynamic("H")
+    NC, N, NG = T.dynamic("NC"), T.dynamic("N"), T.dynamic("NG")
+    C, BV = chunk_size, block_dv
+
+    @T.prim_func
+    def main(
+        Qw: T.Tensor([1, S, H, DK], dtype),
+        Kw: T.Tensor([1, S, H, DK], dtype),
+        W: T.Tensor([1, S, H, DK], dtype),
+        U: T.Tensor([1, S, H, DV], dtype),
+        A_qk: T.Tensor([1, S, H, C], dtype),
+        decay: T.Tensor([1, H, NC, DK], ACCUM),
+        h0: T.Tensor(state_shape(initial_state, N, H, DK, DV), ACCUM),
+        O: T.Tensor([1, S, H, DV], dtype),
+        ht: T.Tensor(state_shape(final_state, N, H, DK, DV), ACCUM),
+        cu_seqlens: T.Tensor([N + 1], "int32"),
+        chunk_offsets: T.Tensor([N + 1], "int32"),
+        seq_groups: T.Tensor([NG + 1], "int32"),
+    ):
+        with T.Kernel(T.ceildiv(DV, BV), H, N, threads=threads) as (bv, bh, n):
+            dv0 = bv * BV
+            t0 = cu_seqlens[n]
+            L = cu_seqlens[n + 1] - t0
+            A_s = T.alloc_shared([C, C], dtype)
+            U_s = T.alloc_shared([C, BV], dtype)
+            O_s = T.alloc_shared([C, BV], dtype)
+            acc_o = T.alloc_fragment([C, BV], ACCUM)
+            if final_state:
+                S_f = T.alloc_fragment([DK, BV], ACCUM)
+                load_state(h0, S_f, n, bh, dv0, initial_state)
+            if initial_state:
+                S_s = T.alloc_shared([DK, BV], dtype)
+                T.copy(h0[n, bh, :, dv0:dv0 + BV], S_s)
+            if L > 0:
+                rows = slice(t0, t0 + C)                     # past the sequence: the next one's rows, or zeros
+                T.copy(A_qk[0, rows, bh, :], A_s)
+                T.copy(U[0, rows, bh, dv0:dv0 + BV], U_s)
+                if initial_state or final_state:
+                    Vn_s = T.alloc_shared([C, BV], dtype)
+                    VN = T.alloc_fragment([C, BV], ACCUM)
+                    if initial_state:
+                        W_s = T.alloc_shared([C, DK], dtype)
+                        T.copy(W[0, rows, bh, :], W_s)
+                        T.gemm(W_s, S_s, VN, clear_accum=True)
+                        for i, j in T.Parallel(C, BV):
+                            VN[i, j] = T.if_then_else(i < L, U_s[i, j] - VN[i, j], 0.0)
+                    else:
+                        for i, j in T.Parallel(C, BV):
+                            VN[i, j] = T.if_then_else(i < L, U_s[i, j], 0.0)
+                    T.copy(VN, Vn_s)
+                if initial_state:
+                    Qw_s = T.alloc_shared([C, DK], dtype)
+                    T.copy(Qw[0, rows, bh, :], Qw_s)
+                    T.gemm(Qw_s, S_s, acc_o, clear_accum=True)
+                    T.gemm(A_s, Vn_s, acc_o)
+                else:
+                    T.gemm(A_s, U_s, acc_o, clear_accum=True)
+                if final_state:
+                    Kw_s = T.alloc_shared([C, DK], dtype)
+                    decay_s = T.alloc_shared([DK], ACCUM)
+                    T.copy(Kw[0, rows, bh, :], Kw_s)
+                    T.copy(decay[0, bh, chunk_offsets[n], :], decay_s)
+                    for i, j in T.Parallel(DK, BV):
+                        S_f[i, j] = S_f[i, j] * decay_s[i]
+                    T.gemm(Kw_s, Vn_s, S_f, transpose_A=True)
+                T.copy(acc_o, O_s)
+                for i, j in T.Parallel(C, BV):
+                    if i < L:
+                        O[0, t0 + i, bh, dv0 + j] = O_s[i, j]
+            if final_state:
+                store_state(S_f, ht, n, bh, dv0, final_state)
+
+    return main
+# --8<-- [end:single_chunk_gated_output]
+
 # --8<-- [start:state_pass_launch]
 def state_pass_columns(B: int, H: int, DV: int, sm_count: int) -> int:
     """Value columns per block of the state pass: 64 while that still gives every SM a block,
@@ -211,21 +298,38 @@ def run_state_pass(form: ChunkForm, h0, table=None, output_final_state=True):
 WHOLE_STORES = True
 
 
+# Packed sequences that all fit one chunk (known on the host: a table from chunk_table) by single_chunk_gated_output,
+# one small block per (value block of SINGLE_CHUNK_COLUMNS, head, sequence), instead of the pass: off until a GPU has
+# tested and timed it.
+SINGLE_CHUNK_OUTPUT = False
+SINGLE_CHUNK_COLUMNS = 64
+
+
+def takes_single_chunk_output(table, DV: int) -> bool:
+    """Whether the packed sequences of ``table`` go through ``single_chunk_gated_output`` (``SINGLE_CHUNK_OUTPUT``):
+    the host knows that none has more than one chunk, and the value columns split into its blocks."""
+    return SINGLE_CHUNK_OUTPUT and packed.fits_one_chunk(table) and DV % SINGLE_CHUNK_COLUMNS == 0
+
+
 def state_pass_launch(form: ChunkForm, h0, table=None, output_final_state=True):
     """``run_state_pass`` up to its launch: the compiled pass with its arguments and outputs ready,
-    as ``(launch, o, final state or None)``; nothing runs until ``launch()``."""
+    as ``(launch, o, final state or None)``; nothing runs until ``launch()``. Packed sequences of at most one chunk
+    each by ``single_chunk_gated_output`` where ``takes_single_chunk_output`` says so, with the same arguments."""
     from kda.kernels.build import compile_program, sm_count
 
     B, T, H, DK = form.Qw.shape
     DV = form.U.shape[-1]
     device = form.Qw.device
     N, lanes, tables = packed.sequence_tables(table, B, device)
+    flags = dict(DK=DK, DV=DV, chunk_size=CHUNK_SIZE, dtype=launch.dtype_name(form.Qw.dtype),
+                 initial_state=h0 is not None, final_state=output_final_state)
     with torch.cuda.device(device):
-        state_pass = compile_program(gated_state_output_pass, (), DK=DK, DV=DV, chunk_size=CHUNK_SIZE,
-                                     block_dv=state_pass_columns(lanes, H, DV, sm_count(device)),
-                                     dtype=launch.dtype_name(form.Qw.dtype), varlen=table is not None,
-                                     initial_state=h0 is not None, final_state=output_final_state,
-                                     **({"whole_stores": True} if WHOLE_STORES and table is not None else {}))
+        if takes_single_chunk_output(table, DV):
+            state_pass = compile_program(single_chunk_gated_output, (), block_dv=SINGLE_CHUNK_COLUMNS, **flags)
+        else:
+            state_pass = compile_program(gated_state_output_pass, (), varlen=table is not None,
+                                         block_dv=state_pass_columns(lanes, H, DV, sm_count(device)), **flags,
+                                         **({"whole_stores": True} if WHOLE_STORES and table is not None else {}))
     return launch.pass_held(state_pass, tuple(form), h0, output_final_state, (N, H, DK, DV), (B, T, H, DV),
                             form.U.dtype, device, tables)
 # --8<-- [end:state_pass_launch]

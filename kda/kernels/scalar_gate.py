@@ -574,8 +574,7 @@ SINGLE_CHUNK_COLUMNS = 64
 def takes_single_chunk_output(table, DV: int) -> bool:
     """Whether the packed sequences of ``table`` go through ``single_chunk_output`` (``SINGLE_CHUNK_OUTPUT``): the
     host knows that none has more than one chunk, and the value columns split into its blocks."""
-    return SINGLE_CHUNK_OUTPUT and table is not None and table.most_chunks is not None and table.most_chunks <= 1 \
-        and DV % SINGLE_CHUNK_COLUMNS == 0
+    return SINGLE_CHUNK_OUTPUT and packed.fits_one_chunk(table) and DV % SINGLE_CHUNK_COLUMNS == 0
 
 
 def scalar_gate_pass_launch(q, k, v, Tb, G, scale, h0, block_dv, table=None, output_final_state=True):

@@ -1,12 +1,15 @@
-"""Run 144 (prepared 2026-12-06): GDN's packed short sequences by ``single_chunk_output``, timed.
+"""Run 144 (prepared 2026-12-06): packed short sequences by ``single_chunk_output`` (GDN) and
+``single_chunk_gated_output`` (KDA), timed.
 
 Run 143 took GDN's op on 1024 packed sequences of 1 to 64 tokens apart: 2.17 ms, of which the pass 1.63, against
 0.89 ms for the same 32768 tokens as one sequence (H100). The pass carries a group of sequences one after another
 through its chain, one block per SM, so a short sequence costs it a whole chunk's latency. ``single_chunk_output``
 (``scalar_gate.SINGLE_CHUNK_OUTPUT``) gives every (sequence, head, 64 value columns) a small block of its own, several
-per SM, where the host knows that no sequence is longer than a chunk. This times the op with the switch off and on,
-kernel by kernel, on the short cases (with and without states), beside the same tokens as one sequence, FlashQLA and
-fla's Triton GDN; the outputs of the two forms against each other (relative L2). Rows to ``$OUT/run144.jsonl``.
+per SM, where the host knows that no sequence is longer than a chunk; ``single_chunk_gated_output``
+(``gated_state_pass.SINGLE_CHUNK_OUTPUT``) does the same for KDA's state pass (run 143: 3.68 ms against 2.12 for one
+sequence). This times both ops with the switches off and on, kernel by kernel, on the short cases (with and without
+states), beside the same tokens as one sequence and the peers (FlashQLA and fla's Triton GDN; fla's ``chunk_kda``); the
+outputs of the two forms against each other (relative L2). Rows to ``$OUT/run144.jsonl``.
 
     FLA_FLASH_QLA=0 python results/tuning/run144-gdn.py --warm
 """
@@ -45,21 +48,29 @@ def cases():
 
 
 def use(single):
-    from kda.kernels import scalar_gate
+    from kda.kernels import gated_state_pass, scalar_gate
 
     scalar_gate.SINGLE_CHUNK_OUTPUT = single
+    gated_state_pass.SINGLE_CHUNK_OUTPUT = single
+
+
+def ops(q, k, g):
+    """(name, the op, its gate): GDN with the gate per head, KDA with one per channel (logsigmoid, as run 141's)."""
+    from kda import gated_delta
+
+    g_kda = torch.nn.functional.logsigmoid(torch.randn(*k.shape, device="cuda", generator=torch.Generator(
+        device="cuda").manual_seed(5)))
+    return [("GDN", gated_delta.chunk_gated_delta_rule, g), ("KDA", gated_delta.chunk_kda, g_kda)]
 
 
 def warm_one(i):
-    from kda import gated_delta
-
     use([False, True][i])
     for _, (q, k, v, g, beta), cu in cases():
         h0 = torch.zeros(cu.shape[0] - 1, 32, 128, 128, device="cuda")
-        for state in (None, h0):
-            gated_delta.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=state, cu_seqlens=cu,
-                                               output_final_state=True)
-        gated_delta.chunk_gated_delta_rule(q, k, v, g, beta)
+        for _, op, gate in ops(q, k, g):
+            for state in (None, h0):
+                op(q, k, v, gate, beta, initial_state=state, cu_seqlens=cu, output_final_state=state is not None)
+            op(q, k, v, gate, beta)
     torch.cuda.synchronize()
     return {"what": "warm", "single": i == 1}
 
@@ -67,8 +78,8 @@ def warm_one(i):
 def main():
     import flash_qla
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_gdn
+    from fla.ops.kda import chunk_kda as fla_kda
 
-    from kda import gated_delta
     from kda.bench import median_ms
     from kda.metrics import rel_l2
 
@@ -76,31 +87,37 @@ def main():
     time_stages()
     for name, (q, k, v, g, beta), cu in cases():
         h0 = torch.randn(cu.shape[0] - 1, 32, 128, 128, device="cuda")
-        for states in ("no states", "initial and final states"):
-            kw = dict(initial_state=h0, output_final_state=True) if states != "no states" else {}
-            outs = {}
-            for single in (False, True):
-                use(single)
-                fn = lambda: gated_delta.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, **kw)
-                outs[single] = fn()
-                impl = f"kda {'single_chunk_output' if single else 'pass'}, {states}"
-                log(RUN, {"case": name, "impl": impl, "ms": round(median_ms(fn), 4)})
-                stage_times(RUN, {"case": name, "impl": impl, "what": "stages"}, fn)
-            use(False)
-            log(RUN, {"case": name, "states": states, "finite": bool(torch.isfinite(outs[True][0]).all()),
-                      "rel_l2 single vs pass": [rel_l2(x, y) for x, y in zip(outs[True], outs[False]) if x is not None]})
-        one = lambda: gated_delta.chunk_gated_delta_rule(q, k, v, g, beta)
-        log(RUN, {"case": name, "impl": "kda, the same tokens as one sequence", "ms": round(median_ms(one), 4)})
         D = q.shape[-1]
-        peers = {"FlashQLA 0.1.3": lambda: flash_qla.chunk_gated_delta_rule(q, k, v, g, beta, scale=D ** -0.5,
-                                                                             cu_seqlens=cu)[0],
-                 "fla Triton": lambda: fla_gdn(q, k, v, g, beta, scale=D ** -0.5, cu_seqlens=cu)[0]}
-        for impl, fn in peers.items():
-            try:
-                log(RUN, {"case": name, "impl": impl, "ms": round(median_ms(fn), 4)})
-            except Exception as e:  # noqa: BLE001
-                log(RUN, {"case": name, "impl": impl, "error": f"{type(e).__name__}: {str(e)[:200]}"})
-        torch.cuda.empty_cache()
+        for op_name, op, gate in ops(q, k, g):
+            case = f"{op_name}, {name}"
+            for states in ("no states", "initial and final states"):
+                kw = dict(initial_state=h0, output_final_state=True) if states != "no states" else {}
+                outs = {}
+                for single in (False, True):
+                    use(single)
+                    fn = lambda: op(q, k, v, gate, beta, cu_seqlens=cu, **kw)
+                    outs[single] = fn()
+                    impl = f"kda {'single chunk' if single else 'pass'}, {states}"
+                    log(RUN, {"case": case, "impl": impl, "ms": round(median_ms(fn), 4)})
+                    stage_times(RUN, {"case": case, "impl": impl, "what": "stages"}, fn)
+                use(False)
+                log(RUN, {"case": case, "states": states, "finite": bool(torch.isfinite(outs[True][0]).all()),
+                          "rel_l2 single vs pass": [rel_l2(x, y) for x, y in zip(outs[True], outs[False])
+                                                    if x is not None]})
+            one = lambda: op(q, k, v, gate, beta)
+            log(RUN, {"case": case, "impl": "kda, the same tokens as one sequence", "ms": round(median_ms(one), 4)})
+            if op_name == "GDN":
+                peers = {"FlashQLA 0.1.3": lambda: flash_qla.chunk_gated_delta_rule(q, k, v, g, beta, scale=D ** -0.5,
+                                                                                     cu_seqlens=cu)[0],
+                         "fla Triton": lambda: fla_gdn(q, k, v, g, beta, scale=D ** -0.5, cu_seqlens=cu)[0]}
+            else:
+                peers = {"fla chunk_kda": lambda: fla_kda(q, k, v, gate, beta, scale=D ** -0.5, cu_seqlens=cu)[0]}
+            for impl, fn in peers.items():
+                try:
+                    log(RUN, {"case": case, "impl": impl, "ms": round(median_ms(fn), 4)})
+                except Exception as e:  # noqa: BLE001
+                    log(RUN, {"case": case, "impl": impl, "error": f"{type(e).__name__}: {str(e)[:200]}"})
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
