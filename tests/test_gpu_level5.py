@@ -664,12 +664,12 @@ def test_kda_pass_whole_stores_same_bits(poisoned, monkeypatch):
 @pytest.mark.parametrize("initial", [False, True], ids=["zero_start", "initial"])
 def test_kda_single_chunk_output(initial, final, dtype, poisoned, monkeypatch):
     """``single_chunk_gated_output`` (``gated_state_pass.SINGLE_CHUNK_OUTPUT``) on packed sequences of 0 to 64 tokens
-    (empty ones, one token, a whole chunk, the last one ending at T), runs of -20, with and without states:
+    (empty ones, one token, whole chunks, the last one's chunk reaching past T), runs of -20, with and without states:
     ``chunk_kda`` against the recurrence per sequence, and close to the state pass it replaces."""
     from kda.kernels import gated_state_pass
 
     gen = torch.Generator().manual_seed(61)
-    lengths = [0, 1, 64, 0, 63, 2] + torch.randint(0, 65, (90,), generator=gen).tolist() + [64]
+    lengths = [0, 1, 64, 0, 63, 2] + torch.randint(0, 65, (90,), generator=gen).tolist() + [64, 5]
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda")
     q, k, v, g, beta, _ = inputs((1, sum(lengths), 4, 128, 128), dtype, "runs_of_-20", True, seed=67)
     h0 = torch.randn(len(lengths), 4, 128, 128, device="cuda") if initial else None

@@ -295,13 +295,13 @@ def test_split_forward(kind, pieces, scalar_path):
 @pytest.mark.parametrize("initial", [False, True], ids=["zero_start", "initial"])
 def test_single_chunk_output(initial, final, dtype, scalar_path, monkeypatch):
     """``single_chunk_output`` (``scalar_gate.SINGLE_CHUNK_OUTPUT``) on packed sequences of 0 to 64 tokens (empty ones,
-    one token, a whole chunk, the last one ending at T), grouped value heads, runs of -20, with and without states:
-    against the recurrence per sequence, and close to the pass it replaces (the same products and roundings, in
-    other blocks)."""
+    one token, whole chunks, the last one's chunk reaching past T), grouped value heads, runs of -20, with and without
+    states: against the recurrence per sequence, and close to the pass it replaces (the same products and roundings,
+    in other blocks)."""
     from kda.kernels import scalar_gate
 
     gen = torch.Generator().manual_seed(53)
-    lengths = [0, 1, 64, 0, 63, 2] + torch.randint(0, 65, (90,), generator=gen).tolist() + [64]
+    lengths = [0, 1, 64, 0, 63, 2] + torch.randint(0, 65, (90,), generator=gen).tolist() + [64, 5]
     T = sum(lengths)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda")
     q, k, v, g, beta, _ = inputs((1, T, 4, 128, 128), dtype, "runs_of_-20", False, seed=59)

@@ -217,7 +217,8 @@ def single_chunk_gated_output(DK, DV, chunk_size=64, block_dv=64, dtype="bfloat1
         chunk_offsets: T.Tensor([N + 1], "int32"),
         seq_groups: T.Tensor([NG + 1], "int32"),
     ):
-        with T.Kernel(T.ceildiv(DV, BV), H, N, threads=threads) as (bv, bh, n):
+        # the sequences on the grid's first axis: a batch may hold more than the 65,535 blocks of its third
+        with T.Kernel(N, T.ceildiv(DV, BV), H, threads=threads) as (n, bv, bh):
             dv0 = bv * BV
             t0 = cu_seqlens[n]
             L = cu_seqlens[n + 1] - t0
