@@ -321,6 +321,35 @@ def test_single_chunk_output(initial, final, dtype, scalar_path, monkeypatch):
     assert not final or rel_l2(runs[0][1], runs[1][1].double()) <= 5e-3
 
 
+@pytest.mark.parametrize("whole", [False, True], ids=["in_place", "whole_stores"])
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+def test_chain_first_same_bits(packed, whole, scalar_path, monkeypatch):
+    """``inverse_state_output_pass(chain_first=1, 2)`` (``scalar_gate.CHAIN_FIRST``: the output's GEMMs wait for the
+    chain's) makes the same products in the same order: the op's outputs and final states equal ``chain_first=0``'s bit
+    for bit, dense and packed (an empty sequence, one token, ragged tails, more chunks than two barrier phases), with
+    initial states, grouped value heads and runs of -20, in both forms of the stores; and the calls return (a barrier
+    protocol that deadlocked would hang here)."""
+    from kda.kernels import scalar_gate
+
+    monkeypatch.setattr(scalar_gate, "WHOLE_STORES", whole)
+    lengths = [130, 0, 64, 1, 77, 300, 1000] if packed else [1500]
+    T = sum(lengths)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda") if packed else None
+    q, k, v, g, beta, _ = inputs((1, T, 4, 128, 128), torch.bfloat16, "runs_of_-20", False, seed=71)
+    q, k = q[:, :, ::2].contiguous(), k[:, :, ::2].contiguous()
+    h0 = torch.randn(len(lengths), 4, 128, 128, device="cuda")
+    runs = []
+    for chain_first in (0, 1, 2):
+        monkeypatch.setattr(scalar_gate, "CHAIN_FIRST", chain_first)
+        runs.append(kda.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                               cu_seqlens=cu))
+    assert len(scalar_path) >= 3                       # every call took the pass
+    for o, ht in runs[1:]:
+        assert torch.equal(o, runs[0][0]) and torch.equal(ht, runs[0][1])
+    check_sequences(runs[2][0], runs[2][1], q.repeat_interleave(2, dim=2), k.repeat_interleave(2, dim=2), v, g, beta,
+                    h0, lengths)
+
+
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
 def test_whole_stores_same_bits(packed, scalar_path, monkeypatch):
     """``inverse_state_output_pass(whole_stores=True)`` (``scalar_gate.WHOLE_STORES``: ``X`` and ``V'`` stored whole,

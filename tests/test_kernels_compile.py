@@ -149,6 +149,11 @@ CASES = [
                                                 heads_first=True)),
     ("scalar_gate", "inverse_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16")),
     ("scalar_gate", "inverse_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", whole_stores=True)),
+    # the output's GEMMs after the chain's (scalar_gate.CHAIN_FIRST)
+    ("scalar_gate", "inverse_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", chain_first=1)),
+    ("scalar_gate", "inverse_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", chain_first=2, varlen=True,
+                                                      initial_state=True, final_state=True)),
+    ("scalar_gate", "inverse_state_output_pass", dict(DK=64, DV=128, dtype="float16", chain_first=2, whole_stores=True)),
     ("scalar_gate", "inverse_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", varlen=True, initial_state=True,
                                                       final_state=True, whole_stores=True)),
     ("scalar_gate", "inverse_state_output_pass", dict(DK=128, DV=128, block_dv=64, dtype="float16", value_groups=2,

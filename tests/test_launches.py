@@ -201,6 +201,23 @@ def test_kda_single_chunk_output_switch(kernel_launches, monkeypatch, bounds, si
     assert o.shape == v.shape and (ht is None) == (not final)
 
 
+@pytest.mark.parametrize("chain_first", [0, 1, 2])
+def test_gdn_pass_chain_first_switch(kernel_launches, monkeypatch, chain_first):
+    """``scalar_gate.CHAIN_FIRST`` (0 by default until a GPU has tested it) compiles the pass with ``chain_first``;
+    at 0 the pass compiles with the parameters it always had."""
+    from kda import gated_delta
+    from kda.kernels import scalar_gate
+
+    assert scalar_gate.CHAIN_FIRST == 0
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_MIN_BLOCKS", 0.0)
+    monkeypatch.setattr(scalar_gate, "CHAIN_FIRST", chain_first)
+    q, k, v, g, beta = level5_inputs(B=2, H=2, D=128, per_channel=False)
+    gated_delta._run_kernels(q, k, v, g, beta, 0.125, None, torch.zeros(2, dtype=torch.int32))
+    name, state_pass = kernel_launches[1]
+    assert name == "inverse_state_output_pass" and state_pass.get("chain_first", 0) == chain_first
+    assert chain_first or "chain_first" not in state_pass
+
+
 @pytest.mark.parametrize("whole", [False, True], ids=["in_place", "whole_stores"])
 def test_gdn_pass_whole_stores_switch(kernel_launches, monkeypatch, whole):
     """``scalar_gate.WHOLE_STORES`` (off by default: no faster in run 143) compiles the pass with ``whole_stores``;

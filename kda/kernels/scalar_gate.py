@@ -182,7 +182,7 @@ def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtyp
 # --8<-- [start:inverse_state_output_pass]
 def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat16", value_groups=1, varlen=False,
                               initial_state=False, final_state=False, registers=(160, 128, 128, 40),
-                              whole_stores=False):
+                              whole_stores=False, chain_first=0):
     """Arguments at run time: ``Q, K [B, T, HQ, DK]``, ``V [B, T, H, DV]``, ``Tb [B, T, H, C]`` and
     ``G [B, H, NC C]`` of ``chunk_gated_inverse``, ``scale``, ``h0``, then ``O [B, T, H, DV]`` (dtype)
     and ``ht`` (the state flags as in ``kda.kernels.chapters.linear_attention.seq_in_loop``), and last the
@@ -212,7 +212,10 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
     elementwise loops otherwise store into shared memory (``X`` over ``V``'s slot, ``V'`` element by element), and
     tilelang 0.1.15 gives each step of them a barrier of the warpgroup: 64 a chunk, on the chain. Not yet timed on a
     GPU in this form (run 140 timed a first form, whose two tiles held at once spilled and took the pass from 0.509 to
-    0.714 ms at (1, 8192, 96, 128)), so off by default."""
+    0.714 ms at (1, 8192, 96, 128)), so off by default. ``chain_first``: the output warpgroup's GEMMs wait for the
+    chain's on the tensor cores they share: 1, ``Q S`` until warpgroup 1's ``K S`` is done (both wait for the same
+    ``S``, and only ``K S`` is on the chain); 2, ``P V_new`` also until the chain's ``K^T V'`` is done. The same
+    products in the same order, so the same bits; 0 (the default) lets them run at once."""
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     HQ = T.dynamic("HQ")
     C, BV = chunk_size, block_dv
@@ -253,6 +256,10 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
         vn_ready = T.alloc_barrier(arrive_count=128)             # warpgroup 1 -> chain
         vd_ready = T.alloc_barrier(arrive_count=128)             # warpgroup 1 -> output
         vd_free = T.alloc_barrier(arrive_count=128)              # output -> warpgroup 1
+        if chain_first >= 1:
+            ks_done = T.alloc_barrier(arrive_count=128)          # warpgroup 1 -> output
+        if chain_first >= 2:
+            update_done = T.alloc_barrier(arrive_count=128)      # chain -> output
         tx = T.get_thread_binding()
         j0 = lambda n: seq(n)[2] - seq(n_first)[2]              # the block's count of chunks before sequence n
         # one code branch per warpgroup; a wait for parity (j + 1) % 2 passes at j = 0 and then waits
@@ -274,6 +281,10 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
                         S_f[i, jj] = S_f[i, jj] * E_s[slot, C - 1]
                     T.barrier_wait(vn_ready, j % 2)
                     T.gemm(k_s[slot, :, :], vn_s, S_f, transpose_A=True)
+                    if chain_first >= 2:
+                        # the output is past its wait for chunk j - 1 (so this arrival is never two phases ahead)
+                        T.barrier_wait(vd_free, (j + 1) % 2)
+                        T.barrier_arrive(update_done)
                     T.barrier_arrive(data_free[slot])
                 store_state(S_f, ht, n, bh, dv0, final_state)
         elif tx < 256:                                           # V_new and V'
@@ -286,6 +297,8 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
                     T.barrier_wait(data_ready[slot], (j // 2) % 2)
                     T.barrier_wait(s_ready, j % 2)
                     T.gemm(k_s[slot, :, :], S_s, KS, clear_accum=True)
+                    if chain_first >= 1:
+                        T.barrier_arrive(ks_done)
                     T.barrier_arrive(s_free)
                     if whole_stores:
                         # V_new goes out first, so that V' is made over it: KS and VD both held would exceed the
@@ -334,11 +347,15 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
                             T.if_then_else(jj <= i, scale, 0.0)
                     T.fence_proxy_async()
                     T.barrier_wait(s_ready, j % 2)
+                    if chain_first >= 1:
+                        T.barrier_wait(ks_done, j % 2)
                     T.gemm(q_s[slot, :, :], S_s, O_f, clear_accum=True)
                     T.barrier_arrive(s_free)
                     for i, jj in T.Parallel(C, BV):
                         O_f[i, jj] = O_f[i, jj] * (scale * E_s[slot, i])
                     T.barrier_wait(vd_ready, j % 2)
+                    if chain_first >= 2:
+                        T.barrier_wait(update_done, j % 2)
                     T.gemm(p_s, vd_s, O_f)
                     T.barrier_arrive(vd_free)
                     T.barrier_arrive(data_free[slot])
@@ -564,6 +581,12 @@ def scalar_gate_inverse(k, g, beta, H, flags=None, table=None):
 # chunk were not what keeps the pass behind FlashQLA's (0.508 ms against its whole op's 0.590).
 WHOLE_STORES = False
 
+# inverse_state_output_pass with chain_first (1: the output's Q S waits for warpgroup 1's K S; 2: its P V_new also waits
+# for the chain's K^T V'), so that the GEMMs on the chain do not share the tensor cores with the output's. Run 139's
+# profile had the pass 25% slower than FlashQLA's fused kernel with fewer instructions: its warps wait more, and the
+# 64 barriers a chunk were not it (run 143). The same bits by construction; 0 (off) until a GPU has tested and timed it.
+CHAIN_FIRST = 0
+
 
 # Packed sequences that all fit one chunk (known on the host: a table from chunk_table) by single_chunk_output, one
 # small block per (value block of SINGLE_CHUNK_COLUMNS, head, sequence), instead of the pass: off until a GPU has
@@ -596,6 +619,7 @@ def scalar_gate_pass_launch(q, k, v, Tb, G, scale, h0, block_dv, table=None, out
             state_pass = compile_program(single_chunk_output, (), block_dv=SINGLE_CHUNK_COLUMNS, **flags)
         else:
             state_pass = compile_program(inverse_state_output_pass, (), block_dv=block_dv, varlen=table is not None,
-                                         **flags, **({"whole_stores": True} if WHOLE_STORES else {}))
+                                         **flags, **({"whole_stores": True} if WHOLE_STORES else {}),
+                                         **({"chain_first": CHAIN_FIRST} if CHAIN_FIRST else {}))
     return launch.pass_held(state_pass, (q.contiguous(), k.contiguous(), v.contiguous(), Tb, G, scale), h0,
                             output_final_state, (N, H, DK, DV), (B, T, H, DV), v.dtype, device, tables)
