@@ -684,3 +684,25 @@ def test_kda_single_chunk_output(initial, final, dtype, poisoned, monkeypatch):
     check_sequences(runs[0][0], runs[0][1], q, k, v, g, beta, h0, lengths)
     assert rel_l2(runs[0][0], runs[1][0].double()) <= 5e-3
     assert not final or rel_l2(runs[0][1], runs[1][1].double()) <= 5e-3
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+def test_kda_pass_chain_first_same_bits(packed, poisoned, monkeypatch):
+    """``gated_state_output_pass(chain_first=1, 2)`` (``gated_state_pass.CHAIN_FIRST``: the output's GEMMs wait for the
+    chain's) makes the same products in the same order: ``chunk_kda``'s outputs and final states equal
+    ``chain_first=0``'s bit for bit, dense and packed (an empty sequence, one token, ragged tails, more chunks than two
+    barrier phases), with initial states and runs of -20; and the calls return (a deadlocked barrier protocol would
+    hang here)."""
+    from kda.kernels import gated_state_pass
+
+    lengths = [130, 0, 64, 1, 77, 300, 1000] if packed else [1500]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda") if packed else None
+    q, k, v, g, beta, _ = inputs((1, sum(lengths), 4, 128, 128), torch.bfloat16, "runs_of_-20", True, seed=73)
+    h0 = torch.randn(len(lengths), 4, 128, 128, device="cuda")
+    runs = []
+    for chain_first in (0, 1, 2):
+        monkeypatch.setattr(gated_state_pass, "CHAIN_FIRST", chain_first)
+        runs.append(kda.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu))
+    for o, ht in runs[1:]:
+        assert torch.equal(o, runs[0][0]) and torch.equal(ht, runs[0][1])
+    check_sequences(runs[2][0], runs[2][1], q, k, v, g, beta, h0, lengths)

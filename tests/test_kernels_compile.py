@@ -131,6 +131,11 @@ CASES = [
     ("gated_state_pass", "gated_state_output_pass", dict(DK=128, DV=64, dtype="float16", varlen=True,
                                                          final_state=True, whole_stores=True)),
     ("scalar_gate", "chunk_gated_inverse", dict(DK=128, dtype="bfloat16")),
+    # the output's GEMMs after the chain's (gated_state_pass.CHAIN_FIRST)
+    ("gated_state_pass", "gated_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", block_dv=64, chain_first=1)),
+    ("gated_state_pass", "gated_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", block_dv=64, varlen=True,
+                                                         initial_state=True, final_state=True, whole_stores=True,
+                                                         chain_first=2)),
     # packed sequences of at most one chunk each (gated_state_pass.SINGLE_CHUNK_OUTPUT)
     ("gated_state_pass", "single_chunk_gated_output", dict(DK=128, DV=128)),
     ("gated_state_pass", "single_chunk_gated_output", dict(DK=128, DV=128, initial_state=True, final_state=True)),

@@ -202,6 +202,22 @@ def test_kda_single_chunk_output_switch(kernel_launches, monkeypatch, bounds, si
 
 
 @pytest.mark.parametrize("chain_first", [0, 1, 2])
+def test_level5_pass_chain_first_switch(kernel_launches, monkeypatch, chain_first):
+    """``gated_state_pass.CHAIN_FIRST`` (0 by default until a GPU has tested it) compiles KDA's state pass with
+    ``chain_first``; at 0 the pass compiles with the parameters it always had."""
+    from kda.gated_delta import _run_kernels
+    from kda.kernels import gated_state_pass
+
+    assert gated_state_pass.CHAIN_FIRST == 0
+    monkeypatch.setattr(gated_state_pass, "CHAIN_FIRST", chain_first)
+    q, k, v, g, beta = level5_inputs(B=2)
+    _run_kernels(q, k, v, g, beta, 0.125, None, torch.zeros(2, dtype=torch.int32))
+    name, state_pass = kernel_launches[1]
+    assert name == "gated_state_output_pass" and state_pass.get("chain_first", 0) == chain_first
+    assert chain_first or "chain_first" not in state_pass
+
+
+@pytest.mark.parametrize("chain_first", [0, 1, 2])
 def test_gdn_pass_chain_first_switch(kernel_launches, monkeypatch, chain_first):
     """``scalar_gate.CHAIN_FIRST`` (0 by default until a GPU has tested it) compiles the pass with ``chain_first``;
     at 0 the pass compiles with the parameters it always had."""

@@ -18,7 +18,7 @@ from kda.kernels.stages import ACCUM, load_state, state_shape, store_state
 
 # --8<-- [start:gated_state_output_pass]
 def gated_state_output_pass(DK, DV, chunk_size=64, block_dv=32, dtype="bfloat16", varlen=False, initial_state=False,
-                            final_state=False, whole_stores=False):
+                            final_state=False, whole_stores=False, chain_first=0):
     """Arguments at run time: ``Qw, Kw, W [B, T, H, DK]``, ``U [B, T, H, DV]``, ``A_qk [B, T, H, C]``
     (dtype, scale included), ``decay [B, H, NC, DK]`` and ``h0 [B, H, DK, DV]`` (float32), then the
     outputs ``O [B, T, H, DV]`` (dtype) and ``ht`` (float32), and last the tables of packed
@@ -41,7 +41,11 @@ def gated_state_output_pass(DK, DV, chunk_size=64, block_dv=32, dtype="bfloat16"
 
     ``whole_stores`` (packed sequences): ``V_new``, its rows past a sequence's end zeroed, made in ``W S``'s registers
     and stored whole. Stored element by element under that mask, the loop has a barrier of the warpgroup in every step
-    from tilelang 0.1.15 (16 a chunk, on the chain; the dense loop has none). Off until a GPU has tested it."""
+    from tilelang 0.1.15 (16 a chunk, on the chain; the dense loop has none). On since runs 141 and 143.
+
+    ``chain_first``: the output warpgroup's GEMMs wait for the chain's on the tensor cores they share: 1, ``Qw S``
+    until the chain's ``W S`` is done (both start when ``S`` is published); 2, ``A_qk V_new`` also until the chain's
+    ``Kw^T V_new`` is. The same products in the same order, so the same bits; 0 (the default) lets them run at once."""
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     C, BV = chunk_size, block_dv
     NC = T.dynamic("NC") if varlen else T.ceildiv(S, C)
@@ -74,6 +78,10 @@ def gated_state_output_pass(DK, DV, chunk_size=64, block_dv=32, dtype="bfloat16"
         s_free = T.alloc_barrier(arrive_count=128)
         vn_ready = T.alloc_barrier(arrive_count=128)
         vn_free = T.alloc_barrier(arrive_count=128)
+        if chain_first >= 1:
+            ws_done = T.alloc_barrier(arrive_count=128)          # chain -> output
+        if chain_first >= 2:
+            update_done = T.alloc_barrier(arrive_count=128)      # chain -> output
         tx = T.get_thread_binding()
         j0 = lambda n: seq(n)[2] - seq(n_first)[2]      # the block's count of chunks before sequence n
         # a wait for parity (j + 1) % 2 passes at j = 0 (the phase before the first) and then
@@ -92,6 +100,8 @@ def gated_state_output_pass(DK, DV, chunk_size=64, block_dv=32, dtype="bfloat16"
                     T.fence_proxy_async()
                     T.barrier_arrive(s_ready)
                     T.gemm(W_s[slot, :, :], S_s, WS, clear_accum=True)
+                    if chain_first >= 1:
+                        T.barrier_arrive(ws_done)
                     T.barrier_wait(vn_free, (j + 1) % 2)
                     if varlen and whole_stores:     # rows past the sequence are the next one's
                         for i, jj in T.Parallel(C, BV):
@@ -109,6 +119,8 @@ def gated_state_output_pass(DK, DV, chunk_size=64, block_dv=32, dtype="bfloat16"
                     for i, jj in T.Parallel(DK, BV):
                         S_f[i, jj] = S_f[i, jj] * decay_s[slot, i]
                     T.gemm(Kw_s[slot, :, :], Vn_s, S_f, transpose_A=True)
+                    if chain_first >= 2:        # one phase ahead at most: the chain waited for vn_free of chunk j - 1
+                        T.barrier_arrive(update_done)
                     T.barrier_arrive(data_free[slot])
                 store_state(S_f, ht, n, bh, dv0, final_state)
         elif tx < 256:
@@ -120,9 +132,13 @@ def gated_state_output_pass(DK, DV, chunk_size=64, block_dv=32, dtype="bfloat16"
                     slot = j % 2
                     T.barrier_wait(data_ready[slot], (j // 2) % 2)
                     T.barrier_wait(s_ready, j % 2)
+                    if chain_first >= 1:
+                        T.barrier_wait(ws_done, j % 2)
                     T.gemm(Qw_s[slot, :, :], S_s, acc_o, clear_accum=True)
                     T.barrier_arrive(s_free)
                     T.barrier_wait(vn_ready, j % 2)
+                    if chain_first >= 2:
+                        T.barrier_wait(update_done, j % 2)
                     T.gemm(A_s[slot, :, :], Vn_s, acc_o)
                     T.barrier_arrive(vn_free)
                     T.barrier_arrive(data_free[slot])
@@ -299,6 +315,12 @@ def run_state_pass(form: ChunkForm, h0, table=None, output_final_state=True):
 WHOLE_STORES = True
 
 
+# gated_state_output_pass with chain_first (1: the output's Qw S waits for the chain's W S; 2: its A_qk V_new also for
+# the chain's Kw^T V_new), so that the GEMMs on the chain do not share the tensor cores with the output's. The same
+# bits by construction; 0 (off) until a GPU has tested and timed it (run 145).
+CHAIN_FIRST = 0
+
+
 # Packed sequences that all fit one chunk (known on the host: a table from chunk_table) by single_chunk_gated_output,
 # one small block per (value block of SINGLE_CHUNK_COLUMNS, head, sequence), instead of the pass: off until a GPU has
 # tested and timed it.
@@ -330,7 +352,8 @@ def state_pass_launch(form: ChunkForm, h0, table=None, output_final_state=True):
         else:
             state_pass = compile_program(gated_state_output_pass, (), varlen=table is not None,
                                          block_dv=state_pass_columns(lanes, H, DV, sm_count(device)), **flags,
-                                         **({"whole_stores": True} if WHOLE_STORES and table is not None else {}))
+                                         **({"whole_stores": True} if WHOLE_STORES and table is not None else {}),
+                                         **({"chain_first": CHAIN_FIRST} if CHAIN_FIRST else {}))
     return launch.pass_held(state_pass, tuple(form), h0, output_final_state, (N, H, DK, DV), (B, T, H, DV),
                             form.U.dtype, device, tables)
 # --8<-- [end:state_pass_launch]
