@@ -95,10 +95,17 @@ def device_chunk_table(cu_seqlens: torch.Tensor, T: int, chunk_size=CHUNK_SIZE, 
                       int32(torch.cat([groups, groups.new_full((1,), N)])))
 
 
-def fits_one_chunk(table) -> bool:
-    """Whether the host knows that no packed sequence of ``table`` has more than one chunk (``None``, a dense batch,
-    and a table built on the device do not say)."""
-    return table is not None and table.most_chunks is not None and table.most_chunks <= 1
+# Value columns per block of the kernels for packed sequences of one chunk each (scalar_gate.single_chunk_output,
+# gated_state_pass.single_chunk_gated_output).
+SINGLE_CHUNK_COLUMNS = 64
+
+
+def fits_one_chunk(table, DV: int) -> bool:
+    """Whether the single-chunk kernels can take the packed sequences of ``table``: the host knows that none has more
+    than one chunk (``None``, a dense batch, and a table built on the device do not say), and ``DV`` splits into
+    blocks of ``SINGLE_CHUNK_COLUMNS``."""
+    return table is not None and table.most_chunks is not None and table.most_chunks <= 1 \
+        and DV % SINGLE_CHUNK_COLUMNS == 0
 
 
 def sequence_tables(table, B: int, device):

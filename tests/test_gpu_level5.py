@@ -659,50 +659,68 @@ def test_kda_pass_whole_stores_same_bits(poisoned, monkeypatch):
     check_sequences(runs[1][0], runs[1][1], q, k, v, g, beta, h0, lengths)
 
 
+def check_single_chunk_output(module, fn, per_channel, initial, final, dtype, monkeypatch, seeds, grouped=False):
+    """``fn`` with ``module.SINGLE_CHUNK_OUTPUT`` on and off on packed sequences of 0 to 64 tokens (empty ones, one
+    token, whole chunks, the last one's chunk reaching past T), runs of -20, with and without states (``grouped``:
+    2 query/key heads for 4 value heads): the single-chunk kernel is taken when on, not when off; against the
+    recurrence per sequence, and within 5e-3 of the pass it replaces. ``seeds``: the lengths' and the inputs'."""
+    gen = torch.Generator().manual_seed(seeds[0])
+    lengths = [0, 1, 64, 0, 63, 2] + torch.randint(0, 65, (90,), generator=gen).tolist() + [64, 5]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda")
+    q, k, v, g, beta, _ = inputs((1, sum(lengths), 4, 128, 128), dtype, "runs_of_-20", per_channel, seed=seeds[1])
+    if grouped:
+        q, k = q[:, :, ::2].contiguous(), k[:, :, ::2].contiguous()
+    h0 = torch.randn(len(lengths), 4, 128, 128, device="cuda") if initial else None
+    runs, taken = [], []
+    takes = module.takes_single_chunk_output
+    monkeypatch.setattr(module, "takes_single_chunk_output", lambda *a: taken.append(takes(*a)) or taken[-1])
+    for single in (True, False):
+        monkeypatch.setattr(module, "SINGLE_CHUNK_OUTPUT", single)
+        runs.append(fn(q, k, v, g, beta, initial_state=h0, output_final_state=final, cu_seqlens=cu,
+                       cu_seqlens_cpu=cu.cpu()))
+    assert taken == [True, False] and (runs[0][1] is not None) == final
+    heads = (lambda x: x.repeat_interleave(2, dim=2)) if grouped else (lambda x: x)
+    check_sequences(runs[0][0], runs[0][1], heads(q), heads(k), v, g, beta, h0, lengths)
+    assert rel_l2(runs[0][0], runs[1][0].double()) <= 5e-3
+    assert not final or rel_l2(runs[0][1], runs[1][1].double()) <= 5e-3
+
+
+def check_chain_first_same_bits(module, fn, per_channel, packed, monkeypatch, seed, grouped=False):
+    """``fn`` with ``module.CHAIN_FIRST`` 0, 1 and 2, dense and packed (an empty sequence, one token, ragged tails, more
+    chunks than two barrier phases), with initial states and runs of -20 (``grouped``: 2 query/key heads for 4 value
+    heads): the outputs and final states of 1 and 2 equal 0's bit for bit, and 2's agree with the recurrence; the calls
+    return (a deadlocked barrier protocol would hang here)."""
+    lengths = [130, 0, 64, 1, 77, 300, 1000] if packed else [1500]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda") if packed else None
+    q, k, v, g, beta, _ = inputs((1, sum(lengths), 4, 128, 128), torch.bfloat16, "runs_of_-20", per_channel, seed=seed)
+    if grouped:
+        q, k = q[:, :, ::2].contiguous(), k[:, :, ::2].contiguous()
+    h0 = torch.randn(len(lengths), 4, 128, 128, device="cuda")
+    runs = []
+    for chain_first in (0, 1, 2):
+        monkeypatch.setattr(module, "CHAIN_FIRST", chain_first)
+        runs.append(fn(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu))
+    for o, ht in runs[1:]:
+        assert torch.equal(o, runs[0][0]) and torch.equal(ht, runs[0][1])
+    heads = (lambda x: x.repeat_interleave(2, dim=2)) if grouped else (lambda x: x)
+    check_sequences(runs[2][0], runs[2][1], heads(q), heads(k), v, g, beta, h0, lengths)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("final", [False, True], ids=["no_final", "final"])
 @pytest.mark.parametrize("initial", [False, True], ids=["zero_start", "initial"])
 def test_kda_single_chunk_output(initial, final, dtype, poisoned, monkeypatch):
-    """``single_chunk_gated_output`` (``gated_state_pass.SINGLE_CHUNK_OUTPUT``) on packed sequences of 0 to 64 tokens
-    (empty ones, one token, whole chunks, the last one's chunk reaching past T), runs of -20, with and without states:
-    ``chunk_kda`` against the recurrence per sequence, and close to the state pass it replaces."""
+    """``single_chunk_gated_output`` (``gated_state_pass.SINGLE_CHUNK_OUTPUT``): ``chunk_kda`` as
+    ``check_single_chunk_output`` wants it."""
     from kda.kernels import gated_state_pass
 
-    gen = torch.Generator().manual_seed(61)
-    lengths = [0, 1, 64, 0, 63, 2] + torch.randint(0, 65, (90,), generator=gen).tolist() + [64, 5]
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda")
-    q, k, v, g, beta, _ = inputs((1, sum(lengths), 4, 128, 128), dtype, "runs_of_-20", True, seed=67)
-    h0 = torch.randn(len(lengths), 4, 128, 128, device="cuda") if initial else None
-    runs, taken = [], []
-    takes = gated_state_pass.takes_single_chunk_output
-    monkeypatch.setattr(gated_state_pass, "takes_single_chunk_output", lambda *a: taken.append(takes(*a)) or taken[-1])
-    for single in (True, False):
-        monkeypatch.setattr(gated_state_pass, "SINGLE_CHUNK_OUTPUT", single)
-        runs.append(kda.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=final, cu_seqlens=cu,
-                                  cu_seqlens_cpu=cu.cpu()))
-    assert taken == [True, False] and (runs[0][1] is not None) == final
-    check_sequences(runs[0][0], runs[0][1], q, k, v, g, beta, h0, lengths)
-    assert rel_l2(runs[0][0], runs[1][0].double()) <= 5e-3
-    assert not final or rel_l2(runs[0][1], runs[1][1].double()) <= 5e-3
+    check_single_chunk_output(gated_state_pass, kda.chunk_kda, True, initial, final, dtype, monkeypatch, (61, 67))
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
 def test_kda_pass_chain_first_same_bits(packed, poisoned, monkeypatch):
     """``gated_state_output_pass(chain_first=1, 2)`` (``gated_state_pass.CHAIN_FIRST``: the output's GEMMs wait for the
-    chain's) makes the same products in the same order: ``chunk_kda``'s outputs and final states equal
-    ``chain_first=0``'s bit for bit, dense and packed (an empty sequence, one token, ragged tails, more chunks than two
-    barrier phases), with initial states and runs of -20; and the calls return (a deadlocked barrier protocol would
-    hang here)."""
+    chain's) makes the same products in the same order: ``chunk_kda`` as ``check_chain_first_same_bits`` wants it."""
     from kda.kernels import gated_state_pass
 
-    lengths = [130, 0, 64, 1, 77, 300, 1000] if packed else [1500]
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda") if packed else None
-    q, k, v, g, beta, _ = inputs((1, sum(lengths), 4, 128, 128), torch.bfloat16, "runs_of_-20", True, seed=73)
-    h0 = torch.randn(len(lengths), 4, 128, 128, device="cuda")
-    runs = []
-    for chain_first in (0, 1, 2):
-        monkeypatch.setattr(gated_state_pass, "CHAIN_FIRST", chain_first)
-        runs.append(kda.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu))
-    for o, ht in runs[1:]:
-        assert torch.equal(o, runs[0][0]) and torch.equal(ht, runs[0][1])
-    check_sequences(runs[2][0], runs[2][1], q, k, v, g, beta, h0, lengths)
+    check_chain_first_same_bits(gated_state_pass, kda.chunk_kda, True, packed, monkeypatch, 73)

@@ -11,7 +11,8 @@ import kda
 from kda.metrics import rel_l2
 from kda.reference import level0 as ref0
 
-from test_gpu_level5 import BOUND, GATES, SHAPES, check_many_short_sequences, check_sequences, inputs
+from test_gpu_level5 import (BOUND, GATES, SHAPES, check_chain_first_same_bits, check_many_short_sequences,
+                             check_sequences, check_single_chunk_output, inputs)
 
 pytestmark = pytest.mark.gpu
 
@@ -294,60 +295,25 @@ def test_split_forward(kind, pieces, scalar_path):
 @pytest.mark.parametrize("final", [False, True], ids=["no_final", "final"])
 @pytest.mark.parametrize("initial", [False, True], ids=["zero_start", "initial"])
 def test_single_chunk_output(initial, final, dtype, scalar_path, monkeypatch):
-    """``single_chunk_output`` (``scalar_gate.SINGLE_CHUNK_OUTPUT``) on packed sequences of 0 to 64 tokens (empty ones,
-    one token, whole chunks, the last one's chunk reaching past T), grouped value heads, runs of -20, with and without
-    states: against the recurrence per sequence, and close to the pass it replaces (the same products and roundings,
-    in other blocks)."""
+    """``single_chunk_output`` (``scalar_gate.SINGLE_CHUNK_OUTPUT``): GDN with grouped value heads as
+    ``check_single_chunk_output`` wants it."""
     from kda.kernels import scalar_gate
 
-    gen = torch.Generator().manual_seed(53)
-    lengths = [0, 1, 64, 0, 63, 2] + torch.randint(0, 65, (90,), generator=gen).tolist() + [64, 5]
-    T = sum(lengths)
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda")
-    q, k, v, g, beta, _ = inputs((1, T, 4, 128, 128), dtype, "runs_of_-20", False, seed=59)
-    q, k = q[:, :, ::2].contiguous(), k[:, :, ::2].contiguous()
-    h0 = torch.randn(len(lengths), 4, 128, 128, device="cuda") if initial else None
-    runs, taken = [], []
-    takes = scalar_gate.takes_single_chunk_output
-    monkeypatch.setattr(scalar_gate, "takes_single_chunk_output", lambda *a: taken.append(takes(*a)) or taken[-1])
-    for single in (True, False):
-        monkeypatch.setattr(scalar_gate, "SINGLE_CHUNK_OUTPUT", single)
-        runs.append(kda.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=final,
-                                               cu_seqlens=cu, cu_seqlens_cpu=cu.cpu()))
-    assert taken == [True, False] and (runs[0][1] is not None) == final
-    check_sequences(runs[0][0], runs[0][1], q.repeat_interleave(2, dim=2), k.repeat_interleave(2, dim=2), v, g, beta,
-                    h0, lengths)
-    assert rel_l2(runs[0][0], runs[1][0].double()) <= 5e-3
-    assert not final or rel_l2(runs[0][1], runs[1][1].double()) <= 5e-3
+    check_single_chunk_output(scalar_gate, kda.chunk_gated_delta_rule, False, initial, final, dtype, monkeypatch,
+                              (53, 59), grouped=True)
 
 
 @pytest.mark.parametrize("whole", [False, True], ids=["in_place", "whole_stores"])
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
 def test_chain_first_same_bits(packed, whole, scalar_path, monkeypatch):
     """``inverse_state_output_pass(chain_first=1, 2)`` (``scalar_gate.CHAIN_FIRST``: the output's GEMMs wait for the
-    chain's) makes the same products in the same order: the op's outputs and final states equal ``chain_first=0``'s bit
-    for bit, dense and packed (an empty sequence, one token, ragged tails, more chunks than two barrier phases), with
-    initial states, grouped value heads and runs of -20, in both forms of the stores; and the calls return (a barrier
-    protocol that deadlocked would hang here)."""
+    chain's) makes the same products in the same order, in both forms of the stores: GDN with grouped value heads as
+    ``check_chain_first_same_bits`` wants it, every call through the pass."""
     from kda.kernels import scalar_gate
 
     monkeypatch.setattr(scalar_gate, "WHOLE_STORES", whole)
-    lengths = [130, 0, 64, 1, 77, 300, 1000] if packed else [1500]
-    T = sum(lengths)
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda") if packed else None
-    q, k, v, g, beta, _ = inputs((1, T, 4, 128, 128), torch.bfloat16, "runs_of_-20", False, seed=71)
-    q, k = q[:, :, ::2].contiguous(), k[:, :, ::2].contiguous()
-    h0 = torch.randn(len(lengths), 4, 128, 128, device="cuda")
-    runs = []
-    for chain_first in (0, 1, 2):
-        monkeypatch.setattr(scalar_gate, "CHAIN_FIRST", chain_first)
-        runs.append(kda.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
-                                               cu_seqlens=cu))
+    check_chain_first_same_bits(scalar_gate, kda.chunk_gated_delta_rule, False, packed, monkeypatch, 71, grouped=True)
     assert len(scalar_path) >= 3                       # every call took the pass
-    for o, ht in runs[1:]:
-        assert torch.equal(o, runs[0][0]) and torch.equal(ht, runs[0][1])
-    check_sequences(runs[2][0], runs[2][1], q.repeat_interleave(2, dim=2), k.repeat_interleave(2, dim=2), v, g, beta,
-                    h0, lengths)
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])

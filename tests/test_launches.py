@@ -150,87 +150,63 @@ def test_gdn_scalar_gate_path(kernel_launches, monkeypatch, HV, D, initial, fina
     assert o.shape == v.shape and (ht is None) == (not final)
 
 
+# (module with the switch, the kernel it sends to, the pass it replaces, per channel (KDA) or per head (GDN))
+SINGLE_CHUNK_KERNELS = [("gated_state_pass", "single_chunk_gated_output", "gated_state_output_pass", True),
+                        ("scalar_gate", "single_chunk_output", "inverse_state_output_pass", False)]
+
+
 @pytest.mark.parametrize("final", [False, True], ids=["no_final", "final"])
 @pytest.mark.parametrize("initial", [False, True], ids=["zero_start", "initial"])
 @pytest.mark.parametrize("bounds,single", [([0, 64, 64, 65, 100], True), ([0, 64, 129], False), (None, False)],
                          ids=["short", "a_long_one", "device_table"])
-def test_gdn_single_chunk_output_switch(kernel_launches, monkeypatch, bounds, single, initial, final):
-    """``scalar_gate.SINGLE_CHUNK_OUTPUT`` (off by default until a GPU has tested it) sends packed sequences that all
-    fit one chunk, as a host-built table knows, to ``single_chunk_output`` with the pass's arguments (grouped value
-    heads, states or none); a longer sequence, or a table built on the device (no read-back), keeps the pass."""
-    from kda import gated_delta, packed
-    from kda.kernels import scalar_gate
+@pytest.mark.parametrize("module,kernel,pass_name,per_channel", SINGLE_CHUNK_KERNELS, ids=["kda", "gdn"])
+def test_single_chunk_output_switch(kernel_launches, monkeypatch, module, kernel, pass_name, per_channel, bounds,
+                                    single, initial, final):
+    """``SINGLE_CHUNK_OUTPUT`` of ``gated_state_pass`` (KDA) and ``scalar_gate`` (GDN; grouped value heads), off by
+    default until a GPU has tested them, sends packed sequences that all fit one chunk, as a host-built table knows, to
+    the single-chunk kernel with the pass's arguments (states or none); a longer sequence, or a table built on the
+    device (no read-back), keeps the pass."""
+    import importlib
 
-    assert scalar_gate.SINGLE_CHUNK_OUTPUT is False
+    from kda import gated_delta, packed
+
+    switches = importlib.import_module(f"kda.kernels.{module}")
+    assert switches.SINGLE_CHUNK_OUTPUT is False
     monkeypatch.setattr(gated_delta, "SCALAR_GATE_MIN_BLOCKS", 0.0)
-    monkeypatch.setattr(scalar_gate, "SINGLE_CHUNK_OUTPUT", True)
+    monkeypatch.setattr(switches, "SINGLE_CHUNK_OUTPUT", True)
     cu = [0, 64, 64, 65, 100] if bounds is None else bounds
-    q, k, v, g, beta = level5_inputs(T=cu[-1], H=1, HV=2, D=128, per_channel=False)
+    q, k, v, g, beta = level5_inputs(T=cu[-1], H=2 if per_channel else 1, HV=2, D=128, per_channel=per_channel)
     table = packed.chunk_table(cu, "cpu") if bounds is not None else packed.device_chunk_table(torch.tensor(cu), cu[-1])
     h0 = torch.randn(len(cu) - 1, 2, 128, 128) if initial else None
     o, ht = gated_delta._run_kernels(q, k, v, g, beta, 0.125, h0, torch.zeros(2, dtype=torch.int32), table,
                                      output_final_state=final)
     name, params = kernel_launches[1]
-    assert name == ("single_chunk_output" if single else "inverse_state_output_pass")
-    assert params["initial_state"] == initial and params["final_state"] == final and params["value_groups"] == 2
-    assert o.shape == v.shape and (ht is None) == (not final)
-
-
-@pytest.mark.parametrize("final", [False, True], ids=["no_final", "final"])
-@pytest.mark.parametrize("initial", [False, True], ids=["zero_start", "initial"])
-@pytest.mark.parametrize("bounds,single", [([0, 64, 64, 65, 100], True), ([0, 64, 129], False), (None, False)],
-                         ids=["short", "a_long_one", "device_table"])
-def test_kda_single_chunk_output_switch(kernel_launches, monkeypatch, bounds, single, initial, final):
-    """``gated_state_pass.SINGLE_CHUNK_OUTPUT`` (off by default until a GPU has tested it) sends packed sequences that
-    all fit one chunk, as a host-built table knows, to ``single_chunk_gated_output`` with the pass's arguments; a
-    longer sequence, or a table built on the device, keeps the pass."""
-    from kda import gated_delta, packed
-    from kda.kernels import gated_state_pass
-
-    assert gated_state_pass.SINGLE_CHUNK_OUTPUT is False
-    monkeypatch.setattr(gated_state_pass, "SINGLE_CHUNK_OUTPUT", True)
-    cu = [0, 64, 64, 65, 100] if bounds is None else bounds
-    q, k, v, g, beta = level5_inputs(T=cu[-1], D=128)
-    table = packed.chunk_table(cu, "cpu") if bounds is not None else packed.device_chunk_table(torch.tensor(cu), cu[-1])
-    h0 = torch.randn(len(cu) - 1, 2, 128, 128) if initial else None
-    o, ht = gated_delta._run_kernels(q, k, v, g, beta, 0.125, h0, torch.zeros(2, dtype=torch.int32), table,
-                                     output_final_state=final)
-    name, params = kernel_launches[1]
-    assert name == ("single_chunk_gated_output" if single else "gated_state_output_pass")
+    assert name == (kernel if single else pass_name)
     assert params["initial_state"] == initial and params["final_state"] == final
+    assert per_channel or params["value_groups"] == 2
     assert o.shape == v.shape and (ht is None) == (not final)
 
 
 @pytest.mark.parametrize("chain_first", [0, 1, 2])
-def test_level5_pass_chain_first_switch(kernel_launches, monkeypatch, chain_first):
-    """``gated_state_pass.CHAIN_FIRST`` (0 by default until a GPU has tested it) compiles KDA's state pass with
-    ``chain_first``; at 0 the pass compiles with the parameters it always had."""
-    from kda.gated_delta import _run_kernels
-    from kda.kernels import gated_state_pass
+@pytest.mark.parametrize("module,pass_name,per_channel", [("gated_state_pass", "gated_state_output_pass", True),
+                                                          ("scalar_gate", "inverse_state_output_pass", False)],
+                         ids=["kda", "gdn"])
+def test_pass_chain_first_switch(kernel_launches, monkeypatch, module, pass_name, per_channel, chain_first):
+    """``CHAIN_FIRST`` of ``gated_state_pass`` (KDA's state pass) and ``scalar_gate`` (GDN's), 0 by default until a GPU
+    has tested them, compiles the pass with ``chain_first``; at 0 the pass compiles with the parameters it always
+    had."""
+    import importlib
 
-    assert gated_state_pass.CHAIN_FIRST == 0
-    monkeypatch.setattr(gated_state_pass, "CHAIN_FIRST", chain_first)
-    q, k, v, g, beta = level5_inputs(B=2)
-    _run_kernels(q, k, v, g, beta, 0.125, None, torch.zeros(2, dtype=torch.int32))
-    name, state_pass = kernel_launches[1]
-    assert name == "gated_state_output_pass" and state_pass.get("chain_first", 0) == chain_first
-    assert chain_first or "chain_first" not in state_pass
-
-
-@pytest.mark.parametrize("chain_first", [0, 1, 2])
-def test_gdn_pass_chain_first_switch(kernel_launches, monkeypatch, chain_first):
-    """``scalar_gate.CHAIN_FIRST`` (0 by default until a GPU has tested it) compiles the pass with ``chain_first``;
-    at 0 the pass compiles with the parameters it always had."""
     from kda import gated_delta
-    from kda.kernels import scalar_gate
 
-    assert scalar_gate.CHAIN_FIRST == 0
+    switches = importlib.import_module(f"kda.kernels.{module}")
+    assert switches.CHAIN_FIRST == 0
     monkeypatch.setattr(gated_delta, "SCALAR_GATE_MIN_BLOCKS", 0.0)
-    monkeypatch.setattr(scalar_gate, "CHAIN_FIRST", chain_first)
-    q, k, v, g, beta = level5_inputs(B=2, H=2, D=128, per_channel=False)
+    monkeypatch.setattr(switches, "CHAIN_FIRST", chain_first)
+    q, k, v, g, beta = level5_inputs(B=2, H=2, D=128 if not per_channel else 64, per_channel=per_channel)
     gated_delta._run_kernels(q, k, v, g, beta, 0.125, None, torch.zeros(2, dtype=torch.int32))
     name, state_pass = kernel_launches[1]
-    assert name == "inverse_state_output_pass" and state_pass.get("chain_first", 0) == chain_first
+    assert name == pass_name and state_pass.get("chain_first", 0) == chain_first
     assert chain_first or "chain_first" not in state_pass
 
 

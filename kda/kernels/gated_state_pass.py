@@ -202,7 +202,6 @@ gated_state_output_pass.pass_configs = WARP_SPECIALISED
 # --8<-- [end:gated_state_output_pass]
 
 
-
 # --8<-- [start:single_chunk_gated_output]
 def single_chunk_gated_output(DK, DV, chunk_size=64, block_dv=64, dtype="bfloat16", initial_state=False,
                               final_state=False, threads=128):
@@ -322,16 +321,15 @@ CHAIN_FIRST = 0
 
 
 # Packed sequences that all fit one chunk (known on the host: a table from chunk_table) by single_chunk_gated_output,
-# one small block per (value block of SINGLE_CHUNK_COLUMNS, head, sequence), instead of the pass: off until a GPU has
-# tested and timed it.
+# one small block per (sequence, head, packed.SINGLE_CHUNK_COLUMNS value columns), instead of the pass: off until a
+# GPU has tested and timed it.
 SINGLE_CHUNK_OUTPUT = False
-SINGLE_CHUNK_COLUMNS = 64
 
 
 def takes_single_chunk_output(table, DV: int) -> bool:
     """Whether the packed sequences of ``table`` go through ``single_chunk_gated_output`` (``SINGLE_CHUNK_OUTPUT``):
-    the host knows that none has more than one chunk, and the value columns split into its blocks."""
-    return SINGLE_CHUNK_OUTPUT and packed.fits_one_chunk(table) and DV % SINGLE_CHUNK_COLUMNS == 0
+    ``packed.fits_one_chunk``."""
+    return SINGLE_CHUNK_OUTPUT and packed.fits_one_chunk(table, DV)
 
 
 def state_pass_launch(form: ChunkForm, h0, table=None, output_final_state=True):
@@ -344,14 +342,15 @@ def state_pass_launch(form: ChunkForm, h0, table=None, output_final_state=True):
     DV = form.U.shape[-1]
     device = form.Qw.device
     N, lanes, tables = packed.sequence_tables(table, B, device)
-    flags = dict(DK=DK, DV=DV, chunk_size=CHUNK_SIZE, dtype=launch.dtype_name(form.Qw.dtype),
+    params = dict(DK=DK, DV=DV, chunk_size=CHUNK_SIZE, dtype=launch.dtype_name(form.Qw.dtype),
                  initial_state=h0 is not None, final_state=output_final_state)
     with torch.cuda.device(device):
         if takes_single_chunk_output(table, DV):
-            state_pass = compile_program(single_chunk_gated_output, (), block_dv=SINGLE_CHUNK_COLUMNS, **flags)
+            state_pass = compile_program(single_chunk_gated_output, (), block_dv=packed.SINGLE_CHUNK_COLUMNS,
+                                         **params)
         else:
             state_pass = compile_program(gated_state_output_pass, (), varlen=table is not None,
-                                         block_dv=state_pass_columns(lanes, H, DV, sm_count(device)), **flags,
+                                         block_dv=state_pass_columns(lanes, H, DV, sm_count(device)), **params,
                                          **({"whole_stores": True} if WHOLE_STORES and table is not None else {}),
                                          **({"chain_first": CHAIN_FIRST} if CHAIN_FIRST else {}))
     return launch.pass_held(state_pass, tuple(form), h0, output_final_state, (N, H, DK, DV), (B, T, H, DV),

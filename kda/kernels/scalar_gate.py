@@ -210,12 +210,14 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
     float32 over 128 threads). ``whole_stores``: warpgroup 1 makes ``X`` and ``V'`` in registers and stores each
     tile whole (``stmatrix``), ``X`` into ``V'``'s tile and ``V_new`` out before ``V'`` is made over it. Its two
     elementwise loops otherwise store into shared memory (``X`` over ``V``'s slot, ``V'`` element by element), and
-    tilelang 0.1.15 gives each step of them a barrier of the warpgroup: 64 a chunk, on the chain. Not yet timed on a
-    GPU in this form (run 140 timed a first form, whose two tiles held at once spilled and took the pass from 0.509 to
-    0.714 ms at (1, 8192, 96, 128)), so off by default. ``chain_first``: the output warpgroup's GEMMs wait for the
-    chain's on the tensor cores they share: 1, ``Q S`` until warpgroup 1's ``K S`` is done (both wait for the same
-    ``S``, and only ``K S`` is on the chain); 2, ``P V_new`` also until the chain's ``K^T V'`` is done. The same
-    products in the same order, so the same bits; 0 (the default) lets them run at once."""
+    tilelang 0.1.15 gives each step of them a barrier of the warpgroup: 64 a chunk, on the chain. The same bits, and no
+    faster (run 143; a first form, whose two tiles held at once, spilled and took the pass from 0.509 to 0.714 ms at
+    (1, 8192, 96, 128) in run 140), so off by default (``WHOLE_STORES``).
+
+    ``chain_first``: the output warpgroup's GEMMs wait for the chain's on the tensor cores they share: 1, ``Q S``
+    until warpgroup 1's ``K S`` is done (both wait for the same ``S``, and only ``K S`` is on the chain); 2, ``P V_new``
+    also until the chain's ``K^T V'`` is done. The same products in the same order, so the same bits; 0 (the default)
+    lets them run at once."""
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     HQ = T.dynamic("HQ")
     C, BV = chunk_size, block_dv
@@ -589,16 +591,15 @@ CHAIN_FIRST = 0
 
 
 # Packed sequences that all fit one chunk (known on the host: a table from chunk_table) by single_chunk_output, one
-# small block per (value block of SINGLE_CHUNK_COLUMNS, head, sequence), instead of the pass: off until a GPU has
-# tested and timed it.
+# small block per (sequence, head, packed.SINGLE_CHUNK_COLUMNS value columns), instead of the pass: off until a GPU
+# has tested and timed it.
 SINGLE_CHUNK_OUTPUT = False
-SINGLE_CHUNK_COLUMNS = 64
 
 
 def takes_single_chunk_output(table, DV: int) -> bool:
-    """Whether the packed sequences of ``table`` go through ``single_chunk_output`` (``SINGLE_CHUNK_OUTPUT``): the
-    host knows that none has more than one chunk, and the value columns split into its blocks."""
-    return SINGLE_CHUNK_OUTPUT and packed.fits_one_chunk(table) and DV % SINGLE_CHUNK_COLUMNS == 0
+    """Whether the packed sequences of ``table`` go through ``single_chunk_output`` (``SINGLE_CHUNK_OUTPUT``):
+    ``packed.fits_one_chunk``."""
+    return SINGLE_CHUNK_OUTPUT and packed.fits_one_chunk(table, DV)
 
 
 def scalar_gate_pass_launch(q, k, v, Tb, G, scale, h0, block_dv, table=None, output_final_state=True):
@@ -612,14 +613,15 @@ def scalar_gate_pass_launch(q, k, v, Tb, G, scale, h0, block_dv, table=None, out
     H, DV = v.shape[2], v.shape[-1]
     device = q.device
     N, _, tables = packed.sequence_tables(table, B, device)
-    flags = dict(DK=DK, DV=DV, chunk_size=CHUNK_SIZE, dtype=launch.dtype_name(q.dtype), value_groups=H // HQ,
+    params = dict(DK=DK, DV=DV, chunk_size=CHUNK_SIZE, dtype=launch.dtype_name(q.dtype), value_groups=H // HQ,
                  initial_state=h0 is not None, final_state=output_final_state)
     with torch.cuda.device(device):
         if takes_single_chunk_output(table, DV):
-            state_pass = compile_program(single_chunk_output, (), block_dv=SINGLE_CHUNK_COLUMNS, **flags)
+            state_pass = compile_program(single_chunk_output, (), block_dv=packed.SINGLE_CHUNK_COLUMNS,
+                                         **params)
         else:
             state_pass = compile_program(inverse_state_output_pass, (), block_dv=block_dv, varlen=table is not None,
-                                         **flags, **({"whole_stores": True} if WHOLE_STORES else {}),
+                                         **params, **({"whole_stores": True} if WHOLE_STORES else {}),
                                          **({"chain_first": CHAIN_FIRST} if CHAIN_FIRST else {}))
     return launch.pass_held(state_pass, (q.contiguous(), k.contiguous(), v.contiguous(), Tb, G, scale), h0,
                             output_final_state, (N, H, DK, DV), (B, T, H, DV), v.dtype, device, tables)
