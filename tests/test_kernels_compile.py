@@ -156,6 +156,8 @@ CASES = [
     ("scalar_gate", "inverse_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", whole_stores=True)),
     # the output's GEMMs after the chain's (scalar_gate.CHAIN_FIRST)
     ("scalar_gate", "inverse_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", chain_first=1)),
+    # the warpgroups' clocks into ht (a tuning instrument, results/tuning/run147-trace.py)
+    ("scalar_gate", "inverse_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", trace=True, chain_first=2)),
     ("scalar_gate", "inverse_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", chain_first=2, varlen=True,
                                                       initial_state=True, final_state=True)),
     ("scalar_gate", "inverse_state_output_pass", dict(DK=64, DV=128, dtype="float16", chain_first=2, whole_stores=True)),

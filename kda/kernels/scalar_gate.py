@@ -179,10 +179,29 @@ def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtyp
 # --8<-- [end:chunk_gated_inverse]
 
 
+# The events of inverse_state_output_pass(trace=True), in the order of its trace's last axis: (warpgroup, the point
+# of its chunk's work just passed).
+TRACE_EVENTS = (("chain", "data ready"), ("chain", "S free"), ("chain", "S published"), ("chain", "V' ready"),
+                ("chain", "K^T V' done"),
+                ("values", "S ready"), ("values", "K S done"), ("values", "X stored"), ("values", "Tb X done"),
+                ("values", "V' published"), ("values", "V_new published"),
+                ("output", "data ready"), ("output", "Q K^T done"), ("output", "P stored"), ("output", "S ready"),
+                ("output", "Q S done"), ("output", "V_new ready"), ("output", "P V_new done"), ("output", "O stored"),
+                ("producer", "slot free"), ("producer", "loads issued"))
+
+
+@T.macro
+def trace_stamp(trace, t_base, blk, j, event, writer):
+    """``clock64()`` less the block's start into ``trace[blk, j, event]`` by the thread ``writer`` (float32: exact
+    below 2^24 cycles)."""
+    if writer:
+        trace[blk, j, TRACE_EVENTS.index(event)] = T.Cast(ACCUM, T.call_extern("int64", "clock64") - t_base[0])
+
+
 # --8<-- [start:inverse_state_output_pass]
 def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat16", value_groups=1, varlen=False,
                               initial_state=False, final_state=False, registers=(160, 128, 128, 40),
-                              whole_stores=False, chain_first=0):
+                              whole_stores=False, chain_first=0, trace=False):
     """Arguments at run time: ``Q, K [B, T, HQ, DK]``, ``V [B, T, H, DV]``, ``Tb [B, T, H, C]`` and
     ``G [B, H, NC C]`` of ``chunk_gated_inverse``, ``scale``, ``h0``, then ``O [B, T, H, DV]`` (dtype)
     and ``ht`` (the state flags as in ``kda.kernels.chapters.linear_attention.seq_in_loop``), and last the
@@ -217,10 +236,17 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
     ``chain_first``: the output warpgroup's GEMMs wait for the chain's on the tensor cores they share: 1, ``Q S``
     until warpgroup 1's ``K S`` is done (both wait for the same ``S``, and only ``K S`` is on the chain); 2, ``P V_new``
     also until the chain's ``K^T V'`` is done. The same products in the same order, so the same bits; 0 (the default)
-    lets them run at once."""
+    lets them run at once.
+
+    ``trace`` (dense, without a final state; for tuning): ``ht`` is a float32 ``[B H NV, NC, len(TRACE_EVENTS)]``
+    (``NV`` value blocks) into which the first thread of each warpgroup (the producer's first lane) writes the SM's
+    clock, less the block's start, at each event of ``TRACE_EVENTS`` of every chunk: the warpgroups' timeline, read
+    by ``results/tuning/run147-trace.py``."""
+    assert not (trace and (varlen or final_state)), "trace: dense batches, ht free for the trace"
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     HQ = T.dynamic("HQ")
     C, BV = chunk_size, block_dv
+    NV = T.ceildiv(DV, BV)
     NC = T.ceildiv(S, C)                             # dense: the chunks of a sequence
     G_len = T.dynamic("G_len") if varlen else NC * C   # varlen: C rows per chunk of the chunk table
     N, NG = T.dynamic("N"), T.dynamic("NG")
@@ -228,7 +254,7 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
     states = N if varlen else B
 
     @T.macro
-    def body(Q, K, V, Tb, G, scale, h0, O, ht, bv, bh, bb, n_first, n_count, seq):
+    def body(Q, K, V, Tb, G, scale, h0, O, ht, bv, bh, bb, n_first, n_count, seq, blk):
         """Value columns ``bv`` of head ``bh``, sequences ``n_first .. n_first + n_count - 1`` of batch
         row ``bb``; ``seq(n)`` gives sequence ``n``'s first token, end, first chunk and chunk count.
         ``j`` counts the block's chunks over all its sequences: slots and barrier phases follow it."""
@@ -263,6 +289,9 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
         if chain_first >= 2:
             update_done = T.alloc_barrier(arrive_count=128)      # chain -> output
         tx = T.get_thread_binding()
+        if trace:
+            t_base = T.alloc_local([1], "int64")
+            t_base[0] = T.call_extern("int64", "clock64")
         j0 = lambda n: seq(n)[2] - seq(n_first)[2]              # the block's count of chunks before sequence n
         # one code branch per warpgroup; a wait for parity (j + 1) % 2 passes at j = 0 and then waits
         # for the other side's arrival of chunk j - 1
@@ -275,14 +304,24 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
                     j = j0(n) + c
                     slot = j % 2
                     T.barrier_wait(data_ready[slot], (j // 2) % 2)
+                    if trace:
+                        trace_stamp(ht, t_base, blk, j, ("chain", "data ready"), tx == 0)
                     T.barrier_wait(s_free, (j + 1) % 2)          # both readers are done with chunk j - 1's
+                    if trace:
+                        trace_stamp(ht, t_base, blk, j, ("chain", "S free"), tx == 0)
                     T.copy(S_f, S_s)
                     T.fence_proxy_async()
                     T.barrier_arrive(s_ready)
+                    if trace:
+                        trace_stamp(ht, t_base, blk, j, ("chain", "S published"), tx == 0)
                     for i, jj in T.Parallel(DK, BV):
                         S_f[i, jj] = S_f[i, jj] * E_s[slot, C - 1]
                     T.barrier_wait(vn_ready, j % 2)
+                    if trace:
+                        trace_stamp(ht, t_base, blk, j, ("chain", "V' ready"), tx == 0)
                     T.gemm(k_s[slot, :, :], vn_s, S_f, transpose_A=True)
+                    if trace:
+                        trace_stamp(ht, t_base, blk, j, ("chain", "K^T V' done"), tx == 0)
                     if chain_first >= 2:
                         # the output is past its wait for chunk j - 1 (so this arrival is never two phases ahead)
                         T.barrier_wait(vd_free, (j + 1) % 2)
@@ -298,7 +337,11 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
                     slot = j % 2
                     T.barrier_wait(data_ready[slot], (j // 2) % 2)
                     T.barrier_wait(s_ready, j % 2)
+                    if trace:
+                        trace_stamp(ht, t_base, blk, j, ("values", "S ready"), tx == 128)
                     T.gemm(k_s[slot, :, :], S_s, KS, clear_accum=True)
+                    if trace:
+                        trace_stamp(ht, t_base, blk, j, ("values", "K S done"), tx == 128)
                     if chain_first >= 1:
                         T.barrier_arrive(ks_done)
                     T.barrier_arrive(s_free)
@@ -309,29 +352,45 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
                             KS[i, jj] = v_s[slot, i, jj] - E_s[slot, i] * KS[i, jj]
                         T.copy(KS, vn_s)
                         T.fence_proxy_async()
+                        if trace:
+                            trace_stamp(ht, t_base, blk, j, ("values", "X stored"), tx == 128)
                         T.gemm(tb_s[slot, :, :], vn_s, VD, clear_accum=True)
+                        if trace:
+                            trace_stamp(ht, t_base, blk, j, ("values", "Tb X done"), tx == 128)
                         T.barrier_wait(vd_free, (j + 1) % 2)
                         T.copy(VD, vd_s)
                         T.fence_proxy_async()
                         T.barrier_arrive(vd_ready)
+                        if trace:
+                            trace_stamp(ht, t_base, blk, j, ("values", "V_new published"), tx == 128)
                         for i, jj in T.Parallel(C, BV):
                             VD[i, jj] = VD[i, jj] * R_s[slot, i]
                         T.copy(VD, vn_s)
                         T.fence_proxy_async()
                         T.barrier_arrive(vn_ready)
+                        if trace:
+                            trace_stamp(ht, t_base, blk, j, ("values", "V' published"), tx == 128)
                     else:
                         for i, jj in T.Parallel(C, BV):
                             v_s[slot, i, jj] = v_s[slot, i, jj] - E_s[slot, i] * KS[i, jj]
                         T.fence_proxy_async()
+                        if trace:
+                            trace_stamp(ht, t_base, blk, j, ("values", "X stored"), tx == 128)
                         T.gemm(tb_s[slot, :, :], v_s[slot, :, :], VD, clear_accum=True)
+                        if trace:
+                            trace_stamp(ht, t_base, blk, j, ("values", "Tb X done"), tx == 128)
                         for i, jj in T.Parallel(C, BV):
                             vn_s[i, jj] = VD[i, jj] * R_s[slot, i]
                         T.fence_proxy_async()
                         T.barrier_arrive(vn_ready)
+                        if trace:
+                            trace_stamp(ht, t_base, blk, j, ("values", "V' published"), tx == 128)
                         T.barrier_wait(vd_free, (j + 1) % 2)
                         T.copy(VD, vd_s)
                         T.fence_proxy_async()
                         T.barrier_arrive(vd_ready)
+                        if trace:
+                            trace_stamp(ht, t_base, blk, j, ("values", "V_new published"), tx == 128)
                     T.barrier_arrive(data_free[slot])
         elif tx < 384:                                           # the output
             T.set_max_nreg(registers[2], 1)
@@ -343,22 +402,36 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
                     slot = j % 2
                     t0 = t_first + c * C
                     T.barrier_wait(data_ready[slot], (j // 2) % 2)
+                    if trace:
+                        trace_stamp(ht, t_base, blk, j, ("output", "data ready"), tx == 256)
                     T.gemm(q_s[slot, :, :], k_s[slot, :, :], P_f, transpose_B=True, clear_accum=True)
+                    if trace:
+                        trace_stamp(ht, t_base, blk, j, ("output", "Q K^T done"), tx == 256)
                     for i, jj in T.Parallel(C, C):
                         p_s[i, jj] = P_f[i, jj] * decay_factor(G_s[slot, i] - G_s[slot, jj]) * \
                             T.if_then_else(jj <= i, scale, 0.0)
                     T.fence_proxy_async()
+                    if trace:
+                        trace_stamp(ht, t_base, blk, j, ("output", "P stored"), tx == 256)
                     T.barrier_wait(s_ready, j % 2)
                     if chain_first >= 1:
                         T.barrier_wait(ks_done, j % 2)
+                    if trace:
+                        trace_stamp(ht, t_base, blk, j, ("output", "S ready"), tx == 256)
                     T.gemm(q_s[slot, :, :], S_s, O_f, clear_accum=True)
+                    if trace:
+                        trace_stamp(ht, t_base, blk, j, ("output", "Q S done"), tx == 256)
                     T.barrier_arrive(s_free)
                     for i, jj in T.Parallel(C, BV):
                         O_f[i, jj] = O_f[i, jj] * (scale * E_s[slot, i])
                     T.barrier_wait(vd_ready, j % 2)
                     if chain_first >= 2:
                         T.barrier_wait(update_done, j % 2)
+                    if trace:
+                        trace_stamp(ht, t_base, blk, j, ("output", "V_new ready"), tx == 256)
                     T.gemm(p_s, vd_s, O_f)
+                    if trace:
+                        trace_stamp(ht, t_base, blk, j, ("output", "P V_new done"), tx == 256)
                     T.barrier_arrive(vd_free)
                     T.barrier_arrive(data_free[slot])
                     T.copy(O_f, o_s)
@@ -368,6 +441,8 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
                                 O[bb, t0 + i, bh, dv0 + jj] = o_s[i, jj]
                     else:
                         T.copy(o_s, O[bb, t0:t0 + C, bh, dv0:dv0 + BV])
+                    if trace:
+                        trace_stamp(ht, t_base, blk, j, ("output", "O stored"), tx == 256)
         else:                                                    # the producer warp
             T.set_max_nreg(registers[3], 0)
             if tx < 416:
@@ -380,6 +455,8 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
                         slot = j % 2
                         t0 = t_first + c * C
                         T.barrier_wait(data_free[slot], (j // 2 + 1) % 2)
+                        if trace:
+                            trace_stamp(ht, t_base, blk, j, ("producer", "slot free"), tx == 384)
                         rows = slice(t0, t0 + C)
                         T.tma_copy(Q[bb, rows, hq, :], q_s[slot, :, :], barrier=data_ready[slot])
                         T.tma_copy(K[bb, rows, hq, :], k_s[slot, :, :], barrier=data_ready[slot])
@@ -393,6 +470,8 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
                             E_s[slot, i] = T.exp2(G[bb, bh, g0 + i])
                             R_s[slot, i] = T.exp2(g_last - G[bb, bh, g0 + i]) * real(t0 + i < t_end)
                         T.barrier_arrive(data_ready[slot])
+                        if trace:
+                            trace_stamp(ht, t_base, blk, j, ("producer", "loads issued"), tx == 384)
 
     table = lambda rows: [rows] if varlen else [1]
 
@@ -406,19 +485,21 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
         scale: T.float32,
         h0: T.Tensor(state_shape(initial_state, states, H, DK, DV), ACCUM),
         O: T.Tensor([BB, S, H, DV], dtype),
-        ht: T.Tensor(state_shape(final_state, states, H, DK, DV), ACCUM),
+        ht: T.Tensor([B * H * NV, NC, len(TRACE_EVENTS)] if trace else state_shape(final_state, states, H, DK, DV),
+                     ACCUM),
         cu_seqlens: T.Tensor(table(N + 1), "int32"),
         chunk_offsets: T.Tensor(table(N + 1), "int32"),
         seq_groups: T.Tensor(table(NG + 1), "int32"),
     ):
-        with T.Kernel(T.ceildiv(DV, BV), H, NG if varlen else B, threads=512) as (bv, bh, lane):
+        with T.Kernel(NV, H, NG if varlen else B, threads=512) as (bv, bh, lane):
             if varlen:                  # lane: a group of packed sequences
                 body(Q, K, V, Tb, G, scale, h0, O, ht, bv, bh, 0, seq_groups[lane],
                      seq_groups[lane + 1] - seq_groups[lane],
                      lambda n: (cu_seqlens[n], cu_seqlens[n + 1], chunk_offsets[n],
-                                chunk_offsets[n + 1] - chunk_offsets[n]))
+                                chunk_offsets[n + 1] - chunk_offsets[n]), 0)
             else:                       # lane: a batch row, one sequence
-                body(Q, K, V, Tb, G, scale, h0, O, ht, bv, bh, lane, lane, 1, lambda n: (0, S, 0, NC))
+                body(Q, K, V, Tb, G, scale, h0, O, ht, bv, bh, lane, lane, 1, lambda n: (0, S, 0, NC),
+                     (lane * H + bh) * NV + bv)
 
     return main
 

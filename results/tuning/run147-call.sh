@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Run 147 (prepared 2026-12-07), one device call (carry .gpu and .carry; COMMIT: this tree's commit), within TOTAL
+# seconds: run 146's GPU tests (the single-chunk kernels, chain_first, many short sequences) and the traced pass's test
+# within TEST_S, then run147-trace.py (GDN's pass warpgroup by warpgroup) within TRACE_S, then run144-gdn.py (short
+# packed sequences through the single-chunk kernels) and run145-gdn.py (chain_first through the ops), each within half
+# of what is left but 15 s.
+set -u
+source "$(dirname "$0")/device-env.sh"
+gpu_tests ${TEST_S:-200} tests/test_gpu_scalar_gate.py tests/test_gpu_level5.py \
+  -k "single_chunk or many_short or chain_first or traced_pass"
+timeout -k 5 ${TRACE_S:-150} python results/tuning/run147-trace.py --warm 2>&1 | grep "^{\|Error\|error" | cut -c1-3000
+half=$(( (start + ${TOTAL:-560} - 15 - $(date +%s)) / 2 ))
+timeout -k 5 $half python results/tuning/run144-gdn.py --warm 2>&1 | grep "^{\|Error\|error" | cut -c1-400
+left=$(( start + ${TOTAL:-560} - 15 - $(date +%s) ))
+timeout -k 5 $left python results/tuning/run145-gdn.py --warm 2>&1 | grep "^{\|Error\|error" | cut -c1-400
+echo "done after $(( $(date +%s) - start )) s"
