@@ -3,17 +3,17 @@
 # seconds: run 146's GPU tests (the single-chunk kernels, chain_first, many short sequences) and the traced pass's test
 # within TEST_S, then run147-trace.py (GDN's pass warpgroup by warpgroup) within TRACE_S, then run144-gdn.py (short
 # packed sequences through the single-chunk kernels) and run145-gdn.py (chain_first through the ops), each within half
-# of what is left but 15 s. With RECORDS=1 on an H200 the stale records follow the tests instead (ask with
-# needs_h200=True).
+# of what is left but 15 s. With RECORDS=1 on an H200 the stale records follow the trace instead of the two timings
+# (ask with needs_h200=True).
 set -u
 source "$(dirname "$0")/device-env.sh"
 gpu_tests ${TEST_S:-200} tests/test_gpu_scalar_gate.py tests/test_gpu_level5.py \
   -k "single_chunk or many_short or chain_first or traced_pass"
+timeout -k 5 ${TRACE_S:-150} python results/tuning/run147-trace.py --warm 2>&1 | grep "^{\|Error\|error" | cut -c1-3000
 if [ "${RECORDS:-0}" = 1 ] && nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
   rerecord_rest
   exit 0
 fi
-timeout -k 5 ${TRACE_S:-150} python results/tuning/run147-trace.py --warm 2>&1 | grep "^{\|Error\|error" | cut -c1-3000
 half=$(( (start + ${TOTAL:-560} - 15 - $(date +%s)) / 2 ))
 timeout -k 5 $half python results/tuning/run144-gdn.py --warm 2>&1 | grep "^{\|Error\|error" | cut -c1-400
 left=$(( start + ${TOTAL:-560} - 15 - $(date +%s) ))
