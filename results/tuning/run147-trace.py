@@ -73,6 +73,13 @@ def timeline(trace):
     return period, dict(sorted(events.items(), key=lambda kv: kv[1]))
 
 
+def clock_mhz():
+    try:                                               # through pynvml, which the machine may lack
+        return torch.cuda.clock_rate()
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def main():
     from kda.bench import median_ms
 
@@ -90,7 +97,7 @@ def main():
             period, events = timeline(traced_args[8].cpu())
             log(RUN, {"case": case, "form": form, "ms": round(ms, 4), "traced_ms": round(traced_ms, 4),
                       "us_per_chunk": round(1000 * ms / ((T + 63) // 64), 3), "period_cycles": round(period),
-                      "clock_MHz": torch.cuda.clock_rate() if hasattr(torch.cuda, "clock_rate") else None,
+                      "clock_MHz": clock_mhz(),
                       "events_cycles": events})
 
 
