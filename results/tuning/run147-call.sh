@@ -4,8 +4,8 @@
 # within TEST_S, then run147-trace.py (GDN's pass warpgroup by warpgroup) within TRACE_S, run148-inverse.py (GDN's first
 # kernel with the heads first, fewer chunks a block) within INVERSE_S (not with RECORDS), then run144-gdn.py (short
 # packed sequences through the single-chunk kernels) within what is left but 15 s. The trace times chain_first on
-# the pass alone; run145-gdn.py (chain_first through the ops) waits for a call of its own if it wins there. With RECORDS=1 on an H200 the stale records follow the trace instead of the two timings
-# (ask with needs_h200=True).
+# the pass alone; run145-gdn.py (chain_first through the ops) waits for a call of its own if it wins there. With
+# RECORDS=1 on an H200 the stale records follow the trace instead of the timings (ask with needs_h200=True).
 set -u
 source "$(dirname "$0")/device-env.sh"
 gpu_tests ${TEST_S:-200} tests/test_gpu_scalar_gate.py tests/test_gpu_level5.py \
