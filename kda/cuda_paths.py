@@ -505,6 +505,15 @@ PATHS: tuple[CudaPath, ...] = (
               "zh": "chunk_kda（以及走第 5 级路径的 GDN）处理每条都不超过 64 个 token 的打包序列时（给出 cu_seqlens_cpu "
                     "或读回边界）：由 single_chunk_gated_output 为每个（序列、头、64 个值列）分配一个小 block，"
                     "没有串行链，取代逐条处理序列组的状态 pass"},
+    ),    CudaPath(
+        name="gdn_gate_free_inverse",
+        module="kda.kernels.scalar_gate",
+        switch="GATE_FREE_INVERSE",
+        what={"en": "chunk_gated_delta_rule's scalar-gate path with the first kernel's inverse made without the gate "
+                    "(no exponential of a pair there) and gated by the pass's warpgroup 1 while it waits for the "
+                    "chain's state, or by single_chunk_output",
+              "zh": "chunk_gated_delta_rule 的标量门控路径：第一个 kernel 求逆时不带门控（那里不再对每一对取指数），"
+                    "改由 pass 的第 1 个 warpgroup 在等待串行链的状态时施加门控，或由 single_chunk_output 施加"},
     ),
 )
 

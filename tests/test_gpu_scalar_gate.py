@@ -371,3 +371,37 @@ def test_traced_pass_same_output():
                                                                   "V' published", "V_new published")]
         stamps = trace[:, :, events].flatten(1)       # chunk by chunk, event by event
         assert (stamps[:, 1:] >= stamps[:, :-1]).all(), wg
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("form", ["dense", "packed", "whole_stores", "single_chunk"])
+def test_gate_free_inverse(form, dtype, scalar_path, monkeypatch):
+    """``scalar_gate.GATE_FREE_INVERSE``: the first kernel's inverse without the gate, gated by the pass's warpgroup 1
+    (``gates_inverse``) or by ``single_chunk_output``: GDN with grouped value heads, initial states and runs of -20,
+    dense, packed (an empty sequence, one token, ragged tails), with the pass's whole stores, and on packed sequences of
+    at most one chunk through the single-chunk kernel; against the recurrence, and within 5e-3 of the gated inverse's
+    outputs (the gated tile is rounded twice instead of once)."""
+    from kda.kernels import scalar_gate
+
+    monkeypatch.setattr(scalar_gate, "WHOLE_STORES", form == "whole_stores")
+    monkeypatch.setattr(scalar_gate, "SINGLE_CHUNK_OUTPUT", form == "single_chunk")
+    lengths = {"dense": None, "whole_stores": None, "packed": [130, 0, 64, 1, 77, 300],
+               "single_chunk": [0, 1, 64, 0, 63, 2, 40, 17, 64, 5]}[form]
+    T = sum(lengths) if lengths else 700
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda") if lengths else None
+    q, k, v, g, beta, _ = inputs((1, T, 4, 128, 128), dtype, "runs_of_-20", False, seed=59)
+    q, k = q[:, :, ::2].contiguous(), k[:, :, ::2].contiguous()
+    h0 = torch.randn(len(lengths) if lengths else 1, 4, 128, 128, device="cuda")
+    taken, takes = [], scalar_gate.takes_single_chunk_output
+    monkeypatch.setattr(scalar_gate, "takes_single_chunk_output", lambda *a: taken.append(takes(*a)) or taken[-1])
+    runs = []
+    for gate_free in (True, False):
+        monkeypatch.setattr(scalar_gate, "GATE_FREE_INVERSE", gate_free)
+        runs.append(kda.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                               cu_seqlens=cu, cu_seqlens_cpu=cu.cpu() if lengths else None))
+    assert len(scalar_path) >= 2                       # both calls took the scalar path
+    assert any(taken) == (form == "single_chunk")
+    check_sequences(runs[0][0], runs[0][1], q.repeat_interleave(2, dim=2), k.repeat_interleave(2, dim=2), v, g, beta,
+                    h0, lengths)
+    assert rel_l2(runs[0][0], runs[1][0].double()) <= 5e-3
+    assert rel_l2(runs[0][1], runs[1][1].double()) <= 5e-3

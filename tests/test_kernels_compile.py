@@ -156,6 +156,12 @@ CASES = [
     ("scalar_gate", "inverse_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", whole_stores=True)),
     # the output's GEMMs after the chain's (scalar_gate.CHAIN_FIRST)
     ("scalar_gate", "inverse_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", chain_first=1)),
+    # the inverse without the gate, gated by the pass and the single-chunk kernel (GATE_FREE_INVERSE)
+    ("scalar_gate", "chunk_gated_inverse", dict(DK=128, dtype="bfloat16", merge="halves", cumsum="scan", compact=True,
+                                                min_blocks=4, gate_free=True)),
+    ("scalar_gate", "inverse_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", gates_inverse=True,
+                                                      varlen=True, initial_state=True, final_state=True)),
+    ("scalar_gate", "single_chunk_output", dict(DK=128, DV=128, dtype="float16", gates_inverse=True, final_state=True)),
     # the warpgroups' clocks into ht (a tuning instrument, results/tuning/run147-trace.py)
     ("scalar_gate", "inverse_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", trace=True, chain_first=2)),
     ("scalar_gate", "inverse_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", chain_first=2, varlen=True,

@@ -210,6 +210,29 @@ def test_pass_chain_first_switch(kernel_launches, monkeypatch, module, pass_name
     assert chain_first or "chain_first" not in state_pass
 
 
+@pytest.mark.parametrize("bounds", [None, [0, 64, 129], [0, 64, 64, 65, 100]], ids=["dense", "packed", "short"])
+@pytest.mark.parametrize("gate_free", [False, True], ids=["gated", "gate_free"])
+def test_gdn_gate_free_inverse_switch(kernel_launches, monkeypatch, gate_free, bounds):
+    """``scalar_gate.GATE_FREE_INVERSE`` (off by default until a GPU has tested and timed it) compiles the first kernel
+    with ``gate_free`` and the kernel after it (the pass, dense or packed, or the single-chunk kernel) with
+    ``gates_inverse``, both or neither; off, neither parameter is passed (the kernels compile as they always did)."""
+    from kda import gated_delta, packed
+    from kda.kernels import scalar_gate
+
+    assert scalar_gate.GATE_FREE_INVERSE is False
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_MIN_BLOCKS", 0.0)
+    monkeypatch.setattr(scalar_gate, "GATE_FREE_INVERSE", gate_free)
+    monkeypatch.setattr(scalar_gate, "SINGLE_CHUNK_OUTPUT", True)
+    q, k, v, g, beta = level5_inputs(T=bounds[-1] if bounds else 100, B=1, H=1, HV=2, D=128, per_channel=False)
+    table = packed.chunk_table(bounds, "cpu") if bounds else None
+    gated_delta._run_kernels(q, k, v, g, beta, 0.125, None, torch.zeros(2, dtype=torch.int32), table)
+    (first, inverse), (second, after) = kernel_launches[:2]
+    assert first == "chunk_gated_inverse"
+    assert second == ("single_chunk_output" if bounds and bounds[-1] == 100 else "inverse_state_output_pass")
+    assert inverse.get("gate_free", False) == after.get("gates_inverse", False) == gate_free
+    assert gate_free or ("gate_free" not in inverse and "gates_inverse" not in after)
+
+
 @pytest.mark.parametrize("whole", [False, True], ids=["in_place", "whole_stores"])
 def test_gdn_pass_whole_stores_switch(kernel_launches, monkeypatch, whole):
     """``scalar_gate.WHOLE_STORES`` (off by default: no faster in run 143) compiles the pass with ``whole_stores``;

@@ -73,7 +73,8 @@ def log2_cumsum_by_scan(g, g_s, H_s, G_s, flags, bb, bh, t0, L, C):
 # --8<-- [start:chunk_gated_inverse]
 def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtype="float32", value_groups=1,
                         varlen=False, threads=128, chunks_per_block=4, num_stages=1, min_blocks=3,
-                        merge="substitution", heads_first=False, check_keys=False, cumsum="serial", compact=False):
+                        merge="substitution", heads_first=False, check_keys=False, cumsum="serial", compact=False,
+                        gate_free=False):
     """Arguments at run time: ``K [B, T, HQ, DK]``, ``g [B, T, H]`` (``gate_dtype``, natural log),
     ``beta [B, T, H]`` (float32), then the outputs ``G [B, H, NC C]`` (float32: chunk ``c``'s cumsum in
     log2 units at ``c C ..``, flat past the end), ``Tb [B, T, H, C]`` (dtype; zero above the diagonal and
@@ -93,7 +94,11 @@ def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtyp
     ``kda.gated_delta``'s ``KEY_CHECK_IN_KERNEL``): ``flags [3]``, ``flags[2] = 1`` where a row's ``b ||k||^2``
     (``||k||^2`` the diagonal of its ``K K^T``, already made) exceeds ``kda.kernels.chunk_intra.KEY_BOUND``.
     ``compact`` (``merge="halves"``): the merge's scratch in ``A_s``'s spent quadrants and ``Tb``'s tile over ``A_s``
-    once the merge is done, 22 KB of shared memory less (72.7 KB to 50.9 KB: four blocks per SM instead of three)."""
+    once the merge is done, 22 KB of shared memory less (72.7 KB to 50.9 KB: four blocks per SM instead of three).
+    ``gate_free``: ``Tb = (I + strict(diag(b) K K^T))^-1 diag(b)``, the inverse without the gate, which the pass then
+    gates (``inverse_state_output_pass(gates_inverse=True)``): with one gate per head the gated inverse is ``Tb_ij
+    2^(G_i - G_j)`` exactly (a similarity by ``diag(2^G)``), so this kernel takes no exponential of a pair (FlashQLA's
+    ``kkt_solve`` and fused forward split it so). ``G`` is written either way."""
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     HQ = T.dynamic("HQ")
     C = chunk_size
@@ -155,7 +160,10 @@ def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtyp
                 if merge == "products":             # it reads the blocks above the diagonal
                     T.clear(Tinv_s)
                 for i, j in T.Parallel(C, C):       # rows past the end: b = 0
-                    A_s[i, j] = KK[i, j] * b_s[i] * decay_factor(G_s[i, 0] - G_s[j, 0]) * real(j < i)
+                    if gate_free:                   # the pass gates the inverse
+                        A_s[i, j] = KK[i, j] * b_s[i] * real(j < i)
+                    else:
+                        A_s[i, j] = KK[i, j] * b_s[i] * decay_factor(G_s[i, 0] - G_s[j, 0]) * real(j < i)
                     if check_keys:                  # the diagonal: b ||k||^2 against the delta rule's bound
                         if i == j and KK[i, j] * b_s[i] > KEY_BOUND:
                             flags[2] = 1
@@ -201,7 +209,7 @@ def trace_stamp(trace, t_base, blk, j, event, writer):
 # --8<-- [start:inverse_state_output_pass]
 def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat16", value_groups=1, varlen=False,
                               initial_state=False, final_state=False, registers=(160, 128, 128, 40),
-                              whole_stores=False, chain_first=0, trace=False):
+                              whole_stores=False, chain_first=0, trace=False, gates_inverse=False):
     """Arguments at run time: ``Q, K [B, T, HQ, DK]``, ``V [B, T, H, DV]``, ``Tb [B, T, H, C]`` and
     ``G [B, H, NC C]`` of ``chunk_gated_inverse``, ``scale``, ``h0``, then ``O [B, T, H, DV]`` (dtype)
     and ``ht`` (the state flags as in ``kda.kernels.chapters.linear_attention.seq_in_loop``), and last the
@@ -238,6 +246,9 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
     also until the chain's ``K^T V'`` is done. The same products in the same order, so the same bits; 0 (the default)
     lets them run at once.
 
+    ``gates_inverse``: ``Tb`` is ``chunk_gated_inverse(gate_free=True)``'s, and warpgroup 1 gates it, ``Tb_ij 2^(G_i -
+    G_j)`` into a tile of its own, while it waits for the chain's ``S`` (off the chain).
+
     ``trace`` (dense, without a final state; for tuning): ``ht`` is a float32 ``[B H NV, NC, len(TRACE_EVENTS)]``
     (``NV`` value blocks) into which the first thread of each warpgroup (the producer's first lane) writes the SM's
     clock, less the block's start, at each event of ``TRACE_EVENTS`` of every chunk: the warpgroups' timeline, read
@@ -270,6 +281,8 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
         S_s = T.alloc_shared([DK, BV], dtype)
         vd_s = T.alloc_shared([C, BV], dtype)            # V_new, for the output
         vn_s = T.alloc_shared([C, BV], dtype)            # (X with whole_stores, then) V' for the chain
+        if gates_inverse:
+            tg_s = T.alloc_shared([C, C], dtype)         # Tb gated by warpgroup 1
         p_s = T.alloc_shared([C, C], dtype)
         o_s = T.alloc_shared([C, BV], dtype)
         S_f = T.alloc_fragment([DK, BV], ACCUM)
@@ -336,6 +349,10 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
                     j = j0(n) + c
                     slot = j % 2
                     T.barrier_wait(data_ready[slot], (j // 2) % 2)
+                    if gates_inverse:                            # while the chain makes S
+                        for i, jj in T.Parallel(C, C):
+                            tg_s[i, jj] = tb_s[slot, i, jj] * decay_factor(G_s[slot, i] - G_s[slot, jj])
+                        T.fence_proxy_async()
                     T.barrier_wait(s_ready, j % 2)
                     if trace:
                         trace_stamp(ht, t_base, blk, j, ("values", "S ready"), tx == 128)
@@ -354,7 +371,10 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
                         T.fence_proxy_async()
                         if trace:
                             trace_stamp(ht, t_base, blk, j, ("values", "X stored"), tx == 128)
-                        T.gemm(tb_s[slot, :, :], vn_s, VD, clear_accum=True)
+                        if gates_inverse:
+                            T.gemm(tg_s, vn_s, VD, clear_accum=True)
+                        else:
+                            T.gemm(tb_s[slot, :, :], vn_s, VD, clear_accum=True)
                         if trace:
                             trace_stamp(ht, t_base, blk, j, ("values", "Tb X done"), tx == 128)
                         T.barrier_wait(vd_free, (j + 1) % 2)
@@ -376,7 +396,10 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
                         T.fence_proxy_async()
                         if trace:
                             trace_stamp(ht, t_base, blk, j, ("values", "X stored"), tx == 128)
-                        T.gemm(tb_s[slot, :, :], v_s[slot, :, :], VD, clear_accum=True)
+                        if gates_inverse:
+                            T.gemm(tg_s, v_s[slot, :, :], VD, clear_accum=True)
+                        else:
+                            T.gemm(tb_s[slot, :, :], v_s[slot, :, :], VD, clear_accum=True)
                         if trace:
                             trace_stamp(ht, t_base, blk, j, ("values", "Tb X done"), tx == 128)
                         for i, jj in T.Parallel(C, BV):
@@ -512,7 +535,7 @@ inverse_state_output_pass.pass_configs = WARP_SPECIALISED
 
 # --8<-- [start:single_chunk_output]
 def single_chunk_output(DK, DV, chunk_size=64, block_dv=64, dtype="bfloat16", value_groups=1, initial_state=False,
-                        final_state=False, threads=128):
+                        final_state=False, threads=128, gates_inverse=False):
     """``inverse_state_output_pass`` for packed sequences of at most one chunk each, with its arguments (its
     ``seq_groups`` not read): one block per (value block, head, sequence) and no chain. The pass carries the
     sequences of a group one after another through four warpgroups and their barriers, so a short sequence costs
@@ -521,7 +544,8 @@ def single_chunk_output(DK, DV, chunk_size=64, block_dv=64, dtype="bfloat16", va
     per SM: ``V_new = Tb (V - 2^G (K S0))``, the output ``scale (2^G (Q S0) + causal(Q K^T 2^(G_i - G_j))
     V_new)`` and ``S = 2^G_last S0 + K^T (2^(G_last - G) V_new)``, the pass's products in its dtypes (``S0``,
     ``X`` and ``V_new`` rounded to ``dtype`` as GEMM operands). Without ``initial_state`` the ``S0`` terms are
-    left out. An empty sequence's final state is its initial one."""
+    left out. An empty sequence's final state is its initial one. ``gates_inverse``: ``Tb`` is the gate-free inverse,
+    gated here as the pass does."""
     S, H, HQ = T.dynamic("T"), T.dynamic("H"), T.dynamic("HQ")
     N, NG, G_len = T.dynamic("N"), T.dynamic("NG"), T.dynamic("G_len")
     C, BV = chunk_size, block_dv
@@ -552,6 +576,7 @@ def single_chunk_output(DK, DV, chunk_size=64, block_dv=64, dtype="bfloat16", va
             k_s = T.alloc_shared([C, DK], dtype)
             v_s = T.alloc_shared([C, BV], dtype)
             tb_s = T.alloc_shared([C, C], dtype)
+            tg_s = T.alloc_shared([C, C], dtype) if gates_inverse else tb_s   # Tb gated (gates_inverse)
             p_s = T.alloc_shared([C, C], dtype)
             x_s = T.alloc_shared([C, BV], dtype)          # X, then 2^(G_last - G) V_new for the state
             vd_s = T.alloc_shared([C, BV], dtype)         # V_new, then the output tile
@@ -583,18 +608,21 @@ def single_chunk_output(DK, DV, chunk_size=64, block_dv=64, dtype="bfloat16", va
                 T.gemm(q_s, k_s, P_f, transpose_B=True, clear_accum=True)
                 for i, j in T.Parallel(C, C):
                     p_s[i, j] = P_f[i, j] * decay_factor(G_s[i] - G_s[j]) * T.if_then_else(j <= i, scale, 0.0)
+                if gates_inverse:
+                    for i, j in T.Parallel(C, C):
+                        tg_s[i, j] = tb_s[i, j] * decay_factor(G_s[i] - G_s[j])
                 if initial_state:
                     T.gemm(k_s, S_s, KS, clear_accum=True)
                     for i, j in T.Parallel(C, BV):
                         x_s[i, j] = v_s[i, j] - E_s[i] * KS[i, j]
-                    T.gemm(tb_s, x_s, VD, clear_accum=True)
+                    T.gemm(tg_s, x_s, VD, clear_accum=True)
                     T.copy(VD, vd_s)
                     T.gemm(q_s, S_s, O_f, clear_accum=True)
                     for i, j in T.Parallel(C, BV):
                         O_f[i, j] = O_f[i, j] * (scale * E_s[i])
                     T.gemm(p_s, vd_s, O_f)
                 else:
-                    T.gemm(tb_s, v_s, VD, clear_accum=True)
+                    T.gemm(tg_s, v_s, VD, clear_accum=True)
                     T.copy(VD, vd_s)
                     T.gemm(p_s, vd_s, O_f, clear_accum=True)
                 if final_state:
@@ -635,7 +663,8 @@ COMPACT_DTYPES = ("bfloat16", "float16")
 def scalar_gate_inverse(k, g, beta, H, flags=None, table=None):
     """``chunk_gated_inverse`` over every chunk (of the packed sequences of ``table``): ``(G [B, H, NC C],
     Tb [B, T, H, C])``, ``g [B, T, H(, 1)]``, ``H`` the value heads; ``flags`` (int32 ``[2]``, zeroed)
-    collects its value checks of ``g`` and ``beta``, ``[3]`` those of the keys too (``check_keys``)."""
+    collects its value checks of ``g`` and ``beta``, ``[3]`` those of the keys too (``check_keys``). With
+    ``GATE_FREE_INVERSE`` ``Tb`` is the inverse without the gate, for ``scalar_gate_pass_launch`` to gate."""
     from kda.kernels.build import compile_program
 
     B, T, HQ, DK = k.shape
@@ -646,7 +675,8 @@ def scalar_gate_inverse(k, g, beta, H, flags=None, table=None):
     with torch.cuda.device(k.device):
         inverse = compile_program(chunk_gated_inverse, (), DK=DK, chunk_size=C, dtype=dtype,
                                   gate_dtype=str(g.dtype).removeprefix("torch."), value_groups=H // HQ,
-                                  varlen=table is not None, **config, **launch.keys_checked(flags))
+                                  varlen=table is not None, **config, **launch.keys_checked(flags),
+                                  **({"gate_free": True} if GATE_FREE_INVERSE else {}))
         G = launch.new_output((B, H, NC * C), torch.float32, k.device)
         Tb = launch.new_output((B, T, H, C), k.dtype, k.device)
         if flags is None:
@@ -671,6 +701,13 @@ WHOLE_STORES = False
 CHAIN_FIRST = 0
 
 
+# The first kernel's inverse without the gate (chunk_gated_inverse(gate_free=True): no exponential of a pair there),
+# gated by the pass's warpgroup 1 while it waits for the chain's state, and by single_chunk_output (gates_inverse):
+# FlashQLA's split of the work. Read by scalar_gate_inverse and scalar_gate_pass_launch at each call, so the two agree.
+# Off until a GPU has tested and timed it.
+GATE_FREE_INVERSE = False
+
+
 # Packed sequences that all fit one chunk (known on the host: a table from chunk_table) by single_chunk_output, one
 # small block per (sequence, head, packed.SINGLE_CHUNK_COLUMNS value columns), instead of the pass: off until a GPU
 # has tested and timed it.
@@ -687,7 +724,7 @@ def scalar_gate_pass_launch(q, k, v, Tb, G, scale, h0, block_dv, table=None, out
     """``inverse_state_output_pass`` up to its launch, as ``(launch, o, final state or None)``
     (``state_pass_launch``'s form); one state per sequence (``[N, H, DK, DV]`` with ``table``). Packed sequences of
     at most one chunk each by ``single_chunk_output`` where ``takes_single_chunk_output`` says so, with the same
-    arguments."""
+    arguments. ``Tb`` is gated here where ``GATE_FREE_INVERSE`` made it without the gate."""
     from kda.kernels.build import compile_program
 
     B, T, HQ, DK = q.shape
@@ -695,7 +732,8 @@ def scalar_gate_pass_launch(q, k, v, Tb, G, scale, h0, block_dv, table=None, out
     device = q.device
     N, _, tables = packed.sequence_tables(table, B, device)
     params = dict(DK=DK, DV=DV, chunk_size=CHUNK_SIZE, dtype=launch.dtype_name(q.dtype), value_groups=H // HQ,
-                 initial_state=h0 is not None, final_state=output_final_state)
+                 initial_state=h0 is not None, final_state=output_final_state,
+                 **({"gates_inverse": True} if GATE_FREE_INVERSE else {}))
     with torch.cuda.device(device):
         if takes_single_chunk_output(table, DV):
             state_pass = compile_program(single_chunk_output, (), block_dv=packed.SINGLE_CHUNK_COLUMNS,

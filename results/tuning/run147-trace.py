@@ -27,7 +27,7 @@ spec.loader.exec_module(run140)
 RUN = "run147"
 SHAPES = [(1, 8192, 96, 128), (1, 32768, 32, 128)]
 FORMS = {"default": {}, "whole_stores": {"whole_stores": True}, "chain_first 1": {"chain_first": 1},
-         "chain_first 2": {"chain_first": 2}}
+         "chain_first 2": {"chain_first": 2}, "gates_inverse": {"gates_inverse": True}}
 
 
 def passes(D, form, trace):

@@ -6,10 +6,11 @@ heads fastest in its grid) takes 0.17 ms at (1, 8192, 96, 128) where ``chunk_gat
 135 and 140, H100). ``heads_first`` puts the heads on the grid's first axis, so that blocks launched together read
 the same 64 rows of neighbouring heads; ``chunks_per_block`` 1, 2 and 8 against today's 4. The arithmetic is the same:
 ``G`` and ``Tb`` must equal the default's bit for bit. Run 90's script times each variant at the two shapes of issue 15
-and then the op with the fastest; FlashQLA's ``kkt_solve`` is timed beside at each shape. Rows to
-``$OUT/run148.jsonl``.
+and then the op with the fastest; FlashQLA's ``kkt_solve`` is timed beside at each shape. Stage ``gate_free``: the op
+with ``scalar_gate.GATE_FREE_INVERSE`` off and on (the first kernel without the gate, the pass gating it), its outputs against the gated inverse's, beside FlashQLA's op (its first kernel also in the variants above).
+Rows to ``$OUT/run148.jsonl``.
 
-    FLA_FLASH_QLA=0 python results/tuning/run148-inverse.py compile time
+    FLA_FLASH_QLA=0 python results/tuning/run148-inverse.py compile time gate_free
 """
 import importlib.util
 import os
@@ -20,6 +21,9 @@ sys.path.insert(0, HERE)
 spec = importlib.util.spec_from_file_location("run90_gdn_inverse", os.path.join(HERE, "run90-gdn-inverse.py"))
 run90 = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(run90)
+spec = importlib.util.spec_from_file_location("run140_gdn", os.path.join(HERE, "run140-gdn.py"))
+run140 = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(run140)
 
 from kda.kernels.scalar_gate import COMPACT_INVERSE, SCALAR_GATE_INVERSE_CONFIG  # noqa: E402
 
@@ -33,6 +37,7 @@ VARIANTS = run90.VARIANTS = {
     "1 chunk a block": {**BASE, "chunks_per_block": 1},
     "2 chunks a block": {**BASE, "chunks_per_block": 2},
     "8 chunks a block": {**BASE, "chunks_per_block": 8},
+    "gate_free (not the same output)": {**BASE, "gate_free": True},
 }
 run90.SHAPES = [(1, 8192, 96, 128), (1, 32768, 32, 128)]
 
@@ -64,10 +69,36 @@ def flash_qla_kkt_solve():
                   "ms": round(median_ms(lambda: kkt_solve(k, beta)), 4)})
 
 
+def gate_free_op():
+    """GDN's op with ``scalar_gate.GATE_FREE_INVERSE`` off and on beside FlashQLA's op."""
+    import torch
+    from flash_qla.ops.gated_delta_rule import chunk_gated_delta_rule as flash_qla_gdn
+
+    from harness import log
+    from kda import gated_delta
+    from kda.bench import median_ms
+    from kda.kernels import scalar_gate
+
+    for B, T, H, D in run90.SHAPES:
+        q, k, v, g, beta = run140.dense_inputs(B, T, H, D)
+        case = {"what": "op", "B": B, "T": T, "H": H, "D": D}
+        outs = {}
+        for gate_free in (False, True):
+            scalar_gate.GATE_FREE_INVERSE = gate_free
+            fn = lambda: gated_delta.chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True)
+            outs[gate_free] = fn()
+            log(RUN, {**case, "impl": f"kda gate_free={gate_free}", "ms": round(median_ms(fn), 4)})
+        scalar_gate.GATE_FREE_INVERSE = False
+        rel = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()
+        log(RUN, {**case, "gate_free_vs_gated": [rel(outs[True][i], outs[False][i]) for i in range(2)]})
+        fq = lambda: flash_qla_gdn(q, k, v, g, beta, output_final_state=True)
+        log(RUN, {**case, "impl": "FlashQLA", "ms": round(median_ms(fq), 4)})
+
+
 if __name__ == "__main__":
     from harness import compile_in_processes
 
     stages = {"compile": lambda: compile_in_processes(RUN, len(VARIANTS), compile_one),
-              "time": lambda: (flash_qla_kkt_solve(), run90.time_variants())}
+              "time": lambda: (flash_qla_kkt_solve(), run90.time_variants()), "gate_free": gate_free_op}
     for stage in sys.argv[1:]:
         stages[stage]()
