@@ -505,7 +505,8 @@ PATHS: tuple[CudaPath, ...] = (
               "zh": "chunk_kda（以及走第 5 级路径的 GDN）处理每条都不超过 64 个 token 的打包序列时（给出 cu_seqlens_cpu "
                     "或读回边界）：由 single_chunk_gated_output 为每个（序列、头、64 个值列）分配一个小 block，"
                     "没有串行链，取代逐条处理序列组的状态 pass"},
-    ),    CudaPath(
+    ),
+    CudaPath(
         name="gdn_gate_free_inverse",
         module="kda.kernels.scalar_gate",
         switch="GATE_FREE_INVERSE",

@@ -198,11 +198,15 @@ TRACE_EVENTS = (("chain", "data ready"), ("chain", "S free"), ("chain", "S publi
                 ("producer", "slot free"), ("producer", "loads issued"))
 
 
+# The thread that stamps each warpgroup's events: its first (the producer's first lane).
+TRACE_WRITERS = {"chain": 0, "values": 128, "output": 256, "producer": 384}
+
+
 @T.macro
-def trace_stamp(trace, t_base, blk, j, event, writer):
-    """``clock64()`` less the block's start into ``trace[blk, j, event]`` by the thread ``writer`` (float32: exact
-    below 2^24 cycles)."""
-    if writer:
+def trace_stamp(trace, t_base, blk, j, event):
+    """``clock64()`` less the block's start into ``trace[blk, j, event]`` by the first thread of the event's warpgroup
+    (float32: exact below 2^24 cycles)."""
+    if T.get_thread_binding() == TRACE_WRITERS[event[0]]:
         trace[blk, j, TRACE_EVENTS.index(event)] = T.Cast(ACCUM, T.call_extern("int64", "clock64") - t_base[0])
 
 
@@ -318,23 +322,23 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
                     slot = j % 2
                     T.barrier_wait(data_ready[slot], (j // 2) % 2)
                     if trace:
-                        trace_stamp(ht, t_base, blk, j, ("chain", "data ready"), tx == 0)
+                        trace_stamp(ht, t_base, blk, j, ("chain", "data ready"))
                     T.barrier_wait(s_free, (j + 1) % 2)          # both readers are done with chunk j - 1's
                     if trace:
-                        trace_stamp(ht, t_base, blk, j, ("chain", "S free"), tx == 0)
+                        trace_stamp(ht, t_base, blk, j, ("chain", "S free"))
                     T.copy(S_f, S_s)
                     T.fence_proxy_async()
                     T.barrier_arrive(s_ready)
                     if trace:
-                        trace_stamp(ht, t_base, blk, j, ("chain", "S published"), tx == 0)
+                        trace_stamp(ht, t_base, blk, j, ("chain", "S published"))
                     for i, jj in T.Parallel(DK, BV):
                         S_f[i, jj] = S_f[i, jj] * E_s[slot, C - 1]
                     T.barrier_wait(vn_ready, j % 2)
                     if trace:
-                        trace_stamp(ht, t_base, blk, j, ("chain", "V' ready"), tx == 0)
+                        trace_stamp(ht, t_base, blk, j, ("chain", "V' ready"))
                     T.gemm(k_s[slot, :, :], vn_s, S_f, transpose_A=True)
                     if trace:
-                        trace_stamp(ht, t_base, blk, j, ("chain", "K^T V' done"), tx == 0)
+                        trace_stamp(ht, t_base, blk, j, ("chain", "K^T V' done"))
                     if chain_first >= 2:
                         # the output is past its wait for chunk j - 1 (so this arrival is never two phases ahead)
                         T.barrier_wait(vd_free, (j + 1) % 2)
@@ -355,10 +359,10 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
                         T.fence_proxy_async()
                     T.barrier_wait(s_ready, j % 2)
                     if trace:
-                        trace_stamp(ht, t_base, blk, j, ("values", "S ready"), tx == 128)
+                        trace_stamp(ht, t_base, blk, j, ("values", "S ready"))
                     T.gemm(k_s[slot, :, :], S_s, KS, clear_accum=True)
                     if trace:
-                        trace_stamp(ht, t_base, blk, j, ("values", "K S done"), tx == 128)
+                        trace_stamp(ht, t_base, blk, j, ("values", "K S done"))
                     if chain_first >= 1:
                         T.barrier_arrive(ks_done)
                     T.barrier_arrive(s_free)
@@ -370,50 +374,50 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
                         T.copy(KS, vn_s)
                         T.fence_proxy_async()
                         if trace:
-                            trace_stamp(ht, t_base, blk, j, ("values", "X stored"), tx == 128)
+                            trace_stamp(ht, t_base, blk, j, ("values", "X stored"))
                         if gates_inverse:
                             T.gemm(tg_s, vn_s, VD, clear_accum=True)
                         else:
                             T.gemm(tb_s[slot, :, :], vn_s, VD, clear_accum=True)
                         if trace:
-                            trace_stamp(ht, t_base, blk, j, ("values", "Tb X done"), tx == 128)
+                            trace_stamp(ht, t_base, blk, j, ("values", "Tb X done"))
                         T.barrier_wait(vd_free, (j + 1) % 2)
                         T.copy(VD, vd_s)
                         T.fence_proxy_async()
                         T.barrier_arrive(vd_ready)
                         if trace:
-                            trace_stamp(ht, t_base, blk, j, ("values", "V_new published"), tx == 128)
+                            trace_stamp(ht, t_base, blk, j, ("values", "V_new published"))
                         for i, jj in T.Parallel(C, BV):
                             VD[i, jj] = VD[i, jj] * R_s[slot, i]
                         T.copy(VD, vn_s)
                         T.fence_proxy_async()
                         T.barrier_arrive(vn_ready)
                         if trace:
-                            trace_stamp(ht, t_base, blk, j, ("values", "V' published"), tx == 128)
+                            trace_stamp(ht, t_base, blk, j, ("values", "V' published"))
                     else:
                         for i, jj in T.Parallel(C, BV):
                             v_s[slot, i, jj] = v_s[slot, i, jj] - E_s[slot, i] * KS[i, jj]
                         T.fence_proxy_async()
                         if trace:
-                            trace_stamp(ht, t_base, blk, j, ("values", "X stored"), tx == 128)
+                            trace_stamp(ht, t_base, blk, j, ("values", "X stored"))
                         if gates_inverse:
                             T.gemm(tg_s, v_s[slot, :, :], VD, clear_accum=True)
                         else:
                             T.gemm(tb_s[slot, :, :], v_s[slot, :, :], VD, clear_accum=True)
                         if trace:
-                            trace_stamp(ht, t_base, blk, j, ("values", "Tb X done"), tx == 128)
+                            trace_stamp(ht, t_base, blk, j, ("values", "Tb X done"))
                         for i, jj in T.Parallel(C, BV):
                             vn_s[i, jj] = VD[i, jj] * R_s[slot, i]
                         T.fence_proxy_async()
                         T.barrier_arrive(vn_ready)
                         if trace:
-                            trace_stamp(ht, t_base, blk, j, ("values", "V' published"), tx == 128)
+                            trace_stamp(ht, t_base, blk, j, ("values", "V' published"))
                         T.barrier_wait(vd_free, (j + 1) % 2)
                         T.copy(VD, vd_s)
                         T.fence_proxy_async()
                         T.barrier_arrive(vd_ready)
                         if trace:
-                            trace_stamp(ht, t_base, blk, j, ("values", "V_new published"), tx == 128)
+                            trace_stamp(ht, t_base, blk, j, ("values", "V_new published"))
                     T.barrier_arrive(data_free[slot])
         elif tx < 384:                                           # the output
             T.set_max_nreg(registers[2], 1)
@@ -426,24 +430,24 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
                     t0 = t_first + c * C
                     T.barrier_wait(data_ready[slot], (j // 2) % 2)
                     if trace:
-                        trace_stamp(ht, t_base, blk, j, ("output", "data ready"), tx == 256)
+                        trace_stamp(ht, t_base, blk, j, ("output", "data ready"))
                     T.gemm(q_s[slot, :, :], k_s[slot, :, :], P_f, transpose_B=True, clear_accum=True)
                     if trace:
-                        trace_stamp(ht, t_base, blk, j, ("output", "Q K^T done"), tx == 256)
+                        trace_stamp(ht, t_base, blk, j, ("output", "Q K^T done"))
                     for i, jj in T.Parallel(C, C):
                         p_s[i, jj] = P_f[i, jj] * decay_factor(G_s[slot, i] - G_s[slot, jj]) * \
                             T.if_then_else(jj <= i, scale, 0.0)
                     T.fence_proxy_async()
                     if trace:
-                        trace_stamp(ht, t_base, blk, j, ("output", "P stored"), tx == 256)
+                        trace_stamp(ht, t_base, blk, j, ("output", "P stored"))
                     T.barrier_wait(s_ready, j % 2)
                     if chain_first >= 1:
                         T.barrier_wait(ks_done, j % 2)
                     if trace:
-                        trace_stamp(ht, t_base, blk, j, ("output", "S ready"), tx == 256)
+                        trace_stamp(ht, t_base, blk, j, ("output", "S ready"))
                     T.gemm(q_s[slot, :, :], S_s, O_f, clear_accum=True)
                     if trace:
-                        trace_stamp(ht, t_base, blk, j, ("output", "Q S done"), tx == 256)
+                        trace_stamp(ht, t_base, blk, j, ("output", "Q S done"))
                     T.barrier_arrive(s_free)
                     for i, jj in T.Parallel(C, BV):
                         O_f[i, jj] = O_f[i, jj] * (scale * E_s[slot, i])
@@ -451,10 +455,10 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
                     if chain_first >= 2:
                         T.barrier_wait(update_done, j % 2)
                     if trace:
-                        trace_stamp(ht, t_base, blk, j, ("output", "V_new ready"), tx == 256)
+                        trace_stamp(ht, t_base, blk, j, ("output", "V_new ready"))
                     T.gemm(p_s, vd_s, O_f)
                     if trace:
-                        trace_stamp(ht, t_base, blk, j, ("output", "P V_new done"), tx == 256)
+                        trace_stamp(ht, t_base, blk, j, ("output", "P V_new done"))
                     T.barrier_arrive(vd_free)
                     T.barrier_arrive(data_free[slot])
                     T.copy(O_f, o_s)
@@ -465,7 +469,7 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
                     else:
                         T.copy(o_s, O[bb, t0:t0 + C, bh, dv0:dv0 + BV])
                     if trace:
-                        trace_stamp(ht, t_base, blk, j, ("output", "O stored"), tx == 256)
+                        trace_stamp(ht, t_base, blk, j, ("output", "O stored"))
         else:                                                    # the producer warp
             T.set_max_nreg(registers[3], 0)
             if tx < 416:
@@ -479,7 +483,7 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
                         t0 = t_first + c * C
                         T.barrier_wait(data_free[slot], (j // 2 + 1) % 2)
                         if trace:
-                            trace_stamp(ht, t_base, blk, j, ("producer", "slot free"), tx == 384)
+                            trace_stamp(ht, t_base, blk, j, ("producer", "slot free"))
                         rows = slice(t0, t0 + C)
                         T.tma_copy(Q[bb, rows, hq, :], q_s[slot, :, :], barrier=data_ready[slot])
                         T.tma_copy(K[bb, rows, hq, :], k_s[slot, :, :], barrier=data_ready[slot])
@@ -494,7 +498,7 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
                             R_s[slot, i] = T.exp2(g_last - G[bb, bh, g0 + i]) * real(t0 + i < t_end)
                         T.barrier_arrive(data_ready[slot])
                         if trace:
-                            trace_stamp(ht, t_base, blk, j, ("producer", "loads issued"), tx == 384)
+                            trace_stamp(ht, t_base, blk, j, ("producer", "loads issued"))
 
     table = lambda rows: [rows] if varlen else [1]
 

@@ -47,15 +47,16 @@ def warm_one(i):
 def arguments(B, T, H, D, trace_blocks=None):
     """The pass's arguments at this shape: the first kernel's ``G`` and ``Tb`` made from fresh inputs, no states;
     ``ht`` a zeroed trace where ``trace_blocks`` is given."""
+    from kda import launch
     from kda.kernels import scalar_gate
     from kda.kernels.scalar_gate import TRACE_EVENTS
 
     q, k, v, g, beta = run140.dense_inputs(B, T, H, D)
     G, Tb = scalar_gate.scalar_gate_inverse(k, g, beta, H)
-    state = torch.zeros(1, 1, 1, 1, device="cuda")
+    state = launch.stand_in(4, torch.float32, "cuda")
     ht = state if trace_blocks is None else torch.zeros(trace_blocks, (T + 63) // 64, len(TRACE_EVENTS),
                                                         device="cuda")
-    table = torch.zeros(1, dtype=torch.int32, device="cuda")
+    table = launch.stand_in(1, torch.int32, "cuda")
     o = torch.empty_like(v)
     return [q, k, v, Tb, G, D ** -0.5, state, o, ht, table, table, table]
 

@@ -78,6 +78,7 @@ def gate_free_op():
     from kda import gated_delta
     from kda.bench import median_ms
     from kda.kernels import scalar_gate
+    from kda.metrics import rel_l2
 
     for B, T, H, D in run90.SHAPES:
         q, k, v, g, beta = run140.dense_inputs(B, T, H, D)
@@ -89,8 +90,7 @@ def gate_free_op():
             outs[gate_free] = fn()
             log(RUN, {**case, "impl": f"kda gate_free={gate_free}", "ms": round(median_ms(fn), 4)})
         scalar_gate.GATE_FREE_INVERSE = False
-        rel = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()
-        log(RUN, {**case, "gate_free_vs_gated": [rel(outs[True][i], outs[False][i]) for i in range(2)]})
+        log(RUN, {**case, "gate_free_vs_gated": [rel_l2(outs[True][i], outs[False][i]) for i in range(2)]})
         fq = lambda: flash_qla_gdn(q, k, v, g, beta, output_final_state=True)
         log(RUN, {**case, "impl": "FlashQLA", "ms": round(median_ms(fq), 4)})
 
