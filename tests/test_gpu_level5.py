@@ -159,10 +159,13 @@ def test_many_short_packed_sequences(per_channel, window, poisoned, monkeypatch)
     (the same kernels on the same chunks: the rows past a sequence's end are the next sequence's
     in the packed launch and zeros alone, and must not count). The state pass carries them in
     groups (``seq_groups``) of windows of 1, 4 and 32 chunks: the state must start again at each
-    sequence of a group, empty ones included."""
-    from kda import packed
+    sequence of a group, empty ones included. GDN stays on level 5's kernels here: with windows of 1 or 4 chunks the
+    packed launch has enough blocks for the scalar-gate path and one short sequence alone does not (run 147 compared
+    the two paths' roundings, 2e-3 apart); ``test_gpu_scalar_gate`` runs the same check on that path."""
+    from kda import gated_delta, packed
 
     monkeypatch.setattr(packed, "GROUP_CHUNKS", window)
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_PACKED", False)
     check_many_short_sequences(kda.chunk_kda if per_channel else kda.chunk_gated_delta_rule, per_channel)
 
 
