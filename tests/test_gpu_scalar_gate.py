@@ -316,12 +316,20 @@ def test_chain_first_same_bits(packed, whole, scalar_path, monkeypatch):
     assert len(scalar_path) >= 3                       # every call took the pass
 
 
+# forms of inverse_state_output_pass that make the same products on the same operands as the default: their
+# module switches
+SAME_BITS_FORMS = {"whole_stores": {"WHOLE_STORES": True}, "p_in_registers": {"P_IN_REGISTERS": True},
+                   "all_in_registers": {"WHOLE_STORES": True, "P_IN_REGISTERS": True, "V_IN_REGISTERS": True}}
+
+
+@pytest.mark.parametrize("form", list(SAME_BITS_FORMS))
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
-def test_whole_stores_same_bits(packed, scalar_path, monkeypatch):
-    """``inverse_state_output_pass(whole_stores=True)`` (``scalar_gate.WHOLE_STORES``: ``X`` and ``V'`` stored whole,
-    no barrier in any step) makes the same sums in the same order as the default's in-place loops: the op's outputs and
-    final states equal the default's bit for bit, dense and packed (an empty sequence, one token, ragged tails), with
-    initial states, grouped value heads and runs of -20; and they agree with the recurrence."""
+def test_pass_forms_same_bits(packed, form, scalar_path, monkeypatch):
+    """Forms of ``inverse_state_output_pass`` (``SAME_BITS_FORMS``: ``X`` and ``V'`` stored whole, no barrier in any
+    step; ``P`` gated in registers and read by ``P V_new`` from there; ``V`` read into registers before ``S``) make
+    the same sums in the same order as the default: the op's outputs and final states equal the default's bit for
+    bit, dense and packed (an empty sequence, one token, ragged tails), with initial states, grouped value heads and
+    runs of -20; and they agree with the recurrence."""
     from kda.kernels import scalar_gate
 
     lengths = [130, 0, 64, 1, 77, 300] if packed else [700]
@@ -330,11 +338,11 @@ def test_whole_stores_same_bits(packed, scalar_path, monkeypatch):
     q, k, v, g, beta, _ = inputs((1, T, 4, 128, 128), torch.bfloat16, "runs_of_-20", False, seed=47)
     q, k = q[:, :, ::2].contiguous(), k[:, :, ::2].contiguous()
     h0 = torch.randn(len(lengths), 4, 128, 128, device="cuda")
-    runs = []
-    for whole in (False, True):
-        monkeypatch.setattr(scalar_gate, "WHOLE_STORES", whole)
-        runs.append(kda.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
-                                               cu_seqlens=cu))
+    runs = [kda.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu)]
+    for switch, value in SAME_BITS_FORMS[form].items():
+        monkeypatch.setattr(scalar_gate, switch, value)
+    runs.append(kda.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                           cu_seqlens=cu))
     assert len(scalar_path) >= 2                       # both calls took the pass
     assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
     check_sequences(runs[1][0], runs[1][1], q.repeat_interleave(2, dim=2), k.repeat_interleave(2, dim=2), v, g, beta,

@@ -174,6 +174,17 @@ CASES = [
     ("scalar_gate", "inverse_state_output_pass", dict(DK=64, DV=64, block_dv=64, dtype="bfloat16",
                                                       initial_state=True, final_state=True)),
     ("scalar_gate", "chunk_gated_inverse", dict(DK=128, dtype="bfloat16", varlen=True, value_groups=2)),
+    # P gated in registers for P V_new; V read into registers from swizzled slots (P_IN_REGISTERS, V_IN_REGISTERS)
+    ("scalar_gate", "inverse_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", p_in_registers=True)),
+    # traced (a tuning instrument), warpgroup 1 holds V, K S and the stamps' base: 24 bytes spilled (none untraced)
+    ("scalar_gate", "inverse_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", p_in_registers=True,
+                                                      whole_stores=True, v_in_registers=True, trace=True,
+                                                      spill_budget=64)),
+    ("scalar_gate", "inverse_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", p_in_registers=True,
+                                                      whole_stores=True, v_in_registers=True)),
+    ("scalar_gate", "inverse_state_output_pass", dict(DK=64, DV=128, block_dv=64, dtype="float16", value_groups=2,
+                                                      p_in_registers=True, whole_stores=True, v_in_registers=True,
+                                                      varlen=True, final_state=True)),
     ("scalar_gate", "chunk_gated_inverse", dict(DK=128, dtype="bfloat16", merge="products", min_blocks=1)),
     ("scalar_gate", "chunk_gated_inverse", dict(DK=128, dtype="bfloat16", heads_first=True, chunks_per_block=1)),
     # the keys against the delta rule's bound from K K^T's diagonal (KEY_CHECK_IN_KERNEL)

@@ -251,6 +251,31 @@ def test_gdn_pass_whole_stores_switch(kernel_launches, monkeypatch, whole):
     assert whole or "whole_stores" not in state_pass
 
 
+@pytest.mark.parametrize("whole", [False, True], ids=["in_place", "whole_stores"])
+@pytest.mark.parametrize("p, v_regs", [(False, False), (True, False), (True, True), (False, True)],
+                         ids=["neither", "p", "p_and_v", "v"])
+def test_gdn_pass_register_operand_switches(kernel_launches, monkeypatch, p, v_regs, whole):
+    """``scalar_gate.P_IN_REGISTERS`` and ``V_IN_REGISTERS`` (off by default until run 149 times them) compile the pass
+    with ``p_in_registers`` and, only beside ``whole_stores``, ``v_in_registers``; off, with the parameters it always
+    had."""
+    from kda import gated_delta
+    from kda.kernels import scalar_gate
+
+    assert scalar_gate.P_IN_REGISTERS is False and scalar_gate.V_IN_REGISTERS is False
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", True)
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_MIN_BLOCKS", 0.0)
+    monkeypatch.setattr(scalar_gate, "WHOLE_STORES", whole)
+    monkeypatch.setattr(scalar_gate, "P_IN_REGISTERS", p)
+    monkeypatch.setattr(scalar_gate, "V_IN_REGISTERS", v_regs)
+    q, k, v, g, beta = level5_inputs(B=2, H=2, D=128, per_channel=False)
+    gated_delta._run_kernels(q, k, v, g, beta, 0.125, None, torch.zeros(2, dtype=torch.int32))
+    name, state_pass = kernel_launches[1]
+    assert name == "inverse_state_output_pass"
+    assert state_pass.get("p_in_registers", False) == p and ("p_in_registers" in state_pass) == p
+    assert state_pass.get("v_in_registers", False) == (v_regs and whole)
+    assert ("v_in_registers" in state_pass) == (v_regs and whole)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gdn_inverse_is_compact(kernel_launches, monkeypatch, dtype):
     """``chunk_gated_inverse`` compiles compact, four blocks per SM, for bf16 (run 135's GPU tests and timing) and fp16

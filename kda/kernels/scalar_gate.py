@@ -23,6 +23,7 @@ the path is GDN's where its blocks fill the SMs (``kda.gated_delta.SCALAR_GATE_P
 
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
 import tilelang.language as T
+from tilelang.layout import make_swizzled_layout
 import torch
 
 from kda import launch, packed
@@ -213,7 +214,8 @@ def trace_stamp(trace, t_base, blk, j, event):
 # --8<-- [start:inverse_state_output_pass]
 def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat16", value_groups=1, varlen=False,
                               initial_state=False, final_state=False, registers=(160, 128, 128, 40),
-                              whole_stores=False, chain_first=0, trace=False, gates_inverse=False):
+                              whole_stores=False, chain_first=0, trace=False, gates_inverse=False,
+                              p_in_registers=False, v_in_registers=False):
     """Arguments at run time: ``Q, K [B, T, HQ, DK]``, ``V [B, T, H, DV]``, ``Tb [B, T, H, C]`` and
     ``G [B, H, NC C]`` of ``chunk_gated_inverse``, ``scale``, ``h0``, then ``O [B, T, H, DV]`` (dtype)
     and ``ht`` (the state flags as in ``kda.kernels.chapters.linear_attention.seq_in_loop``), and last the
@@ -253,11 +255,20 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
     ``gates_inverse``: ``Tb`` is ``chunk_gated_inverse(gate_free=True)``'s, and warpgroup 1 gates it, ``Tb_ij 2^(G_i -
     G_j)`` into a tile of its own, while it waits for the chain's ``S`` (off the chain).
 
+    ``p_in_registers``: the output warpgroup gates ``P`` in its registers and feeds it to ``P V_new`` from there (the
+    A operand of a register-sourced wgmma) instead of storing it element by element into a shared tile: run 147's
+    trace had that loop at about 3,400 cycles of a 7,500-cycle chunk (4,000 with ``whole_stores``, where it held
+    back the chain's next ``S``).
+
+    ``v_in_registers`` (with ``whole_stores``): warpgroup 1 reads ``V`` into registers (bf16) before it waits for
+    ``S``, so that ``X = V - 2^G (K S)`` on the chain reads no shared memory (run 147: 1,760 cycles for that loop).
+
     ``trace`` (dense, without a final state; for tuning): ``ht`` is a float32 ``[B H NV, NC, len(TRACE_EVENTS)]``
     (``NV`` value blocks) into which the first thread of each warpgroup (the producer's first lane) writes the SM's
     clock, less the block's start, at each event of ``TRACE_EVENTS`` of every chunk: the warpgroups' timeline, read
     by ``results/tuning/run147-trace.py``."""
     assert not (trace and (varlen or final_state)), "trace: dense batches, ht free for the trace"
+    assert whole_stores or not v_in_registers, "v_in_registers: with whole_stores"
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     HQ = T.dynamic("HQ")
     C, BV = chunk_size, block_dv
@@ -287,10 +298,19 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
         vn_s = T.alloc_shared([C, BV], dtype)            # (X with whole_stores, then) V' for the chain
         if gates_inverse:
             tg_s = T.alloc_shared([C, C], dtype)         # Tb gated by warpgroup 1
-        p_s = T.alloc_shared([C, C], dtype)
+        if p_in_registers:
+            P_c = T.alloc_fragment([C, C], dtype)        # P gated, the A operand of P V_new
+        else:
+            p_s = T.alloc_shared([C, C], dtype)
         o_s = T.alloc_shared([C, BV], dtype)
         S_f = T.alloc_fragment([DK, BV], ACCUM)
         KS = T.alloc_fragment([C, BV], ACCUM)
+        if v_in_registers:
+            V_c = T.alloc_fragment([C, BV], dtype)       # V, read before S is ready
+        if whole_stores:
+            # V's slots are read only element by element there, and tilelang would keep them row by row: a warp's
+            # eight rows on the same banks (256-byte rows). Swizzled, as the GEMM operands are, they are not.
+            T.annotate_layout({v_s: make_swizzled_layout(v_s)})
         VD = T.alloc_fragment([C, BV], ACCUM)
         P_f = T.alloc_fragment([C, C], ACCUM)
         O_f = T.alloc_fragment([C, BV], ACCUM)
@@ -357,6 +377,8 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
                         for i, jj in T.Parallel(C, C):
                             tg_s[i, jj] = tb_s[slot, i, jj] * decay_factor(G_s[slot, i] - G_s[slot, jj])
                         T.fence_proxy_async()
+                    if v_in_registers:
+                        T.copy(v_s[slot, :, :], V_c)
                     T.barrier_wait(s_ready, j % 2)
                     if trace:
                         trace_stamp(ht, t_base, blk, j, ("values", "S ready"))
@@ -370,7 +392,7 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
                         # V_new goes out first, so that V' is made over it: KS and VD both held would exceed the
                         # warpgroup's 128 registers (run 140: spills); the output warpgroup freed vd_s long before
                         for i, jj in T.Parallel(C, BV):
-                            KS[i, jj] = v_s[slot, i, jj] - E_s[slot, i] * KS[i, jj]
+                            KS[i, jj] = (V_c[i, jj] if v_in_registers else v_s[slot, i, jj]) - E_s[slot, i] * KS[i, jj]
                         T.copy(KS, vn_s)
                         T.fence_proxy_async()
                         if trace:
@@ -434,10 +456,15 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
                     T.gemm(q_s[slot, :, :], k_s[slot, :, :], P_f, transpose_B=True, clear_accum=True)
                     if trace:
                         trace_stamp(ht, t_base, blk, j, ("output", "Q K^T done"))
-                    for i, jj in T.Parallel(C, C):
-                        p_s[i, jj] = P_f[i, jj] * decay_factor(G_s[slot, i] - G_s[slot, jj]) * \
-                            T.if_then_else(jj <= i, scale, 0.0)
-                    T.fence_proxy_async()
+                    if p_in_registers:
+                        for i, jj in T.Parallel(C, C):
+                            P_c[i, jj] = P_f[i, jj] * decay_factor(G_s[slot, i] - G_s[slot, jj]) * \
+                                T.if_then_else(jj <= i, scale, 0.0)
+                    else:
+                        for i, jj in T.Parallel(C, C):
+                            p_s[i, jj] = P_f[i, jj] * decay_factor(G_s[slot, i] - G_s[slot, jj]) * \
+                                T.if_then_else(jj <= i, scale, 0.0)
+                        T.fence_proxy_async()
                     if trace:
                         trace_stamp(ht, t_base, blk, j, ("output", "P stored"))
                     T.barrier_wait(s_ready, j % 2)
@@ -456,7 +483,7 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
                         T.barrier_wait(update_done, j % 2)
                     if trace:
                         trace_stamp(ht, t_base, blk, j, ("output", "V_new ready"))
-                    T.gemm(p_s, vd_s, O_f)
+                    T.gemm(P_c if p_in_registers else p_s, vd_s, O_f)
                     if trace:
                         trace_stamp(ht, t_base, blk, j, ("output", "P V_new done"))
                     T.barrier_arrive(vd_free)
@@ -705,6 +732,15 @@ WHOLE_STORES = False
 CHAIN_FIRST = 0
 
 
+# inverse_state_output_pass with p_in_registers (the output warpgroup's P gated in registers, the A operand of P V_new)
+# and, with WHOLE_STORES, v_in_registers (warpgroup 1 reads V into registers off the chain; V's slots swizzled). Run
+# 147's trace (H100, (1, 8192, 96, 128)): of a chunk's 7,500 cycles the output's P loop took 3,400 and warpgroup 1's
+# X loop 1,760 to 2,500 (eight-way bank conflicts: V's slots kept row by row). The same products on the same bf16
+# operands; off until a GPU has tested and timed them.
+P_IN_REGISTERS = False
+V_IN_REGISTERS = False
+
+
 # The first kernel's inverse without the gate (chunk_gated_inverse(gate_free=True): no exponential of a pair there),
 # gated by the pass's warpgroup 1 while it waits for the chain's state, and by single_chunk_output (gates_inverse):
 # FlashQLA's split of the work. Read by scalar_gate_inverse and scalar_gate_pass_launch at each call, so the two agree.
@@ -745,6 +781,8 @@ def scalar_gate_pass_launch(q, k, v, Tb, G, scale, h0, block_dv, table=None, out
         else:
             state_pass = compile_program(inverse_state_output_pass, (), block_dv=block_dv, varlen=table is not None,
                                          **params, **({"whole_stores": True} if WHOLE_STORES else {}),
-                                         **({"chain_first": CHAIN_FIRST} if CHAIN_FIRST else {}))
+                                         **({"chain_first": CHAIN_FIRST} if CHAIN_FIRST else {}),
+                                         **({"p_in_registers": True} if P_IN_REGISTERS else {}),
+                                         **({"v_in_registers": True} if V_IN_REGISTERS and WHOLE_STORES else {}))
     return launch.pass_held(state_pass, (q.contiguous(), k.contiguous(), v.contiguous(), Tb, G, scale), h0,
                             output_final_state, (N, H, DK, DV), (B, T, H, DV), v.dtype, device, tables)

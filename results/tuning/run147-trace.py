@@ -27,7 +27,12 @@ spec.loader.exec_module(run140)
 RUN = "run147"
 SHAPES = [(1, 8192, 96, 128), (1, 32768, 32, 128)]
 FORMS = {"default": {}, "whole_stores": {"whole_stores": True}, "chain_first 1": {"chain_first": 1},
-         "chain_first 2": {"chain_first": 2}, "gates_inverse": {"gates_inverse": True}}
+         "chain_first 2": {"chain_first": 2}, "gates_inverse": {"gates_inverse": True},
+         "p_in_registers": {"p_in_registers": True},
+         "whole_stores p_in_registers": {"whole_stores": True, "p_in_registers": True},
+         "all_in_registers": {"whole_stores": True, "p_in_registers": True, "v_in_registers": True}}
+if "--forms" in sys.argv:                      # a comma-separated choice of FORMS (run 149)
+    FORMS = {name: FORMS[name] for name in sys.argv[sys.argv.index("--forms") + 1].split(",")}
 
 
 def passes(D, form, trace):
