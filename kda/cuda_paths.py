@@ -493,6 +493,7 @@ PATHS: tuple[CudaPath, ...] = (
               "zh": "chunk_gated_delta_rule 处理每条都不超过 64 个 token 的打包序列时（给出 cu_seqlens_cpu 或读回边界）："
                     "由 single_chunk_output 为每个（序列、头、64 个值列）分配一个小 block，没有串行链，取代逐条"
                     "处理序列组的标量门控 pass"},
+        gpu_log="results/tuning/run147/gpu-tests.txt",
     ),
     CudaPath(
         name="kda_single_chunk_output",
@@ -505,6 +506,7 @@ PATHS: tuple[CudaPath, ...] = (
               "zh": "chunk_kda（以及走第 5 级路径的 GDN）处理每条都不超过 64 个 token 的打包序列时（给出 cu_seqlens_cpu "
                     "或读回边界）：由 single_chunk_gated_output 为每个（序列、头、64 个值列）分配一个小 block，"
                     "没有串行链，取代逐条处理序列组的状态 pass"},
+        gpu_log="results/tuning/run147/gpu-tests.txt",
     ),
     CudaPath(
         name="gdn_gate_free_inverse",
@@ -515,6 +517,7 @@ PATHS: tuple[CudaPath, ...] = (
                     "chain's state, or by single_chunk_output",
               "zh": "chunk_gated_delta_rule 的标量门控路径：第一个 kernel 求逆时不带门控（那里不再对每一对取指数），"
                     "改由 pass 的第 1 个 warpgroup 在等待串行链的状态时施加门控，或由 single_chunk_output 施加"},
+        gpu_log="results/tuning/run147/gpu-tests.txt",
     ),
 )
 

@@ -316,13 +316,14 @@ WHOLE_STORES = True
 
 # gated_state_output_pass with chain_first (1: the output's Qw S waits for the chain's W S; 2: its A_qk V_new also for
 # the chain's Kw^T V_new), so that the GEMMs on the chain do not share the tensor cores with the output's. The same
-# bits by construction; 0 (off) until a GPU has tested and timed it (run 145).
+# bits by construction: run 147 (H100) confirmed it for 1 and 2, dense and packed. Off: not timed through KDA's op yet
+# (run 145's script); GDN's pass gained nothing from it (run 147).
 CHAIN_FIRST = 0
 
 
 # Packed sequences that all fit one chunk (known on the host: a table from chunk_table) by single_chunk_gated_output,
-# one small block per (sequence, head, packed.SINGLE_CHUNK_COLUMNS value columns), instead of the pass: off until a
-# GPU has tested and timed it.
+# one small block per (sequence, head, packed.SINGLE_CHUNK_COLUMNS value columns), instead of the pass. Its GPU tests
+# passed (run 147, H100); off until it is timed (run 144's script ran out of memory in that call).
 SINGLE_CHUNK_OUTPUT = False
 
 

@@ -728,7 +728,8 @@ WHOLE_STORES = False
 # inverse_state_output_pass with chain_first (1: the output's Q S waits for warpgroup 1's K S; 2: its P V_new also waits
 # for the chain's K^T V'), so that the GEMMs on the chain do not share the tensor cores with the output's. Run 139's
 # profile had the pass 25% slower than FlashQLA's fused kernel with fewer instructions: its warps wait more, and the
-# 64 barriers a chunk were not it (run 143). The same bits by construction; 0 (off) until a GPU has tested and timed it.
+# 64 barriers a chunk were not it (run 143). The same bits (run 147's GPU tests, H100), and no faster: the pass at
+# (1, 8192, 96, 128) 0.503 ms with 1 and 0.516 with 2 against the default's 0.500 (run 147). Off.
 CHAIN_FIRST = 0
 
 
@@ -744,13 +745,15 @@ V_IN_REGISTERS = False
 # The first kernel's inverse without the gate (chunk_gated_inverse(gate_free=True): no exponential of a pair there),
 # gated by the pass's warpgroup 1 while it waits for the chain's state, and by single_chunk_output (gates_inverse):
 # FlashQLA's split of the work. Read by scalar_gate_inverse and scalar_gate_pass_launch at each call, so the two agree.
-# Off until a GPU has tested and timed it.
+# Its GPU tests passed (run 147, H100); off, slower: the first kernel 0.190 ms against 0.210 at (1, 8192, 96, 128), but
+# the pass gating the tile 0.561 against 0.500 (warpgroup 1's gating loop lands on the chain), the op 0.772 against
+# 0.736 (2.505 against 2.260 at (1, 32768, 32, 128)).
 GATE_FREE_INVERSE = False
 
 
 # Packed sequences that all fit one chunk (known on the host: a table from chunk_table) by single_chunk_output, one
-# small block per (sequence, head, packed.SINGLE_CHUNK_COLUMNS value columns), instead of the pass: off until a GPU
-# has tested and timed it.
+# small block per (sequence, head, packed.SINGLE_CHUNK_COLUMNS value columns), instead of the pass. Its GPU tests
+# passed (run 147, H100); off until it is timed (run 144's script ran out of memory in that call).
 SINGLE_CHUNK_OUTPUT = False
 
 
