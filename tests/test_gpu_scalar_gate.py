@@ -349,6 +349,29 @@ def test_pass_forms_same_bits(packed, form, scalar_path, monkeypatch):
                     h0, lengths)
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+def test_chain_scales_keys(packed, scalar_path, monkeypatch):
+    """``inverse_state_output_pass(chain_scales_keys=True)`` (``scalar_gate.CHAIN_SCALES_KEYS`` with the register
+    forms): the chain adds ``(2^(G_last - G) K)^T V_new``, rounding the scale on the keys instead of on ``V'``. Against
+    the recurrence, dense and packed (an empty sequence, one token, ragged tails, more chunks than two barrier
+    phases), with initial states, grouped value heads and runs of -20, and within 5e-3 of the default."""
+    from kda.kernels import scalar_gate
+
+    lengths = [130, 0, 64, 1, 77, 300, 1000] if packed else [1500]
+    T = sum(lengths)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda") if packed else None
+    q, k, v, g, beta, _ = inputs((1, T, 4, 128, 128), torch.bfloat16, "runs_of_-20", False, seed=83)
+    q, k = q[:, :, ::2].contiguous(), k[:, :, ::2].contiguous()
+    h0 = torch.randn(len(lengths), 4, 128, 128, device="cuda")
+    default = kda.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu)
+    for switch in ("WHOLE_STORES", "P_IN_REGISTERS", "V_IN_REGISTERS", "CHAIN_SCALES_KEYS"):
+        monkeypatch.setattr(scalar_gate, switch, True)
+    o, ht = kda.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu)
+    assert len(scalar_path) >= 2                       # both calls took the pass
+    assert rel_l2(o, default[0]) <= 5e-3 and rel_l2(ht, default[1]) <= 5e-3
+    check_sequences(o, ht, q.repeat_interleave(2, dim=2), k.repeat_interleave(2, dim=2), v, g, beta, h0, lengths)
+
+
 def test_traced_pass_same_output():
     """``inverse_state_output_pass(trace=True)`` (a tuning instrument: ``ht`` holds the warpgroups' clocks) writes the
     same output as the plain pass, bit for bit, and a trace that follows each warpgroup's order of work: every stamp

@@ -182,6 +182,11 @@ CASES = [
                                                       spill_budget=64)),
     ("scalar_gate", "inverse_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", p_in_registers=True,
                                                       whole_stores=True, v_in_registers=True)),
+    # the chain scales the keys and reads V_new (CHAIN_SCALES_KEYS)
+    ("scalar_gate", "inverse_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", p_in_registers=True,
+                                                      whole_stores=True, v_in_registers=True, chain_scales_keys=True)),
+    ("scalar_gate", "inverse_state_output_pass", dict(DK=64, DV=128, dtype="float16", whole_stores=True, varlen=True,
+                                                      chain_scales_keys=True, chain_first=1, final_state=True)),
     ("scalar_gate", "inverse_state_output_pass", dict(DK=64, DV=128, block_dv=64, dtype="float16", value_groups=2,
                                                       p_in_registers=True, whole_stores=True, v_in_registers=True,
                                                       varlen=True, final_state=True)),

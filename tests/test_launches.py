@@ -276,6 +276,29 @@ def test_gdn_pass_register_operand_switches(kernel_launches, monkeypatch, p, v_r
     assert ("v_in_registers" in state_pass) == (v_regs and whole)
 
 
+@pytest.mark.parametrize("whole, chain_first, gate_free", [(True, 0, False), (False, 0, False), (True, 1, False),
+                                                           (True, 2, False), (True, 0, True)])
+def test_gdn_pass_chain_scales_keys_switch(kernel_launches, monkeypatch, whole, chain_first, gate_free):
+    """``scalar_gate.CHAIN_SCALES_KEYS`` (off by default) compiles the pass with ``chain_scales_keys`` only beside
+    ``WHOLE_STORES`` and without ``CHAIN_FIRST = 2`` or ``GATE_FREE_INVERSE`` (whose barriers and tile it would
+    share)."""
+    from kda import gated_delta
+    from kda.kernels import scalar_gate
+
+    assert scalar_gate.CHAIN_SCALES_KEYS is False
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", True)
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_MIN_BLOCKS", 0.0)
+    monkeypatch.setattr(scalar_gate, "CHAIN_SCALES_KEYS", True)
+    monkeypatch.setattr(scalar_gate, "WHOLE_STORES", whole)
+    monkeypatch.setattr(scalar_gate, "CHAIN_FIRST", chain_first)
+    monkeypatch.setattr(scalar_gate, "GATE_FREE_INVERSE", gate_free)
+    q, k, v, g, beta = level5_inputs(B=2, H=2, D=128, per_channel=False)
+    gated_delta._run_kernels(q, k, v, g, beta, 0.125, None, torch.zeros(2, dtype=torch.int32))
+    name, state_pass = kernel_launches[1]
+    assert name == "inverse_state_output_pass"
+    assert ("chain_scales_keys" in state_pass) == (whole and chain_first < 2 and not gate_free)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gdn_inverse_is_compact(kernel_launches, monkeypatch, dtype):
     """``chunk_gated_inverse`` compiles compact, four blocks per SM, for bf16 (run 135's GPU tests and timing) and fp16

@@ -215,7 +215,7 @@ def trace_stamp(trace, t_base, blk, j, event):
 def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat16", value_groups=1, varlen=False,
                               initial_state=False, final_state=False, registers=(160, 128, 128, 40),
                               whole_stores=False, chain_first=0, trace=False, gates_inverse=False,
-                              p_in_registers=False, v_in_registers=False):
+                              p_in_registers=False, v_in_registers=False, chain_scales_keys=False):
     """Arguments at run time: ``Q, K [B, T, HQ, DK]``, ``V [B, T, H, DV]``, ``Tb [B, T, H, C]`` and
     ``G [B, H, NC C]`` of ``chunk_gated_inverse``, ``scale``, ``h0``, then ``O [B, T, H, DV]`` (dtype)
     and ``ht`` (the state flags as in ``kda.kernels.chapters.linear_attention.seq_in_loop``), and last the
@@ -263,12 +263,19 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
     ``v_in_registers`` (with ``whole_stores``): warpgroup 1 reads ``V`` into registers (bf16) before it waits for
     ``S``, so that ``X = V - 2^G (K S)`` on the chain reads no shared memory (run 147: 1,760 cycles for that loop).
 
+    ``chain_scales_keys`` (with ``whole_stores``): the chain adds ``(2^(G_last - G) K)^T V_new`` instead of ``K^T V'``,
+    with the keys scaled into a tile of its own while it waits (it idles there), and reads ``V_new`` from the
+    output's tile: warpgroup 1 makes and stores no ``V'`` (440 cycles of run 147's chain). The scale is rounded to bf16
+    on the keys instead of on ``V_new``: not the same bits.
+
     ``trace`` (dense, without a final state; for tuning): ``ht`` is a float32 ``[B H NV, NC, len(TRACE_EVENTS)]``
     (``NV`` value blocks) into which the first thread of each warpgroup (the producer's first lane) writes the SM's
     clock, less the block's start, at each event of ``TRACE_EVENTS`` of every chunk: the warpgroups' timeline, read
     by ``results/tuning/run147-trace.py``."""
     assert not (trace and (varlen or final_state)), "trace: dense batches, ht free for the trace"
     assert whole_stores or not v_in_registers, "v_in_registers: with whole_stores"
+    assert whole_stores or not chain_scales_keys, "chain_scales_keys: with whole_stores"
+    assert not (chain_scales_keys and (chain_first >= 2 or gates_inverse)), "chain_scales_keys: alone in the chain"
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     HQ = T.dynamic("HQ")
     C, BV = chunk_size, block_dv
@@ -296,6 +303,8 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
         S_s = T.alloc_shared([DK, BV], dtype)
         vd_s = T.alloc_shared([C, BV], dtype)            # V_new, for the output
         vn_s = T.alloc_shared([C, BV], dtype)            # (X with whole_stores, then) V' for the chain
+        if chain_scales_keys:
+            kr_s = T.alloc_shared([C, DK], dtype)        # 2^(G_last - G) K, the chain's
         if gates_inverse:
             tg_s = T.alloc_shared([C, C], dtype)         # Tb gated by warpgroup 1
         if p_in_registers:
@@ -320,7 +329,7 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
         s_free = T.alloc_barrier(arrive_count=256)               # warpgroups 1, 2 -> chain
         vn_ready = T.alloc_barrier(arrive_count=128)             # warpgroup 1 -> chain
         vd_ready = T.alloc_barrier(arrive_count=128)             # warpgroup 1 -> output
-        vd_free = T.alloc_barrier(arrive_count=128)              # output -> warpgroup 1
+        vd_free = T.alloc_barrier(arrive_count=256 if chain_scales_keys else 128)  # output (and chain) -> wg 1
         if chain_first >= 1:
             ks_done = T.alloc_barrier(arrive_count=128)          # warpgroup 1 -> output
         if chain_first >= 2:
@@ -353,10 +362,20 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
                         trace_stamp(ht, t_base, blk, j, ("chain", "S published"))
                     for i, jj in T.Parallel(DK, BV):
                         S_f[i, jj] = S_f[i, jj] * E_s[slot, C - 1]
-                    T.barrier_wait(vn_ready, j % 2)
+                    if chain_scales_keys:
+                        for i, d in T.Parallel(C, DK):
+                            kr_s[i, d] = k_s[slot, i, d] * R_s[slot, i]
+                        T.fence_proxy_async()
+                        T.barrier_wait(vd_ready, j % 2)
+                    else:
+                        T.barrier_wait(vn_ready, j % 2)
                     if trace:
                         trace_stamp(ht, t_base, blk, j, ("chain", "V' ready"))
-                    T.gemm(k_s[slot, :, :], vn_s, S_f, transpose_A=True)
+                    if chain_scales_keys:
+                        T.gemm(kr_s, vd_s, S_f, transpose_A=True)
+                        T.barrier_arrive(vd_free)
+                    else:
+                        T.gemm(k_s[slot, :, :], vn_s, S_f, transpose_A=True)
                     if trace:
                         trace_stamp(ht, t_base, blk, j, ("chain", "K^T V' done"))
                     if chain_first >= 2:
@@ -409,12 +428,13 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
                         T.barrier_arrive(vd_ready)
                         if trace:
                             trace_stamp(ht, t_base, blk, j, ("values", "V_new published"))
-                        for i, jj in T.Parallel(C, BV):
-                            VD[i, jj] = VD[i, jj] * R_s[slot, i]
-                        T.copy(VD, vn_s)
-                        T.fence_proxy_async()
-                        T.barrier_arrive(vn_ready)
-                        if trace:
+                        if not chain_scales_keys:
+                            for i, jj in T.Parallel(C, BV):
+                                VD[i, jj] = VD[i, jj] * R_s[slot, i]
+                            T.copy(VD, vn_s)
+                            T.fence_proxy_async()
+                            T.barrier_arrive(vn_ready)
+                        if trace:                                # (with chain_scales_keys: V_new is V')
                             trace_stamp(ht, t_base, blk, j, ("values", "V' published"))
                     else:
                         for i, jj in T.Parallel(C, BV):
@@ -741,6 +761,11 @@ CHAIN_FIRST = 0
 P_IN_REGISTERS = False
 V_IN_REGISTERS = False
 
+# inverse_state_output_pass with chain_scales_keys (with WHOLE_STORES): the chain scales the keys by 2^(G_last - G)
+# while it waits and reads V_new, so that warpgroup 1 makes no V' (run 147: 440 cycles of the chain's). Rounds
+# differently (the scale on the keys); off until a GPU has tested and timed it.
+CHAIN_SCALES_KEYS = False
+
 
 # The first kernel's inverse without the gate (chunk_gated_inverse(gate_free=True): no exponential of a pair there),
 # gated by the pass's warpgroup 1 while it waits for the chain's state, and by single_chunk_output (gates_inverse):
@@ -786,6 +811,8 @@ def scalar_gate_pass_launch(q, k, v, Tb, G, scale, h0, block_dv, table=None, out
                                          **params, **({"whole_stores": True} if WHOLE_STORES else {}),
                                          **({"chain_first": CHAIN_FIRST} if CHAIN_FIRST else {}),
                                          **({"p_in_registers": True} if P_IN_REGISTERS else {}),
-                                         **({"v_in_registers": True} if V_IN_REGISTERS and WHOLE_STORES else {}))
+                                         **({"v_in_registers": True} if V_IN_REGISTERS and WHOLE_STORES else {}),
+                                         **({"chain_scales_keys": True} if CHAIN_SCALES_KEYS and WHOLE_STORES
+                                            and not CHAIN_FIRST >= 2 and not GATE_FREE_INVERSE else {}))
     return launch.pass_held(state_pass, (q.contiguous(), k.contiguous(), v.contiguous(), Tb, G, scale), h0,
                             output_final_state, (N, H, DK, DV), (B, T, H, DV), v.dtype, device, tables)

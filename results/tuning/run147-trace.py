@@ -30,7 +30,9 @@ FORMS = {"default": {}, "whole_stores": {"whole_stores": True}, "chain_first 1":
          "chain_first 2": {"chain_first": 2}, "gates_inverse": {"gates_inverse": True},
          "p_in_registers": {"p_in_registers": True},
          "whole_stores p_in_registers": {"whole_stores": True, "p_in_registers": True},
-         "all_in_registers": {"whole_stores": True, "p_in_registers": True, "v_in_registers": True}}
+         "all_in_registers": {"whole_stores": True, "p_in_registers": True, "v_in_registers": True},
+         "chain_scales_keys": {"whole_stores": True, "p_in_registers": True, "v_in_registers": True,
+                               "chain_scales_keys": True}}
 if "--forms" in sys.argv:                      # a comma-separated choice of FORMS (run 149)
     FORMS = {name: FORMS[name] for name in sys.argv[sys.argv.index("--forms") + 1].split(",")}
 

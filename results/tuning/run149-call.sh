@@ -7,7 +7,7 @@ set -u
 source "$(dirname "$0")/device-env.sh"
 gpu_tests ${TEST_S:-150} tests/test_gpu_scalar_gate.py -k "pass_forms_same_bits or traced_pass"
 timeout -k 5 ${TRACE_S:-120} python results/tuning/run147-trace.py --warm --forms \
-  "default,whole_stores,p_in_registers,whole_stores p_in_registers,all_in_registers" 2>&1 | grep "^{\|Error\|error" \
+  "default,whole_stores,p_in_registers,whole_stores p_in_registers,all_in_registers,chain_scales_keys" 2>&1 | grep "^{\|Error\|error" \
   | grep -v '"compiled"' | cut -c1-1500
 timeout -k 5 ${OP_S:-170} python results/tuning/run149-gdn.py --warm 2>&1 | grep "^{\|Error\|error" \
   | grep -v '"warm"' | cut -c1-400

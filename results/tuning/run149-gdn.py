@@ -5,9 +5,11 @@ warpgroup's loop that gates ``P`` into shared memory took about 3,400 (4,000 wit
 the chain's next state), and warpgroup 1's ``X = V - 2^G K S`` 1,760 to 2,500, reading ``V`` from slots tilelang kept
 row by row (a warp's eight rows on the same banks). ``scalar_gate.P_IN_REGISTERS`` gates ``P`` in registers and feeds
 ``P V_new`` from them; ``V_IN_REGISTERS`` (with ``WHOLE_STORES``) reads ``V`` into registers before ``S`` is ready,
-from swizzled slots. This times the op through each form, kernel by kernel, the outputs against the default's bit for
-bit, beside FlashQLA and fla's Triton GDN (run 140's cases: the two dense shapes of issue 15, 96 random lengths and
-1024 short sequences). Rows to ``$OUT/run149.jsonl``.
+from swizzled slots; ``CHAIN_SCALES_KEYS`` (with both) has the chain scale the keys by ``2^(G_last - G)`` while it
+waits, so that warpgroup 1 makes no ``V'``. This times the op through each form, kernel by kernel, the outputs
+against the default's bit for bit (``chain_scales_keys`` rounds the scale on the keys: only close), beside FlashQLA
+and fla's Triton GDN (run 140's cases: the two dense shapes of issue 15, 96 random lengths and 1024 short sequences).
+Rows to ``$OUT/run149.jsonl``.
 
     FLA_FLASH_QLA=0 python results/tuning/run149-gdn.py --warm
 """
@@ -28,13 +30,15 @@ spec.loader.exec_module(run140)
 RUN = "run149"
 VARIANTS = {"default": {}, "p_in_registers": {"P_IN_REGISTERS": True},
             "whole_stores p_in_registers": {"WHOLE_STORES": True, "P_IN_REGISTERS": True},
-            "all_in_registers": {"WHOLE_STORES": True, "P_IN_REGISTERS": True, "V_IN_REGISTERS": True}}
+            "all_in_registers": {"WHOLE_STORES": True, "P_IN_REGISTERS": True, "V_IN_REGISTERS": True},
+            "chain_scales_keys": {"WHOLE_STORES": True, "P_IN_REGISTERS": True, "V_IN_REGISTERS": True,
+                                  "CHAIN_SCALES_KEYS": True}}
 
 
 def use(variant):
     from kda.kernels import scalar_gate
 
-    for switch in ("WHOLE_STORES", "P_IN_REGISTERS", "V_IN_REGISTERS"):
+    for switch in ("WHOLE_STORES", "P_IN_REGISTERS", "V_IN_REGISTERS", "CHAIN_SCALES_KEYS"):
         setattr(scalar_gate, switch, VARIANTS[variant].get(switch, False))
 
 
