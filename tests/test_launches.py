@@ -233,22 +233,32 @@ def test_gdn_gate_free_inverse_switch(kernel_launches, monkeypatch, gate_free, b
     assert gate_free or ("gate_free" not in inverse and "gates_inverse" not in after)
 
 
+def gdn_pass_parameters(kernel_launches, monkeypatch, **switches) -> dict:
+    """The parameters ``inverse_state_output_pass`` compiles with where ``scalar_gate``'s module ``switches`` are set
+    (dense GDN through the scalar-gate path)."""
+    from kda import gated_delta
+    from kda.kernels import scalar_gate
+
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", True)
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_MIN_BLOCKS", 0.0)
+    for switch, value in switches.items():
+        monkeypatch.setattr(scalar_gate, switch, value)
+    q, k, v, g, beta = level5_inputs(B=2, H=2, D=128, per_channel=False)
+    gated_delta._run_kernels(q, k, v, g, beta, 0.125, None, torch.zeros(2, dtype=torch.int32))
+    name, state_pass = kernel_launches[1]
+    assert name == "inverse_state_output_pass"
+    return state_pass
+
+
 @pytest.mark.parametrize("whole", [False, True], ids=["in_place", "whole_stores"])
 def test_gdn_pass_whole_stores_switch(kernel_launches, monkeypatch, whole):
     """``scalar_gate.WHOLE_STORES`` (off by default: no faster in run 143) compiles the pass with ``whole_stores``;
     off, the pass compiles with the parameters it always had."""
-    from kda import gated_delta
     from kda.kernels import scalar_gate
 
     assert scalar_gate.WHOLE_STORES is False
-    monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", True)
-    monkeypatch.setattr(gated_delta, "SCALAR_GATE_MIN_BLOCKS", 0.0)
-    monkeypatch.setattr(scalar_gate, "WHOLE_STORES", whole)
-    q, k, v, g, beta = level5_inputs(B=2, H=2, D=128, per_channel=False)
-    gated_delta._run_kernels(q, k, v, g, beta, 0.125, None, torch.zeros(2, dtype=torch.int32))
-    name, state_pass = kernel_launches[1]
-    assert name == "inverse_state_output_pass" and state_pass.get("whole_stores", False) == whole
-    assert whole or "whole_stores" not in state_pass
+    state_pass = gdn_pass_parameters(kernel_launches, monkeypatch, WHOLE_STORES=whole)
+    assert state_pass.get("whole_stores", False) == whole and ("whole_stores" in state_pass) == whole
 
 
 @pytest.mark.parametrize("whole", [False, True], ids=["in_place", "whole_stores"])
@@ -258,19 +268,11 @@ def test_gdn_pass_register_operand_switches(kernel_launches, monkeypatch, p, v_r
     """``scalar_gate.P_IN_REGISTERS`` and ``V_IN_REGISTERS`` (off by default until run 149 times them) compile the pass
     with ``p_in_registers`` and, only beside ``whole_stores``, ``v_in_registers``; off, with the parameters it always
     had."""
-    from kda import gated_delta
     from kda.kernels import scalar_gate
 
     assert scalar_gate.P_IN_REGISTERS is False and scalar_gate.V_IN_REGISTERS is False
-    monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", True)
-    monkeypatch.setattr(gated_delta, "SCALAR_GATE_MIN_BLOCKS", 0.0)
-    monkeypatch.setattr(scalar_gate, "WHOLE_STORES", whole)
-    monkeypatch.setattr(scalar_gate, "P_IN_REGISTERS", p)
-    monkeypatch.setattr(scalar_gate, "V_IN_REGISTERS", v_regs)
-    q, k, v, g, beta = level5_inputs(B=2, H=2, D=128, per_channel=False)
-    gated_delta._run_kernels(q, k, v, g, beta, 0.125, None, torch.zeros(2, dtype=torch.int32))
-    name, state_pass = kernel_launches[1]
-    assert name == "inverse_state_output_pass"
+    state_pass = gdn_pass_parameters(kernel_launches, monkeypatch, WHOLE_STORES=whole, P_IN_REGISTERS=p,
+                                     V_IN_REGISTERS=v_regs)
     assert state_pass.get("p_in_registers", False) == p and ("p_in_registers" in state_pass) == p
     assert state_pass.get("v_in_registers", False) == (v_regs and whole)
     assert ("v_in_registers" in state_pass) == (v_regs and whole)
@@ -282,20 +284,11 @@ def test_gdn_pass_chain_scales_keys_switch(kernel_launches, monkeypatch, whole, 
     """``scalar_gate.CHAIN_SCALES_KEYS`` (off by default) compiles the pass with ``chain_scales_keys`` only beside
     ``WHOLE_STORES`` and without ``CHAIN_FIRST = 2`` or ``GATE_FREE_INVERSE`` (whose barriers and tile it would
     share)."""
-    from kda import gated_delta
     from kda.kernels import scalar_gate
 
     assert scalar_gate.CHAIN_SCALES_KEYS is False
-    monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", True)
-    monkeypatch.setattr(gated_delta, "SCALAR_GATE_MIN_BLOCKS", 0.0)
-    monkeypatch.setattr(scalar_gate, "CHAIN_SCALES_KEYS", True)
-    monkeypatch.setattr(scalar_gate, "WHOLE_STORES", whole)
-    monkeypatch.setattr(scalar_gate, "CHAIN_FIRST", chain_first)
-    monkeypatch.setattr(scalar_gate, "GATE_FREE_INVERSE", gate_free)
-    q, k, v, g, beta = level5_inputs(B=2, H=2, D=128, per_channel=False)
-    gated_delta._run_kernels(q, k, v, g, beta, 0.125, None, torch.zeros(2, dtype=torch.int32))
-    name, state_pass = kernel_launches[1]
-    assert name == "inverse_state_output_pass"
+    state_pass = gdn_pass_parameters(kernel_launches, monkeypatch, CHAIN_SCALES_KEYS=True, WHOLE_STORES=whole,
+                                     CHAIN_FIRST=chain_first, GATE_FREE_INVERSE=gate_free)
     assert ("chain_scales_keys" in state_pass) == (whole and chain_first < 2 and not gate_free)
 
 
