@@ -643,20 +643,22 @@ def test_keys_past_the_bound_raise_in_the_kernel(per_channel, scalar_path, HV, p
     assert bool(taken) == scalar_path
 
 
-def test_kda_pass_whole_stores_same_bits(poisoned, monkeypatch):
-    """``gated_state_output_pass(whole_stores=True)`` for packed sequences (``gated_state_pass.WHOLE_STORES``: ``V_new``
-    masked in registers and stored whole, no barrier in any step) makes the same sums as the default's masked stores:
-    ``chunk_kda``'s outputs and final states equal the default's bit for bit (an empty sequence, one token, ragged
-    tails, initial states, runs of -20), and agree with the recurrence."""
+@pytest.mark.parametrize("switch, packed", [("WHOLE_STORES", True), ("SWIZZLED_U", False), ("SWIZZLED_U", True)],
+                         ids=["whole_stores", "swizzled_u-dense", "swizzled_u-packed"])
+def test_kda_pass_forms_same_bits(switch, packed, poisoned, monkeypatch):
+    """Forms of ``gated_state_output_pass`` with a ``gated_state_pass`` switch off and on make the same sums:
+    ``WHOLE_STORES`` (packed sequences' ``V_new`` masked in registers and stored whole, no barrier in any step),
+    ``SWIZZLED_U`` (``U``'s slots swizzled). ``chunk_kda``'s outputs and final states equal bit for bit (packed: an
+    empty sequence, one token, ragged tails; initial states, runs of -20), and agree with the recurrence."""
     from kda.kernels import gated_state_pass
 
-    lengths = [130, 0, 64, 1, 77, 300]
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda")
+    lengths = [130, 0, 64, 1, 77, 300] if packed else [700]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda") if packed else None
     q, k, v, g, beta, _ = inputs((1, sum(lengths), 4, 128, 128), torch.bfloat16, "runs_of_-20", True, seed=53)
     h0 = torch.randn(len(lengths), 4, 128, 128, device="cuda")
     runs = []
-    for whole in (False, True):
-        monkeypatch.setattr(gated_state_pass, "WHOLE_STORES", whole)
+    for on in (False, True):
+        monkeypatch.setattr(gated_state_pass, switch, on)
         runs.append(kda.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu))
     assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
     check_sequences(runs[1][0], runs[1][1], q, k, v, g, beta, h0, lengths)

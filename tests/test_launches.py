@@ -129,6 +129,21 @@ def test_level5_pass_whole_stores_switch(kernel_launches, monkeypatch, whole, pa
     assert name == "gated_state_output_pass" and state_pass.get("whole_stores", False) == (whole and packed)
 
 
+@pytest.mark.parametrize("swizzled", [False, True], ids=["row_major_u", "swizzled_u"])
+def test_level5_pass_swizzled_u_switch(kernel_launches, monkeypatch, swizzled):
+    """``gated_state_pass.SWIZZLED_U`` (off by default until a GPU tests it) compiles the state pass with
+    ``swizzled_u``; off, with the parameters it always had."""
+    from kda.gated_delta import _run_kernels
+    from kda.kernels import gated_state_pass
+
+    assert gated_state_pass.SWIZZLED_U is False
+    monkeypatch.setattr(gated_state_pass, "SWIZZLED_U", swizzled)
+    q, k, v, g, beta = level5_inputs(B=2)
+    _run_kernels(q, k, v, g, beta, 0.125, None, torch.zeros(2, dtype=torch.int32))
+    name, state_pass = kernel_launches[1]
+    assert name == "gated_state_output_pass" and ("swizzled_u" in state_pass) == swizzled
+
+
 @pytest.mark.parametrize("final", [False, True], ids=["no_final", "final"])
 @pytest.mark.parametrize("initial", [False, True], ids=["zero_start", "initial"])
 @pytest.mark.parametrize("HV,D", [(2, 64), (6, 128)], ids=["heads", "grouped_128"])

@@ -8,6 +8,7 @@ Per chunk, with ``decay`` the chunk's state decay per key channel: ``V_new = U -
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
 import tilelang.language as T
 import torch
+from tilelang.layout import make_swizzled_layout
 
 from kda import launch, packed
 from kda.chunking import CHUNK_SIZE
@@ -18,7 +19,7 @@ from kda.kernels.stages import ACCUM, load_state, state_shape, store_state
 
 # --8<-- [start:gated_state_output_pass]
 def gated_state_output_pass(DK, DV, chunk_size=64, block_dv=32, dtype="bfloat16", varlen=False, initial_state=False,
-                            final_state=False, whole_stores=False, chain_first=0):
+                            final_state=False, whole_stores=False, chain_first=0, swizzled_u=False):
     """Arguments at run time: ``Qw, Kw, W [B, T, H, DK]``, ``U [B, T, H, DV]``, ``A_qk [B, T, H, C]``
     (dtype, scale included), ``decay [B, H, NC, DK]`` and ``h0 [B, H, DK, DV]`` (float32), then the
     outputs ``O [B, T, H, DV]`` (dtype) and ``ht`` (float32), and last the tables of packed
@@ -45,7 +46,11 @@ def gated_state_output_pass(DK, DV, chunk_size=64, block_dv=32, dtype="bfloat16"
 
     ``chain_first``: the output warpgroup's GEMMs wait for the chain's on the tensor cores they share: 1, ``Qw S``
     until the chain's ``W S`` is done (both start when ``S`` is published); 2, ``A_qk V_new`` also until the chain's
-    ``Kw^T V_new`` is. The same products in the same order, so the same bits; 0 (the default) lets them run at once."""
+    ``Kw^T V_new`` is. The same products in the same order, so the same bits; 0 (the default) lets them run at once.
+
+    ``swizzled_u``: ``U``'s slots swizzled as the GEMM operands are. The chain reads them element by element only, and
+    tilelang keeps such a tile row by row: the compiled source reads a warp's eight rows of 64 bytes on four-way
+    conflicting banks, on the chain (GDN's pass waited on the same, run 147). The same bits."""
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     C, BV = chunk_size, block_dv
     NC = T.dynamic("NC") if varlen else T.ceildiv(S, C)
@@ -65,6 +70,8 @@ def gated_state_output_pass(DK, DV, chunk_size=64, block_dv=32, dtype="bfloat16"
         W_s = T.alloc_shared([2, C, DK], dtype)
         A_s = T.alloc_shared([2, C, C], dtype)
         U_s = T.alloc_shared([2, C, BV], dtype)
+        if swizzled_u:
+            T.annotate_layout({U_s: make_swizzled_layout(U_s)})
         decay_s = T.alloc_shared([2, DK], ACCUM)
         S_s = T.alloc_shared([DK, BV], dtype)
         Vn_s = T.alloc_shared([C, BV], dtype)
@@ -327,6 +334,11 @@ CHAIN_FIRST = 0
 SINGLE_CHUNK_OUTPUT = False
 
 
+# gated_state_output_pass with swizzled_u (U's slots swizzled: the chain's element-by-element reads of them without
+# bank conflicts). The same bits; off until a GPU has tested and timed it.
+SWIZZLED_U = False
+
+
 def takes_single_chunk_output(table, DV: int) -> bool:
     """Whether the packed sequences of ``table`` go through ``single_chunk_gated_output`` (``SINGLE_CHUNK_OUTPUT``):
     ``packed.fits_one_chunk``."""
@@ -353,7 +365,8 @@ def state_pass_launch(form: ChunkForm, h0, table=None, output_final_state=True):
             state_pass = compile_program(gated_state_output_pass, (), varlen=table is not None,
                                          block_dv=state_pass_columns(lanes, H, DV, sm_count(device)), **params,
                                          **({"whole_stores": True} if WHOLE_STORES and table is not None else {}),
-                                         **({"chain_first": CHAIN_FIRST} if CHAIN_FIRST else {}))
+                                         **({"chain_first": CHAIN_FIRST} if CHAIN_FIRST else {}),
+                                         **({"swizzled_u": True} if SWIZZLED_U else {}))
     return launch.pass_held(state_pass, tuple(form), h0, output_final_state, (N, H, DK, DV), (B, T, H, DV),
                             form.U.dtype, device, tables)
 # --8<-- [end:state_pass_launch]
