@@ -182,6 +182,10 @@ CASES = [
                                                       spill_budget=64)),
     ("scalar_gate", "inverse_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", p_in_registers=True,
                                                       whole_stores=True, v_in_registers=True)),
+    # the default since run 149 beside the gate-free inverse (its gating in warpgroup 1)
+    ("scalar_gate", "inverse_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", p_in_registers=True,
+                                                      whole_stores=True, v_in_registers=True, gates_inverse=True,
+                                                      varlen=True, initial_state=True)),
     # KDA's state pass with U's slots swizzled (gated_state_pass.SWIZZLED_U)
     ("gated_state_pass", "gated_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", swizzled_u=True)),
     ("gated_state_pass", "gated_state_output_pass", dict(DK=64, DV=128, dtype="float16", swizzled_u=True, varlen=True,

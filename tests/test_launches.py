@@ -267,11 +267,11 @@ def gdn_pass_parameters(kernel_launches, monkeypatch, **switches) -> dict:
 
 @pytest.mark.parametrize("whole", [False, True], ids=["in_place", "whole_stores"])
 def test_gdn_pass_whole_stores_switch(kernel_launches, monkeypatch, whole):
-    """``scalar_gate.WHOLE_STORES`` (off by default: no faster in run 143) compiles the pass with ``whole_stores``;
-    off, the pass compiles with the parameters it always had."""
+    """``scalar_gate.WHOLE_STORES`` (on by default since run 149, beside ``P_IN_REGISTERS``) compiles the pass with
+    ``whole_stores``; off, without it."""
     from kda.kernels import scalar_gate
 
-    assert scalar_gate.WHOLE_STORES is False
+    assert scalar_gate.WHOLE_STORES is True
     state_pass = gdn_pass_parameters(kernel_launches, monkeypatch, WHOLE_STORES=whole)
     assert state_pass.get("whole_stores", False) == whole and ("whole_stores" in state_pass) == whole
 
@@ -280,12 +280,11 @@ def test_gdn_pass_whole_stores_switch(kernel_launches, monkeypatch, whole):
 @pytest.mark.parametrize("p, v_regs", [(False, False), (True, False), (True, True), (False, True)],
                          ids=["neither", "p", "p_and_v", "v"])
 def test_gdn_pass_register_operand_switches(kernel_launches, monkeypatch, p, v_regs, whole):
-    """``scalar_gate.P_IN_REGISTERS`` and ``V_IN_REGISTERS`` (off by default until run 149 times them) compile the pass
-    with ``p_in_registers`` and, only beside ``whole_stores``, ``v_in_registers``; off, with the parameters it always
-    had."""
+    """``scalar_gate.P_IN_REGISTERS`` and ``V_IN_REGISTERS`` (on by default since run 149) compile the pass with
+    ``p_in_registers`` and, only beside ``whole_stores``, ``v_in_registers``; off, without them."""
     from kda.kernels import scalar_gate
 
-    assert scalar_gate.P_IN_REGISTERS is False and scalar_gate.V_IN_REGISTERS is False
+    assert scalar_gate.P_IN_REGISTERS is True and scalar_gate.V_IN_REGISTERS is True
     state_pass = gdn_pass_parameters(kernel_launches, monkeypatch, WHOLE_STORES=whole, P_IN_REGISTERS=p,
                                      V_IN_REGISTERS=v_regs)
     assert state_pass.get("p_in_registers", False) == p and ("p_in_registers" in state_pass) == p
@@ -296,12 +295,12 @@ def test_gdn_pass_register_operand_switches(kernel_launches, monkeypatch, p, v_r
 @pytest.mark.parametrize("whole, chain_first, gate_free", [(True, 0, False), (False, 0, False), (True, 1, False),
                                                            (True, 2, False), (True, 0, True)])
 def test_gdn_pass_chain_scales_keys_switch(kernel_launches, monkeypatch, whole, chain_first, gate_free):
-    """``scalar_gate.CHAIN_SCALES_KEYS`` (off by default) compiles the pass with ``chain_scales_keys`` only beside
-    ``WHOLE_STORES`` and without ``CHAIN_FIRST = 2`` or ``GATE_FREE_INVERSE`` (whose barriers and tile it would
-    share)."""
+    """``scalar_gate.CHAIN_SCALES_KEYS`` (on by default since run 149) compiles the pass with ``chain_scales_keys``
+    only beside ``WHOLE_STORES`` and without ``CHAIN_FIRST = 2`` or ``GATE_FREE_INVERSE`` (whose barriers and tile it
+    would share)."""
     from kda.kernels import scalar_gate
 
-    assert scalar_gate.CHAIN_SCALES_KEYS is False
+    assert scalar_gate.CHAIN_SCALES_KEYS is True
     state_pass = gdn_pass_parameters(kernel_launches, monkeypatch, CHAIN_SCALES_KEYS=True, WHOLE_STORES=whole,
                                      CHAIN_FIRST=chain_first, GATE_FREE_INVERSE=gate_free)
     assert ("chain_scales_keys" in state_pass) == (whole and chain_first < 2 and not gate_free)

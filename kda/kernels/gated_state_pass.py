@@ -335,7 +335,8 @@ SINGLE_CHUNK_OUTPUT = False
 
 
 # gated_state_output_pass with swizzled_u (U's slots swizzled: the chain's element-by-element reads of them without
-# bank conflicts). The same bits; off until a GPU has tested and timed it.
+# bank conflicts). The same bits (run 149's GPU tests, H100), and not measurably faster: chunk_kda at
+# (1, 32768, 32, 128) 2.111 ms against 2.121, the pass 0.656 against 0.658 (run 149). Off.
 SWIZZLED_U = False
 
 

@@ -245,7 +245,8 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
     elementwise loops otherwise store into shared memory (``X`` over ``V``'s slot, ``V'`` element by element), and
     tilelang 0.1.15 gives each step of them a barrier of the warpgroup: 64 a chunk, on the chain. The same bits, and no
     faster (run 143; a first form, whose two tiles held at once, spilled and took the pass from 0.509 to 0.714 ms at
-    (1, 8192, 96, 128) in run 140), so off by default (``WHOLE_STORES``).
+    (1, 8192, 96, 128) in run 140); on by default since run 149, beside ``p_in_registers`` (``WHOLE_STORES``).
+    With it ``V``'s slots are swizzled: read element by element only, tilelang would keep them row by row.
 
     ``chain_first``: the output warpgroup's GEMMs wait for the chain's on the tensor cores they share: 1, ``Q S``
     until warpgroup 1's ``K S`` is done (both wait for the same ``S``, and only ``K S`` is on the chain); 2, ``P V_new``
@@ -738,12 +739,11 @@ def scalar_gate_inverse(k, g, beta, H, flags=None, table=None):
     return G, Tb
 
 
-# inverse_state_output_pass with whole_stores (no barrier in any step of warpgroup 1's loops). Its GPU test passed on
-# the H200 (run 141: the same bits as the in-place loops, dense and packed), and it stays off: run 143 (H100) found the
-# op no faster, GDN at (1, 8192, 96, 128) 0.734 ms against 0.740, at (1, 32768, 32, 128) 0.888 against 0.886, 96
-# packed random lengths 1.095 against 1.061, 1024 sequences of 1 to 64 tokens 2.069 against 2.166. The 64 barriers a
-# chunk were not what keeps the pass behind FlashQLA's (0.508 ms against its whole op's 0.590).
-WHOLE_STORES = False
+# inverse_state_output_pass with whole_stores (no barrier in any step of warpgroup 1's loops; V's slots swizzled). Its
+# GPU test passed on the H200 (run 141: the same bits as the in-place loops, dense and packed). Alone it was no faster
+# (run 143, H100: the op at (1, 8192, 96, 128) 0.734 ms against 0.740): the output warpgroup's P loop then held the
+# chain back (run 147's trace). With P_IN_REGISTERS it is what makes the pass fast (run 149, below): on.
+WHOLE_STORES = True
 
 # inverse_state_output_pass with chain_first (1: the output's Q S waits for warpgroup 1's K S; 2: its P V_new also waits
 # for the chain's K^T V'), so that the GEMMs on the chain do not share the tensor cores with the output's. Run 139's
@@ -757,14 +757,19 @@ CHAIN_FIRST = 0
 # and, with WHOLE_STORES, v_in_registers (warpgroup 1 reads V into registers off the chain; V's slots swizzled). Run
 # 147's trace (H100, (1, 8192, 96, 128)): of a chunk's 7,500 cycles the output's P loop took 3,400 and warpgroup 1's
 # X loop 1,760 to 2,500 (eight-way bank conflicts: V's slots kept row by row). The same products on the same bf16
-# operands; off until a GPU has tested and timed them.
-P_IN_REGISTERS = False
-V_IN_REGISTERS = False
+# operands: run 149's GPU tests (H100) found the op's outputs equal to the default's bit for bit, dense and packed.
+# Run 149 (H100), the op: at (1, 8192, 96, 128) 0.741 ms by the old default, 0.743 with P alone, 0.569 with
+# WHOLE_STORES and P, 0.565 with V as well (the pass 0.516 -> 0.343); at (1, 32768, 32, 128) 1.057, 0.893, 0.798,
+# 0.791. FlashQLA 0.588 and 0.754. On.
+P_IN_REGISTERS = True
+V_IN_REGISTERS = True
 
 # inverse_state_output_pass with chain_scales_keys (with WHOLE_STORES): the chain scales the keys by 2^(G_last - G)
-# while it waits and reads V_new, so that warpgroup 1 makes no V' (run 147: 440 cycles of the chain's). Rounds
-# differently (the scale on the keys); off until a GPU has tested and timed it.
-CHAIN_SCALES_KEYS = False
+# while it waits and reads V_new, so that warpgroup 1 makes no V' (run 147: 440 cycles of the chain's). Rounds the
+# scale on the keys instead of on V': its GPU tests (run 149, H100) held it to the recurrence and within 5e-3 of the
+# default, dense and packed. The op (run 149) 0.551 ms at (1, 8192, 96, 128) against 0.565 without it (FlashQLA 0.588),
+# 0.790 against 0.791 at (1, 32768, 32, 128) (FlashQLA 0.754). On.
+CHAIN_SCALES_KEYS = True
 
 
 # The first kernel's inverse without the gate (chunk_gated_inverse(gate_free=True): no exponential of a pair there),
