@@ -248,9 +248,9 @@ def test_gdn_gate_free_inverse_switch(kernel_launches, monkeypatch, gate_free, b
     assert gate_free or ("gate_free" not in inverse and "gates_inverse" not in after)
 
 
-def gdn_pass_parameters(kernel_launches, monkeypatch, **switches) -> dict:
+def gdn_pass_parameters(kernel_launches, monkeypatch, D=128, dtype=torch.bfloat16, **switches) -> dict:
     """The parameters ``inverse_state_output_pass`` compiles with where ``scalar_gate``'s module ``switches`` are set
-    (dense GDN through the scalar-gate path)."""
+    (dense GDN through the scalar-gate path, heads of ``D``)."""
     from kda import gated_delta
     from kda.kernels import scalar_gate
 
@@ -258,11 +258,22 @@ def gdn_pass_parameters(kernel_launches, monkeypatch, **switches) -> dict:
     monkeypatch.setattr(gated_delta, "SCALAR_GATE_MIN_BLOCKS", 0.0)
     for switch, value in switches.items():
         monkeypatch.setattr(scalar_gate, switch, value)
-    q, k, v, g, beta = level5_inputs(B=2, H=2, D=128, per_channel=False)
+    q, k, v, g, beta = level5_inputs(B=2, H=2, D=D, per_channel=False, dtype=dtype)
     gated_delta._run_kernels(q, k, v, g, beta, 0.125, None, torch.zeros(2, dtype=torch.int32))
     name, state_pass = kernel_launches[1]
     assert name == "inverse_state_output_pass"
     return state_pass
+
+
+@pytest.mark.parametrize("D, dtype", [(128, torch.float16), (64, torch.bfloat16)], ids=["fp16", "heads_of_64"])
+def test_gdn_pass_register_forms_only_where_tested(kernel_launches, monkeypatch, D, dtype):
+    """The pass's register forms (on by default) are taken only for the arrangements of
+    ``scalar_gate.REGISTER_FORMS_TESTED`` (bf16, 128 key and value columns): fp16 or heads of 64 keep the in-place
+    form until their GPU tests have run."""
+    state_pass = gdn_pass_parameters(kernel_launches, monkeypatch, D=D, dtype=dtype)
+    assert not {"whole_stores", "p_in_registers", "v_in_registers", "chain_scales_keys"} & set(state_pass)
+    kernel_launches.clear()
+    assert gdn_pass_parameters(kernel_launches, monkeypatch)["chain_scales_keys"] is True     # bf16, 128: taken
 
 
 @pytest.mark.parametrize("whole", [False, True], ids=["in_place", "whole_stores"])

@@ -771,6 +771,23 @@ V_IN_REGISTERS = True
 # 0.790 against 0.791 at (1, 32768, 32, 128) (FlashQLA 0.754). On.
 CHAIN_SCALES_KEYS = True
 
+# The (dtype, DK, block_dv) the four forms above have passed their GPU tests with (run 149: bf16, 128 key and 128 value
+# columns). Other arrangements keep the in-place form until theirs have run.
+REGISTER_FORMS_TESTED = (("bfloat16", 128, 128),)
+
+
+def pass_forms(dtype: str, DK: int, block_dv: int) -> dict:
+    """The forms of ``inverse_state_output_pass`` a launch takes (its parameters beyond the shapes): ``WHOLE_STORES``,
+    ``P_IN_REGISTERS``, ``V_IN_REGISTERS`` and ``CHAIN_SCALES_KEYS`` where ``(dtype, DK, block_dv)`` is one of
+    ``REGISTER_FORMS_TESTED``, and ``CHAIN_FIRST``."""
+    forms = {"chain_first": CHAIN_FIRST} if CHAIN_FIRST else {}
+    if (dtype, DK, block_dv) not in REGISTER_FORMS_TESTED:
+        return forms
+    whole = WHOLE_STORES
+    wanted = {"whole_stores": whole, "p_in_registers": P_IN_REGISTERS, "v_in_registers": V_IN_REGISTERS and whole,
+              "chain_scales_keys": CHAIN_SCALES_KEYS and whole and CHAIN_FIRST < 2 and not GATE_FREE_INVERSE}
+    return {**forms, **{name: True for name, on in wanted.items() if on}}
+
 
 # The first kernel's inverse without the gate (chunk_gated_inverse(gate_free=True): no exponential of a pair there),
 # gated by the pass's warpgroup 1 while it waits for the chain's state, and by single_chunk_output (gates_inverse):
@@ -813,11 +830,6 @@ def scalar_gate_pass_launch(q, k, v, Tb, G, scale, h0, block_dv, table=None, out
                                          **params)
         else:
             state_pass = compile_program(inverse_state_output_pass, (), block_dv=block_dv, varlen=table is not None,
-                                         **params, **({"whole_stores": True} if WHOLE_STORES else {}),
-                                         **({"chain_first": CHAIN_FIRST} if CHAIN_FIRST else {}),
-                                         **({"p_in_registers": True} if P_IN_REGISTERS else {}),
-                                         **({"v_in_registers": True} if V_IN_REGISTERS and WHOLE_STORES else {}),
-                                         **({"chain_scales_keys": True} if CHAIN_SCALES_KEYS and WHOLE_STORES
-                                            and not CHAIN_FIRST >= 2 and not GATE_FREE_INVERSE else {}))
+                                         **params, **pass_forms(params["dtype"], DK, block_dv))
     return launch.pass_held(state_pass, (q.contiguous(), k.contiguous(), v.contiguous(), Tb, G, scale), h0,
                             output_final_state, (N, H, DK, DV), (B, T, H, DV), v.dtype, device, tables)
