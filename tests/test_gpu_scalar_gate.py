@@ -326,58 +326,65 @@ SAME_BITS_FORMS = {"whole_stores": {"WHOLE_STORES": True}, "p_in_registers": {"P
                    "all_in_registers": {"WHOLE_STORES": True, "P_IN_REGISTERS": True, "V_IN_REGISTERS": True}}
 
 
-@pytest.mark.parametrize("form", list(SAME_BITS_FORMS))
-@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
-def test_pass_forms_same_bits(packed, form, scalar_path, monkeypatch):
-    """Forms of ``inverse_state_output_pass`` (``SAME_BITS_FORMS``: ``X`` and ``V'`` stored whole, no barrier in any
-    step; ``P`` gated in registers and read by ``P V_new`` from there; ``V`` read into registers before ``S``) make
-    the same sums in the same order as the in-place form (``IN_PLACE``): the op's outputs and final states equal the default's bit for
-    bit, dense and packed (an empty sequence, one token, ragged tails), with initial states, grouped value heads and
-    runs of -20; and they agree with the recurrence."""
+# arrangements of the pass (dtype, head size: the block's key and value columns) for its register forms
+ARRANGEMENTS = {"bf16_128": (torch.bfloat16, 128), "fp16_128": (torch.float16, 128), "bf16_64": (torch.bfloat16, 64)}
+
+
+def run_pass_forms(arrangement, packed, lengths, seed, forms, monkeypatch):
+    """GDN with grouped value heads (2 query/key heads, 4 value heads), initial and final states and runs of -20, as
+    one sequence of ``sum(lengths)`` tokens or ``lengths`` packed, through the in-place form (``IN_PLACE``) and then
+    each of ``forms`` (switch settings) for ``arrangement`` (``REGISTER_FORMS_TESTED`` widened to it): the inputs and
+    ``[(o, ht)]``, the in-place form's first."""
+    from kda import launch
     from kda.kernels import scalar_gate
 
-    lengths = [130, 0, 64, 1, 77, 300] if packed else [700]
+    dtype, D = ARRANGEMENTS[arrangement]
+    monkeypatch.setattr(scalar_gate, "REGISTER_FORMS_TESTED", ((launch.dtype_name(dtype), D, D),))
     T = sum(lengths)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda") if packed else None
-    q, k, v, g, beta, _ = inputs((1, T, 4, 128, 128), torch.bfloat16, "runs_of_-20", False, seed=47)
+    q, k, v, g, beta, _ = inputs((1, T, 4, D, D), dtype, "runs_of_-20", False, seed=seed)
     q, k = q[:, :, ::2].contiguous(), k[:, :, ::2].contiguous()
-    h0 = torch.randn(len(lengths), 4, 128, 128, device="cuda")
-    for switch, value in IN_PLACE.items():
-        monkeypatch.setattr(scalar_gate, switch, value)
-    runs = [kda.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu)]
-    for switch, value in SAME_BITS_FORMS[form].items():
-        monkeypatch.setattr(scalar_gate, switch, value)
-    runs.append(kda.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
-                                           cu_seqlens=cu))
-    assert len(scalar_path) >= 2                       # both calls took the pass
-    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
-    check_sequences(runs[1][0], runs[1][1], q.repeat_interleave(2, dim=2), k.repeat_interleave(2, dim=2), v, g, beta,
-                    h0, lengths)
+    h0 = torch.randn(len(lengths), 4, D, D, device="cuda")
+    runs = []
+    for form in [{}, *forms]:
+        for switch, value in {**IN_PLACE, **form}.items():
+            monkeypatch.setattr(scalar_gate, switch, value)
+        runs.append(kda.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                               cu_seqlens=cu))
+    return (q.repeat_interleave(2, dim=2), k.repeat_interleave(2, dim=2), v, g, beta, h0), runs
 
 
+@pytest.mark.parametrize("arrangement", list(ARRANGEMENTS))
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
-def test_chain_scales_keys(packed, scalar_path, monkeypatch):
+def test_pass_forms_same_bits(packed, arrangement, scalar_path, monkeypatch):
+    """Forms of ``inverse_state_output_pass`` (``SAME_BITS_FORMS``: ``X`` and ``V'`` stored whole, no barrier in any
+    step; ``P`` gated in registers and read by ``P V_new`` from there; ``V`` read into registers before ``S``) make
+    the same sums in the same order as the in-place form (``IN_PLACE``): the op's outputs and final states equal its
+    bit for bit, dense and packed (an empty sequence, one token, ragged tails), bf16 and fp16, heads of 128 and 64; and
+    they agree with the recurrence."""
+    lengths = [130, 0, 64, 1, 77, 300] if packed else [700]
+    (q, k, v, g, beta, h0), runs = run_pass_forms(arrangement, packed, lengths, 47, list(SAME_BITS_FORMS.values()),
+                                                  monkeypatch)
+    assert len(scalar_path) >= len(runs)               # every call took the pass
+    for form, (o, ht) in zip(SAME_BITS_FORMS, runs[1:]):
+        assert torch.equal(runs[0][0], o) and torch.equal(runs[0][1], ht), form
+    check_sequences(*runs[-1], q, k, v, g, beta, h0, lengths)
+
+
+@pytest.mark.parametrize("arrangement", list(ARRANGEMENTS))
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+def test_chain_scales_keys(packed, arrangement, scalar_path, monkeypatch):
     """``inverse_state_output_pass(chain_scales_keys=True)`` (``scalar_gate.CHAIN_SCALES_KEYS`` with the register
     forms): the chain adds ``(2^(G_last - G) K)^T V_new``, rounding the scale on the keys instead of on ``V'``. Against
     the recurrence, dense and packed (an empty sequence, one token, ragged tails, more chunks than two barrier
-    phases), with initial states, grouped value heads and runs of -20, and within 5e-3 of the in-place form."""
-    from kda.kernels import scalar_gate
-
+    phases), bf16 and fp16, heads of 128 and 64, and within 5e-3 of the in-place form."""
     lengths = [130, 0, 64, 1, 77, 300, 1000] if packed else [1500]
-    T = sum(lengths)
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda") if packed else None
-    q, k, v, g, beta, _ = inputs((1, T, 4, 128, 128), torch.bfloat16, "runs_of_-20", False, seed=83)
-    q, k = q[:, :, ::2].contiguous(), k[:, :, ::2].contiguous()
-    h0 = torch.randn(len(lengths), 4, 128, 128, device="cuda")
-    for switch, value in IN_PLACE.items():
-        monkeypatch.setattr(scalar_gate, switch, value)
-    default = kda.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu)
-    for switch in IN_PLACE:
-        monkeypatch.setattr(scalar_gate, switch, True)
-    o, ht = kda.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu)
+    (q, k, v, g, beta, h0), runs = run_pass_forms(arrangement, packed, lengths, 83, [dict.fromkeys(IN_PLACE, True)],
+                                                  monkeypatch)
+    (o0, ht0), (o, ht) = runs
     assert len(scalar_path) >= 2                       # both calls took the pass
-    assert rel_l2(o, default[0]) <= 5e-3 and rel_l2(ht, default[1]) <= 5e-3
-    check_sequences(o, ht, q.repeat_interleave(2, dim=2), k.repeat_interleave(2, dim=2), v, g, beta, h0, lengths)
+    assert rel_l2(o, o0) <= 5e-3 and rel_l2(ht, ht0) <= 5e-3
+    check_sequences(o, ht, q, k, v, g, beta, h0, lengths)
 
 
 def test_traced_pass_same_output():
