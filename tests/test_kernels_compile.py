@@ -182,6 +182,13 @@ CASES = [
                                                       spill_budget=64)),
     ("scalar_gate", "inverse_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", p_in_registers=True,
                                                       whole_stores=True, v_in_registers=True)),
+    # the default since runs 149 and 150 in fp16 and with heads of 64
+    ("scalar_gate", "inverse_state_output_pass", dict(DK=128, DV=128, dtype="float16", p_in_registers=True,
+                                                      whole_stores=True, v_in_registers=True, chain_scales_keys=True,
+                                                      varlen=True, initial_state=True, final_state=True)),
+    ("scalar_gate", "inverse_state_output_pass", dict(DK=64, DV=64, block_dv=64, dtype="bfloat16", p_in_registers=True,
+                                                      whole_stores=True, v_in_registers=True, chain_scales_keys=True,
+                                                      initial_state=True, final_state=True)),
     # the default since run 149 beside the gate-free inverse (its gating in warpgroup 1)
     ("scalar_gate", "inverse_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", p_in_registers=True,
                                                       whole_stores=True, v_in_registers=True, gates_inverse=True,
