@@ -308,10 +308,8 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
             kr_s = T.alloc_shared([C, DK], dtype)        # 2^(G_last - G) K, the chain's
         if gates_inverse:
             tg_s = T.alloc_shared([C, C], dtype)         # Tb gated by warpgroup 1
-        if p_in_registers:
-            P_c = T.alloc_fragment([C, C], dtype)        # P gated, the A operand of P V_new
-        else:
-            p_s = T.alloc_shared([C, C], dtype)
+        # P gated: the A operand of P V_new from registers, or a shared tile
+        p_g = T.alloc_fragment([C, C], dtype) if p_in_registers else T.alloc_shared([C, C], dtype)
         o_s = T.alloc_shared([C, BV], dtype)
         S_f = T.alloc_fragment([DK, BV], ACCUM)
         KS = T.alloc_fragment([C, BV], ACCUM)
@@ -328,7 +326,8 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
         data_free = T.alloc_barrier(arrive_count=[384, 384])     # the three warpgroups
         s_ready = T.alloc_barrier(arrive_count=128)              # chain -> warpgroups 1, 2
         s_free = T.alloc_barrier(arrive_count=256)               # warpgroups 1, 2 -> chain
-        vn_ready = T.alloc_barrier(arrive_count=128)             # warpgroup 1 -> chain
+        if not chain_scales_keys:
+            vn_ready = T.alloc_barrier(arrive_count=128)         # warpgroup 1 -> chain
         vd_ready = T.alloc_barrier(arrive_count=128)             # warpgroup 1 -> output
         vd_free = T.alloc_barrier(arrive_count=256 if chain_scales_keys else 128)  # output (and chain) -> wg 1
         if chain_first >= 1:
@@ -477,14 +476,10 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
                     T.gemm(q_s[slot, :, :], k_s[slot, :, :], P_f, transpose_B=True, clear_accum=True)
                     if trace:
                         trace_stamp(ht, t_base, blk, j, ("output", "Q K^T done"))
-                    if p_in_registers:
-                        for i, jj in T.Parallel(C, C):
-                            P_c[i, jj] = P_f[i, jj] * decay_factor(G_s[slot, i] - G_s[slot, jj]) * \
-                                T.if_then_else(jj <= i, scale, 0.0)
-                    else:
-                        for i, jj in T.Parallel(C, C):
-                            p_s[i, jj] = P_f[i, jj] * decay_factor(G_s[slot, i] - G_s[slot, jj]) * \
-                                T.if_then_else(jj <= i, scale, 0.0)
+                    for i, jj in T.Parallel(C, C):
+                        p_g[i, jj] = P_f[i, jj] * decay_factor(G_s[slot, i] - G_s[slot, jj]) * \
+                            T.if_then_else(jj <= i, scale, 0.0)
+                    if not p_in_registers:
                         T.fence_proxy_async()
                     if trace:
                         trace_stamp(ht, t_base, blk, j, ("output", "P stored"))
@@ -504,7 +499,7 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
                         T.barrier_wait(update_done, j % 2)
                     if trace:
                         trace_stamp(ht, t_base, blk, j, ("output", "V_new ready"))
-                    T.gemm(P_c if p_in_registers else p_s, vd_s, O_f)
+                    T.gemm(p_g, vd_s, O_f)
                     if trace:
                         trace_stamp(ht, t_base, blk, j, ("output", "P V_new done"))
                     T.barrier_arrive(vd_free)
@@ -784,9 +779,9 @@ def pass_forms(dtype: str, DK: int, block_dv: int) -> dict:
     forms = {"chain_first": CHAIN_FIRST} if CHAIN_FIRST else {}
     if (dtype, DK, block_dv) not in REGISTER_FORMS_TESTED:
         return forms
-    whole = WHOLE_STORES
-    wanted = {"whole_stores": whole, "p_in_registers": P_IN_REGISTERS, "v_in_registers": V_IN_REGISTERS and whole,
-              "chain_scales_keys": CHAIN_SCALES_KEYS and whole and CHAIN_FIRST < 2 and not GATE_FREE_INVERSE}
+    wanted = {"whole_stores": WHOLE_STORES, "p_in_registers": P_IN_REGISTERS,
+              "v_in_registers": V_IN_REGISTERS and WHOLE_STORES,
+              "chain_scales_keys": CHAIN_SCALES_KEYS and WHOLE_STORES and CHAIN_FIRST < 2 and not GATE_FREE_INVERSE}
     return {**forms, **{name: True for name, on in wanted.items() if on}}
 
 

@@ -3,6 +3,7 @@
 compiled in parallel processes before anything is timed (a cold H200 machine spends minutes
 compiling); gates with steep runs; a profile of every kernel of a call. (The source-variant helpers of
 runs 33-71 went with those scripts; the README's log names the commit that holds them.)"""
+import importlib.util
 import json
 import multiprocessing as mp
 import os
@@ -10,6 +11,15 @@ from concurrent.futures import ProcessPoolExecutor
 
 OUT = os.environ.get("OUT", "/tmp")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def script(file_name):
+    """Another tuning script of this folder (``"run140-gdn.py"``), loaded as a module (its name has a dash)."""
+    spec = importlib.util.spec_from_file_location(file_name[:-3].replace("-", "_"),
+                                                  os.path.join(os.path.dirname(os.path.abspath(__file__)), file_name))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def log(run, row):

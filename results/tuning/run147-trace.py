@@ -10,7 +10,6 @@ the stamps cost). Rows to ``$OUT/run147.jsonl``.
 
     python results/tuning/run147-trace.py --warm
 """
-import importlib.util
 import os
 import sys
 
@@ -18,11 +17,9 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from harness import compile_in_processes, log  # noqa: E402
+from harness import compile_in_processes, log, script  # noqa: E402
 
-spec = importlib.util.spec_from_file_location("run140_gdn", os.path.join(HERE, "run140-gdn.py"))
-run140 = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(run140)
+run140 = script("run140-gdn.py")
 
 RUN = "run147"
 SHAPES = [(1, 8192, 96, 128), (1, 32768, 32, 128)]

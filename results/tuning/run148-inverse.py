@@ -12,18 +12,15 @@ Rows to ``$OUT/run148.jsonl``.
 
     FLA_FLASH_QLA=0 python results/tuning/run148-inverse.py compile time gate_free
 """
-import importlib.util
 import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-spec = importlib.util.spec_from_file_location("run90_gdn_inverse", os.path.join(HERE, "run90-gdn-inverse.py"))
-run90 = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(run90)
-spec = importlib.util.spec_from_file_location("run140_gdn", os.path.join(HERE, "run140-gdn.py"))
-run140 = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(run140)
+from harness import script  # noqa: E402
+
+run90 = script("run90-gdn-inverse.py")
+run140 = script("run140-gdn.py")
 
 from kda.kernels.scalar_gate import COMPACT_INVERSE, SCALAR_GATE_INVERSE_CONFIG  # noqa: E402
 

@@ -13,7 +13,6 @@ Rows to ``$OUT/run149.jsonl``.
 
     FLA_FLASH_QLA=0 python results/tuning/run149-gdn.py --warm
 """
-import importlib.util
 import os
 import sys
 
@@ -21,11 +20,9 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from harness import compile_in_processes  # noqa: E402
+from harness import compile_in_processes, script  # noqa: E402
 
-spec = importlib.util.spec_from_file_location("run140_gdn", os.path.join(HERE, "run140-gdn.py"))
-run140 = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(run140)
+run140 = script("run140-gdn.py")
 
 RUN = "run149"
 VARIANTS = {"default": {}, "p_in_registers": {"P_IN_REGISTERS": True},

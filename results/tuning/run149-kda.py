@@ -8,7 +8,6 @@ shapes of issue 15 and packed (96 random lengths), the outputs bit for bit, besi
 
     python results/tuning/run149-kda.py
 """
-import importlib.util
 import os
 import sys
 
@@ -16,11 +15,9 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from harness import log, stage_times, time_stages  # noqa: E402
+from harness import log, script, stage_times, time_stages  # noqa: E402
 
-spec = importlib.util.spec_from_file_location("run140_gdn", os.path.join(HERE, "run140-gdn.py"))
-run140 = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(run140)
+run140 = script("run140-gdn.py")
 
 RUN = "run149"
 
