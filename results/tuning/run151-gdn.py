@@ -64,6 +64,9 @@ def warm_one(i):
 
 
 if __name__ == "__main__":
+    if os.environ.get("CASES"):               # a choice of cases by the start of their names, comma-separated
+        every, starts = cases, tuple(os.environ["CASES"].split(","))
+        cases = lambda: (case for case in every() if case[0].startswith(starts))
     if "--warm" in sys.argv:
         compile_in_processes(RUN, len(VARIANTS), warm_one)
     run140.cases = cases                      # compare() reads run140's cases at the call
