@@ -527,32 +527,39 @@ def _split_scalar_gate(q, k, v, g, beta, pieces, scale, h0, warmup=False, unspli
 
     B, T, H = v.shape[:3]                                     # H: the value heads (q and k may have fewer)
     K, DV, L, R = k.shape[-1], v.shape[-1], T // pieces, B * pieces
-    G, Tb = scalar_gate_inverse(k, g, beta, H, flags)
+    G_runs, Tb = scalar_gate_inverse(k, g, beta, H, flags, runs=pieces)   # each run's chunks in a row of G_runs
     block = lambda D: min(gated_delta.SCALAR_GATE_COLUMNS, D)            # the pieces were chosen to fill the SMs
     pass_from = lambda q, k, v, Tb, G, start, **kw: launch.launched(
         scalar_gate_pass_launch(q, k, v, Tb, G, scale, start, block(v.shape[-1]), **kw))
     # G holds log2 of the gate's cumsum in each chunk: the chunk's fall is its last row's
-    falls = G.reshape(B, H, pieces, L)[:, :, :-1, CHUNK_SIZE - 1::CHUNK_SIZE].transpose(1, 2)[..., None] * math.log(2) \
+    falls = G_runs.view(B, pieces, H, L)[:, :-1, :, CHUNK_SIZE - 1::CHUNK_SIZE][..., None] * math.log(2) \
         if warmup else None
-    G_runs = G.reshape(B, H, pieces, L).transpose(1, 2).reshape(R, H, L).contiguous()   # each run's chunks together
     runs = lambda x: x.reshape(R, L, *x.shape[2:])                         # views: runs of whole chunks
 
-    def from_starts(starts, final=True):
-        # the runs as a batch (as packed sequences of one row, no copy of G, the pass took 0.60 ms against 0.51 at
-        # (1, 131072, 4, 128): run 116)
-        o, ht = pass_from(runs(q), runs(k), runs(v), runs(Tb), G_runs, starts, output_final_state=final)
+    def from_starts(starts, final=True, out=None):
+        # the runs as a batch, G_runs made so by the inverse (as packed sequences of one row the pass took 0.60 ms
+        # against 0.51 at (1, 131072, 4, 128): run 116)
+        o, ht = pass_from(runs(q), runs(k), runs(v), runs(Tb), G_runs, starts, output_final_state=final, out=out)
         return o.reshape(B, T, H, DV), (ht.reshape(B, pieces, H, K, DV)[:, -1].contiguous() if final else None)
 
     def warm(window):
-        tokens = window * CHUNK_SIZE
-        tail = lambda x: x.reshape(B, pieces, L, *x.shape[2:])[:, :-1, -tokens:].reshape(-1, tokens,
-                                                                                     *x.shape[2:]).contiguous()
-        G_tail = G.reshape(B, H, pieces, L)[:, :, :-1, -tokens:].transpose(1, 2).reshape(-1, H, tokens).contiguous()
-        return from_starts(_warm_starts(h0, pass_from(tail(q), tail(k), tail(v), tail(Tb), G_tail, None)[1], B,
-                                        pieces), output_final_state)
+        # the windows where they lie (the pass from chunk L / C - window of every run, no copies), their ends into
+        # ends[1:], so that ends[r] is run r's start once each sequence's first is put in; the window pass's
+        # outputs go where the second pass writes all of its own
+        ends = torch.empty(R + 1, H, K, DV, dtype=torch.float32, device=v.device)
+        o = launch.new_output((R, L, H, DV), v.dtype, v.device)
+        pass_from(runs(q), runs(k), runs(v), runs(Tb), G_runs, None, first_chunk=L // CHUNK_SIZE - window, out=o,
+                  final=ends[1:])
+        firsts = ends[:R].view(B, pieces, H, K, DV)[:, 0]
+        if h0 is None:
+            firsts.zero_()
+        else:
+            firsts.copy_(h0)
+        return from_starts(ends[:R], output_final_state, o)
 
     def exact():
-        if warmup and unsplit_without_window:                 # the pass over whole sequences
+        if warmup and unsplit_without_window:                 # the pass over whole sequences, G as they lie
+            G = G_runs.view(B, pieces, H, L).transpose(1, 2).reshape(B, H, T)
             return pass_from(q, k, v, Tb, G, h0.float() if h0 is not None else None)
         homogeneous = torch.zeros(R, L, H, K, dtype=v.dtype, device=v.device)
         eye = torch.eye(K, dtype=torch.float32, device=q.device).expand(R, H, K, K).contiguous()

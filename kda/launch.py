@@ -70,12 +70,21 @@ def queued(kernel, args, device):
     return launch
 
 
-def pass_held(kernel, inputs, h0, output_final_state, states, out_shape, out_dtype, device, tables=()):
+def pass_held(kernel, inputs, h0, output_final_state, states, out_shape, out_dtype, device, tables=(), out=None,
+              final=None):
     """A sequential pass ready to launch, ``kernel(*inputs, h0, o, ht, *tables)``: ``h0`` and ``ht`` as
-    ``state_arguments`` makes them for ``states = (N, H, DK, DV)``, ``o`` a new output of ``out_shape``. Returns
-    ``(launch, o, final state or None)``; nothing runs until ``launch()``."""
-    h0, ht = state_arguments(h0, output_final_state, *states, device)
-    o = new_output(out_shape, out_dtype, device)
+    ``state_arguments`` makes them for ``states = (N, H, DK, DV)``, ``o`` a new output of ``out_shape``, or the
+    caller's buffers ``out`` and ``final`` (float32 ``[N, H, DK, DV]``, contiguous: a view into a larger buffer
+    may be one). Returns ``(launch, o, final state or None)``; nothing runs until ``launch()``."""
+    h0, ht = state_arguments(h0, output_final_state and final is None, *states, device)
+    if output_final_state and final is not None:
+        if final.shape != tuple(states) or final.dtype != torch.float32 or not final.is_contiguous():
+            raise ValueError(f"final must be a contiguous float32 {tuple(states)}, got {final.dtype} "
+                             f"{tuple(final.shape)}")
+        ht = final
+    if out is not None and (out.shape != tuple(out_shape) or out.dtype != out_dtype or not out.is_contiguous()):
+        raise ValueError(f"out must be a contiguous {out_dtype} {tuple(out_shape)}, got {out.dtype} {tuple(out.shape)}")
+    o = new_output(out_shape, out_dtype, device) if out is None else out
     return queued(kernel, (*inputs, h0, o, ht, *tables), device), o, (ht if output_final_state else None)
 
 

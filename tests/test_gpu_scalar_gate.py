@@ -158,10 +158,36 @@ def test_pass_against_reference_stage(shape, kind, columns):
     no_table = torch.empty(1, dtype=torch.int32, device="cuda")
     compile_program(scalar_gate.inverse_state_output_pass, (), DK=DK, DV=DV, block_dv=min(columns, DV),
                     dtype="bfloat16", initial_state=True, final_state=True)(
-        q, k, v, Tb, G, DK ** -0.5, h0, o, ht, no_table, no_table, no_table)
+        q, k, v, Tb, G, DK ** -0.5, 0, h0, o, ht, no_table, no_table, no_table)
     ref_o, ref_ht = ref0.recurrent(q.double() * DK ** -0.5, k, v, g, beta, h0, True)
     assert torch.isfinite(o).all() and torch.isfinite(ht).all()
     assert rel_l2(o, ref_o) <= BOUND, f"o: {rel_l2(o, ref_o):.2e}"
+    assert rel_l2(ht, ref_ht) <= BOUND, f"final state: {rel_l2(ht, ref_ht):.2e}"
+
+
+@pytest.mark.parametrize("first", [1, 3])
+def test_pass_from_a_later_chunk(first):
+    """``inverse_state_output_pass``'s ``first_chunk`` (the split's warm-up windows where they lie): each sequence
+    from that chunk on, from its initial state, against the recurrence over those tokens; the rows before it are
+    left as they were (poisoned), a ragged last chunk included, in the default forms."""
+    from kda.kernels import scalar_gate
+    from kda.kernels.build import compile_program
+
+    B, T, H, D = 2, 300, 3, 128
+    q, k, v, g, beta, h0 = inputs((B, T, H, D, D), torch.bfloat16, "runs_of_-20", False, seed=59 + first)
+    G, Tb = scalar_gate.scalar_gate_inverse(k, g, beta, H)
+    o = torch.full_like(v, float("nan"))
+    ht = torch.full((B, H, D, D), float("nan"), device="cuda")
+    no_table = torch.empty(1, dtype=torch.int32, device="cuda")
+    compile_program(scalar_gate.inverse_state_output_pass, (), DK=D, DV=D, dtype="bfloat16", initial_state=True,
+                    final_state=True, **scalar_gate.pass_forms("bfloat16", D, D))(
+        q, k, v, Tb, G, D ** -0.5, first, h0, o, ht, no_table, no_table, no_table)
+    t0 = first * 64
+    assert o[:, :t0].isnan().all()
+    ref_o, ref_ht = ref0.recurrent(q[:, t0:].double() * D ** -0.5, k[:, t0:], v[:, t0:], g[:, t0:], beta[:, t0:],
+                                   h0, True)
+    assert torch.isfinite(o[:, t0:]).all() and torch.isfinite(ht).all()
+    assert rel_l2(o[:, t0:], ref_o) <= BOUND, f"o: {rel_l2(o[:, t0:], ref_o):.2e}"
     assert rel_l2(ht, ref_ht) <= BOUND, f"final state: {rel_l2(ht, ref_ht):.2e}"
 
 
@@ -406,7 +432,7 @@ def test_traced_pass_same_output():
         kernel = compile_program(scalar_gate.inverse_state_output_pass, (), DK=D, DV=D, dtype="bfloat16",
                                  **({"trace": True} if traced else {}))
         o = torch.full_like(v, float("nan"))
-        kernel(q, k, v, Tb, G, D ** -0.5, stand_in, o, trace if traced else stand_in, table, table, table)
+        kernel(q, k, v, Tb, G, D ** -0.5, 0, stand_in, o, trace if traced else stand_in, table, table, table)
         outs.append(o)
     assert torch.equal(outs[0], outs[1]) and not outs[0].isnan().any()
     assert (trace >= 0).all()                          # every stamp written

@@ -481,6 +481,32 @@ def test_split_warmup_starts(kernel_launches, monkeypatch, scalar_path):
     assert kernel_launches[1][1]["initial_state"] and o.shape == v.shape and ht.shape == (2, 2, 64, 64)
 
 
+def test_scalar_gate_windows_where_they_lie(kernel_launches, monkeypatch):
+    """GDN's split by the scalar-gate pass: the window pass reads the runs where they lie (``first_chunk``, no
+    copies of ``q, k, v, Tb``), writes its ends one run on in the buffer whose first run of each sequence then takes
+    ``h0``, and its outputs into the buffer that the pass over the runs writes whole."""
+    from kda import distributed, gated_delta
+    from kda.kernels import build
+
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", True)
+    monkeypatch.setattr(distributed, "SCALAR_GATE_SPLIT", True)
+    monkeypatch.setattr(distributed, "WARMUP_WINDOWS", {})
+    monkeypatch.setattr(distributed, "window_serves", lambda *args: torch.tensor(True))
+    arguments, stand_in = [], build.compile_program
+    monkeypatch.setattr(build, "compile_program", lambda fn, out_idx, **params: (
+        lambda launch: lambda *args: arguments.append(args) or launch(*args))(stand_in(fn, out_idx, **params)))
+    q, k, v, g, beta = level5_inputs(B=2, T=256, per_channel=False)
+    k = (k.float() / k.float().norm(dim=-1, keepdim=True)).to(k.dtype)
+    h0 = torch.randn(2, 2, 64, 64)
+    o, ht = distributed._split_forward_cuda(q, k, v, g[..., 0], beta, 2, 128, 0.125, h0, True, False, warmup=True)
+    window, runs = arguments[1], arguments[2]                 # q, k, v, Tb, G, scale, first_chunk, h0, o, ht, ...
+    assert window[6] == 1 and runs[6] == 0                    # the last of each run's two chunks; all of them
+    assert window[0].data_ptr() == q.data_ptr() and window[0].shape == (4, 128, 2, 64)
+    assert window[8] is runs[8] and o.data_ptr() == runs[8].data_ptr()
+    assert window[9].data_ptr() == runs[7][1:].data_ptr()     # run r's window end is run r + 1's start
+    assert torch.equal(runs[7][0], h0[0]) and torch.equal(runs[7][2], h0[1])
+
+
 @pytest.mark.parametrize("op", ["kda", "gdn"])
 def test_op_split_route(kernel_launches, monkeypatch, op):
     """``SPLIT_IN_OP``'s route (``op_split``): nothing where its rule does not split; where it does, the split with

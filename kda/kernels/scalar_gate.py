@@ -75,10 +75,11 @@ def log2_cumsum_by_scan(g, g_s, H_s, G_s, flags, bb, bh, t0, L, C):
 def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtype="float32", value_groups=1,
                         varlen=False, threads=128, chunks_per_block=4, num_stages=1, min_blocks=3,
                         merge="substitution", heads_first=False, check_keys=False, cumsum="serial", compact=False,
-                        gate_free=False):
+                        gate_free=False, beta_dtype="float32"):
     """Arguments at run time: ``K [B, T, HQ, DK]``, ``g [B, T, H]`` (``gate_dtype``, natural log),
-    ``beta [B, T, H]`` (float32), then the outputs ``G [B, H, NC C]`` (float32: chunk ``c``'s cumsum in
-    log2 units at ``c C ..``, flat past the end), ``Tb [B, T, H, C]`` (dtype; zero above the diagonal and
+    ``beta [B, T, H]`` (``beta_dtype``: the caller's, read as it is, no float32 copy), then the outputs ``G [B, H,
+    NC C]`` (float32: chunk ``c``'s cumsum in log2 units at ``c C ..``, flat past the end; dense, ``[B P, H, NC C /
+    P]`` cuts each sequence into ``P`` runs of whole chunks, run ``p`` of sequence ``b`` in row ``b P + p``), ``Tb [B, T, H, C]`` (dtype; zero above the diagonal and
     in the columns past the end) and ``flags [2]`` (int32, zeroed by the caller: ``flags[0]`` a gate not
     finite and ``<= 0``, ``flags[1]`` a ``b`` outside ``[0, 1]``), and last the chunk table ``chunks [NC,
     2]`` of packed sequences (``varlen``, ``B = 1``: each chunk's first token and length; dense, a ``[1,
@@ -105,6 +106,9 @@ def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtyp
     C = chunk_size
     NC = T.dynamic("NC") if varlen else T.ceildiv(S, C)
     BB = 1 if varlen else B
+    # G's rows: one per sequence, or (dense) one per run of whole chunks where the caller cuts each sequence into
+    # GB / B runs of GL / C chunks (the split's layout, kda.distributed; no copy of G there)
+    GB, GL = (1, NC * C) if varlen else (T.dynamic("GB"), T.dynamic("GL"))
     assert merge in ("substitution", "products", "halves") and (merge == "substitution" or C == 4 * block)
     assert not compact or merge == "halves", "compact: the merge by halves only"
     assert cumsum in ("serial", "scan")
@@ -115,8 +119,8 @@ def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtyp
     def main(
         K: T.Tensor([BB, S, HQ, DK], dtype),
         g: T.Tensor([BB, S, H], gate_dtype),
-        beta: T.Tensor([BB, S, H], ACCUM),
-        G: T.Tensor([BB, H, NC * C], ACCUM),
+        beta: T.Tensor([BB, S, H], beta_dtype),
+        G: T.Tensor([GB, H, GL], ACCUM),
         Tb: T.Tensor([BB, S, H, C], dtype),
         flags: T.Tensor([3 if check_keys else 2], "int32"),
         chunks: T.Tensor([NC, 2] if varlen else [1, 1], "int32"),
@@ -156,7 +160,10 @@ def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtyp
                     log2_cumsum_by_columns(g_s, G_s, L, C, 1, flags)
                 for i in T.Parallel(C):
                     b_s[i] = beta_s[i]
-                    G[bb, bh, c * C + i] = G_s[i, 0]
+                    if varlen:
+                        G[bb, bh, c * C + i] = G_s[i, 0]
+                    else:                           # run c // (GL / C) of the sequence's GB / B
+                        G[bb * (GB // B) + c // (GL // C), bh, c % (GL // C) * C + i] = G_s[i, 0]
                 T.gemm(K_s, K_s, KK, transpose_B=True, clear_accum=True)
                 if merge == "products":             # it reads the blocks above the diagonal
                     T.clear(Tinv_s)
@@ -217,8 +224,9 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
                               whole_stores=False, chain_first=0, trace=False, gates_inverse=False,
                               p_in_registers=False, v_in_registers=False, chain_scales_keys=False):
     """Arguments at run time: ``Q, K [B, T, HQ, DK]``, ``V [B, T, H, DV]``, ``Tb [B, T, H, C]`` and
-    ``G [B, H, NC C]`` of ``chunk_gated_inverse``, ``scale``, ``h0``, then ``O [B, T, H, DV]`` (dtype)
-    and ``ht`` (the state flags as in ``kda.kernels.chapters.linear_attention.seq_in_loop``), and last the
+    ``G [B, H, NC C]`` of ``chunk_gated_inverse``, ``scale``, ``first_chunk`` (dense: each sequence from that chunk
+    on, its rows before it neither read nor written; the split's warm-up windows over the runs as they lie, with no
+    copies; 0 elsewhere; not read with ``varlen``), ``h0``, then ``O [B, T, H, DV]`` (dtype) and ``ht`` (the state flags as in ``kda.kernels.chapters.linear_attention.seq_in_loop``), and last the
     tables of packed sequences ``cu_seqlens [N + 1]``, ``chunk_offsets [N + 1]`` and ``seq_groups [NG + 1]`` (int32, as
     level 5's ``gated_state_output_pass`` takes them; dense, ``[1]`` stand-ins). With ``varlen`` ``h0``
     and ``ht`` are ``[N, H, DK, DV]``.
@@ -553,6 +561,7 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
         Tb: T.Tensor([BB, S, H, C], dtype),
         G: T.Tensor([BB, H, G_len], ACCUM),
         scale: T.float32,
+        first_chunk: T.int32,
         h0: T.Tensor(state_shape(initial_state, states, H, DK, DV), ACCUM),
         O: T.Tensor([BB, S, H, DV], dtype),
         ht: T.Tensor([B * H * NV, NC, len(TRACE_EVENTS)] if trace else state_shape(final_state, states, H, DK, DV),
@@ -568,8 +577,8 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
                      lambda n: (cu_seqlens[n], cu_seqlens[n + 1], chunk_offsets[n],
                                 chunk_offsets[n + 1] - chunk_offsets[n]), 0)
             else:                       # lane: a batch row, one sequence
-                body(Q, K, V, Tb, G, scale, h0, O, ht, bv, bh, lane, lane, 1, lambda n: (0, S, 0, NC),
-                     (lane * H + bh) * NV + bv)
+                body(Q, K, V, Tb, G, scale, h0, O, ht, bv, bh, lane, lane, 1,
+                     lambda n: (first_chunk * C, S, first_chunk, NC - first_chunk), (lane * H + bh) * NV + bv)
 
     return main
 
@@ -584,7 +593,7 @@ inverse_state_output_pass.pass_configs = WARP_SPECIALISED
 def single_chunk_output(DK, DV, chunk_size=64, block_dv=64, dtype="bfloat16", value_groups=1, initial_state=False,
                         final_state=False, threads=128, gates_inverse=False):
     """``inverse_state_output_pass`` for packed sequences of at most one chunk each, with its arguments (its
-    ``seq_groups`` not read): one block per (value block, head, sequence) and no chain. The pass carries the
+    ``first_chunk`` and ``seq_groups`` not read): one block per (value block, head, sequence) and no chain. The pass carries the
     sequences of a group one after another through four warpgroups and their barriers, so a short sequence costs
     it a whole chunk's latency on one block per SM (1024 sequences of 1 to 64 tokens: 1.63 ms of its time against
     0.58 for the same tokens as one sequence, run 143). Here every sequence is a small block of its own, several
@@ -605,6 +614,7 @@ def single_chunk_output(DK, DV, chunk_size=64, block_dv=64, dtype="bfloat16", va
         Tb: T.Tensor([1, S, H, C], dtype),
         G: T.Tensor([1, H, G_len], ACCUM),
         scale: T.float32,
+        first_chunk: T.int32,                           # not read: the pass's argument list
         h0: T.Tensor(state_shape(initial_state, N, H, DK, DV), ACCUM),
         O: T.Tensor([1, S, H, DV], dtype),
         ht: T.Tensor(state_shape(final_state, N, H, DK, DV), ACCUM),
@@ -707,9 +717,16 @@ COMPACT_INVERSE: dict = dict(compact=True, min_blocks=4)
 COMPACT_DTYPES = ("bfloat16", "float16")
 
 
-def scalar_gate_inverse(k, g, beta, H, flags=None, table=None):
+# beta's dtypes chunk_gated_inverse reads as they are (the op's beta is the inputs' dtype: a float32 copy was a launch
+# and a pass over it); others are made float32 first.
+BETA_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def scalar_gate_inverse(k, g, beta, H, flags=None, table=None, runs=1):
     """``chunk_gated_inverse`` over every chunk (of the packed sequences of ``table``): ``(G [B, H, NC C],
-    Tb [B, T, H, C])``, ``g [B, T, H(, 1)]``, ``H`` the value heads; ``flags`` (int32 ``[2]``, zeroed)
+    Tb [B, T, H, C])``, ``g [B, T, H(, 1)]``, ``H`` the value heads; dense, ``runs`` (dividing the chunks of a
+    sequence) gives ``G [B runs, H, NC C / runs]``, each sequence's runs of whole chunks in rows of their own, as the
+    split's pass reads them; ``flags`` (int32 ``[2]``, zeroed)
     collects its value checks of ``g`` and ``beta``, ``[3]`` those of the keys too (``check_keys``). With
     ``GATE_FREE_INVERSE`` ``Tb`` is the inverse without the gate, for ``scalar_gate_pass_launch`` to gate."""
     from kda.kernels.build import compile_program
@@ -723,13 +740,19 @@ def scalar_gate_inverse(k, g, beta, H, flags=None, table=None):
         inverse = compile_program(chunk_gated_inverse, (), DK=DK, chunk_size=C, dtype=dtype,
                                   gate_dtype=str(g.dtype).removeprefix("torch."), value_groups=H // HQ,
                                   varlen=table is not None, **config, **launch.keys_checked(flags),
-                                  **({"gate_free": True} if GATE_FREE_INVERSE else {}))
-        G = launch.new_output((B, H, NC * C), torch.float32, k.device)
+                                  **({"gate_free": True} if GATE_FREE_INVERSE else {}),
+                                  **({"beta_dtype": str(beta.dtype).removeprefix("torch.")}
+                                     if beta.dtype in BETA_DTYPES else {}))
+        if beta.dtype not in BETA_DTYPES:
+            beta = beta.to(torch.float32)
+        if runs != 1 and (table is not None or NC % runs):
+            raise ValueError(f"runs must divide the {NC} chunks of a dense batch, got {runs}")
+        G = launch.new_output((B * runs, H, NC * C // runs), torch.float32, k.device)
         Tb = launch.new_output((B, T, H, C), k.dtype, k.device)
         if flags is None:
             flags = torch.zeros(2, dtype=torch.int32, device=k.device)
         chunks = table.chunks if table is not None else launch.stand_in(2, torch.int32, k.device)
-        inverse(k.contiguous(), g.reshape(B, T, H).contiguous(), beta.to(torch.float32).contiguous(), G, Tb, flags,
+        inverse(k.contiguous(), g.reshape(B, T, H).contiguous(), beta.contiguous(), G, Tb, flags,
                 chunks)
     return G, Tb
 
@@ -806,11 +829,14 @@ def takes_single_chunk_output(table, DV: int) -> bool:
     return SINGLE_CHUNK_OUTPUT and packed.fits_one_chunk(table, DV)
 
 
-def scalar_gate_pass_launch(q, k, v, Tb, G, scale, h0, block_dv, table=None, output_final_state=True):
+def scalar_gate_pass_launch(q, k, v, Tb, G, scale, h0, block_dv, table=None, output_final_state=True, first_chunk=0,
+                            out=None, final=None):
     """``inverse_state_output_pass`` up to its launch, as ``(launch, o, final state or None)``
     (``state_pass_launch``'s form); one state per sequence (``[N, H, DK, DV]`` with ``table``). Packed sequences of
     at most one chunk each by ``single_chunk_output`` where ``takes_single_chunk_output`` says so, with the same
-    arguments. ``Tb`` is gated here where ``GATE_FREE_INVERSE`` made it without the gate."""
+    arguments. ``Tb`` is gated here where ``GATE_FREE_INVERSE`` made it without the gate. ``first_chunk`` (dense):
+    every sequence from that chunk on; ``out`` and ``final``: buffers of the caller's for ``o`` and the final
+    states (``launch.pass_held``)."""
     from kda.kernels.build import compile_program
 
     B, T, HQ, DK = q.shape
@@ -827,5 +853,5 @@ def scalar_gate_pass_launch(q, k, v, Tb, G, scale, h0, block_dv, table=None, out
         else:
             state_pass = compile_program(inverse_state_output_pass, (), block_dv=block_dv, varlen=table is not None,
                                          **params, **pass_forms(params["dtype"], DK, block_dv))
-    return launch.pass_held(state_pass, (q.contiguous(), k.contiguous(), v.contiguous(), Tb, G, scale), h0,
-                            output_final_state, (N, H, DK, DV), (B, T, H, DV), v.dtype, device, tables)
+    return launch.pass_held(state_pass, (q.contiguous(), k.contiguous(), v.contiguous(), Tb, G, scale, first_chunk),
+                            h0, output_final_state, (N, H, DK, DV), (B, T, H, DV), v.dtype, device, tables, out, final)

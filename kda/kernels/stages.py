@@ -73,7 +73,7 @@ def load_beta_checked(beta, beta_s, flags, t0, L, C, bb, bh):
     ``flags[1] = 1`` if one is outside ``[0, 1]``, so that the caller can raise the full check's
     error after one read-back (levels 4 and 5)."""
     for i in T.Parallel(C):
-        b = beta[bb, t0 + T.min(i, L - 1), bh]
+        b = T.Cast(ACCUM, beta[bb, t0 + T.min(i, L - 1), bh])      # beta in float32, or half read as it is
         beta_s[i] = T.if_then_else(i < L, b, 0.0)
         if i < L:
             if real(b >= 0.0) * real(b <= 1.0) == 0.0:       # NaN fails both

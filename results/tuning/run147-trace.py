@@ -62,7 +62,7 @@ def arguments(B, T, H, D, trace_blocks=None):
                                                         device="cuda")
     table = launch.stand_in(1, torch.int32, "cuda")
     o = torch.empty_like(v)
-    return [q, k, v, Tb, G, D ** -0.5, state, o, ht, table, table, table]
+    return [q, k, v, Tb, G, D ** -0.5, 0, state, o, ht, table, table, table]
 
 
 def timeline(trace):

@@ -67,6 +67,8 @@ if __name__ == "__main__":
     if os.environ.get("CASES"):               # a choice of cases by the start of their names, comma-separated
         every, starts = cases, tuple(os.environ["CASES"].split(","))
         cases = lambda: (case for case in every() if case[0].startswith(starts))
+    if os.environ.get("VARIANTS"):            # a choice of variants, comma-separated (run 152)
+        VARIANTS = {name: VARIANTS[name] for name in os.environ["VARIANTS"].split(",")}
     if "--warm" in sys.argv:
         compile_in_processes(RUN, len(VARIANTS), warm_one)
     run140.cases = cases                      # compare() reads run140's cases at the call
