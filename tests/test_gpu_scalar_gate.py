@@ -353,7 +353,8 @@ SAME_BITS_FORMS = {"whole_stores": {"WHOLE_STORES": True}, "p_in_registers": {"P
 
 
 # arrangements of the pass (dtype, head size: the block's key and value columns) for its register forms
-ARRANGEMENTS = {"bf16_128": (torch.bfloat16, 128), "fp16_128": (torch.float16, 128), "bf16_64": (torch.bfloat16, 64)}
+PASS_ARRANGEMENTS = {"bf16_128": (torch.bfloat16, 128), "fp16_128": (torch.float16, 128),
+                     "bf16_64": (torch.bfloat16, 64)}
 
 
 def run_pass_forms(arrangement, packed, lengths, seed, forms, monkeypatch):
@@ -364,7 +365,7 @@ def run_pass_forms(arrangement, packed, lengths, seed, forms, monkeypatch):
     from kda import launch
     from kda.kernels import scalar_gate
 
-    dtype, D = ARRANGEMENTS[arrangement]
+    dtype, D = PASS_ARRANGEMENTS[arrangement]
     monkeypatch.setattr(scalar_gate, "REGISTER_FORMS_TESTED", ((launch.dtype_name(dtype), D, D),))
     T = sum(lengths)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda") if packed else None
@@ -380,7 +381,7 @@ def run_pass_forms(arrangement, packed, lengths, seed, forms, monkeypatch):
     return (q.repeat_interleave(2, dim=2), k.repeat_interleave(2, dim=2), v, g, beta, h0), runs
 
 
-@pytest.mark.parametrize("arrangement", list(ARRANGEMENTS))
+@pytest.mark.parametrize("arrangement", list(PASS_ARRANGEMENTS))
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
 def test_pass_forms_same_bits(packed, arrangement, scalar_path, monkeypatch):
     """Forms of ``inverse_state_output_pass`` (``SAME_BITS_FORMS``: ``X`` and ``V'`` stored whole, no barrier in any
@@ -397,7 +398,7 @@ def test_pass_forms_same_bits(packed, arrangement, scalar_path, monkeypatch):
     check_sequences(*runs[-1], q, k, v, g, beta, h0, lengths)
 
 
-@pytest.mark.parametrize("arrangement", list(ARRANGEMENTS))
+@pytest.mark.parametrize("arrangement", list(PASS_ARRANGEMENTS))
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
 def test_chain_scales_keys(packed, arrangement, scalar_path, monkeypatch):
     """``inverse_state_output_pass(chain_scales_keys=True)`` (``scalar_gate.CHAIN_SCALES_KEYS`` with the register
