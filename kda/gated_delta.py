@@ -188,7 +188,9 @@ def forward_eager(q, k, v, g, beta, scale, initial_state, output_final_state, us
 # read back behind the first kernel alone, its GPU tests passed (runs 116 and 118) and the op routed took 0.798 ms
 # against 2.590 at (1, 131072, 4) GDN, 0.958 against 1.750 at (1, 32768, 32) GDN (run 118), 1.22 against 2.86 at
 # (1, 131072, 4) KDA (run 117; FlashQLA's automatic split 0.456 and 0.745 there): on, for the long calls
-# op_split's rule names.
+# op_split's rule names. Run 151 found GDN's split host-bound again (0.636 ms of host a call at (1, 131072, 4), its
+# kernels 0.45); without the host-side copies of the windows, starts and G (run 152, H100, GPU tests passed) it took
+# 0.412 ms there, 0.752 at (1, 32768, 32) and 0.676 grouped (16 / 32 heads), FlashQLA 0.457, 0.748 and 0.690.
 SPLIT_IN_OP = True
 
 # CUDA: a packed call captured in a CUDA graph (cu_seqlens; a host copy is not read there) builds its chunk table on the

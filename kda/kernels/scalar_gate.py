@@ -813,13 +813,16 @@ def pass_forms(dtype: str, DK: int, block_dv: int) -> dict:
 # FlashQLA's split of the work. Read by scalar_gate_inverse and scalar_gate_pass_launch at each call, so the two agree.
 # Its GPU tests passed (run 147, H100); off, slower: the first kernel 0.190 ms against 0.210 at (1, 8192, 96, 128), but
 # the pass gating the tile 0.561 against 0.500 (warpgroup 1's gating loop lands on the chain), the op 0.772 against
-# 0.736 (2.505 against 2.260 at (1, 32768, 32, 128)).
+# 0.736 (2.505 against 2.260 at (1, 32768, 32, 128)). With the register forms (runs 151 and 152, H100) it gains where
+# the sequence is split (0.727 against 0.752 ms at (1, 32768, 32)) and loses where it is not (0.596 against 0.551 at
+# (1, 8192, 96): its pass 0.389 against 0.324).
 GATE_FREE_INVERSE = False
 
 
 # Packed sequences that all fit one chunk (known on the host: a table from chunk_table) by single_chunk_output, one
 # small block per (sequence, head, packed.SINGLE_CHUNK_COLUMNS value columns), instead of the pass. Its GPU tests
-# passed (run 147, H100); off until it is timed (run 144's script ran out of memory in that call).
+# passed (run 147, H100); off, slower: 1024 sequences of 1 to 64 tokens took 2.398 ms against 1.892 by the pass (run
+# 151, H100; each block loads a whole chunk's tiles for a few tokens).
 SINGLE_CHUNK_OUTPUT = False
 
 
