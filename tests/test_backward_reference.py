@@ -54,3 +54,19 @@ def test_packed_sequences_are_independent():
                                        scale=0.5, initial_state=h0[n:n + 1])
         for name, a, b in zip("dq dk dv dg dbeta dh0".split(), [pick(x) for x in ours[:5]] + [ours[5][n:n + 1]], want):
             assert rel_l2(a, b) < 1e-10, f"{name}, sequence {n}: {rel_l2(a, b):.1e}"
+
+
+@pytest.mark.parametrize("strong", [False, True], ids=["logsigmoid", "runs_of_-20"])
+@pytest.mark.parametrize("with_state", [False, True], ids=["zero_start", "states"])
+def test_reverse_walk_equals_autograd_of_the_recurrence(strong, with_state):
+    """GDN's backward as one walk over the chunks from the last (``scalar_gate_reverse_walk``, what a fused kernel
+    computes) against autograd through the recurrence: tails, several chunks, a gate per head."""
+    q, k, v, g, beta, h0, do, dht = inputs(T=45, gate="head", strong=strong, seed=11)
+    h0, dht = (h0, dht) if with_state else (None, None)
+    ours = bwd.scalar_gate_reverse_walk(q, k, v, g, beta, do, dht, scale=0.5, chunk_size=16, initial_state=h0)
+    want = bwd.recurrence_backward(q, k, v, g, beta, do, dht, scale=0.5, initial_state=h0)
+    for name, a, b in zip("dq dk dv dg dbeta dh0".split(), ours, want):
+        if b is None:                                   # no initial state: dh0 is the walk's, not autograd's
+            continue
+        assert not torch.isnan(a).any(), name
+        assert rel_l2(a, b) < 1e-10, f"{name}: {rel_l2(a, b):.1e}"

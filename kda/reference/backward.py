@@ -242,3 +242,73 @@ def packed_backward(q, k, v, g, beta, do, cu_seqlens, dht=None, scale=1.0, chunk
                                       initial_state[n:n + 1] if initial_state is not None else None))
     cat = lambda i, dim: torch.cat([part[i] for part in parts], dim=dim) if parts[0][i] is not None else None
     return cat(0, 1), cat(1, 1), cat(2, 1), cat(3, 1), cat(4, 1), cat(5, 0)
+
+
+# --8<-- [start:reverse_walk]
+def scalar_gate_reverse_walk(q, k, v, g, beta, do, dht=None, scale=1.0, chunk_size=64, initial_state=None):
+    """GDN's backward (one gate per head, ``g [B, T, H]``) as one walk over the chunks from the last, each chunk's
+    state gradient and all its gradients made together from the state entering it and the gradient of the one
+    leaving it: what a fused reverse kernel computes, with the forward's inverse ``T = (I + A)^-1`` and the
+    states entering the chunks as its inputs. Same arguments and results as ``chunked_backward``.
+
+    With one gate per head every decay is a number per pair, ``D_ij = exp(G_i - G_j)`` (``j <= i``), so each sum
+    of ``chunk_gradients`` is a matrix product, and three identities leave fewer of them: ``W S`` and ``U`` meet
+    as ``V' = T X`` with ``X = diag(b) (V - diag(e^G) K S)``; the gradients of ``V'`` reach both ``U`` and ``W``
+    through ``Y = T^T dV'`` (``dV = diag(b) Y``, ``dW = -Y S^T``); and the gradient of ``A``, ``-stril(T^T dT
+    T^T)`` with ``dT = dV' X^T``, is ``-stril(Y V'^T)``, since ``T X = V'``. ``b``'s gradient through ``T`` and
+    ``X`` is ``sum_v Y_iv (V - e^G K S)_iv + sum_j dA_ij N_ij`` (``N = stril(K K^T * D)``), and the gate's is made
+    of row sums of products the walk already has."""
+    B, T, H, DK = q.shape
+    C = chunk_size
+    S = start_state(q, v, initial_state)
+    if T == 0:
+        return chunked_backward(q, k, v, g, beta, do, dht, scale, chunk_size, initial_state)
+    Q, K, V, dO = (to_chunks(x.to(torch.float64), C) for x in (q * scale, k, v, do))    # [B, H, NC, C, D]
+    G = chunk_gates(g.to(torch.float64)[..., None], C)[..., 0]                       # [B, H, NC, C]
+    b = to_chunks(beta.to(torch.float64)[..., None], C)[..., 0]
+    row = torch.arange(C, device=q.device)
+    incl, strict = row[:, None] >= row[None, :], row[:, None] > row[None, :]
+    D = torch.where(incl, torch.exp(torch.where(incl, G[..., :, None] - G[..., None, :], 0.0)), 0.0)
+    E, R, decay = torch.exp(G), torch.exp(G[..., -1:] - G), torch.exp(G[..., -1])
+    N = (K @ K.transpose(-1, -2)) * D * strict
+    eye = torch.eye(C, dtype=torch.float64, device=q.device)
+    Tinv = torch.linalg.solve_triangular(eye + b[..., None] * N, eye, upper=False, unitriangular=True)
+    entering = []                                           # what the forward stores at chunk boundaries
+    for c in range(Q.shape[2]):
+        entering.append(S)
+        X = b[:, :, c, :, None] * (V[:, :, c] - E[:, :, c, :, None] * (K[:, :, c] @ S))
+        S = decay[:, :, c, None, None] * S + (R[:, :, c, :, None] * K[:, :, c]).transpose(-1, -2) @ (Tinv[:, :, c] @ X)
+    dS = dht.to(torch.float64) if dht is not None else torch.zeros_like(S)
+    grads = {name: torch.zeros_like(x) for name, x in (("dQ", Q), ("dK", K), ("dV", V))}
+    db, dg = torch.zeros_like(b), torch.zeros_like(G)
+    for c in reversed(range(Q.shape[2])):
+        S = entering[c]
+        Qc, Kc, Vc, dOc, Tc, Dc, Nc = (x[:, :, c] for x in (Q, K, V, dO, Tinv, D, N))
+        Ec, Rc, bc = (x[:, :, c, :, None] for x in (E, R, b))
+        P = (Qc @ Kc.transpose(-1, -2)) * Dc
+        KS = Kc @ S
+        Xraw = Vc - Ec * KS
+        new = Tc @ (bc * Xraw)                              # V'
+        dnew = P.transpose(-1, -2) @ dOc + (Rc * Kc) @ dS
+        Y = Tc.transpose(-1, -2) @ dnew
+        dP = (dOc @ new.transpose(-1, -2)) * incl
+        dQg = dOc @ S.transpose(-1, -2)
+        dKd = new @ dS.transpose(-1, -2)
+        YS = Y @ S.transpose(-1, -2)
+        dA = -(Y @ new.transpose(-1, -2)) * strict
+        dAb = dA * bc
+        grads["dQ"][:, :, c] = Ec * dQg + (dP * Dc) @ Kc
+        grads["dK"][:, :, c] = ((dP * Dc).transpose(-1, -2) @ Qc + Rc * dKd - bc * Ec * YS + (dAb * Dc) @ Kc
+                                + (dAb * Dc).transpose(-1, -2) @ Kc)
+        grads["dV"][:, :, c] = bc * Y
+        db[:, :, c] = (Y * Xraw).sum(-1) + (dA * Nc).sum(-1)
+        PP, AN = dP * P * strict, dAb * Nc
+        dG = (Ec[..., 0] * (dQg * Qc).sum(-1) + PP.sum(-1) - PP.sum(-2) - (bc * Ec)[..., 0] * (Y * KS).sum(-1)
+              + AN.sum(-1) - AN.sum(-2))
+        dG[..., -1] += decay[:, :, c] * (S * dS).sum((-1, -2))
+        dg[:, :, c] = gate_from_rows(dG, Rc[..., 0] * (dKd * Kc).sum(-1), dim=-1)
+        dS = decay[:, :, c, None, None] * dS + (Ec * Qc).transpose(-1, -2) @ dOc - (bc * Ec * Kc).transpose(-1, -2) @ Y
+    chunks = lambda x: from_chunks(x, T)
+    return (chunks(grads["dQ"]) * scale, chunks(grads["dK"]), chunks(grads["dV"]), chunks(dg[..., None])[..., 0],
+            chunks(db[..., None])[..., 0], dS)
+# --8<-- [end:reverse_walk]
