@@ -79,9 +79,10 @@ def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtyp
     """Arguments at run time: ``K [B, T, HQ, DK]``, ``g [B, T, H]`` (``gate_dtype``, natural log),
     ``beta [B, T, H]`` (``beta_dtype``: the caller's, read as it is, no float32 copy), then the outputs ``G [B, H,
     NC C]`` (float32: chunk ``c``'s cumsum in log2 units at ``c C ..``, flat past the end; dense, ``[B P, H, NC C /
-    P]`` cuts each sequence into ``P`` runs of whole chunks, run ``p`` of sequence ``b`` in row ``b P + p``), ``Tb [B, T, H, C]`` (dtype; zero above the diagonal and
-    in the columns past the end) and ``flags [2]`` (int32, zeroed by the caller: ``flags[0]`` a gate not
-    finite and ``<= 0``, ``flags[1]`` a ``b`` outside ``[0, 1]``), and last the chunk table ``chunks [NC,
+    P]`` cuts each sequence into ``P`` runs of whole chunks, run ``p`` of sequence ``b`` in row ``b P + p``), ``Tb
+    [B, T, H, C]`` (dtype; zero above the diagonal and in the columns past the end) and ``flags [2]`` (int32,
+    zeroed by the caller: ``flags[0]`` a gate not finite and ``<= 0``, ``flags[1]`` a ``b`` outside ``[0, 1]``), and
+    last the chunk table ``chunks [NC,
     2]`` of packed sequences (``varlen``, ``B = 1``: each chunk's first token and length; dense, a ``[1,
     1]`` stand-in). ``H = value_groups HQ``: value head ``h`` reads key head ``h // value_groups``. The
     solve is level 4's (``chunk_wy``): the diagonal blocks by columns, then block substitution;
@@ -226,7 +227,8 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
     """Arguments at run time: ``Q, K [B, T, HQ, DK]``, ``V [B, T, H, DV]``, ``Tb [B, T, H, C]`` and
     ``G [B, H, NC C]`` of ``chunk_gated_inverse``, ``scale``, ``first_chunk`` (dense: each sequence from that chunk
     on, its rows before it neither read nor written; the split's warm-up windows over the runs as they lie, with no
-    copies; 0 elsewhere; not read with ``varlen``), ``h0``, then ``O [B, T, H, DV]`` (dtype) and ``ht`` (the state flags as in ``kda.kernels.chapters.linear_attention.seq_in_loop``), and last the
+    copies; 0 elsewhere; not read with ``varlen``), ``h0``, then ``O [B, T, H, DV]`` (dtype) and ``ht`` (the state
+    flags as in ``kda.kernels.chapters.linear_attention.seq_in_loop``), and last the
     tables of packed sequences ``cu_seqlens [N + 1]``, ``chunk_offsets [N + 1]`` and ``seq_groups [NG + 1]`` (int32, as
     level 5's ``gated_state_output_pass`` takes them; dense, ``[1]`` stand-ins). With ``varlen`` ``h0``
     and ``ht`` are ``[N, H, DK, DV]``.
@@ -593,10 +595,10 @@ inverse_state_output_pass.pass_configs = WARP_SPECIALISED
 def single_chunk_output(DK, DV, chunk_size=64, block_dv=64, dtype="bfloat16", value_groups=1, initial_state=False,
                         final_state=False, threads=128, gates_inverse=False):
     """``inverse_state_output_pass`` for packed sequences of at most one chunk each, with its arguments (its
-    ``first_chunk`` and ``seq_groups`` not read): one block per (value block, head, sequence) and no chain. The pass carries the
-    sequences of a group one after another through four warpgroups and their barriers, so a short sequence costs
-    it a whole chunk's latency on one block per SM (1024 sequences of 1 to 64 tokens: 1.63 ms of its time against
-    0.58 for the same tokens as one sequence, run 143). Here every sequence is a small block of its own, several
+    ``first_chunk`` and ``seq_groups`` not read): one block per (value block, head, sequence) and no chain. The pass
+    carries the sequences of a group one after another through four warpgroups and their barriers, so a short
+    sequence costs it a whole chunk's latency on one block per SM (1024 sequences of 1 to 64 tokens: 1.63 ms of its
+    time against 0.58 for the same tokens as one sequence, run 143). Here every sequence is a small block of its own, several
     per SM: ``V_new = Tb (V - 2^G (K S0))``, the output ``scale (2^G (Q S0) + causal(Q K^T 2^(G_i - G_j))
     V_new)`` and ``S = 2^G_last S0 + K^T (2^(G_last - G) V_new)``, the pass's products in its dtypes (``S0``,
     ``X`` and ``V_new`` rounded to ``dtype`` as GEMM operands). Without ``initial_state`` the ``S0`` terms are
