@@ -598,8 +598,8 @@ def single_chunk_output(DK, DV, chunk_size=64, block_dv=64, dtype="bfloat16", va
     ``first_chunk`` and ``seq_groups`` not read): one block per (value block, head, sequence) and no chain. The pass
     carries the sequences of a group one after another through four warpgroups and their barriers, so a short
     sequence costs it a whole chunk's latency on one block per SM (1024 sequences of 1 to 64 tokens: 1.63 ms of its
-    time against 0.58 for the same tokens as one sequence, run 143). Here every sequence is a small block of its own, several
-    per SM: ``V_new = Tb (V - 2^G (K S0))``, the output ``scale (2^G (Q S0) + causal(Q K^T 2^(G_i - G_j))
+    time against 0.58 for the same tokens as one sequence, run 143). Here every sequence is a small block of its own,
+    several per SM: ``V_new = Tb (V - 2^G (K S0))``, the output ``scale (2^G (Q S0) + causal(Q K^T 2^(G_i - G_j))
     V_new)`` and ``S = 2^G_last S0 + K^T (2^(G_last - G) V_new)``, the pass's products in its dtypes (``S0``,
     ``X`` and ``V_new`` rounded to ``dtype`` as GEMM operands). Without ``initial_state`` the ``S0`` terms are
     left out. An empty sequence's final state is its initial one. ``gates_inverse``: ``Tb`` is the gate-free inverse,
