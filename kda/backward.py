@@ -117,6 +117,12 @@ PAIR_PIECES_FROM_FORWARD = True
 # 2.48 ms against 2.52.
 INVERSE_FROM_FORWARD = True
 
+# CUDA, GDN: the chunk kernel compiled with identities (kda.reference.backward.scalar_gate_reverse_walk's): V' = T X,
+# one product Y = T^T dV' for dV and dW, dA = -stril(Y V'^T); 15 GEMMs a chunk instead of 20, fewer roundings of dA.
+# Compiled and its launch checked on the CPU; off until its GPU tests (the chunk stage against float64, the op's
+# gradients against the recurrence: WALK_IDENTITIES in tests/test_gpu_backward.py) pass and it is timed.
+WALK_IDENTITIES = False
+
 # CUDA, KDA: chunk_pair_gradients split by channels, PAIR_KERNEL_CHANNELS of them per block (every pair sum
 # is per channel; only dPs and dAb, read again by each block, are shared), as fla's intra-chunk backward
 # splits its own: tiles of 64 x 16 instead of 64 x 128, 117 registers for 128 threads against 255 for 256,
@@ -557,7 +563,8 @@ def kernel_chunk_gradients(q, k, v, g, beta, do, S, dS, scale, dtype, dG_last=No
     from kda.kernels.backward_chunks import run_chunk_gradients
 
     B, T, H, _ = q.shape
-    dq, dk, dv, db, dG, to_end = run_chunk_gradients(q, k, v, g, beta, do, S, dS, scale, dtype, final_dtype, inverse)
+    dq, dk, dv, db, dG, to_end = run_chunk_gradients(q, k, v, g, beta, do, S, dS, scale, dtype, final_dtype, inverse,
+                                                     WALK_IDENTITIES)
     NC = S.shape[2]
     if dG_last is not None:
         dG_last = dG_last.sum(3)                                                       # a gate per head

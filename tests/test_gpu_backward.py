@@ -214,12 +214,13 @@ def test_state_passes_as_operands_against_the_stages(per_channel, dtype, token_m
 # GATE_IN_PAIR_KERNEL); the scores from the forward need KDA and the token-major pieces (on by default)
 LANDED_OFF = ("SCORES_FROM_FORWARD", "PAIR_KERNEL_TWO_BLOCKS", "PAIR_KERNEL_BY_CHANNELS", "GRADS_IN_INPUT_DTYPE",
               "PAIR_PIECES_FROM_FORWARD", "INVERSE_FROM_FORWARD", "PACKED_STATE_KERNELS", "LEVEL_PASSES_FROM_INPUTS",
-              "PAIR_SUMS_BY_PRODUCTS", "PAIR_SUMS_BY_HALVINGS")
+              "PAIR_SUMS_BY_PRODUCTS", "PAIR_SUMS_BY_HALVINGS", "WALK_IDENTITIES")
 SWITCH_CASES = [(on, per_channel, kind)
                 for on, per_channel, kinds in (
                     (("SCORES_FROM_FORWARD",), True, ["logsigmoid", "runs_of_-20", "mild"]),
                     (("PAIR_PIECES_FROM_FORWARD",), True, ["logsigmoid", "runs_of_-20", "mild"]),
                     (("INVERSE_FROM_FORWARD",), False, ["logsigmoid", "runs_of_-20", "mild"]),
+                    (("WALK_IDENTITIES",), False, ["logsigmoid", "runs_of_-20", "mild"]),
                     (("PAIR_SUMS_BY_PRODUCTS",), True, ["logsigmoid", "runs_of_-20", "mild"]),
                     (("PAIR_SUMS_BY_HALVINGS",), True, ["logsigmoid", "runs_of_-20", "mild"]),
                     (("PAIR_KERNEL_TWO_BLOCKS",), True, ["runs_of_-20", "mild"]),
@@ -275,8 +276,10 @@ def test_gradients_with_the_switches_landed_off(on, per_channel, kind, dtype, de
              # the channels' arrangement (min_blocks 4) takes the place of two blocks where both are on
              "PAIR_KERNEL_TWO_BLOCKS": pairs.get("min_blocks") == 2 or "PAIR_KERNEL_BY_CHANNELS" in on,
              "PAIR_KERNEL_BY_CHANNELS": pairs.get("block_dk") == backward.PAIR_KERNEL_CHANNELS["block_dk"],
-             "GRADS_IN_INPUT_DTYPE": chunk.get("grad_dtype") == str(dtype).removeprefix("torch.")}
-    for_op = {"GRADS_IN_INPUT_DTYPE", "INVERSE_FROM_FORWARD"} if not per_channel else set(taken) - {"INVERSE_FROM_FORWARD"}
+             "GRADS_IN_INPUT_DTYPE": chunk.get("grad_dtype") == str(dtype).removeprefix("torch."),
+             "WALK_IDENTITIES": chunk.get("identities") is True}
+    gdn_only = {"INVERSE_FROM_FORWARD", "WALK_IDENTITIES"}
+    for_op = {"GRADS_IN_INPUT_DTYPE", *gdn_only} if not per_channel else set(taken) - gdn_only
     assert all(taken[switch] for switch in on if switch in for_op), taken
 
 
@@ -362,16 +365,20 @@ def test_chunk_kernel_against_the_stages(per_channel, dtype, kind, poisoned, mon
         assert rel_l2(got.double().cpu(), want) <= bound, f"{name}: {rel_l2(got.double().cpu(), want):.2e}"
 
 
+@pytest.mark.parametrize("identities", [False, True], ids=["", "identities"])
 @pytest.mark.parametrize("kind", ["logsigmoid", "runs_of_-20", "mild"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_chunk_kernel_with_the_forwards_inverse(dtype, kind, poisoned):
+def test_chunk_kernel_with_the_forwards_inverse(dtype, kind, identities, poisoned, monkeypatch):
     """GDN's chunk kernel compiled with ``pieces_in`` (``INVERSE_FROM_FORWARD``), reading ``T``, ``stril(K K^T E)``
     and the scores from the forward's ``chunk_intra`` (compiled with ``backward_outputs``, on the same inputs),
     against the reference's ``chunk_gradients`` in float64 with the same states and state gradients rounded to
     the kernel's dtype (a tail chunk; outputs poisoned with NaN), within the bound of the kernel that makes
-    them itself (``test_chunk_kernel_against_the_stages``)."""
+    them itself (``test_chunk_kernel_against_the_stages``). ``identities``: the kernel compiled with the reverse
+    walk's identities (``WALK_IDENTITIES``)."""
     from kda import backward
     from kda.kernels.chunk_intra import prepare_chunks
+
+    monkeypatch.setattr(backward, "WALK_IDENTITIES", identities)
 
     q, k, v, g, beta, do, S, dS, wants = chunk_stage_case(dtype, kind, False, 33)
     DK = q.shape[-1]

@@ -255,6 +255,11 @@ CASES = [
     # reading the forward's T, K K^T E and scores (INVERSE_FROM_FORWARD)
     ("backward_chunks", "chunk_gradients", dict(DK=128, DV=128, pieces_in=True, grad_dtype="bfloat16")),
     ("backward_chunks", "chunk_gradients", dict(DK=64, DV=128, dtype="float16", pieces_in=True)),
+    # the reverse walk's identities (WALK_IDENTITIES): 15 GEMMs a chunk instead of 20
+    ("backward_chunks", "chunk_gradients", dict(DK=128, DV=128, pieces_in=True, grad_dtype="bfloat16",
+                                                identities=True)),
+    ("backward_chunks", "chunk_gradients", dict(DK=128, DV=128, dtype="float16", identities=True)),
+    ("backward_chunks", "chunk_gradients", dict(DK=64, DV=128, pieces_in=True, identities=True)),
     ("backward_chunks", "chunk_pair_pieces", dict(DK=128)),
     ("backward_chunks", "chunk_pair_pieces", dict(DK=64, dtype="float16")),
     ("backward_chunks", "chunk_state_gradients", dict(DK=128, DV=128, spill_budget=24)),

@@ -713,6 +713,12 @@ def test_backward_chunk_kernel(kernel_launches, monkeypatch, dtype):
                                      kernel_dtype=dtype)
     assert [name for name, _ in kernel_launches] == ["chunk_gradients"]
     assert [x.shape for x in got[:5]] == [q.shape, k.shape, v.shape, g[..., 0].shape, beta.shape]
+    assert not kernel_launches[0][1].get("identities")
+    monkeypatch.setattr(backward, "WALK_IDENTITIES", True)      # the reverse walk's identities: another compile
+    kernel_launches.clear()
+    backward.chunked_gradients(q.float(), k.float(), v.float(), g[..., 0], beta, do, None, 0.125, None,
+                               kernel_dtype=dtype)
+    assert kernel_launches[0][1].get("identities") is True
 
 
 @pytest.mark.parametrize("from_inputs", [False, True], ids=["level_pieces", "passes_from_inputs"])

@@ -71,7 +71,7 @@ def new_values(Tb_s, X_s, v_s, S_in, state_s, KD_f, VD_f, Y_s, bb, bh, c):
 
 # --8<-- [start:chunk_gradients]
 def chunk_gradients(DK, DV, chunk_size=64, dtype="bfloat16", scalar_gate=True, delta_rule=True, threads=256,
-                    grad_dtype=ACCUM, pieces_in=False):
+                    grad_dtype=ACCUM, pieces_in=False, identities=False):
     """Arguments at run time: ``Q, K [B, T, H, DK]``, ``V, dO [B, T, H, DV]`` (dtype; ``Q`` and ``K``
     with one head per value head), ``g [B, T, H, 1]`` (the gate per token, natural log), ``beta [B, T,
     H]`` (float32), ``S_in, dS_out [B, H, NC, DK, DV]`` (dtype: the state entering each chunk and the
@@ -84,8 +84,12 @@ def chunk_gradients(DK, DV, chunk_size=64, dtype="bfloat16", scalar_gate=True, d
     the caller a rounding copy of each). ``pieces_in`` (with the delta rule; ``kda.backward``'s
     ``INVERSE_FROM_FORWARD``): three more inputs after ``dS_out``, as the forward's ``chunk_intra`` compiled with
     ``backward_outputs`` writes them, ``Tinv [B, T, H, C]`` (dtype), ``KKE [B, T, H, C]`` (float32) and ``P [B,
-    T, H, C]`` (dtype, its ``A_qk``): no GEMM of ``K K^T`` or ``Q K^T``, no solve."""
+    T, H, C]`` (dtype, its ``A_qk``): no GEMM of ``K K^T`` or ``Q K^T``, no solve. ``identities`` (with the delta
+    rule; ``kda.backward.WALK_IDENTITIES``): the WY form's products by the identities of
+    ``kda.reference.backward.scalar_gate_reverse_walk``, ``V' = T X`` with ``X = diag(b) (V - 2^G K S)``, ``Y = T^T
+    dV'`` for both ``dV`` and ``dW``, ``dA = -stril(Y V'^T)``: 15 GEMMs a chunk instead of 20."""
     assert scalar_gate, "a gate per channel takes kda.backward's torch stages"
+    assert delta_rule or not identities, "identities: the delta rule's"
     assert delta_rule or not pieces_in, "the forward's pieces are the delta rule's"
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     C = chunk_size
@@ -156,13 +160,24 @@ def chunk_gradients(DK, DV, chunk_size=64, dtype="bfloat16", scalar_gate=True, d
                         A_s[i, j] = kke * b_s[i]
                     invert_diagonal_blocks_by_columns(A_s, Tinv_s, x_col, C, SOLVE_BLOCK)
                     merge_by_substitution(A_s, Tinv_s, C, SOLVE_BLOCK)
-                # stages.wy_tail's products, written here so that U stays in registers for U - W S (through
-                # wy_tail's buffers, bf16 at 128 x 128 spilled 8 bytes)
-                for i, j in T.Parallel(C, C):                  # blocks above the diagonal were not written
-                    Cc_s[i, j] = T.if_then_else(i // SOLVE_BLOCK >= j // SOLVE_BLOCK, Tinv_s[i, j] * b_s[j], 0.0)
-                for i, d in T.Parallel(C, DK):
-                    X_s[i, d] = k_s[i, d] * T.exp2(G_s[i, 0])
-                new_values(Cc_s, X_s, v_s, S_in, state_s, KD_f, VD_f, Y_s, bb, bh, c)
+                if identities:                             # V' = T X, X = diag(b) (V - 2^G K S) (in Z_s)
+                    for i, j in T.Parallel(C, C):              # blocks above the diagonal were not written
+                        Cc_s[i, j] = T.if_then_else(i // SOLVE_BLOCK >= j // SOLVE_BLOCK, Tinv_s[i, j], 0.0)
+                    T.copy(S_in[bb, bh, c, :, :], state_s)
+                    T.gemm(k_s, state_s, VD_f, clear_accum=True)
+                    for i, d in T.Parallel(C, DV):
+                        Z_s[i, d] = b_s[i] * (v_s[i, d] - T.exp2(G_s[i, 0]) * VD_f[i, d])
+                    T.gemm(Cc_s, Z_s, VD_f, clear_accum=True)
+                    T.copy(VD_f, Y_s)
+                else:
+                    # stages.wy_tail's products, written here so that U stays in registers for U - W S (through
+                    # wy_tail's buffers, bf16 at 128 x 128 spilled 8 bytes)
+                    for i, j in T.Parallel(C, C):                  # blocks above the diagonal were not written
+                        Cc_s[i, j] = T.if_then_else(i // SOLVE_BLOCK >= j // SOLVE_BLOCK, Tinv_s[i, j] * b_s[j],
+                                                    0.0)
+                    for i, d in T.Parallel(C, DK):
+                        X_s[i, d] = k_s[i, d] * T.exp2(G_s[i, 0])
+                    new_values(Cc_s, X_s, v_s, S_in, state_s, KD_f, VD_f, Y_s, bb, bh, c)
             else:                                          # no delta rule: V' = V
                 T.copy(S_in[bb, bh, c, :, :], state_s)
                 T.copy(v_s, Y_s)
@@ -220,7 +235,46 @@ def chunk_gradients(DK, DV, chunk_size=64, dtype="bfloat16", scalar_gate=True, d
                 if i < L:
                     to_end[bb, t0 + i, bh] = row_f[i]
 
-            if delta_rule:
+            if identities:
+                # Y = T^T dV': dV = b Y, and sum_v Y V for db
+                for i, j in T.Parallel(C, C):
+                    Cc2_s[i, j] = T.if_then_else(i // SOLVE_BLOCK >= j // SOLVE_BLOCK, Tinv_s[i, j], 0.0)
+                T.gemm(Cc2_s, Z_s, VD_f, transpose_A=True, clear_accum=True)
+                T.copy(VD_f, Z_s)                              # Y, as the operand of Y S^T and Y V'^T
+                for i, d in T.Parallel(C, DV):
+                    if i < L:
+                        dV[bb, t0 + i, bh, d] = out(VD_f[i, d] * b_s[i])
+                    VD_f[i, d] = VD_f[i, d] * v_s[i, d]
+                T.reduce_sum(VD_f, row_f, dim=1)
+                for i in T.Parallel(C):
+                    db_s[i] = row_f[i]
+                # dX_w = -Y S^T: dK += b 2^G dX_w; sum_d dX_w K_g for db, b times it for the gate
+                T.copy(S_in[bb, bh, c, :, :], state_s)
+                T.gemm(Z_s, state_s, KD_f, transpose_B=True, clear_accum=True)
+                for i, d in T.Parallel(C, DK):
+                    dK_f[i, d] = dK_f[i, d] - KD_f[i, d] * b_s[i] * T.exp2(G_s[i, 0])
+                    KD_f[i, d] = KD_f[i, d] * k_s[i, d]
+                T.reduce_sum(KD_f, row_f, dim=1)
+                for i in T.Parallel(C):
+                    share = -row_f[i] * T.exp2(G_s[i, 0])
+                    db_s[i] = db_s[i] + share
+                    dg_s[i] = dg_s[i] + share * b_s[i]
+                # dA = -stril(Y V'^T), since T X = V'
+                T.gemm(Z_s, Y_s, CC_f, transpose_B=True, clear_accum=True)
+                for i, j in T.Parallel(C, C):
+                    dA = T.if_then_else(j < i, -CC_f[i, j], 0.0)
+                    Cc_s[i, j] = dA * b_s[i] * decay(i, j)
+                    CC_f[i, j] = dA * KKE_s[i, j]
+                T.reduce_sum(CC_f, row_f, dim=1)
+                for i in T.Parallel(C):
+                    db_s[i] = db_s[i] + row_f[i]
+                    dg_s[i] = dg_s[i] + row_f[i] * b_s[i]
+                for i, j in T.Parallel(C, C):
+                    A_s[i, j] = CC_f[i, j] * b_s[i]
+                column_sums_out(A_s, dg_s, C)
+                T.gemm(Cc_s, k_s, dK_f)
+                T.gemm(Cc_s, k_s, dK_f, transpose_A=True)
+            elif delta_rule:
                 # dW = -dV' S^T
                 T.copy(S_in[bb, bh, c, :, :], state_s)
                 T.gemm(Z_s, state_s, KD_f, transpose_B=True, clear_accum=True)
@@ -1037,7 +1091,8 @@ chunk_state_gradients.compile_flags = ("-ftz=true",)
 
 # ---- the launchers ----
 
-def run_chunk_gradients(q, k, v, g, beta, do, S, dS, scale, dtype, final_dtype=False, inverse=None):
+def run_chunk_gradients(q, k, v, g, beta, do, S, dS, scale, dtype, final_dtype=False, inverse=None,
+                        identities=False):
     """``chunk_gradients`` on every chunk of ``q, k, v, do [B, T, H, *]`` with a gate per head ``g [B, T, H]``
     and ``beta [B, T, H]`` (``None``: no delta rule), the states entering the chunks and the gradients of those
     leaving them (``S``, ``dS [B, H, NC, DK, DV]``, rounded to ``dtype`` as the kernel reads them). Returns the
@@ -1045,7 +1100,7 @@ def run_chunk_gradients(q, k, v, g, beta, do, S, dS, scale, dtype, final_dtype=F
     ``db``, ``dG`` (every term of the gate's gradient but the decay to the chunk's end) and ``to_end`` (that
     decay's terms), float32 ``[B, T, H]``. ``inverse``: ``{"Tinv", "KKE", "P"}`` ``[B, T, H, C]`` as the
     forward's ``chunk_intra`` wrote them with ``backward_outputs``: the kernel compiled with ``pieces_in`` reads
-    them."""
+    them. ``identities``: the kernel compiled with them (the delta rule's fewer GEMMs)."""
     from kda.kernels.build import compile_program
 
     B, T, H, DK = q.shape
@@ -1053,6 +1108,8 @@ def run_chunk_gradients(q, k, v, g, beta, do, S, dS, scale, dtype, final_dtype=F
     low = lambda x: x.to(dtype).contiguous()
     grads = dict(grad_dtype=launch.dtype_name(dtype)) if final_dtype else {}
     pieces = dict(pieces_in=True) if inverse is not None else {}
+    if identities and beta is not None:
+        pieces["identities"] = True
     with torch.cuda.device(q.device):
         kernel = compile_program(chunk_gradients, (), DK=DK, DV=DV, chunk_size=CHUNK_SIZE,
                                  dtype=launch.dtype_name(dtype), delta_rule=beta is not None, **grads, **pieces)
