@@ -117,10 +117,12 @@ PAIR_PIECES_FROM_FORWARD = True
 # 2.48 ms against 2.52.
 INVERSE_FROM_FORWARD = True
 
-# CUDA, GDN: the chunk kernel compiled with identities (kda.reference.backward.scalar_gate_reverse_walk's): V' = T X,
-# one product Y = T^T dV' for dV and dW, dA = -stril(Y V'^T); 15 GEMMs a chunk instead of 20, fewer roundings of dA.
-# Compiled and its launch checked on the CPU; off until its GPU tests (the chunk stage against float64, the op's
-# gradients against the recurrence: WALK_IDENTITIES in tests/test_gpu_backward.py) pass and it is timed.
+# CUDA: the chunk kernels compiled with the identities of kda.reference.backward.scalar_gate_reverse_walk (they hold
+# for a gate per channel too): V' = T X, one product Y = T^T dV' for dV and dW, dA = -stril(Y V'^T). GDN's
+# chunk_gradients makes 15 GEMMs a chunk instead of 20, KDA's chunk_state_gradients 9 instead of 14, dA with fewer
+# roundings. Compiled and their launches checked on the CPU; off until their GPU tests (the chunk stages against
+# float64, the ops' gradients against the recurrence: WALK_IDENTITIES in tests/test_gpu_backward.py) pass and they are
+# timed.
 WALK_IDENTITIES = False
 
 # CUDA, KDA: chunk_pair_gradients split by channels, PAIR_KERNEL_CHANNELS of them per block (every pair sum
@@ -600,7 +602,8 @@ def kernel_chunk_gradients_by_channel(q, k, v, g, beta, do, S, dS, scale, dtype,
 
     options = pair_kernel_options(beta, q.shape[-1])
     dq, dk, dv, dG, to_end, dG_last, db = run_channel_gradients(q, k, v, g, beta, do, S, dS, scale, dtype, options,
-                                                                dG_last, scores, final_dtype, pair_pieces)
+                                                                dG_last, scores, final_dtype, pair_pieces,
+                                                                WALK_IDENTITIES)
     dg = dG if options.get("finish_gate") else gate_gradient(dG, to_end, dG_last, CHUNK_SIZE)
     return dq, dk, dv, dg, (db if beta is not None else None)
 

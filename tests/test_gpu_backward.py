@@ -221,6 +221,7 @@ SWITCH_CASES = [(on, per_channel, kind)
                     (("PAIR_PIECES_FROM_FORWARD",), True, ["logsigmoid", "runs_of_-20", "mild"]),
                     (("INVERSE_FROM_FORWARD",), False, ["logsigmoid", "runs_of_-20", "mild"]),
                     (("WALK_IDENTITIES",), False, ["logsigmoid", "runs_of_-20", "mild"]),
+                    (("WALK_IDENTITIES",), True, ["logsigmoid", "runs_of_-20"]),
                     (("PAIR_SUMS_BY_PRODUCTS",), True, ["logsigmoid", "runs_of_-20", "mild"]),
                     (("PAIR_SUMS_BY_HALVINGS",), True, ["logsigmoid", "runs_of_-20", "mild"]),
                     (("PAIR_KERNEL_TWO_BLOCKS",), True, ["runs_of_-20", "mild"]),
@@ -278,8 +279,8 @@ def test_gradients_with_the_switches_landed_off(on, per_channel, kind, dtype, de
              "PAIR_KERNEL_BY_CHANNELS": pairs.get("block_dk") == backward.PAIR_KERNEL_CHANNELS["block_dk"],
              "GRADS_IN_INPUT_DTYPE": chunk.get("grad_dtype") == str(dtype).removeprefix("torch."),
              "WALK_IDENTITIES": chunk.get("identities") is True}
-    gdn_only = {"INVERSE_FROM_FORWARD", "WALK_IDENTITIES"}
-    for_op = {"GRADS_IN_INPUT_DTYPE", *gdn_only} if not per_channel else set(taken) - gdn_only
+    for_op = ({"GRADS_IN_INPUT_DTYPE", "INVERSE_FROM_FORWARD", "WALK_IDENTITIES"} if not per_channel
+              else set(taken) - {"INVERSE_FROM_FORWARD"})
     assert all(taken[switch] for switch in on if switch in for_op), taken
 
 
@@ -327,10 +328,11 @@ def chunk_stage_case(dtype, kind, per_channel, seed):
 @pytest.mark.parametrize("kind", ["logsigmoid", "runs_of_-20", "mild"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("per_channel", [False, True, "shared_pairs", "gate_in_pair_kernel", "by_channels", "products",
-                                         "by_channels_products", "halvings", "halvings_to_1", "halvings_to_16"],
+                                         "by_channels_products", "halvings", "halvings_to_1", "halvings_to_16",
+                                         "identities", "gdn_identities"],
                          ids=["gdn", "kda", "kda_shared_pairs", "kda_gate_in_pair_kernel", "kda_by_channels",
                               "kda_products", "kda_by_channels_products", "kda_halvings", "kda_halvings_to_1",
-                              "kda_halvings_to_16"])
+                              "kda_halvings_to_16", "kda_identities", "gdn_identities"])
 def test_chunk_kernel_against_the_stages(per_channel, dtype, kind, poisoned, monkeypatch):
     """``kda/kernels/backward_chunks.py`` (a gate per head: ``chunk_gradients``; per channel: its three
     kernels) against the reference's ``chunk_gradients`` in float64 on the same inputs and the same
@@ -343,10 +345,15 @@ def test_chunk_kernel_against_the_stages(per_channel, dtype, kind, poisoned, mon
     split by channels); ``kda_products``: with the defaults and ``PAIR_SUMS_BY_PRODUCTS`` (the pairs inside a
     sub-chunk by running products of the token decays), and split by channels too; ``kda_halvings``: with the
     defaults and ``PAIR_SUMS_BY_HALVINGS`` (the pairs of different blocks of 4 rows by halvings; ``_to_1``: every
-    pair, ``_to_16``: blocks of 16)."""
+    pair, ``_to_16``: blocks of 16); ``kda_identities``, ``gdn_identities``: with the defaults and
+    ``WALK_IDENTITIES`` (the reverse walk's identities in the WY form)."""
     from kda import backward
 
-    defaults = per_channel in ("by_channels", "products", "by_channels_products") or str(per_channel).startswith("halv")
+    monkeypatch.setattr(backward, "WALK_IDENTITIES", str(per_channel).endswith("identities"))
+    if per_channel == "gdn_identities":
+        per_channel = False
+    defaults = per_channel in ("by_channels", "products", "by_channels_products", "identities") or \
+        str(per_channel).startswith("halv")
     monkeypatch.setattr(backward, "PAIR_SUMS_BY_HALVINGS", str(per_channel).startswith("halvings"))
     monkeypatch.setattr(backward, "PAIR_HALVINGS_TO", {"halvings_to_1": 1, "halvings_to_16": 16}.get(per_channel, 4))
     monkeypatch.setattr(backward, "SHARED_PAIR_SUMS", per_channel == "shared_pairs" or defaults)

@@ -265,6 +265,10 @@ CASES = [
     ("backward_chunks", "chunk_state_gradients", dict(DK=128, DV=128, spill_budget=24)),
     ("backward_chunks", "chunk_state_gradients", dict(DK=128, DV=128, grad_dtype="bfloat16", spill_budget=24)),
     ("backward_chunks", "chunk_state_gradients", dict(DK=64, DV=128, dtype="float16")),
+    # the reverse walk's identities (WALK_IDENTITIES): 9 GEMMs a chunk instead of 14
+    ("backward_chunks", "chunk_state_gradients", dict(DK=128, DV=128, grad_dtype="bfloat16", identities=True,
+                                                      spill_budget=24)),
+    ("backward_chunks", "chunk_state_gradients", dict(DK=64, DV=128, dtype="float16", identities=True)),
     ("backward_chunks", "chunk_pair_gradients", dict(DK=128)),
     ("backward_chunks", "chunk_pair_gradients", dict(DK=64, dtype="float16")),
     # the pair sums sharing their decays: 255 registers, 8 bytes in local memory

@@ -757,14 +757,14 @@ def test_backward_with_every_kernel(kernel_launches, monkeypatch, per_channel, u
     binder takes it (a tail chunk). ``unverified``: with the four switches that landed off and went on after
     run 100's GPU tests (the state passes token-major and with the decay terms, ``chunk_pair_gradients`` with
     ``shared_pairs`` and the gate's inputs), ``SCORES_FROM_FORWARD``, ``PAIR_KERNEL_TWO_BLOCKS`` and
-    ``PAIR_KERNEL_BY_CHANNELS`` (off: no GPU run yet); without them,
+    ``PAIR_KERNEL_BY_CHANNELS``, and ``WALK_IDENTITIES`` (off: no GPU run yet); without them,
     the glue of before, still reachable by the switches."""
     from kda import backward
 
     for switch in ("FORWARD_PIECES", "STATE_KERNELS", "CHUNK_KERNEL", "CHUNK_KERNELS_BY_CHANNEL"):
         monkeypatch.setattr(backward, switch, True)
     for switch in ("STATES_AS_OPERANDS", "TOKEN_MAJOR_STATES", "SHARED_PAIR_SUMS", "GATE_IN_PAIR_KERNEL",
-                   "SCORES_FROM_FORWARD", "PAIR_KERNEL_TWO_BLOCKS", "PAIR_KERNEL_BY_CHANNELS"):
+                   "SCORES_FROM_FORWARD", "PAIR_KERNEL_TWO_BLOCKS", "PAIR_KERNEL_BY_CHANNELS", "WALK_IDENTITIES"):
         monkeypatch.setattr(backward, switch, unverified)
     for switch in ("PAIR_PIECES_FROM_FORWARD", "INVERSE_FROM_FORWARD"):    # tested below
         monkeypatch.setattr(backward, switch, False)
@@ -783,6 +783,8 @@ def test_backward_with_every_kernel(kernel_launches, monkeypatch, per_channel, u
     assert params["forward_states_pass"].get("state_dtype", "float32") == ("bfloat16" if unverified else "float32")
     for name in ("forward_states_pass", "reverse_state_pass"):          # the forward's pieces as they are
         assert params[name].get("token_major", False) is unverified
+    chunk = params["chunk_state_gradients" if per_channel else "chunk_gradients"]
+    assert chunk.get("identities", False) is unverified                # WALK_IDENTITIES
     if not per_channel:                          # GRADS_IN_INPUT_DTYPE: dq, dk, dv bound in bf16
         assert params["chunk_gradients"].get("grad_dtype") == ("bfloat16" if unverified else None)
         assert {x.dtype for x in got[:3]} == {torch.bfloat16 if unverified else torch.float32}

@@ -906,7 +906,8 @@ chunk_pair_pieces.compile_flags = ("-ftz=true",)
 
 
 # --8<-- [start:chunk_state_gradients]
-def chunk_state_gradients(DK, DV, chunk_size=64, dtype="bfloat16", delta_rule=True, threads=256, grad_dtype=ACCUM):
+def chunk_state_gradients(DK, DV, chunk_size=64, dtype="bfloat16", delta_rule=True, threads=256, grad_dtype=ACCUM,
+                          identities=False):
     """Every term of the chunk stage for a gate per channel but the pair sums, as ``chunk_gradients`` takes
     them for a gate per head, with ``T``, ``P`` and ``stril(K K^T E)`` read from ``chunk_pair_pieces``
     instead of made here. Arguments at run time: ``Q, K [B, T, H, DK]``, ``V, dO [B, T, H, DV]`` (dtype),
@@ -917,7 +918,10 @@ def chunk_state_gradients(DK, DV, chunk_size=64, dtype="bfloat16", delta_rule=Tr
     pair matrices that ``chunk_pair_gradients`` sums: ``dPs = stril(dP)`` and ``dAb = dA b``
     ``[B, T, H, C]``. One block per (chunk, head, batch row). ``delta_rule=False`` (level 3): no WY form,
     ``V' = V`` and ``dV = dV'``; ``beta``, ``Tinv`` and ``KKE`` are not read, ``db`` and ``dAb`` not written.
-    ``grad_dtype``: that of ``dV`` (final here, written once: the inputs' dtype spares a rounding copy)."""
+    ``grad_dtype``: that of ``dV`` (final here, written once: the inputs' dtype spares a rounding copy).
+    ``identities``: the WY form's products as ``chunk_gradients(identities=True)`` makes them (``V' = T X``, ``Y =
+    T^T dV'``, ``dA = -stril(Y V'^T)``; they hold for a gate per channel too): 9 GEMMs a chunk instead of 14."""
+    assert delta_rule or not identities, "identities: the delta rule's"
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     C = chunk_size
     NC = T.ceildiv(S, C)
@@ -984,11 +988,21 @@ def chunk_state_gradients(DK, DV, chunk_size=64, dtype="bfloat16", delta_rule=Tr
                 load_rows(Tinv, T_s, bb, t0, bh, L, C, C)
                 for i in T.Parallel(C):
                     b_s[i] = T.if_then_else(i < L, beta[bb, t0 + T.min(i, L - 1), bh], 0.0)
-                for i, j in T.Parallel(C, C):
-                    Cc_s[i, j] = T_s[i, j] * b_s[j]
-                for i, d in T.Parallel(C, DK):
-                    X_s[i, d] = k_s[i, d] * T.exp2(G_s[i, d])
-                new_values(Cc_s, X_s, v_s, S_in, state_s, KD_f, VD_f, Y_s, bb, bh, c)
+                if identities:                             # V' = T X, X = diag(b) (V - (K 2^G) S) (in Z_s)
+                    for i, d in T.Parallel(C, DK):
+                        X_s[i, d] = k_s[i, d] * T.exp2(G_s[i, d])
+                    T.copy(S_in[bb, bh, c, :, :], state_s)
+                    T.gemm(X_s, state_s, VD_f, clear_accum=True)
+                    for i, d in T.Parallel(C, DV):
+                        Z_s[i, d] = b_s[i] * (v_s[i, d] - VD_f[i, d])
+                    T.gemm(T_s, Z_s, VD_f, clear_accum=True)
+                    T.copy(VD_f, Y_s)
+                else:
+                    for i, j in T.Parallel(C, C):
+                        Cc_s[i, j] = T_s[i, j] * b_s[j]
+                    for i, d in T.Parallel(C, DK):
+                        X_s[i, d] = k_s[i, d] * T.exp2(G_s[i, d])
+                    new_values(Cc_s, X_s, v_s, S_in, state_s, KD_f, VD_f, Y_s, bb, bh, c)
             else:                                          # no delta rule: V' = V
                 T.copy(S_in[bb, bh, c, :, :], state_s)
                 T.copy(v_s, Y_s)
@@ -1030,7 +1044,7 @@ def chunk_state_gradients(DK, DV, chunk_size=64, dtype="bfloat16", delta_rule=Tr
 
             # dW = -dV' S^T (into X_s); the gate's share of the state read, dQg Qg
             T.copy(S_in[bb, bh, c, :, :], state_s)
-            if delta_rule:
+            if delta_rule and not identities:
                 T.gemm(Z_s, state_s, KD_f, transpose_B=True, clear_accum=True)
                 for i, d in T.Parallel(C, DK):
                     X_s[i, d] = -KD_f[i, d]
@@ -1038,7 +1052,27 @@ def chunk_state_gradients(DK, DV, chunk_size=64, dtype="bfloat16", delta_rule=Tr
             for i, d in T.Parallel(C, DK):
                 dG_f[i, d] = KD_f[i, d] * T.exp2(G_s[i, d]) * q_s[i, d] * scale
 
-            if delta_rule:
+            if identities:
+                # Y = T^T dV': dV = b Y, sum_v Y V for db; dXw = -Y S^T (dKg = b dXw); dA = -stril(Y V'^T)
+                T.gemm(T_s, Z_s, VD_f, transpose_A=True, clear_accum=True)
+                T.copy(VD_f, Z_s)                          # Y, the operand of Y S^T and Y V'^T
+                for i, d in T.Parallel(C, DV):
+                    if i < L:
+                        dV[bb, t0 + i, bh, d] = out(VD_f[i, d] * b_s[i])
+                    VD_f[i, d] = VD_f[i, d] * v_s[i, d]
+                T.reduce_sum(VD_f, row_f, dim=1)
+                for i in T.Parallel(C):
+                    db_s[i] = row_f[i]
+                T.gemm(Z_s, state_s, KD_f, transpose_B=True, clear_accum=True)
+                for i, d in T.Parallel(C, DK):
+                    dK_f[i, d] = dK_f[i, d] - KD_f[i, d] * b_s[i] * T.exp2(G_s[i, d])     # dKg 2^G
+                    KD_f[i, d] = -KD_f[i, d] * k_s[i, d] * T.exp2(G_s[i, d])             # dXw Kg
+                    dG_f[i, d] = dG_f[i, d] + KD_f[i, d] * b_s[i]
+                T.reduce_sum(KD_f, row_f, dim=1)
+                for i in T.Parallel(C):
+                    db_s[i] = db_s[i] + row_f[i]
+                T.gemm(Z_s, Y_s, CC_f, transpose_B=True, clear_accum=True)    # Y V'^T
+            elif delta_rule:
                 # the WY form: dXu = T^T dV' (dV = b dXu), dXw = T^T dW (dKg = b dXw)
                 T.gemm(T_s, Z_s, VD_f, transpose_A=True, clear_accum=True)
                 for i, d in T.Parallel(C, DV):
@@ -1066,6 +1100,7 @@ def chunk_state_gradients(DK, DV, chunk_size=64, dtype="bfloat16", delta_rule=Tr
                 T.gemm(T_s, Cc_s, CC_f, transpose_A=True, clear_accum=True)   # T^T dT
                 T.copy(CC_f, Cc_s)
                 T.gemm(Cc_s, T_s, CC_f, transpose_B=True, clear_accum=True)   # (T^T dT) T^T
+            if delta_rule:
                 # dA = -stril(T^T dT T^T): db += sum_j dA_ij stril(K K^T E)_ij; dA b to chunk_pair_gradients
                 for i, j in T.Parallel(C, C):
                     CC_f[i, j] = T.if_then_else(j < i, -CC_f[i, j], 0.0)
@@ -1126,7 +1161,7 @@ def run_chunk_gradients(q, k, v, g, beta, do, S, dS, scale, dtype, final_dtype=F
 
 
 def run_channel_gradients(q, k, v, g, beta, do, S, dS, scale, dtype, pair_options, dG_last=None, scores=None,
-                          final_dtype=False, pair_pieces=None):
+                          final_dtype=False, pair_pieces=None, identities=False):
     """The chunk stage for a gate per channel (KDA) by the three kernels that split it: ``chunk_pair_pieces``
     (the cumulative gate, ``T``, the scores ``P`` and ``stril(K K^T E)``, whose pair decays need sub-chunks),
     ``chunk_state_gradients`` (every GEMM with the states, the WY form, ``dP`` and ``dA b`` written out) and
@@ -1138,7 +1173,8 @@ def run_channel_gradients(q, k, v, g, beta, do, S, dS, scale, dtype, pair_option
     terms where the reverse pass made them, else taken here from ``S`` and ``dS``. ``scores``: ``P [B, T, H, C]``
     in ``dtype`` as the forward's ``chunk_intra`` made it, else made by ``chunk_pair_pieces``. ``final_dtype``:
     ``dv`` in ``dtype``, as ``chunk_state_gradients`` rounds it once. ``pair_pieces``: ``{"G", "Tinv", "KKE"}`` as
-    the forward's ``chunk_intra`` wrote them (with ``scores``): ``chunk_pair_pieces`` does not run."""
+    the forward's ``chunk_intra`` wrote them (with ``scores``): ``chunk_pair_pieces`` does not run. ``identities``:
+    ``chunk_state_gradients`` compiled with them (the WY form's fewer GEMMs)."""
     from kda.kernels.build import compile_program
 
     B, T, H, DK = q.shape
@@ -1151,7 +1187,8 @@ def run_channel_gradients(q, k, v, g, beta, do, S, dS, scale, dtype, pair_option
         pieces = None if pair_pieces is not None else compile_program(chunk_pair_pieces, (), DK=DK, **config,
                                                                       **made)
         grads = dict(grad_dtype=launch.dtype_name(dtype)) if final_dtype else {}
-        states = compile_program(chunk_state_gradients, (), DK=DK, DV=DV, **config, **grads)
+        walk = dict(identities=True) if identities and beta is not None else {}
+        states = compile_program(chunk_state_gradients, (), DK=DK, DV=DV, **config, **grads, **walk)
         pairs = compile_program(chunk_pair_gradients, (), DK=DK, **config, **pair_options)
         new = lambda *shape, dt=torch.float32: launch.new_output(shape, dt, q.device)
         Q, K = low(q), low(k)
