@@ -444,6 +444,33 @@ def test_traced_pass_same_output():
         assert (stamps[:, 1:] >= stamps[:, :-1]).all(), wg
 
 
+def test_traced_inverse_same_tb():
+    """``chunk_gated_inverse(trace=True)`` (a tuning instrument: ``G`` holds the clock stamps) makes the same ``Tb``
+    as the default bit for bit, and writes every stamp of every chunk, in order."""
+    from kda.kernels import scalar_gate
+    from kda.kernels.build import compile_program
+    from kda.kernels.scalar_gate import INVERSE_TRACE_EVENTS
+
+    B, T, H, D = 2, 700, 3, 128
+    q, k, v, g, beta, _ = inputs((B, T, H, D, D), torch.bfloat16, "runs_of_-20", False, seed=67)
+    NC = -(-T // 64)
+    table = torch.empty(1, 1, dtype=torch.int32, device="cuda")
+    config = {**scalar_gate.SCALAR_GATE_INVERSE_CONFIG, **scalar_gate.COMPACT_INVERSE}
+    outs = []
+    for traced in (False, True):
+        G = torch.full((B, H, NC * 64), -1.0, device="cuda")
+        Tb = torch.full((B, T, H, 64), float("nan"), dtype=torch.bfloat16, device="cuda")
+        compile_program(scalar_gate.chunk_gated_inverse, (), DK=D, dtype="bfloat16", **config,
+                        **({"trace": True} if traced else {}))(
+            k, g.contiguous(), beta.float().contiguous(), G, Tb, torch.zeros(2, dtype=torch.int32, device="cuda"),
+            table)
+        outs.append((G, Tb))
+    assert torch.equal(outs[0][1], outs[1][1]) and not outs[0][1].isnan().any()
+    stamps = outs[1][0].view(B, H, NC, 64)[..., :len(INVERSE_TRACE_EVENTS)]
+    assert (stamps >= 0).all()                         # every stamp written
+    assert (stamps[..., 1:] >= stamps[..., :-1]).all()  # in the order of the kernel's work
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("form", ["dense", "packed", "whole_stores", "single_chunk"])
 def test_gate_free_inverse(form, dtype, scalar_path, monkeypatch):

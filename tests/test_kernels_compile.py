@@ -162,6 +162,9 @@ CASES = [
     ("scalar_gate", "inverse_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", gates_inverse=True,
                                                       varlen=True, initial_state=True, final_state=True)),
     ("scalar_gate", "single_chunk_output", dict(DK=128, DV=128, dtype="float16", gates_inverse=True, final_state=True)),
+    # the first kernel's clocks into G (a tuning instrument, results/tuning/run154-inverse-trace.py)
+    ("scalar_gate", "chunk_gated_inverse", dict(DK=128, dtype="bfloat16", merge="halves", cumsum="scan", compact=True,
+                                                min_blocks=4, beta_dtype="bfloat16", trace=True)),
     # the warpgroups' clocks into ht (a tuning instrument, results/tuning/run147-trace.py)
     ("scalar_gate", "inverse_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", trace=True, chain_first=2)),
     ("scalar_gate", "inverse_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", chain_first=2, varlen=True,

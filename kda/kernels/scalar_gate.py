@@ -75,7 +75,7 @@ def log2_cumsum_by_scan(g, g_s, H_s, G_s, flags, bb, bh, t0, L, C):
 def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtype="float32", value_groups=1,
                         varlen=False, threads=128, chunks_per_block=4, num_stages=1, min_blocks=3,
                         merge="substitution", heads_first=False, check_keys=False, cumsum="serial", compact=False,
-                        gate_free=False, beta_dtype="float32"):
+                        gate_free=False, beta_dtype="float32", trace=False):
     """Arguments at run time: ``K [B, T, HQ, DK]``, ``g [B, T, H]`` (``gate_dtype``, natural log),
     ``beta [B, T, H]`` (``beta_dtype``: the caller's, read as it is, no float32 copy), then the outputs ``G [B, H,
     NC C]`` (float32: chunk ``c``'s cumsum in log2 units at ``c C ..``, flat past the end; dense, ``[B P, H, NC C /
@@ -101,7 +101,10 @@ def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtyp
     ``gate_free``: ``Tb = (I + strict(diag(b) K K^T))^-1 diag(b)``, the inverse without the gate, which the pass then
     gates (``inverse_state_output_pass(gates_inverse=True)``): with one gate per head the gated inverse is ``Tb_ij
     2^(G_i - G_j)`` exactly (a similarity by ``diag(2^G)``), so this kernel takes no exponential of a pair (FlashQLA's
-    ``kkt_solve`` and fused forward split it so). ``G`` is written either way."""
+    ``kkt_solve`` and fused forward split it so). ``G`` is written either way. ``trace`` (dense; for tuning): instead
+    of ``G``, the SM's clock less the block's start in each chunk's ``C`` entries of ``G`` at the points of
+    ``INVERSE_TRACE_EVENTS``, stamped by the kernel's thread 0 (tilelang moves the loop's work to a consumer
+    warpgroup and renumbers it there; ``results/tuning/run154-inverse-trace.py`` reads them)."""
     B, S, H = T.dynamic("B"), T.dynamic("T"), T.dynamic("H")
     HQ = T.dynamic("HQ")
     C = chunk_size
@@ -147,10 +150,16 @@ def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtyp
             if min_blocks > 1:                                # registers capped so that this many fit an SM
                 T.annotate_min_blocks_per_sm(min_blocks)
             c0 = cb * chunks_per_block
+            if trace:
+                t_base = T.alloc_local([1], "int64")
+                t_base[0] = T.call_extern("int64", "clock64")
             for ci in T.Pipelined(T.min(chunks_per_block, NC - c0), num_stages=num_stages):
                 c = c0 + ci
                 t0 = chunks[c, 0] if varlen else c * C
                 L = chunks[c, 1] if varlen else T.min(C, S - t0)
+                stamp = (lambda event: inverse_trace_stamp(G, t_base, bb, bh, c * C + event)) if trace else \
+                    (lambda event: None)
+                stamp(0)
                 T.copy(K[bb, t0:t0 + C, hq, :], K_s)          # rows past L: the next sequence's, or zeros
                 load_beta_checked(beta, beta_s, flags, t0, L, C, bb, bh)
                 if cumsum == "scan":
@@ -161,11 +170,15 @@ def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtyp
                     log2_cumsum_by_columns(g_s, G_s, L, C, 1, flags)
                 for i in T.Parallel(C):
                     b_s[i] = beta_s[i]
-                    if varlen:
+                    if trace:                       # G holds the stamps
+                        pass
+                    elif varlen:
                         G[bb, bh, c * C + i] = G_s[i, 0]
                     else:                           # run c // (GL / C) of the sequence's GB / B
                         G[bb * (GB // B) + c // (GL // C), bh, c % (GL // C) * C + i] = G_s[i, 0]
+                stamp(1)
                 T.gemm(K_s, K_s, KK, transpose_B=True, clear_accum=True)
+                stamp(2)
                 if merge == "products":             # it reads the blocks above the diagonal
                     T.clear(Tinv_s)
                 for i, j in T.Parallel(C, C):       # rows past the end: b = 0
@@ -176,24 +189,43 @@ def chunk_gated_inverse(DK, chunk_size=64, block=16, dtype="bfloat16", gate_dtyp
                     if check_keys:                  # the diagonal: b ||k||^2 against the delta rule's bound
                         if i == j and KK[i, j] * b_s[i] > KEY_BOUND:
                             flags[2] = 1
+                stamp(3)
                 invert_diagonal_blocks_by_columns(A_s, Tinv_s, x_col, C, block)
+                stamp(4)
                 if merge == "products":             # four tf32 GEMMs (level 4's merge_by_products)
                     merge_by_products(A_s, Tinv_s, C, block)
                 elif merge == "halves":
                     merge_by_halves(A_s, Tinv_s, C, block, in_place=compact)
                 else:
                     merge_by_substitution(A_s, Tinv_s, C, block)
+                stamp(5)
                 for i, j in T.Parallel(C, C):       # the blocks above the diagonal were never written
                     Tb_s[i, j] = T.if_then_else(i // block >= j // block, Tinv_s[i, j] * b_s[j], 0.0)
+                stamp(6)
                 if varlen:                          # the tile's rows past L are the next sequence's
                     for i, j in T.Parallel(C, C):
                         if i < L:
                             Tb[bb, t0 + i, bh, j] = Tb_s[i, j]
                 else:
                     T.copy(Tb_s[:, 0:C], Tb[bb, t0:t0 + C, bh, :])
+                stamp(7)
 
+    assert not (trace and varlen), "trace: dense batches"
     return main
 # --8<-- [end:chunk_gated_inverse]
+
+
+# The points of chunk_gated_inverse(trace=...)'s stamps, in the order of their entries in each chunk's slice of G.
+INVERSE_TRACE_EVENTS = ("chunk start", "K, beta, G loaded", "K K^T done", "A made", "diagonal blocks inverted",
+                        "blocks merged", "Tb made", "Tb stored")
+
+
+@T.macro
+def inverse_trace_stamp(G, t_base, bb, bh, entry):
+    """``clock64()`` less the block's start into ``G[bb, bh, entry]`` by thread 0 (float32: exact below 2^24
+    cycles)."""
+    if T.get_thread_binding() == 0:
+        G[bb, bh, entry] = T.Cast(ACCUM, T.call_extern("int64", "clock64") - t_base[0])
 
 
 # The events of inverse_state_output_pass(trace=True), in the order of its trace's last axis: (warpgroup, the point
