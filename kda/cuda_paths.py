@@ -226,6 +226,18 @@ PATHS: tuple[CudaPath, ...] = (
         gpu_log="results/tuning/run103/gpu-tests-switches.txt",
     ),
     CudaPath(
+        name="gdn_packed_tiles",
+        module="kda.kernels.scalar_gate",
+        switch="PACKED_TILES",
+        what={"en": "chunk_gated_delta_rule on packed sequences of at most 64 tokens each with no initial and no final "
+                    "states (cu_seqlens_cpu given or read back): packed_tile_output, the whole forward in one kernel "
+                    "over tiles of whole sequences (pairs of two sequences masked), instead of a chunk per sequence "
+                    "through the inverse and the sequential pass",
+              "zh": "chunk_gated_delta_rule 处理每条都不超过 64 个 token、且没有初始状态和最终状态的打包序列时"
+                    "（给出 cu_seqlens_cpu 或读回边界）：由 packed_tile_output 在由整条序列拼成的 tile 上一个 kernel "
+                    "算完整个前向（不同序列之间的位置对被屏蔽），取代每条序列一个块、经过求逆和顺序遍历的做法"},
+    ),
+    CudaPath(
         name="walk_identities",
         module="kda.backward",
         switch="WALK_IDENTITIES",

@@ -23,6 +23,7 @@ class ChunkTable(NamedTuple):
     chunk_offsets: torch.Tensor  # index of each sequence's first chunk in ``chunks``            [N + 1]
     seq_groups: torch.Tensor     # first sequence of each group the state pass carries in one block [NG + 1]
     most_chunks: int | None = None   # the most chunks of any sequence, where the host knows it (chunk_table)
+    bounds: tuple | None = None      # the boundaries, where the host knows them (chunk_table)
 
 
 # The state pass carries, in one block, the packed sequences whose first chunk lies in one window of
@@ -56,7 +57,38 @@ def _chunk_table(bounds: tuple, device: torch.device, chunk_size: int) -> ChunkT
     to_device = lambda x: x.to(torch.int32).to(device, non_blocking=True)
     return ChunkTable(to_device(table_rows(cu, offsets, torch.arange(int(offsets[-1])), chunk_size)), to_device(cu),
                       to_device(offsets), to_device(seq_groups(offsets)),
-                      int((offsets[1:] - offsets[:-1]).max()) if len(bounds) > 1 else 0)
+                      int((offsets[1:] - offsets[:-1]).max()) if len(bounds) > 1 else 0, bounds)
+
+
+def sequence_tiles(bounds: tuple, device, chunk_size=CHUNK_SIZE) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tiles of ``chunk_size`` rows over packed sequences of at most ``chunk_size`` tokens each (host ``bounds``),
+    each tile whole sequences one after another, filled in order while the next one fits: ``(tiles [NT, 2], starts
+    [T])`` on ``device``, int32, each tile's first token and length, and each token's sequence by its first token
+    (what ``kda.kernels.scalar_gate.packed_tile_output`` masks pairs by). Empty sequences take no room. Cached as
+    ``chunk_table`` is."""
+    return _sequence_tiles(tuple(bounds), torch.device(device), chunk_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _sequence_tiles(bounds: tuple, device: torch.device, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    tiles, first, fill = [], None, 0
+    for s, e in zip(bounds[:-1], bounds[1:]):
+        if e - s > chunk_size:
+            raise ValueError(f"sequence_tiles takes sequences of at most {chunk_size} tokens, got {e - s}")
+        if e == s:
+            continue
+        if first is not None and fill + e - s > chunk_size:
+            tiles.append((first, fill))
+            first = None
+        if first is None:
+            first, fill = s, 0
+        fill += e - s
+    if first is not None:
+        tiles.append((first, fill))
+    lengths = torch.tensor(bounds[1:]) - torch.tensor(bounds[:-1])
+    starts = torch.repeat_interleave(torch.tensor(bounds[:-1]), lengths)
+    to_device = lambda x: x.to(torch.int32).to(device, non_blocking=True)
+    return to_device(torch.tensor(tiles, dtype=torch.int64).reshape(-1, 2)), to_device(starts)
 
 
 def chunk_offsets(cu: torch.Tensor, chunk_size: int) -> torch.Tensor:

@@ -444,6 +444,31 @@ def test_traced_pass_same_output():
         assert (stamps[:, 1:] >= stamps[:, :-1]).all(), wg
 
 
+@pytest.mark.parametrize("kind", ["logsigmoid", "runs_of_-20"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_packed_tiles(dtype, kind, scalar_path, monkeypatch):
+    """``scalar_gate.PACKED_TILES``: packed sequences of 0 to 64 tokens (a single token, empty ones), no states, by
+    ``packed_tile_output`` over tiles of whole sequences, grouped value heads, against the float64 recurrence
+    sequence by sequence (outputs poisoned: every row written); a ``beta`` out of range raises."""
+    from kda.kernels import scalar_gate
+
+    monkeypatch.setattr(scalar_gate, "PACKED_TILES", True)
+    gen = torch.Generator().manual_seed(71)
+    lengths = torch.randint(0, 65, (200,), generator=gen).tolist() + [1, 0, 64, 1]
+    T = sum(lengths)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda")
+    q, k, v, g, beta, _ = inputs((1, T, 4, 128, 128), dtype, kind, False, seed=73 if kind == "logsigmoid" else 79)
+    q, k = q[:, :, ::2].contiguous(), k[:, :, ::2].contiguous()        # 2 query and key heads for 4 value heads
+    taken, tile_launch = [], scalar_gate.packed_tile_launch
+    monkeypatch.setattr(scalar_gate, "packed_tile_launch", lambda *a: taken.append(1) or tile_launch(*a))
+    o, ht = kda.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, cu_seqlens_cpu=cu.cpu())
+    assert taken and ht is None
+    check_sequences(o, None, q.repeat_interleave(2, dim=2), k.repeat_interleave(2, dim=2), v, g, beta,
+                    lengths=lengths)
+    with pytest.raises(ValueError, match="beta"):
+        kda.chunk_gated_delta_rule(q, k, v, g, beta + 1, cu_seqlens=cu, cu_seqlens_cpu=cu.cpu())
+
+
 def test_traced_inverse_same_tb():
     """``chunk_gated_inverse(trace=True)`` (a tuning instrument: ``G`` holds the clock stamps) makes the same ``Tb``
     as the default bit for bit, and writes every stamp of every chunk, in order."""

@@ -162,6 +162,10 @@ CASES = [
     ("scalar_gate", "inverse_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", gates_inverse=True,
                                                       varlen=True, initial_state=True, final_state=True)),
     ("scalar_gate", "single_chunk_output", dict(DK=128, DV=128, dtype="float16", gates_inverse=True, final_state=True)),
+    # packed sequences of one chunk each without states, in one kernel over tiles of whole sequences (PACKED_TILES)
+    ("scalar_gate", "packed_tile_output", dict(DK=128, DV=128)),
+    ("scalar_gate", "packed_tile_output", dict(DK=64, DV=128, dtype="float16", beta_dtype="float16", value_groups=2,
+                                               check_keys=True)),
     # the first kernel's clocks into G (a tuning instrument, results/tuning/run154-inverse-trace.py)
     ("scalar_gate", "chunk_gated_inverse", dict(DK=128, dtype="bfloat16", merge="halves", cumsum="scan", compact=True,
                                                 min_blocks=4, beta_dtype="bfloat16", trace=True)),

@@ -358,6 +358,47 @@ def test_gdn_scalar_gate_path_packed(kernel_launches, monkeypatch, initial, fina
     assert o.shape == v.shape and (ht is None) == (not final) and (ht is None or ht.shape == (4, 4, 64, 64))
 
 
+@pytest.mark.parametrize("tiles", [False, True], ids=["pass", "packed_tiles"])
+def test_gdn_packed_tiles_switch(kernel_launches, monkeypatch, tiles):
+    """``scalar_gate.PACKED_TILES``: packed sequences of at most one chunk each, no states, in one launch of
+    ``packed_tile_output`` over the tiles of whole sequences (``packed.sequence_tiles``: an empty one and a single
+    token among them, grouped value heads, the keys' check); with a state in or out, or a longer sequence, the
+    inverse and the pass as before; off, the pass."""
+    from kda import gated_delta
+    from kda.kernels import scalar_gate
+
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", True)
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_PACKED", True)
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_MIN_BLOCKS", 0.0)
+    monkeypatch.setattr(scalar_gate, "PACKED_TILES", tiles)
+    bounds = [0, 40, 41, 41, 100, 164, 200]
+    q, k, v, g, beta = level5_inputs(B=1, H=2, HV=4, per_channel=False)
+    beta = beta.bfloat16()                                  # read as it is, no float32 copy
+    run = lambda b, h0=None, final=False: gated_delta._run_kernels(
+        q, k, v, g, beta, 0.125, h0, torch.zeros(3, dtype=torch.int32), packed.chunk_table(b, "cpu"), final)
+    o, ht = run(bounds)
+    names = [name for name, _ in kernel_launches]
+    assert names == (["packed_tile_output"] if tiles else ["chunk_gated_inverse", "inverse_state_output_pass"])
+    assert o.shape == v.shape and ht is None
+    if tiles:
+        params = kernel_launches[0][1]
+        assert params["value_groups"] == 2 and params.get("check_keys") and params["beta_dtype"] == "bfloat16"
+    for other in (dict(b=bounds, h0=torch.randn(6, 4, 64, 64)), dict(b=bounds, final=True), dict(b=[0, 65, 200])):
+        kernel_launches.clear()
+        run(**other)
+        assert [name for name, _ in kernel_launches] == ["chunk_gated_inverse", "inverse_state_output_pass"]
+
+
+def test_sequence_tiles():
+    """Tiles of whole sequences, each filled while the next one fits; empty sequences take no room; each token's
+    sequence by its first token."""
+    tiles, starts = packed.sequence_tiles((0, 40, 41, 41, 100, 164, 200, 201), "cpu")
+    assert tiles.tolist() == [[0, 41], [41, 59], [100, 64], [164, 37]]
+    assert starts.tolist() == [0] * 40 + [40] + [41] * 59 + [100] * 64 + [164] * 36 + [200]
+    with pytest.raises(ValueError, match="at most 64"):
+        packed.sequence_tiles((0, 65), "cpu")
+
+
 def test_gdn_scalar_gate_path_only_where_it_pays(kernel_launches, monkeypatch):
     """Switched on, the scalar-gate path still leaves to level 5 a batch of too few blocks for the
     SMs, a per-channel gate and, with ``SCALAR_GATE_PACKED`` off, packed sequences; with it on (the
