@@ -238,6 +238,15 @@ PATHS: tuple[CudaPath, ...] = (
                     "算完整个前向（不同序列之间的位置对被屏蔽），取代每条序列一个块、经过求逆和顺序遍历的做法"},
     ),
     CudaPath(
+        name="gdn_beta_in_its_dtype",
+        module="kda.kernels.scalar_gate",
+        switch="BETA_IN_ITS_DTYPE",
+        what={"en": "GDN's first kernel (and packed_tile_output) reading a bf16 or fp16 beta as it is, instead of a "
+                    "float32 copy made first (a launch and a pass over it)",
+              "zh": "GDN 的第一个 kernel（以及 packed_tile_output）直接读取 bf16 或 fp16 的 beta，不再先拷贝成 float32"
+                    "（省去一次启动和一遍读写）"},
+    ),
+    CudaPath(
         name="walk_identities",
         module="kda.backward",
         switch="WALK_IDENTITIES",

@@ -469,6 +469,31 @@ def test_packed_tiles(dtype, kind, scalar_path, monkeypatch):
         kda.chunk_gated_delta_rule(q, k, v, g, beta + 1, cu_seqlens=cu, cu_seqlens_cpu=cu.cpu())
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_beta_in_its_dtype_same_bits(dtype, packed, scalar_path, monkeypatch):
+    """``scalar_gate.BETA_IN_ITS_DTYPE``: ``beta`` in the inputs' dtype read as it is gives the outputs and final
+    states of the same values made float32 first, bit for bit (the conversion is exact either way), dense and
+    packed; a ``beta`` out of range still raises."""
+    from kda.kernels import scalar_gate
+
+    q, k, v, g, beta, h0 = inputs((2, 200, 3, 128, 128), dtype, "runs_of_-20", False, seed=83)
+    beta = beta.to(dtype)
+    cu = torch.tensor([0, 70, 71, 200], device="cuda") if packed else None
+    if packed:
+        q, k, v, g, beta = (x[:1] for x in (q, k, v, g, beta))
+        h0 = torch.randn(3, 3, 128, 128, device="cuda")
+    outs = []
+    for as_given in (False, True):
+        monkeypatch.setattr(scalar_gate, "BETA_IN_ITS_DTYPE", as_given)
+        outs.append(kda.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                               cu_seqlens=cu))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    assert torch.isfinite(outs[1][0]).all()
+    with pytest.raises(ValueError, match="beta"):
+        kda.chunk_gated_delta_rule(q, k, v, g, beta * 2 + 0.5, initial_state=h0, cu_seqlens=cu)
+
+
 def test_traced_inverse_same_tb():
     """``chunk_gated_inverse(trace=True)`` (a tuning instrument: ``G`` holds the clock stamps) makes the same ``Tb``
     as the default bit for bit, and writes every stamp of every chunk, in order."""

@@ -371,6 +371,7 @@ def test_gdn_packed_tiles_switch(kernel_launches, monkeypatch, tiles):
     monkeypatch.setattr(gated_delta, "SCALAR_GATE_PACKED", True)
     monkeypatch.setattr(gated_delta, "SCALAR_GATE_MIN_BLOCKS", 0.0)
     monkeypatch.setattr(scalar_gate, "PACKED_TILES", tiles)
+    monkeypatch.setattr(scalar_gate, "BETA_IN_ITS_DTYPE", True)
     bounds = [0, 40, 41, 41, 100, 164, 200]
     q, k, v, g, beta = level5_inputs(B=1, H=2, HV=4, per_channel=False)
     beta = beta.bfloat16()                                  # read as it is, no float32 copy
@@ -387,6 +388,29 @@ def test_gdn_packed_tiles_switch(kernel_launches, monkeypatch, tiles):
         kernel_launches.clear()
         run(**other)
         assert [name for name, _ in kernel_launches] == ["chunk_gated_inverse", "inverse_state_output_pass"]
+
+
+@pytest.mark.parametrize("as_given", [False, True], ids=["float32", "its_dtype"])
+def test_gdn_beta_in_its_dtype_switch(kernel_launches, monkeypatch, as_given):
+    """``scalar_gate.BETA_IN_ITS_DTYPE``: the first kernel compiled for a bf16 ``beta`` and handed it as it is; off,
+    compiled for float32 and handed a float32 copy; a float32 ``beta`` as it is either way."""
+    from kda import gated_delta
+    from kda.kernels import build, scalar_gate
+
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", True)
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_MIN_BLOCKS", 0.0)
+    monkeypatch.setattr(scalar_gate, "BETA_IN_ITS_DTYPE", as_given)
+    handed, stand_in = [], build.compile_program
+    monkeypatch.setattr(build, "compile_program", lambda fn, out_idx, **params: (
+        lambda launch: lambda *args: handed.append(args) or launch(*args))(stand_in(fn, out_idx, **params)))
+    q, k, v, g, beta = level5_inputs(B=1, H=2, HV=2, per_channel=False)
+    for b in (beta.bfloat16(), beta.float()):
+        kernel_launches.clear()
+        handed.clear()
+        gated_delta._run_kernels(q, k, v, g, b, 0.125, None, torch.zeros(2, dtype=torch.int32))
+        want = b.dtype if as_given else torch.float32
+        assert kernel_launches[0][0] == "chunk_gated_inverse" and handed[0][2].dtype == want
+        assert kernel_launches[0][1].get("beta_dtype", "float32") == str(want).removeprefix("torch.")
 
 
 def test_sequence_tiles():

@@ -841,9 +841,19 @@ COMPACT_INVERSE: dict = dict(compact=True, min_blocks=4)
 COMPACT_DTYPES = ("bfloat16", "float16")
 
 
-# beta's dtypes chunk_gated_inverse reads as they are (the op's beta is the inputs' dtype: a float32 copy was a launch
-# and a pass over it); others are made float32 first.
+# beta's dtypes chunk_gated_inverse and packed_tile_output read as they are with BETA_IN_ITS_DTYPE (the op's beta is
+# often the inputs' dtype, and its float32 copy a launch and a pass over it); others are made float32 first. The
+# kernels compile for it on the CPU; off until its GPU test (test_beta_in_its_dtype_same_bits: the same outputs as from
+# beta made float32, bit for bit) has run: run 152's tests and timings all had float32 beta.
 BETA_DTYPES = (torch.bfloat16, torch.float16)
+BETA_IN_ITS_DTYPE = False
+
+
+def kernel_beta(beta: torch.Tensor) -> torch.Tensor:
+    """``beta`` as the scalar-gate kernels read it: as it is where ``BETA_IN_ITS_DTYPE`` takes its dtype, else in
+    float32 (contiguous either way)."""
+    keep = BETA_IN_ITS_DTYPE and beta.dtype in BETA_DTYPES
+    return (beta if keep else beta.to(torch.float32)).contiguous()
 
 
 def scalar_gate_inverse(k, g, beta, H, flags=None, table=None, runs=1):
@@ -860,15 +870,14 @@ def scalar_gate_inverse(k, g, beta, H, flags=None, table=None, runs=1):
     NC = ceildiv(T, C) if table is None else table.chunks.shape[0]
     dtype = launch.dtype_name(k.dtype)
     config = {**SCALAR_GATE_INVERSE_CONFIG, **(COMPACT_INVERSE if dtype in COMPACT_DTYPES else {})}
+    beta = kernel_beta(beta)
     with torch.cuda.device(k.device):
         inverse = compile_program(chunk_gated_inverse, (), DK=DK, chunk_size=C, dtype=dtype,
                                   gate_dtype=str(g.dtype).removeprefix("torch."), value_groups=H // HQ,
                                   varlen=table is not None, **config, **launch.keys_checked(flags),
                                   **({"gate_free": True} if GATE_FREE_INVERSE else {}),
                                   **({"beta_dtype": str(beta.dtype).removeprefix("torch.")}
-                                     if beta.dtype in BETA_DTYPES else {}))
-        if beta.dtype not in BETA_DTYPES:
-            beta = beta.to(torch.float32)
+                                     if beta.dtype != torch.float32 else {}))
         if runs != 1 and (table is not None or NC % runs):
             raise ValueError(f"runs must divide the {NC} chunks of a dense batch, got {runs}")
         G = launch.new_output((B * runs, H, NC * C // runs), torch.float32, k.device)
@@ -980,7 +989,7 @@ def packed_tile_launch(q, k, v, g, beta, scale, flags, table):
     _, T, HQ, DK = q.shape
     H, DV = v.shape[2], v.shape[-1]
     tiles, starts = packed.sequence_tiles(table.bounds, q.device)
-    beta = beta if beta.dtype in BETA_DTYPES else beta.to(torch.float32)
+    beta = kernel_beta(beta)
     if flags is None:
         flags = torch.zeros(2, dtype=torch.int32, device=q.device)
     with torch.cuda.device(q.device):
