@@ -247,6 +247,14 @@ PATHS: tuple[CudaPath, ...] = (
                     "（省去一次启动和一遍读写）"},
     ),
     CudaPath(
+        name="gdn_gate_free_in_split",
+        module="kda.kernels.scalar_gate",
+        switch="GATE_FREE_IN_SPLIT",
+        what={"en": "GDN's intra-card split with the inverse made without the gate and gated by the passes (the "
+                    "unsplit op keeps the gated inverse)",
+              "zh": "GDN 的卡内切分改用不带门控的逆矩阵、由两趟遍历施加门控（不切分的算子仍用带门控的逆矩阵）"},
+    ),
+    CudaPath(
         name="walk_identities",
         module="kda.backward",
         switch="WALK_IDENTITIES",

@@ -527,10 +527,13 @@ def _split_scalar_gate(q, k, v, g, beta, pieces, scale, h0, warmup=False, unspli
 
     B, T, H = v.shape[:3]                                     # H: the value heads (q and k may have fewer)
     K, DV, L, R = k.shape[-1], v.shape[-1], T // pieces, B * pieces
-    G_runs, Tb = scalar_gate_inverse(k, g, beta, H, flags, runs=pieces)   # each run's chunks in a row of G_runs
+    from kda.kernels import scalar_gate
+
+    gate_free = scalar_gate.GATE_FREE_INVERSE or scalar_gate.GATE_FREE_IN_SPLIT
+    G_runs, Tb = scalar_gate_inverse(k, g, beta, H, flags, runs=pieces, gate_free=gate_free)   # runs in rows of G
     block = lambda D: min(gated_delta.SCALAR_GATE_COLUMNS, D)            # the pieces were chosen to fill the SMs
     pass_from = lambda q, k, v, Tb, G, start, **kw: launch.launched(
-        scalar_gate_pass_launch(q, k, v, Tb, G, scale, start, block(v.shape[-1]), **kw))
+        scalar_gate_pass_launch(q, k, v, Tb, G, scale, start, block(v.shape[-1]), gate_free=gate_free, **kw))
     # G holds log2 of the gate's cumsum in each chunk: the chunk's fall is its last row's
     falls = G_runs.view(B, pieces, H, L)[:, :-1, :, CHUNK_SIZE - 1::CHUNK_SIZE][..., None] * math.log(2) \
         if warmup else None

@@ -220,3 +220,32 @@ def test_split_rejects_a_chunk_size_the_kernels_do_not_have():
     q, k, v, g, beta, h0 = inputs((1, 256, 2, 64, 64), True, seed=1)
     with pytest.raises(ValueError, match="chunk_size"):
         split_forward(q, k, v, g, beta, 2, chunk_size=32)
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["", "grouped"])
+def test_split_with_the_gate_free_inverse(grouped, monkeypatch, poisoned):
+    """``scalar_gate.GATE_FREE_IN_SPLIT``: GDN's split (the op's route, eight value heads) with the inverse made
+    without the gate and gated by the passes, against the float64 recurrence and the split with the gated inverse
+    (runs of -20 among the gates); initial and final states."""
+    from kda import distributed
+    from kda.kernels import scalar_gate
+
+    monkeypatch.setattr(distributed, "WARMUP_STARTS", True)
+    monkeypatch.setattr(distributed, "WARMUP_WINDOWS", {})
+    monkeypatch.setattr(distributed, "OP_SPLIT_MIN_CHUNKS", 256)
+    q, k, v, g, beta, h0 = inputs((1, 16384, 8, 128, 128), False, seed=89, HQ=4 if grouped else None)
+    g[:, 5000:5100] = -20.0
+    calls = []
+    split_cuda = distributed._split_forward_cuda
+    monkeypatch.setattr(distributed, "_split_forward_cuda", lambda *a, **kw: calls.append(kw) or split_cuda(*a, **kw))
+    outs = []
+    for on in (False, True):
+        monkeypatch.setattr(scalar_gate, "GATE_FREE_IN_SPLIT", on)
+        outs.append(kda.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True))
+    assert len(calls) == 2 and all(kw["scalar_gate"] for kw in calls)
+    qr, kr = repeat_to_value_heads(q, k, 8)
+    ref_o, ref_ht = ref0.recurrent(qr.double() * 128 ** -0.5, kr, v, g, beta, h0, True)
+    o, ht = outs[1]
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+    assert rel_l2(o, ref_o) <= BOUND and rel_l2(ht, ref_ht) <= BOUND, (rel_l2(o, ref_o), rel_l2(ht, ref_ht))
+    assert rel_l2(o, outs[0][0]) <= 2 * BOUND and rel_l2(ht, outs[0][1]) <= 2 * BOUND

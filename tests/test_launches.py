@@ -413,6 +413,31 @@ def test_gdn_beta_in_its_dtype_switch(kernel_launches, monkeypatch, as_given):
         assert kernel_launches[0][1].get("beta_dtype", "float32") == str(want).removeprefix("torch.")
 
 
+@pytest.mark.parametrize("in_split", [False, True], ids=["gated", "gate_free_in_split"])
+def test_gdn_gate_free_in_split_switch(kernel_launches, monkeypatch, in_split):
+    """``scalar_gate.GATE_FREE_IN_SPLIT``: GDN's split compiles its inverse gate-free and both passes gating it
+    (without ``chain_scales_keys``); the unsplit op keeps the gated inverse either way."""
+    from kda import distributed, gated_delta
+    from kda.kernels import scalar_gate
+
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", True)
+    monkeypatch.setattr(distributed, "SCALAR_GATE_SPLIT", True)
+    monkeypatch.setattr(distributed, "WARMUP_WINDOWS", {})
+    monkeypatch.setattr(distributed, "window_serves", lambda *args: torch.tensor(True))
+    monkeypatch.setattr(scalar_gate, "GATE_FREE_IN_SPLIT", in_split)
+    q, k, v, g, beta = level5_inputs(B=1, T=256, H=2, HV=2, D=128, per_channel=False)
+    k = (k.float() / k.float().norm(dim=-1, keepdim=True)).to(k.dtype)
+    distributed._split_forward_cuda(q, k, v, g[..., 0], beta, 2, 128, 0.125, None, True, False, warmup=True)
+    inverse, *passes = kernel_launches
+    assert bool(inverse[1].get("gate_free")) is in_split
+    assert [bool(p.get("gates_inverse")) for _, p in passes] == [in_split] * 2
+    assert [bool(p.get("chain_scales_keys")) for _, p in passes] == [not in_split] * 2
+    kernel_launches.clear()
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_MIN_BLOCKS", 0.0)
+    gated_delta._run_kernels(q, k, v, g, beta, 0.125, None, torch.zeros(2, dtype=torch.int32))
+    assert not kernel_launches[0][1].get("gate_free") and not kernel_launches[1][1].get("gates_inverse")
+
+
 def test_sequence_tiles():
     """Tiles of whole sequences, each filled while the next one fits; empty sequences take no room; each token's
     sequence by its first token."""

@@ -856,13 +856,14 @@ def kernel_beta(beta: torch.Tensor) -> torch.Tensor:
     return (beta if keep else beta.to(torch.float32)).contiguous()
 
 
-def scalar_gate_inverse(k, g, beta, H, flags=None, table=None, runs=1):
+def scalar_gate_inverse(k, g, beta, H, flags=None, table=None, runs=1, gate_free=None):
     """``chunk_gated_inverse`` over every chunk (of the packed sequences of ``table``): ``(G [B, H, NC C],
     Tb [B, T, H, C])``, ``g [B, T, H(, 1)]``, ``H`` the value heads; dense, ``runs`` (dividing the chunks of a
     sequence) gives ``G [B runs, H, NC C / runs]``, each sequence's runs of whole chunks in rows of their own, as the
     split's pass reads them; ``flags`` (int32 ``[2]``, zeroed)
     collects its value checks of ``g`` and ``beta``, ``[3]`` those of the keys too (``check_keys``). With
-    ``GATE_FREE_INVERSE`` ``Tb`` is the inverse without the gate, for ``scalar_gate_pass_launch`` to gate."""
+    ``GATE_FREE_INVERSE`` (or ``gate_free``, where given) ``Tb`` is the inverse without the gate, for
+    ``scalar_gate_pass_launch`` to gate (told the same)."""
     from kda.kernels.build import compile_program
 
     B, T, HQ, DK = k.shape
@@ -875,7 +876,8 @@ def scalar_gate_inverse(k, g, beta, H, flags=None, table=None, runs=1):
         inverse = compile_program(chunk_gated_inverse, (), DK=DK, chunk_size=C, dtype=dtype,
                                   gate_dtype=str(g.dtype).removeprefix("torch."), value_groups=H // HQ,
                                   varlen=table is not None, **config, **launch.keys_checked(flags),
-                                  **({"gate_free": True} if GATE_FREE_INVERSE else {}),
+                                  **({"gate_free": True} if (GATE_FREE_INVERSE if gate_free is None else gate_free)
+                                     else {}),
                                   **({"beta_dtype": str(beta.dtype).removeprefix("torch.")}
                                      if beta.dtype != torch.float32 else {}))
         if runs != 1 and (table is not None or NC % runs):
@@ -928,16 +930,17 @@ CHAIN_SCALES_KEYS = True
 REGISTER_FORMS_TESTED = (("bfloat16", 128, 128), ("float16", 128, 128), ("bfloat16", 64, 64))
 
 
-def pass_forms(dtype: str, DK: int, block_dv: int) -> dict:
+def pass_forms(dtype: str, DK: int, block_dv: int, gates_inverse: bool = False) -> dict:
     """The forms of ``inverse_state_output_pass`` a launch takes (its parameters beyond the shapes): ``WHOLE_STORES``,
     ``P_IN_REGISTERS``, ``V_IN_REGISTERS`` and ``CHAIN_SCALES_KEYS`` where ``(dtype, DK, block_dv)`` is one of
-    ``REGISTER_FORMS_TESTED``, and ``CHAIN_FIRST``."""
+    ``REGISTER_FORMS_TESTED``, and ``CHAIN_FIRST``; ``gates_inverse``: the pass gates the inverse (no
+    ``chain_scales_keys`` then)."""
     forms = {"chain_first": CHAIN_FIRST} if CHAIN_FIRST else {}
     if (dtype, DK, block_dv) not in REGISTER_FORMS_TESTED:
         return forms
     wanted = {"whole_stores": WHOLE_STORES, "p_in_registers": P_IN_REGISTERS,
               "v_in_registers": V_IN_REGISTERS and WHOLE_STORES,
-              "chain_scales_keys": CHAIN_SCALES_KEYS and WHOLE_STORES and CHAIN_FIRST < 2 and not GATE_FREE_INVERSE}
+              "chain_scales_keys": CHAIN_SCALES_KEYS and WHOLE_STORES and CHAIN_FIRST < 2 and not gates_inverse}
     return {**forms, **{name: True for name, on in wanted.items() if on}}
 
 
@@ -963,6 +966,13 @@ def takes_single_chunk_output(table, DV: int) -> bool:
     """Whether the packed sequences of ``table`` go through ``single_chunk_output`` (``SINGLE_CHUNK_OUTPUT``):
     ``packed.fits_one_chunk``."""
     return SINGLE_CHUNK_OUTPUT and packed.fits_one_chunk(table, DV)
+
+
+# GDN's intra-card split (kda.distributed) with the gate-free inverse while the unsplit op keeps the gated one: run 152
+# (H100) had the gate-free inverse faster where the sequence is split (0.727 against 0.752 ms at (1, 32768, 32, 128);
+# FlashQLA 0.748) and slower where it is not (0.596 against 0.551 at (1, 8192, 96, 128)). The pass then gates the
+# inverse without chain_scales_keys. Off until its GPU test (test_split_with_the_gate_free_inverse) has run.
+GATE_FREE_IN_SPLIT = False
 
 
 # Packed sequences of at most one chunk each, with no initial and no final states (the host knows the boundaries) by
@@ -1004,11 +1014,12 @@ def packed_tile_launch(q, k, v, g, beta, scale, flags, table):
 
 
 def scalar_gate_pass_launch(q, k, v, Tb, G, scale, h0, block_dv, table=None, output_final_state=True, first_chunk=0,
-                            out=None, final=None):
+                            out=None, final=None, gate_free=None):
     """``inverse_state_output_pass`` up to its launch, as ``(launch, o, final state or None)``
     (``state_pass_launch``'s form); one state per sequence (``[N, H, DK, DV]`` with ``table``). Packed sequences of
     at most one chunk each by ``single_chunk_output`` where ``takes_single_chunk_output`` says so, with the same
-    arguments. ``Tb`` is gated here where ``GATE_FREE_INVERSE`` made it without the gate. ``first_chunk`` (dense):
+    arguments. ``Tb`` is gated here where ``GATE_FREE_INVERSE`` (or ``gate_free``, where given) made it without the
+    gate. ``first_chunk`` (dense):
     every sequence from that chunk on; ``out`` and ``final``: buffers of the caller's for ``o`` and the final
     states (``launch.pass_held``)."""
     from kda.kernels.build import compile_program
@@ -1019,13 +1030,14 @@ def scalar_gate_pass_launch(q, k, v, Tb, G, scale, h0, block_dv, table=None, out
     N, _, tables = packed.sequence_tables(table, B, device)
     params = dict(DK=DK, DV=DV, chunk_size=CHUNK_SIZE, dtype=launch.dtype_name(q.dtype), value_groups=H // HQ,
                  initial_state=h0 is not None, final_state=output_final_state,
-                 **({"gates_inverse": True} if GATE_FREE_INVERSE else {}))
+                 **({"gates_inverse": True} if (GATE_FREE_INVERSE if gate_free is None else gate_free) else {}))
     with torch.cuda.device(device):
         if takes_single_chunk_output(table, DV):
             state_pass = compile_program(single_chunk_output, (), block_dv=packed.SINGLE_CHUNK_COLUMNS,
                                          **params)
         else:
             state_pass = compile_program(inverse_state_output_pass, (), block_dv=block_dv, varlen=table is not None,
-                                         **params, **pass_forms(params["dtype"], DK, block_dv))
+                                         **params, **pass_forms(params["dtype"], DK, block_dv,
+                                                                params.get("gates_inverse", False)))
     return launch.pass_held(state_pass, (q.contiguous(), k.contiguous(), v.contiguous(), Tb, G, scale, first_chunk),
                             h0, output_final_state, (N, H, DK, DV), (B, T, H, DV), v.dtype, device, tables, out, final)

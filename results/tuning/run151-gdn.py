@@ -24,13 +24,13 @@ run140 = script("run140-gdn.py")
 
 RUN = "run151"
 VARIANTS = {"default": {}, "gate_free_inverse": {"GATE_FREE_INVERSE": True},
-            "single_chunk_output": {"SINGLE_CHUNK_OUTPUT": True}}
+            "single_chunk_output": {"SINGLE_CHUNK_OUTPUT": True}, "gate_free_in_split": {"GATE_FREE_IN_SPLIT": True}}
 
 
 def use(variant):
     from kda.kernels import scalar_gate
 
-    for switch in ("GATE_FREE_INVERSE", "SINGLE_CHUNK_OUTPUT"):
+    for switch in ("GATE_FREE_INVERSE", "SINGLE_CHUNK_OUTPUT", "GATE_FREE_IN_SPLIT"):
         setattr(scalar_gate, switch, VARIANTS[variant].get(switch, False))
 
 
