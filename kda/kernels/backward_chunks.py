@@ -261,19 +261,6 @@ def chunk_gradients(DK, DV, chunk_size=64, dtype="bfloat16", scalar_gate=True, d
                     dg_s[i] = dg_s[i] + share * b_s[i]
                 # dA = -stril(Y V'^T), since T X = V'
                 T.gemm(Z_s, Y_s, CC_f, transpose_B=True, clear_accum=True)
-                for i, j in T.Parallel(C, C):
-                    dA = T.if_then_else(j < i, -CC_f[i, j], 0.0)
-                    Cc_s[i, j] = dA * b_s[i] * decay(i, j)
-                    CC_f[i, j] = dA * KKE_s[i, j]
-                T.reduce_sum(CC_f, row_f, dim=1)
-                for i in T.Parallel(C):
-                    db_s[i] = db_s[i] + row_f[i]
-                    dg_s[i] = dg_s[i] + row_f[i] * b_s[i]
-                for i, j in T.Parallel(C, C):
-                    A_s[i, j] = CC_f[i, j] * b_s[i]
-                column_sums_out(A_s, dg_s, C)
-                T.gemm(Cc_s, k_s, dK_f)
-                T.gemm(Cc_s, k_s, dK_f, transpose_A=True)
             elif delta_rule:
                 # dW = -dV' S^T
                 T.copy(S_in[bb, bh, c, :, :], state_s)
@@ -311,7 +298,9 @@ def chunk_gradients(DK, DV, chunk_size=64, dtype="bfloat16", scalar_gate=True, d
                 T.gemm(Cc2_s, Cc_s, CC_f, transpose_A=True, clear_accum=True)  # T^T dT
                 T.copy(CC_f, Cc_s)
                 T.gemm(Cc_s, Cc2_s, CC_f, transpose_B=True, clear_accum=True)  # (T^T dT) T^T
-                # D = dA (K K^T E): db += its row sums; the gate, b_i times them minus the columns' sum_m b_m D_mi
+            if delta_rule:
+                # dA = -stril(CC_f); D = dA (K K^T E): db += its row sums; the gate, b_i times them minus the columns'
+                # sum_m b_m D_mi
                 for i, j in T.Parallel(C, C):
                     dA = T.if_then_else(j < i, -CC_f[i, j], 0.0)
                     Cc_s[i, j] = dA * b_s[i] * decay(i, j)
