@@ -120,10 +120,9 @@ INVERSE_FROM_FORWARD = True
 # CUDA: the chunk kernels compiled with the identities of kda.reference.backward.scalar_gate_reverse_walk (they hold
 # for a gate per channel too): V' = T X, one product Y = T^T dV' for dV and dW, dA = -stril(Y V'^T). GDN's
 # chunk_gradients makes 15 GEMMs a chunk instead of 20, KDA's chunk_state_gradients 9 instead of 14, dA with fewer
-# roundings. Compiled and their launches checked on the CPU; off until their GPU tests (the chunk stages against
-# float64, the ops' gradients against the recurrence: WALK_IDENTITIES in tests/test_gpu_backward.py) pass and they are
-# timed.
-WALK_IDENTITIES = False
+# roundings. GPU tests passed (run 153, H100: the chunk stages against float64, the ops' gradients against the
+# recurrence); forward + backward at (1, 8192, 96, 128) 5.889 ms against 6.102 (GDN), 11.966 against 12.160 (KDA): on.
+WALK_IDENTITIES = True
 
 # CUDA, KDA: chunk_pair_gradients split by channels, PAIR_KERNEL_CHANNELS of them per block (every pair sum
 # is per channel; only dPs and dAb, read again by each block, are shared), as fla's intra-chunk backward

@@ -236,6 +236,7 @@ PATHS: tuple[CudaPath, ...] = (
               "zh": "chunk_gated_delta_rule 处理每条都不超过 64 个 token、且没有初始状态和最终状态的打包序列时"
                     "（给出 cu_seqlens_cpu 或读回边界）：由 packed_tile_output 在由整条序列拼成的 tile 上一个 kernel "
                     "算完整个前向（不同序列之间的位置对被屏蔽），取代每条序列一个块、经过求逆和顺序遍历的做法"},
+        gpu_log="results/tuning/run156/gpu-tests.txt",
     ),
     CudaPath(
         name="gdn_beta_in_its_dtype",
@@ -245,6 +246,7 @@ PATHS: tuple[CudaPath, ...] = (
                     "float32 copy made first (a launch and a pass over it)",
               "zh": "GDN 的第一个 kernel（以及 packed_tile_output）直接读取 bf16 或 fp16 的 beta，不再先拷贝成 float32"
                     "（省去一次启动和一遍读写）"},
+        gpu_log="results/tuning/run153/gpu-tests.txt",
     ),
     CudaPath(
         name="gdn_gate_free_in_split",
@@ -253,6 +255,7 @@ PATHS: tuple[CudaPath, ...] = (
         what={"en": "GDN's intra-card split with the inverse made without the gate and gated by the passes (the "
                     "unsplit op keeps the gated inverse)",
               "zh": "GDN 的卡内切分改用不带门控的逆矩阵、由两趟遍历施加门控（不切分的算子仍用带门控的逆矩阵）"},
+        gpu_log="results/tuning/run153/gpu-tests.txt",
     ),
     CudaPath(
         name="walk_identities",
@@ -264,6 +267,7 @@ PATHS: tuple[CudaPath, ...] = (
               "zh": "反向的块内 kernel（GDN 的 chunk_gradients、KDA 的 chunk_state_gradients）采用逆向遍历的恒等式："
                     "V' = T X，用同一个 Y = T^T dV' 求 dV 与 dW，dA = -stril(Y V'^T)；每块的 GEMM 由 20 个减到 15 个（GDN），"
                     "由 14 个减到 9 个（KDA）"},
+        gpu_log="results/tuning/run153/gpu-tests.txt",
     ),
     CudaPath(
         name="level_passes_from_inputs",

@@ -189,6 +189,9 @@ def test_single_chunk_output_switch(kernel_launches, monkeypatch, module, kernel
     assert switches.SINGLE_CHUNK_OUTPUT is False
     monkeypatch.setattr(gated_delta, "SCALAR_GATE_MIN_BLOCKS", 0.0)
     monkeypatch.setattr(switches, "SINGLE_CHUNK_OUTPUT", True)
+    from kda.kernels import scalar_gate
+
+    monkeypatch.setattr(scalar_gate, "PACKED_TILES", False)     # it would take GDN's stateless calls (tested below)
     cu = [0, 64, 64, 65, 100] if bounds is None else bounds
     q, k, v, g, beta = level5_inputs(T=cu[-1], H=2 if per_channel else 1, HV=2, D=128, per_channel=per_channel)
     table = packed.chunk_table(cu, "cpu") if bounds is not None else packed.device_chunk_table(torch.tensor(cu), cu[-1])
@@ -796,6 +799,7 @@ def test_backward_chunk_kernel(kernel_launches, monkeypatch, dtype):
     monkeypatch.setattr(backward, "CHUNK_KERNEL", True)
     monkeypatch.setattr(backward, "FORWARD_PIECES", False)
     monkeypatch.setattr(backward, "STATE_KERNELS", False)
+    monkeypatch.setattr(backward, "WALK_IDENTITIES", False)     # the earlier WY form first
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     q, k, v, g, beta = level5_inputs(B=2, T=200, per_channel=False, dtype=dtype)
     do = torch.randn(2, 200, 2, 64)
@@ -804,7 +808,7 @@ def test_backward_chunk_kernel(kernel_launches, monkeypatch, dtype):
     assert [name for name, _ in kernel_launches] == ["chunk_gradients"]
     assert [x.shape for x in got[:5]] == [q.shape, k.shape, v.shape, g[..., 0].shape, beta.shape]
     assert not kernel_launches[0][1].get("identities")
-    monkeypatch.setattr(backward, "WALK_IDENTITIES", True)      # the reverse walk's identities: another compile
+    monkeypatch.setattr(backward, "WALK_IDENTITIES", True)      # the reverse walk's identities (the default)
     kernel_launches.clear()
     backward.chunked_gradients(q.float(), k.float(), v.float(), g[..., 0], beta, do, None, 0.125, None,
                                kernel_dtype=dtype)
@@ -847,7 +851,7 @@ def test_backward_with_every_kernel(kernel_launches, monkeypatch, per_channel, u
     binder takes it (a tail chunk). ``unverified``: with the four switches that landed off and went on after
     run 100's GPU tests (the state passes token-major and with the decay terms, ``chunk_pair_gradients`` with
     ``shared_pairs`` and the gate's inputs), ``SCORES_FROM_FORWARD``, ``PAIR_KERNEL_TWO_BLOCKS`` and
-    ``PAIR_KERNEL_BY_CHANNELS``, and ``WALK_IDENTITIES`` (off: no GPU run yet); without them,
+    ``PAIR_KERNEL_BY_CHANNELS``, and ``WALK_IDENTITIES`` (on since run 153); without them,
     the glue of before, still reachable by the switches."""
     from kda import backward
 

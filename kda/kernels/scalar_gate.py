@@ -843,10 +843,10 @@ COMPACT_DTYPES = ("bfloat16", "float16")
 
 # beta's dtypes chunk_gated_inverse and packed_tile_output read as they are with BETA_IN_ITS_DTYPE (the op's beta is
 # often the inputs' dtype, and its float32 copy a launch and a pass over it); others are made float32 first. The
-# kernels compile for it on the CPU; off until its GPU test (test_beta_in_its_dtype_same_bits: the same outputs as from
-# beta made float32, bit for bit) has run: run 152's tests and timings all had float32 beta.
+# GPU test passed (run 153, H100: test_beta_in_its_dtype_same_bits, the same outputs as from beta made float32, bit
+# for bit, dense and packed): on, one launch and a pass over beta fewer a call.
 BETA_DTYPES = (torch.bfloat16, torch.float16)
-BETA_IN_ITS_DTYPE = False
+BETA_IN_ITS_DTYPE = True
 
 
 def kernel_beta(beta: torch.Tensor) -> torch.Tensor:
@@ -971,15 +971,19 @@ def takes_single_chunk_output(table, DV: int) -> bool:
 # GDN's intra-card split (kda.distributed) with the gate-free inverse while the unsplit op keeps the gated one: run 152
 # (H100) had the gate-free inverse faster where the sequence is split (0.727 against 0.752 ms at (1, 32768, 32, 128);
 # FlashQLA 0.748) and slower where it is not (0.596 against 0.551 at (1, 8192, 96, 128)). The pass then gates the
-# inverse without chain_scales_keys. Off until its GPU test (test_split_with_the_gate_free_inverse) has run.
-GATE_FREE_IN_SPLIT = False
+# inverse without chain_scales_keys. Its GPU tests passed (run 153, H100: test_split_with_the_gate_free_inverse, plain
+# and grouped, and the gate-free inverse's own under today's pass forms): on.
+GATE_FREE_IN_SPLIT = True
 
 
 # Packed sequences of at most one chunk each, with no initial and no final states (the host knows the boundaries) by
 # packed_tile_output, the whole forward in one kernel over tiles of whole sequences, instead of a chunk per sequence
-# through the inverse and the sequential pass. Compiled and its launch checked on the CPU; off until its GPU tests
-# (test_packed_tiles in tests/test_gpu_scalar_gate.py) pass and it is timed.
-PACKED_TILES = False
+# through the inverse and the sequential pass. Run 155 (H100, 32 heads of 128, bf16): 8192 sequences of 1 to 8 tokens
+# 1.264 ms against 10.027 (the same tokens as one sequence 1.756, FlashQLA 23.44, fla 17.78), 1024 of 1 to 64 tokens
+# 1.365 against 1.402 (one sequence 1.608, FlashQLA 5.97, fla 3.23). Its GPU test's values passed there; the beta
+# check failed (the flags were read before its one kernel ran; _run_kernels now launches it first) and passed in run
+# 156: on.
+PACKED_TILES = True
 
 
 def takes_packed_tiles(table, h0, output_final_state: bool, DV: int) -> bool:
