@@ -444,15 +444,24 @@ def test_traced_pass_same_output():
         assert (stamps[:, 1:] >= stamps[:, :-1]).all(), wg
 
 
+# packed_tile_output's arrangements (PACKED_TILE_CONFIG): the default, the scores before the solve, and that with
+# four tiles a block and two stages of loads
+TILE_CONFIGS = {"default": {}, "early_scores": dict(early_scores=True),
+                "pipelined": dict(early_scores=True, tiles_per_block=4, num_stages=2)}
+
+
+@pytest.mark.parametrize("config", list(TILE_CONFIGS))
 @pytest.mark.parametrize("kind", ["logsigmoid", "runs_of_-20"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_packed_tiles(dtype, kind, scalar_path, monkeypatch):
+def test_packed_tiles(dtype, kind, config, scalar_path, monkeypatch):
     """``scalar_gate.PACKED_TILES``: packed sequences of 0 to 64 tokens (a single token, empty ones), no states, by
     ``packed_tile_output`` over tiles of whole sequences, grouped value heads, against the float64 recurrence
-    sequence by sequence (outputs poisoned: every row written); a ``beta`` out of range raises."""
+    sequence by sequence (outputs poisoned: every row written); a ``beta`` out of range raises. Each arrangement of
+    ``TILE_CONFIGS``."""
     from kda.kernels import scalar_gate
 
     monkeypatch.setattr(scalar_gate, "PACKED_TILES", True)
+    monkeypatch.setattr(scalar_gate, "PACKED_TILE_CONFIG", TILE_CONFIGS[config])
     gen = torch.Generator().manual_seed(71)
     lengths = torch.randint(0, 65, (200,), generator=gen).tolist() + [1, 0, 64, 1]
     T = sum(lengths)

@@ -735,7 +735,8 @@ def single_chunk_output(DK, DV, chunk_size=64, block_dv=64, dtype="bfloat16", va
 
 # --8<-- [start:packed_tile_output]
 def packed_tile_output(DK, DV, chunk_size=64, block=16, dtype="bfloat16", gate_dtype="float32", beta_dtype="float32",
-                       value_groups=1, threads=128, check_keys=False):
+                       value_groups=1, threads=128, check_keys=False, tiles_per_block=1, num_stages=1,
+                       early_scores=False):
     """GDN's whole forward for packed sequences of at most one chunk each, with no initial and no final states, in one
     kernel: tiles of ``C`` rows of the packed tokens, each holding whole sequences (``packed.sequence_tiles``), one
     block per (tile, head). Without states a sequence that fits a tile needs nothing from outside it: ``V_new = Tb V``
@@ -753,6 +754,49 @@ def packed_tile_output(DK, DV, chunk_size=64, block=16, dtype="bfloat16", gate_d
     NT = T.dynamic("NT")
     C = chunk_size
     assert C == 4 * block, "the merge by halves"
+    assert tiles_per_block >= 1 and (tiles_per_block > 1 or num_stages == 1)
+
+    @T.macro
+    def tile_output(Q, K, V, g, beta, starts, scale, O, flags, t0, L, bh, q_s, k_s, v_s, g_s, H_s, G_s, b_s, seq_s,
+                    A_s, Tinv_s, Tb_s, P_s, vn_s, CC, VD, x_col):
+        hq = bh // value_groups if value_groups > 1 else bh
+        # rows past L: the next tile's tokens, or zeros past T; b = 0 there keeps them out of V_new's rows
+        # below L, and the causal mask out of the scores' rows below L
+        T.copy(Q[0, t0:t0 + C, hq, :], q_s)
+        T.copy(K[0, t0:t0 + C, hq, :], k_s)
+        T.copy(V[0, t0:t0 + C, bh, :], v_s)
+        load_beta_checked(beta, b_s, flags, t0, L, C, 0, bh)
+        log2_cumsum_by_scan(g, g_s, H_s, G_s, flags, 0, bh, t0, L, C)
+        for i in T.Parallel(C):
+            seq_s[i] = starts[t0 + T.min(i, L - 1)]
+        T.gemm(k_s, k_s, CC, transpose_B=True, clear_accum=True)
+        for i, j in T.Parallel(C, C):                    # pairs of one sequence only
+            A_s[i, j] = CC[i, j] * b_s[i] * decay_factor(G_s[i, 0] - G_s[j, 0]) * real(j < i) * \
+                real(seq_s[i] == seq_s[j])
+            if check_keys:
+                if i == j and CC[i, j] * b_s[i] > KEY_BOUND:
+                    flags[2] = 1
+        if early_scores:                                 # q and k done with before the solve
+            T.gemm(q_s, k_s, CC, transpose_B=True, clear_accum=True)
+            for i, j in T.Parallel(C, C):
+                P_s[i, j] = CC[i, j] * decay_factor(G_s[i, 0] - G_s[j, 0]) * \
+                    T.if_then_else((j <= i) & (seq_s[i] == seq_s[j]), scale, 0.0)
+        invert_diagonal_blocks_by_columns(A_s, Tinv_s, x_col, C, block)
+        merge_by_halves(A_s, Tinv_s, C, block)
+        for i, j in T.Parallel(C, C):                    # the blocks above the diagonal were never written
+            Tb_s[i, j] = T.if_then_else(i // block >= j // block, Tinv_s[i, j] * b_s[j], 0.0)
+        T.gemm(Tb_s, v_s, VD, clear_accum=True)          # V_new
+        T.copy(VD, vn_s)
+        if not early_scores:
+            T.gemm(q_s, k_s, CC, transpose_B=True, clear_accum=True)
+            for i, j in T.Parallel(C, C):
+                P_s[i, j] = CC[i, j] * decay_factor(G_s[i, 0] - G_s[j, 0]) * \
+                    T.if_then_else((j <= i) & (seq_s[i] == seq_s[j]), scale, 0.0)
+        T.gemm(P_s, vn_s, VD, clear_accum=True)
+        T.copy(VD, vn_s)
+        for i, j in T.Parallel(C, DV):
+            if i < L:
+                O[0, t0 + i, bh, j] = vn_s[i, j]
 
     @T.prim_func
     def main(
@@ -767,10 +811,7 @@ def packed_tile_output(DK, DV, chunk_size=64, block=16, dtype="bfloat16", gate_d
         O: T.Tensor([1, S, H, DV], dtype),
         flags: T.Tensor([3 if check_keys else 2], "int32"),
     ):
-        with T.Kernel(NT, H, threads=threads) as (nt, bh):
-            hq = bh // value_groups if value_groups > 1 else bh
-            t0 = tiles[nt, 0]
-            L = tiles[nt, 1]
+        with T.Kernel(T.ceildiv(NT, tiles_per_block), H, threads=threads) as (nb, bh):
             q_s = T.alloc_shared([C, DK], dtype)
             k_s = T.alloc_shared([C, DK], dtype)
             v_s = T.alloc_shared([C, DV], dtype)
@@ -781,42 +822,22 @@ def packed_tile_output(DK, DV, chunk_size=64, block=16, dtype="bfloat16", gate_d
             seq_s = T.alloc_shared([C], "int32")              # each row's sequence, by its first token
             A_s = T.alloc_shared([C, C], ACCUM)
             Tinv_s = T.alloc_shared([C, C], ACCUM)
-            Tb_s = T.alloc_shared([C, C], dtype)             # Tb, then the scores (two blocks per SM: 104 KB)
+            Tb_s = T.alloc_shared([C, C], dtype)
+            # the scores: in Tb's tile once V_new is made (two blocks per SM: 104 KB), a tile of their own where
+            # they are made before the solve
+            P_s = T.alloc_shared([C, C], dtype) if early_scores else Tb_s
             vn_s = T.alloc_shared([C, DV], dtype)            # V_new, then the output
             CC = T.alloc_fragment([C, C], ACCUM)
             VD = T.alloc_fragment([C, DV], ACCUM)
             x_col = T.alloc_local([block], ACCUM)
-            # rows past L: the next tile's tokens, or zeros past T; b = 0 there keeps them out of V_new's rows
-            # below L, and the causal mask out of the scores' rows below L
-            T.copy(Q[0, t0:t0 + C, hq, :], q_s)
-            T.copy(K[0, t0:t0 + C, hq, :], k_s)
-            T.copy(V[0, t0:t0 + C, bh, :], v_s)
-            load_beta_checked(beta, b_s, flags, t0, L, C, 0, bh)
-            log2_cumsum_by_scan(g, g_s, H_s, G_s, flags, 0, bh, t0, L, C)
-            for i in T.Parallel(C):
-                seq_s[i] = starts[t0 + T.min(i, L - 1)]
-            T.gemm(k_s, k_s, CC, transpose_B=True, clear_accum=True)
-            for i, j in T.Parallel(C, C):                    # pairs of one sequence only
-                A_s[i, j] = CC[i, j] * b_s[i] * decay_factor(G_s[i, 0] - G_s[j, 0]) * real(j < i) * \
-                    real(seq_s[i] == seq_s[j])
-                if check_keys:
-                    if i == j and CC[i, j] * b_s[i] > KEY_BOUND:
-                        flags[2] = 1
-            invert_diagonal_blocks_by_columns(A_s, Tinv_s, x_col, C, block)
-            merge_by_halves(A_s, Tinv_s, C, block)
-            for i, j in T.Parallel(C, C):                    # the blocks above the diagonal were never written
-                Tb_s[i, j] = T.if_then_else(i // block >= j // block, Tinv_s[i, j] * b_s[j], 0.0)
-            T.gemm(Tb_s, v_s, VD, clear_accum=True)          # V_new
-            T.copy(VD, vn_s)
-            T.gemm(q_s, k_s, CC, transpose_B=True, clear_accum=True)
-            for i, j in T.Parallel(C, C):
-                Tb_s[i, j] = CC[i, j] * decay_factor(G_s[i, 0] - G_s[j, 0]) * \
-                    T.if_then_else((j <= i) & (seq_s[i] == seq_s[j]), scale, 0.0)
-            T.gemm(Tb_s, vn_s, VD, clear_accum=True)
-            T.copy(VD, vn_s)
-            for i, j in T.Parallel(C, DV):
-                if i < L:
-                    O[0, t0 + i, bh, j] = vn_s[i, j]
+            if tiles_per_block == 1:
+                tile_output(Q, K, V, g, beta, starts, scale, O, flags, tiles[nb, 0], tiles[nb, 1], bh, q_s, k_s, v_s,
+                            g_s, H_s, G_s, b_s, seq_s, A_s, Tinv_s, Tb_s, P_s, vn_s, CC, VD, x_col)
+            else:                                            # the next tile's loads in flight where they can be
+                for ti in T.Pipelined(T.min(tiles_per_block, NT - nb * tiles_per_block), num_stages=num_stages):
+                    nt = nb * tiles_per_block + ti
+                    tile_output(Q, K, V, g, beta, starts, scale, O, flags, tiles[nt, 0], tiles[nt, 1], bh, q_s, k_s,
+                                v_s, g_s, H_s, G_s, b_s, seq_s, A_s, Tinv_s, Tb_s, P_s, vn_s, CC, VD, x_col)
 
     return main
 
@@ -986,6 +1007,14 @@ GATE_FREE_IN_SPLIT = True
 PACKED_TILES = True
 
 
+# packed_tile_output's arrangement beyond its defaults (one tile per block, the scores made after V_new in Tb's tile:
+# 95 KB of shared memory, two blocks per SM). early_scores makes Q K^T's scores right after K K^T, so that q's and k's
+# tiles are spent before the solve and tilelang's buffer reuse lays the kernel out in 70 KB (three blocks per SM);
+# tiles_per_block > 1 loops over tiles with the next one's loads in flight (122 KB: one block per SM). Compiled on the
+# CPU; run 157 times them (results/tuning/run157-tiles.py).
+PACKED_TILE_CONFIG: dict = {}
+
+
 def takes_packed_tiles(table, h0, output_final_state: bool, DV: int) -> bool:
     """Whether GDN's packed sequences of ``table`` go through ``packed_tile_output`` (``PACKED_TILES``): the host
     knows their boundaries and that none has more than one chunk, no state comes in or goes out, and the value
@@ -1010,7 +1039,7 @@ def packed_tile_launch(q, k, v, g, beta, scale, flags, table):
         kernel = compile_program(packed_tile_output, (), DK=DK, DV=DV, chunk_size=CHUNK_SIZE,
                                  dtype=launch.dtype_name(q.dtype), gate_dtype=str(g.dtype).removeprefix("torch."),
                                  beta_dtype=str(beta.dtype).removeprefix("torch."), value_groups=H // HQ,
-                                 **launch.keys_checked(flags))
+                                 **PACKED_TILE_CONFIG, **launch.keys_checked(flags))
     o = launch.new_output((1, T, H, DV), v.dtype, q.device)
     args = (q.contiguous(), k.contiguous(), v.contiguous(), g.reshape(1, T, H).contiguous(), beta.contiguous(),
             starts, tiles, scale, o, flags)
