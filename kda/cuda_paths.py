@@ -236,7 +236,7 @@ PATHS: tuple[CudaPath, ...] = (
               "zh": "chunk_gated_delta_rule 处理每条都不超过 64 个 token、且没有初始状态和最终状态的打包序列时"
                     "（给出 cu_seqlens_cpu 或读回边界）：由 packed_tile_output 在由整条序列拼成的 tile 上一个 kernel "
                     "算完整个前向（不同序列之间的位置对被屏蔽），取代每条序列一个块、经过求逆和顺序遍历的做法"},
-        gpu_log="results/tuning/run156/gpu-tests.txt",
+        gpu_log="results/tuning/run157/gpu-tests.txt",
     ),
     CudaPath(
         name="gdn_beta_in_its_dtype",

@@ -1002,8 +1002,8 @@ GATE_FREE_IN_SPLIT = True
 # through the inverse and the sequential pass. Run 155 (H100, 32 heads of 128, bf16): 8192 sequences of 1 to 8 tokens
 # 1.264 ms against 10.027 (the same tokens as one sequence 1.756, FlashQLA 23.44, fla 17.78), 1024 of 1 to 64 tokens
 # 1.365 against 1.402 (one sequence 1.608, FlashQLA 5.97, fla 3.23). Its GPU test's values passed there; the beta
-# check failed (the flags were read before its one kernel ran; _run_kernels now launches it first) and passed in run
-# 156: on.
+# check failed (the flags were read before its one kernel ran; _run_kernels now launches it first), rerun in run
+# 157: on.
 PACKED_TILES = True
 
 
