@@ -239,6 +239,17 @@ PATHS: tuple[CudaPath, ...] = (
         gpu_log="results/tuning/run157/gpu-tests.txt",
     ),
     CudaPath(
+        name="level5_sequence_tiles",
+        module="kda.gated_delta",
+        switch="TILES_OF_SHORT_SEQUENCES",
+        what={"en": "chunk_kda (and GDN on level 5's path) on packed sequences of at most 64 tokens each with no initial "
+                    "and no final states: tiles of whole sequences as the chunks, chunk_intra keeping the pairs of one "
+                    "sequence (tile_sequences), the pass from zero states over the tiles",
+              "zh": "chunk_kda（以及走第五级路径的 GDN）处理每条都不超过 64 个 token、且没有初始状态和最终状态的打包序列时，"
+                    "以由整条序列拼成的 tile 作为块：chunk_intra 只保留同一序列内的位置对（tile_sequences），再从零状态出发"
+                    "对这些 tile 做顺序遍历"},
+    ),
+    CudaPath(
         name="gdn_beta_in_its_dtype",
         module="kda.kernels.scalar_gate",
         switch="BETA_IN_ITS_DTYPE",

@@ -69,8 +69,10 @@ def sequence_tiles(bounds: tuple, device, chunk_size=CHUNK_SIZE) -> tuple[torch.
     return _sequence_tiles(tuple(bounds), torch.device(device), chunk_size)
 
 
-@functools.lru_cache(maxsize=8)
-def _sequence_tiles(bounds: tuple, device: torch.device, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def tile_spans(bounds: tuple, chunk_size: int = CHUNK_SIZE) -> list[tuple[int, int]]:
+    """``sequence_tiles``' tiles on the host: ``(first token, length)`` of each, in order. Tiles are contiguous
+    and hold every token (empty sequences take none), so their first tokens and ``T`` are the boundaries of
+    packed "sequences" of at most one chunk each (``kda.gated_delta``'s tiles for a gate per channel)."""
     tiles, first, fill = [], None, 0
     for s, e in zip(bounds[:-1], bounds[1:]):
         if e - s > chunk_size:
@@ -85,6 +87,12 @@ def _sequence_tiles(bounds: tuple, device: torch.device, chunk_size: int) -> tup
         fill += e - s
     if first is not None:
         tiles.append((first, fill))
+    return tiles
+
+
+@functools.lru_cache(maxsize=8)
+def _sequence_tiles(bounds: tuple, device: torch.device, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    tiles = tile_spans(bounds, chunk_size)
     lengths = torch.tensor(bounds[1:]) - torch.tensor(bounds[:-1])
     starts = torch.repeat_interleave(torch.tensor(bounds[:-1]), lengths)
     to_device = lambda x: x.to(torch.int32).to(device, non_blocking=True)

@@ -119,7 +119,8 @@ def test_prepare_stage(shape, kind):
     rows, beta_rows = torch.empty(1, 1, 1, 1, dtype=q.dtype, device="cuda"), torch.empty(1, 1, 1, device="cuda")
     no_chunks = torch.empty(1, 1, dtype=torch.int32, device="cuda")    # stand-ins: no delta rule, dense
     no_kept = torch.empty(1, 1, 1, 1, device="cuda")                   # the parked gates' stand-in
-    kernel(q, k, rows, g, beta_rows, DK ** -0.5, *outs, rows, rows, flags, no_chunks, no_kept)
+    no_starts = torch.empty(1, dtype=torch.int32, device="cuda")      # the tiles' sequences' stand-in
+    kernel(q, k, rows, g, beta_rows, DK ** -0.5, *outs, rows, rows, flags, no_chunks, no_kept, no_starts)
     assert flags.tolist() == [0, 0]
     Qw, Kw, decay, A = ref3.prepare(q, k, g, DK ** -0.5)
     for name, got, want in [("Qw", outs[0], from_chunks(Qw, T)), ("Kw", outs[1], from_chunks(Kw, T)),

@@ -68,11 +68,13 @@ def test_chunk_intra_against_reference_stage(shape, dtype, kind, delta):
     flags = torch.zeros(2, dtype=torch.int32, device="cuda")
     no_chunks = torch.empty(1, 1, dtype=torch.int32, device="cuda")          # dense: the table is a stand-in
     no_kept = torch.empty(1, 1, 1, 1, device="cuda")                           # and the parked gates
+    no_starts = torch.empty(1, dtype=torch.int32, device="cuda")                 # and the tiles' sequences
     if delta:
-        kernel(q, k, v, g_kernel, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, no_chunks, no_kept)
+        kernel(q, k, v, g_kernel, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, no_chunks, no_kept, no_starts)
     else:                                             # without the delta rule: V, beta, W, U stand-ins
         rows, beta_rows = torch.empty(1, 1, 1, 1, dtype=dtype, device="cuda"), torch.empty(1, 1, 1, device="cuda")
-        kernel(q, k, rows, g_kernel, beta_rows, scale, Qw, Kw, decay, A_qk, rows, rows, flags, no_chunks, no_kept)
+        kernel(q, k, rows, g_kernel, beta_rows, scale, Qw, Kw, decay, A_qk, rows, rows, flags, no_chunks, no_kept,
+               no_starts)
     assert flags.tolist() == [0, 0]
     r_Qw, r_Kw, r_decay, r_A, r_W, r_U = ref5.intra(q, k, v, g, beta, scale, C)
     outputs = [("Qw", Qw, r_Qw), ("Kw", Kw, r_Kw), ("A_qk", A_qk, r_A)] + ([("W", W, r_W), ("U", U, r_U)] if delta else [])
@@ -469,12 +471,13 @@ def test_chunk_intra_steep_chunk_variants(dtype, kind, delta, steep):
         # the parked gates (keep_loaded, bf16: poisoned too, where a steep chunk reads back what it did not write)
         kept = nan(B, H, NC * C, DK, dt=torch.float32) if variant.get("keep_loaded") and name == "bfloat16" else \
             torch.empty(1, 1, 1, 1, device="cuda")
+        no_starts = torch.empty(1, dtype=torch.int32, device="cuda")
         if delta:
-            kernel(q, k, v, g, beta, scale, *outs, flags, no_chunks, kept)
+            kernel(q, k, v, g, beta, scale, *outs, flags, no_chunks, kept, no_starts)
         else:                                             # without the delta rule: V, beta, W, U stand-ins
             rows, beta_rows = torch.empty(1, 1, 1, 1, dtype=dtype, device="cuda"), torch.empty(1, 1, 1, device="cuda")
             kernel(q, k, rows, g, beta_rows, scale, outs[0], outs[1], outs[2], outs[3], rows, rows, flags, no_chunks,
-                   kept)
+                   kept, no_starts)
         assert flags.tolist() == [0, 0]
         runs.append(outs if delta else outs[:4])
     r_Qw, r_Kw, r_decay, r_A, r_W, r_U = ref5.intra(q, k, v, g, beta, scale, C)
@@ -729,3 +732,33 @@ def test_kda_pass_chain_first_same_bits(packed, poisoned, monkeypatch):
     from kda.kernels import gated_state_pass
 
     check_chain_first_same_bits(gated_state_pass, kda.chunk_kda, True, packed, monkeypatch, 73)
+
+
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn_on_level5"])
+@pytest.mark.parametrize("kind", ["logsigmoid", "kda_style", "runs_of_-20"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_sequence_tiles_per_channel(dtype, kind, per_channel, poisoned, monkeypatch):
+    """``gated_delta.TILES_OF_SHORT_SEQUENCES``: packed sequences of 0 to 64 tokens (a single token, empty ones) with no
+    states through level 5's path in tiles of whole sequences (``chunk_intra`` with ``tile_sequences``, the pass
+    from zero states over the tiles), grouped value heads, against the float64 recurrence sequence by sequence
+    (outputs poisoned: every row written; runs of -20 make steep tiles); a ``beta`` out of range raises."""
+    from kda import gated_delta
+
+    monkeypatch.setattr(gated_delta, "TILES_OF_SHORT_SEQUENCES", True)
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", False)       # GDN on level 5's kernels too
+    gen = torch.Generator().manual_seed(97)
+    lengths = torch.randint(0, 65, (150,), generator=gen).tolist() + [1, 0, 64, 1]
+    T = sum(lengths)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda")
+    seed = zlib.crc32(f"{kind}{dtype}{per_channel}".encode())
+    q, k, v, g, beta, _ = inputs((1, T, 4, 128, 128), dtype, kind, per_channel, seed=seed)
+    q, k = q[:, :, ::2].contiguous(), k[:, :, ::2].contiguous()        # 2 query and key heads for 4 value heads
+    taken, tiles_table = [], gated_delta.sequence_tiles_table
+    monkeypatch.setattr(gated_delta, "sequence_tiles_table", lambda *a: taken.append(1) or tiles_table(*a))
+    fn = kda.chunk_kda if per_channel else kda.chunk_gated_delta_rule
+    o, ht = fn(q, k, v, g, beta, cu_seqlens=cu, cu_seqlens_cpu=cu.cpu())
+    assert taken and ht is None
+    check_sequences(o, None, q.repeat_interleave(2, dim=2), k.repeat_interleave(2, dim=2), v, g, beta,
+                    lengths=lengths)
+    with pytest.raises(ValueError, match="beta"):
+        fn(q, k, v, g, beta + 1, cu_seqlens=cu, cu_seqlens_cpu=cu.cpu())

@@ -163,6 +163,9 @@ CASES = [
                                                       varlen=True, initial_state=True, final_state=True)),
     ("scalar_gate", "single_chunk_output", dict(DK=128, DV=128, dtype="float16", gates_inverse=True, final_state=True)),
     # packed sequences of one chunk each without states, in one kernel over tiles of whole sequences (PACKED_TILES)
+    # level 5's chunks as tiles of whole short sequences (TILES_OF_SHORT_SEQUENCES)
+    ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", varlen=True, tile_sequences=True,
+                                        spill_budget=400)),
     ("scalar_gate", "packed_tile_output", dict(DK=128, DV=128)),
     ("scalar_gate", "packed_tile_output", dict(DK=128, DV=128, early_scores=True)),
     ("scalar_gate", "packed_tile_output", dict(DK=128, DV=128, tiles_per_block=4, num_stages=2, early_scores=True,
@@ -550,6 +553,7 @@ TWO_BLOCKS_PER_SM = {
     "safe_gate's form by rows": dict(middles=True, middles_by_rows=True, pairwise="halvings", merge="halves",
                                      gate_act="sigmoid", beta_act="sigmoid", qk_l2norm=True),
     "capped steps, plain call": dict(pairwise="capped", merge="halves", check_keys=True, keep_loaded=True),
+    "tiles of short sequences": dict(merge="halves", varlen=True, tile_sequences=True, check_keys=True),
     "capped steps, a layer's call": dict(pairwise="capped", merge="halves", gate_act="softplus", beta_act="sigmoid",
                                          gate_dtype="bfloat16", qk_l2norm=True, keep_loaded=True,
                                          fast_activations=True),

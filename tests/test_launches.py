@@ -361,6 +361,32 @@ def test_gdn_scalar_gate_path_packed(kernel_launches, monkeypatch, initial, fina
     assert o.shape == v.shape and (ht is None) == (not final) and (ht is None or ht.shape == (4, 4, 64, 64))
 
 
+@pytest.mark.parametrize("tiles", [False, True], ids=["chunks", "tiles"])
+def test_sequence_tiles_switch(kernel_launches, monkeypatch, tiles):
+    """``gated_delta.TILES_OF_SHORT_SEQUENCES``: level 5's path (a gate per channel, grouped value heads) over packed
+    sequences of at most one chunk each with no states takes the tiles of whole sequences as its chunks:
+    ``chunk_intra`` compiled with ``tile_sequences`` binds each token's sequence, and both kernels see 4 chunks, not
+    5; with a state in or out, or a longer sequence, the sequences' own chunks."""
+    from kda import gated_delta
+
+    monkeypatch.setattr(gated_delta, "TILES_OF_SHORT_SEQUENCES", tiles)
+    bounds = [0, 40, 41, 41, 100, 164, 200]                 # an empty sequence and a single token
+    q, k, v, g, beta = level5_inputs(B=1, H=2, HV=4, per_channel=True)
+    run = lambda b, h0=None, final=False: gated_delta._run_kernels(
+        q, k, v, g, beta, 0.125, h0, torch.zeros(2, dtype=torch.int32), packed.chunk_table(b, "cpu"), final)
+    o, ht = run(bounds)
+    assert [name for name, _ in kernel_launches] == ["chunk_intra", "gated_state_output_pass"]
+    assert o.shape == v.shape and ht is None
+    intra = kernel_launches[0][1]
+    assert intra["varlen"] and bool(intra.get("tile_sequences")) is tiles
+    chunks = gated_delta.sequence_tiles_table(packed.chunk_table(bounds, "cpu"), "cpu")[0].chunks
+    assert chunks.tolist() == [[0, 41], [41, 59], [100, 64], [164, 36]]
+    for other in (dict(b=bounds, h0=torch.randn(6, 4, 64, 64)), dict(b=bounds, final=True), dict(b=[0, 65, 200])):
+        kernel_launches.clear()
+        run(**other)
+        assert not kernel_launches[0][1].get("tile_sequences")
+
+
 @pytest.mark.parametrize("tiles", [False, True], ids=["pass", "packed_tiles"])
 def test_gdn_packed_tiles_switch(kernel_launches, monkeypatch, tiles):
     """``scalar_gate.PACKED_TILES``: packed sequences of at most one chunk each, no states, in one launch of

@@ -193,7 +193,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                 gate_dtype="float32", threads=256, min_blocks=None, delta=True, varlen=False, value_groups=1,
                 scalar_gate=False, backward_outputs=False, qk_l2norm=False, pairwise="exp", gate_act=None,
                 beta_act=None, check_keys=False, middles=False, middles_by_rows=False, merge="substitution",
-                keep_loaded=False, fast_activations=False):
+                keep_loaded=False, fast_activations=False, tile_sequences=False):
     """Everything a chunk needs before the sequential pass, from one load of ``q, k, g`` (and
     ``v, beta``), every chunk at once. Arguments at run time: ``Q, K [B, T, H, DK]``, ``V [B, T,
     H, DV]``, ``g [B, T, H, DK]``, ``beta [B, T, H]`` (float32), ``scale``, then the outputs
@@ -206,7 +206,12 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     ``varlen`` (packed sequences, ``B = 1``) ``chunks [NC, 2]`` (int32) holds the first token and the
     length of every chunk of every sequence (``chunk_table``); ``decay`` is then ``[1, H, NC, DK]``
     in that order, and rows past a chunk's length are neither read as data nor written (they
-    belong to the next sequence). Dense, ``chunks`` is a ``[1, 1]`` stand-in.
+    belong to the next sequence). Dense, ``chunks`` is a ``[1, 1]`` stand-in. ``tile_sequences`` (varlen): each
+    chunk of the table is a tile of whole short sequences (``kda.packed.sequence_tiles``) and a last argument
+    ``starts [T]`` (int32) gives each token's sequence by its first token; ``A_qk`` and ``A_kk`` keep the pairs of one
+    sequence only, so that a pass from zero states over the tiles gives each sequence's outputs (its ``W``, ``Qw``
+    and ``decay`` then multiply zero states; the tile's gate sums over its sequences, and ``G_i - G_j`` of a pair of
+    one sequence is that sequence's alone). Without it ``starts`` is a ``[1]`` stand-in.
     ``Q`` and ``K`` may have fewer heads than the rest (grouped value heads, as in fla):
     ``H = value_groups HQ``, value head ``h`` reading query and key head ``h // value_groups``.
     With ``scalar_gate`` (GDN: one gate per head, passed as ``g [B, T, H, 1]``) the scores are one
@@ -312,6 +317,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     assert wide is None or wide == C // 2, "wide_subchunk is half the chunk (or None)"
     assert delta or not scalar_gate, "a scalar gate without the delta rule is level 3's own kernel"
     assert not backward_outputs or (delta and not varlen), "the backward's outputs: dense, with the delta rule"
+    assert not tile_sequences or varlen, "tile_sequences: a table of tiles (varlen)"
     assert pairwise in ("exp", "products", "halvings", "capped"), "pairwise: 'exp', 'products', 'halvings' or 'capped'"
     assert merge in ("substitution", "halves") and (merge == "substitution" or C == 4 * SOLVE_BLOCK)
     GD = 1 if scalar_gate else DK              # gates per row
@@ -625,7 +631,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
 
     @T.macro
     def body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, c, t0, L, bb, bh, G_out, Tinv_out, KKE_out,
-             A_log=None, dt_bias=None, lower_bound=None, G_kept=None):
+             A_log=None, dt_bias=None, lower_bound=None, G_kept=None, starts=None):
         """Chunk ``c`` (its index in ``decay``): ``L`` rows from token ``t0`` of sequence ``bb``, value
         head ``bh``, which reads query and key head ``bh // value_groups`` (grouped value heads).
         ``G_out, Tinv_out, KKE_out``: the backward's outputs, ``None`` without ``backward_outputs``; ``A_log,
@@ -771,6 +777,15 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                 if too_steep[0] == 1 or not same_layout:     # the keys become K 2^G again
                     for i, d in T.Parallel(C, DK):
                         K_s[i, d] = K_s[i, d] * T.exp2(G_s[i, d])
+        if tile_sequences:                                  # pairs of one sequence only, whatever the gate made
+            seq_s = T.alloc_shared([C], "int32")
+            for i in T.Parallel(C):
+                seq_s[i] = starts[t0 + T.min(i, L - 1)]
+            for i, j in T.Parallel(C, C):
+                if seq_s[i] != seq_s[j]:
+                    Aqk_s[i, j] = T.Cast(dtype, 0.0)
+                    if delta:
+                        A_s[i, j] = 0.0
         store_rows(Aqk_s, A_qk, bb, t0, L, bh)
 
         if delta:
@@ -849,11 +864,12 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
             A_log: T.Tensor([H], ACCUM),
             dt_bias: T.Tensor([H, GD], ACCUM),
             lower_bound: T.float32,
+            starts: T.Tensor(used([S], tile_sequences), "int32"),
         ):
             with T.Kernel(NC, H, BA, threads=threads) as (c, bh, bb):
                 if varlen:
                     body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, c, chunks[c, 0], chunks[c, 1], bb,
-                         bh, None, None, None, A_log, dt_bias, lower_bound, G_kept)
+                         bh, None, None, None, A_log, dt_bias, lower_bound, G_kept, starts)
                 else:
                     body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, c, c * C, T.min(C, S - c * C), bb,
                          bh, None, None, None, A_log, dt_bias, lower_bound, G_kept)
@@ -883,11 +899,12 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
         flags: T.Tensor([NF], "int32"),
         chunks: T.Tensor(used([NC, 2], varlen), "int32"),
         G_kept: T.Tensor(used([BB, H, NC * C, GD], keep), ACCUM),
+        starts: T.Tensor(used([S], tile_sequences), "int32"),
     ):
         with T.Kernel(NC, H, BB, threads=threads) as (c, bh, bb):
             if varlen:
                 body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, c, chunks[c, 0], chunks[c, 1], bb, bh,
-                     None, None, None, G_kept=G_kept)
+                     None, None, None, G_kept=G_kept, starts=starts)
             else:
                 body(Q, K, V, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, c, c * C, T.min(C, S - c * C), bb, bh,
                      None, None, None, G_kept=G_kept)
@@ -1045,7 +1062,7 @@ class ChunkForm(NamedTuple):
 
 
 def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None, backward_outputs=False, qk_l2norm=False,
-                   activation=None, delta=True):
+                   activation=None, delta=True, starts=None):
     """Stage 1 of the level-5 pipeline (``chunk_intra``), every chunk of the batch at once; without the
     ``delta`` rule level 3's per-channel stage (``v`` and ``beta`` ``None``; ``W`` and ``U`` of the result are
     stand-ins).
@@ -1056,7 +1073,9 @@ def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None, backward_out
     KKE)``, the kernel's outputs of that flag (``G [B, H, NC C, GD]`` float32 log2, ``Tinv`` in the inputs'
     dtype, ``KKE`` float32, both ``[B, T, H, C]``). ``qk_l2norm``: the kernel L2-normalizes the rows of ``q`` and
     ``k`` as it loads them (``L2NORM_IN_KERNEL``). ``activation`` (``ACTIVATIONS_IN_KERNEL``): ``g`` and ``beta``
-    are raw and the kernel applies that ``kda.activation.Activation`` to them."""
+    are raw and the kernel applies that ``kda.activation.Activation`` to them. ``starts`` (with the ``table`` of
+    tiles of whole short sequences, ``kda.packed.sequence_tiles``): each token's sequence by its first token,
+    pairs of two sequences masked (``tile_sequences``)."""
     from kda.kernels.build import compile_program
 
     B, T, HQ, DK = q.shape
@@ -1083,6 +1102,8 @@ def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None, backward_out
         extra.update(launch.keys_checked(flags))
         if delta and SOLVE_BY_HALVES:
             extra["merge"] = "halves"
+        if starts is not None:
+            extra["tile_sequences"] = True
         acts = []                                        # A_log, dt_bias, lower_bound after the chunk table
         if activation is not None:
             extra.update(gate_act=activation.gate, beta_act=activation.beta)
@@ -1111,6 +1132,8 @@ def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None, backward_out
         kept_shape = (1 if table is not None else B, H, NC * C, g.shape[-1])
         kept = new(kept_shape, torch.float32) if extra.get("keep_loaded") else \
             launch.stand_in(4, torch.float32, q.device)
-        intra(q, k, v, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, chunks, kept, *acts)
+        if starts is None:
+            starts = launch.stand_in(1, torch.int32, q.device)
+        intra(q, k, v, g, beta, scale, Qw, Kw, decay, A_qk, W, U, flags, chunks, kept, *acts, starts)
     return ChunkForm(Qw, Kw, W, U, A_qk, decay)
 # --8<-- [end:prepare_chunks]

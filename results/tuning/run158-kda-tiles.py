@@ -1,0 +1,63 @@
+"""Run 158 (prepared 2026-12-07): KDA on short packed sequences in tiles of whole sequences, timed
+(``gated_delta.TILES_OF_SHORT_SEQUENCES``).
+
+Issue 42 measured 1024 packed sequences of 1 to 64 tokens at 3.56 ms for KDA against 2.12 for the same tokens as one
+sequence (H200). With the switch, level 5's chunks are tiles of whole sequences (696 instead of 1024 there; 598
+instead of 8192 for 8192 sequences of 1 to 8 tokens). This times chunk_kda with it off and on (the outputs against
+each other, relative L2), the same tokens as one sequence and fla's chunk_kda on the same packed call (32 heads of 128,
+bf16, activated gates). Rows to ``$OUT/run158.jsonl``.
+
+    FLA_FLASH_QLA=0 python results/tuning/run158-kda-tiles.py
+"""
+import os
+import sys
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from harness import log, script, stage_times, time_stages  # noqa: E402
+
+run140 = script("run140-gdn.py")
+RUN = "run158"
+
+if __name__ == "__main__":
+    from fla.ops.kda import chunk_kda as fla_kda
+
+    import kda
+    from kda import gated_delta
+    from kda.bench import median_ms
+    from kda.metrics import rel_l2
+
+    time_stages()
+    gen = torch.Generator().manual_seed(144)
+    cases = {"1024 sequences of 1 to 64 tokens": run140.lengths("1024 sequences of 1 to 64 tokens"),
+             "8192 sequences of 1 to 8 tokens": torch.randint(1, 9, (8192,), generator=gen).tolist()}
+    for case, lens in cases.items():
+        cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), device="cuda")
+        cu_cpu = cu.cpu()
+        q, k, v, _, beta = run140.dense_inputs(1, int(cu[-1]), 32, 128)
+        g = torch.nn.functional.logsigmoid(torch.randn(*v.shape, device="cuda")) / 16
+        outs = {}
+        for on in (False, True):
+            gated_delta.TILES_OF_SHORT_SEQUENCES = on
+            fn = lambda: kda.chunk_kda(q, k, v, g, beta, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu)[0]
+            impl = f"kda, tiles {'on' if on else 'off'}"
+            try:
+                outs[on] = fn()
+                log(RUN, {"case": case, "impl": impl, "ms": round(median_ms(fn), 4)})
+                stage_times(RUN, {"case": case, "impl": impl, "what": "stages"}, fn)
+            except Exception as e:  # noqa: BLE001
+                log(RUN, {"case": case, "impl": impl, "error": f"{type(e).__name__}: {str(e)[:200]}"})
+        gated_delta.TILES_OF_SHORT_SEQUENCES = False
+        if len(outs) == 2:
+            log(RUN, {"case": case, "rel_l2 on vs off": float(f"{rel_l2(outs[True], outs[False]):.2e}"),
+                      "finite": bool(torch.isfinite(outs[True]).all())})
+        peers = {"kda, the same tokens as one sequence": lambda: kda.chunk_kda(q, k, v, g, beta)[0],
+                 "fla chunk_kda": lambda: fla_kda(q, k, v, g, beta, scale=128 ** -0.5, cu_seqlens=cu)[0]}
+        for impl, fn in peers.items():
+            try:
+                log(RUN, {"case": case, "impl": impl, "ms": round(median_ms(fn), 4)})
+            except Exception as e:  # noqa: BLE001
+                log(RUN, {"case": case, "impl": impl, "error": f"{type(e).__name__}: {str(e)[:200]}"})
+        torch.cuda.empty_cache()
