@@ -168,8 +168,7 @@ CASES = [
                                         spill_budget=400)),
     ("scalar_gate", "packed_tile_output", dict(DK=128, DV=128)),
     ("scalar_gate", "packed_tile_output", dict(DK=128, DV=128, early_scores=True)),
-    ("scalar_gate", "packed_tile_output", dict(DK=128, DV=128, tiles_per_block=4, num_stages=2, early_scores=True,
-                                               value_groups=2, check_keys=True)),
+    ("scalar_gate", "packed_tile_output", dict(DK=128, DV=128, early_scores=True, value_groups=2, check_keys=True)),
     ("scalar_gate", "packed_tile_output", dict(DK=64, DV=128, dtype="float16", beta_dtype="float16", value_groups=2,
                                                check_keys=True)),
     # the first kernel's clocks into G (a tuning instrument, results/tuning/run154-inverse-trace.py)

@@ -5,7 +5,8 @@ against 0.574 + 0.843 for the inverse and the pass over a chunk per sequence: tw
 load waited for. ``early_scores`` spends q's and k's tiles before the solve (70 KB of shared memory: three blocks per
 SM); ``tiles_per_block`` loops over tiles with the next one's loads in flight. This times the op with each (outputs
 against the default's, relative L2) on run 155's two cases, and the same tokens as one sequence at T padded to whole
-chunks and not. Rows to ``$OUT/run157.jsonl``.
+chunks and not. Rows to ``$OUT/run157.jsonl``. (After this run ``tiles_per_block`` was taken out of the factory: wrong
+outputs and no gain.)
 
     FLA_FLASH_QLA=0 python results/tuning/run157-tiles.py
 """
