@@ -82,6 +82,14 @@ def dense_inputs(B, T, H, D, seed=7):
     return q, k, v, torch.nn.functional.logsigmoid(draw(B, T, H)), torch.rand(B, T, H, generator=gen, device="cuda")
 
 
+def short_cases():
+    """Runs 155, 157 and 158's short packed sequences: ``{case: lengths}``, run 140's 1024 of 1 to 64 tokens and
+    8192 of 1 to 8."""
+    gen = torch.Generator().manual_seed(144)
+    return {"1024 sequences of 1 to 64 tokens": lengths("1024 sequences of 1 to 64 tokens"),
+            "8192 sequences of 1 to 8 tokens": torch.randint(1, 9, (8192,), generator=gen).tolist()}
+
+
 def lengths(case):
     gen = torch.Generator().manual_seed(96)
     if case == "96 random lengths":

@@ -34,10 +34,7 @@ if __name__ == "__main__":
 
     assert os.environ.get("FLA_FLASH_QLA") == "0"
     time_stages()
-    gen = torch.Generator().manual_seed(144)
-    cases = {"1024 sequences of 1 to 64 tokens": run140.lengths("1024 sequences of 1 to 64 tokens"),
-             "8192 sequences of 1 to 8 tokens": torch.randint(1, 9, (8192,), generator=gen).tolist()}
-    for case, lens in cases.items():
+    for case, lens in run140.short_cases().items():
         cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), device="cuda")
         cu_cpu = cu.cpu()
         q, k, v, g, beta = run140.dense_inputs(1, int(cu[-1]), 32, 128)
