@@ -246,7 +246,7 @@ def _run_kernels(q, k, v, g, beta, scale, h0, flags=None, table=None, output_fin
 
     starts = None
     if takes_sequence_tiles(table, h0, output_final_state):
-        table, starts = sequence_tiles_table(table, q.device)
+        table, starts = packed.sequence_tile_table(table.bounds, q.device)
     form = prepare_chunks(q, k, v, g, beta, scale, flags, table, qk_l2norm=qk_l2norm, activation=activation,
                           starts=starts)
     start, o, ht = state_pass_launch(form, h0, table, output_final_state)
@@ -256,7 +256,7 @@ def _run_kernels(q, k, v, g, beta, scale, h0, flags=None, table=None, output_fin
 
 
 # Level 5's path over packed sequences of at most one chunk each with no initial and no final states (the host knows
-# the boundaries): tiles of whole sequences (kda.packed.sequence_tiles) as the chunks, chunk_intra compiled with
+# the boundaries): tiles of whole sequences (kda.packed.sequence_tile_table) as the chunks, chunk_intra compiled with
 # tile_sequences keeping the pairs of one sequence, the pass from zero states over the tiles. Run 155's 1024 sequences
 # of 1 to 64 tokens become 696 chunks instead of 1024 (526 as one sequence), its 8192 of 1 to 8 tokens 598 instead of
 # 8192 (GDN's packed_tile_output took the latter from 10.03 to 1.26 ms). Run 157 (H100): its GPU test
@@ -274,13 +274,6 @@ def takes_sequence_tiles(table, h0, output_final_state: bool) -> bool:
         table.most_chunks is not None and table.most_chunks <= 1 and table.bounds[-1] > 0 and h0 is None and \
         not output_final_state
 
-
-def sequence_tiles_table(table, device):
-    """``(the chunk table of the tiles, starts)``: the tiles of ``table``'s sequences (``packed.tile_spans``) as
-    packed "sequences" of one chunk each, and each token's sequence by its first token (``packed.sequence_tiles``)."""
-    firsts = [first for first, _ in packed.tile_spans(table.bounds)]
-    _, starts = packed.sequence_tiles(table.bounds, device)
-    return packed.chunk_table([*firsts, table.bounds[-1]], device), starts
 
 
 # The scalar-gate path (``kda.kernels.scalar_gate``), on for GDN where its blocks fill enough SMs. Run 90

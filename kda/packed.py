@@ -69,10 +69,25 @@ def sequence_tiles(bounds: tuple, device, chunk_size=CHUNK_SIZE) -> tuple[torch.
     return _sequence_tiles(tuple(bounds), torch.device(device), chunk_size)
 
 
+def sequence_tile_table(bounds, device, chunk_size=CHUNK_SIZE) -> tuple[ChunkTable, torch.Tensor]:
+    """``(the chunk table of the tiles, starts)``: the tiles of ``sequence_tiles`` over the packed sequences with
+    host ``bounds``, as packed "sequences" of one chunk each (their first tokens and ``T`` as the boundaries), and
+    each token's sequence by its first token (``kda.gated_delta``'s tiles for a gate per channel). Cached as
+    ``chunk_table`` is."""
+    return _sequence_tile_table(tuple(bounds), torch.device(device), chunk_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _sequence_tile_table(bounds: tuple, device: torch.device, chunk_size: int) -> tuple[ChunkTable, torch.Tensor]:
+    firsts = [first for first, _ in tile_spans(bounds, chunk_size)]
+    _, starts = _sequence_tiles(bounds, device, chunk_size)
+    return chunk_table([*firsts, bounds[-1]], device, chunk_size), starts
+
+
 def tile_spans(bounds: tuple, chunk_size: int = CHUNK_SIZE) -> list[tuple[int, int]]:
     """``sequence_tiles``' tiles on the host: ``(first token, length)`` of each, in order. Tiles are contiguous
     and hold every token (empty sequences take none), so their first tokens and ``T`` are the boundaries of
-    packed "sequences" of at most one chunk each (``kda.gated_delta``'s tiles for a gate per channel)."""
+    packed "sequences" of at most one chunk each (``sequence_tile_table``)."""
     tiles, first, fill = [], None, 0
     for s, e in zip(bounds[:-1], bounds[1:]):
         if e - s > chunk_size:

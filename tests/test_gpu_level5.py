@@ -742,7 +742,7 @@ def test_sequence_tiles_per_channel(dtype, kind, per_channel, poisoned, monkeypa
     states through level 5's path in tiles of whole sequences (``chunk_intra`` with ``tile_sequences``, the pass
     from zero states over the tiles), grouped value heads, against the float64 recurrence sequence by sequence
     (outputs poisoned: every row written; runs of -20 make steep tiles); a ``beta`` out of range raises."""
-    from kda import gated_delta
+    from kda import gated_delta, packed
 
     monkeypatch.setattr(gated_delta, "TILES_OF_SHORT_SEQUENCES", True)
     monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", False)       # GDN on level 5's kernels too
@@ -753,8 +753,8 @@ def test_sequence_tiles_per_channel(dtype, kind, per_channel, poisoned, monkeypa
     seed = zlib.crc32(f"{kind}{dtype}{per_channel}".encode())
     q, k, v, g, beta, _ = inputs((1, T, 4, 128, 128), dtype, kind, per_channel, seed=seed)
     q, k = q[:, :, ::2].contiguous(), k[:, :, ::2].contiguous()        # 2 query and key heads for 4 value heads
-    taken, tiles_table = [], gated_delta.sequence_tiles_table
-    monkeypatch.setattr(gated_delta, "sequence_tiles_table", lambda *a: taken.append(1) or tiles_table(*a))
+    taken, tile_table = [], packed.sequence_tile_table
+    monkeypatch.setattr(packed, "sequence_tile_table", lambda *a: taken.append(1) or tile_table(*a))
     fn = kda.chunk_kda if per_channel else kda.chunk_gated_delta_rule
     o, ht = fn(q, k, v, g, beta, cu_seqlens=cu, cu_seqlens_cpu=cu.cpu())
     assert taken and ht is None

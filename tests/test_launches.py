@@ -379,7 +379,7 @@ def test_sequence_tiles_switch(kernel_launches, monkeypatch, tiles):
     assert o.shape == v.shape and ht is None
     intra = kernel_launches[0][1]
     assert intra["varlen"] and bool(intra.get("tile_sequences")) is tiles
-    chunks = gated_delta.sequence_tiles_table(packed.chunk_table(bounds, "cpu"), "cpu")[0].chunks
+    chunks = packed.sequence_tile_table(bounds, "cpu")[0].chunks
     assert chunks.tolist() == [[0, 41], [41, 59], [100, 64], [164, 36]]
     for other in (dict(b=bounds, h0=torch.randn(6, 4, 64, 64)), dict(b=bounds, final=True), dict(b=[0, 65, 200])):
         kernel_launches.clear()

@@ -757,6 +757,14 @@ def packed_tile_output(DK, DV, chunk_size=64, block=16, dtype="bfloat16", gate_d
     assert C == 4 * block, "the merge by halves"
 
     @T.macro
+    def masked_scores(q_s, k_s, G_s, seq_s, P_s, CC, scale):
+        """``P = scale causal(Q K^T 2^(G_i - G_j))`` over the pairs of one sequence."""
+        T.gemm(q_s, k_s, CC, transpose_B=True, clear_accum=True)
+        for i, j in T.Parallel(C, C):
+            P_s[i, j] = CC[i, j] * decay_factor(G_s[i, 0] - G_s[j, 0]) * \
+                T.if_then_else((j <= i) & (seq_s[i] == seq_s[j]), scale, 0.0)
+
+    @T.macro
     def tile_output(Q, K, V, g, beta, starts, scale, O, flags, t0, L, bh, q_s, k_s, v_s, g_s, H_s, G_s, b_s, seq_s,
                     A_s, Tinv_s, Tb_s, P_s, vn_s, CC, VD, x_col):
         hq = bh // value_groups if value_groups > 1 else bh
@@ -777,10 +785,7 @@ def packed_tile_output(DK, DV, chunk_size=64, block=16, dtype="bfloat16", gate_d
                 if i == j and CC[i, j] * b_s[i] > KEY_BOUND:
                     flags[2] = 1
         if early_scores:                                 # q and k done with before the solve
-            T.gemm(q_s, k_s, CC, transpose_B=True, clear_accum=True)
-            for i, j in T.Parallel(C, C):
-                P_s[i, j] = CC[i, j] * decay_factor(G_s[i, 0] - G_s[j, 0]) * \
-                    T.if_then_else((j <= i) & (seq_s[i] == seq_s[j]), scale, 0.0)
+            masked_scores(q_s, k_s, G_s, seq_s, P_s, CC, scale)
         invert_diagonal_blocks_by_columns(A_s, Tinv_s, x_col, C, block)
         merge_by_halves(A_s, Tinv_s, C, block)
         for i, j in T.Parallel(C, C):                    # the blocks above the diagonal were never written
@@ -788,10 +793,7 @@ def packed_tile_output(DK, DV, chunk_size=64, block=16, dtype="bfloat16", gate_d
         T.gemm(Tb_s, v_s, VD, clear_accum=True)          # V_new
         T.copy(VD, vn_s)
         if not early_scores:
-            T.gemm(q_s, k_s, CC, transpose_B=True, clear_accum=True)
-            for i, j in T.Parallel(C, C):
-                P_s[i, j] = CC[i, j] * decay_factor(G_s[i, 0] - G_s[j, 0]) * \
-                    T.if_then_else((j <= i) & (seq_s[i] == seq_s[j]), scale, 0.0)
+            masked_scores(q_s, k_s, G_s, seq_s, P_s, CC, scale)
         T.gemm(P_s, vn_s, VD, clear_accum=True)
         T.copy(VD, vn_s)
         for i, j in T.Parallel(C, DV):

@@ -16,7 +16,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from harness import log, script, stage_times, time_stages  # noqa: E402
+from harness import log, script, stage_times, time_stages, timed  # noqa: E402
 
 run140 = script("run140-gdn.py")
 RUN = "run158"
@@ -26,7 +26,6 @@ if __name__ == "__main__":
 
     import kda
     from kda import gated_delta
-    from kda.bench import median_ms
     from kda.metrics import rel_l2
 
     time_stages()
@@ -40,21 +39,15 @@ if __name__ == "__main__":
             gated_delta.TILES_OF_SHORT_SEQUENCES = on
             fn = lambda: kda.chunk_kda(q, k, v, g, beta, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu)[0]
             impl = f"kda, tiles {'on' if on else 'off'}"
-            try:
-                outs[on] = fn()
-                log(RUN, {"case": case, "impl": impl, "ms": round(median_ms(fn), 4)})
+            timed(RUN, {"case": case, "impl": impl}, fn, describe=lambda o: outs.update({on: o}) or {})
+            if on in outs:
                 stage_times(RUN, {"case": case, "impl": impl, "what": "stages"}, fn)
-            except Exception as e:  # noqa: BLE001
-                log(RUN, {"case": case, "impl": impl, "error": f"{type(e).__name__}: {str(e)[:200]}"})
         gated_delta.TILES_OF_SHORT_SEQUENCES = False
         if len(outs) == 2:
             log(RUN, {"case": case, "rel_l2 on vs off": float(f"{rel_l2(outs[True], outs[False]):.2e}"),
                       "finite": bool(torch.isfinite(outs[True]).all())})
-        peers = {"kda, the same tokens as one sequence": lambda: kda.chunk_kda(q, k, v, g, beta)[0],
-                 "fla chunk_kda": lambda: fla_kda(q, k, v, g, beta, scale=128 ** -0.5, cu_seqlens=cu)[0]}
-        for impl, fn in peers.items():
-            try:
-                log(RUN, {"case": case, "impl": impl, "ms": round(median_ms(fn), 4)})
-            except Exception as e:  # noqa: BLE001
-                log(RUN, {"case": case, "impl": impl, "error": f"{type(e).__name__}: {str(e)[:200]}"})
+        timed(RUN, {"case": case, "impl": "kda, the same tokens as one sequence"},
+              lambda: kda.chunk_kda(q, k, v, g, beta)[0])
+        timed(RUN, {"case": case, "impl": "fla chunk_kda"},
+              lambda: fla_kda(q, k, v, g, beta, scale=128 ** -0.5, cu_seqlens=cu)[0])
         torch.cuda.empty_cache()
