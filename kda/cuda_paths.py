@@ -250,6 +250,16 @@ PATHS: tuple[CudaPath, ...] = (
                     "对这些 tile 做顺序遍历"},
     ),
     CudaPath(
+        name="split_ragged_runs",
+        module="kda.distributed",
+        switch="RAGGED_RUNS",
+        what={"en": "GDN's intra-card split reading each sequence's last run where it lies, short where T is not a whole "
+                    "number of runs (inverse_state_output_pass's runs form), instead of padding q, k, v, g and beta to "
+                    "whole runs and copying o back",
+              "zh": "GDN 的卡内切分就地读取每条序列的最后一段（T 不是整数段时这一段较短；inverse_state_output_pass 的 "
+                    "runs 形式），不再把 q、k、v、g、beta 补零到整数段、再把 o 拷回"},
+    ),
+    CudaPath(
         name="gdn_beta_in_its_dtype",
         module="kda.kernels.scalar_gate",
         switch="BETA_IN_ITS_DTYPE",

@@ -387,6 +387,13 @@ def value_heads(q, k, v):
     return repeat_to_value_heads(q, k, v.shape[2])
 
 
+# GDN's split by the scalar-gate passes reading a ragged last run where it lies (their ``runs`` form: each sequence's
+# runs as sequences of their own, the last one short) instead of padding q, k, v, g and beta to whole runs and cutting
+# o back. A dense call whose T is not a whole number of runs took twice as long (run 157, H100: T = 33,606 at 1.575 ms
+# against 0.735 at 33,536, 1.05 ms of it the copies). Off until its GPU tests pass.
+RAGGED_RUNS = False
+
+
 def _pad_time(x, pad: int):
     """Zero tokens at the end of ``[B, T, ...]``: with k = v = 0, b = 0 and log gate 0 they are
     identity steps of the recurrence."""
@@ -407,13 +414,14 @@ def _split_forward_cuda(q, k, v, g, beta, pieces, run_len, scale, h0, output_fin
         scalar_gate = _splits_by_scalar_gate(g)
     q, k, g = kernel_inputs(q, k, g, use_qk_l2norm_in_kernel)
     pad = pieces * run_len - T                                # only ever inside the last run
-    if pad:
+    ragged = scalar_gate and RAGGED_RUNS                      # the passes read the last run where it lies
+    if pad and not ragged:
         q, k, v, g, beta = (_pad_time(x, pad) for x in (q, k, v, g, beta))
     if scalar_gate:
-        o, final = _split_scalar_gate(q, k, v, g, beta, pieces, scale, h0, warmup, unsplit_without_window, flags,
-                                      check, keys_checked, output_final_state)
+        o, final = _split_scalar_gate(q, k, v, g, beta, pieces, run_len, scale, h0, warmup, unsplit_without_window,
+                                      flags, check, keys_checked, output_final_state, ragged)
         o = o[:, :T]
-        return (o.contiguous() if pad else o), (final if output_final_state else None)
+        return (o.contiguous() if pad and not ragged else o), (final if output_final_state else None)
     form = prepare_chunks(q, k, v, g, beta, scale, flags=flags)      # flags: the values checked as they are read
     runs = runs_form(form, pieces)                            # every chunk of every run at once
 
@@ -513,20 +521,22 @@ def _warm_starts(h0, ends, B, pieces):
     return torch.cat([_start_state32(h0, ends[:, 0])[:, None], ends], dim=1).reshape(B * pieces, *ends.shape[2:])
 
 
-def _split_scalar_gate(q, k, v, g, beta, pieces, scale, h0, warmup=False, unsplit_without_window=False, flags=None,
-                       check=None, keys_checked=False, output_final_state=True):
+def _split_scalar_gate(q, k, v, g, beta, pieces, run_len, scale, h0, warmup=False, unsplit_without_window=False,
+                       flags=None, check=None, keys_checked=False, output_final_state=True, ragged=False):
     """GDN's split by ``kda.kernels.scalar_gate``: the inverse once for every chunk, then each run's map
     by the pass over a batch of ``B * pieces`` runs (``M`` from the identity with ``V = 0``, ``B`` from
     zero), the fold, and the pass again from each run's true start; with ``warmup``, where the gates allow,
     the pass over each run's window instead of the maps and the fold (where none serves and
-    ``unsplit_without_window``, the pass over whole sequences). ``q, k, v, g [B, T, H, 1], beta`` padded to whole
-    runs; returns ``o`` and the final state (``None`` without ``output_final_state``, after warm-up starts).
+    ``unsplit_without_window``, the pass over whole sequences). ``q, k, v, g [B, T, H, 1], beta`` cut into runs of
+    ``run_len`` tokens: padded to whole runs and seen as a batch of ``B * pieces``, or with ``ragged`` as they lie,
+    the last run short, by the kernels' ``runs`` form; returns ``o`` and the final state (``None`` without
+    ``output_final_state``, after warm-up starts).
     ``flags``: the inverse checks the values as it reads them; ``check`` and ``keys_checked`` as
     ``_warm_or_exact`` takes them."""
     from kda.kernels.scalar_gate import scalar_gate_inverse, scalar_gate_pass_launch
 
     B, T, H = v.shape[:3]                                     # H: the value heads (q and k may have fewer)
-    K, DV, L, R = k.shape[-1], v.shape[-1], T // pieces, B * pieces
+    K, DV, L, R = k.shape[-1], v.shape[-1], run_len, B * pieces
     from kda.kernels import scalar_gate
 
     gate_free = scalar_gate.GATE_FREE_INVERSE or scalar_gate.GATE_FREE_IN_SPLIT
@@ -534,15 +544,18 @@ def _split_scalar_gate(q, k, v, g, beta, pieces, scale, h0, warmup=False, unspli
     block = lambda D: min(gated_delta.SCALAR_GATE_COLUMNS, D)            # the pieces were chosen to fill the SMs
     pass_from = lambda q, k, v, Tb, G, start, **kw: launch.launched(
         scalar_gate_pass_launch(q, k, v, Tb, G, scale, start, block(v.shape[-1]), gate_free=gate_free, **kw))
+    # the runs as the passes take them: views of whole runs (padded), or the tensors as they lie (ragged)
+    runs = (lambda x: x) if ragged else (lambda x: x.reshape(R, L, *x.shape[2:]))
+    by_runs = dict(runs=pieces) if ragged else {}
     # G holds log2 of the gate's cumsum in each chunk: the chunk's fall is its last row's
     falls = G_runs.view(B, pieces, H, L)[:, :-1, :, CHUNK_SIZE - 1::CHUNK_SIZE][..., None] * math.log(2) \
         if warmup else None
-    runs = lambda x: x.reshape(R, L, *x.shape[2:])                         # views: runs of whole chunks
 
     def from_starts(starts, final=True, out=None):
         # the runs as a batch, G_runs made so by the inverse (as packed sequences of one row the pass took 0.60 ms
         # against 0.51 at (1, 131072, 4, 128): run 116)
-        o, ht = pass_from(runs(q), runs(k), runs(v), runs(Tb), G_runs, starts, output_final_state=final, out=out)
+        o, ht = pass_from(runs(q), runs(k), runs(v), runs(Tb), G_runs, starts, output_final_state=final,
+                          out=None if out is None else runs(out), **by_runs)
         return o.reshape(B, T, H, DV), (ht.reshape(B, pieces, H, K, DV)[:, -1].contiguous() if final else None)
 
     def warm(window):
@@ -550,9 +563,9 @@ def _split_scalar_gate(q, k, v, g, beta, pieces, scale, h0, warmup=False, unspli
         # ends[1:], so that ends[r] is run r's start once each sequence's first is put in; the window pass's
         # outputs go where the second pass writes all of its own
         ends = torch.empty(R + 1, H, K, DV, dtype=torch.float32, device=v.device)
-        o = launch.new_output((R, L, H, DV), v.dtype, v.device)
-        pass_from(runs(q), runs(k), runs(v), runs(Tb), G_runs, None, first_chunk=L // CHUNK_SIZE - window, out=o,
-                  final=ends[1:])
+        o = launch.new_output((B, T, H, DV), v.dtype, v.device)
+        pass_from(runs(q), runs(k), runs(v), runs(Tb), G_runs, None, first_chunk=L // CHUNK_SIZE - window,
+                  out=runs(o), final=ends[1:], **by_runs)
         firsts = ends[:R].view(B, pieces, H, K, DV)[:, 0]
         if h0 is None:
             firsts.zero_()
@@ -562,13 +575,14 @@ def _split_scalar_gate(q, k, v, g, beta, pieces, scale, h0, warmup=False, unspli
 
     def exact():
         if warmup and unsplit_without_window:                 # the pass over whole sequences, G as they lie
-            G = G_runs.view(B, pieces, H, L).transpose(1, 2).reshape(B, H, T)
+            G = G_runs.view(B, pieces, H, L).transpose(1, 2).reshape(B, H, pieces * L)
+            G = G[..., :ceildiv(T, CHUNK_SIZE) * CHUNK_SIZE].contiguous()   # ragged: the last run's unwritten rows
             return pass_from(q, k, v, Tb, G, h0.float() if h0 is not None else None)
-        homogeneous = torch.zeros(R, L, H, K, dtype=v.dtype, device=v.device)
+        homogeneous = torch.zeros(B, T, H, K, dtype=v.dtype, device=v.device)
         eye = torch.eye(K, dtype=torch.float32, device=q.device).expand(R, H, K, K).contiguous()
         return from_starts(_folded_starts(h0, *(                            # M, then B
-            pass_from(runs(q), runs(k), values, runs(Tb), G_runs, start)[1].reshape(B, pieces, H, K, -1)
-            for values, start in ((homogeneous, eye), (runs(v), None)))))
+            pass_from(runs(q), runs(k), runs(values), runs(Tb), G_runs, start, **by_runs)[1]
+            .reshape(B, pieces, H, K, -1) for values, start in ((homogeneous, eye), (v, None)))))
 
     return _warm_or_exact(("scalar_gate", B, H, pieces, L), warmup, falls, k, beta, pieces, L, warm, exact, flags,
                           check, keys_checked)

@@ -249,3 +249,39 @@ def test_split_with_the_gate_free_inverse(grouped, monkeypatch, poisoned):
     assert torch.isfinite(o).all() and torch.isfinite(ht).all()
     assert rel_l2(o, ref_o) <= BOUND and rel_l2(ht, ref_ht) <= BOUND, (rel_l2(o, ref_o), rel_l2(ht, ref_ht))
     assert rel_l2(o, outs[0][0]) <= 2 * BOUND and rel_l2(ht, outs[0][1]) <= 2 * BOUND
+
+
+@pytest.mark.parametrize("warmup", [False, True], ids=["exact", "warmup"])
+@pytest.mark.parametrize("shape,pieces,HQ", [
+    ((1, 1000, 2, 128, 64), 5, None),       # 4 runs of 4 chunks, the last 3 chunks and 40 tokens
+    ((2, 520, 3, 64, 128), 3, None),        # B = 2, 3 runs of 3 chunks, the last 2 chunks and 8 tokens
+    ((1, 4870, 4, 128, 128), 6, 2),         # grouped: 6 runs of 13 chunks, the last 11 and 6 tokens
+    ((1, 8192 + 70, 4, 128, 128), None, None),   # the automatic choice, the last run 6 tokens into a chunk
+], ids=["5 -> 4 runs", "B=2", "grouped", "auto"])
+def test_split_ragged_runs(shape, pieces, HQ, warmup, monkeypatch, poisoned):
+    """``distributed.RAGGED_RUNS``: GDN's split by the scalar-gate passes reading the last run where it lies, short,
+    instead of padding every input to whole runs: against the float64 recurrence, and against the padded split (the
+    same products on the same values: equal but for the last bits), initial and final states, the exact starts
+    (maps and fold) and warm-up windows (with mild gates where none serves: the exact starts or the unsplit pass)."""
+    from kda import distributed, gated_delta
+
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", True)
+    monkeypatch.setattr(distributed, "SCALAR_GATE_SPLIT", True)
+    monkeypatch.setattr(distributed, "WARMUP_WINDOWS", {})
+    q, k, v, g, beta, h0 = inputs(shape, False, seed=shape[1] + 3, HQ=HQ)
+    if not warmup:
+        g = -0.003 * torch.rand_like(g)              # about half the state survives a run: the maps decide
+    outs = {}
+    for ragged in (False, True):
+        monkeypatch.setattr(distributed, "RAGGED_RUNS", ragged)
+        distributed.WARMUP_WINDOWS.clear()
+        outs[ragged] = split_forward(q, k, v, g, beta, pieces, initial_state=h0, output_final_state=True,
+                                     warmup=warmup)
+    qr, kr = repeat_to_value_heads(q, k, shape[2])
+    ref_o, ref_ht = ref0.recurrent(qr.double() * shape[3] ** -0.5, kr, v, g, beta, h0, True)
+    o, ht = outs[True]
+    assert o.shape == v.shape and ht.shape == h0.shape
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+    assert rel_l2(o, ref_o) <= BOUND and rel_l2(ht, ref_ht) <= BOUND, (rel_l2(o, ref_o), rel_l2(ht, ref_ht))
+    assert rel_l2(o, outs[False][0]) <= 1e-6 and rel_l2(ht, outs[False][1]) <= 1e-6, \
+        (rel_l2(o, outs[False][0]), rel_l2(ht, outs[False][1]))

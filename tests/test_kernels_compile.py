@@ -354,6 +354,13 @@ CASES = [
     ("causal_conv", "causal_conv_silu", dict(C=96, W=3, dtype="float16", block_c=32)),
     ("norms", "gated_rms_norm_rows", dict(D=128)),
     ("norms", "gated_rms_norm_rows", dict(D=64, dtype="float16")),
+    # GDN's split over the runs where they lie, the last one short (kda.distributed.RAGGED_RUNS)
+    ("scalar_gate", "inverse_state_output_pass", dict(DK=128, DV=128, dtype="bfloat16", p_in_registers=True,
+                                                      whole_stores=True, v_in_registers=True, gates_inverse=True,
+                                                      initial_state=True, final_state=True, runs=True)),
+    ("scalar_gate", "inverse_state_output_pass", dict(DK=64, DV=128, dtype="float16", p_in_registers=True,
+                                                      whole_stores=True, v_in_registers=True, gates_inverse=True,
+                                                      value_groups=2, runs=True)),
 ]
 
 

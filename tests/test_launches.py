@@ -540,15 +540,22 @@ def test_split_maps(kernel_launches):
     assert [name for name, _ in kernel_launches] == ["chunk_intra"] + ["gated_state_output_pass"] * 2
 
 
+@pytest.mark.parametrize("ragged", [False, True], ids=["padded", "ragged_runs"])
 @pytest.mark.parametrize("initial", [False, True], ids=["zero_start", "initial"])
-def test_split_by_the_scalar_gate_path(kernel_launches, monkeypatch, initial):
+def test_split_by_the_scalar_gate_path(kernel_launches, monkeypatch, initial, ragged):
     """GDN's split with the scalar-gate path on: the inverse once, then three passes over the runs as
     a batch (M from the identity with V = 0, B from zero, then from each run's start); a ragged
-    length padded to whole runs."""
+    length padded to whole runs, or with ``RAGGED_RUNS`` read where it lies (the passes' ``runs`` form, G in rows of
+    whole runs, one state per run)."""
     from kda import distributed, gated_delta
+    from kda.kernels import build
 
     monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", True)
     monkeypatch.setattr(distributed, "SCALAR_GATE_SPLIT", True)
+    monkeypatch.setattr(distributed, "RAGGED_RUNS", ragged)
+    arguments, stand_in = [], build.compile_program
+    monkeypatch.setattr(build, "compile_program", lambda fn, out_idx, **params: (
+        lambda launch: lambda *args: arguments.append(args) or launch(*args))(stand_in(fn, out_idx, **params)))
     q, k, v, g, beta = level5_inputs(B=2, T=250, per_channel=False)
     g = g[..., 0]
     h0 = torch.randn(2, 2, 64, 64) if initial else None
@@ -556,7 +563,15 @@ def test_split_by_the_scalar_gate_path(kernel_launches, monkeypatch, initial):
     assert [name for name, _ in kernel_launches] == ["chunk_gated_inverse"] + ["inverse_state_output_pass"] * 3
     passes = [params for _, params in kernel_launches[1:]]
     assert [p["initial_state"] for p in passes] == [True, False, True] and passes[0]["DV"] == 64
+    assert [bool(p.get("runs")) for p in passes] == [ragged] * 3
     assert o.shape == v.shape and ht.shape == (2, 2, 64, 64)
+    inverse, *pass_arguments = arguments                      # q, k, v, Tb, G, scale, first_chunk, h0, o, ht, ...
+    assert inverse[3].shape == (4, 2, 128)                    # G: a row of two chunks for each of 2 x 2 runs
+    for args in pass_arguments:
+        assert args[4] is inverse[3] and args[8].shape[0] == (2 if ragged else 4)
+        assert (args[0].data_ptr() == q.data_ptr()) is ragged   # as it lies, or a copy padded to 256
+    assert [args[7].shape[0] for args in pass_arguments] == [4, 1, 4]   # a start for each run (the second: zeros)
+    assert [args[9].shape[0] for args in pass_arguments] == [4, 4, 4]   # an end for each run
 
 
 @pytest.mark.parametrize("scalar_path", [False, True], ids=["level5", "scalar_gate"])
@@ -600,7 +615,8 @@ def test_split_warmup_starts(kernel_launches, monkeypatch, scalar_path):
     assert kernel_launches[1][1]["initial_state"] and o.shape == v.shape and ht.shape == (2, 2, 64, 64)
 
 
-def test_scalar_gate_windows_where_they_lie(kernel_launches, monkeypatch):
+@pytest.mark.parametrize("ragged", [False, True], ids=["padded", "ragged_runs"])
+def test_scalar_gate_windows_where_they_lie(kernel_launches, monkeypatch, ragged):
     """GDN's split by the scalar-gate pass: the window pass reads the runs where they lie (``first_chunk``, no
     copies of ``q, k, v, Tb``), writes its ends one run on in the buffer whose first run of each sequence then takes
     ``h0``, and its outputs into the buffer that the pass over the runs writes whole."""
@@ -614,14 +630,16 @@ def test_scalar_gate_windows_where_they_lie(kernel_launches, monkeypatch):
     arguments, stand_in = [], build.compile_program
     monkeypatch.setattr(build, "compile_program", lambda fn, out_idx, **params: (
         lambda launch: lambda *args: arguments.append(args) or launch(*args))(stand_in(fn, out_idx, **params)))
+    monkeypatch.setattr(distributed, "RAGGED_RUNS", ragged)
     q, k, v, g, beta = level5_inputs(B=2, T=256, per_channel=False)
     k = (k.float() / k.float().norm(dim=-1, keepdim=True)).to(k.dtype)
     h0 = torch.randn(2, 2, 64, 64)
     o, ht = distributed._split_forward_cuda(q, k, v, g[..., 0], beta, 2, 128, 0.125, h0, True, False, warmup=True)
     window, runs = arguments[1], arguments[2]                 # q, k, v, Tb, G, scale, first_chunk, h0, o, ht, ...
     assert window[6] == 1 and runs[6] == 0                    # the last of each run's two chunks; all of them
-    assert window[0].data_ptr() == q.data_ptr() and window[0].shape == (4, 128, 2, 64)
-    assert window[8] is runs[8] and o.data_ptr() == runs[8].data_ptr()
+    assert window[0].data_ptr() == q.data_ptr()
+    assert window[0].shape == ((2, 256, 2, 64) if ragged else (4, 128, 2, 64))
+    assert window[8].data_ptr() == runs[8].data_ptr() == o.data_ptr()
     assert window[9].data_ptr() == runs[7][1:].data_ptr()     # run r's window end is run r + 1's start
     assert torch.equal(runs[7][0], h0[0]) and torch.equal(runs[7][2], h0[1])
 

@@ -251,11 +251,27 @@ def trace_stamp(trace, t_base, blk, j, event):
         trace[blk, j, TRACE_EVENTS.index(event)] = T.Cast(ACCUM, T.call_extern("int64", "clock64") - t_base[0])
 
 
+def run_chunks(p, GL, S, C):
+    """The chunks of run ``p`` of a sequence of ``S`` tokens cut into runs of ``GL`` (whole chunks, the last may be
+    short)."""
+    return T.min(GL // C, T.ceildiv(S - p * GL, C))
+
+
+def run_span(p, GL, S, first_chunk, C, chunks):
+    """Run ``p`` of ``chunks`` chunks (``run_chunks``) from its chunk ``first_chunk`` on, as
+    ``inverse_state_output_pass``'s ``seq`` gives a sequence: its first token, its end, its first chunk in ``G``'s
+    row and its count of chunks (none, or fewer than none, where the run is shorter). Plain functions: tilelang's
+    kernel bodies bind the names they assign, and these would clash with the body's own. (``truncdiv`` beside: C's
+    ``/`` and ``%``, all operands >= 0; tilelang's ``//`` and ``%`` round to minus infinity with a branch on the
+    signs.)"""
+    return p * GL + first_chunk * C, T.min(p * GL + GL, S), first_chunk, chunks - first_chunk
+
+
 # --8<-- [start:inverse_state_output_pass]
 def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat16", value_groups=1, varlen=False,
                               initial_state=False, final_state=False, registers=(160, 128, 128, 40),
                               whole_stores=False, chain_first=0, trace=False, gates_inverse=False,
-                              p_in_registers=False, v_in_registers=False, chain_scales_keys=False):
+                              p_in_registers=False, v_in_registers=False, chain_scales_keys=False, runs=False):
     """Arguments at run time: ``Q, K [B, T, HQ, DK]``, ``V [B, T, H, DV]``, ``Tb [B, T, H, C]`` and
     ``G [B, H, NC C]`` of ``chunk_gated_inverse``, ``scale``, ``first_chunk`` (dense: each sequence from that chunk
     on, its rows before it neither read nor written; the split's warm-up windows over the runs as they lie, with no
@@ -311,11 +327,17 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
     output's tile: warpgroup 1 makes and stores no ``V'`` (440 cycles of run 147's chain). The scale is rounded to bf16
     on the keys instead of on ``V_new``: not the same bits.
 
+    ``runs`` (dense): each sequence cut into ``P`` runs of ``GL`` tokens (whole chunks; the last may be short),
+    each run a sequence of its own as ``chunk_gated_inverse``'s ``G [B P, H, GL]`` has them (row ``b P + p``), with
+    states ``[B P, H, DK, DV]`` and ``first_chunk`` counted in each run: the split of ``kda.distributed`` over the
+    tokens as they lie, with no copy to pad the last run.
+
     ``trace`` (dense, without a final state; for tuning): ``ht`` is a float32 ``[B H NV, NC, len(TRACE_EVENTS)]``
     (``NV`` value blocks) into which the first thread of each warpgroup (the producer's first lane) writes the SM's
     clock, less the block's start, at each event of ``TRACE_EVENTS`` of every chunk: the warpgroups' timeline, read
     by ``results/tuning/run147-trace.py``."""
-    assert not (trace and (varlen or final_state)), "trace: dense batches, ht free for the trace"
+    assert not (trace and (varlen or final_state or runs)), "trace: dense batches, ht free for the trace"
+    assert not (runs and varlen), "runs: dense batches"
     assert whole_stores or not v_in_registers, "v_in_registers: with whole_stores"
     assert whole_stores or not chain_scales_keys, "chain_scales_keys: with whole_stores"
     assert not (chain_scales_keys and (chain_first >= 2 or gates_inverse)), "chain_scales_keys: alone in the chain"
@@ -327,12 +349,13 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
     G_len = T.dynamic("G_len") if varlen else NC * C   # varlen: C rows per chunk of the chunk table
     N, NG = T.dynamic("N"), T.dynamic("NG")
     BB = 1 if varlen else B
-    states = N if varlen else B
+    GB, GL = (T.dynamic("GB"), T.dynamic("GL")) if runs else (BB, G_len)     # G's rows: runs, or sequences
+    states = N if varlen else GB
 
     @T.macro
-    def body(Q, K, V, Tb, G, scale, h0, O, ht, bv, bh, bb, n_first, n_count, seq, blk):
+    def body(Q, K, V, Tb, G, scale, h0, O, ht, bv, bh, bb, gb, n_first, n_count, seq, blk):
         """Value columns ``bv`` of head ``bh``, sequences ``n_first .. n_first + n_count - 1`` of batch
-        row ``bb``; ``seq(n)`` gives sequence ``n``'s first token, end, first chunk and chunk count.
+        row ``bb``, their gates in ``G``'s row ``gb``; ``seq(n)`` gives sequence ``n``'s first token, end, first chunk and chunk count.
         ``j`` counts the block's chunks over all its sequences: slots and barrier phases follow it."""
         dv0 = bv * BV
         hq = bh // value_groups if value_groups > 1 else bh
@@ -575,12 +598,12 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
                         T.tma_copy(V[bb, rows, bh, dv0:dv0 + BV], v_s[slot, :, :], barrier=data_ready[slot])
                         T.tma_copy(Tb[bb, rows, bh, :], tb_s[slot, :, :], barrier=data_ready[slot])
                         g0 = (c_first + c) * C                   # the chunk's cumsum in G
-                        g_last = G[bb, bh, g0 + C - 1]           # flat past the end: the last row's
+                        g_last = G[gb, bh, g0 + C - 1]           # flat past the end: the last row's
                         for r in T.unroll(C // 32):              # the warp's 32 lanes, C rows
                             i = lane + 32 * r
-                            G_s[slot, i] = G[bb, bh, g0 + i]
-                            E_s[slot, i] = T.exp2(G[bb, bh, g0 + i])
-                            R_s[slot, i] = T.exp2(g_last - G[bb, bh, g0 + i]) * real(t0 + i < t_end)
+                            G_s[slot, i] = G[gb, bh, g0 + i]
+                            E_s[slot, i] = T.exp2(G[gb, bh, g0 + i])
+                            R_s[slot, i] = T.exp2(g_last - G[gb, bh, g0 + i]) * real(t0 + i < t_end)
                         T.barrier_arrive(data_ready[slot])
                         if trace:
                             trace_stamp(ht, t_base, blk, j, ("producer", "loads issued"))
@@ -593,7 +616,7 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
         K: T.Tensor([BB, S, HQ, DK], dtype),
         V: T.Tensor([BB, S, H, DV], dtype),
         Tb: T.Tensor([BB, S, H, C], dtype),
-        G: T.Tensor([BB, H, G_len], ACCUM),
+        G: T.Tensor([GB, H, GL], ACCUM),
         scale: T.float32,
         first_chunk: T.int32,
         h0: T.Tensor(state_shape(initial_state, states, H, DK, DV), ACCUM),
@@ -604,14 +627,21 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
         chunk_offsets: T.Tensor(table(N + 1), "int32"),
         seq_groups: T.Tensor(table(NG + 1), "int32"),
     ):
-        with T.Kernel(NV, H, NG if varlen else B, threads=512) as (bv, bh, lane):
+        with T.Kernel(NV, H, NG if varlen else GB, threads=512) as (bv, bh, lane):
+            # runs: the run's chunks counted once, into a register; as an expression in each warpgroup's loop it held
+            # three more there (12 bytes of spills)
+            chunks_r = T.alloc_local([1], "int32") if runs else None
             if varlen:                  # lane: a group of packed sequences
-                body(Q, K, V, Tb, G, scale, h0, O, ht, bv, bh, 0, seq_groups[lane],
+                body(Q, K, V, Tb, G, scale, h0, O, ht, bv, bh, 0, 0, seq_groups[lane],
                      seq_groups[lane + 1] - seq_groups[lane],
                      lambda n: (cu_seqlens[n], cu_seqlens[n + 1], chunk_offsets[n],
                                 chunk_offsets[n + 1] - chunk_offsets[n]), 0)
+            elif runs:                  # lane: run lane % P of batch row lane // P (P = GB / B)
+                chunks_r[0] = run_chunks(T.truncmod(lane, T.truncdiv(GB, B)), GL, S, C)
+                body(Q, K, V, Tb, G, scale, h0, O, ht, bv, bh, T.truncdiv(lane, T.truncdiv(GB, B)), lane, lane, 1,
+                     lambda n: run_span(T.truncmod(lane, T.truncdiv(GB, B)), GL, S, first_chunk, C, chunks_r[0]), 0)
             else:                       # lane: a batch row, one sequence
-                body(Q, K, V, Tb, G, scale, h0, O, ht, bv, bh, lane, lane, 1,
+                body(Q, K, V, Tb, G, scale, h0, O, ht, bv, bh, lane, lane, lane, 1,
                      lambda n: (first_chunk * C, S, first_chunk, NC - first_chunk), (lane * H + bh) * NV + bv)
 
     return main
@@ -875,9 +905,9 @@ def kernel_beta(beta: torch.Tensor) -> torch.Tensor:
 
 def scalar_gate_inverse(k, g, beta, H, flags=None, table=None, runs=1, gate_free=None):
     """``chunk_gated_inverse`` over every chunk (of the packed sequences of ``table``): ``(G [B, H, NC C],
-    Tb [B, T, H, C])``, ``g [B, T, H(, 1)]``, ``H`` the value heads; dense, ``runs`` (dividing the chunks of a
-    sequence) gives ``G [B runs, H, NC C / runs]``, each sequence's runs of whole chunks in rows of their own, as the
-    split's pass reads them; ``flags`` (int32 ``[2]``, zeroed)
+    Tb [B, T, H, C])``, ``g [B, T, H(, 1)]``, ``H`` the value heads; dense, ``runs`` gives ``G [B runs, H, L]``,
+    each sequence's runs of ``L / C = ceil(NC / runs)`` whole chunks (the last may be short) in rows of their own, as
+    the split's pass reads them; ``flags`` (int32 ``[2]``, zeroed)
     collects its value checks of ``g`` and ``beta``, ``[3]`` those of the keys too (``check_keys``). With
     ``GATE_FREE_INVERSE`` (or ``gate_free``, where given) ``Tb`` is the inverse without the gate, for
     ``scalar_gate_pass_launch`` to gate (told the same)."""
@@ -897,9 +927,11 @@ def scalar_gate_inverse(k, g, beta, H, flags=None, table=None, runs=1, gate_free
                                      else {}),
                                   **({"beta_dtype": str(beta.dtype).removeprefix("torch.")}
                                      if beta.dtype != torch.float32 else {}))
-        if runs != 1 and (table is not None or NC % runs):
-            raise ValueError(f"runs must divide the {NC} chunks of a dense batch, got {runs}")
-        G = launch.new_output((B * runs, H, NC * C // runs), torch.float32, k.device)
+        run_chunks = ceildiv(NC, runs)
+        if runs != 1 and (table is not None or (runs - 1) * run_chunks >= NC):
+            raise ValueError(f"runs must cut the {NC} chunks of a dense batch into runs of ceil({NC} / runs) chunks, "
+                             f"none empty, got {runs}")
+        G = launch.new_output((B * runs, H, run_chunks * C), torch.float32, k.device)
         Tb = launch.new_output((B, T, H, C), k.dtype, k.device)
         if flags is None:
             flags = torch.zeros(2, dtype=torch.int32, device=k.device)
@@ -1046,23 +1078,27 @@ def packed_tile_launch(q, k, v, g, beta, scale, flags, table):
 
 
 def scalar_gate_pass_launch(q, k, v, Tb, G, scale, h0, block_dv, table=None, output_final_state=True, first_chunk=0,
-                            out=None, final=None, gate_free=None):
+                            out=None, final=None, gate_free=None, runs=1):
     """``inverse_state_output_pass`` up to its launch, as ``(launch, o, final state or None)``
     (``state_pass_launch``'s form); one state per sequence (``[N, H, DK, DV]`` with ``table``). Packed sequences of
     at most one chunk each by ``single_chunk_output`` where ``takes_single_chunk_output`` says so, with the same
     arguments. ``Tb`` is gated here where ``GATE_FREE_INVERSE`` (or ``gate_free``, where given) made it without the
     gate. ``first_chunk`` (dense):
     every sequence from that chunk on; ``out`` and ``final``: buffers of the caller's for ``o`` and the final
-    states (``launch.pass_held``)."""
+    states (``launch.pass_held``). ``runs`` (dense): ``G`` is ``scalar_gate_inverse(runs=...)``'s, and each run is a
+    sequence of its own (``h0``, the final states and ``first_chunk`` per run)."""
     from kda.kernels.build import compile_program
 
     B, T, HQ, DK = q.shape
     H, DV = v.shape[2], v.shape[-1]
     device = q.device
     N, _, tables = packed.sequence_tables(table, B, device)
+    if runs != 1 and (table is not None or G.shape[0] != B * runs):
+        raise ValueError(f"runs: a dense batch and G of B * runs = {B * runs} rows, got {G.shape[0]}")
     params = dict(DK=DK, DV=DV, chunk_size=CHUNK_SIZE, dtype=launch.dtype_name(q.dtype), value_groups=H // HQ,
                  initial_state=h0 is not None, final_state=output_final_state,
-                 **({"gates_inverse": True} if (GATE_FREE_INVERSE if gate_free is None else gate_free) else {}))
+                 **({"gates_inverse": True} if (GATE_FREE_INVERSE if gate_free is None else gate_free) else {}),
+                 **({"runs": True} if runs != 1 else {}))
     with torch.cuda.device(device):
         if takes_single_chunk_output(table, DV):
             state_pass = compile_program(single_chunk_output, (), block_dv=packed.SINGLE_CHUNK_COLUMNS,
@@ -1072,4 +1108,5 @@ def scalar_gate_pass_launch(q, k, v, Tb, G, scale, h0, block_dv, table=None, out
                                          **params, **pass_forms(params["dtype"], DK, block_dv,
                                                                 params.get("gates_inverse", False)))
     return launch.pass_held(state_pass, (q.contiguous(), k.contiguous(), v.contiguous(), Tb, G, scale, first_chunk),
-                            h0, output_final_state, (N, H, DK, DV), (B, T, H, DV), v.dtype, device, tables, out, final)
+                            h0, output_final_state, (N * runs, H, DK, DV), (B, T, H, DV), v.dtype, device, tables, out,
+                            final)
