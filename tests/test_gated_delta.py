@@ -365,20 +365,25 @@ def test_the_value_checks_read_both_ranges_back_at_once(monkeypatch):
 def test_the_boundaries_are_read_once_per_tensor_and_version():
     """``validate.read_bounds`` reads a ``cu_seqlens`` tensor's values once (each read of a device
     tensor waits for the GPU, and every layer of a model gets the same tensor); an in-place change
-    is a new version and is read again, and another tensor with the same values has its own entry."""
+    is a new version and is read again, and another tensor with the same values has its own entry; their order is
+    checked with the read (a call that finds them kept does not walk them again), and an unordered read stays
+    refused."""
     from kda import validate
 
     validate._BOUNDS.clear()
     cu = torch.tensor([0, 5, 9])
-    assert validate.check_cu_seqlens(cu, 1, 9) == [0, 5, 9]
-    assert validate.check_cu_seqlens(cu, 1, 9) == [0, 5, 9] and len(validate._BOUNDS) == 1
+    assert validate.check_cu_seqlens(cu, 1, 9) == (0, 5, 9)
+    assert validate.check_cu_seqlens(cu, 1, 9) == (0, 5, 9) and len(validate._BOUNDS) == 1
     cu[1] = 7                                               # in place: a new version
-    assert validate.check_cu_seqlens(cu, 1, 9) == [0, 7, 9]
+    assert validate.check_cu_seqlens(cu, 1, 9) == (0, 7, 9)
     with pytest.raises(ValueError, match="non-decreasing"):
         cu[1] = 10
         validate.check_cu_seqlens(cu, 1, 9)
+    with pytest.raises(ValueError, match="non-decreasing"):  # kept, and still refused
+        validate.check_cu_seqlens(cu, 1, 9)
+    assert validate.check_cu_seqlens(cu, 1, 9, read_values=False) is None
     other = torch.tensor([0, 7, 9])
-    assert validate.check_cu_seqlens(other, 1, 9) == [0, 7, 9]
+    assert validate.check_cu_seqlens(other, 1, 9) == (0, 7, 9)
     assert sum(kept[0] is other for kept in validate._BOUNDS.values()) == 1
     for n in range(20):                                     # a few tensors are kept, not all
         validate.read_bounds(torch.tensor([0, n]))
