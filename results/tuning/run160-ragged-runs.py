@@ -4,8 +4,9 @@ Run 157 (H100) timed one sequence of 33,606 tokens (32 heads of 128, bf16) at 1.
 split padded q, k, v, g and beta to whole runs and copied o back (1.05 ms outside the kernels). With the switch on, the
 passes take each sequence's runs as sequences of their own (``inverse_state_output_pass(runs=True)``) and the last
 run short. This times the op off and on at lengths that are and are not whole runs (outputs on against off: the same
-bits expected), each kernel by itself, and FlashQLA and fla's Triton GDN on the same inputs. Rows to
-``$OUT/run160.jsonl``.
+bits expected), each kernel by itself, and FlashQLA and fla's Triton GDN on the same inputs; then the short packed
+cases of run 157 (the tiles, by default), whose host time per call (0.73 ms with 8,192 sequences) the boundaries'
+checks kept per tensor should have cut. Rows to ``$OUT/run160.jsonl``.
 
     FLA_FLASH_QLA=0 python results/tuning/run160-ragged-runs.py
 """
@@ -47,4 +48,14 @@ if __name__ == "__main__":
         timed(RUN, {"case": case, "impl": "FlashQLA 0.1.3"},
               lambda: flash_qla.chunk_gated_delta_rule(*inputs, scale=128 ** -0.5)[0])
         timed(RUN, {"case": case, "impl": "fla Triton"}, lambda: fla_gdn(*inputs, scale=128 ** -0.5)[0])
+        torch.cuda.empty_cache()
+    for case, lens in run140.short_cases().items():
+        cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), device="cuda")
+        cu_cpu = cu.cpu()
+        inputs = run140.dense_inputs(1, int(cu[-1]), 32, 128)
+        fn = lambda: gated_delta.chunk_gated_delta_rule(*inputs, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu)[0]
+        timed(RUN, {"case": case, "impl": "kda (tiles)"}, fn)
+        stage_times(RUN, {"case": case, "impl": "kda (tiles)", "what": "stages"}, fn)
+        timed(RUN, {"case": case, "impl": "FlashQLA 0.1.3"},
+              lambda: flash_qla.chunk_gated_delta_rule(*inputs, scale=128 ** -0.5, cu_seqlens=cu)[0])
         torch.cuda.empty_cache()
