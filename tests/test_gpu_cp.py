@@ -261,7 +261,7 @@ def test_split_with_the_gate_free_inverse(grouped, monkeypatch, poisoned):
 def test_split_ragged_runs(shape, pieces, HQ, warmup, monkeypatch, poisoned):
     """``distributed.RAGGED_RUNS``: GDN's split by the scalar-gate passes reading the last run where it lies, short,
     instead of padding every input to whole runs: against the float64 recurrence, and against the padded split (the
-    same products on the same values: equal but for the last bits), initial and final states, the exact starts
+    same outputs bit for bit, the final state within rounding), initial and final states, the exact starts
     (maps and fold) and warm-up windows (with mild gates where none serves: the exact starts or the unsplit pass)."""
     from kda import distributed, gated_delta
 
@@ -283,5 +283,8 @@ def test_split_ragged_runs(shape, pieces, HQ, warmup, monkeypatch, poisoned):
     assert o.shape == v.shape and ht.shape == h0.shape
     assert torch.isfinite(o).all() and torch.isfinite(ht).all()
     assert rel_l2(o, ref_o) <= BOUND and rel_l2(ht, ref_ht) <= BOUND, (rel_l2(o, ref_o), rel_l2(ht, ref_ht))
-    assert rel_l2(o, outs[False][0]) <= 1e-6 and rel_l2(ht, outs[False][1]) <= 1e-6, \
-        (rel_l2(o, outs[False][0]), rel_l2(ht, outs[False][1]))
+    # o as the padded split's (run 160 timed it the same bits); the final state within 1e-3: the padded run's last
+    # chunk sums its gate over zeros past the end, in another order than the flat end of a short one, and a last-bit
+    # change of the chunk's fall moves the bf16 rounding of its update (run 160: 1.9e-4 under logsigmoid gates)
+    assert rel_l2(o, outs[False][0]) <= 1e-6, rel_l2(o, outs[False][0])
+    assert rel_l2(ht, outs[False][1]) <= 1e-3, rel_l2(ht, outs[False][1])
