@@ -258,7 +258,7 @@ PATHS: tuple[CudaPath, ...] = (
                     "whole runs and copying o back",
               "zh": "GDN 的卡内切分就地读取每条序列的最后一段（T 不是整数段时这一段较短；inverse_state_output_pass 的 "
                     "runs 形式），不再把 q、k、v、g、beta 补零到整数段、再把 o 拷回"},
-        gpu_log="results/tuning/run160/gpu-tests.txt",
+        gpu_log="results/tuning/run161/gpu-tests.txt",
     ),
     CudaPath(
         name="gdn_beta_in_its_dtype",

@@ -285,6 +285,7 @@ def test_split_ragged_runs(shape, pieces, HQ, warmup, monkeypatch, poisoned):
     assert rel_l2(o, ref_o) <= BOUND and rel_l2(ht, ref_ht) <= BOUND, (rel_l2(o, ref_o), rel_l2(ht, ref_ht))
     # o as the padded split's (run 160 timed it the same bits); the final state within 1e-3: the padded run's last
     # chunk sums its gate over zeros past the end, in another order than the flat end of a short one, and a last-bit
-    # change of the chunk's fall moves the bf16 rounding of its update (run 160: 1.9e-4 under logsigmoid gates)
+    # change of the chunk's fall moves the bf16 rounding of its update (run 160: 1.9e-4 under logsigmoid gates; run 161
+    # passed with this bound)
     assert rel_l2(o, outs[False][0]) <= 1e-6, rel_l2(o, outs[False][0])
     assert rel_l2(ht, outs[False][1]) <= 1e-3, rel_l2(ht, outs[False][1])
