@@ -393,8 +393,8 @@ def value_heads(q, k, v):
 # against 0.735 at 33,536, 1.05 ms of it the copies). Run 160 (H100, 32 heads of 128, bf16): T = 33,606 1.553 -> 1.060
 # ms, 36,924 1.709 -> 1.075, 32,769 1.531 -> 1.105, whole runs (33,536) 0.733 -> 0.741 (FlashQLA 0.800, 0.892, 0.776,
 # 0.760); o the same bits, the final state within rounding of the padded split's (test_split_ragged_runs's bound on
-# it set from run 160's one case that differed). Run 161 (H100): its GPU tests passed; in a process of its own T = 33,606
-# took 0.749 ms, as whole runs do (0.751 at 33,536; the unsplit op 1.805): on.
+# it set from run 160's one case that differed). Run 161 (H100): its GPU tests passed; in a process of its own
+# T = 33,606 took 0.749 ms, as whole runs do (0.751 at 33,536; the unsplit op 1.805): on.
 RAGGED_RUNS = True
 
 

@@ -355,7 +355,8 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
     @T.macro
     def body(Q, K, V, Tb, G, scale, h0, O, ht, bv, bh, bb, gb, n_first, n_count, seq, blk):
         """Value columns ``bv`` of head ``bh``, sequences ``n_first .. n_first + n_count - 1`` of batch
-        row ``bb``, their gates in ``G``'s row ``gb``; ``seq(n)`` gives sequence ``n``'s first token, end, first chunk and chunk count.
+        row ``bb``, their gates in ``G``'s row ``gb``; ``seq(n)`` gives sequence ``n``'s first token, end, first
+        chunk and chunk count.
         ``j`` counts the block's chunks over all its sequences: slots and barrier phases follow it."""
         dv0 = bv * BV
         hq = bh // value_groups if value_groups > 1 else bh
