@@ -417,15 +417,15 @@ def _split_forward_cuda(q, k, v, g, beta, pieces, run_len, scale, h0, output_fin
     if scalar_gate is None:                                   # by the switches; before g becomes [B, T, H, 1]
         scalar_gate = _splits_by_scalar_gate(g)
     q, k, g = kernel_inputs(q, k, g, use_qk_l2norm_in_kernel)
-    pad = pieces * run_len - T                                # only ever inside the last run
     ragged = scalar_gate and RAGGED_RUNS                      # the passes read the last run where it lies
-    if pad and not ragged:
+    pad = 0 if ragged else pieces * run_len - T               # only ever inside the last run
+    if pad:
         q, k, v, g, beta = (_pad_time(x, pad) for x in (q, k, v, g, beta))
     if scalar_gate:
         o, final = _split_scalar_gate(q, k, v, g, beta, pieces, run_len, scale, h0, warmup, unsplit_without_window,
                                       flags, check, keys_checked, output_final_state, ragged)
         o = o[:, :T]
-        return (o.contiguous() if pad and not ragged else o), (final if output_final_state else None)
+        return (o.contiguous() if pad else o), (final if output_final_state else None)
     form = prepare_chunks(q, k, v, g, beta, scale, flags=flags)      # flags: the values checked as they are read
     runs = runs_form(form, pieces)                            # every chunk of every run at once
 

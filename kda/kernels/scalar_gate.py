@@ -261,9 +261,7 @@ def run_span(p, GL, S, first_chunk, C, chunks):
     """Run ``p`` of ``chunks`` chunks (``run_chunks``) from its chunk ``first_chunk`` on, as
     ``inverse_state_output_pass``'s ``seq`` gives a sequence: its first token, its end, its first chunk in ``G``'s
     row and its count of chunks (none, or fewer than none, where the run is shorter). Plain functions: tilelang's
-    kernel bodies bind the names they assign, and these would clash with the body's own. (``truncdiv`` beside: C's
-    ``/`` and ``%``, all operands >= 0; tilelang's ``//`` and ``%`` round to minus infinity with a branch on the
-    signs.)"""
+    kernel bodies bind the names they assign, and these would clash with the body's own."""
     return p * GL + first_chunk * C, T.min(p * GL + GL, S), first_chunk, chunks - first_chunk
 
 
@@ -637,7 +635,8 @@ def inverse_state_output_pass(DK, DV, chunk_size=64, block_dv=128, dtype="bfloat
                      seq_groups[lane + 1] - seq_groups[lane],
                      lambda n: (cu_seqlens[n], cu_seqlens[n + 1], chunk_offsets[n],
                                 chunk_offsets[n + 1] - chunk_offsets[n]), 0)
-            elif runs:                  # lane: run lane % P of batch row lane // P (P = GB / B)
+            elif runs:                  # lane: run lane % P of batch row lane // P (P = GB / B; C's / and %: all >= 0,
+                                        # where tilelang's // and % branch on the signs)
                 chunks_r[0] = run_chunks(T.truncmod(lane, T.truncdiv(GB, B)), GL, S, C)
                 body(Q, K, V, Tb, G, scale, h0, O, ht, bv, bh, T.truncdiv(lane, T.truncdiv(GB, B)), lane, lane, 1,
                      lambda n: run_span(T.truncmod(lane, T.truncdiv(GB, B)), GL, S, first_chunk, C, chunks_r[0]), 0)
@@ -928,11 +927,11 @@ def scalar_gate_inverse(k, g, beta, H, flags=None, table=None, runs=1, gate_free
                                      else {}),
                                   **({"beta_dtype": str(beta.dtype).removeprefix("torch.")}
                                      if beta.dtype != torch.float32 else {}))
-        run_chunks = ceildiv(NC, runs)
-        if runs != 1 and (table is not None or (runs - 1) * run_chunks >= NC):
+        chunks_per_run = ceildiv(NC, runs)
+        if runs != 1 and (table is not None or (runs - 1) * chunks_per_run >= NC):
             raise ValueError(f"runs must cut the {NC} chunks of a dense batch into runs of ceil({NC} / runs) chunks, "
                              f"none empty, got {runs}")
-        G = launch.new_output((B * runs, H, run_chunks * C), torch.float32, k.device)
+        G = launch.new_output((B * runs, H, chunks_per_run * C), torch.float32, k.device)
         Tb = launch.new_output((B, T, H, C), k.dtype, k.device)
         if flags is None:
             flags = torch.zeros(2, dtype=torch.int32, device=k.device)
