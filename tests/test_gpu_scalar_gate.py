@@ -445,7 +445,7 @@ def test_traced_pass_same_output():
 
 
 # packed_tile_output's arrangements (PACKED_TILE_CONFIG): the factory's defaults and the scores before the solve
-TILE_CONFIGS = {"default": {}, "early_scores": dict(early_scores=True)}
+TILE_CONFIGS = {"default": {}, "early_scores": dict(early_scores=True), "gathered": dict(early_scores=True, gathered=True)}
 
 
 @pytest.mark.parametrize("config", list(TILE_CONFIGS))

@@ -387,19 +387,21 @@ def test_sequence_tiles_switch(kernel_launches, monkeypatch, tiles):
         assert not kernel_launches[0][1].get("tile_sequences")
 
 
-@pytest.mark.parametrize("tiles", [False, True], ids=["pass", "packed_tiles"])
+@pytest.mark.parametrize("tiles", [False, True, "gathered"], ids=["pass", "packed_tiles", "gathered"])
 def test_gdn_packed_tiles_switch(kernel_launches, monkeypatch, tiles):
     """``scalar_gate.PACKED_TILES``: packed sequences of at most one chunk each, no states, in one launch of
-    ``packed_tile_output`` over the tiles of whole sequences (``packed.sequence_tiles``: an empty one and a single
-    token among them, grouped value heads, the keys' check); with a state in or out, or a longer sequence, the
-    inverse and the pass as before; off, the pass."""
+    ``packed_tile_output`` over the tiles of whole sequences (``packed.sequence_tiles``, or with ``gathered`` in
+    ``PACKED_TILE_CONFIG`` ``packed.sequence_rows`` and its row map: an empty one and a single token among them,
+    grouped value heads, the keys' check); with a state in or out, or a longer sequence, the inverse and the pass as
+    before; off, the pass."""
     from kda import gated_delta
     from kda.kernels import scalar_gate
 
     monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", True)
     monkeypatch.setattr(gated_delta, "SCALAR_GATE_PACKED", True)
     monkeypatch.setattr(gated_delta, "SCALAR_GATE_MIN_BLOCKS", 0.0)
-    monkeypatch.setattr(scalar_gate, "PACKED_TILES", tiles)
+    monkeypatch.setattr(scalar_gate, "PACKED_TILES", bool(tiles))
+    monkeypatch.setattr(scalar_gate, "PACKED_TILE_CONFIG", dict(early_scores=True, gathered=tiles == "gathered"))
     monkeypatch.setattr(scalar_gate, "BETA_IN_ITS_DTYPE", True)
     bounds = [0, 40, 41, 41, 100, 164, 200]
     q, k, v, g, beta = level5_inputs(B=1, H=2, HV=4, per_channel=False)
@@ -413,6 +415,7 @@ def test_gdn_packed_tiles_switch(kernel_launches, monkeypatch, tiles):
     if tiles:
         params = kernel_launches[0][1]
         assert params["value_groups"] == 2 and params.get("check_keys") and params["beta_dtype"] == "bfloat16"
+        assert params["gathered"] == (tiles == "gathered")
     for other in (dict(b=bounds, h0=torch.randn(6, 4, 64, 64)), dict(b=bounds, final=True), dict(b=[0, 65, 200])):
         kernel_launches.clear()
         run(**other)
@@ -475,6 +478,32 @@ def test_sequence_tiles():
     assert starts.tolist() == [0] * 40 + [40] + [41] * 59 + [100] * 64 + [164] * 36 + [200]
     with pytest.raises(ValueError, match="at most 64"):
         packed.sequence_tiles((0, 65), "cpu")
+
+
+def test_sequence_rows_best_fit():
+    """``packed.sequence_rows``: whole sequences packed into tiles by best fit, longest first (fewer tiles than in
+    order), each token on exactly one row, a sequence's tokens on rows one after another in order, the rows past a
+    tile's length repeating its last token; empty sequences take no room; ``starts`` as ``sequence_tiles``'."""
+    bounds = (0, 40, 41, 41, 100, 164, 200, 201)
+    tiles, rows, starts = packed.sequence_rows(bounds, "cpu")
+    assert tiles.tolist() == [[0, 40], [40, 61], [100, 64], [164, 36]]
+    assert rows[1].tolist() == [40] + list(range(41, 100)) + [200] * 4
+    assert rows[0].tolist() == list(range(40)) + [39] * 24
+    assert torch.equal(starts, packed.sequence_tiles(bounds, "cpu")[1])
+    gen = torch.Generator().manual_seed(3)
+    lengths = torch.randint(0, 65, (300,), generator=gen).tolist()
+    bounds = (0, *torch.tensor(lengths).cumsum(0).tolist())
+    tiles, rows, _ = packed.sequence_rows(bounds, "cpu")
+    held = torch.cat([r[:n] for r, (_, n) in zip(rows, tiles.tolist())])
+    assert torch.equal(held.sort().values, torch.arange(bounds[-1], dtype=torch.int32))
+    assert all(r[n - 1:].eq(r[n - 1]).all() for r, (_, n) in zip(rows, tiles.tolist()))
+    for s, e in zip(bounds[:-1], bounds[1:]):                  # each sequence on consecutive rows of one tile
+        if e > s:
+            tile, row = divmod(int((rows.flatten() == s).nonzero()[0]), 64)
+            assert rows[tile, row:row + e - s].tolist() == list(range(s, e))
+    assert len(tiles) < len(packed.tile_spans(bounds)) and len(tiles) <= -(-bounds[-1] // 64) + 3
+    with pytest.raises(ValueError, match="at most 64"):
+        packed.sequence_rows((0, 65), "cpu")
 
 
 def test_gdn_scalar_gate_path_only_where_it_pays(kernel_launches, monkeypatch):

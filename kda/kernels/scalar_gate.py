@@ -22,6 +22,8 @@ the path is GDN's where its blocks fill the SMs (``kda.gated_delta.SCALAR_GATE_P
 """
 
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
+import functools
+
 import tilelang.language as T
 from tilelang.layout import make_swizzled_layout
 import torch
@@ -33,7 +35,7 @@ from kda.kernels.chunk_intra import KEY_BOUND
 from kda.kernels.merge_by_halves import merge_by_halves
 from kda.kernels.stages import (ACCUM, FLOAT32_MAX, LOG2_E, decay_factor, invert_diagonal_blocks_by_columns,
                                 load_beta_checked, load_state, log2_cumsum_by_columns, merge_by_substitution, real,
-                                state_shape, store_state)
+                                row_token, state_shape, store_state)
 
 
 def doubling_steps(loaded, scratch, out, C):
@@ -46,7 +48,7 @@ def doubling_steps(loaded, scratch, out, C):
 
 
 @T.macro
-def log2_cumsum_by_scan(g, g_s, H_s, G_s, flags, bb, bh, t0, L, C):
+def log2_cumsum_by_scan(g, g_s, H_s, G_s, flags, bb, bh, t0, L, C, rows_s=None):
     """``G_s = cumsum(g) / ln 2`` over the chunk's ``C`` rows of ``g [B, T, H]`` from ``t0`` (0 past the real
     length ``L``) by a doubling scan (``log2(C)`` steps, each row adding the row ``d`` above it; ``g_s`` the
     loaded rows, ``H_s`` scratch) instead of one thread's running sum: 6 steps on the chain, not 64. The
@@ -56,9 +58,9 @@ def log2_cumsum_by_scan(g, g_s, H_s, G_s, flags, bb, bh, t0, L, C):
     ``T.cumsum``: in a warp-specialised kernel its warp scan (tilelang 0.1.15, ``tl::CumSum2D``) numbers
     warps from thread 0, so the consumers, threads 128 to 255, all skip it and ``G`` stays 0 (run 111). The rows
     past ``L`` are set to row ``L - 1`` at the end: summed in another grouping, they differed from it in the last bit
-    (run 112)."""
+    (run 112). ``rows_s``: the token of each row, where the rows are gathered (``row_token``)."""
     for i in T.Parallel(C):
-        x = T.Cast(ACCUM, g[bb, t0 + T.min(i, L - 1), bh])
+        x = T.Cast(ACCUM, g[bb, row_token(t0, i, L, rows_s), bh])
         g_s[i, 0] = T.if_then_else(i < L, x * LOG2_E, 0.0)
         if i < L:
             if real(x <= 0.0) * real(x >= -FLOAT32_MAX) == 0.0:        # NaN fails both
@@ -765,7 +767,7 @@ def single_chunk_output(DK, DV, chunk_size=64, block_dv=64, dtype="bfloat16", va
 
 # --8<-- [start:packed_tile_output]
 def packed_tile_output(DK, DV, chunk_size=64, block=16, dtype="bfloat16", gate_dtype="float32", beta_dtype="float32",
-                       value_groups=1, threads=128, check_keys=False, early_scores=False):
+                       value_groups=1, threads=128, check_keys=False, early_scores=False, gathered=False):
     """GDN's whole forward for packed sequences of at most one chunk each, with no initial and no final states, in one
     kernel: tiles of ``C`` rows of the packed tokens, each holding whole sequences (``packed.sequence_tiles``), one
     block per (tile, head). Without states a sequence that fits a tile needs nothing from outside it: ``V_new = Tb V``
@@ -777,10 +779,15 @@ def packed_tile_output(DK, DV, chunk_size=64, block=16, dtype="bfloat16", gate_d
 
     Arguments at run time: ``Q, K [1, T, HQ, DK]``, ``V [1, T, H, DV]`` (dtype), ``g [1, T, H]`` (``gate_dtype``,
     natural log), ``beta [1, T, H]`` (``beta_dtype``), ``starts [T]`` (int32: the first token of each token's
-    sequence), ``tiles [NT, 2]`` (int32: each tile's first token and length), ``scale``, then the outputs ``O [1, T,
+    sequence), ``tiles [NT, 2]`` (int32: each tile's first token and length), ``rows [NT, C]`` (int32: the token of
+    each tile row, with ``gathered``; else a ``[1, 1]`` stand-in, not read), ``scale``, then the outputs ``O [1, T,
     H, DV]`` and ``flags`` (``chunk_gated_inverse``'s value checks, ``[3]`` with ``check_keys``). ``early_scores``:
     ``Q K^T``'s masked scores in a tile of their own right after ``K K^T``, so that the tiles of ``q`` and ``k`` are
-    spent before the solve and their bytes reused (70 KB of shared memory against 95: three blocks per SM)."""
+    spent before the solve and their bytes reused (70 KB of shared memory against 95: three blocks per SM).
+    ``gathered``: each tile's rows read and written through ``rows`` (``packed.sequence_rows``: whole sequences
+    packed by best fit, not in order), so that the tiles are nearly full: in order, a tile ends where the next
+    sequence does not fit, and run 140's 1024 sequences of 1 to 64 tokens fill 696 tiles to 75%; by best fit 532,
+    for 526 chunks of the same tokens as one sequence."""
     S, H, HQ = T.dynamic("T"), T.dynamic("H"), T.dynamic("HQ")
     NT = T.dynamic("NT")
     C = chunk_size
@@ -795,18 +802,27 @@ def packed_tile_output(DK, DV, chunk_size=64, block=16, dtype="bfloat16", gate_d
                 T.if_then_else((j <= i) & (seq_s[i] == seq_s[j]), scale, 0.0)
 
     @T.macro
-    def tile_output(Q, K, V, g, beta, starts, scale, O, flags, t0, L, bh, q_s, k_s, v_s, g_s, H_s, G_s, b_s, seq_s,
-                    A_s, Tinv_s, Tb_s, P_s, vn_s, CC, VD, x_col):
+    def tile_output(Q, K, V, g, beta, starts, rows, scale, O, flags, nt, t0, L, bh, q_s, k_s, v_s, g_s, H_s, G_s, b_s,
+                    seq_s, rows_s, A_s, Tinv_s, Tb_s, P_s, vn_s, CC, VD, x_col):
         hq = bh // value_groups if value_groups > 1 else bh
-        # rows past L: the next tile's tokens, or zeros past T; b = 0 there keeps them out of V_new's rows
-        # below L, and the causal mask out of the scores' rows below L
-        T.copy(Q[0, t0:t0 + C, hq, :], q_s)
-        T.copy(K[0, t0:t0 + C, hq, :], k_s)
-        T.copy(V[0, t0:t0 + C, bh, :], v_s)
-        load_beta_checked(beta, b_s, flags, t0, L, C, 0, bh)
-        log2_cumsum_by_scan(g, g_s, H_s, G_s, flags, 0, bh, t0, L, C)
+        # rows past L: the next tile's tokens, or zeros past T (gathered: the last token again); b = 0 there keeps
+        # them out of V_new's rows below L, and the causal mask out of the scores' rows below L
+        if gathered:
+            for i in T.Parallel(C):
+                rows_s[i] = rows[nt, i]
+            for i, j in T.Parallel(C, DK):
+                q_s[i, j] = Q[0, rows_s[i], hq, j]
+                k_s[i, j] = K[0, rows_s[i], hq, j]
+            for i, j in T.Parallel(C, DV):
+                v_s[i, j] = V[0, rows_s[i], bh, j]
+        else:
+            T.copy(Q[0, t0:t0 + C, hq, :], q_s)
+            T.copy(K[0, t0:t0 + C, hq, :], k_s)
+            T.copy(V[0, t0:t0 + C, bh, :], v_s)
+        load_beta_checked(beta, b_s, flags, t0, L, C, 0, bh, rows_s)
+        log2_cumsum_by_scan(g, g_s, H_s, G_s, flags, 0, bh, t0, L, C, rows_s)
         for i in T.Parallel(C):
-            seq_s[i] = starts[t0 + T.min(i, L - 1)]
+            seq_s[i] = starts[row_token(t0, i, L, rows_s)]
         T.gemm(k_s, k_s, CC, transpose_B=True, clear_accum=True)
         for i, j in T.Parallel(C, C):                    # pairs of one sequence only
             A_s[i, j] = CC[i, j] * b_s[i] * decay_factor(G_s[i, 0] - G_s[j, 0]) * real(j < i) * \
@@ -828,7 +844,7 @@ def packed_tile_output(DK, DV, chunk_size=64, block=16, dtype="bfloat16", gate_d
         T.copy(VD, vn_s)
         for i, j in T.Parallel(C, DV):
             if i < L:
-                O[0, t0 + i, bh, j] = vn_s[i, j]
+                O[0, rows_s[i] if gathered else t0 + i, bh, j] = vn_s[i, j]
 
     @T.prim_func
     def main(
@@ -839,6 +855,7 @@ def packed_tile_output(DK, DV, chunk_size=64, block=16, dtype="bfloat16", gate_d
         beta: T.Tensor([1, S, H], beta_dtype),
         starts: T.Tensor([S], "int32"),
         tiles: T.Tensor([NT, 2], "int32"),
+        rows: T.Tensor([NT, C] if gathered else [1, 1], "int32"),
         scale: T.float32,
         O: T.Tensor([1, S, H, DV], dtype),
         flags: T.Tensor([3 if check_keys else 2], "int32"),
@@ -852,6 +869,7 @@ def packed_tile_output(DK, DV, chunk_size=64, block=16, dtype="bfloat16", gate_d
             G_s = T.alloc_shared([C, 1], ACCUM)
             b_s = T.alloc_shared([C], ACCUM)
             seq_s = T.alloc_shared([C], "int32")              # each row's sequence, by its first token
+            rows_s = T.alloc_shared([C], "int32") if gathered else None     # each row's token
             A_s = T.alloc_shared([C, C], ACCUM)
             Tinv_s = T.alloc_shared([C, C], ACCUM)
             Tb_s = T.alloc_shared([C, C], dtype)
@@ -862,8 +880,8 @@ def packed_tile_output(DK, DV, chunk_size=64, block=16, dtype="bfloat16", gate_d
             CC = T.alloc_fragment([C, C], ACCUM)
             VD = T.alloc_fragment([C, DV], ACCUM)
             x_col = T.alloc_local([block], ACCUM)
-            tile_output(Q, K, V, g, beta, starts, scale, O, flags, tiles[nt, 0], tiles[nt, 1], bh, q_s, k_s, v_s, g_s,
-                        H_s, G_s, b_s, seq_s, A_s, Tinv_s, Tb_s, P_s, vn_s, CC, VD, x_col)
+            tile_output(Q, K, V, g, beta, starts, rows, scale, O, flags, nt, tiles[nt, 0], tiles[nt, 1], bh, q_s, k_s,
+                        v_s, g_s, H_s, G_s, b_s, seq_s, rows_s, A_s, Tinv_s, Tb_s, P_s, vn_s, CC, VD, x_col)
 
     return main
 
@@ -1043,6 +1061,10 @@ PACKED_TILES = True
 # against 1.865. Four tiles a block with their loads pipelined (T.Pipelined over the tiles, 122 KB, one block per SM)
 # was no faster (1.583) and wrong (0.5 relative L2 from the default: tilelang's reuse of the tiles' buffers across the
 # pipeline's stages, not studied further), and was taken out.
+# gathered (same day, CPU only, off until run 162's GPU test): the tiles packed by best fit, longest sequences first,
+# and read through a row map (packed.sequence_rows), 532 tiles for run 140's 1024 sequences of 1 to 64 tokens
+# against 696 in order (526 chunks as one sequence); the loads become gathers of whole rows (16-byte vectors, not
+# the bulk copies of contiguous rows).
 PACKED_TILE_CONFIG: dict = dict(early_scores=True)
 
 
@@ -1062,7 +1084,10 @@ def packed_tile_launch(q, k, v, g, beta, scale, flags, table):
 
     _, T, HQ, DK = q.shape
     H, DV = v.shape[2], v.shape[-1]
-    tiles, starts = packed.sequence_tiles(table.bounds, q.device)
+    if PACKED_TILE_CONFIG.get("gathered"):
+        tiles, rows, starts = packed.sequence_rows(table.bounds, q.device)
+    else:
+        (tiles, starts), rows = packed.sequence_tiles(table.bounds, q.device), tiles_stand_in(q.device)
     beta = kernel_beta(beta)
     if flags is None:
         flags = torch.zeros(2, dtype=torch.int32, device=q.device)
@@ -1073,8 +1098,14 @@ def packed_tile_launch(q, k, v, g, beta, scale, flags, table):
                                  **PACKED_TILE_CONFIG, **launch.keys_checked(flags))
     o = launch.new_output((1, T, H, DV), v.dtype, q.device)
     args = (q.contiguous(), k.contiguous(), v.contiguous(), g.reshape(1, T, H).contiguous(), beta.contiguous(),
-            starts, tiles, scale, o, flags)
+            starts, tiles, rows, scale, o, flags)
     return launch.queued(kernel, args, q.device), o
+
+
+@functools.lru_cache(maxsize=None)
+def tiles_stand_in(device) -> torch.Tensor:
+    """``packed_tile_output``'s ``rows`` where its tiles are not gathered: ``[1, 1]``, never read."""
+    return torch.zeros(1, 1, dtype=torch.int32, device=device)
 
 
 def scalar_gate_pass_launch(q, k, v, Tb, G, scale, h0, block_dv, table=None, output_final_state=True, first_chunk=0,

@@ -67,13 +67,21 @@ def log2_cumsum_by_columns(g_s, G_s, L, C, D, flags):
 # --8<-- [end:log2_cumsum]
 
 
+def row_token(t0, i, L, rows_s=None):
+    """The token that row ``i`` of a chunk of ``L`` real rows reads: ``t0 + i`` (the last real row past ``L``), or
+    ``rows_s[i]`` where the chunk's rows are gathered from a row map (``kda.packed.sequence_rows``, whose rows
+    past the length repeat the last token already). A plain function, not a macro: it returns an expression."""
+    return t0 + T.min(i, L - 1) if rows_s is None else rows_s[i]
+
+
 @T.macro
-def load_beta_checked(beta, beta_s, flags, t0, L, C, bb, bh):
+def load_beta_checked(beta, beta_s, flags, t0, L, C, bb, bh, rows_s=None):
     """``beta_s`` = the chunk's ``b`` from ``beta [B, T, H]`` (0 on the padding rows past ``L``);
     ``flags[1] = 1`` if one is outside ``[0, 1]``, so that the caller can raise the full check's
-    error after one read-back (levels 4 and 5)."""
+    error after one read-back (levels 4 and 5). ``rows_s``: the token of each row, where the rows are
+    gathered (``row_token``)."""
     for i in T.Parallel(C):
-        b = T.Cast(ACCUM, beta[bb, t0 + T.min(i, L - 1), bh])      # beta in float32, or half read as it is
+        b = T.Cast(ACCUM, beta[bb, row_token(t0, i, L, rows_s), bh])      # float32, or half read as it is
         beta_s[i] = T.if_then_else(i < L, b, 0.0)
         if i < L:
             if real(b >= 0.0) * real(b <= 1.0) == 0.0:       # NaN fails both

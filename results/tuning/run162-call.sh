@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Run 162 (2026-12-07), one device call (carry .gpu, and .carry where a call returned caches; COMMIT: this tree's
+# commit): the GPU tests of the packed tiles (in order, early scores, gathered by best fit) within TEST_S, then
+# run162-tiles.py within TIME_S; then, on an H200 (RECORDS=1), the stale GPU records with what is left of TOTAL.
+set -u
+source "$(dirname "$0")/device-env.sh"
+gpu_tests ${TEST_S:-200} tests/test_gpu_scalar_gate.py -k "packed_tiles"
+timeout -k 5 ${TIME_S:-150} python results/tuning/run162-tiles.py 2>&1 | grep "^{\|Error\|error" \
+  | grep -v '"stages"' | cut -c1-400
+[ "${RECORDS:-0}" = 1 ] && rerecord_rest
+echo "done after $(( $(date +%s) - start )) s"

@@ -1,0 +1,99 @@
+"""Run 162 (prepared 2026-12-07): GDN's short packed sequences with the tiles packed by best fit and read through a row
+map (``PACKED_TILE_CONFIG``'s ``gathered``), against the tiles filled in order.
+
+Run 157 (H100) had the tile kernel at 1.014 ms on run 140's 1024 sequences of 1 to 64 tokens, 696 tiles filled to 75%;
+by best fit the same sequences take 532 tiles (526 chunks as one sequence). Run 160 had the op at 1.420 ms there with
+0.54 ms of each call outside the kernel, the host's: the tile kernel sets the value flags, so the host waits for the
+whole kernel before it returns, and the next call's host work is not hidden behind any kernel. For each short case:
+the op in order and gathered (outputs compared), its stages, the host's time per call (queued back to back, and from
+an idle GPU), the same call unchecked, a cProfile of 20 calls (the 25 largest by cumulative time), one sequence of the
+same tokens and FlashQLA's packed call. Rows to ``$OUT/run162.jsonl``, the profiles to ``$OUT/run162-profile.txt``.
+
+    FLA_FLASH_QLA=0 python results/tuning/run162-tiles.py
+"""
+import cProfile
+import io
+import os
+import pstats
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from harness import log, script, stage_times, time_stages, timed  # noqa: E402
+
+run140 = script("run140-gdn.py")
+RUN = "run162"
+
+
+def host_times(fn):
+    """The host's milliseconds per call queued back to back (50 calls, then one synchronize), the whole loop's, and
+    one call's from an idle GPU (median of 20)."""
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(50):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    one = []
+    for _ in range(20):
+        torch.cuda.synchronize()
+        s = time.perf_counter()
+        fn()
+        one.append(time.perf_counter() - s)
+    return {"queued_host_ms": round((t1 - t0) / 50 * 1e3, 4), "queued_all_ms": round((t2 - t0) / 50 * 1e3, 4),
+            "idle_call_host_ms": round(sorted(one)[10] * 1e3, 4)}
+
+
+def host_profile(title, fn):
+    prof = cProfile.Profile()
+    fn()
+    torch.cuda.synchronize()
+    prof.enable()
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(25)
+    with open(os.path.join(os.environ.get("OUT", "."), f"{RUN}-profile.txt"), "a") as f:
+        f.write(f"==== {title} (20 calls)\n{text.getvalue()}\n")
+
+
+if __name__ == "__main__":
+    import flash_qla
+
+    from kda import gated_delta
+    from kda.kernels import scalar_gate
+
+    time_stages()
+    for case, lens in run140.short_cases().items():
+        cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), device="cuda")
+        cu_cpu = cu.cpu()
+        inputs = run140.dense_inputs(1, int(cu[-1]), 32, 128)
+        outs = []
+        for form in ("in order", "gathered"):
+            scalar_gate.PACKED_TILE_CONFIG = dict(early_scores=True, gathered=form == "gathered")
+            for checked in (True, False):
+                fn = lambda: gated_delta.chunk_gated_delta_rule(*inputs, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu,
+                                                                check_values=checked)[0]
+                row = {"case": case, "impl": f"kda tiles {form}", "check_values": checked}
+                timed(RUN, row, fn, describe=lambda o: outs.append(o) or {})
+                if checked:
+                    stage_times(RUN, {**row, "what": "stages"}, fn)
+                    log(RUN, {**row, "what": "host", **host_times(fn)})
+                    host_profile(f"{case}, {form}", fn)
+        if len(outs) >= 3:
+            a, b = outs[0].float(), outs[2].float()
+            log(RUN, {"case": case, "gathered_vs_in_order_rel_l2": float(f"{float((a - b).norm() / a.norm()):.2e}"),
+                      "finite": bool(torch.isfinite(b).all())})
+        scalar_gate.PACKED_TILE_CONFIG = dict(early_scores=True)
+        timed(RUN, {"case": case, "impl": "FlashQLA 0.1.3"},
+              lambda: flash_qla.chunk_gated_delta_rule(*inputs, scale=128 ** -0.5, cu_seqlens=cu)[0])
+        one = lambda: gated_delta.chunk_gated_delta_rule(*inputs)[0]
+        timed(RUN, {"case": case, "impl": f"kda, the same tokens as one sequence (T = {int(cu[-1])})"}, one)
+        torch.cuda.empty_cache()
