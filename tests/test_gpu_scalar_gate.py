@@ -445,7 +445,10 @@ def test_traced_pass_same_output():
 
 
 # packed_tile_output's arrangements (PACKED_TILE_CONFIG): the factory's defaults and the scores before the solve
-TILE_CONFIGS = {"default": {}, "early_scores": dict(early_scores=True), "gathered": dict(early_scores=True, gathered=True)}
+# packed_tile_output's arrangement, and whether the values are checked first by a kernel of their own (TILE_CHECKS_FIRST)
+TILE_CONFIGS = {"default": ({}, False), "early_scores": (dict(early_scores=True), False),
+                "gathered": (dict(early_scores=True, gathered=True), False),
+                "gathered_checks_first": (dict(early_scores=True, gathered=True), True)}
 
 
 @pytest.mark.parametrize("config", list(TILE_CONFIGS))
@@ -454,12 +457,13 @@ TILE_CONFIGS = {"default": {}, "early_scores": dict(early_scores=True), "gathere
 def test_packed_tiles(dtype, kind, config, scalar_path, monkeypatch):
     """``scalar_gate.PACKED_TILES``: packed sequences of 0 to 64 tokens (a single token, empty ones), no states, by
     ``packed_tile_output`` over tiles of whole sequences, grouped value heads, against the float64 recurrence
-    sequence by sequence (outputs poisoned: every row written); a ``beta`` out of range raises. Each arrangement of
-    ``TILE_CONFIGS``."""
+    sequence by sequence (outputs poisoned: every row written); a ``beta`` out of range, a positive gate and keys
+    past the delta rule's bound raise. Each arrangement of ``TILE_CONFIGS``."""
     from kda.kernels import scalar_gate
 
     monkeypatch.setattr(scalar_gate, "PACKED_TILES", True)
-    monkeypatch.setattr(scalar_gate, "PACKED_TILE_CONFIG", TILE_CONFIGS[config])
+    monkeypatch.setattr(scalar_gate, "PACKED_TILE_CONFIG", TILE_CONFIGS[config][0])
+    monkeypatch.setattr(scalar_gate, "TILE_CHECKS_FIRST", TILE_CONFIGS[config][1])
     gen = torch.Generator().manual_seed(71)
     lengths = torch.randint(0, 65, (200,), generator=gen).tolist() + [1, 0, 64, 1]
     T = sum(lengths)
@@ -474,6 +478,12 @@ def test_packed_tiles(dtype, kind, config, scalar_path, monkeypatch):
                     lengths=lengths)
     with pytest.raises(ValueError, match="beta"):
         kda.chunk_gated_delta_rule(q, k, v, g, beta + 1, cu_seqlens=cu, cu_seqlens_cpu=cu.cpu())
+    bad_gate = g.clone()
+    bad_gate[0, T - 1] = 0.5                                   # the last token only
+    with pytest.raises(ValueError, match="g must"):
+        kda.chunk_gated_delta_rule(q, k, v, bad_gate, beta, cu_seqlens=cu, cu_seqlens_cpu=cu.cpu())
+    with pytest.raises(ValueError, match="k: "):
+        kda.chunk_gated_delta_rule(q, k * 10, v, g, beta.clamp(min=0.5), cu_seqlens=cu, cu_seqlens_cpu=cu.cpu())
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])

@@ -171,6 +171,9 @@ CASES = [
     ("scalar_gate", "packed_tile_output", dict(DK=128, DV=128, early_scores=True, value_groups=2, check_keys=True)),
     ("scalar_gate", "packed_tile_output", dict(DK=64, DV=128, dtype="float16", beta_dtype="float16", value_groups=2,
                                                check_keys=True)),
+    # ... their value checks in a kernel of their own, queued first (TILE_CHECKS_FIRST)
+    ("scalar_gate", "token_value_checks", dict(DK=128, value_groups=2, check_keys=True)),
+    ("scalar_gate", "token_value_checks", dict(DK=64, dtype="float16", beta_dtype="float16")),
     # ... their rows gathered through a row map, tiles packed by best fit (PACKED_TILE_CONFIG's gathered)
     ("scalar_gate", "packed_tile_output", dict(DK=128, DV=128, early_scores=True, gathered=True, value_groups=2,
                                                check_keys=True)),

@@ -480,6 +480,32 @@ def test_sequence_tiles():
         packed.sequence_tiles((0, 65), "cpu")
 
 
+def test_gdn_packed_tiles_checks_first(kernel_launches, monkeypatch):
+    """``scalar_gate.TILE_CHECKS_FIRST``: a checked packed call on the tiles queues ``token_value_checks`` (the keys'
+    check in it) and then the tile kernel (no keys' check, the first two flags); unchecked, the tile kernel alone."""
+    from kda import gated_delta
+    from kda.kernels import scalar_gate
+
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", True)
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_PACKED", True)
+    monkeypatch.setattr(scalar_gate, "PACKED_TILES", True)
+    monkeypatch.setattr(scalar_gate, "TILE_CHECKS_FIRST", True)
+    q, k, v, g, beta = level5_inputs(B=1, H=2, HV=4, per_channel=False)
+    table = packed.chunk_table([0, 40, 41, 41, 100, 164, 200], "cpu")
+    checked = []
+    for check in (lambda flags: checked.append(flags.tolist()), None):
+        kernel_launches.clear()
+        gated_delta._run_kernels(q, k, v, g, beta, 0.125, None, torch.zeros(3, dtype=torch.int32), table, False,
+                                 check)
+        names = [name for name, _ in kernel_launches]
+        assert names == (["token_value_checks", "packed_tile_output"] if check else ["packed_tile_output"])
+        params = dict(kernel_launches)
+        assert params["packed_tile_output"].get("check_keys", False) is (check is None)
+        if check:
+            assert params["token_value_checks"]["check_keys"] and params["token_value_checks"]["value_groups"] == 2
+    assert checked == [[0, 0, 0]]
+
+
 def test_sequence_rows_best_fit():
     """``packed.sequence_rows``: whole sequences packed into tiles by best fit, longest first (fewer tiles than in
     order), each token on exactly one row, a sequence's tokens on rows one after another in order, the rows past a

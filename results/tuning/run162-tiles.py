@@ -1,5 +1,6 @@
 """Run 162 (prepared 2026-12-07): GDN's short packed sequences with the tiles packed by best fit and read through a row
-map (``PACKED_TILE_CONFIG``'s ``gathered``), against the tiles filled in order.
+map (``PACKED_TILE_CONFIG``'s ``gathered``), against the tiles filled in order; then with the value checks in a kernel
+of their own queued first (``TILE_CHECKS_FIRST``).
 
 Run 157 (H100) had the tile kernel at 1.014 ms on run 140's 1024 sequences of 1 to 64 tokens, 696 tiles filled to 75%;
 by best fit the same sequences take 532 tiles (526 chunks as one sequence). Run 160 had the op at 1.420 ms there with
@@ -76,8 +77,9 @@ if __name__ == "__main__":
         cu_cpu = cu.cpu()
         inputs = run140.dense_inputs(1, int(cu[-1]), 32, 128)
         outs = []
-        for form in ("in order", "gathered"):
-            scalar_gate.PACKED_TILE_CONFIG = dict(early_scores=True, gathered=form == "gathered")
+        for form in ("in order", "gathered", "gathered, checks first"):
+            scalar_gate.PACKED_TILE_CONFIG = dict(early_scores=True, gathered=form != "in order")
+            scalar_gate.TILE_CHECKS_FIRST = form.endswith("checks first")
             for checked in (True, False):
                 fn = lambda: gated_delta.chunk_gated_delta_rule(*inputs, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu,
                                                                 check_values=checked)[0]
@@ -91,7 +93,7 @@ if __name__ == "__main__":
             a, b = outs[0].float(), outs[2].float()
             log(RUN, {"case": case, "gathered_vs_in_order_rel_l2": float(f"{float((a - b).norm() / a.norm()):.2e}"),
                       "finite": bool(torch.isfinite(b).all())})
-        scalar_gate.PACKED_TILE_CONFIG = dict(early_scores=True)
+        scalar_gate.PACKED_TILE_CONFIG, scalar_gate.TILE_CHECKS_FIRST = dict(early_scores=True), False
         timed(RUN, {"case": case, "impl": "FlashQLA 0.1.3"},
               lambda: flash_qla.chunk_gated_delta_rule(*inputs, scale=128 ** -0.5, cu_seqlens=cu)[0])
         one = lambda: gated_delta.chunk_gated_delta_rule(*inputs)[0]
