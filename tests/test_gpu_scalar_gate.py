@@ -448,7 +448,9 @@ def test_traced_pass_same_output():
 # packed_tile_output's arrangement, and whether the values are checked first by a kernel of their own (TILE_CHECKS_FIRST)
 TILE_CONFIGS = {"default": ({}, False), "early_scores": (dict(early_scores=True), False),
                 "gathered": (dict(early_scores=True, gathered=True), False),
-                "gathered_checks_first": (dict(early_scores=True, gathered=True), True)}
+                "gathered_compact": (dict(gathered=True, compact=True), False),
+                "in_order_compact": (dict(compact=True), False),
+                "gathered_compact_checks_first": (dict(gathered=True, compact=True), True)}
 
 
 @pytest.mark.parametrize("config", list(TILE_CONFIGS))

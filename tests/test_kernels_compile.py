@@ -177,6 +177,11 @@ CASES = [
     # ... their rows gathered through a row map, tiles packed by best fit (PACKED_TILE_CONFIG's gathered)
     ("scalar_gate", "packed_tile_output", dict(DK=128, DV=128, early_scores=True, gathered=True, value_groups=2,
                                                check_keys=True)),
+    # ... and with the least shared memory live at once (compact: 41 KB gathered, five blocks per SM; 49 KB in order)
+    ("scalar_gate", "packed_tile_output", dict(DK=128, DV=128, compact=True, gathered=True, value_groups=2)),
+    ("scalar_gate", "packed_tile_output", dict(DK=128, DV=128, compact=True, check_keys=True)),
+    ("scalar_gate", "packed_tile_output", dict(DK=64, DV=128, dtype="float16", beta_dtype="float16", compact=True,
+                                               gathered=True)),
     # the first kernel's clocks into G (a tuning instrument, results/tuning/run154-inverse-trace.py)
     ("scalar_gate", "chunk_gated_inverse", dict(DK=128, dtype="bfloat16", merge="halves", cumsum="scan", compact=True,
                                                 min_blocks=4, beta_dtype="bfloat16", trace=True)),

@@ -810,7 +810,8 @@ def token_value_checks(DK, block_rows=64, dtype="bfloat16", gate_dtype="float32"
 
 # --8<-- [start:packed_tile_output]
 def packed_tile_output(DK, DV, chunk_size=64, block=16, dtype="bfloat16", gate_dtype="float32", beta_dtype="float32",
-                       value_groups=1, threads=128, check_keys=False, early_scores=False, gathered=False):
+                       value_groups=1, threads=128, check_keys=False, early_scores=False, gathered=False,
+                       compact=False):
     """GDN's whole forward for packed sequences of at most one chunk each, with no initial and no final states, in one
     kernel: tiles of ``C`` rows of the packed tokens, each holding whole sequences (``packed.sequence_tiles``), one
     block per (tile, head). Without states a sequence that fits a tile needs nothing from outside it: ``V_new = Tb V``
@@ -830,7 +831,10 @@ def packed_tile_output(DK, DV, chunk_size=64, block=16, dtype="bfloat16", gate_d
     ``gathered``: each tile's rows read and written through ``rows`` (``packed.sequence_rows``: whole sequences
     packed by best fit, not in order), so that the tiles are nearly full: in order, a tile ends where the next
     sequence does not fit, and run 140's 1024 sequences of 1 to 64 tokens fill 696 tiles to 75%; by best fit 532,
-    for 526 chunks of the same tokens as one sequence."""
+    for 526 chunks of the same tokens as one sequence. ``compact``: the least shared memory live at once, so that more
+    blocks share an SM (the kernel waits on its chain of small steps, not on HBM): the scores first (q's tile spent
+    before ``A`` is made), ``v``'s tile loaded after the solve, the merge's scratch in ``A_s``'s spent quadrants
+    (``chunk_gated_inverse``'s compact form)."""
     S, H, HQ = T.dynamic("T"), T.dynamic("H"), T.dynamic("HQ")
     NT = T.dynamic("NT")
     C = chunk_size
@@ -845,6 +849,14 @@ def packed_tile_output(DK, DV, chunk_size=64, block=16, dtype="bfloat16", gate_d
                 T.if_then_else((j <= i) & (seq_s[i] == seq_s[j]), scale, 0.0)
 
     @T.macro
+    def load_values(V, v_s, rows_s, t0, bh):
+        if gathered:
+            for i, j in T.Parallel(C, DV):
+                v_s[i, j] = V[0, rows_s[i], bh, j]
+        else:
+            T.copy(V[0, t0:t0 + C, bh, :], v_s)
+
+    @T.macro
     def tile_output(Q, K, V, g, beta, starts, rows, scale, O, flags, nt, t0, L, bh, q_s, k_s, v_s, g_s, H_s, G_s, b_s,
                     seq_s, rows_s, A_s, Tinv_s, Tb_s, P_s, vn_s, CC, VD, x_col):
         hq = bh // value_groups if value_groups > 1 else bh
@@ -856,16 +868,17 @@ def packed_tile_output(DK, DV, chunk_size=64, block=16, dtype="bfloat16", gate_d
             for i, j in T.Parallel(C, DK):
                 q_s[i, j] = Q[0, rows_s[i], hq, j]
                 k_s[i, j] = K[0, rows_s[i], hq, j]
-            for i, j in T.Parallel(C, DV):
-                v_s[i, j] = V[0, rows_s[i], bh, j]
         else:
             T.copy(Q[0, t0:t0 + C, hq, :], q_s)
             T.copy(K[0, t0:t0 + C, hq, :], k_s)
-            T.copy(V[0, t0:t0 + C, bh, :], v_s)
+        if not compact:
+            load_values(V, v_s, rows_s, t0, bh)
         load_beta_checked(beta, b_s, flags, t0, L, C, 0, bh, rows_s)
         log2_cumsum_by_scan(g, g_s, H_s, G_s, flags, 0, bh, t0, L, C, rows_s)
         for i in T.Parallel(C):
             seq_s[i] = starts[row_token(t0, i, L, rows_s)]
+        if compact:                                      # q spent before A is made
+            masked_scores(q_s, k_s, G_s, seq_s, P_s, CC, scale)
         T.gemm(k_s, k_s, CC, transpose_B=True, clear_accum=True)
         for i, j in T.Parallel(C, C):                    # pairs of one sequence only
             A_s[i, j] = CC[i, j] * b_s[i] * decay_factor(G_s[i, 0] - G_s[j, 0]) * real(j < i) * \
@@ -873,15 +886,17 @@ def packed_tile_output(DK, DV, chunk_size=64, block=16, dtype="bfloat16", gate_d
             if check_keys:
                 if i == j and CC[i, j] * b_s[i] > KEY_BOUND:
                     flags[2] = 1
-        if early_scores:                                 # q and k done with before the solve
+        if early_scores and not compact:                 # q and k done with before the solve
             masked_scores(q_s, k_s, G_s, seq_s, P_s, CC, scale)
         invert_diagonal_blocks_by_columns(A_s, Tinv_s, x_col, C, block)
-        merge_by_halves(A_s, Tinv_s, C, block)
+        merge_by_halves(A_s, Tinv_s, C, block, in_place=compact)
         for i, j in T.Parallel(C, C):                    # the blocks above the diagonal were never written
             Tb_s[i, j] = T.if_then_else(i // block >= j // block, Tinv_s[i, j] * b_s[j], 0.0)
+        if compact:                                      # v's tile live from here on only
+            load_values(V, v_s, rows_s, t0, bh)
         T.gemm(Tb_s, v_s, VD, clear_accum=True)          # V_new
         T.copy(VD, vn_s)
-        if not early_scores:
+        if not (early_scores or compact):
             masked_scores(q_s, k_s, G_s, seq_s, P_s, CC, scale)
         T.gemm(P_s, vn_s, VD, clear_accum=True)
         T.copy(VD, vn_s)
@@ -918,7 +933,7 @@ def packed_tile_output(DK, DV, chunk_size=64, block=16, dtype="bfloat16", gate_d
             Tb_s = T.alloc_shared([C, C], dtype)
             # the scores: in Tb's tile once V_new is made (two blocks per SM: 104 KB), a tile of their own where
             # they are made before the solve
-            P_s = T.alloc_shared([C, C], dtype) if early_scores else Tb_s
+            P_s = T.alloc_shared([C, C], dtype) if early_scores or compact else Tb_s
             vn_s = T.alloc_shared([C, DV], dtype)            # V_new, then the output
             CC = T.alloc_fragment([C, C], ACCUM)
             VD = T.alloc_fragment([C, DV], ACCUM)

@@ -1,6 +1,7 @@
 """Run 162 (prepared 2026-12-07): GDN's short packed sequences with the tiles packed by best fit and read through a row
-map (``PACKED_TILE_CONFIG``'s ``gathered``), against the tiles filled in order; then with the value checks in a kernel
-of their own queued first (``TILE_CHECKS_FIRST``).
+map (``PACKED_TILE_CONFIG``'s ``gathered``), against the tiles filled in order; each with the least shared memory live
+at once (``compact``: five blocks per SM gathered, four in order, against three); then with the value checks in a
+kernel of their own queued first (``TILE_CHECKS_FIRST``).
 
 Run 157 (H100) had the tile kernel at 1.014 ms on run 140's 1024 sequences of 1 to 64 tokens, 696 tiles filled to 75%;
 by best fit the same sequences take 532 tiles (526 chunks as one sequence). Run 160 had the op at 1.420 ms there with
@@ -27,6 +28,10 @@ from harness import log, script, stage_times, time_stages, timed  # noqa: E402
 
 run140 = script("run140-gdn.py")
 RUN = "run162"
+# packed_tile_output's arrangement, and whether the values are checked first by a kernel of their own
+FORMS = {"in order": (dict(early_scores=True), False), "gathered": (dict(early_scores=True, gathered=True), False),
+         "in order, compact": (dict(compact=True), False), "gathered, compact": (dict(gathered=True, compact=True), False),
+         "gathered, compact, checks first": (dict(gathered=True, compact=True), True)}
 
 
 def host_times(fn):
@@ -77,10 +82,9 @@ if __name__ == "__main__":
         cu_cpu = cu.cpu()
         inputs = run140.dense_inputs(1, int(cu[-1]), 32, 128)
         outs = []
-        for form in ("in order", "gathered", "gathered, checks first"):
-            scalar_gate.PACKED_TILE_CONFIG = dict(early_scores=True, gathered=form != "in order")
-            scalar_gate.TILE_CHECKS_FIRST = form.endswith("checks first")
-            for checked in (True, False):
+        for form, (config, checks_first) in FORMS.items():
+            scalar_gate.PACKED_TILE_CONFIG, scalar_gate.TILE_CHECKS_FIRST = config, checks_first
+            for checked in (True, False) if form == "in order" else (True,):
                 fn = lambda: gated_delta.chunk_gated_delta_rule(*inputs, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu,
                                                                 check_values=checked)[0]
                 row = {"case": case, "impl": f"kda tiles {form}", "check_values": checked}
@@ -89,9 +93,9 @@ if __name__ == "__main__":
                     stage_times(RUN, {**row, "what": "stages"}, fn)
                     log(RUN, {**row, "what": "host", **host_times(fn)})
                     host_profile(f"{case}, {form}", fn)
-        if len(outs) >= 3:
-            a, b = outs[0].float(), outs[2].float()
-            log(RUN, {"case": case, "gathered_vs_in_order_rel_l2": float(f"{float((a - b).norm() / a.norm()):.2e}"),
+        for form, out in zip([f for f in FORMS if f != "in order"], outs[2:]):
+            a, b = outs[0].float(), out.float()
+            log(RUN, {"case": case, "form": form, "vs_in_order_rel_l2": float(f"{float((a - b).norm() / a.norm()):.2e}"),
                       "finite": bool(torch.isfinite(b).all())})
         scalar_gate.PACKED_TILE_CONFIG, scalar_gate.TILE_CHECKS_FIRST = dict(early_scores=True), False
         timed(RUN, {"case": case, "impl": "FlashQLA 0.1.3"},
