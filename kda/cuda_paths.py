@@ -239,6 +239,16 @@ PATHS: tuple[CudaPath, ...] = (
         gpu_log="results/tuning/run157/gpu-tests.txt",
     ),
     CudaPath(
+        name="gdn_packed_tile_checks_first",
+        module="kda.kernels.scalar_gate",
+        switch="TILE_CHECKS_FIRST",
+        what={"en": "the packed tiles' value checks (gate, beta, keys) in a kernel of their own, token_value_checks, "
+                    "queued before packed_tile_output, so that the host waits for the checks alone and returns while "
+                    "the tiles are made",
+              "zh": "把打包 tile 路径的数值检查（门控、beta、键）放进单独的 kernel token_value_checks，排在 "
+                    "packed_tile_output 之前，主机只等检查结果，tile 仍在计算时就返回"},
+    ),
+    CudaPath(
         name="level5_sequence_tiles",
         module="kda.gated_delta",
         switch="TILES_OF_SHORT_SEQUENCES",

@@ -620,3 +620,16 @@ def test_compact_inverse_fits_four_blocks_per_sm():
                                                             dtype="bfloat16", merge="halves", cumsum="scan",
                                                             **params).values())
     assert end(compact=True, min_blocks=4) <= 56 * 1024 < end()
+
+
+def test_compact_tiles_fit_more_blocks_per_sm():
+    """``packed_tile_output(compact=True)``: the scores first, ``v``'s tile loaded after the solve and the merge's
+    scratch in ``A_s`` leave at most 40 KB live at once; gathered through the row map the block takes under 44.6 KB
+    of shared memory, five blocks per SM's 228 KB (1 KB reserved per block), in order under 56 KB (four), where
+    ``early_scores`` takes 70 KB (three)."""
+    from kda.kernels.scalar_gate import packed_tile_output
+
+    end = lambda **params: max(e for _, e in shared_regions(packed_tile_output, unlisted=256, DK=128, DV=128,
+                                                            **params).values())
+    assert end(compact=True, gathered=True) <= 228 * 1024 // 5 - 1024
+    assert end(compact=True) <= 228 * 1024 // 4 - 1024 < end(early_scores=True)

@@ -136,6 +136,37 @@ def test_scalar_gate_chunked_matches_recurrence(gates, T):
     assert rel_l2(o, ref_o) < 1e-12 and rel_l2(S, ref_S) < 1e-12
 
 
+@pytest.mark.parametrize("form", ["in_order", "best_fit"])
+@pytest.mark.parametrize("gates", ["logsigmoid", "runs_of_-20"])
+def test_packed_tiles_match_recurrence(gates, form):
+    """Short packed sequences without states, tile by tile as ``packed_tile_output`` computes them (``G`` over the
+    whole tile, the pairs of two sequences masked), over ``packed.sequence_tiles``' tiles in order and over
+    ``packed.sequence_rows``' best fit through its row map, are the recurrence sequence by sequence: empty sequences,
+    single tokens, a full chunk, grouped value heads."""
+    from kda import packed
+
+    gen = torch.Generator().manual_seed(5)
+    lengths = torch.randint(0, 65, (40,), generator=gen).tolist() + [1, 0, 64, 1]
+    bounds = (0, *torch.tensor(lengths).cumsum(0).tolist())
+    T, HQ, H, DK, DV = bounds[-1], 2, 4, 8, 6
+    q, k = (torch.nn.functional.normalize(torch.randn(1, T, HQ, DK, generator=gen), dim=-1) for _ in range(2))
+    v, beta = torch.randn(1, T, H, DV, generator=gen), torch.rand(1, T, H, generator=gen)
+    g = torch.nn.functional.logsigmoid(torch.randn(1, T, H, generator=gen))
+    if gates == "runs_of_-20":
+        g[:, ::3] = -20.0
+    if form == "in_order":
+        (tiles, starts), rows = packed.sequence_tiles(bounds, "cpu"), None
+    else:
+        tiles, rows, starts = packed.sequence_rows(bounds, "cpu")
+    o = ref_scalar.packed_tiles(q, k, v, g, beta, tiles, starts, rows)
+    qh, kh = q.repeat_interleave(2, dim=2), k.repeat_interleave(2, dim=2)
+    for s, e in zip(bounds[:-1], bounds[1:]):
+        if e > s:
+            ref_o, _ = ref0.recurrent(*(x[:, s:e] for x in (qh, kh, v, g, beta)))
+            assert rel_l2(o[:, s:e], ref_o) < 1e-12, (s, e)
+    assert torch.isfinite(o).all()
+
+
 def test_chunk_affine_map_and_composition():
     q, k, v, gate, beta, h0 = delta_inputs(1, 40, 2, 8, 4, strength=2.0)
     per_chunk = lambda s: [x[:, s].transpose(1, 2) for x in (k, v, gate)] + [beta[:, s].transpose(1, 2)]

@@ -44,3 +44,30 @@ def scalar_gate_chunked(q, k, v, g, beta, chunk_size=64, initial_state=None, out
             K.transpose(-1, -2) @ (torch.exp(G[..., -1:] - G)[..., None] * new)
     return out.transpose(1, 2).contiguous(), (S if output_final_state else None)
 # --8<-- [end:scalar_gate_chunked]
+
+
+# --8<-- [start:packed_tiles]
+def packed_tiles(q, k, v, g, beta, tiles, starts, rows=None):
+    """GDN over packed sequences of at most one chunk each, no states, tile by tile as
+    ``kda.kernels.scalar_gate.packed_tile_output`` makes it: a tile's tokens are ``tiles[n, 1]`` rows from
+    ``tiles[n, 0]`` on, or the first ``tiles[n, 1]`` rows of ``rows[n]`` (``kda.packed.sequence_rows``); ``G`` the
+    cumsum over the whole tile, every pair of two sequences (``starts``: each token's sequence by its first token)
+    masked in ``A`` and in the scores; ``V_new = Tb V`` and ``O = causal(Q K^T e^(G_i - G_j)) V_new``. ``q, k [1, T,
+    HQ, DK]`` (``q`` scaled), ``v [1, T, H, DV]``, ``g, beta [1, T, H]``, ``H`` a multiple of ``HQ``."""
+    groups = v.shape[2] // q.shape[2]
+    q, k = (x.repeat_interleave(groups, dim=2) for x in (q, k))
+    q, k, v, beta = (x[0].transpose(0, 1) for x in as_f64(q, k, v, beta))      # [H, T, ...]
+    g = g[0].to(torch.float64).transpose(0, 1)
+    out = torch.full_like(v, float("nan"))                                     # every token is some tile's row
+    for n, (first, length) in enumerate(tiles.tolist()):
+        idx = rows[n, :length].long() if rows is not None else torch.arange(first, first + length)
+        same = starts[idx][:, None] == starts[idx][None, :]
+        K, Q = k[:, idx], q[:, idx]
+        G = torch.cumsum(g[:, idx], dim=-1)
+        decay = torch.exp((G[..., :, None] - G[..., None, :]).tril()) * same.tril()
+        eye = torch.eye(length, dtype=k.dtype)
+        A = eye + (beta[:, idx, None] * (K @ K.transpose(-1, -2)) * decay).tril(-1)
+        new = forward_substitution(A, torch.diag_embed(beta[:, idx])) @ v[:, idx]
+        out[:, idx] = ((Q @ K.transpose(-1, -2)) * decay) @ new
+    return out.transpose(0, 1)[None].contiguous()
+# --8<-- [end:packed_tiles]

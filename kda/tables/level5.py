@@ -63,3 +63,27 @@ def capped_steps_error(cap: float, T: int = 256, H: int = 2, D: int = 128, seed:
         table.rows.append([form, share, rel_l2(exact, ref), rel_l2(capped, ref), rel_l2(capped, exact)])
     return table
 # --8<-- [end:capped_steps_error]
+
+
+def tile_fill(cases=((1024, 64, 96), (8192, 8, 144)), chunk_size: int = 64) -> Table:
+    """Short packed sequences in tiles of whole sequences: for ``(N, longest, seed)`` (N lengths drawn uniformly
+    from 1 to ``longest``), the chunks of the same tokens as one sequence against the tiles filled in order
+    (``packed.tile_spans``) and by best fit, longest sequences first (``packed.best_fit_tiles``), each with the
+    share of its rows that hold a token."""
+    from kda import packed
+
+    table = Table([text(zh="序列", en="sequences"), text(zh="token 数", en="tokens"),
+                   text(zh="作为一条序列的块数", en="chunks as one sequence"),
+                   text(zh="按顺序填的 tile", en="tiles filled in order"), text(zh="占用", en="rows used"),
+                   text(zh="最佳适配的 tile", en="tiles by best fit"), text(zh="占用", en="rows used")],
+                  formats=[None, None, None, None, "{:.1%}".format, None, "{:.1%}".format])
+    for n, longest, seed in cases:
+        gen = torch.Generator().manual_seed(seed)
+        lengths = torch.randint(1, longest + 1, (n,), generator=gen)
+        bounds = (0, *lengths.cumsum(0).tolist())
+        tokens = bounds[-1]
+        in_order, best_fit = len(packed.tile_spans(bounds, chunk_size)), len(packed.best_fit_tiles(bounds, chunk_size))
+        table.rows.append([text(zh=f"{n} 条，1 到 {longest} 个 token", en=f"{n} of 1 to {longest} tokens"), tokens,
+                           -(-tokens // chunk_size), in_order, tokens / (in_order * chunk_size), best_fit,
+                           tokens / (best_fit * chunk_size)])
+    return table
