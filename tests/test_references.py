@@ -343,3 +343,42 @@ def test_capped_diagonal_is_exact_until_a_step_is_capped_and_within_its_bound_af
             (crossed[..., :, None, :] == crossed[..., None, :, :]).all(-1)
         assert torch.allclose(got[clean], exact[clean], rtol=1e-10, atol=1e-12)
         assert (not torch.allclose(got, exact, rtol=1e-8, atol=1e-12)) == capped_any
+
+
+def test_stream_chunk_marks():
+    """Per chunk of the packed stream: the rows that continue a sequence begun before it, and the first row of its
+    last sequence (0 where that one began at or before the chunk's start); empty sequences start nowhere."""
+    from kda.reference.packed_stream import stream_chunk_marks
+
+    # chunks of 8 over [0, 5), an empty one, [5, 12) across the first boundary, [12, 20), [20, 24), then [24, 26)
+    # starting on the last chunk's first row
+    marks = stream_chunk_marks((0, 5, 5, 12, 20, 24, 26), chunk_size=8)
+    assert marks.tolist() == [[0, 5], [4, 4], [4, 4], [0, 0]]
+    assert stream_chunk_marks((0, 20), chunk_size=8).tolist() == [[0, 0], [8, 0], [4, 0]]
+
+
+@pytest.mark.parametrize("gate", ["per_channel", "scalar", "runs_of_-20"])
+def test_packed_stream_matches_recurrence(gate):
+    """The packed sequences cut into chunks as one stream, the state reset where a sequence starts
+    (``kda.reference.packed_stream``), is the recurrence sequence by sequence from zero states: sequences within a
+    chunk, across chunks and longer than several, starting on a chunk's first row, single tokens, empty ones."""
+    from kda.reference.packed_stream import stream_chunked
+
+    gen = torch.Generator().manual_seed(11)
+    lengths = [3, 0, 1, 16, 13, 40, 1, 1, 0, 7, 9, 2, 30] + torch.randint(0, 20, (12,), generator=gen).tolist()
+    bounds = (0, *torch.tensor(lengths).cumsum(0).tolist())
+    T, H, DK, DV = bounds[-1], 2, 6, 5
+    q = torch.randn(1, T, H, DK, generator=gen, dtype=torch.float64)
+    k = torch.nn.functional.normalize(torch.randn(1, T, H, DK, generator=gen, dtype=torch.float64), dim=-1)
+    v = torch.randn(1, T, H, DV, generator=gen, dtype=torch.float64)
+    beta = torch.rand(1, T, H, generator=gen, dtype=torch.float64)
+    shape = (1, T, H, DK) if gate == "per_channel" else (1, T, H)
+    g = torch.nn.functional.logsigmoid(torch.randn(*shape, generator=gen, dtype=torch.float64))
+    if gate == "runs_of_-20":
+        g[:, 30:60] = -20.0
+    o = stream_chunked(q, k, v, g, beta, bounds, chunk_size=8)
+    assert torch.isfinite(o).all()
+    for s, e in zip(bounds[:-1], bounds[1:]):
+        if e > s:
+            ref_o, _ = ref0.recurrent(*(x[:, s:e] for x in (q, k, v, g, beta)))
+            assert rel_l2(o[:, s:e], ref_o) < 1e-12, (s, e)
