@@ -202,3 +202,29 @@ def time_stages():
         return Timed(compile_program(program_fn, out_idx, target, pass_configs, **params), program_fn.__name__)
 
     build.compile_program = timed_compile
+
+
+def host_times(fn):
+    """The host's milliseconds per call of ``fn`` queued back to back (50 calls, then one synchronize), the whole
+    loop's per call, and one call's from an idle GPU (median of 20): where the first equals the second, the host is
+    the limit (runs 151 and 162)."""
+    import time
+
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(50):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    one = []
+    for _ in range(20):
+        torch.cuda.synchronize()
+        s = time.perf_counter()
+        fn()
+        one.append(time.perf_counter() - s)
+    return {"queued_host_ms": round((t1 - t0) / 50 * 1e3, 4), "queued_all_ms": round((t2 - t0) / 50 * 1e3, 4),
+            "idle_call_host_ms": round(sorted(one)[10] * 1e3, 4)}

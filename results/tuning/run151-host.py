@@ -8,13 +8,12 @@ torch operation of 20 calls (torch.profiler, the 15 largest). Rows to ``$OUT/run
 """
 import os
 import sys
-import time
 
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from harness import log, script  # noqa: E402
+from harness import host_times, log, script  # noqa: E402
 
 run140 = script("run140-gdn.py")
 
@@ -33,21 +32,7 @@ if __name__ == "__main__":
             fn()
             torch.cuda.synchronize()
             row = {"case": f"{B}x{T}x{H}x{D}", "check_values": checked, "do_bench_ms": round(median_ms(fn), 4)}
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(50):
-                fn()
-            t1 = time.perf_counter()
-            torch.cuda.synchronize()
-            t2 = time.perf_counter()
-            row.update(queued_host_ms=round((t1 - t0) / 50 * 1e3, 4), queued_all_ms=round((t2 - t0) / 50 * 1e3, 4))
-            one = []
-            for _ in range(20):
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                fn()
-                one.append(time.perf_counter() - t0)
-            row["idle_call_host_ms"] = round(sorted(one)[10] * 1e3, 4)
+            row.update(host_times(fn))
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
                 for _ in range(20):
                     fn()

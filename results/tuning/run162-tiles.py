@@ -18,13 +18,12 @@ import io
 import os
 import pstats
 import sys
-import time
 
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from harness import log, script, stage_times, time_stages, timed  # noqa: E402
+from harness import host_times, log, script, stage_times, time_stages, timed  # noqa: E402
 
 run140 = script("run140-gdn.py")
 RUN = "run162"
@@ -32,27 +31,6 @@ RUN = "run162"
 FORMS = {"in order": (dict(early_scores=True), False), "gathered": (dict(early_scores=True, gathered=True), False),
          "in order, compact": (dict(compact=True), False), "gathered, compact": (dict(gathered=True, compact=True), False),
          "gathered, compact, checks first": (dict(gathered=True, compact=True), True)}
-
-
-def host_times(fn):
-    """The host's milliseconds per call queued back to back (50 calls, then one synchronize), the whole loop's, and
-    one call's from an idle GPU (median of 20)."""
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(50):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    t2 = time.perf_counter()
-    one = []
-    for _ in range(20):
-        torch.cuda.synchronize()
-        s = time.perf_counter()
-        fn()
-        one.append(time.perf_counter() - s)
-    return {"queued_host_ms": round((t1 - t0) / 50 * 1e3, 4), "queued_all_ms": round((t2 - t0) / 50 * 1e3, 4),
-            "idle_call_host_ms": round(sorted(one)[10] * 1e3, 4)}
 
 
 def host_profile(title, fn):
