@@ -249,6 +249,16 @@ PATHS: tuple[CudaPath, ...] = (
                     "packed_tile_output 之前，主机只等检查结果，tile 仍在计算时就返回"},
     ),
     CudaPath(
+        name="level5_stream_of_chunks",
+        module="kda.gated_delta",
+        switch="STREAM_OF_CHUNKS",
+        what={"en": "chunk_kda (and GDN on level 5's path) on packed sequences with no initial and no final states: the "
+                    "packed tokens cut into chunks as one sequence, the state reset where a sequence starts (chunk_intra's "
+                    "stream masks), then the pass over the one stream",
+              "zh": "chunk_kda（以及走第五级路径的 GDN）处理没有初始状态和最终状态的打包序列时：把打包的 token 当作一条序列"
+                    "切块，在每条序列开始处把状态清零（chunk_intra 的 stream 掩码），再对这一条流做顺序遍历"},
+    ),
+    CudaPath(
         name="level5_sequence_tiles",
         module="kda.gated_delta",
         switch="TILES_OF_SHORT_SEQUENCES",

@@ -249,11 +249,13 @@ def _run_kernels(q, k, v, g, beta, scale, h0, flags=None, table=None, output_fin
     from kda.kernels.chunk_intra import prepare_chunks
     from kda.kernels.gated_state_pass import state_pass_launch
 
-    starts = None
-    if takes_sequence_tiles(table, h0, output_final_state):
+    starts, stream = None, takes_stream(table, h0, output_final_state)
+    if stream:
+        table, starts = packed.stream_table(table.bounds, q.device)
+    elif takes_sequence_tiles(table, h0, output_final_state):
         table, starts = packed.sequence_tile_table(table.bounds, q.device)
     form = prepare_chunks(q, k, v, g, beta, scale, flags, table, qk_l2norm=qk_l2norm, activation=activation,
-                          starts=starts)
+                          starts=starts, stream=stream)
     start, o, ht = state_pass_launch(form, h0, table, output_final_state)
     validate.launch_then_check(flags, start, check)
     return o, ht
@@ -279,6 +281,24 @@ def takes_sequence_tiles(table, h0, output_final_state: bool) -> bool:
         table.most_chunks is not None and table.most_chunks <= 1 and table.bounds[-1] > 0 and h0 is None and \
         not output_final_state
 
+
+
+# Level 5's path over packed sequences with no initial and no final states (the host knows the boundaries) as one
+# stream of chunks: the packed tokens cut into chunks as one sequence would be (packed.stream_table), chunk_intra
+# compiled with stream masking the pairs of two sequences and writing Qw and W only on the rows that continue a
+# sequence, Kw only on the chunk's last sequence and a zero decay where it began (kda.reference.packed_stream, equal
+# to the recurrence in float64), then the pass over the one stream, unchanged. Every chunk is a chunk of work: 526
+# for run 140's 1024 sequences of 1 to 64 tokens (1024 through the chunk table, 696 as tiles), any lengths. Prepared
+# on the CPU (2026-12-07), off until its GPU test and timing; it takes the place of TILES_OF_SHORT_SEQUENCES where
+# both are on.
+STREAM_OF_CHUNKS = False
+
+
+def takes_stream(table, h0, output_final_state: bool) -> bool:
+    """Whether level 5's path runs ``table``'s packed sequences as one stream of chunks (``STREAM_OF_CHUNKS``): the
+    host knows their boundaries and no state comes in or goes out."""
+    return STREAM_OF_CHUNKS and table is not None and table.bounds is not None and table.bounds[-1] > 0 and \
+        h0 is None and not output_final_state
 
 
 # The scalar-gate path (``kda.kernels.scalar_gate``), on for GDN where its blocks fill enough SMs. Run 90

@@ -132,10 +132,15 @@ def tile_spans(bounds: tuple, chunk_size: int = CHUNK_SIZE) -> list[tuple[int, i
 @kept_per_boundaries
 def _sequence_tiles(bounds: tuple, device: torch.device, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     tiles = tile_spans(bounds, chunk_size)
+    to_device = lambda x: x.to(torch.int32).to(device, non_blocking=True)
+    return to_device(torch.tensor(tiles, dtype=torch.int64).reshape(-1, 2)), token_starts(bounds, device)
+
+
+def token_starts(bounds: tuple, device) -> torch.Tensor:
+    """Each token's sequence by its first token (``[T]`` int32 on ``device``), from host ``bounds``."""
     lengths = torch.tensor(bounds[1:]) - torch.tensor(bounds[:-1])
     starts = torch.repeat_interleave(torch.tensor(bounds[:-1]), lengths)
-    to_device = lambda x: x.to(torch.int32).to(device, non_blocking=True)
-    return to_device(torch.tensor(tiles, dtype=torch.int64).reshape(-1, 2)), to_device(starts)
+    return starts.to(torch.int32).to(device, non_blocking=True)
 
 
 def sequence_rows(bounds, device, chunk_size=CHUNK_SIZE) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -184,6 +189,18 @@ def _sequence_rows(bounds: tuple, device: torch.device, chunk_size: int):
     to_device = lambda x: x.to(torch.int32).to(device, non_blocking=True)
     as_rows = lambda x, width: torch.tensor(x, dtype=torch.int64).reshape(-1, width)
     return to_device(as_rows(tiles, 2)), to_device(as_rows(rows, chunk_size)), starts
+
+
+def stream_table(bounds, device, chunk_size=CHUNK_SIZE) -> tuple[ChunkTable, torch.Tensor]:
+    """``(the chunk table of the packed tokens as one sequence, starts)``: the chunks of ``C`` rows of all ``T``
+    tokens whatever the boundaries (``kda.reference.packed_stream``; ``chunk_intra(stream=True)`` resets the state
+    where a sequence starts), and each token's sequence by its first token. Cached as ``chunk_table`` is."""
+    return _stream_table(tuple(bounds), torch.device(device), chunk_size)
+
+
+@kept_per_boundaries
+def _stream_table(bounds: tuple, device: torch.device, chunk_size: int) -> tuple[ChunkTable, torch.Tensor]:
+    return chunk_table((0, bounds[-1]), device, chunk_size), token_starts(bounds, device)
 
 
 def chunk_offsets(cu: torch.Tensor, chunk_size: int) -> torch.Tensor:

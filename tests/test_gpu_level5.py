@@ -737,6 +737,37 @@ def test_kda_pass_chain_first_same_bits(packed, poisoned, monkeypatch):
 @pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn_on_level5"])
 @pytest.mark.parametrize("kind", ["logsigmoid", "kda_style", "runs_of_-20"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_stream_of_chunks(dtype, kind, per_channel, poisoned, monkeypatch):
+    """``gated_delta.STREAM_OF_CHUNKS``: packed sequences of any length with no states through level 5's path as one
+    stream of chunks, the state reset where a sequence starts (``chunk_intra`` with ``stream``, the pass over the one
+    stream): short ones, ones across two or several chunks, one starting on a chunk's first row, single tokens, empty
+    ones, grouped value heads, against the float64 recurrence sequence by sequence (outputs poisoned: every row
+    written; runs of -20 make steep chunks); a ``beta`` out of range raises."""
+    from kda import gated_delta, packed
+
+    monkeypatch.setattr(gated_delta, "STREAM_OF_CHUNKS", True)
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", False)       # GDN on level 5's kernels too
+    gen = torch.Generator().manual_seed(101)
+    lengths = [64, 1, 0, 63, 65, 200] + torch.randint(0, 90, (120,), generator=gen).tolist() + [1, 0, 130, 1]
+    T = sum(lengths)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda")
+    seed = zlib.crc32(f"stream{kind}{dtype}{per_channel}".encode())
+    q, k, v, g, beta, _ = inputs((1, T, 4, 128, 128), dtype, kind, per_channel, seed=seed)
+    q, k = q[:, :, ::2].contiguous(), k[:, :, ::2].contiguous()        # 2 query and key heads for 4 value heads
+    taken, stream_table = [], packed.stream_table
+    monkeypatch.setattr(packed, "stream_table", lambda *a: taken.append(1) or stream_table(*a))
+    fn = kda.chunk_kda if per_channel else kda.chunk_gated_delta_rule
+    o, ht = fn(q, k, v, g, beta, cu_seqlens=cu, cu_seqlens_cpu=cu.cpu())
+    assert taken and ht is None
+    check_sequences(o, None, q.repeat_interleave(2, dim=2), k.repeat_interleave(2, dim=2), v, g, beta,
+                    lengths=lengths)
+    with pytest.raises(ValueError, match="beta"):
+        fn(q, k, v, g, beta + 1, cu_seqlens=cu, cu_seqlens_cpu=cu.cpu())
+
+
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn_on_level5"])
+@pytest.mark.parametrize("kind", ["logsigmoid", "kda_style", "runs_of_-20"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_sequence_tiles_per_channel(dtype, kind, per_channel, poisoned, monkeypatch):
     """``gated_delta.TILES_OF_SHORT_SEQUENCES``: packed sequences of 0 to 64 tokens (a single token, empty ones) with no
     states through level 5's path in tiles of whole sequences (``chunk_intra`` with ``tile_sequences``, the pass

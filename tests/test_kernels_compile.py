@@ -166,6 +166,11 @@ CASES = [
     # level 5's chunks as tiles of whole short sequences (TILES_OF_SHORT_SEQUENCES)
     ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", varlen=True, tile_sequences=True,
                                         spill_budget=400)),
+    # ... and as one stream of chunks, the state reset where a sequence starts (STREAM_OF_CHUNKS)
+    ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", varlen=True, tile_sequences=True,
+                                        stream=True, merge="halves", spill_budget=400)),
+    ("chunk_intra", "chunk_intra", dict(DK=128, DV=128, dtype="bfloat16", varlen=True, tile_sequences=True,
+                                        stream=True, scalar_gate=True, merge="halves", spill_budget=400)),
     ("scalar_gate", "packed_tile_output", dict(DK=128, DV=128)),
     ("scalar_gate", "packed_tile_output", dict(DK=128, DV=128, early_scores=True)),
     ("scalar_gate", "packed_tile_output", dict(DK=128, DV=128, early_scores=True, value_groups=2, check_keys=True)),
@@ -560,6 +565,7 @@ WARP_SPECIALISED = [
 # chunk_intra in bf16, 128 channels: a mild chunk's kernel and every steep variant that should fit as it does
 TWO_BLOCKS_PER_SM = {
     "mild": dict(merge="halves", check_keys=True),
+    "stream of chunks": dict(merge="halves", check_keys=True, varlen=True, tile_sequences=True, stream=True),
     "halvings": dict(pairwise="halvings", merge="halves", check_keys=True),
     "layer's softplus form": dict(pairwise="halvings", merge="halves", gate_act="softplus", beta_act="sigmoid",
                                   qk_l2norm=True),

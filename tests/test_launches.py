@@ -387,6 +387,34 @@ def test_sequence_tiles_switch(kernel_launches, monkeypatch, tiles):
         assert not kernel_launches[0][1].get("tile_sequences")
 
 
+@pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn_on_level5"])
+def test_stream_of_chunks_switch(kernel_launches, monkeypatch, per_channel):
+    """``gated_delta.STREAM_OF_CHUNKS``: level 5's path over packed sequences of any lengths with no states runs the
+    packed tokens as one stream of ``ceil(T / 64)`` chunks (``packed.stream_table``): ``chunk_intra`` compiled with
+    ``stream`` (and ``tile_sequences``) binds each token's sequence, the pass runs over the one stream; with a state
+    in or out, the sequences' own chunks."""
+    from kda import gated_delta
+
+    monkeypatch.setattr(gated_delta, "STREAM_OF_CHUNKS", True)
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", False)
+    bounds = [0, 40, 41, 41, 100, 230, 300]                 # an empty sequence, a single token, one of three chunks
+    q, k, v, g, beta = level5_inputs(B=1, T=300, H=2, HV=4, per_channel=per_channel)
+    run = lambda b, h0=None, final=False: gated_delta._run_kernels(
+        q, k, v, g, beta, 0.125, h0, torch.zeros(2, dtype=torch.int32), packed.chunk_table(b, "cpu"), final)
+    o, ht = run(bounds)
+    assert [name for name, _ in kernel_launches] == ["chunk_intra", "gated_state_output_pass"]
+    assert o.shape == v.shape and ht is None
+    intra = kernel_launches[0][1]
+    assert intra["varlen"] and intra.get("stream") and intra.get("tile_sequences")
+    table, starts = packed.stream_table(bounds, "cpu")
+    assert table.chunks.tolist() == [[0, 64], [64, 64], [128, 64], [192, 64], [256, 44]]
+    assert table.cu_seqlens.tolist() == [0, 300] and starts.tolist()[99:101] == [41, 100]
+    for other in (dict(b=bounds, h0=torch.randn(6, 4, 64, 64)), dict(b=bounds, final=True)):
+        kernel_launches.clear()
+        run(**other)
+        assert not kernel_launches[0][1].get("stream")
+
+
 @pytest.mark.parametrize("tiles", [False, True, "gathered"], ids=["pass", "packed_tiles", "gathered"])
 def test_gdn_packed_tiles_switch(kernel_launches, monkeypatch, tiles):
     """``scalar_gate.PACKED_TILES``: packed sequences of at most one chunk each, no states, in one launch of

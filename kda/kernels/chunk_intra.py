@@ -193,7 +193,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                 gate_dtype="float32", threads=256, min_blocks=None, delta=True, varlen=False, value_groups=1,
                 scalar_gate=False, backward_outputs=False, qk_l2norm=False, pairwise="exp", gate_act=None,
                 beta_act=None, check_keys=False, middles=False, middles_by_rows=False, merge="substitution",
-                keep_loaded=False, fast_activations=False, tile_sequences=False):
+                keep_loaded=False, fast_activations=False, tile_sequences=False, stream=False):
     """Everything a chunk needs before the sequential pass, from one load of ``q, k, g`` (and
     ``v, beta``), every chunk at once. Arguments at run time: ``Q, K [B, T, H, DK]``, ``V [B, T,
     H, DV]``, ``g [B, T, H, DK]``, ``beta [B, T, H]`` (float32), ``scale``, then the outputs
@@ -211,7 +211,13 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     ``starts [T]`` (int32) gives each token's sequence by its first token; ``A_qk`` and ``A_kk`` keep the pairs of one
     sequence only, so that a pass from zero states over the tiles gives each sequence's outputs (its ``W``, ``Qw``
     and ``decay`` then multiply zero states; the tile's gate sums over its sequences, and ``G_i - G_j`` of a pair of
-    one sequence is that sequence's alone). Without it ``starts`` is a ``[1]`` stand-in.
+    one sequence is that sequence's alone). Without it ``starts`` is a ``[1]`` stand-in. ``stream`` (with
+    ``tile_sequences``): the table's chunks are those of the packed tokens cut as one sequence, whatever the boundaries,
+    and the state is reset where a sequence starts (``kda.reference.packed_stream``): ``Qw`` and ``W`` are written
+    only on the rows that continue a sequence begun before the chunk (zeros elsewhere: those rows read no state),
+    ``Kw`` only on the rows of the chunk's last sequence (the state leaving the chunk is that sequence's), and
+    ``decay`` is zero where that sequence began in the chunk (the state is reset), so that the pass over the stream,
+    unchanged, gives each sequence's outputs from a zero state.
     ``Q`` and ``K`` may have fewer heads than the rest (grouped value heads, as in fla):
     ``H = value_groups HQ``, value head ``h`` reading query and key head ``h // value_groups``.
     With ``scalar_gate`` (GDN: one gate per head, passed as ``g [B, T, H, 1]``) the scores are one
@@ -318,6 +324,8 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
     assert delta or not scalar_gate, "a scalar gate without the delta rule is level 3's own kernel"
     assert not backward_outputs or (delta and not varlen), "the backward's outputs: dense, with the delta rule"
     assert not tile_sequences or varlen, "tile_sequences: a table of tiles (varlen)"
+    assert not stream or (tile_sequences and delta), "stream: the pairs masked by sequence, the delta rule"
+    stream_rows: dict = {}                     # stream: each chunk's row masks for the stores, set in body
     assert pairwise in ("exp", "products", "halvings", "capped"), "pairwise: 'exp', 'products', 'halvings' or 'capped'"
     assert merge in ("substitution", "halves") and (merge == "substitution" or C == 4 * SOLVE_BLOCK)
     GD = 1 if scalar_gate else DK              # gates per row
@@ -402,10 +410,15 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                         flags[2] = 1
 
     @T.macro
-    def store_rows(src_s, dst, bb, t0, L, bh):
+    def store_rows(src_s, dst, bb, t0, L, bh, row_mask=None):
         """The chunk's rows of ``dst`` from ``src_s``: a TMA store of the whole tile; with
-        ``varlen`` only the ``L`` rows of this sequence (the tile's other rows are the next one's)."""
-        if varlen:
+        ``varlen`` only the ``L`` rows of this sequence (the tile's other rows are the next one's).
+        ``row_mask [C]`` (varlen): each row times its factor (``stream``'s masks)."""
+        if varlen and row_mask is not None:
+            for i, d in T.Parallel(C, src_s.shape[1]):
+                if i < L:
+                    dst[bb, t0 + i, bh, d] = T.Cast(ACCUM, src_s[i, d]) * row_mask[i]
+        elif varlen:
             for i, d in T.Parallel(C, src_s.shape[1]):
                 if i < L:
                     dst[bb, t0 + i, bh, d] = src_s[i, d]
@@ -438,10 +451,10 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                 Lft_s[C + i, d] = kv * x
                 K_s[i, d] = kv * x * Pref_s[row(i), d]                 # K 2^G, for W
             Ke_s[i, d] = kv * y
-        store_rows(Rgt_s, Qw, bb, t0, L, bh)
+        store_rows(Rgt_s, Qw, bb, t0, L, bh, stream_rows.get("reads"))
         for i, d in T.Parallel(C, DK):
             Rgt_s[i, d] = Ke_s[i, d] * Pend_s[row(i), d]
-        store_rows(Rgt_s, Kw, bb, t0, L, bh)
+        store_rows(Rgt_s, Kw, bb, t0, L, bh, stream_rows.get("last"))
 
     @T.macro
     def scores(Qw, Kw, scale, buffers, t0, L, bb, bh, BX, kept=None, c=None):
@@ -524,10 +537,10 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
         T.gemm(Lft_s, K_s, A, transpose_B=True, clear_accum=True)
         for i, d in T.Parallel(C, DK):
             Rgt_s[i, d] = T.Cast(ACCUM, Lft_s[i, d]) * (P_s[i] * scale)             # Qw
-        store_rows(Rgt_s, Qw, bb, t0, L, bh)
+        store_rows(Rgt_s, Qw, bb, t0, L, bh, stream_rows.get("reads"))
         for i, d in T.Parallel(C, DK):
             Rgt_s[i, d] = T.Cast(ACCUM, Lft_s[C + i, d]) * E_s[i]                   # Kw
-        store_rows(Rgt_s, Kw, bb, t0, L, bh)
+        store_rows(Rgt_s, Kw, bb, t0, L, bh, stream_rows.get("last"))
         for i, d in T.Parallel(C, DK):
             K_s[i, d] = T.Cast(ACCUM, Lft_s[C + i, d]) * P_s[i]                     # K 2^G, for W
         for i, j in T.Parallel(C, C):
@@ -670,8 +683,19 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
         if backward_outputs:                            # before bf16's scores write Ke over G_s
             T.copy(G_s, G_out[bb, bh, t0:t0 + C, :])
 
+        if stream:                                      # the rows that read the state, the last sequence's rows
+            reads_s = T.alloc_shared([C], ACCUM)
+            last_s = T.alloc_shared([C], ACCUM)
+            for i in T.Parallel(C):
+                seq_first = starts[t0 + T.min(i, L - 1)]
+                reads_s[i] = real(seq_first < t0)
+                last_s[i] = real(seq_first == starts[t0 + L - 1])
+            stream_rows.update(reads=reads_s, last=last_s)
         for d in T.Parallel(DK):
-            decay[bb, bh, c, d] = T.exp2(G_s[C - 1, d if GD > 1 else 0])
+            if stream:                                  # reset where the last sequence began in the chunk
+                decay[bb, bh, c, d] = T.exp2(G_s[C - 1, d if GD > 1 else 0]) * real(starts[t0 + L - 1] < t0)
+            else:
+                decay[bb, bh, c, d] = T.exp2(G_s[C - 1, d if GD > 1 else 0])
         beta_s, A_s = None, None
         if delta:
             beta_s = T.alloc_shared([C], ACCUM)
@@ -809,7 +833,7 @@ def chunk_intra(DK, DV=None, chunk_size=64, subchunk=SUBCHUNK, wide_subchunk=WID
                         Tinv_out[bb, t0 + i, bh, j] = T.if_then_else(i // SOLVE_BLOCK >= j // SOLVE_BLOCK,
                                                                      Tinv_s[i, j], 0.0)
             wy_tail(Tinv_s, beta_s, K_s, V_s, C, SOLVE_BLOCK)   # W into K_s, U into V_s
-            store_rows(K_s, W, bb, t0, L, bh)
+            store_rows(K_s, W, bb, t0, L, bh, stream_rows.get("reads"))
             store_rows(V_s, U, bb, t0, L, bh)
 
     used = lambda shape, flag: shape if flag else [1] * len(shape)     # a [1, ...] stand-in where a flag is off
@@ -1062,7 +1086,7 @@ class ChunkForm(NamedTuple):
 
 
 def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None, backward_outputs=False, qk_l2norm=False,
-                   activation=None, delta=True, starts=None):
+                   activation=None, delta=True, starts=None, stream=False):
     """Stage 1 of the level-5 pipeline (``chunk_intra``), every chunk of the batch at once; without the
     ``delta`` rule level 3's per-channel stage (``v`` and ``beta`` ``None``; ``W`` and ``U`` of the result are
     stand-ins).
@@ -1075,7 +1099,9 @@ def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None, backward_out
     ``k`` as it loads them (``L2NORM_IN_KERNEL``). ``activation`` (``ACTIVATIONS_IN_KERNEL``): ``g`` and ``beta``
     are raw and the kernel applies that ``kda.activation.Activation`` to them. ``starts`` (with the ``table`` of
     tiles of whole short sequences, ``kda.packed.sequence_tiles``): each token's sequence by its first token,
-    pairs of two sequences masked (``tile_sequences``)."""
+    pairs of two sequences masked (``tile_sequences``). ``stream`` (with ``starts`` and the table of the packed
+    tokens as one sequence, ``packed.stream_table``): the state reset where a sequence starts (``chunk_intra``'s
+    ``stream``)."""
     from kda.kernels.build import compile_program
 
     B, T, HQ, DK = q.shape
@@ -1104,6 +1130,8 @@ def prepare_chunks(q, k, v, g, beta, scale, flags=None, table=None, backward_out
             extra["merge"] = "halves"
         if starts is not None:
             extra["tile_sequences"] = True
+        if stream:
+            extra["stream"] = True
         acts = []                                        # A_log, dt_bias, lower_bound after the chunk table
         if activation is not None:
             extra.update(gate_act=activation.gate, beta_act=activation.beta)
