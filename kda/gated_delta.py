@@ -231,10 +231,10 @@ def _run_kernels(q, k, v, g, beta, scale, h0, flags=None, table=None, output_fin
         if scalar_gate.takes_packed_tiles(table, h0, output_final_state, v.shape[-1]):
             if qk_l2norm:                                # its kernel reads q and k as they are
                 q, k = l2_normalized(q), l2_normalized(k)
-            checks_first = scalar_gate.TILE_CHECKS_FIRST and check is not None
-            start, o = scalar_gate.packed_tile_launch(q, k, v, g, beta, scale, flags, table, checks_first)
-            if checks_first:                             # the host waits for the checks' kernel alone
-                scalar_gate.token_checks_launch(k, g, beta, flags)()
+            checks, start, o = scalar_gate.packed_tile_launch(q, k, v, g, beta, scale, flags, table,
+                                                              scalar_gate.TILE_CHECKS_FIRST and check is not None)
+            if checks is not None:                       # the host waits for the checks' kernel alone
+                checks()
                 validate.launch_then_check(flags, start, check)
             else:                                        # its one kernel sets the flags: read them after it
                 start()

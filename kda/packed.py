@@ -146,8 +146,8 @@ def token_starts(bounds: tuple, device) -> torch.Tensor:
 def sequence_rows(bounds, device, chunk_size=CHUNK_SIZE) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Tiles of ``chunk_size`` rows over packed sequences of at most ``chunk_size`` tokens each, filled by best fit
     over the sequences longest first rather than in order (run 140's 1024 sequences of 1 to 64 tokens: 532 tiles,
-    98.7% of their rows used, against 696 and 75% in order; 526 chunks as one sequence): ``(tiles [NT, 2], rows [NT, C], starts [T])`` on ``device``,
-    int32: each tile's first token and length (``sequence_tiles``' form), the token each tile row holds (a
+    98.7% of their rows used, against 696 and 75% in order; 526 chunks as one sequence): ``(tiles [NT, 2], rows [NT,
+    C], starts [T])`` on ``device``, int32: each tile's first token and length (``sequence_tiles``' form), the token each tile row holds (a
     sequence's tokens on rows one after another; the rows past the tile's length repeat its last token), and
     each token's sequence by its first token. ``packed_tile_output(gathered=True)`` reads its rows through
     ``rows``. Cached as ``chunk_table`` is."""
@@ -185,10 +185,9 @@ def _sequence_rows(bounds: tuple, device: torch.device, chunk_size: int):
         tokens = [t for n in members for t in range(bounds[n], bounds[n + 1])]
         tiles.append((bounds[members[0]], len(tokens)))
         rows.append(tokens + [tokens[-1]] * (chunk_size - len(tokens)))
-    _, starts = _sequence_tiles(bounds, device, chunk_size)
     to_device = lambda x: x.to(torch.int32).to(device, non_blocking=True)
     as_rows = lambda x, width: torch.tensor(x, dtype=torch.int64).reshape(-1, width)
-    return to_device(as_rows(tiles, 2)), to_device(as_rows(rows, chunk_size)), starts
+    return to_device(as_rows(tiles, 2)), to_device(as_rows(rows, chunk_size)), token_starts(bounds, device)
 
 
 def stream_table(bounds, device, chunk_size=CHUNK_SIZE) -> tuple[ChunkTable, torch.Tensor]:

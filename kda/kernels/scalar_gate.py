@@ -22,8 +22,6 @@ the path is GDN's where its blocks fill the SMs (``kda.gated_delta.SCALAR_GATE_P
 """
 
 # No `from __future__ import annotations` here: T.prim_func reads the annotations.
-import functools
-
 import tilelang.language as T
 from tilelang.layout import make_swizzled_layout
 import torch
@@ -1136,9 +1134,10 @@ def takes_packed_tiles(table, h0, output_final_state: bool, DV: int) -> bool:
 
 def packed_tile_launch(q, k, v, g, beta, scale, flags, table, checks_first=False):
     """``packed_tile_output`` over the tiles of ``table``'s sequences (``packed.sequence_tiles``), up to its
-    launch: ``(launch, o)``. ``flags`` (zeroed, ``[2]`` or ``[3]``) collects the value checks as
-    ``chunk_gated_inverse``'s do. ``checks_first``: ``token_checks_launch`` checks the values before it (the keys
-    too), and the tile kernel is compiled without the keys' check."""
+    launch: ``(checks, launch, o)``. ``flags`` (zeroed, ``[2]`` or ``[3]``) collects the value checks as
+    ``chunk_gated_inverse``'s do. ``checks_first``: ``checks`` queues ``token_value_checks`` over the same
+    arguments (the keys too), to be launched before the tile kernel, which is then compiled without the keys'
+    check; else ``checks`` is ``None``."""
     from kda.kernels.build import compile_program
 
     _, T, HQ, DK = q.shape
@@ -1146,21 +1145,24 @@ def packed_tile_launch(q, k, v, g, beta, scale, flags, table, checks_first=False
     if PACKED_TILE_CONFIG.get("gathered"):
         tiles, rows, starts = packed.sequence_rows(table.bounds, q.device)
     else:
-        (tiles, starts), rows = packed.sequence_tiles(table.bounds, q.device), tiles_stand_in(q.device)
-    beta = kernel_beta(beta)
+        (tiles, starts), rows = packed.sequence_tiles(table.bounds, q.device), launch.stand_in(2, torch.int32,
+                                                                                                q.device)
+    k, g, beta = k.contiguous(), g.reshape(1, T, H).contiguous(), kernel_beta(beta).contiguous()
     if flags is None:
         flags = torch.zeros(2, dtype=torch.int32, device=q.device)
+    dtypes = dict(dtype=launch.dtype_name(q.dtype), gate_dtype=str(g.dtype).removeprefix("torch."),
+                  beta_dtype=str(beta.dtype).removeprefix("torch."), value_groups=H // HQ)
+    checks = None
     with torch.cuda.device(q.device):
-        kernel = compile_program(packed_tile_output, (), DK=DK, DV=DV, chunk_size=CHUNK_SIZE,
-                                 dtype=launch.dtype_name(q.dtype), gate_dtype=str(g.dtype).removeprefix("torch."),
-                                 beta_dtype=str(beta.dtype).removeprefix("torch."), value_groups=H // HQ,
+        kernel = compile_program(packed_tile_output, (), DK=DK, DV=DV, chunk_size=CHUNK_SIZE, **dtypes,
                                  **PACKED_TILE_CONFIG, **({} if checks_first else launch.keys_checked(flags)))
+        if checks_first:
+            checks = launch.queued(compile_program(token_value_checks, (), DK=DK, **dtypes,
+                                                   **launch.keys_checked(flags)), (k, g, beta, flags), q.device)
+            flags = flags[:2]                            # g's and beta's flags again: the same values found
     o = launch.new_output((1, T, H, DV), v.dtype, q.device)
-    if checks_first:
-        flags = flags[:2]                                # g's and beta's flags again: the same values found
-    args = (q.contiguous(), k.contiguous(), v.contiguous(), g.reshape(1, T, H).contiguous(), beta.contiguous(),
-            starts, tiles, rows, scale, o, flags)
-    return launch.queued(kernel, args, q.device), o
+    args = (q.contiguous(), k, v.contiguous(), g, beta, starts, tiles, rows, scale, o, flags)
+    return checks, launch.queued(kernel, args, q.device), o
 
 
 # The packed tiles' value checks in a kernel of their own (token_value_checks), queued before the tile kernel: the host
@@ -1168,29 +1170,6 @@ def packed_tile_launch(q, k, v, g, beta, scale, flags, table, checks_first=False
 # runs under them. Run 160 (H100) had 0.54 ms of each call outside the tile kernel on 1024 short sequences: the host
 # waited for the whole kernel, then the GPU for the next call's host. Off until its GPU test (run 162).
 TILE_CHECKS_FIRST = False
-
-
-def token_checks_launch(k, g, beta, flags):
-    """``token_value_checks`` over the tokens of ``k [1, T, HQ, DK]``, ``g [1, T, H(, 1)]`` and ``beta [1, T, H]``
-    (as ``packed_tile_launch`` reads it) into ``flags``, up to its launch."""
-    from kda.kernels.build import compile_program
-
-    _, T, HQ, DK = k.shape
-    H = beta.shape[2]
-    beta = kernel_beta(beta)
-    with torch.cuda.device(k.device):
-        kernel = compile_program(token_value_checks, (), DK=DK, dtype=launch.dtype_name(k.dtype),
-                                 gate_dtype=str(g.dtype).removeprefix("torch."),
-                                 beta_dtype=str(beta.dtype).removeprefix("torch."), value_groups=H // HQ,
-                                 **launch.keys_checked(flags))
-    args = (k.contiguous(), g.reshape(1, T, H).contiguous(), beta.contiguous(), flags)
-    return launch.queued(kernel, args, k.device)
-
-
-@functools.lru_cache(maxsize=None)
-def tiles_stand_in(device) -> torch.Tensor:
-    """``packed_tile_output``'s ``rows`` where its tiles are not gathered: ``[1, 1]``, never read."""
-    return torch.zeros(1, 1, dtype=torch.int32, device=device)
 
 
 def scalar_gate_pass_launch(q, k, v, Tb, G, scale, h0, block_dv, table=None, output_final_state=True, first_chunk=0,
