@@ -277,9 +277,7 @@ TILES_OF_SHORT_SEQUENCES = False
 def takes_sequence_tiles(table, h0, output_final_state: bool) -> bool:
     """Whether level 5's path runs ``table``'s packed sequences in tiles (``TILES_OF_SHORT_SEQUENCES``): the host
     knows their boundaries and that none has more than one chunk, and no state comes in or goes out."""
-    return TILES_OF_SHORT_SEQUENCES and table is not None and table.bounds is not None and \
-        table.most_chunks is not None and table.most_chunks <= 1 and table.bounds[-1] > 0 and h0 is None and \
-        not output_final_state
+    return TILES_OF_SHORT_SEQUENCES and packed.stateless_known(table, h0, output_final_state, most_chunks=1)
 
 
 
@@ -297,8 +295,7 @@ STREAM_OF_CHUNKS = False
 def takes_stream(table, h0, output_final_state: bool) -> bool:
     """Whether level 5's path runs ``table``'s packed sequences as one stream of chunks (``STREAM_OF_CHUNKS``): the
     host knows their boundaries and no state comes in or goes out."""
-    return STREAM_OF_CHUNKS and table is not None and table.bounds is not None and table.bounds[-1] > 0 and \
-        h0 is None and not output_final_state
+    return STREAM_OF_CHUNKS and packed.stateless_known(table, h0, output_final_state)
 
 
 # The scalar-gate path (``kda.kernels.scalar_gate``), on for GDN where its blocks fill enough SMs. Run 90

@@ -66,6 +66,14 @@ def kept_per_boundaries(build):
     return kept
 
 
+def stateless_known(table, h0, output_final_state: bool, most_chunks: int | None = None) -> bool:
+    """Whether ``table``'s packed sequences can be laid out anew (tiles, one stream of chunks): the host knows their
+    boundaries, there is a token, no state comes in or goes out, and (``most_chunks``) none has more chunks."""
+    return table is not None and table.bounds is not None and table.bounds[-1] > 0 and h0 is None \
+        and not output_final_state and (most_chunks is None or (table.most_chunks is not None
+                                                                and table.most_chunks <= most_chunks))
+
+
 def chunk_table(bounds, device, chunk_size=CHUNK_SIZE) -> ChunkTable:
     """The chunk table of the packed sequences with boundaries ``bounds`` (a host list, as
     ``validate.check_cu_seqlens`` returns it): a sequence of ``n`` tokens has ``ceil(n / C)`` chunks, the

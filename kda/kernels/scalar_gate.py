@@ -1128,8 +1128,7 @@ def takes_packed_tiles(table, h0, output_final_state: bool, DV: int) -> bool:
     """Whether GDN's packed sequences of ``table`` go through ``packed_tile_output`` (``PACKED_TILES``): the host
     knows their boundaries and that none has more than one chunk, no state comes in or goes out, and the value
     block is whole (``DV <= 128``)."""
-    return PACKED_TILES and table is not None and table.bounds is not None and table.most_chunks is not None \
-        and table.most_chunks <= 1 and table.bounds[-1] > 0 and h0 is None and not output_final_state and DV <= 128
+    return PACKED_TILES and packed.stateless_known(table, h0, output_final_state, most_chunks=1) and DV <= 128
 
 
 def packed_tile_launch(q, k, v, g, beta, scale, flags, table, checks_first=False):

@@ -46,16 +46,19 @@ def recurrent(q, k, v, g, beta, initial_state=None, output_final_state=False):
 
 
 # --8<-- [start:chunk_wy]
-def chunk_wy(k, v, g, beta):
+def chunk_wy(k, v, g, beta, pairs=None):
     """One chunk (tensors ``[..., C, D]``, ``g`` already per channel, ``beta [..., C]``):
     the WY form ``beta_i * residual_i = U_i - W_i S`` for any start state ``S``.
 
     ``A = tril(diag(beta) (K e^G)(K e^-G)^T, -1)`` is formed entry by entry as
     ``beta_i sum_d k_id k_jd exp(G_id - G_jd)``, only for ``j < i`` (never ``exp`` of a positive
     number). ``U = (I + A)^-1 diag(beta) V`` and ``W = (I + A)^-1 diag(beta) (K e^G)``.
+    ``pairs [C, C]`` (packed sequences in one chunk): the pairs ``A`` keeps, those of one sequence.
     """
     G = torch.cumsum(g, dim=-2)                                               # [..., C, DK]
     A = beta[..., :, None] * pairwise_scores(k, k, G, include_diagonal=False)
+    if pairs is not None:
+        A = A * pairs
     eye = torch.eye(k.shape[-2], dtype=k.dtype, device=k.device)
     U = forward_substitution(eye + A, beta[..., None] * v)
     W = forward_substitution(eye + A, beta[..., None] * k * torch.exp(G))

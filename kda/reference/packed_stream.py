@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from kda.reference.common import as_f64
-from kda.reference.level0 import forward_substitution
+from kda.reference.level0 import chunk_wy
 from kda.reference.level3 import pairwise_scores, per_channel
 
 
@@ -64,7 +64,7 @@ def stream_chunked(q, k, v, g, beta, bounds, chunk_size: int = 64):
         same = seq[c][:, None] == seq[c][None, :]
         reads = (rows < carried).to(q.dtype)[:, None]                          # rows that read S
         # the WY form with A's pairs of two sequences masked
-        U, W, G = chunk_wy_masked(k[:, c], v[:, c], g[:, c], beta[:, c], same)
+        U, W, G = chunk_wy(k[:, c], v[:, c], g[:, c], beta[:, c], pairs=same)
         new = U - reads * (W @ S)
         scores = pairwise_scores(q[:, c], k[:, c], G) * same
         out[:, c] = reads * ((q[:, c] * torch.exp(G)) @ S) + scores @ new
@@ -73,14 +73,3 @@ def stream_chunked(q, k, v, g, beta, bounds, chunk_size: int = 64):
         S = keep * torch.exp(G[..., -1, :])[..., None] * S + K_dec.transpose(-1, -2) @ new
     return out.transpose(0, 1)[None].contiguous()
 # --8<-- [end:stream_chunked]
-
-
-def chunk_wy_masked(k, v, g, beta, same):
-    """``level0.chunk_wy`` with the pairs of two sequences left out of ``A`` (``same [C, C]``): ``(I + A)`` is then
-    block-diagonal by sequence, and so is its inverse."""
-    G = torch.cumsum(g, dim=-2)
-    A = beta[..., :, None] * pairwise_scores(k, k, G, include_diagonal=False) * same
-    eye = torch.eye(k.shape[-2], dtype=k.dtype, device=k.device)
-    U = forward_substitution(eye + A, beta[..., None] * v)
-    W = forward_substitution(eye + A, beta[..., None] * k * torch.exp(G))
-    return U, W, G

@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 
 from kda.reference.common import as_f64, start_state
-from kda.reference.level0 import forward_substitution
+from kda.reference.level0 import chunk_wy, forward_substitution
+from kda.reference.level3 import pairwise_scores
 
 
 # --8<-- [start:scalar_gate_chunked]
@@ -61,13 +62,9 @@ def packed_tiles(q, k, v, g, beta, tiles, starts, rows=None):
     out = torch.full_like(v, float("nan"))                                     # every token is some tile's row
     for n, (first, length) in enumerate(tiles.tolist()):
         idx = rows[n, :length].long() if rows is not None else torch.arange(first, first + length)
-        same = starts[idx][:, None] == starts[idx][None, :]
-        K, Q = k[:, idx], q[:, idx]
-        G = torch.cumsum(g[:, idx], dim=-1)
-        decay = torch.exp((G[..., :, None] - G[..., None, :]).tril()) * same.tril()
-        eye = torch.eye(length, dtype=k.dtype)
-        A = eye + (beta[:, idx, None] * (K @ K.transpose(-1, -2)) * decay).tril(-1)
-        new = forward_substitution(A, torch.diag_embed(beta[:, idx])) @ v[:, idx]
-        out[:, idx] = ((Q @ K.transpose(-1, -2)) * decay) @ new
+        same = (starts[idx][:, None] == starts[idx][None, :]).to(k.dtype)
+        K, Q, g_rows = k[:, idx], q[:, idx], g[:, idx, None].expand(-1, -1, k.shape[-1])
+        new, _, G = chunk_wy(K, v[:, idx], g_rows, beta[:, idx], pairs=same)          # U: no state, V_new = U
+        out[:, idx] = (pairwise_scores(Q, K, G) * same) @ new
     return out.transpose(0, 1)[None].contiguous()
 # --8<-- [end:packed_tiles]
