@@ -743,19 +743,26 @@ def test_stream_of_chunks(dtype, kind, per_channel, poisoned, monkeypatch):
     stream): short ones, ones across two or several chunks, one starting on a chunk's first row, single tokens, empty
     ones, grouped value heads, against the float64 recurrence sequence by sequence (outputs poisoned: every row
     written; runs of -20 make steep chunks); a ``beta`` out of range raises."""
-    from kda import gated_delta, packed
-
-    monkeypatch.setattr(gated_delta, "STREAM_OF_CHUNKS", True)
-    monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", False)       # GDN on level 5's kernels too
     gen = torch.Generator().manual_seed(101)
     lengths = [64, 1, 0, 63, 65, 200] + torch.randint(0, 90, (120,), generator=gen).tolist() + [1, 0, 130, 1]
+    check_packed_without_states("STREAM_OF_CHUNKS", "stream_table", lengths, zlib.crc32(
+        f"stream{kind}{dtype}{per_channel}".encode()), dtype, kind, per_channel, monkeypatch)
+
+
+def check_packed_without_states(switch, table, lengths, seed, dtype, kind, per_channel, monkeypatch):
+    """Level 5's path with ``kda.gated_delta``'s ``switch`` on (GDN on level 5's kernels too) over packed sequences of
+    ``lengths`` with no states, grouped value heads: the layout ``kda.packed``'s ``table`` builds is taken, the
+    outputs match the float64 recurrence sequence by sequence, a ``beta`` out of range raises."""
+    from kda import gated_delta, packed
+
+    monkeypatch.setattr(gated_delta, switch, True)
+    monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", False)
     T = sum(lengths)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda")
-    seed = zlib.crc32(f"stream{kind}{dtype}{per_channel}".encode())
     q, k, v, g, beta, _ = inputs((1, T, 4, 128, 128), dtype, kind, per_channel, seed=seed)
     q, k = q[:, :, ::2].contiguous(), k[:, :, ::2].contiguous()        # 2 query and key heads for 4 value heads
-    taken, stream_table = [], packed.stream_table
-    monkeypatch.setattr(packed, "stream_table", lambda *a: taken.append(1) or stream_table(*a))
+    taken, build = [], getattr(packed, table)
+    monkeypatch.setattr(packed, table, lambda *a: taken.append(1) or build(*a))
     fn = kda.chunk_kda if per_channel else kda.chunk_gated_delta_rule
     o, ht = fn(q, k, v, g, beta, cu_seqlens=cu, cu_seqlens_cpu=cu.cpu())
     assert taken and ht is None
@@ -773,23 +780,7 @@ def test_sequence_tiles_per_channel(dtype, kind, per_channel, poisoned, monkeypa
     states through level 5's path in tiles of whole sequences (``chunk_intra`` with ``tile_sequences``, the pass
     from zero states over the tiles), grouped value heads, against the float64 recurrence sequence by sequence
     (outputs poisoned: every row written; runs of -20 make steep tiles); a ``beta`` out of range raises."""
-    from kda import gated_delta, packed
-
-    monkeypatch.setattr(gated_delta, "TILES_OF_SHORT_SEQUENCES", True)
-    monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", False)       # GDN on level 5's kernels too
     gen = torch.Generator().manual_seed(97)
     lengths = torch.randint(0, 65, (150,), generator=gen).tolist() + [1, 0, 64, 1]
-    T = sum(lengths)
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda")
-    seed = zlib.crc32(f"{kind}{dtype}{per_channel}".encode())
-    q, k, v, g, beta, _ = inputs((1, T, 4, 128, 128), dtype, kind, per_channel, seed=seed)
-    q, k = q[:, :, ::2].contiguous(), k[:, :, ::2].contiguous()        # 2 query and key heads for 4 value heads
-    taken, tile_table = [], packed.sequence_tile_table
-    monkeypatch.setattr(packed, "sequence_tile_table", lambda *a: taken.append(1) or tile_table(*a))
-    fn = kda.chunk_kda if per_channel else kda.chunk_gated_delta_rule
-    o, ht = fn(q, k, v, g, beta, cu_seqlens=cu, cu_seqlens_cpu=cu.cpu())
-    assert taken and ht is None
-    check_sequences(o, None, q.repeat_interleave(2, dim=2), k.repeat_interleave(2, dim=2), v, g, beta,
-                    lengths=lengths)
-    with pytest.raises(ValueError, match="beta"):
-        fn(q, k, v, g, beta + 1, cu_seqlens=cu, cu_seqlens_cpu=cu.cpu())
+    check_packed_without_states("TILES_OF_SHORT_SEQUENCES", "sequence_tile_table", lengths,
+                                zlib.crc32(f"{kind}{dtype}{per_channel}".encode()), dtype, kind, per_channel, monkeypatch)

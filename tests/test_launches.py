@@ -371,20 +371,32 @@ def test_sequence_tiles_switch(kernel_launches, monkeypatch, tiles):
 
     monkeypatch.setattr(gated_delta, "TILES_OF_SHORT_SEQUENCES", tiles)
     bounds = [0, 40, 41, 41, 100, 164, 200]                 # an empty sequence and a single token
-    q, k, v, g, beta = level5_inputs(B=1, H=2, HV=4, per_channel=True)
+    intra = level5_packed_launches(kernel_launches, bounds, "tile_sequences", others=[dict(b=[0, 65, 200])])
+    assert intra["varlen"] and bool(intra.get("tile_sequences")) is tiles
+    chunks = packed.sequence_tile_table(bounds, "cpu")[0].chunks
+    assert chunks.tolist() == [[0, 41], [41, 59], [100, 64], [164, 36]]
+
+
+def level5_packed_launches(kernel_launches, bounds, flag, T=200, per_channel=True, others=()):
+    """Level 5's path (2 query and key heads, 4 value heads) on packed sequences with boundaries ``bounds``: its two
+    kernels launched, ``o`` of ``v``'s shape and no final state; then with a state in, a state out and each call of
+    ``others`` (``b``, ``h0``, ``final``), ``chunk_intra`` compiled without ``flag``. Returns the first call's
+    ``chunk_intra`` parameters."""
+    from kda import gated_delta
+
+    q, k, v, g, beta = level5_inputs(B=1, T=T, H=2, HV=4, per_channel=per_channel)
     run = lambda b, h0=None, final=False: gated_delta._run_kernels(
         q, k, v, g, beta, 0.125, h0, torch.zeros(2, dtype=torch.int32), packed.chunk_table(b, "cpu"), final)
     o, ht = run(bounds)
     assert [name for name, _ in kernel_launches] == ["chunk_intra", "gated_state_output_pass"]
     assert o.shape == v.shape and ht is None
     intra = kernel_launches[0][1]
-    assert intra["varlen"] and bool(intra.get("tile_sequences")) is tiles
-    chunks = packed.sequence_tile_table(bounds, "cpu")[0].chunks
-    assert chunks.tolist() == [[0, 41], [41, 59], [100, 64], [164, 36]]
-    for other in (dict(b=bounds, h0=torch.randn(6, 4, 64, 64)), dict(b=bounds, final=True), dict(b=[0, 65, 200])):
+    N = len(bounds) - 1
+    for other in (dict(b=bounds, h0=torch.randn(N, 4, 64, 64)), dict(b=bounds, final=True), *others):
         kernel_launches.clear()
         run(**other)
-        assert not kernel_launches[0][1].get("tile_sequences")
+        assert not kernel_launches[0][1].get(flag)
+    return intra
 
 
 @pytest.mark.parametrize("per_channel", [True, False], ids=["kda", "gdn_on_level5"])
@@ -398,21 +410,11 @@ def test_stream_of_chunks_switch(kernel_launches, monkeypatch, per_channel):
     monkeypatch.setattr(gated_delta, "STREAM_OF_CHUNKS", True)
     monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", False)
     bounds = [0, 40, 41, 41, 100, 230, 300]                 # an empty sequence, a single token, one of three chunks
-    q, k, v, g, beta = level5_inputs(B=1, T=300, H=2, HV=4, per_channel=per_channel)
-    run = lambda b, h0=None, final=False: gated_delta._run_kernels(
-        q, k, v, g, beta, 0.125, h0, torch.zeros(2, dtype=torch.int32), packed.chunk_table(b, "cpu"), final)
-    o, ht = run(bounds)
-    assert [name for name, _ in kernel_launches] == ["chunk_intra", "gated_state_output_pass"]
-    assert o.shape == v.shape and ht is None
-    intra = kernel_launches[0][1]
+    intra = level5_packed_launches(kernel_launches, bounds, "stream", T=300, per_channel=per_channel)
     assert intra["varlen"] and intra.get("stream") and intra.get("tile_sequences")
     table, starts = packed.stream_table(bounds, "cpu")
     assert table.chunks.tolist() == [[0, 64], [64, 64], [128, 64], [192, 64], [256, 44]]
     assert table.cu_seqlens.tolist() == [0, 300] and starts.tolist()[99:101] == [41, 100]
-    for other in (dict(b=bounds, h0=torch.randn(6, 4, 64, 64)), dict(b=bounds, final=True)):
-        kernel_launches.clear()
-        run(**other)
-        assert not kernel_launches[0][1].get("stream")
 
 
 @pytest.mark.parametrize("tiles", [False, True, "gathered"], ids=["pass", "packed_tiles", "gathered"])
