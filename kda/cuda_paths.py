@@ -247,6 +247,7 @@ PATHS: tuple[CudaPath, ...] = (
                     "the tiles are made",
               "zh": "把打包 tile 路径的数值检查（门控、beta、键）放进单独的 kernel token_value_checks，排在 "
                     "packed_tile_output 之前，主机只等检查结果，tile 仍在计算时就返回"},
+        gpu_log="results/tuning/run162/gpu-tests.txt",
     ),
     CudaPath(
         name="level5_stream_of_chunks",

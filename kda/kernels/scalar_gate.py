@@ -1121,7 +1121,11 @@ PACKED_TILES = True
 # and read through a row map (packed.sequence_rows), 532 tiles for run 140's 1024 sequences of 1 to 64 tokens
 # against 696 in order (526 chunks as one sequence); the loads become gathers of whole rows (16-byte vectors, not
 # the bulk copies of contiguous rows).
-PACKED_TILE_CONFIG: dict = dict(early_scores=True)
+# compact (same day): scores first, v loaded after the solve, the merge's scratch in A's spent quadrants (41 KB gathered,
+# five blocks per SM). Run 162 (H100, 2026-12-07): GPU tests passed for every arrangement; 1024 sequences of 1 to 64
+# tokens 0.876 ms gathered and compact against 1.168 for early_scores in order (0.744 as one sequence), 8192 of 1 to 8
+# 1.119 against 1.251 (0.990 in order and compact); with the checks first 0.867 and 0.947 (0.969 as one sequence).
+PACKED_TILE_CONFIG: dict = dict(gathered=True, compact=True)
 
 
 def takes_packed_tiles(table, h0, output_final_state: bool, DV: int) -> bool:
@@ -1167,8 +1171,9 @@ def packed_tile_launch(q, k, v, g, beta, scale, flags, table, checks_first=False
 # The packed tiles' value checks in a kernel of their own (token_value_checks), queued before the tile kernel: the host
 # waits for it alone (a read of k, g and beta) and returns while the tiles are made, so that the next call's host work
 # runs under them. Run 160 (H100) had 0.54 ms of each call outside the tile kernel on 1024 short sequences: the host
-# waited for the whole kernel, then the GPU for the next call's host. Off until its GPU test (run 162).
-TILE_CHECKS_FIRST = False
+# waited for the whole kernel, then the GPU for the next call's host. Run 162 (H100): GPU tests passed; the host's
+# share of an idle call 0.43 ms against 0.91 (1024 sequences of 1 to 64 tokens), 0.45 against 1.13 (8192 of 1 to 8).
+TILE_CHECKS_FIRST = True
 
 
 def scalar_gate_pass_launch(q, k, v, Tb, G, scale, h0, block_dv, table=None, output_final_state=True, first_chunk=0,
