@@ -478,14 +478,20 @@ def test_packed_tiles(dtype, kind, config, scalar_path, monkeypatch):
     assert taken and ht is None
     check_sequences(o, None, q.repeat_interleave(2, dim=2), k.repeat_interleave(2, dim=2), v, g, beta,
                     lengths=lengths)
+    # each bad value in one token of the last value head alone (the second of its key head's group)
+    bad_beta = beta.clone()
+    bad_beta[0, T // 2, 3] = 1.5
     with pytest.raises(ValueError, match="beta"):
-        kda.chunk_gated_delta_rule(q, k, v, g, beta + 1, cu_seqlens=cu, cu_seqlens_cpu=cu.cpu())
+        kda.chunk_gated_delta_rule(q, k, v, g, bad_beta, cu_seqlens=cu, cu_seqlens_cpu=cu.cpu())
     bad_gate = g.clone()
-    bad_gate[0, T - 1] = 0.5                                   # the last token only
+    bad_gate[0, T - 1, 3] = 0.5
     with pytest.raises(ValueError, match="g must"):
         kda.chunk_gated_delta_rule(q, k, v, bad_gate, beta, cu_seqlens=cu, cu_seqlens_cpu=cu.cpu())
+    long_key, key_beta = k.clone(), beta.clone()
+    long_key[0, T // 2, 1] *= 10                               # read by value heads 2 and 3 ...
+    key_beta[0, T // 2, 2], key_beta[0, T // 2, 3] = 0.0, 0.5  # ... past the bound for head 3 alone
     with pytest.raises(ValueError, match="k: "):
-        kda.chunk_gated_delta_rule(q, k * 10, v, g, beta.clamp(min=0.5), cu_seqlens=cu, cu_seqlens_cpu=cu.cpu())
+        kda.chunk_gated_delta_rule(q, long_key, v, g, key_beta, cu_seqlens=cu, cu_seqlens_cpu=cu.cpu())
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
