@@ -250,6 +250,15 @@ PATHS: tuple[CudaPath, ...] = (
         gpu_log="results/tuning/run162/gpu-tests.txt",
     ),
     CudaPath(
+        name="gdn_packed_tile_checks_beside",
+        module="kda.kernels.scalar_gate",
+        switch="TILE_CHECKS_BESIDE",
+        what={"en": "token_value_checks on a stream of its own beside packed_tile_output (validate.check_beside), so "
+                    "that the GPU may run the two side by side; the host still waits for the checks alone",
+              "zh": "token_value_checks 放在单独的 stream 上，与 packed_tile_output 并行（validate.check_beside），"
+                    "让 GPU 可以同时运行两者；主机仍只等检查结果"},
+    ),
+    CudaPath(
         name="level5_stream_of_chunks",
         module="kda.gated_delta",
         switch="STREAM_OF_CHUNKS",

@@ -233,7 +233,9 @@ def _run_kernels(q, k, v, g, beta, scale, h0, flags=None, table=None, output_fin
                 q, k = l2_normalized(q), l2_normalized(k)
             checks, start, o = scalar_gate.packed_tile_launch(q, k, v, g, beta, scale, flags, table,
                                                               scalar_gate.TILE_CHECKS_FIRST and check is not None)
-            if checks is not None:                       # the host waits for the checks' kernel alone
+            if checks is not None and scalar_gate.TILE_CHECKS_BESIDE:   # ... on a stream of their own
+                validate.check_beside(flags, checks, start, check)
+            elif checks is not None:                     # the host waits for the checks' kernel alone
                 checks()
                 validate.launch_then_check(flags, start, check)
             else:                                        # its one kernel sets the flags: read them after it

@@ -244,6 +244,35 @@ def launch_then_check(flags, launch, check=None, defer=None) -> None:
         read()
 
 
+_SIDE_STREAMS: dict = {}       # a stream per device for check_beside
+
+
+def check_beside(flags, checks, launch, check) -> None:
+    """``checks()`` (a kernel that sets ``flags``) on a stream of its own beside ``launch()`` on the current one, then
+    ``check(host_flags)``: the host waits for the checks' kernel and the flags' copy alone, and the GPU may run the
+    two kernels side by side instead of one after the other (a tile kernel bound by its blocks' latency leaves room
+    beside it). The side stream first waits for the current one (the inputs, the flags zeroed), and the host waits
+    for it before returning, so no tensor it read is freed under it. On the CPU, one after the other."""
+    if not flags.is_cuda:
+        checks()
+        launch()
+        check(flags)
+        return
+    side = _SIDE_STREAMS.get(flags.device)
+    if side is None:
+        side = _SIDE_STREAMS[flags.device] = torch.cuda.Stream(flags.device)
+    side.wait_stream(torch.cuda.current_stream(flags.device))
+    host = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)
+    copied = torch.cuda.Event()
+    with torch.cuda.stream(side):
+        checks()
+        host.copy_(flags, non_blocking=True)
+        copied.record(side)
+    launch()
+    copied.synchronize()
+    check(host)
+
+
 def raise_flagged_values(flags, g, beta=None) -> None:
     """After a first kernel that checks values (``chunk_cumsum``, ``chunk_intra``, ``chunk_wy``): the
     errors of the full value checks if it flagged a gate (``flags[0]``; ``g`` given) or a ``beta``

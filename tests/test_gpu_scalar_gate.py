@@ -445,12 +445,14 @@ def test_traced_pass_same_output():
 
 
 # packed_tile_output's arrangements (PACKED_TILE_CONFIG): the factory's defaults and the scores before the solve
-# packed_tile_output's arrangement, and whether the values are checked first by a kernel of their own (TILE_CHECKS_FIRST)
+# packed_tile_output's arrangement, and whether the values are checked first by a kernel of their own (TILE_CHECKS_FIRST;
+# "beside": on a stream of their own, TILE_CHECKS_BESIDE)
 TILE_CONFIGS = {"default": ({}, False), "early_scores": (dict(early_scores=True), False),
                 "gathered": (dict(early_scores=True, gathered=True), False),
                 "gathered_compact": (dict(gathered=True, compact=True), False),
                 "in_order_compact": (dict(compact=True), False),
-                "gathered_compact_checks_first": (dict(gathered=True, compact=True), True)}
+                "gathered_compact_checks_first": (dict(gathered=True, compact=True), True),
+                "gathered_compact_checks_beside": (dict(gathered=True, compact=True), "beside")}
 
 
 @pytest.mark.parametrize("config", list(TILE_CONFIGS))
@@ -465,7 +467,8 @@ def test_packed_tiles(dtype, kind, config, scalar_path, monkeypatch):
 
     monkeypatch.setattr(scalar_gate, "PACKED_TILES", True)
     monkeypatch.setattr(scalar_gate, "PACKED_TILE_CONFIG", TILE_CONFIGS[config][0])
-    monkeypatch.setattr(scalar_gate, "TILE_CHECKS_FIRST", TILE_CONFIGS[config][1])
+    monkeypatch.setattr(scalar_gate, "TILE_CHECKS_FIRST", bool(TILE_CONFIGS[config][1]))
+    monkeypatch.setattr(scalar_gate, "TILE_CHECKS_BESIDE", TILE_CONFIGS[config][1] == "beside")
     gen = torch.Generator().manual_seed(71)
     lengths = torch.randint(0, 65, (200,), generator=gen).tolist() + [1, 0, 64, 1]
     T = sum(lengths)

@@ -510,11 +510,15 @@ def test_sequence_tiles():
         packed.sequence_tiles((0, 65), "cpu")
 
 
-def test_gdn_packed_tiles_checks_first(kernel_launches, monkeypatch):
+@pytest.mark.parametrize("beside", [False, True], ids=["in_line", "beside"])
+def test_gdn_packed_tiles_checks_first(beside, kernel_launches, monkeypatch):
     """``scalar_gate.TILE_CHECKS_FIRST``: a checked packed call on the tiles queues ``token_value_checks`` (the keys'
-    check in it) and then the tile kernel (no keys' check, the first two flags); unchecked, the tile kernel alone."""
+    check in it) and then the tile kernel (no keys' check, the first two flags); unchecked, the tile kernel alone.
+    The same with ``TILE_CHECKS_BESIDE`` (on the CPU ``validate.check_beside`` runs them one after the other)."""
     from kda import gated_delta
     from kda.kernels import scalar_gate
+
+    monkeypatch.setattr(scalar_gate, "TILE_CHECKS_BESIDE", beside)
 
     monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", True)
     monkeypatch.setattr(gated_delta, "SCALAR_GATE_PACKED", True)

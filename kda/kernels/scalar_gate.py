@@ -1174,6 +1174,10 @@ def packed_tile_launch(q, k, v, g, beta, scale, flags, table, checks_first=False
 # waited for the whole kernel, then the GPU for the next call's host. Run 162 (H100): GPU tests passed; the host's
 # share of an idle call 0.43 ms against 0.91 (1024 sequences of 1 to 64 tokens), 0.45 against 1.13 (8192 of 1 to 8).
 TILE_CHECKS_FIRST = True
+# ... and on a stream of their own (validate.check_beside), so that the GPU may run them beside the tile kernel: in run
+# 162 they were 0.138 ms in line with its 0.778 (1024 sequences of 1 to 64 tokens), while the call took 0.867 against
+# 0.744 for the same tokens as one sequence. Off until its GPU test and timing (run 163).
+TILE_CHECKS_BESIDE = False
 
 
 def scalar_gate_pass_launch(q, k, v, Tb, G, scale, h0, block_dv, table=None, output_final_state=True, first_chunk=0,
