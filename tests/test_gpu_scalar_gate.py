@@ -444,9 +444,8 @@ def test_traced_pass_same_output():
         assert (stamps[:, 1:] >= stamps[:, :-1]).all(), wg
 
 
-# packed_tile_output's arrangements (PACKED_TILE_CONFIG): the factory's defaults and the scores before the solve
-# packed_tile_output's arrangement, and whether the values are checked first by a kernel of their own (TILE_CHECKS_FIRST;
-# "beside": on a stream of their own, TILE_CHECKS_BESIDE)
+# packed_tile_output's arrangement (PACKED_TILE_CONFIG), and whether the values are checked first by a kernel of their
+# own (TILE_CHECKS_FIRST; "beside": on a stream of their own, TILE_CHECKS_BESIDE)
 TILE_CONFIGS = {"default": ({}, False), "early_scores": (dict(early_scores=True), False),
                 "gathered": (dict(early_scores=True, gathered=True), False),
                 "gathered_compact": (dict(gathered=True, compact=True), False),

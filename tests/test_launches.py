@@ -519,7 +519,6 @@ def test_gdn_packed_tiles_checks_first(beside, kernel_launches, monkeypatch):
     from kda.kernels import scalar_gate
 
     monkeypatch.setattr(scalar_gate, "TILE_CHECKS_BESIDE", beside)
-
     monkeypatch.setattr(gated_delta, "SCALAR_GATE_PATH", True)
     monkeypatch.setattr(gated_delta, "SCALAR_GATE_PACKED", True)
     monkeypatch.setattr(scalar_gate, "PACKED_TILES", True)
